@@ -1,0 +1,37 @@
+# Third-party dependencies, all from Debian packages (scripts/setup.sh installs them).
+find_package(Threads REQUIRED)
+find_package(FlatBuffers REQUIRED CONFIG)
+find_package(doctest REQUIRED CONFIG)
+find_package(LLVM REQUIRED CONFIG HINTS /usr/lib/llvm-14/lib/cmake/llvm)
+find_package(PkgConfig REQUIRED)
+
+# LLVM Support (cl, Error/Expected, MemoryBuffer, raw_ostream, FormatVariadic, SHA256), static.
+add_library(minfer_llvm_support INTERFACE)
+target_include_directories(minfer_llvm_support SYSTEM INTERFACE ${LLVM_INCLUDE_DIRS})
+target_compile_definitions(minfer_llvm_support INTERFACE ${LLVM_DEFINITIONS})
+llvm_map_components_to_libnames(MINFER_LLVM_LIBS support)
+target_link_libraries(minfer_llvm_support INTERFACE ${MINFER_LLVM_LIBS})
+
+# xxHash (checksums of artifact data segments).
+find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
+find_library(XXHASH_LIBRARY NAMES libxxhash.a xxhash REQUIRED)
+add_library(minfer_xxhash INTERFACE)
+target_include_directories(minfer_xxhash SYSTEM INTERFACE ${XXHASH_INCLUDE_DIR})
+target_link_libraries(minfer_xxhash INTERFACE ${XXHASH_LIBRARY})
+
+# PCRE2 with Unicode properties (BPE pre-tokenizer regexes).
+find_path(PCRE2_INCLUDE_DIR pcre2.h REQUIRED)
+find_library(PCRE2_LIBRARY NAMES libpcre2-8.a pcre2-8 REQUIRED)
+add_library(minfer_pcre2 INTERFACE)
+target_include_directories(minfer_pcre2 SYSTEM INTERFACE ${PCRE2_INCLUDE_DIR})
+target_compile_definitions(minfer_pcre2 INTERFACE PCRE2_CODE_UNIT_WIDTH=8 PCRE2_STATIC)
+target_link_libraries(minfer_pcre2 INTERFACE ${PCRE2_LIBRARY})
+
+# CUDA toolkit: NVRTC for the compiler only (the runtime dlopens libcuda.so.1 itself).
+find_package(CUDAToolkit QUIET)
+if(CUDAToolkit_FOUND)
+  set(MINFER_HAVE_NVRTC ON)
+else()
+  set(MINFER_HAVE_NVRTC OFF)
+  message(STATUS "minfer: CUDA toolkit not found; kernel images will not be compiled")
+endif()

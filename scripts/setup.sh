@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs minfer's build dependencies from Debian packages, only those missing. Idempotent; quiet when
+# everything is present. Needs root (or sudo) when something must be installed.
+set -euo pipefail
+
+packages=(cmake g++ make pkg-config libflatbuffers-dev flatbuffers-compiler doctest-dev llvm-dev
+          libpcre2-dev libxxhash-dev nlohmann-json3-dev zlib1g-dev libtinfo-dev libzstd-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
+  echo "setup: note: CUDA toolkit not found at /usr/local/cuda; GPU kernel images will not be built" >&2
+fi

@@ -1,0 +1,60 @@
+// Fixture lookup and file helpers for the doctest suites.
+#include "tests/test_support.h"
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace minfer::test {
+
+std::string fixturesDir() {
+  const char* env = std::getenv("MINFER_FIXTURES");
+  std::string dir = (env && *env) ? env : MINFER_DEFAULT_FIXTURES;
+  std::error_code ec;
+  return std::filesystem::is_directory(dir + "/models", ec) ? dir : std::string();
+}
+
+bool haveFixtures() {
+  if (!fixturesDir().empty()) return true;
+  const char* ci = std::getenv("CI");
+  if (ci && std::string(ci) == "true") {
+    FAIL("fixtures not found (set MINFER_FIXTURES or place them at ../shared/fixtures); required under CI");
+  } else {
+    MESSAGE("SKIPPED: fixtures not found (set MINFER_FIXTURES or place them at ../shared/fixtures)");
+  }
+  return false;
+}
+
+std::vector<uint8_t> readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    FAIL_CHECK("cannot open " << path);
+    return {};
+  }
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<float> readF32File(const std::string& path) {
+  const std::vector<uint8_t> bytes = readFile(path);
+  if (bytes.size() % 4 != 0) {
+    FAIL_CHECK(path << ": size " << bytes.size() << " is not a multiple of 4");
+    return {};
+  }
+  std::vector<float> out(bytes.size() / 4);
+  if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+std::string scratchDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string base = (tmp && *tmp) ? tmp : "/tmp";
+  std::string dir = base + "/minfer-test-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+}  // namespace minfer::test
