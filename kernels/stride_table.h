@@ -9,6 +9,9 @@
 //   kI8 / kF32 / kF16 / kBF16 (dense):   byte offset = r * row_pitch + c * elemBytes(elem)
 //   kScale / kMin (one value per group): byte offset = r * row_pitch + (c / group_size) * group_pitch
 //   kPacked: see packedOffset below (bits of q packed along cols, 16-byte aligned rows).
+//   kBlocks: the block holding (r, c) is at r * row_pitch + (c / group_size) * group_pitch, with
+//            group_size = the type's block size and group_pitch = its bytes per block; the element is
+//            c % group_size within that block (dequantizeBlock of `ggml_type`).
 #pragma once
 
 #include "kernels/block_formats.h"
@@ -24,6 +27,7 @@ enum class PlaneKind : uint8_t {
   kF32 = 4,     // dense float32                                           (float sources, norms, biases)
   kF16 = 5,     // dense binary16                                          (float sources)
   kBF16 = 6,    // dense bfloat16                                          (float sources)
+  kBlocks = 7,  // the source GGUF blocks, unchanged, row-major             (embedding row gather)
 };
 
 // Storage type of one element of a plane (append only).
@@ -48,14 +52,15 @@ struct StrideTable {
   uint32_t group_pitch = 0;  // bytes between consecutive groups of a row (scale/min planes)
   uint32_t bits = 8;         // packed plane: bits per weight (4 or 8)
   int32_t q_offset = 0;      // packed plane: stored unsigned value u, q = u + q_offset
+  uint32_t ggml_type = 0;    // source GgmlType id (kBlocks planes decode with it)
 
   // Total bytes the plane occupies: rows * row_pitch (every row padded to row_pitch).
   MINFER_HD uint64_t bytes() const { return rows * row_pitch; }
 };
 
-// Byte offset of logical element (r, c) for dense and scale/min planes.
+// Byte offset of logical element (r, c) for dense and scale/min planes; for kBlocks, of its block.
 MINFER_HD uint64_t elementOffset(const StrideTable& t, uint64_t r, uint64_t c) {
-  if (t.kind == PlaneKind::kScale || t.kind == PlaneKind::kMin)
+  if (t.kind == PlaneKind::kScale || t.kind == PlaneKind::kMin || t.kind == PlaneKind::kBlocks)
     return r * t.row_pitch + (c / t.group_size) * t.group_pitch;
   return r * t.row_pitch + c * elemBytes(t.elem);
 }
