@@ -1,0 +1,106 @@
+// ModelDescription: what the compiler learns from a GGUF (hyperparameters, tokenizer, weights) and
+// the lowering of its architecture into the flat execution plan of DESIGN.md §4.
+//
+// Supported architectures: llama (Llama 2/3, Mistral, TinyLlama, SmolLM), qwen2 (q/k/v biases),
+// qwen3 (per-head q/k RMSNorm). The math each plan step computes is documented in
+// schema/artifact.fbs (OpKind) and, as formulas, in ../shared/fixtures/README.md §3.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/gguf/gguf_reader.h"
+#include "llvm/Support/Error.h"
+#include "schema/artifact_generated.h"
+
+namespace minfer::model {
+
+struct ModelConfig {
+  std::string architecture;
+  std::string name;
+  uint32_t n_embd = 0;
+  uint32_t n_layer = 0;
+  uint32_t n_head = 0;
+  uint32_t n_head_kv = 0;
+  uint32_t head_dim = 0;
+  uint32_t n_ff = 0;
+  uint32_t n_vocab = 0;
+  uint32_t n_ctx_train = 0;
+  uint32_t n_rot = 0;
+  fb::RopeStyle rope_style = fb::RopeStyle::Norm;
+  float rope_freq_base = 10000.0f;
+  float rope_freq_scale = 1.0f;  // 1 / rope.scaling.factor (linear scaling)
+  fb::RopeScaling rope_scaling = fb::RopeScaling::None;
+  float rms_norm_eps = 1e-5f;
+  bool tied_embeddings = false;
+  bool qkv_bias = false;
+  bool qk_norm = false;
+};
+
+// How a weight is used; decides which planes the layout planner makes (compiler/planes/).
+enum class WeightRole { kMatMul, kEmbedding, kEmbeddingAndMatMul, kVector };
+
+struct WeightDesc {
+  std::string name;          // GGUF tensor name
+  WeightRole role;
+  const gguf::TensorInfo* info;
+};
+
+struct BufferDesc {
+  std::string name;
+  uint32_t width;            // elements per token row
+  fb::BufferType type;
+};
+
+struct StepDesc {
+  fb::OpKind op;
+  std::vector<uint32_t> inputs, outputs, weights;  // buffer ids, buffer ids, WeightDesc indices
+  int32_t layer = -1;
+  float eps = 0;
+  uint32_t n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
+  fb::RopeStyle rope_style = fb::RopeStyle::Norm;
+  float rope_freq_base = 10000.0f, rope_freq_scale = 1.0f;
+  uint32_t rows = 0, cols = 0;
+  std::string name;
+};
+
+struct ExecutionPlan {
+  std::vector<BufferDesc> buffers;
+  std::vector<StepDesc> prefill;
+  std::vector<StepDesc> decode;
+  uint32_t input_ids = 0;
+  uint32_t logits = 0;
+  uint32_t max_batch = 0;
+  uint64_t kv_bytes_per_token = 0;  // f16 K and V, all layers
+};
+
+// Tokenizer metadata copied from the GGUF's tokenizer.* keys.
+struct TokenizerDesc {
+  bool present = false;
+  fb::TokenizerModel model = fb::TokenizerModel::Spm;
+  std::string model_name, pre, chat_template;
+  std::vector<std::string_view> tokens, merges;
+  std::vector<float> scores;
+  std::vector<int32_t> token_types;
+  int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
+  bool add_bos = false, add_eos = false, add_space_prefix = true;
+};
+
+struct ModelDescription {
+  ModelConfig config;
+  TokenizerDesc tokenizer;
+  std::vector<WeightDesc> weights;
+  ExecutionPlan plan;
+};
+
+// Reads hyperparameters and tokenizer, checks every expected tensor's presence, shape and type, and
+// lowers the architecture into prefill and decode plans for batches of up to `max_batch` tokens.
+// Errors name the file, the key or tensor, and the numbers (expected vs found); unsupported
+// architectures and tensor types list what is supported.
+llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch);
+
+// "llama, qwen2, qwen3"
+const char* supportedArchitectures();
+
+}  // namespace minfer::model
