@@ -60,6 +60,11 @@ void decodeScalar(ValueType t, const uint8_t* p, Value* v) {
   }
 }
 
+// Declared counts are only checked against the bytes left, and one element in memory is larger than
+// its smallest encoding (a Value is ~10x a 12-byte array header), so reservations are capped: memory
+// then grows with the elements actually parsed, never with what a forged count claims.
+size_t reserveBound(uint64_t count) { return static_cast<size_t>(std::min<uint64_t>(count, 4096)); }
+
 class Parser {
  public:
   explicit Parser(ByteCursor& cur) : cur_(cur) {}
@@ -122,21 +127,21 @@ class Parser {
                                        min_bytes == 0 && *count ? std::string("2^64+") : std::to_string(min_bytes),
                                        cur_.remaining()));
     if (*elem == ValueType::STRING) {
-      v->strings.reserve(*count);
+      v->strings.reserve(reserveBound(*count));
       for (uint64_t k = 0; k < *count; ++k) {
         auto s = readString(llvm::formatv("{0}[{1}]", field, k));
         if (!s) return s.takeError();
         v->strings.push_back(*s);
       }
     } else if (*elem == ValueType::ARRAY) {
-      v->arrays.resize(*count);
+      // GGUF spec: each element of an array of arrays is itself encoded as an array (element type,
+      // count, elements) with no value-type tag of its own.
+      v->arrays.reserve(reserveBound(*count));
       for (uint64_t k = 0; k < *count; ++k) {
-        const std::string sub = llvm::formatv("{0}[{1}]", field, k);
-        auto sub_type = readValueType(sub + " type");
-        if (!sub_type) return sub_type.takeError();
-        if (*sub_type != ValueType::ARRAY)
-          return cur_.fail(sub, "nested array element is not an array");
-        if (auto err = readValue(ValueType::ARRAY, sub, depth + 1, &v->arrays[k])) return err;
+        Value element;
+        if (auto err = readValue(ValueType::ARRAY, llvm::formatv("{0}[{1}]", field, k), depth + 1, &element))
+          return err;
+        v->arrays.push_back(std::move(element));
       }
     } else {
       v->raw = cur_.data() + cur_.offset();
@@ -372,7 +377,7 @@ llvm::Error GgufFile::parseAll() {
                                     cur.remaining()));
 
   // Metadata.
-  metadata_.reserve(*n_kv);
+  metadata_.reserve(reserveBound(*n_kv));
   for (uint64_t k = 0; k < *n_kv; ++k) {
     KeyValue kv;
     kv.offset = cur.offset();
@@ -421,7 +426,7 @@ llvm::Error GgufFile::parseAll() {
   }
 
   // Tensor infos.
-  tensors_.reserve(*n_tensors);
+  tensors_.reserve(reserveBound(*n_tensors));
   for (uint64_t k = 0; k < *n_tensors; ++k) {
     TensorInfo t;
     t.info_offset = cur.offset();
