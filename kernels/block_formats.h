@@ -14,7 +14,8 @@
 // where q_j is a small signed integer (the int8 plane), scale[g] the group's float factor (the scale
 // plane) and min[g] the group's additive offset (the min plane; 0 for formats without one). The
 // decomposed form evaluates the same float operations in the same order as the reference
-// dequantization, so the two agree bit for bit; tests check that.
+// dequantization, so the two agree bit for bit; tests check that. For formats without a min the
+// bit-exact value is scale[g] * q_j alone (adding a 0.0f min would turn a -0 into +0).
 #pragma once
 
 #if defined(__CUDACC_RTC__)
