@@ -1,0 +1,140 @@
+// Shared pieces of the CUDA kernel families: launch-shape types (host and device), the quantized
+// activation layout, and device helpers (f16 conversion, warp reductions, cp.async, MMA wrappers).
+//
+// Every kernel family lives in one kernels/<family>.cuh file that is compiled by NVRTC (no standard
+// headers) with its shape and plane strides as -D constants, and included by host code (the CUDA
+// runtime and the tests) for its launch shape only: device code is guarded by MINFER_DEVICE_CODE.
+//
+// Conventions common to every family (the "launch ABI"):
+//   * Activation buffers are row-major, row t = token t of the batch, `width` elements per row, the
+//     width of the execution plan's buffer (memory plan). Float buffers are f32.
+//   * Dynamic sizes are kernel arguments: n_tokens by value; the position pos0 of the first token is
+//     read from device memory (`const int* pos`, pos[0] = pos0) so a captured CUDA graph stays valid
+//     while the position advances.
+//   * Each module holds exactly one __global__ entry, extern "C", named minfer_<family>.
+//   * Everything else (shapes, strides, epsilon, RoPE constants, tile sizes) is a compile-time
+//     constant; the codegen passes it as -D<NAME>=<value> and records the options in the image.
+#pragma once
+
+#include "kernels/block_formats.h"
+#include "kernels/stride_table.h"
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define MINFER_DEVICE_CODE 1
+#endif
+
+namespace minfer::kern {
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+// Grid, block and dynamic shared memory of one launch.
+struct LaunchShape {
+  Dim3 grid;
+  Dim3 block;
+  unsigned smem = 0;  // dynamic shared memory, bytes (above 48 KiB the runtime raises the limit)
+};
+
+MINFER_HD unsigned ceilDiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
+
+// Quantized activations (QuantizeAct output, "q8" buffers), per 32 consecutive values of a row:
+//   q_i = round_half_even(x_i / d) ∈ [−127, 127] with d = max|x_i| / 127 (computed as x_i · (1/d);
+//   d = 0 and q = 0 for an all-zero block), and the integer sums of q over each half of 16.
+// A q8 buffer of width K (K % 32 == 0) for max_batch rows is laid out as
+//   qs:   max_batch × K int8, row t at byte t·K
+//   meta: max_batch × (K/32) Q8Meta, starting at byte max_batch·K, entry (t, b) at index t·(K/32) + b.
+// The dequantized activation is d·q; matmuls on q8 inputs compute exactly W·(d·q) up to f32 rounding.
+struct Q8Meta {
+  float d;        // block scale
+  short sum_lo;   // Σ q over elements 0..15 of the block
+  short sum_hi;   // Σ q over elements 16..31
+};
+static_assert(sizeof(Q8Meta) == 8, "Q8Meta is 8 bytes");
+constexpr unsigned kQ8Block = 32;
+
+// Bytes of a q8 buffer of width k for max_batch rows.
+MINFER_HD unsigned long long q8BufferBytes(unsigned max_batch, unsigned k) {
+  return static_cast<unsigned long long>(max_batch) * k +
+         static_cast<unsigned long long>(max_batch) * (k / kQ8Block) * sizeof(Q8Meta);
+}
+MINFER_HD unsigned long long q8MetaOffset(unsigned max_batch, unsigned k) {
+  return static_cast<unsigned long long>(max_batch) * k;
+}
+
+}  // namespace minfer::kern
+
+#if defined(MINFER_DEVICE_CODE)
+namespace minfer::kern {
+
+__device__ __forceinline__ float h2f(uint16_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ uint16_t f2h(float f) {
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float bf2f(uint16_t b) { return __int_as_float(static_cast<int>(b) << 16); }
+
+__device__ __forceinline__ float warpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ int warpSumInt(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Asynchronous global → shared copies (sm_80+). `bytes` is 4, 8 or 16; when `valid` is false the
+// destination is zero-filled and nothing is read (src must still be a mapped address).
+template <int kBytes>
+__device__ __forceinline__ void cpAsync(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_size = valid ? kBytes : 0;
+  if (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_size));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(s), "l"(gmem), "n"(kBytes), "r"(src_size));
+}
+__device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;"); }
+template <int kPending>
+__device__ __forceinline__ void cpAsyncWait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending)); }
+
+// int8 tensor-core MMA (sm_80+): D(16×8, s32) = A(16×K, s8, row-major) · B(K×8, s8, col-major).
+// Fragment layouts (PTX ISA, "mma.m16n8k32" / "mma.m16n8k16" for .s8): g = lane / 4, t = lane % 4;
+//   A k32: a0 (row g, k 4t..4t+3), a1 (row g+8, same k), a2 (row g, k 16+4t..), a3 (row g+8, k 16+4t..)
+//   A k16: a0 (row g, k 4t..4t+3), a1 (row g+8)
+//   B k32: b0 (k 4t..4t+3, col g), b1 (k 16+4t.., col g);  B k16: b0 (k 4t.., col g)
+//   D:     d0, d1 (row g, cols 2t, 2t+1), d2, d3 (row g+8, cols 2t, 2t+1)
+__device__ __forceinline__ void mmaS8K32(int d[4], const int a[4], const int b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+__device__ __forceinline__ void mmaS8K16(int d[4], const int a[2], int b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+  int d;
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+}  // namespace minfer::kern
+#endif  // MINFER_DEVICE_CODE

@@ -1,0 +1,63 @@
+// Elementwise ops: SwiGLU (OpKind SwiGlu; Shazeer 2020) and the residual add (OpKind Add).
+//
+//   swiglu: out = silu(gate) ⊙ up, silu(g) = g / (1 + e^(−g)) (expf, not the fast approximation)
+//   add:    out = a + b
+// Compile-time constants: EW_WIDTH (row width of the buffers), EW_OP (1 swiglu, 2 add).
+// Launch ABI:  minfer_swiglu(const float* gate, const float* up, float* out, int n_tokens)
+//              minfer_add(const float* a, const float* b, float* out, int n_tokens)
+//   all buffers n_tokens × EW_WIDTH f32; out may alias an input.
+// Launch shape: elementwiseLaunch(): 256 threads, 4 elements per thread (float4 when aligned).
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace minfer::kern {
+
+constexpr unsigned kEwThreads = 256;
+
+MINFER_HD LaunchShape elementwiseLaunch(unsigned n_tokens, unsigned width) {
+  LaunchShape s;
+  s.grid.x = ceilDiv(ceilDiv(n_tokens * width, 4), kEwThreads);
+  s.block.x = kEwThreads;
+  return s;
+}
+
+}  // namespace minfer::kern
+
+#if defined(MINFER_DEVICE_CODE) && defined(EW_WIDTH)
+namespace minfer::kern::ew {
+__device__ __forceinline__ float apply(float a, float b) {
+#if EW_OP == 1
+  return a / (1.0f + expf(-a)) * b;
+#elif EW_OP == 2
+  return a + b;
+#else
+#error "EW_OP must be 1 (swiglu) or 2 (add)"
+#endif
+}
+}  // namespace minfer::kern::ew
+
+#if EW_OP == 1
+#define MINFER_EW_ENTRY minfer_swiglu
+#else
+#define MINFER_EW_ENTRY minfer_add
+#endif
+
+extern "C" __global__ void __launch_bounds__(minfer::kern::kEwThreads)
+    MINFER_EW_ENTRY(const float* a, const float* b, float* out, int n_tokens) {
+  const uint64_t n = static_cast<uint64_t>(n_tokens) * EW_WIDTH;
+  const uint64_t i = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (i + 4 <= n) {
+    const float4 va = *reinterpret_cast<const float4*>(a + i);
+    const float4 vb = *reinterpret_cast<const float4*>(b + i);
+    float4 r;
+    r.x = minfer::kern::ew::apply(va.x, vb.x);
+    r.y = minfer::kern::ew::apply(va.y, vb.y);
+    r.z = minfer::kern::ew::apply(va.z, vb.z);
+    r.w = minfer::kern::ew::apply(va.w, vb.w);
+    *reinterpret_cast<float4*>(out + i) = r;
+  } else {
+    for (uint64_t j = i; j < n; ++j) out[j] = minfer::kern::ew::apply(a[j], b[j]);
+  }
+}
+#endif

@@ -1,0 +1,76 @@
+// RMSNorm (OpKind RmsNorm) and per-head RMSNorm (OpKind HeadRmsNorm, qwen3 q/k norm).
+//
+//   rms_norm:       out[t] = x[t] / sqrt(mean(x[t]²) + eps) ⊙ w          (Zhang & Sennrich 2019)
+//   head_rms_norm:  the same on each head_dim slice of each row, in place, with one weight vector w.
+// Sums of squares in f32 (tree reduction; the CPU sums sequentially, tolerance 2e-6 relative).
+//
+// rms_norm, compile-time constants: RMS_WIDTH (row width), RMS_EPS (float literal).
+//   Launch ABI:   minfer_rms_norm(const float* x, const float* w, float* out, int n_tokens)
+//                 x, out: n_tokens × RMS_WIDTH (out may equal x); w: RMS_WIDTH f32.
+//   Launch shape: rmsNormLaunch(): one block of 256 threads per row; x is read twice (L1/L2 hits).
+// head_rms_norm, compile-time constants: HRMS_NHEAD, HRMS_HEAD_DIM, HRMS_EPS.
+//   Launch ABI:   minfer_head_rms_norm(float* x, const float* w, int n_tokens)
+//                 x: n_tokens × (NHEAD·HEAD_DIM), normalized in place; w: HEAD_DIM f32.
+//   Launch shape: headRmsNormLaunch(): one warp per (token, head), 4 warps per block.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace minfer::kern {
+
+constexpr unsigned kRmsThreads = 256;
+constexpr unsigned kHeadRmsWarps = 4;
+
+MINFER_HD LaunchShape rmsNormLaunch(unsigned n_tokens) {
+  LaunchShape s;
+  s.grid.x = n_tokens;
+  s.block.x = kRmsThreads;
+  return s;
+}
+
+MINFER_HD LaunchShape headRmsNormLaunch(unsigned n_tokens, unsigned n_head) {
+  LaunchShape s;
+  s.grid.x = ceilDiv(n_tokens * n_head, kHeadRmsWarps);
+  s.block.x = 32 * kHeadRmsWarps;
+  return s;
+}
+
+}  // namespace minfer::kern
+
+#if defined(MINFER_DEVICE_CODE) && defined(RMS_WIDTH)
+extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
+    minfer_rms_norm(const float* x, const float* __restrict__ w, float* out, int n_tokens) {
+  using namespace minfer::kern;
+  const int t = blockIdx.x;
+  if (t >= n_tokens) return;
+  const float* xr = x + static_cast<uint64_t>(t) * RMS_WIDTH;
+  float* yr = out + static_cast<uint64_t>(t) * RMS_WIDTH;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < RMS_WIDTH; i += kRmsThreads) ss += xr[i] * xr[i];
+  __shared__ float partial[kRmsThreads / 32];
+  ss = warpSum(ss);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(kRmsThreads / 32); ++i) total += partial[i];
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(RMS_WIDTH) + RMS_EPS);
+  for (int i = threadIdx.x; i < RMS_WIDTH; i += kRmsThreads) yr[i] = xr[i] * inv * w[i];
+}
+#endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(HRMS_HEAD_DIM)
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kHeadRmsWarps)
+    minfer_head_rms_norm(float* x, const float* __restrict__ w, int n_tokens) {
+  using namespace minfer::kern;
+  const int item = blockIdx.x * kHeadRmsWarps + threadIdx.x / 32;  // (token, head)
+  if (item >= n_tokens * HRMS_NHEAD) return;
+  const int lane = threadIdx.x & 31;
+  float* xh = x + static_cast<uint64_t>(item) * HRMS_HEAD_DIM;
+  float ss = 0.0f;
+  for (int i = lane; i < HRMS_HEAD_DIM; i += 32) ss += xh[i] * xh[i];
+  ss = warpSum(ss);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(HRMS_HEAD_DIM) + HRMS_EPS);
+  for (int i = lane; i < HRMS_HEAD_DIM; i += 32) xh[i] = xh[i] * inv * w[i];
+}
+#endif

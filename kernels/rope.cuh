@@ -1,0 +1,50 @@
+// Rotary position embedding (OpKind Rope; Su et al. 2021, "RoFormer"), in place on q and k.
+//
+// For token t at position p = pos0 + t and i < n_rot/2:  θ_i = (p·freq_scale)·base^(−2i/n_rot), in
+// double precision (as the CPU reference), cos/sin rounded to f32; the pair (a, b) becomes
+// (a·cosθ − b·sinθ, a·sinθ + b·cosθ). Norm style rotates (2i, 2i+1), NeoX style (i, i + n_rot/2);
+// elements ≥ n_rot of a head are untouched. Compiled with --fmad=false (matches the CPU rounding).
+//
+// Compile-time constants: ROPE_NHEAD, ROPE_NHEAD_KV, ROPE_HEAD_DIM, ROPE_NROT (even, ≤ HEAD_DIM),
+//   ROPE_NEOX (0 norm, 1 neox), ROPE_BASE, ROPE_SCALE (float literals).
+// Launch ABI:  minfer_rope(float* q, float* k, const int* pos, int n_tokens)
+//   q: n_tokens × NHEAD·HEAD_DIM, k: n_tokens × NHEAD_KV·HEAD_DIM (f32, rotated in place); pos[0] = pos0.
+// Launch shape: ropeLaunch(): grid (n_tokens, NHEAD + NHEAD_KV), 64 threads over the pairs.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace minfer::kern {
+
+constexpr unsigned kRopeThreads = 64;
+
+MINFER_HD LaunchShape ropeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_head_kv) {
+  LaunchShape s;
+  s.grid.x = n_tokens;
+  s.grid.y = n_head + n_head_kv;
+  s.block.x = kRopeThreads;
+  return s;
+}
+
+}  // namespace minfer::kern
+
+#if defined(MINFER_DEVICE_CODE) && defined(ROPE_NROT)
+extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
+    minfer_rope(float* q, float* k, const int* __restrict__ pos, int n_tokens) {
+  static_assert(ROPE_NROT % 2 == 0 && ROPE_NROT <= ROPE_HEAD_DIM, "ROPE_NROT must be even and <= ROPE_HEAD_DIM");
+  const int t = blockIdx.x, h = blockIdx.y;
+  if (t >= n_tokens) return;
+  float* x = h < ROPE_NHEAD ? q + (static_cast<uint64_t>(t) * ROPE_NHEAD + h) * ROPE_HEAD_DIM
+                            : k + (static_cast<uint64_t>(t) * ROPE_NHEAD_KV + (h - ROPE_NHEAD)) * ROPE_HEAD_DIM;
+  const double p = static_cast<double>(pos[0] + t) * static_cast<double>(ROPE_SCALE);
+  for (int i = threadIdx.x; i < ROPE_NROT / 2; i += blockDim.x) {
+    const double theta = p * pow(static_cast<double>(ROPE_BASE), -2.0 * i / ROPE_NROT);
+    const float c = static_cast<float>(cos(theta)), s = static_cast<float>(sin(theta));
+    const int i0 = ROPE_NEOX ? i : 2 * i;
+    const int i1 = ROPE_NEOX ? i + ROPE_NROT / 2 : 2 * i + 1;
+    const float a = x[i0], b = x[i1];
+    x[i0] = a * c - b * s;
+    x[i1] = a * s + b * c;
+  }
+}
+#endif
