@@ -1,0 +1,174 @@
+// Layout planner: chooses each weight tensor's planes and computes their StrideTables.
+#include "compiler/planes/layout_planner.h"
+
+#include "llvm/Support/FormatVariadic.h"
+
+namespace minfer::planes {
+
+namespace {
+
+constexpr uint64_t kMaxPlaneBytes = uint64_t{1} << 62;
+
+bool isFloat(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+// 4-bit formats whose q fits a nibble: they get a 4-bit packed plane for the decode GEMV.
+bool hasPacked4(GgmlType t) {
+  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q4_K;
+}
+
+StrideTable denseTable(GgmlType source, PlaneKind kind, ElemType elem, uint64_t rows, uint64_t cols) {
+  StrideTable t;
+  t.kind = kind;
+  t.elem = elem;
+  t.rows = rows;
+  t.cols = cols;
+  t.row_pitch = alignUp(cols * elemBytes(elem), kPlaneRowAlign);
+  t.ggml_type = static_cast<uint32_t>(source);
+  return t;
+}
+
+// The dense plane holding a float source in its own precision.
+StrideTable floatTable(GgmlType type, uint64_t rows, uint64_t cols) {
+  switch (type) {
+    case GgmlType::F16: return denseTable(type, PlaneKind::kF16, ElemType::kF16, rows, cols);
+    case GgmlType::BF16: return denseTable(type, PlaneKind::kBF16, ElemType::kBF16, rows, cols);
+    default: return denseTable(type, PlaneKind::kF32, ElemType::kF32, rows, cols);
+  }
+}
+
+StrideTable groupTable(GgmlType type, PlaneKind kind, uint64_t rows, uint64_t cols) {
+  StrideTable t;
+  t.kind = kind;
+  t.elem = ElemType::kF32;
+  t.rows = rows;
+  t.cols = cols;
+  t.group_size = static_cast<uint32_t>(groupSize(type));
+  t.group_pitch = 4;
+  t.row_pitch = alignUp(cols / t.group_size * 4, kPlaneRowAlign);
+  t.ggml_type = static_cast<uint32_t>(type);
+  return t;
+}
+
+void addMatMulPlanes(GgmlType type, uint64_t rows, uint64_t cols, std::vector<StrideTable>& out) {
+  out.push_back(denseTable(type, PlaneKind::kI8, ElemType::kI8, rows, cols));
+  out.push_back(groupTable(type, PlaneKind::kScale, rows, cols));
+  if (hasMin(type)) out.push_back(groupTable(type, PlaneKind::kMin, rows, cols));
+  if (hasPacked4(type)) {
+    StrideTable p;
+    p.kind = PlaneKind::kPacked;
+    p.elem = ElemType::kU8;
+    p.rows = rows;
+    p.cols = cols;
+    p.row_pitch = alignUp(cols / 2, kPlaneRowAlign);
+    p.bits = 4;
+    p.q_offset = type == GgmlType::Q4_0 ? -8 : 0;
+    p.ggml_type = static_cast<uint32_t>(type);
+    out.push_back(p);
+  }
+}
+
+}  // namespace
+
+const char* roleName(TensorRole role) {
+  switch (role) {
+    case TensorRole::kMatMul: return "matmul";
+    case TensorRole::kEmbedding: return "embedding";
+    case TensorRole::kEmbeddingMatMul: return "embedding+matmul";
+    case TensorRole::kVector: return "vector";
+  }
+  return "unknown";
+}
+
+const char* planeKindName(PlaneKind kind) {
+  switch (kind) {
+    case PlaneKind::kI8: return "i8";
+    case PlaneKind::kScale: return "scale";
+    case PlaneKind::kMin: return "min";
+    case PlaneKind::kPacked: return "packed";
+    case PlaneKind::kF32: return "f32";
+    case PlaneKind::kF16: return "f16";
+    case PlaneKind::kBF16: return "bf16";
+    case PlaneKind::kBlocks: return "blocks";
+  }
+  return "unknown";
+}
+
+int TensorLayout::find(PlaneKind kind) const {
+  for (size_t i = 0; i < planes.size(); ++i)
+    if (planes[i].kind == kind) return static_cast<int>(i);
+  return -1;
+}
+
+uint64_t TensorLayout::planeBytes() const {
+  uint64_t sum = 0;
+  for (const StrideTable& t : planes) sum += t.bytes();
+  return sum;
+}
+
+llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc) {
+  const GgmlTypeTraits traits = ggmlTypeTraits(desc.type);
+  const auto fail = [&](const llvm::Twine& what) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "tensor '" + llvm::Twine(desc.name) + "' (" + traits.name + ", " +
+                                       llvm::Twine(desc.rows) + " x " + llvm::Twine(desc.cols) + ", " +
+                                       roleName(desc.role) + "): " + what);
+  };
+  if (!traits.known || !traits.supported)
+    return fail(llvm::formatv("type id {0} is not supported; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
+                              "Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K",
+                              static_cast<uint32_t>(desc.type)));
+  if (desc.rows == 0 || desc.cols == 0) return fail("rows and cols must be non-zero");
+  if (desc.cols % traits.block_size != 0)
+    return fail(llvm::formatv("cols = {0} is not a multiple of the block size {1}", desc.cols,
+                              traits.block_size));
+  // Bound every size before multiplying. The widest row of any plane is the f32 one (4 bytes per
+  // weight, padded by < 16 bytes); every other plane row and the source row are narrower.
+  const uint64_t blocks_per_row = desc.cols / traits.block_size;
+  if (desc.cols > (uint64_t{1} << 40) || desc.rows > kMaxPlaneBytes / (desc.cols * 4 + kPlaneRowAlign))
+    return fail(llvm::formatv("{0} x {1} weights exceed the plane size limit of 2^62 bytes", desc.rows,
+                              desc.cols));
+
+  TensorLayout layout;
+  layout.desc = desc;
+  layout.source_row_bytes = blocks_per_row * traits.type_size;
+  layout.source_bytes = desc.rows * layout.source_row_bytes;
+
+  const uint64_t rows = desc.rows, cols = desc.cols;
+  const bool floating = isFloat(desc.type);
+  switch (desc.role) {
+    case TensorRole::kVector:
+      layout.planes.push_back(denseTable(desc.type, PlaneKind::kF32, ElemType::kF32, rows, cols));
+      break;
+    case TensorRole::kMatMul:
+      if (floating)
+        layout.planes.push_back(floatTable(desc.type, rows, cols));
+      else
+        addMatMulPlanes(desc.type, rows, cols, layout.planes);
+      break;
+    case TensorRole::kEmbedding:
+    case TensorRole::kEmbeddingMatMul:
+      if (floating) {
+        layout.planes.push_back(floatTable(desc.type, rows, cols));
+        break;
+      }
+      {
+        StrideTable b;
+        b.kind = PlaneKind::kBlocks;
+        b.elem = ElemType::kU8;
+        b.rows = rows;
+        b.cols = cols;
+        b.row_pitch = layout.source_row_bytes;
+        b.group_size = traits.block_size;
+        b.group_pitch = traits.type_size;
+        b.ggml_type = static_cast<uint32_t>(desc.type);
+        layout.planes.push_back(b);
+      }
+      if (desc.role == TensorRole::kEmbeddingMatMul) addMatMulPlanes(desc.type, rows, cols, layout.planes);
+      break;
+    default:
+      return fail(llvm::formatv("unknown role {0}", static_cast<unsigned>(desc.role)));
+  }
+  return layout;
+}
+
+}  // namespace minfer::planes

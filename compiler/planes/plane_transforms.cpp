@@ -1,0 +1,357 @@
+// Plane transforms: GGUF blocks → kI8 / kScale / kMin / kPacked / dense / kBlocks planes, row-parallel.
+#include "compiler/planes/plane_transforms.h"
+
+#include <algorithm>
+#include <bit>
+#include <cassert>
+#include <cstring>
+
+#include "llvm/Support/FormatVariadic.h"
+
+namespace minfer::planes {
+
+static_assert(std::endian::native == std::endian::little,
+              "planes are little-endian and are written with memcpy from host floats");
+
+namespace {
+
+constexpr int kKinds = 8;  // PlaneKind values 0..7
+
+// Everything a row range needs: the source, and per plane kind its output (null when not requested)
+// and row pitch.
+struct RowContext {
+  GgmlType type = GgmlType::F32;
+  uint64_t cols = 0;
+  uint64_t blocks_per_row = 0;
+  uint64_t src_row_bytes = 0;
+  const uint8_t* src = nullptr;
+  uint8_t* out[kKinds] = {};
+  uint64_t pitch[kKinds] = {};
+  int q_offset = 0;  // of the packed plane
+
+  uint8_t* row(PlaneKind k, uint64_t r) const {
+    const int i = static_cast<int>(k);
+    return out[i] ? out[i] + r * pitch[i] : nullptr;
+  }
+  uint64_t rowPitch(PlaneKind k) const { return pitch[static_cast<int>(k)]; }
+};
+
+void zeroTail(uint8_t* row, uint64_t used, uint64_t pitch) {
+  if (row && pitch > used) std::memset(row + used, 0, pitch - used);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Byte copies: kBlocks (the source row as is) and a dense plane in the source's own precision.
+
+void copyRows(const RowContext& x, PlaneKind kind, uint64_t r0, uint64_t r1) {
+  for (uint64_t r = r0; r < r1; ++r) {
+    uint8_t* dst = x.row(kind, r);
+    std::memcpy(dst, x.src + r * x.src_row_bytes, x.src_row_bytes);
+    zeroTail(dst, x.src_row_bytes, x.rowPitch(kind));
+  }
+}
+
+// kF32 plane of any source type (norms and biases): exact widening or reference dequantization.
+void toF32Rows(const RowContext& x, uint64_t r0, uint64_t r1) {
+  const GgmlTypeTraits tr = ggmlTypeTraits(x.type);
+  float buf[kQK_K];
+  for (uint64_t r = r0; r < r1; ++r) {
+    uint8_t* dst = x.row(PlaneKind::kF32, r);
+    const uint8_t* src = x.src + r * x.src_row_bytes;
+    if (x.type == GgmlType::F32) {
+      std::memcpy(dst, src, x.cols * 4);
+    } else {
+      for (uint64_t b = 0; b < x.blocks_per_row; ++b) {
+        dequantizeBlock(x.type, src + b * tr.type_size, buf);
+        std::memcpy(dst + b * tr.block_size * 4, buf, tr.block_size * 4);
+      }
+    }
+    zeroTail(dst, x.cols * 4, x.rowPitch(PlaneKind::kF32));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantized types: decompose each block once and scatter q / scale / min / packed nibbles.
+
+// 4-bit packed run: bytes b < 16 of each 32-weight run hold q[b] + off (low nibble) and
+// q[b + 16] + off (high nibble), the order of packedOffset().
+inline void packNibbles(const int8_t* q, int n, int off, uint8_t* dst) {
+  for (int run = 0; run < n / 32; ++run) {
+    const int8_t* qr = q + 32 * run;
+    for (int b = 0; b < 16; ++b)
+      dst[16 * run + b] = static_cast<uint8_t>(((qr[b] + off) & 0xF) | (((qr[b + 16] + off) & 0xF) << 4));
+  }
+}
+
+// Specialized block decompositions of the K-quants (the throughput-critical formats). Each produces
+// exactly decomposeBlock's q / scale / min (the content gate in tests/planes checks every type against
+// an independent expansion), with loops that vectorize: one pass over the block's bytes, no per-element
+// index arithmetic. `min` is written only for formats that have one.
+// Cost: about 256 byte ops + 16 float ops per block.
+
+// Q4_K / Q5_K: element 64c + 32h + l is nibble h of qs[32c + l] (+ 16·bit (2c + h) of qh[l] for Q5_K).
+template <bool kFive>
+inline void fastQ45K(const uint8_t* b, int8_t* q, float* scale, float* min) {
+  const float d = halfToFloat(readU16(b)), dmin = halfToFloat(readU16(b + 2));
+  for (int g = 0; g < 8; ++g) {
+    uint8_t sc, m;
+    kScaleMin(g, b + 4, &sc, &m);
+    scale[g] = d * static_cast<float>(sc);
+    min[g] = -(dmin * static_cast<float>(m));
+  }
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + (kFive ? 48 : 16);
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t v = qs[32 * c + l];
+      uint8_t lo = v & 0xF, hi = v >> 4;
+      if constexpr (kFive) {
+        lo |= static_cast<uint8_t>(((qh[l] >> (2 * c)) & 1) << 4);
+        hi |= static_cast<uint8_t>(((qh[l] >> (2 * c + 1)) & 1) << 4);
+      }
+      q[64 * c + l] = static_cast<int8_t>(lo);
+      q[64 * c + 32 + l] = static_cast<int8_t>(hi);
+    }
+  }
+}
+
+// Q4_K packed plane straight from qs: run 2c holds the low nibbles of qs[32c .. 32c+31], run 2c+1
+// the high nibbles; packed byte b of a run pairs weights b and b + 16 of the run.
+inline void packQ4K(const uint8_t* b, uint8_t* dst) {
+  const uint8_t* qs = b + 16;
+  for (int c = 0; c < 4; ++c) {
+    for (int i = 0; i < 16; ++i) {
+      const uint8_t x = qs[32 * c + i], y = qs[32 * c + 16 + i];
+      dst[32 * c + i] = static_cast<uint8_t>((x & 0xF) | (y << 4));
+      dst[32 * c + 16 + i] = static_cast<uint8_t>((x >> 4) | (y & 0xF0));
+    }
+  }
+}
+
+// Q6_K: element 128n + 32k + l: nibble (k / 2) of ql[64n + 32(k % 2) + l], high bits 2k..2k+1 of
+// qh[32n + l], minus 32; 16 groups of 16 with scale d · sc[g].
+inline void fastQ6K(const uint8_t* b, int8_t* q, float* scale) {
+  const float d = halfToFloat(readU16(b + 208));
+  for (int g = 0; g < 16; ++g) scale[g] = d * static_cast<float>(static_cast<int8_t>(b[192 + g]));
+  for (int n = 0; n < 2; ++n) {
+    const uint8_t* ql = b + 64 * n;
+    const uint8_t* qh = b + 128 + 32 * n;
+    int8_t* y = q + 128 * n;
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t h = qh[l];
+      y[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((h & 3) << 4)) - 32);
+      y[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) - 32);
+      y[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((h >> 4) & 3) << 4)) - 32);
+      y[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) - 32);
+    }
+  }
+}
+
+// Q2_K / Q3_K: element 128n + 32s + j (j < 32) takes bits 2s..2s+1 of qs[32n + j]; Q3_K subtracts 4
+// when bit (4n + s) of hmask[j] is clear. 16 groups of 16.
+template <bool kThree>
+inline void fastQ23K(const uint8_t* b, int8_t* q, float* scale, float* min) {
+  const uint8_t* qs = b + (kThree ? 32 : 16);
+  if constexpr (kThree) {
+    int8_t sc[16];
+    q3kScales(b + 96, sc);
+    const float d = halfToFloat(readU16(b + 108));
+    for (int g = 0; g < 16; ++g) scale[g] = d * static_cast<float>(sc[g] - 32);
+  } else {
+    const float d = halfToFloat(readU16(b + 80)), dmin = halfToFloat(readU16(b + 82));
+    for (int g = 0; g < 16; ++g) {
+      scale[g] = d * static_cast<float>(b[g] & 0xF);
+      min[g] = -(dmin * static_cast<float>(b[g] >> 4));
+    }
+  }
+  for (int n = 0; n < 2; ++n) {
+    for (int s = 0; s < 4; ++s) {
+      int8_t* y = q + 128 * n + 32 * s;
+      for (int j = 0; j < 32; ++j) {
+        int v = (qs[32 * n + j] >> (2 * s)) & 3;
+        if constexpr (kThree) v -= ((b[j] >> (4 * n + s)) & 1) ? 0 : 4;
+        y[j] = static_cast<int8_t>(v);
+      }
+    }
+  }
+}
+
+// Compile-time block facts of the quantized types (ggmlTypeTraits and groupSize are not constexpr;
+// decomposeRows asserts that these agree with them).
+constexpr bool isKQuant(GgmlType t) {
+  return t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K ||
+         t == GgmlType::Q6_K;
+}
+constexpr int blockWeights(GgmlType t) { return isKQuant(t) ? kQK_K : 32; }
+constexpr int blockBytes(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return 18;
+    case GgmlType::Q4_1: return 20;
+    case GgmlType::Q5_0: return 22;
+    case GgmlType::Q5_1: return 24;
+    case GgmlType::Q8_0: return 34;
+    case GgmlType::Q2_K: return 84;
+    case GgmlType::Q3_K: return 110;
+    case GgmlType::Q4_K: return 144;
+    case GgmlType::Q5_K: return 176;
+    case GgmlType::Q6_K: return 210;
+    default: return 0;
+  }
+}
+constexpr int groupWeights(GgmlType t) {
+  return (t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q6_K) ? 16 : 32;
+}
+constexpr bool hasMinT(GgmlType t) {
+  return t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q2_K || t == GgmlType::Q4_K ||
+         t == GgmlType::Q5_K;
+}
+
+// One block → q (kBs int8), scale and min (kGroups floats; min only with hasMinT).
+template <GgmlType T>
+inline void decomposeOne(const uint8_t* b, int8_t* q, float* scale, float* min) {
+  if constexpr (T == GgmlType::Q4_K) fastQ45K<false>(b, q, scale, min);
+  else if constexpr (T == GgmlType::Q5_K) fastQ45K<true>(b, q, scale, min);
+  else if constexpr (T == GgmlType::Q6_K) fastQ6K(b, q, scale);
+  else if constexpr (T == GgmlType::Q2_K) fastQ23K<false>(b, q, scale, min);
+  else if constexpr (T == GgmlType::Q3_K) fastQ23K<true>(b, q, scale, min);
+  else decomposeBlock(T, b, q, scale, min);
+}
+
+template <GgmlType T>
+void decomposeRows(const RowContext& x, uint64_t r0, uint64_t r1) {
+  constexpr int kBs = blockWeights(T);
+  constexpr int kTs = blockBytes(T);
+  constexpr int kGroups = kBs / groupWeights(T);
+  constexpr bool kHasMin = hasMinT(T);
+  assert(ggmlTypeTraits(T).block_size == kBs && ggmlTypeTraits(T).type_size == kTs &&
+         groupSize(T) == groupWeights(T) && hasMin(T) == kHasMin);
+  const int off = -x.q_offset;
+  for (uint64_t r = r0; r < r1; ++r) {
+    const uint8_t* src = x.src + r * x.src_row_bytes;
+    uint8_t* qi = x.row(PlaneKind::kI8, r);
+    uint8_t* sc = x.row(PlaneKind::kScale, r);
+    uint8_t* mn = x.row(PlaneKind::kMin, r);
+    uint8_t* pk = x.row(PlaneKind::kPacked, r);
+    // The packed plane is derived from q unless the format's own nibble order already is the
+    // packed order (Q4_0, Q4_1: stored nibble = q − q_offset) or has a direct repacking (Q4_K).
+    constexpr bool kPackFromQ = !(T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q4_K);
+    const bool need_q = qi || (pk && kPackFromQ);
+    const bool need_groups = sc || mn;
+    for (uint64_t b = 0; b < x.blocks_per_row; ++b) {
+      const uint8_t* blk = src + b * kTs;
+      if (need_q || need_groups) {
+        int8_t qtmp[kBs];
+        float scale[kGroups], min[kGroups];
+        int8_t* q = qi ? reinterpret_cast<int8_t*>(qi + b * kBs) : qtmp;
+        decomposeOne<T>(blk, q, scale, min);
+        if (sc) std::memcpy(sc + b * kGroups * 4, scale, kGroups * 4);
+        if constexpr (kHasMin)
+          if (mn) std::memcpy(mn + b * kGroups * 4, min, kGroups * 4);
+        if constexpr (kPackFromQ)
+          if (pk) packNibbles(q, kBs, off, pk + b * (kBs / 2));
+      }
+      if constexpr (!kPackFromQ) {
+        if (pk) {
+          if constexpr (T == GgmlType::Q4_K) packQ4K(blk, pk + b * (kBs / 2));
+          else std::memcpy(pk + b * 16, blk + (T == GgmlType::Q4_0 ? 2 : 4), 16);
+        }
+      }
+    }
+    const uint64_t groups = x.blocks_per_row * kGroups;
+    zeroTail(qi, x.cols, x.rowPitch(PlaneKind::kI8));
+    zeroTail(sc, groups * 4, x.rowPitch(PlaneKind::kScale));
+    zeroTail(mn, groups * 4, x.rowPitch(PlaneKind::kMin));
+    zeroTail(pk, x.cols / 2, x.rowPitch(PlaneKind::kPacked));
+  }
+}
+
+using RowFn = void (*)(const RowContext&, uint64_t, uint64_t);
+
+RowFn decomposeFn(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return decomposeRows<GgmlType::Q4_0>;
+    case GgmlType::Q4_1: return decomposeRows<GgmlType::Q4_1>;
+    case GgmlType::Q5_0: return decomposeRows<GgmlType::Q5_0>;
+    case GgmlType::Q5_1: return decomposeRows<GgmlType::Q5_1>;
+    case GgmlType::Q8_0: return decomposeRows<GgmlType::Q8_0>;
+    case GgmlType::Q2_K: return decomposeRows<GgmlType::Q2_K>;
+    case GgmlType::Q3_K: return decomposeRows<GgmlType::Q3_K>;
+    case GgmlType::Q4_K: return decomposeRows<GgmlType::Q4_K>;
+    case GgmlType::Q5_K: return decomposeRows<GgmlType::Q5_K>;
+    case GgmlType::Q6_K: return decomposeRows<GgmlType::Q6_K>;
+    default: return nullptr;
+  }
+}
+
+bool isDenseSourceKind(PlaneKind k) {
+  return k == PlaneKind::kF16 || k == PlaneKind::kBF16;
+}
+
+}  // namespace
+
+llvm::Error transformTensor(const TensorLayout& layout, llvm::ArrayRef<uint8_t> source,
+                            llvm::ArrayRef<llvm::MutableArrayRef<uint8_t>> outputs, PlaneWorkers& workers) {
+  const TensorDesc& d = layout.desc;
+  const auto fail = [&](const llvm::Twine& what) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "tensor '" + llvm::Twine(d.name) + "' (" + ggmlTypeTraits(d.type).name +
+                                       ", " + llvm::Twine(d.rows) + " x " + llvm::Twine(d.cols) + "): " + what);
+  };
+  if (source.size() != layout.source_bytes)
+    return fail(llvm::formatv("source data is {0} bytes, the layout expects {1} ({2} rows of {3})",
+                              source.size(), layout.source_bytes, d.rows, layout.source_row_bytes));
+  if (outputs.size() != layout.planes.size())
+    return fail(llvm::formatv("{0} output buffers for {1} planes", outputs.size(), layout.planes.size()));
+
+  RowContext x;
+  x.type = d.type;
+  x.cols = d.cols;
+  x.blocks_per_row = d.cols / ggmlTypeTraits(d.type).block_size;
+  x.src_row_bytes = layout.source_row_bytes;
+  x.src = source.data();
+  bool any = false;
+  for (size_t i = 0; i < layout.planes.size(); ++i) {
+    const StrideTable& t = layout.planes[i];
+    if (outputs[i].empty()) continue;
+    if (outputs[i].size() != t.bytes())
+      return fail(llvm::formatv("output buffer of plane {0} ({1}) is {2} bytes, its stride table implies {3}",
+                                i, planeKindName(t.kind), outputs[i].size(), t.bytes()));
+    const int k = static_cast<int>(t.kind);
+    if (k >= kKinds || x.out[k])
+      return fail(llvm::formatv("plane {0}: unexpected or repeated kind {1}", i, k));
+    x.out[k] = outputs[i].data();
+    x.pitch[k] = t.row_pitch;
+    if (t.kind == PlaneKind::kPacked) x.q_offset = t.q_offset;
+    any = true;
+  }
+  if (!any) return llvm::Error::success();
+
+  const bool quantized = decomposeFn(d.type) != nullptr;
+  // About 64 KiB of source per chunk: large enough to amortize the claim, small enough to balance.
+  const uint64_t grain = std::max<uint64_t>(1, (uint64_t{64} << 10) / std::max<uint64_t>(1, x.src_row_bytes));
+  workers.parallelFor(d.rows, grain, [&](uint64_t r0, uint64_t r1) {
+    if (x.out[static_cast<int>(PlaneKind::kBlocks)]) copyRows(x, PlaneKind::kBlocks, r0, r1);
+    for (int k = 0; k < kKinds; ++k)
+      if (x.out[k] && isDenseSourceKind(static_cast<PlaneKind>(k))) copyRows(x, static_cast<PlaneKind>(k), r0, r1);
+    if (x.out[static_cast<int>(PlaneKind::kF32)]) toF32Rows(x, r0, r1);
+    if (quantized && (x.out[static_cast<int>(PlaneKind::kI8)] || x.out[static_cast<int>(PlaneKind::kScale)] ||
+                      x.out[static_cast<int>(PlaneKind::kMin)] || x.out[static_cast<int>(PlaneKind::kPacked)]))
+      decomposeFn(d.type)(x, r0, r1);
+  });
+  return llvm::Error::success();
+}
+
+llvm::Expected<std::vector<std::vector<uint8_t>>> transformTensor(const TensorLayout& layout,
+                                                                  llvm::ArrayRef<uint8_t> source,
+                                                                  PlaneWorkers& workers) {
+  std::vector<std::vector<uint8_t>> planes(layout.planes.size());
+  std::vector<llvm::MutableArrayRef<uint8_t>> views;
+  for (size_t i = 0; i < planes.size(); ++i) {
+    planes[i].resize(layout.planes[i].bytes());
+    views.emplace_back(planes[i]);
+  }
+  if (llvm::Error e = transformTensor(layout, source, views, workers)) return e;
+  return planes;
+}
+
+}  // namespace minfer::planes

@@ -1,0 +1,533 @@
+// Weight-plane tests: layout rules, the content and offset gates for every type and plane kind (synthetic
+// and real fixture tensors), negative controls, determinism across thread counts, streaming, errors.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "compiler/gguf/gguf_reader.h"
+#include "compiler/planes/plane_transforms.h"
+#include "tests/planes/plane_reference.h"
+#include "tests/test_support.h"
+
+using namespace minfer;
+using namespace minfer::planes;
+using minfer::test::GatePlane;
+using minfer::test::GateResult;
+
+namespace {
+
+const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                              GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                              GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+const TensorRole kAllRoles[] = {TensorRole::kMatMul, TensorRole::kEmbedding, TensorRole::kEmbeddingMatMul,
+                                TensorRole::kVector};
+
+const char* typeName(GgmlType t) { return ggmlTypeTraits(t).name; }
+bool isFloat(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+// ---------------------------------------------------------------------------------------------
+// Synthetic tensors: random block bytes with every half-precision field finite (deterministic PRNG;
+// std::mt19937_64 is fully specified, and only its raw output is used).
+
+uint16_t randomFiniteHalf(std::mt19937_64& rng) {
+  // sign, exponent 0..30 (zeros and subnormals included, never inf/NaN), any mantissa
+  return static_cast<uint16_t>(((rng() & 1) << 15) | ((rng() % 31) << 10) | (rng() & 0x3FF));
+}
+
+void putU16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+
+// Byte offsets of the binary16 fields of one block (d, and m / dmin where present).
+std::vector<int> halfFields(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q2_K: return {80, 82};
+    case GgmlType::Q3_K: return {108};
+    case GgmlType::Q6_K: return {208};
+    default: return {};
+  }
+}
+
+std::vector<uint8_t> randomTensor(GgmlType type, uint64_t rows, uint64_t cols, uint64_t seed) {
+  const GgmlTypeTraits tr = ggmlTypeTraits(type);
+  const uint64_t blocks = rows * cols / tr.block_size;
+  std::vector<uint8_t> data(blocks * tr.type_size);
+  std::mt19937_64 rng(seed);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(rng());
+  for (uint64_t k = 0; k < blocks; ++k) {
+    uint8_t* blk = data.data() + k * tr.type_size;
+    if (type == GgmlType::F16) {
+      putU16(blk, randomFiniteHalf(rng));
+    } else if (type == GgmlType::BF16) {
+      if (((blk[1] & 0x7F) == 0x7F) && (blk[0] & 0x80)) blk[1] ^= 0x01;  // exponent all ones → finite
+    } else if (type == GgmlType::F32) {
+      if (((blk[3] & 0x7F) == 0x7F) && (blk[2] & 0x80)) blk[3] ^= 0x01;
+    } else {
+      for (int off : halfFields(type)) putU16(blk + off, randomFiniteHalf(rng));
+    }
+  }
+  return data;
+}
+
+// Test shapes: rows, cols and blocks per row all different, never square, never one block per row.
+struct Shape {
+  uint64_t rows, cols;
+};
+std::vector<Shape> shapesFor(GgmlType t) {
+  const uint32_t bs = ggmlTypeTraits(t).block_size;
+  if (bs == 256) return {{15, 3 * 256}, {24, 5 * 256}};
+  if (bs == 32) return {{15, 3 * 32}, {24, 5 * 32}};
+  return {{15, 37}, {24, 40}};  // float types: blocks per row = cols
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layout rules, restated from layout_planner.h, checked against the planner's tables.
+
+std::vector<PlaneKind> expectedKinds(GgmlType t, TensorRole role) {
+  const PlaneKind dense = t == GgmlType::F16 ? PlaneKind::kF16 : t == GgmlType::BF16 ? PlaneKind::kBF16 : PlaneKind::kF32;
+  if (role == TensorRole::kVector) return {PlaneKind::kF32};
+  if (isFloat(t)) return {dense};
+  std::vector<PlaneKind> k;
+  if (role != TensorRole::kMatMul) k.push_back(PlaneKind::kBlocks);
+  if (role == TensorRole::kEmbedding) return k;
+  k.push_back(PlaneKind::kI8);
+  k.push_back(PlaneKind::kScale);
+  if (t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q2_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K)
+    k.push_back(PlaneKind::kMin);
+  if (t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q4_K) k.push_back(PlaneKind::kPacked);
+  return k;
+}
+
+uint64_t round16(uint64_t x) { return (x + 15) / 16 * 16; }
+
+void checkTableRules(const TensorLayout& L) {
+  const TensorDesc& d = L.desc;
+  const GgmlTypeTraits tr = ggmlTypeTraits(d.type);
+  const std::vector<PlaneKind> kinds = expectedKinds(d.type, d.role);
+  REQUIRE(L.planes.size() == kinds.size());
+  CHECK(L.source_row_bytes == d.cols / tr.block_size * tr.type_size);
+  CHECK(L.source_bytes == d.rows * L.source_row_bytes);
+  const uint32_t group = (d.type == GgmlType::Q2_K || d.type == GgmlType::Q3_K || d.type == GgmlType::Q6_K) ? 16 : 32;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const StrideTable& t = L.planes[i];
+    INFO("plane " << i << " (" << planeKindName(kinds[i]) << ")");
+    CHECK(t.kind == kinds[i]);
+    CHECK(t.rows == d.rows);
+    CHECK(t.cols == d.cols);
+    CHECK(t.ggml_type == static_cast<uint32_t>(d.type));
+    switch (kinds[i]) {
+      case PlaneKind::kI8:
+        CHECK(t.elem == ElemType::kI8);
+        CHECK(t.row_pitch == round16(d.cols));
+        break;
+      case PlaneKind::kScale:
+      case PlaneKind::kMin:
+        CHECK(t.elem == ElemType::kF32);
+        CHECK(t.group_size == group);
+        CHECK(t.group_pitch == 4);
+        CHECK(t.row_pitch == round16(d.cols / group * 4));
+        break;
+      case PlaneKind::kPacked:
+        CHECK(t.elem == ElemType::kU8);
+        CHECK(t.bits == 4);
+        CHECK(t.q_offset == (d.type == GgmlType::Q4_0 ? -8 : 0));
+        CHECK(t.row_pitch == round16(d.cols / 2));
+        break;
+      case PlaneKind::kBlocks:
+        CHECK(t.elem == ElemType::kU8);
+        CHECK(t.group_size == tr.block_size);
+        CHECK(t.group_pitch == tr.type_size);
+        CHECK(t.row_pitch == L.source_row_bytes);
+        break;
+      case PlaneKind::kF32:
+        CHECK(t.elem == ElemType::kF32);
+        CHECK(t.row_pitch == round16(d.cols * 4));
+        break;
+      case PlaneKind::kF16:
+      case PlaneKind::kBF16:
+        CHECK(t.elem == (kinds[i] == PlaneKind::kF16 ? ElemType::kF16 : ElemType::kBF16));
+        CHECK(t.row_pitch == round16(d.cols * 2));
+        break;
+    }
+    CHECK(t.row_pitch % (kinds[i] == PlaneKind::kBlocks ? 1 : 16) == 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two gates over all planes of one transformed tensor.
+
+GatePlane gatePlane(const TensorLayout& L, const std::vector<std::vector<uint8_t>>& planes, PlaneKind k) {
+  const int i = L.find(k);
+  REQUIRE(i >= 0);
+  return {L.planes[i], planes[i].data(), planes[i].size()};
+}
+
+// Runs the offset gate for the read path that covers plane kind `k`, with `alter` applied to that
+// plane's table (identity for the gate proper; a stride swap for the negative control).
+GateResult offsetGateFor(const TensorLayout& L, const std::vector<std::vector<uint8_t>>& planes, PlaneKind k,
+                         const std::vector<float>& ref, StrideTable (*alter)(const StrideTable&)) {
+  GatePlane target = gatePlane(L, planes, k);
+  target.table = alter(target.table);
+  switch (k) {
+    case PlaneKind::kF32:
+    case PlaneKind::kF16:
+    case PlaneKind::kBF16:
+    case PlaneKind::kBlocks:
+      return test::gateDirect(target, ref);
+    default: break;
+  }
+  GatePlane q = gatePlane(L, planes, PlaneKind::kI8);
+  GatePlane s = gatePlane(L, planes, PlaneKind::kScale);
+  const bool with_min = L.find(PlaneKind::kMin) >= 0;
+  GatePlane m = with_min ? gatePlane(L, planes, PlaneKind::kMin) : GatePlane{};
+  if (k == PlaneKind::kScale) s = target;
+  if (k == PlaneKind::kMin) m = target;
+  if (k == PlaneKind::kI8 || k == PlaneKind::kPacked) q = target;
+  return test::gateDecomposed(q, s, with_min ? &m : nullptr, ref);
+}
+
+StrideTable identity(const StrideTable& t) { return t; }
+
+// (type, plane kind) pairs that passed both gates with at least one element checked.
+std::set<std::pair<GgmlType, PlaneKind>>& gatedPairs() {
+  static std::set<std::pair<GgmlType, PlaneKind>> pairs;
+  return pairs;
+}
+
+// Content gate and offset gate for every plane of `L` built from `source`; returns true when all pass.
+bool runGates(const TensorLayout& L, llvm::ArrayRef<uint8_t> source, const std::vector<std::vector<uint8_t>>& planes,
+              const std::vector<float>& ref) {
+  bool all = true;
+  REQUIRE(planes.size() == L.planes.size());
+  for (size_t i = 0; i < L.planes.size(); ++i) {
+    const StrideTable& t = L.planes[i];
+    INFO(L.desc.name << " " << typeName(L.desc.type) << " " << L.desc.rows << "x" << L.desc.cols << " "
+                     << roleName(L.desc.role) << " plane " << planeKindName(t.kind));
+    CHECK(planes[i].size() == t.bytes());
+    // Content gate: bytes vs the independent expansion, first differing byte reported.
+    const std::vector<uint8_t> want = test::expectedPlane(L.desc.type, t, source.data(), L.source_row_bytes);
+    const auto diff = std::mismatch(want.begin(), want.end(), planes[i].begin(), planes[i].end());
+    const bool content_ok = want.size() == planes[i].size() && diff.first == want.end();
+    if (!content_ok) {
+      const uint64_t at = static_cast<uint64_t>(diff.first - want.begin());
+      FAIL_CHECK("content gate: first difference at byte " << at << " (row " << at / t.row_pitch << ", byte "
+                                                           << at % t.row_pitch << " of the row)");
+    }
+    // Offset gate.
+    const GateResult g = offsetGateFor(L, planes, t.kind, ref, identity);
+    CHECK(g.checked == L.desc.rows * L.desc.cols);
+    if (g.mismatches) FAIL_CHECK("offset gate: " << g.mismatches << " of " << g.checked << " differ; first " << g.first);
+    if (content_ok && g.mismatches == 0 && g.checked > 0) gatedPairs().insert({L.desc.type, t.kind});
+    all = all && content_ok && g.mismatches == 0;
+  }
+  return all;
+}
+
+std::vector<std::vector<uint8_t>> transformAll(const TensorLayout& L, llvm::ArrayRef<uint8_t> src, unsigned threads,
+                                               uint8_t fill = 0xCD) {
+  PlaneWorkers workers(threads);
+  std::vector<std::vector<uint8_t>> planes;
+  std::vector<llvm::MutableArrayRef<uint8_t>> views;
+  for (const StrideTable& t : L.planes) planes.emplace_back(t.bytes(), fill);  // garbage: padding must be written
+  for (auto& p : planes) views.emplace_back(p);
+  llvm::Error e = transformTensor(L, src, views, workers);
+  REQUIRE_MESSAGE(!e, llvm::toString(std::move(e)));
+  return planes;
+}
+
+TensorLayout plan(const TensorDesc& d) {
+  llvm::Expected<TensorLayout> L = planLayout(d);
+  REQUIRE_MESSAGE(static_cast<bool>(L), (L ? std::string() : llvm::toString(L.takeError())));
+  return std::move(*L);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("independent block expansion reproduces dequantizeBlock bit for bit") {
+  // The reference expansion must itself be right before it can judge planes: value = s·q (+ add)
+  // equals dequantizeBlock for every element of random blocks of every quantized type.
+  for (GgmlType type : kAllTypes) {
+    if (isFloat(type)) continue;
+    INFO(typeName(type));
+    const std::vector<uint8_t> data = randomTensor(type, 8, ggmlTypeTraits(type).block_size, 7);
+    const std::vector<float> ref = test::refDequantize(type, 8, ggmlTypeTraits(type).block_size, data.data());
+    uint64_t bad = 0;
+    for (int k = 0; k < 8; ++k) {
+      test::RefBlock rb;
+      REQUIRE(test::refExpandBlock(type, data.data() + k * ggmlTypeTraits(type).type_size, &rb));
+      for (int e = 0; e < rb.n; ++e) {
+        const float s = rb.scale[e / rb.group];
+        const float v = rb.has_add ? s * static_cast<float>(rb.q[e]) + rb.add[e / rb.group] : s * static_cast<float>(rb.q[e]);
+        bad += std::memcmp(&v, &ref[k * rb.n + e], 4) != 0;
+      }
+    }
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("layout rules: plane kinds, element types, pitches and group sizes for every type and role") {
+  for (GgmlType type : kAllTypes)
+    for (TensorRole role : kAllRoles)
+      for (const Shape& s : shapesFor(type)) {
+        INFO(typeName(type) << " " << roleName(role) << " " << s.rows << "x" << s.cols);
+        checkTableRules(plan({"w", type, s.rows, s.cols, role}));
+      }
+}
+
+TEST_CASE("content and offset gates on synthetic tensors: every type, role and plane kind") {
+  uint64_t seed = 1;
+  for (GgmlType type : kAllTypes)
+    for (const Shape& s : shapesFor(type)) {
+      const std::vector<uint8_t> src = randomTensor(type, s.rows, s.cols, seed++);
+      const std::vector<float> ref = test::refDequantize(type, s.rows, s.cols, src.data());
+      for (TensorRole role : kAllRoles) {
+        const TensorLayout L = plan({"synthetic", type, s.rows, s.cols, role});
+        const auto planes = transformAll(L, src, 2);
+        CHECK(runGates(L, src, planes, ref));
+      }
+    }
+  // Every (type, plane kind) the layout rules call for passed both gates.
+  for (GgmlType type : kAllTypes) {
+    for (PlaneKind k : expectedKinds(type, TensorRole::kEmbeddingMatMul)) {
+      INFO(typeName(type) << " " << planeKindName(k));
+      CHECK(gatedPairs().count({type, k}) == 1);
+    }
+    INFO(typeName(type) << " vector f32");
+    CHECK(gatedPairs().count({type, PlaneKind::kF32}) == 1);
+  }
+}
+
+TEST_CASE("negative controls: a rows<->cols stride swap and a flipped byte fail the gates") {
+  uint64_t seed = 100;
+  for (GgmlType type : kAllTypes)
+    for (const Shape& s : shapesFor(type)) {
+      const std::vector<uint8_t> src = randomTensor(type, s.rows, s.cols, seed++);
+      const std::vector<float> ref = test::refDequantize(type, s.rows, s.cols, src.data());
+      const TensorLayout L = plan({"control", type, s.rows, s.cols, TensorRole::kEmbeddingMatMul});
+      const auto planes = transformAll(L, src, 1);
+      for (size_t i = 0; i < L.planes.size(); ++i) {
+        const StrideTable& t = L.planes[i];
+        INFO(typeName(type) << " " << s.rows << "x" << s.cols << " plane " << planeKindName(t.kind));
+        // Stride swap: whenever the swapped pitch differs, the offset gate must fail. For the larger
+        // shape it always differs (asserted), so every plane kind has a failing control.
+        const StrideTable swapped = test::swappedPitch(t);
+        if (s.rows == 24) CHECK(swapped.row_pitch != t.row_pitch);
+        if (swapped.row_pitch != t.row_pitch) {
+          const GateResult g = offsetGateFor(L, planes, t.kind, ref, test::swappedPitch);
+          CHECK(g.mismatches > 0);
+        }
+        // Flipped byte inside the last row's data: content gate and offset gate both fail. The byte
+        // is the most significant byte of a float element (exponent bit flip) or bit 0 of a q byte,
+        // at an element whose scale is non-zero (so a q change shows in the value).
+        std::vector<std::vector<uint8_t>> bad = planes;
+        uint64_t r = t.rows - 1, c = t.cols - 1;
+        if (t.kind == PlaneKind::kI8 || t.kind == PlaneKind::kPacked) {
+          const GatePlane sp = gatePlane(L, planes, PlaneKind::kScale);
+          for (;; --c) {
+            float sv;
+            std::memcpy(&sv, sp.data + elementOffset(sp.table, r, c), 4);
+            if (sv != 0 || c == 0) break;
+          }
+        }
+        uint64_t off;
+        uint8_t mask = 0x01;
+        if (t.kind == PlaneKind::kPacked) {
+          uint32_t shift;
+          off = packedOffset(t, r, c, &shift);
+          mask = static_cast<uint8_t>(1u << shift);
+        } else if (t.kind == PlaneKind::kBlocks) {
+          off = elementOffset(t, r, c) + halfFields(type)[0] + 1;  // the high byte of d
+          mask = 0x04;
+        } else {
+          off = elementOffset(t, r, c) + elemBytes(t.elem) - 1;
+          if (t.elem != ElemType::kI8) mask = 0x40;
+        }
+        bad[i][off] ^= mask;
+        CHECK(test::expectedPlane(type, t, src.data(), L.source_row_bytes) != bad[i]);
+        CHECK(offsetGateFor(L, bad, t.kind, ref, identity).mismatches > 0);
+      }
+    }
+}
+
+TEST_CASE("r43 control: a dense plane read with the source's block strides fails the offset gate") {
+  // The failure DESIGN.md §3 guards against: the kI8 plane addressed with the GGUF row pitch.
+  const GgmlType type = GgmlType::Q6_K;
+  const std::vector<uint8_t> src = randomTensor(type, 24, 5 * 256, 4343);
+  const std::vector<float> ref = test::refDequantize(type, 24, 5 * 256, src.data());
+  const TensorLayout L = plan({"r43", type, 24, 5 * 256, TensorRole::kMatMul});
+  const auto planes = transformAll(L, src, 2);
+  static uint64_t source_pitch;
+  source_pitch = L.source_row_bytes;
+  const GateResult g = offsetGateFor(L, planes, PlaneKind::kI8, ref, [](const StrideTable& t) {
+    StrideTable s = t;
+    s.row_pitch = source_pitch;
+    return s;
+  });
+  CHECK(g.mismatches > 0);
+  CHECK(offsetGateFor(L, planes, PlaneKind::kI8, ref, identity).mismatches == 0);
+}
+
+TEST_CASE("transforms are deterministic: -j 1, 2 and 3 give identical bytes whatever the buffers held") {
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    TensorRole role;
+  };
+  // Enough rows for several chunks of ~64 KiB of source per chunk.
+  const Case cases[] = {{GgmlType::Q4_K, 301, 2048, TensorRole::kEmbeddingMatMul},
+                        {GgmlType::Q6_K, 203, 2048, TensorRole::kMatMul},
+                        {GgmlType::Q4_0, 517, 1024, TensorRole::kEmbeddingMatMul},
+                        {GgmlType::Q5_1, 300, 512, TensorRole::kVector},
+                        {GgmlType::F16, 263, 520, TensorRole::kMatMul}};
+  for (const Case& k : cases) {
+    INFO(typeName(k.type) << " " << roleName(k.role));
+    const std::vector<uint8_t> src = randomTensor(k.type, k.rows, k.cols, 99);
+    const TensorLayout L = plan({"det", k.type, k.rows, k.cols, k.role});
+    const auto one = transformAll(L, src, 1, 0x00);
+    CHECK(transformAll(L, src, 2, 0xFF) == one);
+    CHECK(transformAll(L, src, 3, 0x5A) == one);
+  }
+}
+
+TEST_CASE("streaming: planes transformed one at a time equal all at once") {
+  const GgmlType type = GgmlType::Q4_K;
+  const std::vector<uint8_t> src = randomTensor(type, 24, 5 * 256, 5);
+  const TensorLayout L = plan({"stream", type, 24, 5 * 256, TensorRole::kEmbeddingMatMul});
+  const auto all = transformAll(L, src, 2);
+  PlaneWorkers workers(2);
+  for (size_t i = 0; i < L.planes.size(); ++i) {
+    std::vector<uint8_t> one(L.planes[i].bytes(), 0xEE);
+    std::vector<llvm::MutableArrayRef<uint8_t>> views(L.planes.size());
+    views[i] = one;
+    REQUIRE(!llvm::errorToBool(transformTensor(L, src, views, workers)));
+    CHECK(one == all[i]);
+  }
+}
+
+TEST_CASE("PlaneWorkers: every item exactly once for any n, grain and thread count") {
+  for (unsigned threads : {1u, 2u, 5u})
+    for (uint64_t n : {0ull, 1ull, 7ull, 1000ull})
+      for (uint64_t grain : {1ull, 3ull, 64ull, 5000ull}) {
+        PlaneWorkers w(threads);
+        CHECK(w.threads() == threads);
+        std::vector<std::atomic<int>> hits(n);
+        std::atomic<uint64_t> widest{0};
+        for (int rep = 0; rep < 3; ++rep)
+          w.parallelFor(n, grain, [&](uint64_t b, uint64_t e) {
+            uint64_t prev = widest.load();
+            while (e - b > prev && !widest.compare_exchange_weak(prev, e - b)) {
+            }
+            for (uint64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+          });
+        CHECK(widest.load() <= grain);
+        for (uint64_t i = 0; i < n; ++i) CHECK(hits[i].load() == 3);
+      }
+}
+
+TEST_CASE("errors name the tensor, the field and the numbers") {
+  const auto planError = [](TensorDesc d) {
+    llvm::Expected<TensorLayout> L = planLayout(d);
+    REQUIRE(!L);
+    return llvm::toString(L.takeError());
+  };
+  std::string m = planError({"blk.3.ffn_up.weight", GgmlType::Q4_K, 64, 300, TensorRole::kMatMul});
+  CHECK(m.find("blk.3.ffn_up.weight") != std::string::npos);
+  CHECK(m.find("cols = 300") != std::string::npos);
+  CHECK(m.find("256") != std::string::npos);
+  m = planError({"x", GgmlType::IQ2_XXS, 4, 256, TensorRole::kMatMul});
+  CHECK(m.find("not supported") != std::string::npos);
+  CHECK(m.find("Q6_K") != std::string::npos);
+  m = planError({"x", static_cast<GgmlType>(4), 4, 256, TensorRole::kMatMul});
+  CHECK(m.find("type id 4") != std::string::npos);
+  m = planError({"x", GgmlType::Q8_1, 4, 256, TensorRole::kMatMul});
+  CHECK(m.find("not supported") != std::string::npos);
+  m = planError({"x", GgmlType::F32, 0, 256, TensorRole::kMatMul});
+  CHECK(m.find("non-zero") != std::string::npos);
+  m = planError({"huge", GgmlType::F32, uint64_t{1} << 40, uint64_t{1} << 30, TensorRole::kMatMul});
+  CHECK(m.find("2^62") != std::string::npos);
+
+  const TensorLayout L = plan({"blk.0.attn_q.weight", GgmlType::Q8_0, 15, 96, TensorRole::kMatMul});
+  PlaneWorkers w(1);
+  std::vector<uint8_t> src(L.source_bytes - 1);
+  std::vector<std::vector<uint8_t>> planes;
+  std::vector<llvm::MutableArrayRef<uint8_t>> views;
+  for (const StrideTable& t : L.planes) planes.emplace_back(t.bytes());
+  for (auto& p : planes) views.emplace_back(p);
+  m = llvm::toString(transformTensor(L, src, views, w));
+  CHECK(m.find("blk.0.attn_q.weight") != std::string::npos);
+  CHECK(m.find(std::to_string(L.source_bytes - 1) + " bytes") != std::string::npos);
+  src.resize(L.source_bytes);
+  m = llvm::toString(transformTensor(L, src, llvm::makeArrayRef(views).drop_back(), w));
+  CHECK(m.find("output buffers") != std::string::npos);
+  planes[1].pop_back();
+  views[1] = planes[1];
+  m = llvm::toString(transformTensor(L, src, views, w));
+  CHECK(m.find("plane 1 (scale)") != std::string::npos);
+  CHECK(m.find(std::to_string(L.planes[1].bytes())) != std::string::npos);
+}
+
+TEST_CASE("gates on every tensor of every fixture model (real GGUF data), and against gguf-py dequantization") {
+  if (!test::haveFixtures()) return;
+  const std::string dir = test::fixturesDir();
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/models"))
+    if (e.path().extension() == ".gguf") files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  REQUIRE(!files.empty());
+
+  // gguf-py's exact dequantization of the first rows of three tensors per model (fixtures README §7).
+  std::ifstream index_in(dir + "/dequant/index.json");
+  REQUIRE(index_in.good());
+  const nlohmann::json index = nlohmann::json::parse(index_in);
+
+  std::set<GgmlType> seen;
+  PlaneWorkers workers(2);
+  uint64_t dequant_checked = 0;
+  for (const std::string& file : files) {
+    INFO(file);
+    auto gguf = gguf::GgufFile::open(dir + "/models/" + file);
+    REQUIRE_MESSAGE(static_cast<bool>(gguf), (gguf ? std::string() : llvm::toString(gguf.takeError())));
+    for (const gguf::TensorInfo& ti : (*gguf)->tensors()) {
+      TensorDesc d{std::string(ti.name), ti.type, ti.rows(), ti.cols(), TensorRole::kMatMul};
+      if (ti.n_dims == 1) d.role = TensorRole::kVector;
+      // token_embd gets the gather form and the matmul planes, whether tied or not, so real embedding
+      // data goes through every plane kind.
+      if (ti.name == "token_embd.weight") d.role = TensorRole::kEmbeddingMatMul;
+      const TensorLayout L = plan(d);
+      checkTableRules(L);
+      const llvm::ArrayRef<uint8_t> src = (*gguf)->tensorData(ti);
+      const std::vector<float> ref = test::refDequantize(d.type, d.rows, d.cols, src.data());
+      const auto planes = transformAll(L, src, workers.threads());
+      CHECK(runGates(L, src, planes, ref));
+      seen.insert(d.type);
+
+      if (!index.contains(file)) continue;
+      for (const auto& entry : index[file]) {
+        if (entry["tensor"] != d.name) continue;
+        const std::vector<float> py = test::readF32File(dir + "/dequant/" + entry["file"].get<std::string>());
+        REQUIRE(py.size() == entry["rows_in_file"].get<uint64_t>() * d.cols);
+        CHECK(std::memcmp(py.data(), ref.data(), py.size() * 4) == 0);
+        dequant_checked += py.size();
+      }
+    }
+  }
+  CHECK(dequant_checked > 0);
+  for (GgmlType t : kAllTypes) {
+    INFO("fixture coverage of " << typeName(t));
+    CHECK(seen.count(t) == 1);
+  }
+}
