@@ -1,0 +1,150 @@
+// ArtifactFile: read-only mapping of a .mfb, the two verification stages, checksums on demand.
+#include "runtime/artifact/artifact_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+namespace minfer {
+namespace {
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
+  return buf;
+}
+
+// Offset of the first nonzero byte in [p, p + n), or n.
+uint64_t firstNonZero(const uint8_t* p, uint64_t n) {
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    if (w != 0) break;
+  }
+  for (; i < n; ++i)
+    if (p[i] != 0) return i;
+  return n;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ArtifactFile>> ArtifactFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::error(cat(path, ": cannot open: ", std::strerror(errno)));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::error(cat(path, ": fstat failed: ", std::strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::error(cat(path, ": not a regular file"));
+  }
+  std::unique_ptr<ArtifactFile> file(new ArtifactFile());
+  file->path_ = path;
+  file->size_ = static_cast<uint64_t>(st.st_size);
+  if (file->size_ > 0) {
+    void* p = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return Status::error(cat(path, ": mmap of ", file->size_, " bytes failed: ", std::strerror(err)));
+    }
+    file->data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);  // the mapping keeps the file open
+
+  static const uint8_t kEmpty[1] = {0};
+  const uint8_t* bytes = file->data_ ? file->data_ : kEmpty;
+  MINFER_RETURN_IF_ERROR(artifact::verifyStructure(path, bytes, file->size_, &file->manifest_size_));
+  MINFER_RETURN_IF_ERROR(
+      artifact::verifySemantics(path, bytes, file->size_, file->manifest_size_, &file->segments_));
+  file->manifest_ = fb::GetSizePrefixedArtifact(file->data_);
+  return file;
+}
+
+ArtifactFile::~ArtifactFile() {
+  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+const uint8_t* ArtifactFile::segmentData(const fb::Segment& segment) const {
+  uint64_t end;
+  if (__builtin_add_overflow(segment.offset(), segment.size(), &end) || end > size_) return nullptr;
+  return data_ + segment.offset();
+}
+
+Status ArtifactFile::verifyChecksums() const {
+  // The manifest, with manifest_check.xxh64 read as zero (schema/artifact.fbs).
+  const fb::Segment* check = manifest_->manifest_check();
+  const uint64_t at = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(check) - data_) + 16;
+  XXH64_state_t* state = XXH64_createState();
+  XXH64_reset(state, 0);
+  XXH64_update(state, data_, at);
+  const uint8_t zeros[8] = {};
+  XXH64_update(state, zeros, 8);
+  XXH64_update(state, data_ + at + 8, manifest_size_ - at - 8);
+  const uint64_t manifest_hash = XXH64_digest(state);
+  XXH64_freeState(state);
+  if (manifest_hash != check->xxh64())
+    return Status::error(cat(path_, ": manifest [0, +", manifest_size_, "): xxh64 ", hex(manifest_hash),
+                             " computed, ", hex(check->xxh64()),
+                             " recorded in manifest_check: damaged manifest"));
+
+  // Bytes outside every segment must be zero: the writer leaves them so, and this makes every
+  // byte of the file covered by some check.
+  uint64_t pos = manifest_size_;
+  std::string after = "the manifest";
+  auto checkGap = [&](uint64_t end, const std::string& before) -> Status {
+    const uint64_t k = firstNonZero(data_ + pos, end - pos);
+    if (k == end - pos) return Status::ok();
+    char byte[8];
+    std::snprintf(byte, sizeof(byte), "0x%02x", data_[pos + k]);
+    return Status::error(cat(path_, ": byte ", byte, " at offset ", pos + k, " (between ", after, " and ", before,
+                             ") is not zero: stray data outside every segment"));
+  };
+  for (const SegmentRef& s : segments_) {
+    MINFER_RETURN_IF_ERROR(checkGap(s.segment->offset(), s.field));
+    const uint64_t hash = XXH64(data_ + s.segment->offset(), s.segment->size(), 0);
+    if (hash != s.segment->xxh64())
+      return Status::error(cat(path_, ": ", s.field, " [", s.segment->offset(), ", +", s.segment->size(), "): xxh64 ",
+                               hex(hash), " computed, ", hex(s.segment->xxh64()),
+                               " recorded in the manifest: damaged data"));
+    pos = s.segment->offset() + s.segment->size();
+    after = s.field;
+  }
+  return checkGap(size_, "the end of the file");
+}
+
+StrideTable toStrideTable(const fb::StrideTable& t) {
+  StrideTable s;
+  s.kind = static_cast<PlaneKind>(t.kind());
+  s.elem = static_cast<ElemType>(t.elem());
+  s.rows = t.rows();
+  s.cols = t.cols();
+  s.row_pitch = t.row_pitch();
+  s.group_size = t.group_size();
+  s.group_pitch = t.group_pitch();
+  s.bits = t.bits();
+  s.q_offset = t.q_offset();
+  s.ggml_type = t.ggml_type();
+  return s;
+}
+
+}  // namespace minfer

@@ -1,0 +1,549 @@
+// Verification of a mapped .mfb manifest: structure (FlatBuffers Verifier), then meaning (ranges).
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "runtime/artifact/artifact_file.h"
+
+namespace minfer::artifact {
+namespace {
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%" PRIx64, v);
+  return buf;
+}
+
+uint32_t readLE32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+
+// Bytes from the file shown in a message: printable ASCII as is, the rest as \xNN, at most `max`.
+std::string printable(const char* p, size_t n, size_t max = 64) {
+  std::string out;
+  for (size_t i = 0; i < n && i < max; ++i) {
+    const unsigned char ch = static_cast<unsigned char>(p[i]);
+    if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\') {
+      out += static_cast<char>(ch);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", ch);
+      out += buf;
+    }
+  }
+  if (n > max) out += "...";
+  return out;
+}
+
+std::string quoted(const flatbuffers::String* s) {
+  return s ? "\"" + printable(s->c_str(), s->size()) + "\"" : "(none)";
+}
+
+// The private base of every generated table (C-style casts may name an inaccessible base).
+const flatbuffers::Table* asTable(const void* t) { return (const flatbuffers::Table*)t; }
+
+// ---------------------------------------------------------------------------------------------
+// Stage 1 diagnostics: after the whole-buffer Verifier failed, verify each top-level field (and
+// each element of the large vectors) on its own, to name where the damage is.
+
+class StructureLocator {
+ public:
+  StructureLocator(const uint8_t* buf, size_t n, const flatbuffers::Verifier::Options& opts)
+      : buf_(buf), n_(n), opts_(opts) {}
+
+  std::string locate() {
+    const uint64_t root_off = readLE32(buf_ + 4);
+    if (root_off % 4 != 0 || 4 + root_off + 4 > n_)
+      return cat("the root table offset ", root_off, " (at offset 4), outside the manifest or misaligned");
+    root_ = fb::GetSizePrefixedArtifact(buf_);
+    const auto* t = asTable(root_);
+    {
+      flatbuffers::Verifier v(buf_, n_, opts_);
+      if (!t->VerifyTableStart(v)) return cat("the root table at offset ", hex(4 + root_off), " (its vtable)");
+    }
+    using A = fb::Artifact;
+    if (!scalar<uint16_t>(t, A::VT_FORMAT_MAJOR, 2)) return "format_major";
+    if (!scalar<uint16_t>(t, A::VT_FORMAT_MINOR, 2)) return "format_minor";
+    if (!field(t, A::VT_PRODUCER, [&](flatbuffers::Verifier& v) { return v.VerifyString(root_->producer()); }))
+      return "producer";
+    if (!field(t, A::VT_PRODUCER_VERSION,
+               [&](flatbuffers::Verifier& v) { return v.VerifyString(root_->producer_version()); }))
+      return "producer_version";
+    if (!table(t, A::VT_SOURCE, root_->source())) return "source";
+    if (!table(t, A::VT_CONFIG, root_->config())) return "config";
+    if (!table(t, A::VT_TOKENIZER, root_->tokenizer())) return "tokenizer";
+    std::string where = tableVector(t, A::VT_TENSORS, root_->tensors(), "tensors");
+    if (!where.empty()) return where;
+    where = tableVector(t, A::VT_KERNELS, root_->kernels(), "kernels");
+    if (!where.empty()) return where;
+    where = plan(t, A::VT_PREFILL, root_->prefill(), "prefill");
+    if (!where.empty()) return where;
+    where = plan(t, A::VT_DECODE, root_->decode(), "decode");
+    if (!where.empty()) return where;
+    if (!table(t, A::VT_MEMORY, root_->memory())) return "memory";
+    if (!field(t, A::VT_TARGET_ARCHS, [&](flatbuffers::Verifier& v) {
+          return v.VerifyVector(root_->target_archs()) && v.VerifyVectorOfStrings(root_->target_archs());
+        }))
+      return "target_archs";
+    if (!scalar<fb::Segment>(t, A::VT_MANIFEST_CHECK, 8)) return "manifest_check";
+    return "";
+  }
+
+ private:
+  template <typename T>
+  bool scalar(const flatbuffers::Table* t, flatbuffers::voffset_t f, size_t align) {
+    flatbuffers::Verifier v(buf_, n_, opts_);
+    return t->VerifyField<T>(v, f, align);
+  }
+  template <typename F>
+  bool field(const flatbuffers::Table* t, flatbuffers::voffset_t f, F&& check) {
+    flatbuffers::Verifier v(buf_, n_, opts_);
+    return t->VerifyOffset(v, f) && check(v);
+  }
+  template <typename T>
+  bool table(const flatbuffers::Table* t, flatbuffers::voffset_t f, const T* sub) {
+    return field(t, f, [&](flatbuffers::Verifier& v) { return v.VerifyTable(sub); });
+  }
+  template <typename T>
+  std::string tableVector(const flatbuffers::Table* t, flatbuffers::voffset_t f,
+                          const flatbuffers::Vector<flatbuffers::Offset<T>>* vec, const std::string& name) {
+    if (!field(t, f, [&](flatbuffers::Verifier& v) { return v.VerifyVector(vec); })) return name;
+    if (!vec) return "";
+    for (flatbuffers::uoffset_t i = 0; i < vec->size(); ++i) {
+      flatbuffers::Verifier v(buf_, n_, opts_);
+      if (!v.VerifyTable(vec->Get(i))) return cat(name, "[", i, "]");
+    }
+    return "";
+  }
+  std::string plan(const flatbuffers::Table* t, flatbuffers::voffset_t f, const fb::Plan* p, const std::string& name) {
+    {
+      flatbuffers::Verifier v(buf_, n_, opts_);
+      if (!t->VerifyOffset(v, f)) return name;
+      if (!p) return "";
+      if (!asTable(p)->VerifyTableStart(v)) return name;
+    }
+    std::string where = tableVector(asTable(p), fb::Plan::VT_STEPS, p->steps(), name + ".steps");
+    if (!where.empty()) return where;
+    return table(t, f, p) ? "" : name;
+  }
+
+  const uint8_t* buf_;
+  size_t n_;
+  flatbuffers::Verifier::Options opts_;
+  const fb::Artifact* root_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Stage 2.
+
+class SemanticVerifier {
+ public:
+  SemanticVerifier(const std::string& path, const uint8_t* data, uint64_t size, uint64_t n)
+      : path_(path), data_(data), size_(size), n_(n), m_(fb::GetSizePrefixedArtifact(data)) {}
+
+  Status run(std::vector<ArtifactFile::SegmentRef>* segments) {
+    if (m_->format_major() != kArtifactFormatMajor || m_->format_minor() > kArtifactFormatMinor)
+      return Status::error(cat(path_, ": artifact format ", m_->format_major(), ".", m_->format_minor(),
+                               ", this runtime reads ", kArtifactFormatMajor, ".x up to ", kArtifactFormatMajor, ".",
+                               kArtifactFormatMinor, " (format_major/format_minor at manifest offset ",
+                               hex(offsetOf(m_)), ")"));
+    const fb::Segment* check = m_->manifest_check();
+    if (!check) return fail("manifest_check", m_, "missing (every format 1.0 artifact records its manifest extent)");
+    if (check->offset() != 0 || check->size() != n_)
+      return fail("manifest_check", check,
+                  cat("says the manifest is [", check->offset(), ", +", check->size(), ") but the size prefix says [0, +",
+                      n_, ")"));
+    MINFER_RETURN_IF_ERROR(checkConfig());
+    MINFER_RETURN_IF_ERROR(checkTokenizer());
+    MINFER_RETURN_IF_ERROR(checkSource());
+    MINFER_RETURN_IF_ERROR(checkTensors());
+    MINFER_RETURN_IF_ERROR(checkKernels());
+    MINFER_RETURN_IF_ERROR(checkMemory());
+    MINFER_RETURN_IF_ERROR(checkPlan(m_->prefill(), "prefill"));
+    MINFER_RETURN_IF_ERROR(checkPlan(m_->decode(), "decode"));
+    MINFER_RETURN_IF_ERROR(checkOverlaps());
+    *segments = std::move(segments_);
+    return Status::ok();
+  }
+
+ private:
+  uint64_t offsetOf(const void* p) const { return static_cast<uint64_t>(static_cast<const uint8_t*>(p) - data_); }
+
+  Status fail(const std::string& field, const void* at, const std::string& what) const {
+    return Status::error(cat(path_, ": ", field, " (manifest offset ", hex(offsetOf(at)), "): ", what));
+  }
+
+  Status checkConfig() {
+    const fb::ModelConfig* c = m_->config();  // required: the Verifier checked presence
+    if (c->architecture()->size() == 0) return fail("config.architecture", c, "is empty");
+    const std::pair<const char*, uint32_t> dims[] = {
+        {"n_embd", c->n_embd()}, {"n_layer", c->n_layer()}, {"n_head", c->n_head()},
+        {"n_head_kv", c->n_head_kv()}, {"head_dim", c->head_dim()}, {"n_ff", c->n_ff()},
+        {"n_vocab", c->n_vocab()}};
+    for (const auto& [name, value] : dims)
+      if (value == 0) return fail(cat("config.", name), c, "is 0");
+    if (c->n_head_kv() > c->n_head() || c->n_head() % c->n_head_kv() != 0)
+      return fail("config.n_head_kv", c,
+                  cat("n_head ", c->n_head(), " is not a multiple of n_head_kv ", c->n_head_kv(),
+                      " (grouped-query attention shares each KV head among n_head / n_head_kv query heads)"));
+    // head_dim · n_head need not equal n_embd (qwen3, Mistral Nemo), but the projections' widths
+    // must be representable in the u32 fields that carry them.
+    if (uint64_t{c->head_dim()} * c->n_head() > UINT32_MAX)
+      return fail("config.head_dim", c, cat("head_dim ", c->head_dim(), " x n_head ", c->n_head(), " overflows 32 bits"));
+    if (c->n_rot() > c->head_dim() || c->n_rot() % 2 != 0)
+      return fail("config.n_rot", c,
+                  cat("n_rot ", c->n_rot(), " must be even and at most head_dim ", c->head_dim(),
+                      " (RoPE rotates pairs of a head's dimensions)"));
+    if (static_cast<uint8_t>(c->rope_style()) > static_cast<uint8_t>(fb::RopeStyle::MAX))
+      return fail("config.rope_style", c, cat("value ", int(c->rope_style()), " is not a RopeStyle (0..1)"));
+    if (static_cast<uint8_t>(c->rope_scaling()) > static_cast<uint8_t>(fb::RopeScaling::MAX))
+      return fail("config.rope_scaling", c, cat("value ", int(c->rope_scaling()), " is not a RopeScaling (0..2)"));
+    const std::pair<const char*, float> positive[] = {{"rms_norm_eps", c->rms_norm_eps()},
+                                                     {"rope_freq_base", c->rope_freq_base()},
+                                                     {"rope_freq_scale", c->rope_freq_scale()}};
+    for (const auto& [name, value] : positive)
+      if (!std::isfinite(value) || !(value > 0)) return fail(cat("config.", name), c, cat(value, " is not a positive finite number"));
+    return Status::ok();
+  }
+
+  Status checkTokenizer() {
+    const fb::Tokenizer* t = m_->tokenizer();
+    if (!t) return Status::ok();
+    if (static_cast<uint8_t>(t->model()) > static_cast<uint8_t>(fb::TokenizerModel::MAX))
+      return fail("tokenizer.model", t, cat("value ", int(t->model()), " is not a TokenizerModel (0..1)"));
+    const uint64_t n = t->tokens() ? t->tokens()->size() : 0;
+    if (n != m_->config()->n_vocab())
+      return fail("tokenizer.tokens", t, cat("has ", n, " tokens but config.n_vocab is ", m_->config()->n_vocab()));
+    if (t->scores() && t->scores()->size() != 0 && t->scores()->size() != n)
+      return fail("tokenizer.scores", t, cat("has ", t->scores()->size(), " entries for ", n, " tokens"));
+    if (t->token_types() && t->token_types()->size() != 0 && t->token_types()->size() != n)
+      return fail("tokenizer.token_types", t, cat("has ", t->token_types()->size(), " entries for ", n, " tokens"));
+    const std::pair<const char*, int32_t> ids[] = {
+        {"bos_id", t->bos_id()}, {"eos_id", t->eos_id()}, {"unk_id", t->unk_id()}, {"pad_id", t->pad_id()}};
+    for (const auto& [name, id] : ids)
+      if (id < -1 || id >= static_cast<int64_t>(n))
+        return fail(cat("tokenizer.", name), t, cat("token id ", id, " is out of range (-1 = none, or 0..", n - 1, ")"));
+    return Status::ok();
+  }
+
+  Status checkSource() {
+    const fb::SourceInfo* s = m_->source();
+    if (!s || !s->sha256() || s->sha256()->size() == 0) return Status::ok();
+    const flatbuffers::String* h = s->sha256();
+    bool ok = h->size() == 64;
+    for (size_t i = 0; ok && i < h->size(); ++i) {
+      const char ch = h->c_str()[i];
+      ok = (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+    }
+    if (!ok) return fail("source.sha256", s, cat(quoted(h), " is not 64 lowercase hex digits"));
+    return Status::ok();
+  }
+
+  Status checkTensors() {
+    const auto* tensors = m_->tensors();
+    if (!tensors) return Status::ok();
+    for (flatbuffers::uoffset_t i = 0; i < tensors->size(); ++i) {
+      const fb::Tensor* t = tensors->Get(i);
+      const std::string field = cat("tensors[", i, "]");
+      const std::string who = cat(" (tensor ", quoted(t->name()), ")");
+      if (t->name()->size() == 0) return fail(field + ".name", t, "is empty");
+      const GgmlTypeTraits traits = ggmlTypeTraits(t->ggml_type());
+      if (!traits.known) return fail(field + ".ggml_type", t, cat(t->ggml_type(), " is not a ggml type id", who));
+      const auto* ne = t->ne();
+      if (!ne || ne->size() == 0 || ne->size() > 4)
+        return fail(field + ".ne", t, cat("has ", ne ? ne->size() : 0, " dimensions (1..4 expected)", who));
+      uint64_t rows = 1;
+      for (flatbuffers::uoffset_t d = 0; d < ne->size(); ++d) {
+        if (ne->Get(d) == 0) return fail(cat(field, ".ne[", d, "]"), t, cat("is 0", who));
+        if (d > 0 && __builtin_mul_overflow(rows, ne->Get(d), &rows))
+          return fail(field + ".ne", t, cat("product of dimensions overflows 64 bits", who));
+      }
+      const uint64_t cols = ne->Get(0);
+      const auto* planes = t->planes();
+      if (!planes || planes->size() == 0) return fail(field + ".planes", t, cat("is empty", who));
+      for (flatbuffers::uoffset_t j = 0; j < planes->size(); ++j) {
+        const fb::Plane* p = planes->Get(j);
+        const std::string pf = cat(field, ".planes[", j, "]");
+        const fb::StrideTable* l = p->layout();
+        const std::string problem = strideTableProblem(*l);
+        if (!problem.empty()) return fail(pf + ".layout", l, problem + who);
+        if (l->rows() != rows || l->cols() != cols)
+          return fail(pf + ".layout", l,
+                      cat("plane is ", l->rows(), " rows x ", l->cols(), " cols but the tensor is ", rows, " x ", cols,
+                          " (rows = ne[1]*ne[2]*ne[3], cols = ne[0])", who));
+        if (static_cast<PlaneKind>(l->kind()) == PlaneKind::kBlocks && l->ggml_type() != t->ggml_type())
+          return fail(pf + ".layout.ggml_type", l,
+                      cat("blocks plane of type ", l->ggml_type(), " in a tensor of type ", t->ggml_type(), who));
+        const uint64_t bytes = l->rows() * l->row_pitch();  // no overflow: strideTableProblem checked it
+        if (p->data()->size() != bytes)
+          return fail(pf + ".data", p->data(),
+                      cat("segment is ", p->data()->size(), " bytes but the stride table implies ", l->rows(),
+                          " rows x ", l->row_pitch(), " bytes = ", bytes, who));
+        MINFER_RETURN_IF_ERROR(addSegment(pf + ".data", p->data()));
+      }
+    }
+    return Status::ok();
+  }
+
+  Status checkKernels() {
+    const auto* kernels = m_->kernels();
+    if (!kernels) return Status::ok();
+    for (flatbuffers::uoffset_t i = 0; i < kernels->size(); ++i) {
+      const fb::KernelImage* k = kernels->Get(i);
+      const std::string field = cat("kernels[", i, "]");
+      if (k->key()->size() == 0) return fail(field + ".key", k, "is empty");
+      if (k->entry()->size() == 0) return fail(field + ".entry", k, cat("is empty (kernel ", quoted(k->key()), ")"));
+      if (k->arch()->size() == 0) return fail(field + ".arch", k, cat("is empty (kernel ", quoted(k->key()), ")"));
+      const bool has_cubin = k->cubin() && k->cubin()->size() > 0;
+      const bool has_ptx = k->ptx() && k->ptx()->size() > 0;
+      if (!has_cubin && !has_ptx) return fail(field, k, cat("kernel ", quoted(k->key()), " has neither cubin nor PTX"));
+      MINFER_RETURN_IF_ERROR(addSegment(field + ".cubin", k->cubin()));
+      MINFER_RETURN_IF_ERROR(addSegment(field + ".ptx", k->ptx()));
+    }
+    return Status::ok();
+  }
+
+  Status checkMemory() {
+    const fb::MemoryPlan* mem = m_->memory();
+    if (!mem) return Status::ok();
+    if (mem->max_batch() == 0) return fail("memory.max_batch", mem, "is 0");
+    const uint64_t n = mem->buffers() ? mem->buffers()->size() : 0;
+    for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
+      const fb::Buffer* b = mem->buffers()->Get(i);
+      const std::string field = cat("memory.buffers[", i, "]");
+      if (b->name()->size() == 0) return fail(field + ".name", b, "is empty");
+      if (b->width() == 0) return fail(field + ".width", b, cat("is 0 (buffer ", quoted(b->name()), ")"));
+      if (static_cast<uint8_t>(b->type()) > static_cast<uint8_t>(fb::BufferType::MAX))
+        return fail(field + ".type", b, cat("value ", int(b->type()), " is not a BufferType (0..3)"));
+    }
+    if (n > 0 && mem->input_ids() >= n)
+      return fail("memory.input_ids", mem, cat("buffer id ", mem->input_ids(), " is out of range (", n, " buffers)"));
+    if (n > 0 && mem->logits() >= n)
+      return fail("memory.logits", mem, cat("buffer id ", mem->logits(), " is out of range (", n, " buffers)"));
+    return Status::ok();
+  }
+
+  // Every element of `ids` must be < `limit`.
+  Status checkIndices(const flatbuffers::Vector<uint32_t>* ids, uint64_t limit, const std::string& field,
+                      const void* at, const char* what, const char* where) const {
+    if (!ids) return Status::ok();
+    for (flatbuffers::uoffset_t k = 0; k < ids->size(); ++k)
+      if (ids->Get(k) >= limit)
+        return fail(cat(field, "[", k, "]"), at,
+                    cat(what, " ", ids->Get(k), " is out of range (", where, " has ", limit, ")"));
+    return Status::ok();
+  }
+
+  Status checkPlan(const fb::Plan* plan, const char* name) {
+    if (!plan || !plan->steps()) return Status::ok();
+    const uint64_t n_buffers = m_->memory() && m_->memory()->buffers() ? m_->memory()->buffers()->size() : 0;
+    const uint64_t n_tensors = m_->tensors() ? m_->tensors()->size() : 0;
+    const uint64_t n_kernels = m_->kernels() ? m_->kernels()->size() : 0;
+    const uint32_t n_layer = m_->config()->n_layer();
+    for (flatbuffers::uoffset_t i = 0; i < plan->steps()->size(); ++i) {
+      const fb::Step* s = plan->steps()->Get(i);
+      const std::string field = cat(name, ".steps[", i, "]");
+      if (static_cast<uint16_t>(s->op()) > static_cast<uint16_t>(fb::OpKind::MAX))
+        return fail(field + ".op", s, cat("value ", static_cast<uint16_t>(s->op()), " is not an OpKind (0..",
+                                          static_cast<uint16_t>(fb::OpKind::MAX), ")"));
+      MINFER_RETURN_IF_ERROR(checkIndices(s->inputs(), n_buffers, field + ".inputs", s, "buffer id", "memory.buffers"));
+      MINFER_RETURN_IF_ERROR(checkIndices(s->outputs(), n_buffers, field + ".outputs", s, "buffer id", "memory.buffers"));
+      MINFER_RETURN_IF_ERROR(checkIndices(s->weights(), n_tensors, field + ".weights", s, "tensor index", "tensors"));
+      MINFER_RETURN_IF_ERROR(
+          checkIndices(s->kernels_prefill(), n_kernels, field + ".kernels_prefill", s, "kernel index", "kernels"));
+      MINFER_RETURN_IF_ERROR(
+          checkIndices(s->kernels_decode(), n_kernels, field + ".kernels_decode", s, "kernel index", "kernels"));
+      const bool needs_layer = s->op() == fb::OpKind::Attention;
+      if (s->layer() < (needs_layer ? 0 : -1) || s->layer() >= static_cast<int64_t>(n_layer))
+        return fail(field + ".layer", s,
+                    cat("layer ", s->layer(), " is out of range (config.n_layer is ", n_layer,
+                        needs_layer ? "; attention needs a KV cache layer)" : "; -1 = none)"));
+      if (static_cast<uint8_t>(s->rope_style()) > static_cast<uint8_t>(fb::RopeStyle::MAX))
+        return fail(field + ".rope_style", s, cat("value ", int(s->rope_style()), " is not a RopeStyle (0..1)"));
+      if (!std::isfinite(s->eps()) || s->eps() < 0)
+        return fail(field + ".eps", s, cat(s->eps(), " is not a finite non-negative number"));
+      if (!std::isfinite(s->rope_freq_base()) || !std::isfinite(s->rope_freq_scale()))
+        return fail(field + ".rope_freq_base", s,
+                    cat("RoPE base ", s->rope_freq_base(), " / scale ", s->rope_freq_scale(), " not finite"));
+      if (s->n_head_kv() > 0 && s->n_head() % s->n_head_kv() != 0)
+        return fail(field + ".n_head_kv", s,
+                    cat("n_head ", s->n_head(), " is not a multiple of n_head_kv ", s->n_head_kv()));
+      if (s->n_rot() > s->head_dim() || s->n_rot() % 2 != 0)
+        return fail(field + ".n_rot", s,
+                    cat("n_rot ", s->n_rot(), " must be even and at most head_dim ", s->head_dim()));
+    }
+    return Status::ok();
+  }
+
+  // A segment of `field` must be empty (0, 0) or aligned, after the manifest and inside the file.
+  Status addSegment(const std::string& field, const fb::Segment* s) {
+    if (!s) return Status::ok();
+    if (s->size() == 0) {
+      if (s->offset() != 0)
+        return fail(field, s, cat("empty segment has offset ", s->offset(), " (an empty segment is (0, 0))"));
+      return Status::ok();
+    }
+    if (s->offset() % kArtifactSegmentAlignment != 0)
+      return fail(field, s, cat("segment offset ", s->offset(), " (", hex(s->offset()), ") is not a multiple of ",
+                                kArtifactSegmentAlignment));
+    if (s->offset() < n_)
+      return fail(field, s, cat("segment at offset ", s->offset(), " starts inside the manifest (", n_, " bytes)"));
+    uint64_t end;
+    if (__builtin_add_overflow(s->offset(), s->size(), &end) || end > size_)
+      return fail(field, s,
+                  cat("segment [", s->offset(), ", +", s->size(), ") ends past the end of the file (", size_,
+                      " bytes): truncated artifact?"));
+    segments_.push_back({field, s});
+    return Status::ok();
+  }
+
+  Status checkOverlaps() {
+    std::stable_sort(segments_.begin(), segments_.end(), [](const auto& a, const auto& b) {
+      return a.segment->offset() < b.segment->offset();
+    });
+    for (size_t i = 1; i < segments_.size(); ++i) {
+      const auto& prev = segments_[i - 1];
+      const auto& cur = segments_[i];
+      const uint64_t prev_end = prev.segment->offset() + prev.segment->size();
+      if (cur.segment->offset() < prev_end)
+        return fail(cur.field, cur.segment,
+                    cat("segment [", cur.segment->offset(), ", +", cur.segment->size(), ") overlaps ", prev.field, " [",
+                        prev.segment->offset(), ", +", prev.segment->size(), ")"));
+    }
+    return Status::ok();
+  }
+
+  const std::string& path_;
+  const uint8_t* data_;
+  uint64_t size_;
+  uint64_t n_;
+  const fb::Artifact* m_;
+  std::vector<ArtifactFile::SegmentRef> segments_;
+};
+
+}  // namespace
+
+Status verifyStructure(const std::string& path, const uint8_t* data, uint64_t size, uint64_t* manifest_size) {
+  constexpr uint64_t kHeader = 12;  // size prefix, root offset, file identifier
+  if (size < kHeader)
+    return Status::error(cat(path, ": file is ", size, " bytes, too small for an artifact header (", kHeader,
+                             " bytes: size prefix, root offset, identifier \"MFB1\"): truncated or not an artifact"));
+  if (std::memcmp(data + 8, fb::ArtifactIdentifier(), 4) != 0)
+    return Status::error(cat(path, ": file identifier at offset 8 is \"",
+                             printable(reinterpret_cast<const char*>(data + 8), 4), "\", expected \"",
+                             fb::ArtifactIdentifier(), "\": not a minfer artifact"));
+  const uint64_t prefix = readLE32(data);
+  const uint64_t n = prefix + 4;
+  if (prefix < kHeader - 4)
+    return Status::error(cat(path, ": manifest size prefix at offset 0 is ", prefix,
+                             ", smaller than a FlatBuffer header (8 bytes)"));
+  if (n > size)
+    return Status::error(cat(path, ": manifest size prefix at offset 0 says ", n, " bytes (", prefix,
+                             " + 4) but the file has only ", size, " bytes: truncated artifact"));
+  if (n >= FLATBUFFERS_MAX_BUFFER_SIZE)
+    return Status::error(cat(path, ": manifest size ", n, " exceeds the FlatBuffers limit of ",
+                             FLATBUFFERS_MAX_BUFFER_SIZE, " bytes"));
+  flatbuffers::Verifier::Options opts;
+  opts.max_depth = kVerifierMaxDepth;
+  opts.max_tables = kVerifierMaxTables;
+  opts.check_alignment = true;
+  flatbuffers::Verifier verifier(data, n, opts);
+  if (!fb::VerifySizePrefixedArtifactBuffer(verifier)) {
+    const std::string where = StructureLocator(data, n, opts).locate();
+    return Status::error(cat(path, ": manifest (bytes [0, ", n, ")) fails FlatBuffers verification",
+                             where.empty() ? cat(" (nesting deeper than ", kVerifierMaxDepth, " or more than ",
+                                                 kVerifierMaxTables, " tables?)")
+                                           : " in " + where,
+                             ": damaged or truncated manifest"));
+  }
+  *manifest_size = n;
+  return Status::ok();
+}
+
+Status verifySemantics(const std::string& path, const uint8_t* data, uint64_t size, uint64_t manifest_size,
+                       std::vector<ArtifactFile::SegmentRef>* segments) {
+  return SemanticVerifier(path, data, size, manifest_size).run(segments);
+}
+
+std::string strideTableProblem(const fb::StrideTable& t) {
+  if (t.kind() > static_cast<uint8_t>(PlaneKind::kBlocks))
+    return cat("kind ", int(t.kind()), " is not a PlaneKind (0..", int(PlaneKind::kBlocks), ")");
+  if (t.elem() > static_cast<uint8_t>(ElemType::kU8))
+    return cat("elem ", int(t.elem()), " is not an ElemType (0..", int(ElemType::kU8), ")");
+  if (t.rows() == 0 || t.cols() == 0 || t.row_pitch() == 0)
+    return cat("rows ", t.rows(), ", cols ", t.cols(), ", row_pitch ", t.row_pitch(), ": none may be 0");
+  uint64_t bytes;
+  if (__builtin_mul_overflow(t.rows(), t.row_pitch(), &bytes))
+    return cat("rows ", t.rows(), " x row_pitch ", t.row_pitch(), " overflows 64 bits");
+  const auto kind = static_cast<PlaneKind>(t.kind());
+  const auto elem = static_cast<ElemType>(t.elem());
+  auto expectElem = [&](ElemType want) -> std::string {
+    return elem == want ? "" : cat("elem ", int(t.elem()), " does not fit plane kind ", int(t.kind()), " (expected ",
+                                   int(want), ")");
+  };
+  uint64_t need = 0;  // minimum row_pitch
+  switch (kind) {
+    case PlaneKind::kI8: case PlaneKind::kF32: case PlaneKind::kF16: case PlaneKind::kBF16: {
+      const ElemType want = kind == PlaneKind::kI8    ? ElemType::kI8
+                            : kind == PlaneKind::kF32 ? ElemType::kF32
+                            : kind == PlaneKind::kF16 ? ElemType::kF16
+                                                      : ElemType::kBF16;
+      if (auto why = expectElem(want); !why.empty()) return why;
+      if (__builtin_mul_overflow(t.cols(), uint64_t{elemBytes(elem)}, &need))
+        return cat("cols ", t.cols(), " x ", elemBytes(elem), " bytes overflows 64 bits");
+      break;
+    }
+    case PlaneKind::kScale: case PlaneKind::kMin: {
+      if (elem != ElemType::kF32 && elem != ElemType::kF16)
+        return cat("elem ", int(t.elem()), " of a scale/min plane is neither f32 (1) nor f16 (2)");
+      if (t.group_size() == 0) return "group_size is 0";
+      if (t.group_pitch() < elemBytes(elem))
+        return cat("group_pitch ", t.group_pitch(), " is smaller than one element (", elemBytes(elem), " bytes)");
+      const uint64_t groups = t.cols() / t.group_size() + (t.cols() % t.group_size() != 0);
+      if (__builtin_mul_overflow(groups, uint64_t{t.group_pitch()}, &need))
+        return cat(groups, " groups x group_pitch ", t.group_pitch(), " overflows 64 bits");
+      break;
+    }
+    case PlaneKind::kPacked: {
+      if (auto why = expectElem(ElemType::kU8); !why.empty()) return why;
+      if (t.bits() == 4) {
+        if (t.cols() % 32 != 0) return cat("4-bit packed plane with cols ", t.cols(), " not a multiple of 32");
+        need = t.cols() / 2;
+      } else if (t.bits() == 8) {
+        need = t.cols();
+      } else {
+        return cat("bits ", t.bits(), " of a packed plane is neither 4 nor 8");
+      }
+      break;
+    }
+    case PlaneKind::kBlocks: {
+      if (auto why = expectElem(ElemType::kU8); !why.empty()) return why;
+      const GgmlTypeTraits traits = ggmlTypeTraits(t.ggml_type());
+      if (!traits.known) return cat("ggml_type ", t.ggml_type(), " of a blocks plane is not a ggml type id");
+      if (t.group_size() != traits.block_size || t.group_pitch() != traits.type_size)
+        return cat("group_size ", t.group_size(), " / group_pitch ", t.group_pitch(), " differ from ", traits.name,
+                   " blocks (", traits.block_size, " weights in ", traits.type_size, " bytes)");
+      if (t.cols() % traits.block_size != 0)
+        return cat("cols ", t.cols(), " is not a multiple of the ", traits.name, " block size ", traits.block_size);
+      if (__builtin_mul_overflow(t.cols() / traits.block_size, uint64_t{traits.type_size}, &need))
+        return cat("row of ", t.cols(), " ", traits.name, " weights overflows 64 bits");
+      break;
+    }
+  }
+  if (t.row_pitch() < need)
+    return cat("row_pitch ", t.row_pitch(), " is smaller than one row of ", t.cols(), " weights (", need, " bytes)");
+  return "";
+}
+
+}  // namespace minfer::artifact

@@ -1,0 +1,89 @@
+// ArtifactFile: a .mfb artifact mapped read-only and verified before anything else reads it.
+//
+// Format (DESIGN.md §2, schema/artifact.fbs): bytes [0, N) are a size-prefixed FlatBuffer manifest
+// with file identifier "MFB1"; data segments (weight planes, cubins, PTX) follow at multiples of
+// 4096 and are referenced by (offset, size, xxh64).
+//
+// open() runs two stages before returning, and nothing reads the mapping before both have passed:
+//   1. structure: file large enough for the header, identifier "MFB1", size prefix within the file,
+//      flatbuffers::Verifier over [0, N) (depth ≤ kVerifierMaxDepth, tables ≤ kVerifierMaxTables);
+//   2. meaning: format version, manifest_check extent, every segment 4096-aligned, after the
+//      manifest, inside the file and overlapping no other; every stride table self-consistent and
+//      its bytes() equal to its plane's segment size; plane shape equal to the tensor's (cols = ne[0],
+//      rows = ne[1]·ne[2]·ne[3]); every buffer id, tensor index and kernel index of the plans in
+//      range; enums in range; model config and tokenizer consistent (see artifact_verifier.cpp).
+// Failures name the file, the field ("tensors[12].planes[1].data"), the manifest offset of that
+// field and the numbers involved. Checksums (segments and the manifest itself) are checked only on
+// request, by verifyChecksums(): hashing a multi-GB file is the caller's decision.
+//
+// Thread-safety: after open() the object is immutable; all methods may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/stride_table.h"
+#include "minfer/status.h"
+#include "schema/artifact_generated.h"
+
+namespace minfer {
+
+// The artifact format this runtime reads: major must match, minor may be at most this one.
+inline constexpr uint16_t kArtifactFormatMajor = 1;
+inline constexpr uint16_t kArtifactFormatMinor = 0;
+inline constexpr uint64_t kArtifactSegmentAlignment = 4096;
+// Limits handed to flatbuffers::Verifier (the schema nests 4 tables deep; a 70B model has ~10k tables).
+inline constexpr uint32_t kVerifierMaxDepth = 16;
+inline constexpr uint32_t kVerifierMaxTables = 1000000;
+
+class ArtifactFile {
+ public:
+  // One data segment the manifest refers to, named by its field path, e.g.
+  // "tensors[3].planes[1].data" or "kernels[0].cubin".
+  struct SegmentRef {
+    std::string field;
+    const fb::Segment* segment;  // inside the mapping
+  };
+
+  // Maps `path` read-only and runs both verification stages. Errors: I/O (open, fstat, mmap), and
+  // every structural or semantic failure above; the message starts with the path.
+  static Result<std::unique_ptr<ArtifactFile>> open(const std::string& path);
+  ~ArtifactFile();
+  ArtifactFile(const ArtifactFile&) = delete;
+  ArtifactFile& operator=(const ArtifactFile&) = delete;
+
+  // Recomputes XXH64 (seed 0) of the manifest (its manifest_check field taken as zero) and of every
+  // segment, in file order, and checks that every byte no segment covers after the manifest is zero.
+  // Error names the first mismatching segment and both hashes, or the offset of the stray byte.
+  Status verifyChecksums() const;
+
+  // The verified manifest (valid as long as this object lives).
+  const fb::Artifact* manifest() const { return manifest_; }
+  // First byte of a segment of this artifact's manifest; nullptr when it lies outside the file
+  // (cannot happen for a segment taken from manifest(), since open() checked every one).
+  const uint8_t* segmentData(const fb::Segment& segment) const;
+  // Every non-empty segment, sorted by offset.
+  const std::vector<SegmentRef>& segments() const { return segments_; }
+
+  const std::string& path() const { return path_; }
+  uint64_t fileSize() const { return size_; }
+  // N: bytes of the size-prefixed manifest at the start of the file (prefix included).
+  uint64_t manifestSize() const { return manifest_size_; }
+
+ private:
+  ArtifactFile() = default;
+
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t manifest_size_ = 0;
+  const fb::Artifact* manifest_ = nullptr;
+  std::vector<SegmentRef> segments_;
+};
+
+// The StrideTable (kernels/stride_table.h) of a plane of a verified manifest: a field-by-field copy.
+StrideTable toStrideTable(const fb::StrideTable& t);
+
+}  // namespace minfer

@@ -1,0 +1,1193 @@
+// Artifact container: writer (temp + rename, determinism, failures) and loader (verifier, checksums, damage).
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "compiler/artifact/artifact_writer.h"
+#include "minfer/artifact.h"
+#include "runtime/artifact/artifact_file.h"
+#include "tests/test_support.h"
+
+namespace fb = minfer::fb;
+using minfer::ArtifactFile;
+using minfer::ElemType;
+using minfer::GgmlType;
+using minfer::PlaneKind;
+using minfer::StrideTable;
+using minfer::artifact::ArtifactWriter;
+using minfer::artifact::SegmentId;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// A small artifact described as plain data; the same description builds the manifest for the writer
+// and, with deliberate damage, for hand-made files.
+
+struct TestPlane {
+  StrideTable t;
+  std::vector<uint8_t> data;
+};
+struct TestTensor {
+  std::string name;
+  GgmlType type;
+  std::vector<uint64_t> ne;
+  std::vector<TestPlane> planes;
+};
+struct TestStep {
+  fb::OpKind op;
+  std::vector<uint32_t> inputs, outputs, weights, kernels_prefill, kernels_decode;
+  int32_t layer = -1;
+  float eps = 0;
+  uint32_t n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
+  fb::RopeStyle rope_style = fb::RopeStyle::Norm;
+  float rope_freq_base = 10000, rope_freq_scale = 1;
+  uint32_t rows = 0, cols = 0;
+  std::string name;
+};
+struct TestBuffer {
+  std::string name;
+  uint32_t width;
+  fb::BufferType type;
+};
+
+struct Spec {
+  uint16_t major = 1, minor = 0;
+  std::string producer = "minfer-compile", producer_version = "0.1.0-test";
+  std::string source_name = "tiny-test.gguf";
+  uint64_t source_size = 1185376;
+  std::string source_sha = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+  // config
+  std::string arch = "llama", model_name = "tiny test model";
+  uint32_t n_embd = 96, n_layer = 2, n_head = 6, n_head_kv = 2, head_dim = 16, n_ff = 160, n_vocab = 11;
+  uint32_t n_ctx_train = 384, n_rot = 16;
+  fb::RopeStyle rope_style = fb::RopeStyle::Neox;
+  float rope_freq_base = 500000.f, rope_freq_scale = 0.25f;
+  fb::RopeScaling rope_scaling = fb::RopeScaling::Linear;
+  float rms_norm_eps = 1e-6f;
+  bool tied = true, qkv_bias = true, qk_norm = false;
+  // tokenizer
+  bool with_tokenizer = true;
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "a", "b", "ab", "\xe2\x96\x81the", "c", "d", "cd", "e"};
+  std::vector<float> scores = {0, 0, 0, -1.5f, -2.25f, -3, -0.5f, -4, -5, -6.75f, -7};
+  std::vector<int32_t> token_types = {2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 6};
+  std::vector<std::string> merges = {"a b", "c d"};
+  int32_t bos = 1, eos = 2, unk = 0, pad = -1;
+  bool add_bos = true, add_eos = false, add_space_prefix = false;
+  std::string chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  fb::TokenizerModel tok_model = fb::TokenizerModel::Bpe;
+  std::string tok_model_name = "gpt2", tok_pre = "llama-bpe";
+  // tensors, kernels, plans, memory
+  std::vector<TestTensor> tensors;
+  std::string kernel_key = "mmq_i8_q4k_n48_k512_tm64_tn32_sm90", kernel_entry = "mmq_i8_q4k", kernel_arch = "sm_90";
+  std::vector<uint8_t> cubin, ptx;
+  std::string nvrtc = "12.4";
+  std::vector<std::string> kernel_options = {"--gpu-architecture=sm_90", "-default-device", "-DTILE_M=64"};
+  std::vector<TestStep> prefill, decode;
+  uint32_t max_batch = 64;
+  std::vector<TestBuffer> buffers;
+  uint32_t input_ids = 0, logits = 5;
+  uint64_t kv_bytes = 2 * 2 * 2 * 16 * 2;
+  std::vector<std::string> target_archs = {"sm_90", "sm_89"};
+  bool with_manifest_check = true;
+};
+
+std::vector<uint8_t> pseudoRandomBytes(size_t n, uint32_t seed) {
+  std::vector<uint8_t> out(n);
+  uint32_t x = seed * 2654435761u + 12345u;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    out[i] = static_cast<uint8_t>((x >> 24) | 1);  // never zero: a misplaced zero page would show
+  }
+  return out;
+}
+
+StrideTable table(PlaneKind kind, ElemType elem, uint64_t rows, uint64_t cols, uint64_t row_pitch, GgmlType type,
+                  uint32_t group_size = 1, uint32_t group_pitch = 0, uint32_t bits = 8, int32_t q_offset = 0) {
+  StrideTable t;
+  t.kind = kind;
+  t.elem = elem;
+  t.rows = rows;
+  t.cols = cols;
+  t.row_pitch = row_pitch;
+  t.group_size = group_size;
+  t.group_pitch = group_pitch;
+  t.bits = bits;
+  t.q_offset = q_offset;
+  t.ggml_type = static_cast<uint32_t>(type);
+  return t;
+}
+
+TestPlane plane(const StrideTable& t, uint32_t seed) { return {t, pseudoRandomBytes(t.rows * t.row_pitch, seed)}; }
+
+// Shapes: rows ≠ cols, several blocks per row, planes of different sizes, none a multiple of 4096.
+Spec makeSpec() {
+  Spec s;
+  // Q8_0 embedding, 11 rows × 96 cols (3 blocks of 32 per row): source blocks for row gather.
+  s.tensors.push_back({"token_embd.weight", GgmlType::Q8_0, {96, 11},
+                       {plane(table(PlaneKind::kBlocks, ElemType::kU8, 11, 96, 102, GgmlType::Q8_0, 32, 34), 1)}});
+  // Q4_K 48 × 512 (2 super-blocks per row): i8, scale, min, packed.
+  s.tensors.push_back({"blk.0.attn_q.weight", GgmlType::Q4_K, {512, 48},
+                       {plane(table(PlaneKind::kI8, ElemType::kI8, 48, 512, 512, GgmlType::Q4_K), 2),
+                        plane(table(PlaneKind::kScale, ElemType::kF32, 48, 512, 64, GgmlType::Q4_K, 32, 4), 3),
+                        plane(table(PlaneKind::kMin, ElemType::kF32, 48, 512, 64, GgmlType::Q4_K, 32, 4), 4),
+                        plane(table(PlaneKind::kPacked, ElemType::kU8, 48, 512, 256, GgmlType::Q4_K, 1, 0, 4, 0), 5)}});
+  s.tensors.push_back({"output_norm.weight", GgmlType::F32, {96},
+                       {plane(table(PlaneKind::kF32, ElemType::kF32, 1, 96, 384, GgmlType::F32), 6)}});
+  s.tensors.push_back({"output.weight", GgmlType::F16, {96, 11},
+                       {plane(table(PlaneKind::kF16, ElemType::kF16, 11, 96, 192, GgmlType::F16), 7)}});
+  s.cubin = pseudoRandomBytes(5000, 8);
+  const std::string ptx = ".version 8.4\n.target sm_90\n.address_size 64\n.visible .entry mmq_i8_q4k() { ret; }\n";
+  s.ptx.assign(ptx.begin(), ptx.end());
+
+  s.buffers = {{"input_ids", 1, fb::BufferType::I32}, {"x", 96, fb::BufferType::F32}, {"xn", 96, fb::BufferType::F32},
+               {"q", 48, fb::BufferType::F32},        {"xq", 96, fb::BufferType::I8},  {"logits", 11, fb::BufferType::F32}};
+  TestStep embed{fb::OpKind::Embed, {0}, {1}, {0}, {}, {}};
+  embed.name = "token_embd";
+  TestStep norm{fb::OpKind::RmsNorm, {1}, {2}, {2}, {}, {}};
+  norm.eps = 1e-6f;
+  norm.name = "output_norm";
+  TestStep quant{fb::OpKind::QuantizeAct, {2}, {4}, {}, {}, {}};
+  TestStep mm{fb::OpKind::MatMul, {4}, {3}, {1}, {0}, {0}};
+  mm.rows = 48;
+  mm.cols = 512;
+  mm.name = "blk.0.attn_q";
+  TestStep rope{fb::OpKind::Rope, {3}, {3}, {}, {}, {}};
+  rope.n_head = 3;
+  rope.head_dim = 16;
+  rope.n_rot = 16;
+  rope.rope_style = fb::RopeStyle::Neox;
+  rope.rope_freq_base = 500000.f;
+  rope.rope_freq_scale = 0.25f;
+  TestStep attn{fb::OpKind::Attention, {3}, {2}, {}, {}, {}};
+  attn.layer = 1;
+  attn.n_head = 6;
+  attn.n_head_kv = 2;
+  attn.head_dim = 16;
+  TestStep logits{fb::OpKind::MatMul, {2}, {5}, {3}, {}, {}};
+  logits.rows = 11;
+  logits.cols = 96;
+  logits.name = "output";
+  s.prefill = {embed, norm, quant, mm, rope, attn, logits};
+  s.decode = {embed, norm, mm, attn, logits};
+  return s;
+}
+
+// Segment payloads in manifest order: every plane of every tensor, then cubin, then PTX.
+std::vector<const std::vector<uint8_t>*> payloads(const Spec& s) {
+  std::vector<const std::vector<uint8_t>*> out;
+  for (const auto& t : s.tensors)
+    for (const auto& p : t.planes) out.push_back(&p.data);
+  out.push_back(&s.cubin);
+  out.push_back(&s.ptx);
+  return out;
+}
+
+// Field names of the segments in the same order (the loader's names, written out independently).
+std::vector<std::string> segmentFields(const Spec& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.tensors.size(); ++i)
+    for (size_t j = 0; j < s.tensors[i].planes.size(); ++j)
+      out.push_back("tensors[" + std::to_string(i) + "].planes[" + std::to_string(j) + "].data");
+  out.push_back("kernels[0].cubin");
+  out.push_back("kernels[0].ptx");
+  return out;
+}
+
+std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>& segs,
+                                   const fb::Segment& check = fb::Segment()) {
+  flatbuffers::FlatBufferBuilder b;
+  auto strings = [&](const std::vector<std::string>& v) {
+    std::vector<flatbuffers::Offset<flatbuffers::String>> out;
+    for (const auto& x : v) out.push_back(b.CreateString(x));
+    return out;
+  };
+  auto source = fb::CreateSourceInfoDirect(b, s.source_name.c_str(), s.source_size, s.source_sha.c_str());
+  auto config = fb::CreateModelConfigDirect(b, s.arch.c_str(), s.model_name.c_str(), s.n_embd, s.n_layer, s.n_head,
+                                            s.n_head_kv, s.head_dim, s.n_ff, s.n_vocab, s.n_ctx_train, s.n_rot,
+                                            s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rope_scaling,
+                                            s.rms_norm_eps, s.tied, s.qkv_bias, s.qk_norm);
+  flatbuffers::Offset<fb::Tokenizer> tokenizer = 0;
+  if (s.with_tokenizer) {
+    auto tokens = strings(s.tokens);
+    auto merges = strings(s.merges);
+    tokenizer = fb::CreateTokenizerDirect(b, s.tok_model, s.tok_model_name.c_str(), s.tok_pre.c_str(), &tokens,
+                                          &s.scores, &s.token_types, &merges, s.bos, s.eos, s.unk, s.pad, s.add_bos,
+                                          s.add_eos, s.add_space_prefix, s.chat_template.c_str());
+  }
+  size_t k = 0;
+  std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
+  for (const auto& t : s.tensors) {
+    std::vector<flatbuffers::Offset<fb::Plane>> planes;
+    for (const auto& p : t.planes) {
+      const StrideTable& st = p.t;
+      auto layout = fb::CreateStrideTable(b, static_cast<uint8_t>(st.kind), static_cast<uint8_t>(st.elem), st.rows,
+                                          st.cols, st.row_pitch, st.group_size, st.group_pitch, st.bits, st.q_offset,
+                                          st.ggml_type);
+      planes.push_back(fb::CreatePlane(b, layout, &segs[k++]));
+    }
+    tensors.push_back(fb::CreateTensorDirect(b, t.name.c_str(), static_cast<uint32_t>(t.type), &t.ne, &planes));
+  }
+  auto options = strings(s.kernel_options);
+  std::vector<flatbuffers::Offset<fb::KernelImage>> kernels = {
+      fb::CreateKernelImageDirect(b, s.kernel_key.c_str(), s.kernel_entry.c_str(), s.kernel_arch.c_str(), &segs[k],
+                                  &segs[k + 1], s.nvrtc.c_str(), &options)};
+  auto plan = [&](const std::vector<TestStep>& steps) {
+    std::vector<flatbuffers::Offset<fb::Step>> out;
+    for (const auto& st : steps)
+      out.push_back(fb::CreateStepDirect(b, st.op, &st.inputs, &st.outputs, &st.weights, st.layer, st.eps, st.n_head,
+                                         st.n_head_kv, st.head_dim, st.n_rot, st.rope_style, st.rope_freq_base,
+                                         st.rope_freq_scale, st.rows, st.cols, &st.kernels_prefill,
+                                         &st.kernels_decode, st.name.empty() ? nullptr : st.name.c_str()));
+    return fb::CreatePlanDirect(b, &out);
+  };
+  auto prefill = plan(s.prefill);
+  auto decode = plan(s.decode);
+  std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
+  for (const auto& buf : s.buffers) buffers.push_back(fb::CreateBufferDirect(b, buf.name.c_str(), buf.width, buf.type));
+  auto memory = fb::CreateMemoryPlanDirect(b, s.max_batch, &buffers, s.input_ids, s.logits, s.kv_bytes);
+  auto archs = strings(s.target_archs);
+  auto root = fb::CreateArtifactDirect(b, s.major, s.minor, s.producer.c_str(), s.producer_version.c_str(), source,
+                                       config, tokenizer, &tensors, &kernels, prefill, decode, memory, &archs,
+                                       s.with_manifest_check ? &check : nullptr);
+  fb::FinishSizePrefixedArtifactBuffer(b, root);
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+std::string errorText(llvm::Error err) { return err ? llvm::toString(std::move(err)) : std::string(); }
+
+// How segments are written: in order on one thread, or in reverse over `threads` threads with the
+// larger planes streamed in pieces.
+struct WriteMode {
+  unsigned threads = 1;
+  bool reverse = false;
+  size_t chunk = 0;  // 0: writeSegment; else beginSegment + append of this many bytes
+};
+
+// Writes `s` with the ArtifactWriter. Returns "" or the first error.
+std::string writeArtifact(const std::string& path, const Spec& s, WriteMode mode = {}) {
+  auto w = ArtifactWriter::create(path);
+  if (!w) return llvm::toString(w.takeError());
+  const auto data = payloads(s);
+  std::vector<SegmentId> ids;
+  for (const auto* d : data) ids.push_back((*w)->reserveSegment(d->size()));
+  auto current = [&] {
+    std::vector<fb::Segment> segs;
+    for (SegmentId id : ids) segs.push_back((*w)->segment(id));
+    return segs;
+  };
+  if (auto err = (*w)->layout(buildManifest(s, current()).size())) return errorText(std::move(err));
+  std::vector<std::string> errors(mode.threads);
+  auto work = [&](unsigned t) {
+    for (size_t n = 0; n < ids.size(); ++n) {
+      const size_t i = mode.reverse ? ids.size() - 1 - n : n;
+      if (i % mode.threads != t) continue;
+      llvm::ArrayRef<uint8_t> bytes(*data[i]);
+      if (mode.chunk == 0) {
+        if (auto err = (*w)->writeSegment(ids[i], bytes)) errors[t] = errorText(std::move(err));
+        continue;
+      }
+      auto stream = (*w)->beginSegment(ids[i]);
+      if (!stream) {
+        errors[t] = llvm::toString(stream.takeError());
+        continue;
+      }
+      for (size_t at = 0; at < bytes.size(); at += mode.chunk)
+        if (auto err = stream->append(bytes.slice(at, std::min(mode.chunk, bytes.size() - at))))
+          errors[t] = errorText(std::move(err));
+      if (auto err = stream->finish()) errors[t] = errorText(std::move(err));
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < mode.threads; ++t) pool.emplace_back(work, t);
+  for (auto& th : pool) th.join();
+  for (const auto& e : errors)
+    if (!e.empty()) return e;
+  return errorText((*w)->commit(buildManifest(s, current())));
+}
+
+std::vector<uint8_t> readBytes(const std::string& path) { return minfer::test::readFile(path); }
+
+void writeBytes(const std::string& path, const uint8_t* p, size_t n) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n));
+  REQUIRE(out.good());
+}
+void writeBytes(const std::string& path, const std::vector<uint8_t>& v) { writeBytes(path, v.data(), v.size()); }
+
+// Overwrites one byte of an existing file in place.
+void patchByte(const std::string& path, uint64_t pos, uint8_t value) {
+  std::fstream io(path, std::ios::binary | std::ios::in | std::ios::out);
+  io.seekp(static_cast<std::streamoff>(pos));
+  io.put(static_cast<char>(value));
+  REQUIRE(io.good());
+}
+
+std::string openError(const std::string& path) {
+  auto f = ArtifactFile::open(path);
+  return f ? std::string() : f.status().message();
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+uint64_t readLE32(const uint8_t* p) { return p[0] | p[1] << 8 | p[2] << 16 | uint32_t{p[3]} << 24; }
+
+std::vector<std::string> dirEntries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A fresh empty directory per test case.
+std::string caseDir(const std::string& name) {
+  const std::string dir = minfer::test::scratchDir() + "/artifact-" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Reads every field of a verified manifest and every byte of every segment (touches everything an
+// accepted artifact exposes, so ASan sees any read the verifier should have prevented).
+uint64_t walkManifest(const ArtifactFile& f) {
+  uint64_t acc = 0;
+  auto str = [&](const flatbuffers::String* s) {
+    if (s) acc += std::hash<std::string>()(s->str());
+  };
+  const fb::Artifact* m = f.manifest();
+  acc += m->format_major() + m->format_minor();
+  str(m->producer());
+  str(m->producer_version());
+  if (m->source()) {
+    str(m->source()->name());
+    str(m->source()->sha256());
+    acc += m->source()->size();
+  }
+  const fb::ModelConfig* c = m->config();
+  str(c->architecture());
+  str(c->name());
+  acc += c->n_embd() + c->n_layer() + c->n_head() + c->n_head_kv() + c->head_dim() + c->n_ff() + c->n_vocab() +
+         c->n_ctx_train() + c->n_rot() + static_cast<int>(c->rope_style()) + static_cast<int>(c->rope_scaling()) +
+         static_cast<uint64_t>(c->rope_freq_base() + c->rope_freq_scale() + c->rms_norm_eps()) + c->tied_embeddings() +
+         c->qkv_bias() + c->qk_norm();
+  if (const fb::Tokenizer* t = m->tokenizer()) {
+    str(t->model_name());
+    str(t->pre());
+    str(t->chat_template());
+    if (t->tokens())
+      for (auto s : *t->tokens()) str(s);
+    if (t->merges())
+      for (auto s : *t->merges()) str(s);
+    if (t->scores())
+      for (float x : *t->scores()) acc += static_cast<uint64_t>(x != 0);
+    if (t->token_types())
+      for (int32_t x : *t->token_types()) acc += x;
+    acc += t->bos_id() + t->eos_id() + t->unk_id() + t->pad_id() + t->add_bos() + t->add_eos() +
+           t->add_space_prefix() + static_cast<int>(t->model());
+  }
+  if (m->tensors())
+    for (const fb::Tensor* t : *m->tensors()) {
+      str(t->name());
+      if (t->ne())
+        for (uint64_t d : *t->ne()) acc += d;
+      for (const fb::Plane* p : *t->planes()) {
+        const StrideTable st = minfer::toStrideTable(*p->layout());
+        acc += st.bytes() + st.group_size + st.group_pitch + st.bits + st.q_offset + st.ggml_type;
+        const uint8_t* d = f.segmentData(*p->data());
+        for (uint64_t i = 0; i < p->data()->size(); ++i) acc += d[i];
+      }
+    }
+  if (m->kernels())
+    for (const fb::KernelImage* k : *m->kernels()) {
+      str(k->key());
+      str(k->entry());
+      str(k->arch());
+      str(k->nvrtc_version());
+      if (k->options())
+        for (auto s : *k->options()) str(s);
+      for (const fb::Segment* s : {k->cubin(), k->ptx()})
+        if (s && s->size()) acc += f.segmentData(*s)[s->size() - 1];
+    }
+  for (const fb::Plan* plan : {m->prefill(), m->decode()}) {
+    if (!plan || !plan->steps()) continue;
+    for (const fb::Step* s : *plan->steps()) {
+      str(s->name());
+      for (auto* v : {s->inputs(), s->outputs(), s->weights(), s->kernels_prefill(), s->kernels_decode()})
+        if (v)
+          for (uint32_t x : *v) acc += x;
+      acc += static_cast<uint16_t>(s->op()) + s->layer() + s->n_head() + s->n_head_kv() + s->head_dim() + s->n_rot() +
+             s->rows() + s->cols();
+    }
+  }
+  if (const fb::MemoryPlan* mem = m->memory()) {
+    acc += mem->max_batch() + mem->input_ids() + mem->logits() + mem->kv_bytes_per_token();
+    if (mem->buffers())
+      for (const fb::Buffer* b : *mem->buffers()) {
+        str(b->name());
+        acc += b->width() + static_cast<int>(b->type());
+      }
+  }
+  if (m->target_archs())
+    for (auto s : *m->target_archs()) str(s);
+  return acc;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("writer + loader: every field round-trips, segments are aligned and checksummed") {
+  const std::string dir = caseDir("roundtrip");
+  const std::string path = dir + "/tiny.mfb";
+  const Spec s = makeSpec();
+  REQUIRE(writeArtifact(path, s) == "");
+  CHECK(dirEntries(dir) == std::vector<std::string>{"tiny.mfb"});  // no temp file left behind
+
+  auto opened = ArtifactFile::open(path);
+  REQUIRE_MESSAGE(opened, opened.status().message());
+  const ArtifactFile& f = **opened;
+  CHECK(f.verifyChecksums().isOk());
+  CHECK(f.path() == path);
+  CHECK(f.fileSize() == std::filesystem::file_size(path));
+  const std::vector<uint8_t> raw = readBytes(path);
+  CHECK(f.manifestSize() == readLE32(raw.data()) + 4);
+
+  const fb::Artifact* m = f.manifest();
+  CHECK(m->format_major() == 1);
+  CHECK(m->format_minor() == 0);
+  CHECK(m->producer()->str() == s.producer);
+  CHECK(m->producer_version()->str() == s.producer_version);
+  CHECK(m->source()->name()->str() == s.source_name);
+  CHECK(m->source()->size() == s.source_size);
+  CHECK(m->source()->sha256()->str() == s.source_sha);
+  const fb::ModelConfig* c = m->config();
+  CHECK(c->architecture()->str() == s.arch);
+  CHECK(c->name()->str() == s.model_name);
+  CHECK(c->n_embd() == s.n_embd);
+  CHECK(c->n_layer() == s.n_layer);
+  CHECK(c->n_head() == s.n_head);
+  CHECK(c->n_head_kv() == s.n_head_kv);
+  CHECK(c->head_dim() == s.head_dim);
+  CHECK(c->n_ff() == s.n_ff);
+  CHECK(c->n_vocab() == s.n_vocab);
+  CHECK(c->n_ctx_train() == s.n_ctx_train);
+  CHECK(c->n_rot() == s.n_rot);
+  CHECK(c->rope_style() == s.rope_style);
+  CHECK(c->rope_freq_base() == s.rope_freq_base);
+  CHECK(c->rope_freq_scale() == s.rope_freq_scale);
+  CHECK(c->rope_scaling() == s.rope_scaling);
+  CHECK(c->rms_norm_eps() == s.rms_norm_eps);
+  CHECK(c->tied_embeddings() == s.tied);
+  CHECK(c->qkv_bias() == s.qkv_bias);
+  CHECK(c->qk_norm() == s.qk_norm);
+
+  const fb::Tokenizer* t = m->tokenizer();
+  REQUIRE(t);
+  CHECK(t->model() == s.tok_model);
+  CHECK(t->model_name()->str() == s.tok_model_name);
+  CHECK(t->pre()->str() == s.tok_pre);
+  REQUIRE(t->tokens()->size() == s.tokens.size());
+  for (size_t i = 0; i < s.tokens.size(); ++i) CHECK(t->tokens()->Get(i)->str() == s.tokens[i]);
+  REQUIRE(t->scores()->size() == s.scores.size());
+  for (size_t i = 0; i < s.scores.size(); ++i) CHECK(t->scores()->Get(i) == s.scores[i]);
+  REQUIRE(t->token_types()->size() == s.token_types.size());
+  for (size_t i = 0; i < s.token_types.size(); ++i) CHECK(t->token_types()->Get(i) == s.token_types[i]);
+  REQUIRE(t->merges()->size() == s.merges.size());
+  for (size_t i = 0; i < s.merges.size(); ++i) CHECK(t->merges()->Get(i)->str() == s.merges[i]);
+  CHECK(t->bos_id() == s.bos);
+  CHECK(t->eos_id() == s.eos);
+  CHECK(t->unk_id() == s.unk);
+  CHECK(t->pad_id() == s.pad);
+  CHECK(t->add_bos() == s.add_bos);
+  CHECK(t->add_eos() == s.add_eos);
+  CHECK(t->add_space_prefix() == s.add_space_prefix);
+  CHECK(t->chat_template()->str() == s.chat_template);
+
+  // Tensors, planes, stride tables, and the bytes at each segment (through the loader and raw).
+  REQUIRE(m->tensors()->size() == s.tensors.size());
+  uint64_t prev_end = f.manifestSize();
+  for (size_t i = 0; i < s.tensors.size(); ++i) {
+    const fb::Tensor* ft = m->tensors()->Get(i);
+    const TestTensor& tt = s.tensors[i];
+    CHECK(ft->name()->str() == tt.name);
+    CHECK(ft->ggml_type() == static_cast<uint32_t>(tt.type));
+    REQUIRE(ft->ne()->size() == tt.ne.size());
+    for (size_t d = 0; d < tt.ne.size(); ++d) CHECK(ft->ne()->Get(d) == tt.ne[d]);
+    REQUIRE(ft->planes()->size() == tt.planes.size());
+    for (size_t j = 0; j < tt.planes.size(); ++j) {
+      const fb::Plane* p = ft->planes()->Get(j);
+      const StrideTable want = tt.planes[j].t;
+      const StrideTable got = minfer::toStrideTable(*p->layout());
+      CHECK(got.kind == want.kind);
+      CHECK(got.elem == want.elem);
+      CHECK(got.rows == want.rows);
+      CHECK(got.cols == want.cols);
+      CHECK(got.row_pitch == want.row_pitch);
+      CHECK(got.group_size == want.group_size);
+      CHECK(got.group_pitch == want.group_pitch);
+      CHECK(got.bits == want.bits);
+      CHECK(got.q_offset == want.q_offset);
+      CHECK(got.ggml_type == want.ggml_type);
+      const std::vector<uint8_t>& data = tt.planes[j].data;
+      const fb::Segment* seg = p->data();
+      CHECK(seg->size() == data.size());
+      CHECK(seg->offset() % 4096 == 0);
+      CHECK(seg->offset() >= prev_end);  // reservation order, no overlap
+      CHECK(seg->offset() - prev_end < 4096);  // packed: only alignment padding in between
+      prev_end = seg->offset() + seg->size();
+      CHECK(seg->xxh64() == XXH64(data.data(), data.size(), 0));
+      CHECK(std::memcmp(f.segmentData(*seg), data.data(), data.size()) == 0);
+      REQUIRE(seg->offset() + seg->size() <= raw.size());
+      CHECK(std::memcmp(raw.data() + seg->offset(), data.data(), data.size()) == 0);
+    }
+  }
+
+  REQUIRE(m->kernels()->size() == 1);
+  const fb::KernelImage* k = m->kernels()->Get(0);
+  CHECK(k->key()->str() == s.kernel_key);
+  CHECK(k->entry()->str() == s.kernel_entry);
+  CHECK(k->arch()->str() == s.kernel_arch);
+  CHECK(k->nvrtc_version()->str() == s.nvrtc);
+  REQUIRE(k->options()->size() == s.kernel_options.size());
+  for (size_t i = 0; i < s.kernel_options.size(); ++i) CHECK(k->options()->Get(i)->str() == s.kernel_options[i]);
+  for (const auto& [seg, data] : {std::pair{k->cubin(), &s.cubin}, std::pair{k->ptx(), &s.ptx}}) {
+    REQUIRE(seg);
+    CHECK(seg->size() == data->size());
+    CHECK(seg->offset() % 4096 == 0);
+    CHECK(seg->offset() >= prev_end);
+    prev_end = seg->offset() + seg->size();
+    CHECK(seg->xxh64() == XXH64(data->data(), data->size(), 0));
+    CHECK(std::memcmp(f.segmentData(*seg), data->data(), data->size()) == 0);
+  }
+  CHECK(f.fileSize() == prev_end);  // the last segment ends the file
+
+  auto checkPlan = [&](const fb::Plan* plan, const std::vector<TestStep>& want) {
+    REQUIRE(plan);
+    REQUIRE(plan->steps()->size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const fb::Step* st = plan->steps()->Get(i);
+      const TestStep& w = want[i];
+      CHECK(st->op() == w.op);
+      auto same = [](const flatbuffers::Vector<uint32_t>* v, const std::vector<uint32_t>& e) {
+        return v && std::vector<uint32_t>(v->begin(), v->end()) == e;
+      };
+      CHECK(same(st->inputs(), w.inputs));
+      CHECK(same(st->outputs(), w.outputs));
+      CHECK(same(st->weights(), w.weights));
+      CHECK(same(st->kernels_prefill(), w.kernels_prefill));
+      CHECK(same(st->kernels_decode(), w.kernels_decode));
+      CHECK(st->layer() == w.layer);
+      CHECK(st->eps() == w.eps);
+      CHECK(st->n_head() == w.n_head);
+      CHECK(st->n_head_kv() == w.n_head_kv);
+      CHECK(st->head_dim() == w.head_dim);
+      CHECK(st->n_rot() == w.n_rot);
+      CHECK(st->rope_style() == w.rope_style);
+      CHECK(st->rope_freq_base() == w.rope_freq_base);
+      CHECK(st->rope_freq_scale() == w.rope_freq_scale);
+      CHECK(st->rows() == w.rows);
+      CHECK(st->cols() == w.cols);
+      CHECK((st->name() ? st->name()->str() : std::string()) == w.name);
+    }
+  };
+  checkPlan(m->prefill(), s.prefill);
+  checkPlan(m->decode(), s.decode);
+
+  const fb::MemoryPlan* mem = m->memory();
+  REQUIRE(mem);
+  CHECK(mem->max_batch() == s.max_batch);
+  CHECK(mem->input_ids() == s.input_ids);
+  CHECK(mem->logits() == s.logits);
+  CHECK(mem->kv_bytes_per_token() == s.kv_bytes);
+  REQUIRE(mem->buffers()->size() == s.buffers.size());
+  for (size_t i = 0; i < s.buffers.size(); ++i) {
+    CHECK(mem->buffers()->Get(i)->name()->str() == s.buffers[i].name);
+    CHECK(mem->buffers()->Get(i)->width() == s.buffers[i].width);
+    CHECK(mem->buffers()->Get(i)->type() == s.buffers[i].type);
+  }
+  REQUIRE(m->target_archs()->size() == s.target_archs.size());
+  for (size_t i = 0; i < s.target_archs.size(); ++i) CHECK(m->target_archs()->Get(i)->str() == s.target_archs[i]);
+
+  // manifest_check: the manifest's extent, and XXH64 of its bytes with the hash field zeroed,
+  // recomputed here from the raw file.
+  const fb::Segment* mc = m->manifest_check();
+  REQUIRE(mc);
+  CHECK(mc->offset() == 0);
+  CHECK(mc->size() == f.manifestSize());
+  std::vector<uint8_t> zeroed(raw.begin(), raw.begin() + static_cast<ptrdiff_t>(f.manifestSize()));
+  const size_t at = static_cast<size_t>(reinterpret_cast<const uint8_t*>(mc) - f.segmentData(fb::Segment(0, 1, 0)));
+  std::memset(zeroed.data() + at + 16, 0, 8);
+  CHECK(mc->xxh64() == XXH64(zeroed.data(), zeroed.size(), 0));
+
+  // The loader lists every non-empty segment by field, sorted by offset.
+  const std::vector<std::string> fields = segmentFields(s);
+  REQUIRE(f.segments().size() == fields.size());
+  for (size_t i = 0; i < fields.size(); ++i) CHECK(f.segments()[i].field == fields[i]);
+  CHECK(walkManifest(f) != 0);
+}
+
+TEST_CASE("writer: same input gives byte-identical files whatever the write order, threads or chunking") {
+  const std::string dir = caseDir("determinism");
+  const Spec s = makeSpec();
+  REQUIRE(writeArtifact(dir + "/a.mfb", s) == "");
+  REQUIRE(writeArtifact(dir + "/b.mfb", s, WriteMode{3, true, 0}) == "");
+  REQUIRE(writeArtifact(dir + "/c.mfb", s, WriteMode{2, false, 777}) == "");
+  const auto a = readBytes(dir + "/a.mfb");
+  CHECK(a.size() > 4 * 4096);
+  CHECK(a == readBytes(dir + "/b.mfb"));
+  CHECK(a == readBytes(dir + "/c.mfb"));
+  // Sanity of the comparison itself: a one-byte change of one plane changes the file.
+  Spec s2 = s;
+  s2.tensors[1].planes[2].data[100] ^= 1;
+  REQUIRE(writeArtifact(dir + "/d.mfb", s2) == "");
+  CHECK(a != readBytes(dir + "/d.mfb"));
+}
+
+TEST_CASE("writer: commit never called or a failed commit leaves no file; a previous artifact stays") {
+  const std::string dir = caseDir("nocommit");
+  const std::string path = dir + "/model.mfb";
+  const Spec s = makeSpec();
+  {
+    auto w = ArtifactWriter::create(path);
+    REQUIRE(w);
+    CHECK(dirEntries(dir).size() == 1);  // the temp file exists while writing
+    CHECK(llvm::StringRef((*w)->tempPath()).startswith(dir + "/"));
+    const SegmentId id = (*w)->reserveSegment(s.cubin.size());
+    REQUIRE(!(*w)->layout(1000));
+    REQUIRE(!(*w)->writeSegment(id, s.cubin));
+  }
+  CHECK(dirEntries(dir).empty());
+
+  // A previous artifact at the path survives every failure below byte for byte.
+  REQUIRE(writeArtifact(path, s) == "");
+  const auto previous = readBytes(path);
+  auto expectUntouched = [&](const std::string& why) {
+    INFO(why);
+    CHECK(dirEntries(dir) == std::vector<std::string>{"model.mfb"});
+    CHECK(readBytes(path) == previous);
+  };
+
+  SUBCASE("segment never written") {
+    auto w = ArtifactWriter::create(path);
+    REQUIRE(w);
+    const SegmentId a = (*w)->reserveSegment(100);
+    (*w)->reserveSegment(5000);
+    REQUIRE(!(*w)->layout(2000));
+    REQUIRE(!(*w)->writeSegment(a, pseudoRandomBytes(100, 9)));
+    const std::string err = errorText((*w)->commit(buildManifest(s, std::vector<fb::Segment>(16))));
+    CHECK(contains(err, path));
+    CHECK(contains(err, "segment 1 (5000 bytes at offset 8192) was never written"));
+    expectUntouched("never written");
+  }
+  SUBCASE("manifest larger than reserved") {
+    auto w = ArtifactWriter::create(path);
+    REQUIRE(w);
+    REQUIRE(!(*w)->layout(64));
+    const auto manifest = buildManifest(s, std::vector<fb::Segment>(16));
+    const std::string err = errorText((*w)->commit(manifest));
+    CHECK(contains(err, "manifest is " + std::to_string(manifest.size()) + " bytes but layout reserved 64"));
+    expectUntouched("manifest too large");
+  }
+  SUBCASE("manifest without manifest_check, or not an Artifact buffer") {
+    Spec no_check = s;
+    no_check.with_manifest_check = false;
+    const auto manifest = buildManifest(no_check, std::vector<fb::Segment>(16));
+    auto w = ArtifactWriter::create(path);
+    REQUIRE(w);
+    REQUIRE(!(*w)->layout(manifest.size()));
+    CHECK(contains(errorText((*w)->commit(manifest)), "manifest has no manifest_check"));
+    expectUntouched("no manifest_check");
+    auto w2 = ArtifactWriter::create(path);
+    REQUIRE(w2);
+    REQUIRE(!(*w2)->layout(manifest.size()));
+    std::vector<uint8_t> bad = manifest;
+    std::memcpy(bad.data() + 8, "XXXX", 4);
+    CHECK(contains(errorText((*w2)->commit(bad)), "not a verifiable size-prefixed Artifact FlatBuffer"));
+    expectUntouched("bad identifier");
+  }
+  SUBCASE("misuse: wrong size, twice, unknown id, before layout, stream overrun") {
+    auto w = ArtifactWriter::create(path);
+    REQUIRE(w);
+    const SegmentId a = (*w)->reserveSegment(300);
+    const SegmentId b = (*w)->reserveSegment(200);
+    CHECK(contains(errorText((*w)->writeSegment(a, pseudoRandomBytes(300, 1))), "before layout"));
+    REQUIRE(!(*w)->layout(100));
+    CHECK(contains(errorText((*w)->writeSegment(a, pseudoRandomBytes(299, 1))), "299 bytes given, 300 reserved"));
+    CHECK(!(*w)->writeSegment(a, pseudoRandomBytes(300, 1)));
+    CHECK(contains(errorText((*w)->writeSegment(a, pseudoRandomBytes(300, 1))), "segment 0 written twice"));
+    CHECK(contains(errorText((*w)->writeSegment(7, pseudoRandomBytes(3, 1))), "segment id 7 out of range (2 reserved)"));
+    auto stream = (*w)->beginSegment(b);
+    REQUIRE(stream);
+    CHECK(!stream->append(pseudoRandomBytes(150, 2)));
+    CHECK(contains(errorText(stream->append(pseudoRandomBytes(51, 2))), "appending 51 bytes at 150 exceeds its reserved size of 200"));
+    CHECK(contains(errorText(stream->finish()), "150 bytes written, 200 reserved"));
+  }
+  expectUntouched("after the subcase's writer is gone");
+}
+
+TEST_CASE("writer: unwritable or missing directory fails at create, naming the path; nothing is written") {
+  const std::string dir = caseDir("unwritable");
+  const std::string path = dir + "/model.mfb";
+  const Spec s = makeSpec();
+  REQUIRE(writeArtifact(path, s) == "");
+  const auto previous = readBytes(path);
+
+  // A directory component that is a regular file: fails for every user, root included.
+  const std::string not_dir = dir + "/model.mfb/inner.mfb";
+  auto w = ArtifactWriter::create(not_dir);
+  REQUIRE(!w);
+  const std::string err = llvm::toString(w.takeError());
+  CHECK(contains(err, not_dir));
+  CHECK(contains(err, "cannot create temporary file"));
+  CHECK(contains(err, "Not a directory"));
+  auto missing = ArtifactWriter::create(dir + "/no/such/dir/x.mfb");
+  REQUIRE(!missing);
+  CHECK(contains(llvm::toString(missing.takeError()), "No such file or directory"));
+
+  if (::geteuid() == 0) {
+    MESSAGE("running as root: permission bits do not stop root, so the chmod 0555 case is skipped");
+  } else {
+    REQUIRE(::chmod(dir.c_str(), 0555) == 0);
+    auto ro = ArtifactWriter::create(path);
+    REQUIRE(!ro);
+    const std::string ro_err = llvm::toString(ro.takeError());
+    CHECK(contains(ro_err, path));
+    CHECK(contains(ro_err, "Permission denied"));
+    REQUIRE(::chmod(dir.c_str(), 0755) == 0);
+  }
+  CHECK(dirEntries(dir) == std::vector<std::string>{"model.mfb"});
+  CHECK(readBytes(path) == previous);
+}
+
+// Runs `body` in a child process with RLIMIT_FSIZE = `limit` bytes (writes past it fail with EFBIG,
+// as a full disk fails with ENOSPC) and returns what it wrote to the pipe.
+std::string inLimitedChild(uint64_t limit, const std::function<std::string()>& setup,
+                           const std::function<std::string()>& body) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string out = setup();
+    if (out.empty()) {
+      ::signal(SIGXFSZ, SIG_IGN);
+      struct rlimit rl = {limit, limit};
+      ::setrlimit(RLIMIT_FSIZE, &rl);
+      out = body();
+    }
+    (void)!::write(fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  return out;
+}
+
+TEST_CASE("writer: a failed write (file size limit, like a full disk) names the numbers and leaves nothing") {
+  const std::string dir = caseDir("diskfull");
+  const std::string path = dir + "/model.mfb";
+  const Spec s = makeSpec();
+  REQUIRE(writeArtifact(path, s) == "");
+  const auto previous = readBytes(path);
+
+  // 1. layout under the limit: reserving the file fails.
+  const std::string layout_err = inLimitedChild(
+      3 * 4096, [] { return std::string(); },
+      [&] {
+        auto w = ArtifactWriter::create(path);
+        if (!w) return "create: " + llvm::toString(w.takeError());
+        (*w)->reserveSegment(4000);
+        (*w)->reserveSegment(9000);
+        return errorText((*w)->layout(500));
+      });
+  CHECK(contains(layout_err, path));
+  CHECK(contains(layout_err, "File too large"));
+  CHECK(contains(layout_err, std::to_string(4096 + 4096 + 9000)));  // the bytes it tried to reserve
+  CHECK(dirEntries(dir) == std::vector<std::string>{"model.mfb"});
+
+  // 2. layout before the limit, then a segment write crosses it.
+  std::unique_ptr<ArtifactWriter> writer;
+  SegmentId a = 0, b = 0;
+  const std::string seg_err = inLimitedChild(
+      3 * 4096,
+      [&] {
+        auto w = ArtifactWriter::create(path);
+        if (!w) return "create: " + llvm::toString(w.takeError());
+        writer = std::move(*w);
+        a = writer->reserveSegment(4000);
+        b = writer->reserveSegment(9000);
+        return errorText(writer->layout(500));
+      },
+      [&] {
+        if (auto err = writer->writeSegment(a, pseudoRandomBytes(4000, 1))) return "first: " + errorText(std::move(err));
+        std::string err = errorText(writer->writeSegment(b, pseudoRandomBytes(9000, 2)));
+        // After a failed write the temp file is already gone, and commit refuses.
+        if (std::filesystem::exists(writer->tempPath())) err += " [temp file still exists]";
+        err += " | " + errorText(writer->commit(buildManifest(makeSpec(), std::vector<fb::Segment>(16))));
+        return err;
+      });
+  CHECK(contains(seg_err, path));
+  CHECK(contains(seg_err, "segment 1: write of 9000 bytes at offset 8192 failed at offset 12288"));
+  CHECK(contains(seg_err, "File too large"));
+  CHECK(!contains(seg_err, "temp file still exists"));
+  CHECK(contains(seg_err, "commit after a failed write"));
+  CHECK(dirEntries(dir) == std::vector<std::string>{"model.mfb"});
+  CHECK(readBytes(path) == previous);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Damage.
+
+struct GoodArtifact {
+  std::string dir, path;
+  Spec spec;
+  std::vector<uint8_t> bytes;
+  uint64_t manifest_size = 0;
+  std::vector<fb::Segment> segs;  // in manifest order
+};
+
+GoodArtifact makeGood(const std::string& name) {
+  GoodArtifact g;
+  g.dir = caseDir(name);
+  g.path = g.dir + "/good.mfb";
+  g.spec = makeSpec();
+  REQUIRE(writeArtifact(g.path, g.spec) == "");
+  g.bytes = readBytes(g.path);
+  g.manifest_size = readLE32(g.bytes.data()) + 4;
+  auto f = ArtifactFile::open(g.path);
+  REQUIRE(f);
+  const fb::Artifact* m = (*f)->manifest();
+  for (const fb::Tensor* t : *m->tensors())
+    for (const fb::Plane* p : *t->planes()) g.segs.push_back(*p->data());
+  g.segs.push_back(*m->kernels()->Get(0)->cubin());
+  g.segs.push_back(*m->kernels()->Get(0)->ptx());
+  return g;
+}
+
+// The good file with its manifest replaced by one built from `spec` and `segs` (manifest_check set
+// to the new extent, as the writer would), written to `path`.
+void writeVariant(const GoodArtifact& g, const Spec& spec, const std::vector<fb::Segment>& segs,
+                  const std::string& path) {
+  const uint64_t n = buildManifest(spec, segs).size();
+  const auto manifest = buildManifest(spec, segs, fb::Segment(0, n, 0));
+  REQUIRE(manifest.size() == n);
+  REQUIRE(n <= g.segs[0].offset());
+  std::vector<uint8_t> out = g.bytes;
+  std::fill(out.begin(), out.begin() + static_cast<ptrdiff_t>(g.segs[0].offset()), 0);
+  std::copy(manifest.begin(), manifest.end(), out.begin());
+  writeBytes(path, out);
+}
+
+TEST_CASE("loader: semantic damage built on purpose is refused with the field, offset and numbers") {
+  const GoodArtifact g = makeGood("semantic");
+  const std::string path = g.dir + "/variant.mfb";
+  const auto fields = segmentFields(g.spec);
+
+  // The variant path itself produces an accepted file when nothing is changed.
+  writeVariant(g, g.spec, g.segs, path);
+  REQUIRE(openError(path) == "");
+
+  auto refused = [&](const Spec& spec, const std::vector<fb::Segment>& segs, std::vector<std::string> words) {
+    writeVariant(g, spec, segs, path);
+    const std::string err = openError(path);
+    REQUIRE_MESSAGE(!err.empty(), "accepted: expected ", words[0]);
+    CHECK_MESSAGE(contains(err, path), err);
+    for (const auto& w : words) CHECK_MESSAGE(contains(err, w), err, "  (missing: ", w, ")");
+  };
+
+  SUBCASE("overlapping segments") {
+    auto segs = g.segs;
+    segs[2] = fb::Segment(segs[1].offset(), segs[2].size(), segs[2].xxh64());
+    refused(g.spec, segs, {fields[2], "overlaps", fields[1], std::to_string(segs[1].offset())});
+  }
+  SUBCASE("segment past the end of the file") {
+    auto segs = g.segs;
+    const auto& last = segs.back();
+    segs.back() = fb::Segment(last.offset() + 8 * 4096, last.size(), last.xxh64());
+    refused(g.spec, segs, {fields.back(), "past the end of the file", std::to_string(g.bytes.size())});
+  }
+  SUBCASE("misaligned segment") {
+    auto segs = g.segs;
+    segs[3] = fb::Segment(segs[3].offset() + 8, segs[3].size(), segs[3].xxh64());
+    refused(g.spec, segs, {fields[3], std::to_string(segs[3].offset()), "not a multiple of 4096"});
+  }
+  SUBCASE("segment inside the manifest") {
+    auto segs = g.segs;
+    segs[0] = fb::Segment(0, segs[0].size(), segs[0].xxh64());
+    refused(g.spec, segs, {fields[0], "starts inside the manifest"});
+  }
+  SUBCASE("empty segment with an offset") {
+    auto segs = g.segs;
+    segs.back() = fb::Segment(segs.back().offset(), 0, 0);
+    refused(g.spec, segs, {"kernels[0].ptx", "empty segment has offset"});
+  }
+  SUBCASE("plane size differs from its stride table") {
+    Spec spec = g.spec;
+    spec.tensors[1].planes[0].t.row_pitch = 528;  // 48 rows x 528 = 25344, segment holds 48 x 512
+    refused(spec, g.segs, {"tensors[1].planes[0].data", "segment is 24576 bytes", "48 rows x 528 bytes = 25344",
+                           "blk.0.attn_q.weight", "manifest offset 0x"});
+  }
+  SUBCASE("stride table row_pitch smaller than a row") {
+    Spec spec = g.spec;
+    spec.tensors[3].planes[0].t.row_pitch = 96;  // f16: 96 cols need 192 bytes
+    auto segs = g.segs;
+    segs[6] = fb::Segment(segs[6].offset(), 11 * 96, 0);
+    refused(spec, segs, {"tensors[3].planes[0].layout", "row_pitch 96 is smaller than one row of 96 weights (192 bytes)"});
+  }
+  SUBCASE("scale plane row_pitch smaller than its groups") {
+    Spec spec = g.spec;
+    spec.tensors[1].planes[1].t.row_pitch = 60;  // 16 groups x 4 bytes = 64
+    auto segs = g.segs;
+    segs[2] = fb::Segment(segs[2].offset(), 48 * 60, 0);
+    refused(spec, segs, {"tensors[1].planes[1].layout", "row_pitch 60", "(64 bytes)"});
+  }
+  SUBCASE("stride table enum out of range, wrong elem, bad bits, wrong block geometry") {
+    Spec spec = g.spec;
+    spec.tensors[2].planes[0].t.kind = static_cast<PlaneKind>(9);
+    refused(spec, g.segs, {"tensors[2].planes[0].layout", "kind 9 is not a PlaneKind"});
+    spec = g.spec;
+    spec.tensors[2].planes[0].t.elem = ElemType::kF16;
+    refused(spec, g.segs, {"tensors[2].planes[0].layout", "elem 2 does not fit plane kind 4"});
+    spec = g.spec;
+    spec.tensors[1].planes[3].t.bits = 5;
+    refused(spec, g.segs, {"tensors[1].planes[3].layout", "bits 5"});
+    spec = g.spec;
+    spec.tensors[0].planes[0].t.group_pitch = 36;
+    refused(spec, g.segs, {"tensors[0].planes[0].layout", "differ from Q8_0 blocks (32 weights in 34 bytes)"});
+  }
+  SUBCASE("plane shape differs from the tensor's") {
+    Spec spec = g.spec;
+    spec.tensors[3].ne = {96, 12};
+    refused(spec, g.segs, {"tensors[3].planes[0].layout", "plane is 11 rows x 96 cols but the tensor is 12 x 96"});
+  }
+  SUBCASE("unknown ggml type") {
+    Spec spec = g.spec;
+    spec.tensors[2].type = static_cast<GgmlType>(4);  // a gap in the ggml enum
+    refused(spec, g.segs, {"tensors[2].ggml_type", "4 is not a ggml type id", "output_norm.weight"});
+  }
+  SUBCASE("buffer id out of range") {
+    Spec spec = g.spec;
+    spec.prefill[3].inputs = {4, 6};
+    refused(spec, g.segs, {"prefill.steps[3].inputs[1]", "buffer id 6 is out of range (memory.buffers has 6)"});
+  }
+  SUBCASE("tensor index out of range") {
+    Spec spec = g.spec;
+    spec.decode[4].weights = {4};
+    refused(spec, g.segs, {"decode.steps[4].weights[0]", "tensor index 4 is out of range (tensors has 4)"});
+  }
+  SUBCASE("kernel index out of range") {
+    Spec spec = g.spec;
+    spec.decode[2].kernels_decode = {0, 1};
+    refused(spec, g.segs, {"decode.steps[2].kernels_decode[1]", "kernel index 1 is out of range (kernels has 1)"});
+  }
+  SUBCASE("attention layer out of range, op out of range") {
+    Spec spec = g.spec;
+    spec.prefill[5].layer = 2;
+    refused(spec, g.segs, {"prefill.steps[5].layer", "layer 2 is out of range (config.n_layer is 2"});
+    spec = g.spec;
+    spec.prefill[5].layer = -1;
+    refused(spec, g.segs, {"prefill.steps[5].layer", "attention needs a KV cache layer"});
+    spec = g.spec;
+    spec.prefill[0].op = static_cast<fb::OpKind>(40);
+    refused(spec, g.segs, {"prefill.steps[0].op", "value 40 is not an OpKind"});
+  }
+  SUBCASE("memory plan ids out of range") {
+    Spec spec = g.spec;
+    spec.logits = 6;
+    refused(spec, g.segs, {"memory.logits", "buffer id 6 is out of range (6 buffers)"});
+  }
+  SUBCASE("format versions 2.0 and 1.5") {
+    Spec spec = g.spec;
+    spec.major = 2;
+    refused(spec, g.segs, {"artifact format 2.0, this runtime reads 1.x up to 1.0"});
+    spec.major = 1;
+    spec.minor = 5;
+    refused(spec, g.segs, {"artifact format 1.5, this runtime reads 1.x up to 1.0"});
+  }
+  SUBCASE("config: heads, zero dims, vocab vs tokenizer, bad floats, RoPE dims") {
+    Spec spec = g.spec;
+    spec.n_head_kv = 4;
+    refused(spec, g.segs, {"config.n_head_kv", "n_head 6 is not a multiple of n_head_kv 4"});
+    spec = g.spec;
+    spec.n_ff = 0;
+    refused(spec, g.segs, {"config.n_ff", "is 0"});
+    spec = g.spec;
+    spec.n_vocab = 12;
+    refused(spec, g.segs, {"tokenizer.tokens", "has 11 tokens but config.n_vocab is 12"});
+    spec = g.spec;
+    spec.rms_norm_eps = -1e-6f;
+    refused(spec, g.segs, {"config.rms_norm_eps", "not a positive finite number"});
+    spec = g.spec;
+    spec.n_rot = 18;
+    refused(spec, g.segs, {"config.n_rot", "n_rot 18 must be even and at most head_dim 16"});
+  }
+  SUBCASE("tokenizer: scores length, special id out of range") {
+    Spec spec = g.spec;
+    spec.scores.pop_back();
+    refused(spec, g.segs, {"tokenizer.scores", "has 10 entries for 11 tokens"});
+    spec = g.spec;
+    spec.eos = 11;
+    refused(spec, g.segs, {"tokenizer.eos_id", "token id 11 is out of range"});
+  }
+  SUBCASE("kernel with neither cubin nor PTX") {
+    auto segs = g.segs;
+    segs[segs.size() - 2] = fb::Segment();
+    segs[segs.size() - 1] = fb::Segment();
+    refused(g.spec, segs, {"kernels[0]", "has neither cubin nor PTX"});
+  }
+  SUBCASE("manifest_check missing or wrong") {
+    Spec spec = g.spec;
+    spec.with_manifest_check = false;
+    refused(spec, g.segs, {"manifest_check", "missing"});
+    // The extent recorded differs from the size prefix.
+    const auto manifest = buildManifest(g.spec, g.segs, fb::Segment(0, 100, 0));
+    std::vector<uint8_t> out = g.bytes;
+    std::copy(manifest.begin(), manifest.end(), out.begin());
+    writeBytes(path, out);
+    CHECK(contains(openError(path), "manifest_check"));
+    CHECK(contains(openError(path), "says the manifest is [0, +100)"));
+  }
+}
+
+TEST_CASE("loader: wrong identifier, empty, tiny, missing and non-artifact files are refused") {
+  const GoodArtifact g = makeGood("identity");
+  const std::string path = g.dir + "/bad.mfb";
+  std::vector<uint8_t> b = g.bytes;
+  std::memcpy(b.data() + 8, "MFB2", 4);
+  writeBytes(path, b);
+  std::string err = openError(path);
+  CHECK(contains(err, path));
+  CHECK(contains(err, "file identifier at offset 8 is \"MFB2\", expected \"MFB1\""));
+
+  writeBytes(path, b.data(), 0);
+  CHECK(contains(openError(path), "file is 0 bytes, too small"));
+  CHECK(contains(openError(g.dir + "/absent.mfb"), "No such file or directory"));
+  CHECK(contains(openError(g.dir), "not a regular file"));
+  const std::vector<uint8_t> gguf = {'G', 'G', 'U', 'F', 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0};
+  writeBytes(path, gguf);
+  CHECK(contains(openError(path), "not a minfer artifact"));
+}
+
+TEST_CASE("loader: truncation at every offset in the manifest and a sample in the data is refused") {
+  const GoodArtifact g = makeGood("truncate");
+  const std::string path = g.dir + "/cut.mfb";
+  std::vector<uint64_t> cuts;
+  for (uint64_t t = 0; t <= g.manifest_size; ++t) cuts.push_back(t);
+  for (const auto& seg : g.segs)
+    for (uint64_t t : {seg.offset() - 1, seg.offset(), seg.offset() + 1, seg.offset() + seg.size() / 2,
+                       seg.offset() + seg.size() - 1})
+      cuts.push_back(t);
+  for (uint64_t t = g.manifest_size; t < g.bytes.size(); t += 1237) cuts.push_back(t);
+  size_t refused = 0;
+  for (uint64_t t : cuts) {
+    REQUIRE(t < g.bytes.size());
+    writeBytes(path, g.bytes.data(), t);
+    const std::string err = openError(path);
+    if (err.empty()) {
+      FAIL_CHECK("truncated at ", t, " of ", g.bytes.size(), " bytes but accepted");
+      continue;
+    }
+    ++refused;
+    if (!contains(err, path) || !contains(err, "truncated")) FAIL_CHECK("cut at ", t, ": unclear message: ", err);
+  }
+  CHECK(refused == cuts.size());
+  MESSAGE("truncation: ", cuts.size(), " cuts (", g.manifest_size + 1, " inside the manifest), all refused");
+}
+
+TEST_CASE("loader: byte and bit flips in the manifest are refused by the verifier or caught by the checksum") {
+  const GoodArtifact g = makeGood("flipmanifest");
+  const std::string path = g.dir + "/flip.mfb";
+  writeBytes(path, g.bytes);
+  size_t structural = 0, semantic = 0, checksum = 0, undetected = 0, total = 0;
+  std::string examples;  // the first messages of each category, shown once
+  auto example = [&](size_t count, const std::string& msg) {
+    if (count <= 3) examples += "\n  " + msg;
+  };
+  for (uint64_t pos = 0; pos < g.manifest_size; ++pos) {
+    for (uint8_t mask : {static_cast<uint8_t>(1u << (pos % 8)), static_cast<uint8_t>(0xff)}) {
+      patchByte(path, pos, g.bytes[pos] ^ mask);
+      ++total;
+      auto f = ArtifactFile::open(path);
+      if (!f) {
+        const std::string& err = f.status().message();
+        if (!contains(err, path)) FAIL_CHECK("message without the path: ", err);
+        const bool is_structural = contains(err, "fails FlatBuffers verification") ||
+                                   contains(err, "file identifier at offset 8") ||
+                                   contains(err, "manifest size prefix at offset 0");
+        example(++(is_structural ? structural : semantic), err);
+      } else {
+        walkManifest(**f);  // an accepted manifest must be safe to read in full
+        const minfer::Status st = (*f)->verifyChecksums();
+        if (!st.isOk()) {
+          example(++checksum, st.message());
+          if (!contains(st.message(), "xxh64")) FAIL_CHECK("checksum message without hashes: ", st.message());
+        } else {
+          ++undetected;
+          FAIL_CHECK("flip of byte ", pos, " with mask ", int(mask), " went undetected");
+        }
+      }
+      patchByte(path, pos, g.bytes[pos]);
+    }
+  }
+  CHECK(openError(path) == "");  // restored: the loop really patched and unpatched this file
+  CHECK(undetected == 0);
+  CHECK(structural > 0);
+  CHECK(semantic > 0);
+  CHECK(checksum > 0);
+  MESSAGE("manifest flips: ", total, " (", g.manifest_size, " bytes x 2 masks): structural ", structural,
+          ", semantic ", semantic, ", checksum only ", checksum, ", undetected ", undetected, "; examples:", examples);
+}
+
+TEST_CASE("loader: flips in data segments fail verifyChecksums naming the segment; stray bytes between too") {
+  const GoodArtifact g = makeGood("flipdata");
+  const std::string path = g.dir + "/flip.mfb";
+  const auto fields = segmentFields(g.spec);
+  for (size_t i = 0; i < g.segs.size(); ++i) {
+    const fb::Segment& seg = g.segs[i];
+    for (uint64_t at : {seg.offset(), seg.offset() + seg.size() / 3, seg.offset() + seg.size() - 1}) {
+      std::vector<uint8_t> b = g.bytes;
+      b[at] ^= 0x10;
+      writeBytes(path, b);
+      auto f = ArtifactFile::open(path);
+      REQUIRE_MESSAGE(f, f.status().message());  // the verifier does not read data
+      const minfer::Status st = (*f)->verifyChecksums();
+      REQUIRE(!st.isOk());
+      CHECK_MESSAGE(contains(st.message(), fields[i] + " [" + std::to_string(seg.offset())), st.message());
+      CHECK(contains(st.message(), "xxh64"));
+      CHECK(contains(st.message(), "damaged data"));
+    }
+  }
+  // Padding after the manifest and between two segments.
+  for (uint64_t at : {g.manifest_size + 3, g.segs[0].offset() + g.segs[0].size() + 5}) {
+    std::vector<uint8_t> b = g.bytes;
+    REQUIRE(b[at] == 0);
+    b[at] = 0x5a;
+    writeBytes(path, b);
+    auto f = ArtifactFile::open(path);
+    REQUIRE(f);
+    const minfer::Status st = (*f)->verifyChecksums();
+    REQUIRE(!st.isOk());
+    CHECK_MESSAGE(contains(st.message(), "byte 0x5a at offset " + std::to_string(at)), st.message());
+    CHECK(contains(st.message(), "stray data"));
+  }
+}
