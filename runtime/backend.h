@@ -1,0 +1,57 @@
+// Backend: the interface an execution backend (CPU now, CUDA in issue 5) implements for the runtime.
+//
+// Phases (STYLE.md): the artifact is mapped and verified before a backend sees it (Model::open);
+// Backend creation resolves weights (upload on a GPU, plane views on the CPU); createSession
+// allocates every buffer a session needs (activations for max_batch rows, the KV cache for n_ctx
+// positions, scratch) and prepares both plans; forward() only executes: it allocates nothing.
+//
+// Thread-safety: a Backend is immutable after creation and may create sessions from any thread;
+// each BackendSession is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "minfer/status.h"
+
+namespace minfer {
+
+class ArtifactFile;
+
+struct BackendSessionConfig {
+  int n_ctx = 0;      // KV cache positions (≥ 1, already validated by Session)
+  int n_threads = 0;  // CPU worker threads (0: hardware concurrency)
+};
+
+class BackendSession {
+ public:
+  virtual ~BackendSession() = default;
+
+  // Evaluates tokens (1 ≤ n ≤ maxBatch()) at positions pos0 .. pos0+n−1; the KV cache must hold the
+  // positions < pos0 from earlier calls (positions ≥ pos0 are overwritten). n == 1 runs the decode
+  // plan, n > 1 the prefill plan. Token ids must be in [0, n_vocab) (Session checks).
+  // logits: all_rows → n × n_vocab floats, row t = the logits after token t; else n_vocab floats,
+  // the logits after the last token. Requires pos0 + n ≤ n_ctx.
+  virtual Status forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) = 0;
+
+  virtual int maxBatch() const = 0;
+  virtual int contextLength() const = 0;
+  // Bytes this session allocated (activations, KV cache, scratch), for --verbose reporting.
+  virtual uint64_t allocatedBytes() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;  // "cpu", "cuda"
+  virtual Result<std::unique_ptr<BackendSession>> createSession(const BackendSessionConfig& config) const = 0;
+};
+
+// The CPU backend (runtime/cpu/cpu_backend.cpp). `artifact` must outlive the backend and its
+// sessions. Errors: a tensor without planes the CPU can read, a plan step whose buffers, weights or
+// parameters are inconsistent (message names the step index, its name and the numbers).
+Result<std::unique_ptr<Backend>> createCpuBackend(const ArtifactFile& artifact);
+
+}  // namespace minfer

@@ -1,0 +1,310 @@
+// CPU reference ops: plain float32 loops over activation rows, weights read through stride tables.
+#include "runtime/cpu/cpu_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "runtime/cpu/thread_pool.h"
+
+namespace minfer::cpu {
+namespace {
+
+const char* planeKindName(PlaneKind k) {
+  switch (k) {
+    case PlaneKind::kI8: return "i8";
+    case PlaneKind::kScale: return "scale";
+    case PlaneKind::kMin: return "min";
+    case PlaneKind::kPacked: return "packed";
+    case PlaneKind::kF32: return "f32";
+    case PlaneKind::kF16: return "f16";
+    case PlaneKind::kBF16: return "bf16";
+    case PlaneKind::kBlocks: return "blocks";
+  }
+  return "unknown";
+}
+
+float readF32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof f);
+  return f;
+}
+
+// One float of a scale or min plane (stored as f32 or f16).
+float readGroupValue(const PlaneView& p, uint64_t r, uint64_t c) {
+  const uint8_t* at = p.data + elementOffset(p.table, r, c);
+  return p.table.elem == ElemType::kF16 ? halfToFloat(readU16(at)) : readF32(at);
+}
+
+std::string planeError(const WeightPlanes& w, const PlaneView& p, const std::string& what) {
+  return "tensor '" + std::string(w.name) + "', " + planeKindName(p.table.kind) + " plane: " + what;
+}
+
+Status checkPlane(const WeightPlanes& w, const PlaneView& p) {
+  if (!p.present()) return Status::ok();
+  const StrideTable& t = p.table;
+  if (t.rows != w.rows || t.cols != w.cols)
+    return Status::error(planeError(w, p, "shape " + std::to_string(t.rows) + " x " + std::to_string(t.cols) +
+                                              " differs from the tensor's " + std::to_string(w.rows) + " x " +
+                                              std::to_string(w.cols)));
+  if (t.rows == 0 || t.cols == 0) return Status::error(planeError(w, p, "empty shape"));
+  const auto need = [&](ElemType e, const char* name) -> Status {
+    if (t.elem != e)
+      return Status::error(planeError(w, p, "element type " + std::to_string(static_cast<int>(t.elem)) +
+                                                ", expected " + name));
+    return Status::ok();
+  };
+  uint64_t row_bytes = 0;  // bytes one row needs from its start
+  switch (t.kind) {
+    case PlaneKind::kF32: MINFER_RETURN_IF_ERROR(need(ElemType::kF32, "f32")); row_bytes = t.cols * 4; break;
+    case PlaneKind::kF16: MINFER_RETURN_IF_ERROR(need(ElemType::kF16, "f16")); row_bytes = t.cols * 2; break;
+    case PlaneKind::kBF16: MINFER_RETURN_IF_ERROR(need(ElemType::kBF16, "bf16")); row_bytes = t.cols * 2; break;
+    case PlaneKind::kI8: MINFER_RETURN_IF_ERROR(need(ElemType::kI8, "i8")); row_bytes = t.cols; break;
+    case PlaneKind::kScale:
+    case PlaneKind::kMin: {
+      if (t.elem != ElemType::kF32 && t.elem != ElemType::kF16)
+        return Status::error(planeError(w, p, "element type " + std::to_string(static_cast<int>(t.elem)) +
+                                                  ", expected f32 or f16"));
+      if (t.group_size == 0 || t.group_pitch < elemBytes(t.elem))
+        return Status::error(planeError(w, p, "group_size " + std::to_string(t.group_size) + ", group_pitch " +
+                                                  std::to_string(t.group_pitch) + " (need ≥ 1 and ≥ " +
+                                                  std::to_string(elemBytes(t.elem)) + ")"));
+      const uint64_t groups = (t.cols + t.group_size - 1) / t.group_size;
+      row_bytes = (groups - 1) * t.group_pitch + elemBytes(t.elem);
+      break;
+    }
+    case PlaneKind::kBlocks: {
+      const GgmlTypeTraits tr = ggmlTypeTraits(t.ggml_type);
+      float probe[kQK_K];
+      static const uint8_t zeros[512] = {};
+      if (!tr.known || !tr.supported || tr.type_size > sizeof zeros ||
+          !dequantizeBlock(static_cast<GgmlType>(t.ggml_type), zeros, probe))
+        return Status::error(planeError(w, p, "ggml_type " + std::to_string(t.ggml_type) + " (" + tr.name +
+                                                  ") has no CPU dequantization"));
+      if (t.group_size != tr.block_size || t.group_pitch != tr.type_size)
+        return Status::error(planeError(w, p, "group_size " + std::to_string(t.group_size) + ", group_pitch " +
+                                                  std::to_string(t.group_pitch) + " differ from " + tr.name +
+                                                  "'s block of " + std::to_string(tr.block_size) + " weights in " +
+                                                  std::to_string(tr.type_size) + " bytes"));
+      if (t.cols % tr.block_size != 0)
+        return Status::error(planeError(w, p, "cols " + std::to_string(t.cols) + " is not a multiple of " +
+                                                  tr.name + "'s block size " + std::to_string(tr.block_size)));
+      row_bytes = t.cols / tr.block_size * tr.type_size;
+      break;
+    }
+    case PlaneKind::kPacked: return Status::ok();  // GPU only
+    default:
+      return Status::error(planeError(w, p, "unknown plane kind " + std::to_string(static_cast<int>(t.kind))));
+  }
+  if (t.row_pitch < row_bytes)
+    return Status::error(planeError(w, p, "row_pitch " + std::to_string(t.row_pitch) + " < " +
+                                              std::to_string(row_bytes) + " bytes one row needs"));
+  // rows·row_pitch ≤ size, without overflow.
+  if (t.row_pitch > p.size / t.rows)
+    return Status::error(planeError(w, p, "rows " + std::to_string(t.rows) + " x row_pitch " +
+                                              std::to_string(t.row_pitch) + " exceeds the " +
+                                              std::to_string(p.size) + " bytes of its segment"));
+  return Status::ok();
+}
+
+// Dot product of n floats with 8 independent partial sums (vectorizable without reassociation flags).
+float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  float tail = 0;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+}  // namespace
+
+Status checkWeightPlanes(const WeightPlanes& w) {
+  for (const PlaneView* p : {&w.dense, &w.q, &w.scale, &w.min, &w.blocks}) MINFER_RETURN_IF_ERROR(checkPlane(w, *p));
+  if (w.q.present() != w.scale.present())
+    return Status::error("tensor '" + std::string(w.name) + "': an i8 plane needs a scale plane and vice versa");
+  if (w.min.present() && !w.q.present())
+    return Status::error("tensor '" + std::string(w.name) + "': min plane without i8 and scale planes");
+  return Status::ok();
+}
+
+Result<RowSource> pickRowSource(const WeightPlanes& w, bool for_gather) {
+  const bool dense = w.dense.present(), quantized = w.q.present() && w.scale.present(), blocks = w.blocks.present();
+  if (for_gather) {
+    if (blocks) return RowSource::kBlocks;
+    if (dense) return RowSource::kDense;
+    if (quantized) return RowSource::kQuantized;
+  } else {
+    if (dense) return RowSource::kDense;
+    if (quantized) return RowSource::kQuantized;
+    if (blocks) return RowSource::kBlocks;
+  }
+  return Status::error("tensor '" + std::string(w.name) +
+                       "' has no plane the CPU can read (needs f32/f16/bf16, i8 + scale (+ min), or blocks)");
+}
+
+void dequantizeRow(const WeightPlanes& w, RowSource src, uint64_t r, float* out) {
+  const uint64_t cols = w.cols;
+  switch (src) {
+    case RowSource::kDense: {
+      const StrideTable& t = w.dense.table;
+      for (uint64_t c = 0; c < cols; ++c) {
+        const uint8_t* p = w.dense.data + elementOffset(t, r, c);
+        switch (t.kind) {
+          case PlaneKind::kF16: out[c] = halfToFloat(readU16(p)); break;
+          case PlaneKind::kBF16: out[c] = bf16ToFloat(readU16(p)); break;
+          default: out[c] = readF32(p); break;
+        }
+      }
+      return;
+    }
+    case RowSource::kQuantized: {
+      const StrideTable& t = w.q.table;
+      // stride_table.h: value = s·q + m with a min plane, s·q without one (not "+ 0.0f", which
+      // would turn a −0.0 product into +0.0); float32, no FMA contraction (see CMake flags).
+      for (uint64_t c = 0; c < cols; ++c) {
+        const float q = static_cast<float>(static_cast<int8_t>(w.q.data[elementOffset(t, r, c)]));
+        const float sq = readGroupValue(w.scale, r, c) * q;
+        out[c] = w.min.present() ? sq + readGroupValue(w.min, r, c) : sq;
+      }
+      return;
+    }
+    case RowSource::kBlocks: {
+      const StrideTable& t = w.blocks.table;
+      const GgmlType type = static_cast<GgmlType>(t.ggml_type);
+      const uint64_t bs = t.group_size;  // = the type's block size (checkWeightPlanes)
+      for (uint64_t c = 0; c < cols; c += bs) dequantizeBlock(type, w.blocks.data + elementOffset(t, r, c), out + c);
+      return;
+    }
+  }
+}
+
+void embed(const WeightPlanes& table, RowSource src, const int32_t* ids, int n_rows, float* out) {
+  for (int t = 0; t < n_rows; ++t)
+    dequantizeRow(table, src, static_cast<uint64_t>(ids[t]), out + static_cast<int64_t>(t) * table.cols);
+}
+
+void rmsNorm(const float* x, const float* w, int n_rows, int width, float eps, float* out) {
+  for (int t = 0; t < n_rows; ++t) {
+    const float* xr = x + static_cast<int64_t>(t) * width;
+    float* yr = out + static_cast<int64_t>(t) * width;
+    const float mean_sq = dot(xr, xr, width) / static_cast<float>(width);
+    const float inv = 1.0f / std::sqrt(mean_sq + eps);
+    for (int i = 0; i < width; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+}
+
+void headRmsNorm(float* x, const float* w, int n_rows, int n_head, int head_dim, float eps) {
+  // Each head of each row is one "row" of width head_dim.
+  rmsNorm(x, w, n_rows * n_head, head_dim, eps, x);
+}
+
+void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float* in, int n_rows, float* out,
+            ThreadPool* pool, float* scratch) {
+  const int64_t rows = static_cast<int64_t>(W.rows), cols = static_cast<int64_t>(W.cols);
+  // A dense f32 plane whose rows are contiguous, 4-byte aligned floats is read in place.
+  const bool direct = src == RowSource::kDense && W.dense.table.kind == PlaneKind::kF32 &&
+                      reinterpret_cast<uintptr_t>(W.dense.data) % alignof(float) == 0 &&
+                      W.dense.table.row_pitch % sizeof(float) == 0;
+  auto body = [&](int64_t begin, int64_t end, int thread) {
+    float* row = scratch + thread * cols;
+    for (int64_t r = begin; r < end; ++r) {
+      const float* wr = row;
+      if (direct)
+        wr = reinterpret_cast<const float*>(W.dense.data + elementOffset(W.dense.table, r, 0));
+      else
+        dequantizeRow(W, src, static_cast<uint64_t>(r), row);
+      const float b = bias ? bias[r] : 0.0f;
+      for (int t = 0; t < n_rows; ++t) out[t * rows + r] = dot(wr, in + t * cols, cols) + b;
+    }
+  };
+  if (pool)
+    pool->parallelFor(rows, body);
+  else
+    body(0, rows, 0);
+}
+
+void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle style, float freq_base,
+          float freq_scale, int pos0) {
+  const int half = n_rot / 2;
+  float cos_t[kMaxRot / 2], sin_t[kMaxRot / 2];
+  for (int t = 0; t < n_rows; ++t) {
+    const double pos = static_cast<double>(pos0 + t) * static_cast<double>(freq_scale);
+    for (int i = 0; i < half; ++i) {
+      const double theta = pos * std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
+      cos_t[i] = static_cast<float>(std::cos(theta));
+      sin_t[i] = static_cast<float>(std::sin(theta));
+    }
+    for (int h = 0; h < n_head; ++h) {
+      float* e = x + (static_cast<int64_t>(t) * n_head + h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const int ia = style == RopeStyle::kNorm ? 2 * i : i;
+        const int ib = style == RopeStyle::kNorm ? 2 * i + 1 : i + half;
+        const float a = e[ia], b = e[ib];
+        e[ia] = a * cos_t[i] - b * sin_t[i];
+        e[ib] = a * sin_t[i] + b * cos_t[i];
+      }
+    }
+  }
+}
+
+void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, int pos0) {
+  const int64_t width = static_cast<int64_t>(cache.n_head_kv) * cache.head_dim;
+  std::memcpy(cache.k + pos0 * width, k, sizeof(float) * n_rows * width);
+  std::memcpy(cache.v + pos0 * width, v, sizeof(float) * n_rows * width);
+}
+
+void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n_head, float* out, ThreadPool* pool,
+               float* scratch) {
+  const int hd = cache.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(cache.n_head_kv) * hd;
+  const int group = n_head / cache.n_head_kv;  // query heads per kv head
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  auto body = [&](int64_t begin, int64_t end, int thread) {
+    float* scores = scratch + static_cast<int64_t>(thread) * cache.n_ctx;
+    for (int64_t task = begin; task < end; ++task) {
+      const int t = static_cast<int>(task / n_head), j = static_cast<int>(task % n_head);
+      const int g = j / group;
+      const int n_keys = pos0 + t + 1;  // causal: positions 0 .. pos0 + t
+      const float* qh = q + (static_cast<int64_t>(t) * n_head + j) * hd;
+      float max_s = -INFINITY;
+      for (int i = 0; i < n_keys; ++i) {
+        scores[i] = dot(qh, cache.k + i * kv_width + g * hd, hd) * scale;
+        max_s = std::max(max_s, scores[i]);
+      }
+      float sum = 0;
+      for (int i = 0; i < n_keys; ++i) {
+        scores[i] = std::exp(scores[i] - max_s);
+        sum += scores[i];
+      }
+      const float inv_sum = 1.0f / sum;
+      float* oh = out + (static_cast<int64_t>(t) * n_head + j) * hd;
+      std::fill(oh, oh + hd, 0.0f);
+      for (int i = 0; i < n_keys; ++i) {
+        const float a = scores[i] * inv_sum;
+        const float* vh = cache.v + i * kv_width + g * hd;
+        for (int d = 0; d < hd; ++d) oh[d] += a * vh[d];
+      }
+    }
+  };
+  const int64_t tasks = static_cast<int64_t>(n_rows) * n_head;
+  if (pool)
+    pool->parallelFor(tasks, body);
+  else
+    body(0, tasks, 0);
+}
+
+void swiGlu(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void add(const float* a, const float* b, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+}  // namespace minfer::cpu

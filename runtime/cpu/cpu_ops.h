@@ -1,0 +1,130 @@
+// CPU reference ops: each op kind of the execution plan as a plain float32 loop (DESIGN.md §4).
+//
+// These functions are the oracle for the GPU parity tests, so each one is separately callable, works
+// on plain float arrays and reads weights only through their StrideTables (kernels/stride_table.h).
+// The math is fixtures/README.md §3. Layout convention: an activation buffer is `n_rows` rows of
+// `width` contiguous floats, row t = token t of the batch. None of these functions allocates.
+//
+// Accuracy: each function below declares a tolerance (max |error| / max |float64 reference|, on
+// random inputs) that tests/runtime/test_cpu_ops.cpp asserts; "measured" is what that test saw.
+//
+// Thread-safety: the functions are pure over their arguments; those taking a ThreadPool split their
+// output rows over it (results are independent of the thread count).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/stride_table.h"
+#include "minfer/status.h"
+
+namespace minfer::cpu {
+
+class ThreadPool;
+
+// One plane of a weight tensor: its layout and its bytes (inside the mapped artifact).
+struct PlaneView {
+  StrideTable table;
+  const uint8_t* data = nullptr;  // null when the tensor has no plane of this kind
+  uint64_t size = 0;              // bytes readable at data
+  bool present() const { return data != nullptr; }
+};
+
+// A weight tensor as the CPU reads it: a logical rows × cols matrix (rows = out features, cols = in
+// features = GGUF ne[0]); a 1-D tensor of n elements is 1 × n. Any subset of planes may be present;
+// every present plane describes the same rows × cols (checkWeightPlanes).
+struct WeightPlanes {
+  const char* name = "";  // tensor name, for error messages (owned by the artifact)
+  uint64_t rows = 0;
+  uint64_t cols = 0;
+  PlaneView dense;   // kF32 / kF16 / kBF16: the exact source values
+  PlaneView q;       // kI8: q(r, c)
+  PlaneView scale;   // kScale: scale(r, c / group)          w(r, c) = scale·q + min
+  PlaneView min;     // kMin: min(r, c / group), optional    (absent: min = 0)
+  PlaneView blocks;  // kBlocks: the source GGUF blocks
+  // kPacked planes exist for the GPU decode GEMV; the CPU ignores them.
+};
+
+// Which planes a row is read from.
+enum class RowSource : uint8_t { kDense, kQuantized, kBlocks };
+
+// Checks every present plane of `w` against rows × cols: plane kind ↔ element type, row pitch large
+// enough for a row, group size/pitch of scale, min and block planes, the block type's size, and
+// rows·row_pitch ≤ the bytes available. Errors name the tensor, the plane and the numbers.
+Status checkWeightPlanes(const WeightPlanes& w);
+
+// The planes to read rows from: for a gather (embedding lookup) kBlocks, then dense, then quantized;
+// for matmul dense, then quantized, then kBlocks. All give the same values (the planes are exact
+// re-layouts of the source). Error when no complete set is present (e.g. i8 without scale).
+Result<RowSource> pickRowSource(const WeightPlanes& w, bool for_gather);
+
+// Writes the cols float values of row r: dense → converted exactly; quantized → scale·q + min
+// (kernels/block_formats.h decomposed form, bit-identical to dequantizeBlock); blocks →
+// dequantizeBlock of each block of the row. Requires a source accepted by pickRowSource and
+// r < rows. Cost: one pass over the row.
+void dequantizeRow(const WeightPlanes& w, RowSource src, uint64_t r, float* out);
+
+// ---------------------------------------------------------------------------------------------
+// Ops. Shapes in elements; n_rows = tokens in the batch.
+
+// Embed: out[t] = row ids[t] of `table` (n_rows × table.cols). Requires 0 ≤ ids[t] < table.rows
+// (the caller validates token ids). Exact (tolerance 0).
+void embed(const WeightPlanes& table, RowSource src, const int32_t* ids, int n_rows, float* out);
+
+// RMSNorm (Zhang & Sennrich 2019): out[t] = x[t] / sqrt(mean(x[t]²) + eps) ⊙ w.
+// x, out: n_rows × width (out may equal x); w: width. Tolerance 1e-6 (measured 1.1e-7).
+void rmsNorm(const float* x, const float* w, int n_rows, int width, float eps, float* out);
+
+// Per-head RMSNorm in place (qwen3 q/k norm): each of the n_head slices of head_dim elements of each
+// row is normalized as rmsNorm with the weight w (head_dim). x: n_rows × (n_head·head_dim).
+// Tolerance 1e-6 (measured 1.1e-7).
+void headRmsNorm(float* x, const float* w, int n_rows, int n_head, int head_dim, float eps);
+
+// MatMul: out[t][r] = Σ_c W(r, c)·in[t][c] (+ bias[r]), W read through its stride tables (source
+// `src`). in: n_rows × W.cols; out: n_rows × W.rows (out must not overlap in); bias: W.rows or null.
+// scratch: (pool ? pool->threads() : 1) × W.cols floats (one dequantized weight row per thread).
+// Each weight row is dequantized once and dotted with all n_rows inputs (float32, 8 partial sums).
+// Parallel over output features. Tolerance 1e-6·sqrt(cols / 64) (measured ≤ 1.8e-7 at cols 512,
+// every type). Results do not depend on the thread count or on which plane set is read.
+void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float* in, int n_rows,
+            float* out, ThreadPool* pool, float* scratch);
+
+// RoPE (Su et al. 2021, "RoFormer"), in place. x: n_rows × (n_head·head_dim); row t is at position
+// pos0 + t. For i < n_rot/2: θ_i = (pos·freq_scale)·freq_base^(−2i/n_rot) (computed in double);
+// kNorm rotates the pairs (2i, 2i+1) of each head, kNeox the pairs (i, i + n_rot/2);
+// (a, b) → (a·cosθ − b·sinθ, a·sinθ + b·cosθ). Elements ≥ n_rot of a head are untouched.
+// Requires n_rot even, n_rot ≤ head_dim, n_rot ≤ kMaxRot. Tolerance 5e-7 (measured 7e-8).
+enum class RopeStyle : uint8_t { kNorm = 0, kNeox = 1 };
+constexpr int kMaxRot = 1024;
+void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle style, float freq_base,
+          float freq_scale, int pos0);
+
+// One layer's KV cache in float32: k and v are each (n_ctx, n_head_kv, head_dim), position-major.
+struct KvLayer {
+  float* k = nullptr;
+  float* v = nullptr;
+  int n_ctx = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+};
+
+// Stores the batch's keys and values at positions pos0 .. pos0+n_rows−1 (requires pos0 + n_rows ≤
+// n_ctx). k, v: n_rows × (n_head_kv·head_dim).
+void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, int pos0);
+
+// Causal grouped-query attention over the cache (keys/values already stored by kvStore):
+// for token t (position p = pos0 + t) and query head j, kv head g = j / (n_head / n_head_kv):
+//   s_i = q[t, j]·K[i, g] / sqrt(head_dim) for i = 0..p;  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g].
+// q, out: n_rows × (n_head·head_dim), must not overlap. Requires n_head % n_head_kv == 0.
+// scratch: (pool ? pool->threads() : 1) × cache.n_ctx floats. Parallel over (token, head).
+// Tolerance 1e-6 (measured 1.7e-7).
+void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n_head, float* out,
+               ThreadPool* pool, float* scratch);
+
+// SwiGLU (Shazeer 2020): out = silu(gate) ⊙ up, silu(g) = g / (1 + e^(−g)). n elements; out may
+// equal gate or up. Tolerance 5e-7 (measured 8.7e-8).
+void swiGlu(const float* gate, const float* up, int64_t n, float* out);
+
+// Elementwise out = a + b over n elements; out may equal a or b. Exact.
+void add(const float* a, const float* b, int64_t n, float* out);
+
+}  // namespace minfer::cpu

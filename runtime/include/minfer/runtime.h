@@ -1,0 +1,196 @@
+// The minfer runtime API: open an artifact, pick a backend, create sessions, tokenize, prefill,
+// decode, sample and generate (DESIGN.md §1).
+//
+// Phases (STYLE.md "explicit phases"): Model::open maps the artifact and verifies it (structure, then
+// meaning; nothing reads the mapping before both pass), then creates the backend, which resolves the
+// weights and checks the execution plan (plan). Model::createSession allocates everything a session
+// will ever need: activation buffers for the artifact's max batch, the KV cache for n_ctx positions,
+// scratch, worker threads (allocate). prefill/decode execute the plan and allocate nothing.
+//
+// Units: token ids are int32 in [0, n_vocab); positions count tokens from 0; logits are float32
+// rows of n_vocab values, row-major. Errors are returned as Status/Result (minfer/status.h) with
+// messages naming the file, the field and the numbers; nothing here prints or exits.
+//
+// Thread-safety: a Model is immutable after open(); its const methods (tokenize, createSession, …)
+// may be called from any number of threads at once. A Session is NOT thread-safe: use one thread at
+// a time per session (different sessions of one model may run concurrently; each has its own
+// buffers, KV cache and worker threads). A Session must not outlive its Model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "minfer/sampler.h"
+#include "minfer/status.h"
+#include "minfer/tokenizer.h"
+
+namespace minfer {
+
+class ArtifactFile;
+class Backend;
+class BackendSession;
+
+enum class BackendKind { kAuto, kCpu, kCuda };
+
+// "auto", "cpu", "cuda" ↔ BackendKind. parseBackendKind errors name the accepted values.
+const char* backendKindName(BackendKind kind);
+Result<BackendKind> parseBackendKind(std::string_view name);
+
+struct ModelOptions {
+  // Recompute the XXH64 of the manifest and of every data segment before use (reads the whole file).
+  bool verify_checksums = false;
+};
+
+// Facts about the opened model (from the artifact's config and memory plan).
+struct ModelInfo {
+  std::string architecture;  // "llama", "qwen2", "qwen3"
+  std::string name;          // general.name of the source GGUF ("" when absent)
+  std::string source;        // source GGUF file name
+  int n_vocab = 0;
+  int n_embd = 0;
+  int n_layer = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  int n_ctx_train = 0;       // context length the model was trained with (0 when unknown)
+  int max_batch = 0;         // tokens per forward pass (longer prompts are split)
+  uint64_t file_bytes = 0;
+};
+
+class Session;
+
+class Model {
+ public:
+  // Maps and verifies `path`, builds the tokenizer (when the artifact has one) and creates the
+  // backend. kAuto picks CUDA when this build has a CUDA backend and a usable GPU exists, else the
+  // CPU; backendNote() says which and why. kCuda fails with "CUDA backend not available in this
+  // build" until issue 5 adds it. Errors: everything ArtifactFile::open reports, a checksum
+  // mismatch (with verify_checksums), an invalid tokenizer, a plan the backend cannot run.
+  static Result<std::unique_ptr<Model>> open(const std::string& path, BackendKind kind = BackendKind::kAuto,
+                                             const ModelOptions& options = {});
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelInfo& info() const { return info_; }
+  const char* backendName() const;                          // "cpu" / "cuda"
+  const std::string& backendNote() const { return note_; }  // e.g. "auto: CUDA backend not available in this build; using cpu"
+  const ArtifactFile& artifact() const { return *file_; }
+
+  bool hasTokenizer() const { return tokenizer_ != nullptr; }
+  // The artifact's tokenizer. Requires hasTokenizer().
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // Token ids of `text`. add_special: BOS/EOS as the vocabulary says; parse_special: control-token
+  // texts in `text` become those tokens. Error when the artifact has no tokenizer.
+  Result<std::vector<int32_t>> tokenize(std::string_view text, bool add_special = true,
+                                        bool parse_special = false) const;
+  // Text of `ids` (Tokenizer::decode). Error when the artifact has no tokenizer.
+  Result<std::string> detokenize(std::span<const int32_t> ids) const;
+  // True for EOS and the other end-of-generation tokens (false without a tokenizer).
+  bool isEndOfGeneration(int32_t id) const;
+
+  struct SessionOptions {
+    int n_ctx = 2048;    // KV cache positions; 1 ≤ n_ctx ≤ kMaxContext (may exceed n_ctx_train, like llama.cpp)
+    int n_threads = 0;   // CPU threads; 0 = hardware concurrency
+  };
+  static constexpr int kMaxContext = 1 << 20;
+  // Allocates a session (activations, KV cache, scratch). Errors: n_ctx out of range, not enough
+  // memory (the message has the byte counts).
+  Result<std::unique_ptr<Session>> createSession(const SessionOptions& options) const;
+
+ private:
+  Model() = default;
+  std::unique_ptr<ArtifactFile> file_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ModelInfo info_;
+  std::string note_;
+};
+
+// Why generate() stopped.
+enum class StopReason { kEndOfGeneration, kMaxTokens, kContextFull, kCallback };
+const char* stopReasonName(StopReason reason);
+
+struct GenerateParams {
+  int n_predict = 128;          // tokens to generate; < 0: until end of generation or a full context
+  SamplerParams sampling;
+  bool add_special = true;      // BOS/EOS around the prompt as the vocabulary says (only at position 0)
+  bool parse_special = false;   // control-token texts in the prompt become those tokens
+  bool stop_at_eog = true;      // stop (without emitting it) at an end-of-generation token
+  bool render_special = false;  // print control tokens' text
+  // Optional: receives the logits the generation computes, in order: the prompt's rows (n_prompt ×
+  // n_vocab, one call), then one row per decode step (the logits after each generated token that was
+  // fed back). Row r predicts the token after the r-th token of prompt + generated.
+  std::function<void(std::span<const float> logits, int n_rows)> on_logits;
+};
+
+struct GenerateResult {
+  int n_prompt = 0;          // prompt tokens evaluated
+  int n_generated = 0;       // tokens sampled and passed to the callback
+  double prompt_seconds = 0; // wall time of the prompt prefill
+  double generate_seconds = 0;  // wall time of sampling + decode steps
+  StopReason stop = StopReason::kMaxTokens;
+  std::vector<int32_t> tokens;  // the generated ids, in order
+};
+
+// Receives each generated piece (valid UTF-8, possibly empty while a multi-byte character is
+// incomplete) and its token id; a final call with token −1 carries bytes held back at the end.
+// Return false to stop.
+using StreamCallback = std::function<bool(std::string_view piece, int32_t token)>;
+
+class Session {
+ public:
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Evaluates `tokens` at positions position() .. position()+n−1 (split into batches of
+  // info().max_batch), then position() += n and logits() holds the row after the last token.
+  // all_logits: empty, or n × n_vocab floats that receive every row (row t = logits after token t).
+  // Errors (nothing is evaluated): n == 0; a token id outside [0, n_vocab); position() + n > n_ctx
+  // ("… does not fit the context"); all_logits of the wrong size.
+  Status prefill(std::span<const int32_t> tokens, std::span<float> all_logits = {});
+  // One token at position(); the decode plan. Errors as prefill.
+  Status decode(int32_t token);
+
+  // Logits after the last evaluated token (n_vocab floats); empty before the first evaluation.
+  std::span<const float> logits() const;
+
+  int position() const { return pos_; }   // tokens in the KV cache
+  int contextLength() const { return n_ctx_; }
+  // Forgets the KV cache from position `pos` on (0 ≤ pos ≤ position()); reset() = rewind(0).
+  Status rewind(int pos);
+  void reset() { pos_ = 0; has_logits_ = false; }
+
+  // Tokenizes `prompt` (BOS only when position() == 0 and params.add_special), evaluates it, then
+  // samples up to n_predict tokens, streaming each piece through `callback` (see StreamCallback),
+  // feeding each one back with decode() before sampling the next. Stops at an end-of-generation
+  // token, after n_predict tokens, when the context is full, or when the callback returns false.
+  // An empty prompt continues from the current logits (error at position 0).
+  // Errors: no tokenizer; the prompt does not fit the context ("prompt of N tokens does not fit the
+  // context: position P + N > n_ctx C"); any prefill/decode error.
+  Result<GenerateResult> generate(std::string_view prompt, const GenerateParams& params,
+                                  const StreamCallback& callback);
+
+  const Model& model() const { return model_; }
+  uint64_t allocatedBytes() const;
+
+ private:
+  friend class Model;
+  Session(const Model& model, std::unique_ptr<BackendSession> backend, int n_ctx);
+  Status evaluate(std::span<const int32_t> tokens, std::span<float> all_logits);
+
+  const Model& model_;
+  std::unique_ptr<BackendSession> backend_;
+  int n_ctx_ = 0;
+  int pos_ = 0;
+  bool has_logits_ = false;
+  std::vector<float> logits_;  // (n_vocab)
+};
+
+}  // namespace minfer

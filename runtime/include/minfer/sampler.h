@@ -1,0 +1,90 @@
+// Sampler: picks the next token from a row of logits (greedy, temperature, top-k, top-p, min-p,
+// repetition penalty), reproducibly from a seed.
+//
+// Semantics follow llama.cpp's sampler chain (src/llama-sampling.cpp, common/sampling.cpp defaults),
+// applied in this order:
+//   1. repetition penalty: each distinct token among the last `repeat_last_n` accepted tokens has its
+//      logit divided by `repeat_penalty` when > 0, multiplied by it otherwise (CTRL, Keskar et al.
+//      2019, as llama.cpp implements it). Off when repeat_penalty == 1 or repeat_last_n == 0.
+//   2. temperature ≤ 0 → greedy: the highest (penalized) logit, lowest id on ties. Steps 3–6 skipped.
+//   3. top-k: keep the k highest logits (ties broken by lower id). Off when top_k ≤ 0 or ≥ n_vocab.
+//   4. top-p (nucleus, Holtzman et al. 2019): softmax over the kept tokens; keep the smallest prefix,
+//      highest first, whose probability sum is ≥ top_p (always ≥ 1 token). Off when top_p ≥ 1.
+//   5. min-p: keep the tokens whose probability is ≥ min_p × the highest probability (on logits:
+//      logit ≥ max + ln(min_p)). Off when min_p ≤ 0.
+//   6. temperature: logits / temperature, softmax, one draw from the PRNG.
+// Like llama.cpp, top-p and min-p see the distribution before temperature.
+//
+// PRNG: xoshiro256** (Blackman & Vigna 2018) seeded by splitmix64(seed); a draw is the top 53 bits
+// as a double in [0, 1). Same seed + same logits + same accepted tokens → same tokens, on every
+// platform (no std:: distributions, whose output is implementation-defined).
+//
+// Allocation: the constructor allocates n_vocab candidates and the penalty history; sample() and
+// accept() never allocate. Thread-safety: a Sampler is mutable state; one per generation stream.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace minfer {
+
+struct SamplerParams {
+  float temperature = 0.8f;     // ≤ 0: greedy
+  int32_t top_k = 40;           // ≤ 0: off
+  float top_p = 0.95f;          // ≥ 1: off
+  float min_p = 0.05f;          // ≤ 0: off
+  float repeat_penalty = 1.0f;  // 1: off (llama.cpp's default since 2024)
+  int32_t repeat_last_n = 64;   // tokens of history the penalty looks at; 0: off
+  uint64_t seed = 0x5EED;       // PRNG seed
+};
+
+// xoshiro256** with splitmix64 seeding.
+class Xoshiro256 {
+ public:
+  // State = four successive splitmix64 outputs starting from `seed` (the authors' recommendation).
+  explicit Xoshiro256(uint64_t seed);
+  // Explicit state (not all zero), for known-answer tests.
+  static Xoshiro256 fromState(uint64_t s0, uint64_t s1, uint64_t s2, uint64_t s3);
+  uint64_t next();
+  double nextDouble();  // uniform in [0, 1), 53 bits
+
+ private:
+  uint64_t s_[4];
+};
+
+class Sampler {
+ public:
+  // n_vocab ≥ 1: the length of every logits row passed to sample().
+  Sampler(const SamplerParams& params, int32_t n_vocab);
+
+  // The next token for `logits` (n_vocab floats; not modified). Does not record the token: call
+  // accept() with the token actually used. NaN logits count as −∞; when every logit is −∞ the
+  // result is the greedy one (token 0).
+  int32_t sample(std::span<const float> logits);
+
+  // Appends a token (prompt or generated) to the repetition-penalty history.
+  void accept(int32_t token);
+
+  // Clears the history and re-seeds the PRNG with params().seed.
+  void reset();
+
+  const SamplerParams& params() const { return params_; }
+
+ private:
+  struct Candidate {
+    int32_t id;
+    float logit;
+    float p;
+  };
+  SamplerParams params_;
+  int32_t n_vocab_;
+  Xoshiro256 rng_;
+  std::vector<Candidate> candidates_;  // (n_vocab) scratch
+  std::vector<int32_t> history_;       // ring buffer of the last repeat_last_n tokens
+  size_t history_next_ = 0;
+  size_t history_size_ = 0;
+  std::vector<uint8_t> penalized_;     // (n_vocab) scratch: token already penalized this call
+};
+
+}  // namespace minfer

@@ -1,0 +1,130 @@
+// Model: maps and verifies an artifact, builds its tokenizer and backend, and creates sessions.
+#include <algorithm>
+#include <cstdlib>
+
+#include "minfer/artifact.h"
+#include "minfer/runtime.h"
+#include "runtime/backend.h"
+
+namespace minfer {
+namespace {
+
+std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+
+// The artifact's tokenizer table as the tokenizer's plain-data Vocabulary.
+Vocabulary vocabularyFrom(const fb::Tokenizer& t) {
+  Vocabulary v;
+  v.model = str(t.model_name());
+  if (v.model.empty()) v.model = t.model() == fb::TokenizerModel::Bpe ? "gpt2" : "llama";
+  v.pre = str(t.pre());
+  if (t.tokens()) {
+    v.tokens.reserve(t.tokens()->size());
+    for (const flatbuffers::String* s : *t.tokens()) v.tokens.push_back(s->str());
+  }
+  if (t.scores()) v.scores.assign(t.scores()->begin(), t.scores()->end());
+  if (t.token_types()) v.token_types.assign(t.token_types()->begin(), t.token_types()->end());
+  if (t.merges()) {
+    v.merges.reserve(t.merges()->size());
+    for (const flatbuffers::String* s : *t.merges()) v.merges.push_back(s->str());
+  }
+  v.bos_id = t.bos_id();
+  v.eos_id = t.eos_id();
+  v.unk_id = t.unk_id();
+  v.pad_id = t.pad_id();
+  v.add_bos = t.add_bos();
+  v.add_eos = t.add_eos();
+  v.add_space_prefix = t.add_space_prefix();
+  return v;
+}
+
+}  // namespace
+
+const char* backendKindName(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kAuto: return "auto";
+    case BackendKind::kCpu: return "cpu";
+    case BackendKind::kCuda: return "cuda";
+  }
+  return "unknown";
+}
+
+Result<BackendKind> parseBackendKind(std::string_view name) {
+  for (BackendKind k : {BackendKind::kAuto, BackendKind::kCpu, BackendKind::kCuda})
+    if (name == backendKindName(k)) return k;
+  return Status::error("unknown device '" + std::string(name) + "' (expected auto, cpu or cuda)");
+}
+
+Model::~Model() = default;
+
+Result<std::unique_ptr<Model>> Model::open(const std::string& path, BackendKind kind, const ModelOptions& options) {
+  std::unique_ptr<Model> model(new Model());
+  // Map + verify (structure, then meaning).
+  Result<std::unique_ptr<ArtifactFile>> file = ArtifactFile::open(path);
+  if (!file) return file.takeStatus();
+  model->file_ = std::move(*file);
+  if (options.verify_checksums) MINFER_RETURN_IF_ERROR(model->file_->verifyChecksums());
+  const fb::Artifact* m = model->file_->manifest();
+
+  // Model facts.
+  const fb::ModelConfig* c = m->config();
+  ModelInfo& info = model->info_;
+  info.architecture = str(c->architecture());
+  info.name = str(c->name());
+  info.source = m->source() ? str(m->source()->name()) : std::string();
+  info.n_vocab = static_cast<int>(c->n_vocab());
+  info.n_embd = static_cast<int>(c->n_embd());
+  info.n_layer = static_cast<int>(c->n_layer());
+  info.n_head = static_cast<int>(c->n_head());
+  info.n_head_kv = static_cast<int>(c->n_head_kv());
+  info.head_dim = static_cast<int>(c->head_dim());
+  info.n_ctx_train = static_cast<int>(std::min<uint32_t>(c->n_ctx_train(), INT32_MAX));
+  info.max_batch = m->memory() ? static_cast<int>(m->memory()->max_batch()) : 0;
+  info.file_bytes = model->file_->fileSize();
+
+  // Tokenizer.
+  if (m->tokenizer() && m->tokenizer()->tokens() && m->tokenizer()->tokens()->size() > 0) {
+    Result<Tokenizer> tok = Tokenizer::create(vocabularyFrom(*m->tokenizer()));
+    if (!tok) return tok.takeStatus().withContext(path + ": tokenizer: ");
+    if (tok->nTokens() != info.n_vocab)
+      return Status::error(path + ": tokenizer has " + std::to_string(tok->nTokens()) +
+                           " tokens, config.n_vocab is " + std::to_string(info.n_vocab));
+    model->tokenizer_ = std::make_unique<Tokenizer>(std::move(*tok));
+  }
+
+  // Backend.
+  if (kind == BackendKind::kCuda)
+    return Status::error(path + ": CUDA backend not available in this build (use --device cpu or auto)");
+  if (kind == BackendKind::kAuto) model->note_ = "auto: CUDA backend not available in this build; using cpu";
+  Result<std::unique_ptr<Backend>> backend = createCpuBackend(*model->file_);
+  if (!backend) return backend.takeStatus();
+  model->backend_ = std::move(*backend);
+  return model;
+}
+
+const char* Model::backendName() const { return backend_->name(); }
+
+Result<std::vector<int32_t>> Model::tokenize(std::string_view text, bool add_special, bool parse_special) const {
+  if (!tokenizer_) return Status::error(file_->path() + ": the artifact has no tokenizer");
+  return tokenizer_->encode(text, add_special, parse_special);
+}
+
+Result<std::string> Model::detokenize(std::span<const int32_t> ids) const {
+  if (!tokenizer_) return Status::error(file_->path() + ": the artifact has no tokenizer");
+  return tokenizer_->decode(ids);
+}
+
+bool Model::isEndOfGeneration(int32_t id) const { return tokenizer_ && tokenizer_->isEndOfGeneration(id); }
+
+Result<std::unique_ptr<Session>> Model::createSession(const SessionOptions& options) const {
+  if (options.n_ctx < 1 || options.n_ctx > kMaxContext)
+    return Status::error(file_->path() + ": context length n_ctx = " + std::to_string(options.n_ctx) +
+                         " is out of range 1.." + std::to_string(kMaxContext));
+  if (options.n_threads < 0)
+    return Status::error("n_threads = " + std::to_string(options.n_threads) + " must be ≥ 0 (0: all cores)");
+  Result<std::unique_ptr<BackendSession>> bs =
+      backend_->createSession(BackendSessionConfig{options.n_ctx, options.n_threads});
+  if (!bs) return bs.takeStatus();
+  return std::unique_ptr<Session>(new Session(*this, std::move(*bs), options.n_ctx));
+}
+
+}  // namespace minfer

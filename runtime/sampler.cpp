@@ -1,0 +1,158 @@
+// Sampler: llama.cpp-order sampling chain over a candidate array, with a xoshiro256** PRNG.
+#include "minfer/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace minfer {
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+}  // namespace
+
+Xoshiro256::Xoshiro256(uint64_t seed) {
+  uint64_t state = seed;
+  for (uint64_t& s : s_) s = splitmix64(state);
+}
+
+Xoshiro256 Xoshiro256::fromState(uint64_t s0, uint64_t s1, uint64_t s2, uint64_t s3) {
+  Xoshiro256 g(0);
+  g.s_[0] = s0;
+  g.s_[1] = s1;
+  g.s_[2] = s2;
+  g.s_[3] = s3;
+  return g;
+}
+
+uint64_t Xoshiro256::next() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Xoshiro256::nextDouble() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+Sampler::Sampler(const SamplerParams& params, int32_t n_vocab)
+    : params_(params),
+      n_vocab_(n_vocab < 1 ? 1 : n_vocab),
+      rng_(params.seed),
+      candidates_(static_cast<size_t>(n_vocab_)),
+      history_(static_cast<size_t>(std::max(params.repeat_last_n, 0))),
+      penalized_(static_cast<size_t>(n_vocab_), 0) {}
+
+void Sampler::reset() {
+  rng_ = Xoshiro256(params_.seed);
+  history_next_ = 0;
+  history_size_ = 0;
+}
+
+void Sampler::accept(int32_t token) {
+  if (history_.empty()) return;
+  history_[history_next_] = token;
+  history_next_ = (history_next_ + 1) % history_.size();
+  history_size_ = std::min(history_size_ + 1, history_.size());
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  const int32_t n = std::min<int32_t>(n_vocab_, static_cast<int32_t>(logits.size()));
+  Candidate* cand = candidates_.data();
+  for (int32_t i = 0; i < n; ++i) cand[i] = {i, std::isnan(logits[i]) ? -INFINITY : logits[i], 0.0f};
+
+  // 1. Repetition penalty, once per distinct token of the history (candidates are still indexed by id).
+  if (params_.repeat_penalty != 1.0f && history_size_ > 0) {
+    for (size_t h = 0; h < history_size_; ++h) {
+      const int32_t tok = history_[h];
+      if (tok < 0 || tok >= n || penalized_[tok]) continue;
+      penalized_[tok] = 1;
+      float& l = cand[tok].logit;
+      l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    }
+    for (size_t h = 0; h < history_size_; ++h)
+      if (history_[h] >= 0 && history_[h] < n) penalized_[history_[h]] = 0;
+  }
+
+  const auto higher = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+
+  // 2. Greedy.
+  if (params_.temperature <= 0.0f) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; ++i)
+      if (cand[i].logit > cand[best].logit) best = i;
+    return cand[best].id;
+  }
+
+  int32_t size = n;
+  bool sorted = false;
+  // 3. Top-k.
+  if (params_.top_k > 0 && params_.top_k < size) {
+    std::partial_sort(cand, cand + params_.top_k, cand + size, higher);
+    size = params_.top_k;
+    sorted = true;
+  }
+  // 4. Top-p over the softmax of the kept logits.
+  if (params_.top_p < 1.0f) {
+    if (!sorted) std::sort(cand, cand + size, higher);
+    sorted = true;
+    const float max_l = cand[0].logit;
+    if (std::isfinite(max_l)) {
+      double sum = 0;
+      for (int32_t i = 0; i < size; ++i) sum += std::exp(static_cast<double>(cand[i].logit) - max_l);
+      double cum = 0;
+      for (int32_t i = 0; i < size; ++i) {
+        cum += std::exp(static_cast<double>(cand[i].logit) - max_l) / sum;
+        if (cum >= params_.top_p) {
+          size = i + 1;
+          break;
+        }
+      }
+    }
+  }
+  // 5. Min-p: logit ≥ max + ln(min_p), order preserved.
+  float max_l = -INFINITY;
+  for (int32_t i = 0; i < size; ++i) max_l = std::max(max_l, cand[i].logit);
+  if (!std::isfinite(max_l)) {  // every candidate is −∞: fall back to the lowest id among them
+    int32_t best = 0;
+    for (int32_t i = 1; i < size; ++i)
+      if (cand[i].id < cand[best].id) best = i;
+    return cand[best].id;
+  }
+  if (params_.min_p > 0.0f) {
+    const float threshold = max_l + std::log(params_.min_p);
+    int32_t kept = 0;
+    for (int32_t i = 0; i < size; ++i)
+      if (cand[i].logit >= threshold) cand[kept++] = cand[i];
+    size = kept;  // ≥ 1: the maximum always passes
+  }
+  // 6. Temperature and one draw.
+  const double inv_t = 1.0 / params_.temperature;
+  double sum = 0;
+  for (int32_t i = 0; i < size; ++i) {
+    cand[i].p = static_cast<float>(std::exp((static_cast<double>(cand[i].logit) - max_l) * inv_t));
+    sum += cand[i].p;
+  }
+  const double u = rng_.nextDouble() * sum;
+  double cum = 0;
+  for (int32_t i = 0; i < size; ++i) {
+    cum += cand[i].p;
+    if (u < cum) return cand[i].id;
+  }
+  return cand[size - 1].id;
+}
+
+}  // namespace minfer

@@ -1,0 +1,139 @@
+// Session: positions, batching, logits and the generate loop over one backend session.
+#include <chrono>
+
+#include "minfer/artifact.h"
+#include "minfer/runtime.h"
+#include "runtime/backend.h"
+
+namespace minfer {
+
+const char* stopReasonName(StopReason reason) {
+  switch (reason) {
+    case StopReason::kEndOfGeneration: return "end of generation";
+    case StopReason::kMaxTokens: return "token limit";
+    case StopReason::kContextFull: return "context full";
+    case StopReason::kCallback: return "stopped by caller";
+  }
+  return "unknown";
+}
+
+Session::Session(const Model& model, std::unique_ptr<BackendSession> backend, int n_ctx)
+    : model_(model), backend_(std::move(backend)), n_ctx_(n_ctx),
+      logits_(static_cast<size_t>(model.info().n_vocab)) {}
+
+Session::~Session() = default;
+
+uint64_t Session::allocatedBytes() const { return backend_->allocatedBytes() + logits_.size() * sizeof(float); }
+
+std::span<const float> Session::logits() const {
+  if (!has_logits_) return {};
+  return logits_;
+}
+
+Status Session::rewind(int pos) {
+  if (pos < 0 || pos > pos_)
+    return Status::error("rewind to position " + std::to_string(pos) + ": must be in 0.." + std::to_string(pos_));
+  pos_ = pos;
+  has_logits_ = false;
+  return Status::ok();
+}
+
+Status Session::evaluate(std::span<const int32_t> tokens, std::span<float> all_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int n_vocab = model_.info().n_vocab;
+  if (n == 0) return Status::error("no tokens to evaluate");
+  if (pos_ + n > n_ctx_)
+    return Status::error(std::to_string(n) + " tokens at position " + std::to_string(pos_) +
+                         " do not fit the context: " + std::to_string(pos_) + " + " + std::to_string(n) +
+                         " > n_ctx " + std::to_string(n_ctx_));
+  if (!all_logits.empty() && all_logits.size() != static_cast<size_t>(n) * n_vocab)
+    return Status::error("all_logits has " + std::to_string(all_logits.size()) + " floats, expected " +
+                         std::to_string(n) + " x " + std::to_string(n_vocab));
+  for (int64_t t = 0; t < n; ++t)
+    if (tokens[t] < 0 || tokens[t] >= n_vocab)
+      return Status::error("token id " + std::to_string(tokens[t]) + " at index " + std::to_string(t) +
+                           " is outside [0, " + std::to_string(n_vocab) + ")");
+  const int batch = backend_->maxBatch();
+  for (int64_t done = 0; done < n;) {
+    const int64_t m = std::min<int64_t>(batch, n - done);
+    const bool last = done + m == n;
+    float* dst = !all_logits.empty() ? all_logits.data() + done * n_vocab : logits_.data();
+    Status st = backend_->forward(tokens.subspan(done, m), pos_, dst, !all_logits.empty());
+    if (!st) {
+      has_logits_ = false;
+      return st;
+    }
+    pos_ += static_cast<int>(m);
+    done += m;
+    if (last && !all_logits.empty())
+      std::copy(all_logits.end() - n_vocab, all_logits.end(), logits_.begin());
+  }
+  has_logits_ = true;
+  return Status::ok();
+}
+
+Status Session::prefill(std::span<const int32_t> tokens, std::span<float> all_logits) {
+  return evaluate(tokens, all_logits);
+}
+
+Status Session::decode(int32_t token) { return evaluate(std::span<const int32_t>(&token, 1), {}); }
+
+Result<GenerateResult> Session::generate(std::string_view prompt, const GenerateParams& params,
+                                         const StreamCallback& callback) {
+  using Clock = std::chrono::steady_clock;
+  if (!model_.hasTokenizer()) return Status::error(model_.artifact().path() + ": the artifact has no tokenizer");
+  const Tokenizer& tok = model_.tokenizer();
+  const int n_vocab = model_.info().n_vocab;
+  GenerateResult result;
+
+  std::vector<int32_t> ids = tok.encode(prompt, params.add_special && pos_ == 0, params.parse_special);
+  if (ids.empty() && (pos_ == 0 || !has_logits_))
+    return Status::error("the prompt is empty and there is nothing to continue from");
+  if (pos_ + static_cast<int64_t>(ids.size()) > n_ctx_)
+    return Status::error("prompt of " + std::to_string(ids.size()) + " tokens does not fit the context: position " +
+                         std::to_string(pos_) + " + " + std::to_string(ids.size()) + " > n_ctx " +
+                         std::to_string(n_ctx_));
+  Sampler sampler(params.sampling, n_vocab);
+  for (int32_t id : ids) sampler.accept(id);
+
+  const Clock::time_point t0 = Clock::now();
+  if (!ids.empty()) {
+    std::vector<float> rows;
+    if (params.on_logits) rows.resize(ids.size() * static_cast<size_t>(n_vocab));
+    MINFER_RETURN_IF_ERROR(prefill(ids, rows));
+    if (params.on_logits) params.on_logits(rows, static_cast<int>(ids.size()));
+  }
+  const Clock::time_point t1 = Clock::now();
+  result.n_prompt = static_cast<int>(ids.size());
+  result.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
+
+  Detokenizer detok(tok, params.render_special);
+  result.stop = StopReason::kMaxTokens;
+  for (int i = 0; params.n_predict < 0 || i < params.n_predict; ++i) {
+    const int32_t next = sampler.sample(logits());
+    sampler.accept(next);
+    if (params.stop_at_eog && tok.isEndOfGeneration(next)) {
+      result.stop = StopReason::kEndOfGeneration;
+      break;
+    }
+    result.tokens.push_back(next);
+    ++result.n_generated;
+    if (!callback(detok.push(next), next)) {
+      result.stop = StopReason::kCallback;
+      break;
+    }
+    if (params.n_predict >= 0 && i + 1 == params.n_predict) break;  // no need to evaluate the last token
+    if (pos_ >= n_ctx_) {
+      result.stop = StopReason::kContextFull;
+      break;
+    }
+    MINFER_RETURN_IF_ERROR(decode(next));
+    if (params.on_logits) params.on_logits(logits(), 1);
+  }
+  const std::string tail = detok.flush();
+  if (!tail.empty()) callback(tail, -1);
+  result.generate_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+  return result;
+}
+
+}  // namespace minfer

@@ -1,0 +1,335 @@
+// CPU reference ops vs straightforward float64 loops on random, non-square inputs.
+//
+// Each op's tolerance is declared in runtime/cpu/cpu_ops.h and asserted here; the measured error is
+// printed (MESSAGE) so the margin is visible. Weights are read through stride tables whose row and
+// group pitches are padded with garbage, so a reader that bypasses the table fails.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+
+#include "runtime/cpu/cpu_ops.h"
+#include "runtime/cpu/thread_pool.h"
+#include "tests/runtime/weight_builder.h"
+
+namespace minfer::cpu {
+namespace {
+
+using test::maxRelError;
+using test::randomFloats;
+
+std::vector<double> rmsNormRef(const std::vector<float>& x, const std::vector<float>& w, int rows, int width,
+                               double eps) {
+  std::vector<double> out(x.size());
+  for (int t = 0; t < rows; ++t) {
+    double ss = 0;
+    for (int i = 0; i < width; ++i) ss += double(x[t * width + i]) * x[t * width + i];
+    const double inv = 1.0 / std::sqrt(ss / width + eps);
+    for (int i = 0; i < width; ++i) out[t * width + i] = x[t * width + i] * inv * w[i];
+  }
+  return out;
+}
+
+TEST_CASE("rmsNorm and headRmsNorm match float64") {
+  std::mt19937_64 rng(11);
+  const int rows = 5, width = 67;
+  std::vector<float> x = randomFloats(rows * width, rng, -3, 3), w = randomFloats(width, rng, 0.5f, 1.5f);
+  std::vector<float> out(x.size());
+  rmsNorm(x.data(), w.data(), rows, width, 1e-5f, out.data());
+  const std::vector<double> ref = rmsNormRef(x, w, rows, width, 1e-5);
+  const double err = maxRelError(out.data(), ref.data(), out.size());
+  MESSAGE("rmsNorm max rel error " << err);
+  CHECK(err < 1e-6);
+  // In place gives the same bits.
+  std::vector<float> inplace = x;
+  rmsNorm(inplace.data(), w.data(), rows, width, 1e-5f, inplace.data());
+  CHECK(std::memcmp(inplace.data(), out.data(), out.size() * 4) == 0);
+
+  // Per head: 3 rows of 5 heads of 12; each head normalized on its own with the same weight.
+  const int n_head = 5, hd = 12;
+  std::vector<float> xh = randomFloats(3 * n_head * hd, rng, -2, 2), wh = randomFloats(hd, rng, 0.5f, 1.5f);
+  std::vector<double> refh(xh.size());
+  for (int t = 0; t < 3; ++t)
+    for (int h = 0; h < n_head; ++h) {
+      std::vector<float> head(xh.begin() + (t * n_head + h) * hd, xh.begin() + (t * n_head + h + 1) * hd);
+      std::vector<double> r = rmsNormRef(head, wh, 1, hd, 1e-6);
+      std::copy(r.begin(), r.end(), refh.begin() + (t * n_head + h) * hd);
+    }
+  headRmsNorm(xh.data(), wh.data(), 3, n_head, hd, 1e-6f);
+  const double errh = maxRelError(xh.data(), refh.data(), xh.size());
+  MESSAGE("headRmsNorm max rel error " << errh);
+  CHECK(errh < 1e-6);
+}
+
+std::vector<double> ropeRef(const std::vector<float>& x, int rows, int n_head, int hd, int n_rot, RopeStyle style,
+                            double base, double scale, int pos0) {
+  std::vector<double> out(x.begin(), x.end());
+  for (int t = 0; t < rows; ++t)
+    for (int h = 0; h < n_head; ++h)
+      for (int i = 0; i < n_rot / 2; ++i) {
+        const double theta = (pos0 + t) * scale * std::pow(base, -2.0 * i / n_rot);
+        const int a = style == RopeStyle::kNorm ? 2 * i : i, b = style == RopeStyle::kNorm ? 2 * i + 1 : i + n_rot / 2;
+        double* e = out.data() + (t * n_head + h) * hd;
+        const double va = e[a], vb = e[b];
+        e[a] = va * std::cos(theta) - vb * std::sin(theta);
+        e[b] = va * std::sin(theta) + vb * std::cos(theta);
+      }
+  return out;
+}
+
+TEST_CASE("rope: both styles, partial rotation, positions and frequency scaling match float64") {
+  std::mt19937_64 rng(12);
+  const int rows = 4, n_head = 3, hd = 16, n_rot = 12, pos0 = 37;
+  const std::vector<float> x = randomFloats(rows * n_head * hd, rng);
+  std::vector<float> results[2];
+  for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox})
+    for (auto [base, scale] : {std::pair{10000.0f, 1.0f}, std::pair{1e6f, 0.25f}}) {
+      CAPTURE(static_cast<int>(style));
+      CAPTURE(base);
+      std::vector<float> y = x;
+      rope(y.data(), rows, n_head, hd, n_rot, style, base, scale, pos0);
+      const std::vector<double> ref = ropeRef(x, rows, n_head, hd, n_rot, style, base, scale, pos0);
+      const double err = maxRelError(y.data(), ref.data(), y.size());
+      MESSAGE("rope max rel error " << err);
+      CHECK(err < 5e-7);
+      // Dimensions ≥ n_rot are untouched, bit for bit.
+      for (int t = 0; t < rows * n_head; ++t)
+        for (int d = n_rot; d < hd; ++d) CHECK(y[t * hd + d] == x[t * hd + d]);
+      if (base == 10000.0f) results[static_cast<int>(style)] = y;
+    }
+  // The two styles really differ (a swapped style must be caught).
+  CHECK(maxRelError(results[0].data(), std::vector<double>(results[1].begin(), results[1].end()).data(),
+                    results[0].size()) > 1e-2);
+}
+
+TEST_CASE("swiGlu and add match float64, in place too") {
+  std::mt19937_64 rng(13);
+  const int n = 3 * 77;
+  std::vector<float> g = randomFloats(n, rng, -6, 6), u = randomFloats(n, rng, -2, 2), out(n);
+  swiGlu(g.data(), u.data(), n, out.data());
+  std::vector<double> ref(n), ref_add(n);
+  for (int i = 0; i < n; ++i) {
+    ref[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+    ref_add[i] = double(g[i]) + u[i];
+  }
+  const double err = maxRelError(out.data(), ref.data(), n);
+  MESSAGE("swiGlu max rel error " << err);
+  CHECK(err < 5e-7);
+  std::vector<float> inplace = g;
+  swiGlu(inplace.data(), u.data(), n, inplace.data());
+  CHECK(std::memcmp(inplace.data(), out.data(), n * 4) == 0);
+  std::vector<float> sum = g;
+  add(sum.data(), u.data(), n, sum.data());
+  CHECK(maxRelError(sum.data(), ref_add.data(), n) < 1e-7);
+}
+
+// Every supported type, rows ≠ cols ≠ block count, padded pitches, group pitch 8 (garbage between groups).
+struct TypeCase {
+  GgmlType type;
+  uint64_t cols;
+};
+const TypeCase kTypes[] = {
+    {GgmlType::F32, 72},   {GgmlType::F16, 72},   {GgmlType::BF16, 72},  {GgmlType::Q4_0, 96},
+    {GgmlType::Q4_1, 96},  {GgmlType::Q5_0, 96},  {GgmlType::Q5_1, 96},  {GgmlType::Q8_0, 96},
+    {GgmlType::Q2_K, 512}, {GgmlType::Q3_K, 512}, {GgmlType::Q4_K, 512}, {GgmlType::Q5_K, 512},
+    {GgmlType::Q6_K, 512},
+};
+
+TEST_CASE("dequantizeRow through stride tables equals dequantizeBlock for every element and source") {
+  std::mt19937_64 rng(14);
+  for (const TypeCase& tc : kTypes) {
+    const GgmlTypeTraits tr = ggmlTypeTraits(tc.type);
+    const std::string type_name = tr.name;
+    CAPTURE(type_name);
+    const uint64_t rows = 37;
+    const test::RandomWeight w = test::makeRandomWeight(tc.type, rows, tc.cols, rng);
+    const auto planes = test::buildPlanes(w, {.matmul = true, .blocks = true, .extra_pitch = 48, .group_pitch = 8});
+    const WeightPlanes view = test::viewPlanes(planes, tr.name);
+    REQUIRE(checkWeightPlanes(view).isOk());
+    for (bool gather : {false, true}) {
+      Result<RowSource> src = pickRowSource(view, gather);
+      REQUIRE(src.isOk());
+      CHECK(*src == (gather ? RowSource::kBlocks : (tr.block_size == 1 ? RowSource::kDense : RowSource::kQuantized)));
+      std::vector<float> row(tc.cols);
+      int mismatches = 0;
+      for (uint64_t r = 0; r < rows; ++r) {
+        dequantizeRow(view, *src, r, row.data());
+        mismatches += std::memcmp(row.data(), w.values.data() + r * tc.cols, tc.cols * 4) != 0;
+      }
+      CHECK(mismatches == 0);
+    }
+  }
+}
+
+TEST_CASE("matmul through stride tables matches a float64 loop over the dequantized weights") {
+  std::mt19937_64 rng(15);
+  ThreadPool pool(3);
+  for (const TypeCase& tc : kTypes) {
+    const GgmlTypeTraits tr = ggmlTypeTraits(tc.type);
+    const std::string type_name = tr.name;
+    CAPTURE(type_name);
+    const int rows = 41, n_tok = 5;
+    const int64_t cols = static_cast<int64_t>(tc.cols);
+    const test::RandomWeight w = test::makeRandomWeight(tc.type, rows, tc.cols, rng);
+    const auto planes = test::buildPlanes(w, {.matmul = true, .blocks = true, .extra_pitch = 32, .group_pitch = 8});
+    const WeightPlanes view = test::viewPlanes(planes, tr.name);
+    const std::vector<float> in = randomFloats(n_tok * cols, rng), bias = randomFloats(rows, rng);
+    std::vector<double> ref(n_tok * rows);
+    for (int t = 0; t < n_tok; ++t)
+      for (int r = 0; r < rows; ++r) {
+        double acc = bias[r];
+        for (int64_t c = 0; c < cols; ++c) acc += double(w.values[r * cols + c]) * in[t * cols + c];
+        ref[t * rows + r] = acc;
+      }
+    // Tolerance (cpu_ops.h): float32 dot products of `cols` terms; bound 1e-6·sqrt(cols/64).
+    const double tol = 1e-6 * std::sqrt(double(cols) / 64.0);
+    std::vector<float> first;
+    for (RowSource src : {RowSource::kDense, RowSource::kQuantized, RowSource::kBlocks}) {
+      if (src == RowSource::kDense && tr.block_size != 1) continue;
+      if (src == RowSource::kQuantized && tr.block_size == 1) continue;
+      std::vector<float> scratch(3 * cols), out(n_tok * rows), out1(n_tok * rows);
+      matmul(view, src, bias.data(), in.data(), n_tok, out.data(), &pool, scratch.data());
+      matmul(view, src, bias.data(), in.data(), n_tok, out1.data(), nullptr, scratch.data());
+      const double err = maxRelError(out.data(), ref.data(), out.size());
+      MESSAGE(type_name << " source " << int(src) << ": matmul max rel error " << err << " (bound " << tol << ")");
+      CHECK(err < tol);
+      // The thread count does not change a bit; neither does the plane set read.
+      CHECK(std::memcmp(out.data(), out1.data(), out.size() * 4) == 0);
+      if (first.empty()) first = out;
+      CHECK(std::memcmp(out.data(), first.data(), out.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("embed gathers exact rows from blocks and dense planes") {
+  std::mt19937_64 rng(16);
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::F16}) {
+    const uint64_t cols = type == GgmlType::Q6_K ? 256 : 64, rows = 29;
+    const test::RandomWeight w = test::makeRandomWeight(type, rows, cols, rng);
+    const auto planes = test::buildPlanes(w, {.matmul = type == GgmlType::F16, .blocks = type != GgmlType::F16});
+    const WeightPlanes view = test::viewPlanes(planes, "token_embd");
+    Result<RowSource> src = pickRowSource(view, true);
+    REQUIRE(src.isOk());
+    const int32_t ids[] = {28, 0, 5, 5, 17};
+    std::vector<float> out(5 * cols);
+    embed(view, *src, ids, 5, out.data());
+    for (int t = 0; t < 5; ++t)
+      CHECK(std::memcmp(out.data() + t * cols, w.values.data() + ids[t] * cols, cols * 4) == 0);
+  }
+}
+
+// Float64 attention for one batch, given the full K/V history (positions 0 .. pos0+n−1).
+std::vector<double> attentionRef(const std::vector<float>& q, const std::vector<float>& k_all,
+                                 const std::vector<float>& v_all, int n, int pos0, int n_head, int n_head_kv, int hd) {
+  std::vector<double> out(size_t(n) * n_head * hd, 0.0);
+  const int kvw = n_head_kv * hd;
+  for (int t = 0; t < n; ++t)
+    for (int j = 0; j < n_head; ++j) {
+      const int g = j / (n_head / n_head_kv);
+      const int n_keys = pos0 + t + 1;
+      std::vector<double> s(n_keys);
+      double mx = -INFINITY;
+      for (int i = 0; i < n_keys; ++i) {
+        double acc = 0;
+        for (int d = 0; d < hd; ++d) acc += double(q[(t * n_head + j) * hd + d]) * k_all[i * kvw + g * hd + d];
+        s[i] = acc / std::sqrt(double(hd));
+        mx = std::max(mx, s[i]);
+      }
+      double sum = 0;
+      for (double& e : s) sum += (e = std::exp(e - mx));
+      for (int i = 0; i < n_keys; ++i)
+        for (int d = 0; d < hd; ++d) out[(t * n_head + j) * hd + d] += s[i] / sum * v_all[i * kvw + g * hd + d];
+    }
+  return out;
+}
+
+TEST_CASE("attention with GQA over several calls at increasing positions matches float64") {
+  std::mt19937_64 rng(17);
+  const int n_head = 6, n_head_kv = 2, hd = 16, n_ctx = 40, kvw = n_head_kv * hd;
+  ThreadPool pool(3);
+  std::vector<float> kv(2 * n_ctx * kvw, 0.0f);
+  const KvLayer cache{kv.data(), kv.data() + n_ctx * kvw, n_ctx, n_head_kv, hd};
+  std::vector<float> scratch(3 * n_ctx);
+  std::vector<float> k_all, v_all;  // the test's own history
+  int pos = 0;
+  for (int n : {7, 1, 3, 1}) {
+    CAPTURE(pos);
+    const std::vector<float> q = randomFloats(n * n_head * hd, rng, -2, 2);
+    const std::vector<float> k = randomFloats(n * kvw, rng, -2, 2), v = randomFloats(n * kvw, rng);
+    k_all.insert(k_all.end(), k.begin(), k.end());
+    v_all.insert(v_all.end(), v.begin(), v.end());
+    kvStore(cache, k.data(), v.data(), n, pos);
+    std::vector<float> out(n * n_head * hd), out1(out.size());
+    attention(q.data(), cache, n, pos, n_head, out.data(), &pool, scratch.data());
+    attention(q.data(), cache, n, pos, n_head, out1.data(), nullptr, scratch.data());
+    const std::vector<double> ref = attentionRef(q, k_all, v_all, n, pos, n_head, n_head_kv, hd);
+    const double err = maxRelError(out.data(), ref.data(), out.size());
+    MESSAGE("attention (" << n << " tokens at " << pos << ") max rel error " << err);
+    CHECK(err < 1e-6);
+    CHECK(std::memcmp(out.data(), out1.data(), out.size() * 4) == 0);
+    // A wrong kv-head mapping (j % n_head_kv instead of j / group) must be detectable: heads 1 and 3
+    // use kv head 0 and 1 respectively, so their outputs differ.
+    CHECK(std::memcmp(out.data() + 1 * hd, out.data() + 3 * hd, hd * 4) != 0);
+    pos += n;
+  }
+}
+
+TEST_CASE("checkWeightPlanes names the tensor, the plane and the numbers") {
+  std::mt19937_64 rng(18);
+  const test::RandomWeight w = test::makeRandomWeight(GgmlType::Q4_1, 6, 64, rng);
+  auto planes = test::buildPlanes(w, {});
+  {
+    WeightPlanes v = test::viewPlanes(planes, "blk.0.attn_k.weight");
+    v.scale.table.row_pitch = 4;  // two groups need 8 bytes
+    Status s = checkWeightPlanes(v);
+    REQUIRE_FALSE(s.isOk());
+    CHECK(s.message().find("blk.0.attn_k.weight") != std::string::npos);
+    CHECK(s.message().find("scale") != std::string::npos);
+    CHECK(s.message().find("row_pitch 4") != std::string::npos);
+  }
+  {
+    WeightPlanes v = test::viewPlanes(planes, "t");
+    v.q.size -= 1;
+    Status s = checkWeightPlanes(v);
+    REQUIRE_FALSE(s.isOk());
+    CHECK(s.message().find(std::to_string(v.q.size)) != std::string::npos);
+  }
+  {
+    WeightPlanes v = test::viewPlanes(planes, "t");
+    v.scale = PlaneView{};
+    CHECK_FALSE(checkWeightPlanes(v).isOk());
+    CHECK_FALSE(pickRowSource(v, false).isOk());
+  }
+  {
+    WeightPlanes v = test::viewPlanes(planes, "t");
+    v.min.table.cols = 63;
+    Status s = checkWeightPlanes(v);
+    REQUIRE_FALSE(s.isOk());
+    CHECK(s.message().find("63") != std::string::npos);
+  }
+  CHECK(checkWeightPlanes(test::viewPlanes(planes, "t")).isOk());
+}
+
+TEST_CASE("ThreadPool covers every index exactly once, for any n and thread count") {
+  for (int threads : {1, 2, 5}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 3, 4, 17, 1000}) {
+      std::vector<int> hits(size_t(n), 0);
+      std::set<int> used;
+      std::mutex mu;
+      pool.parallelFor(n, [&](int64_t b, int64_t e, int t) {
+        for (int64_t i = b; i < e; ++i) ++hits[size_t(i)];
+        std::lock_guard<std::mutex> lock(mu);
+        used.insert(t);
+      });
+      for (int h : hits) CHECK(h == 1);
+      CHECK(int(used.size()) <= threads);
+      if (n >= threads) CHECK(int(used.size()) == threads);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace minfer::cpu

@@ -1,0 +1,219 @@
+// Sampler: PRNG known answers, greedy and its equivalents, each filter's support, distributions with
+// fixed seeds, repetition penalty semantics (llama.cpp), reproducibility.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "minfer/sampler.h"
+
+namespace minfer {
+namespace {
+
+SamplerParams plain(float temperature) {
+  SamplerParams p;
+  p.temperature = temperature;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.repeat_penalty = 1.0f;
+  return p;
+}
+
+std::vector<float> logitsOf(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+  return l;
+}
+
+// Frequencies of n draws.
+std::map<int32_t, int> draw(Sampler& s, const std::vector<float>& logits, int n) {
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < n; ++i) ++counts[s.sample(logits)];
+  return counts;
+}
+
+// |observed − expected| within 5 standard deviations of a binomial count.
+void checkFrequency(int observed, int n, double p) {
+  const double mean = n * p, sd = std::sqrt(n * p * (1 - p));
+  CAPTURE(observed);
+  CAPTURE(mean);
+  CHECK(std::fabs(observed - mean) <= 5 * sd + 1);
+}
+
+TEST_CASE("xoshiro256** and splitmix64 seeding match the reference algorithms") {
+  // Known answers computed from the published algorithms (Blackman & Vigna), independently of this code.
+  Xoshiro256 g = Xoshiro256::fromState(1, 2, 3, 4);
+  CHECK(g.next() == 11520ull);
+  CHECK(g.next() == 0ull);
+  CHECK(g.next() == 1509978240ull);
+  CHECK(g.next() == 1215971899390074240ull);
+  // Seed 0: state = splitmix64 outputs 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4, …
+  CHECK(Xoshiro256(0).next() == 0x99ec5f36cb75f2b4ull);
+  Xoshiro256 u(7);
+  double sum = 0;
+  for (int i = 0; i < 10000; ++i) {
+    const double x = u.nextDouble();
+    REQUIRE(x >= 0.0);
+    REQUIRE(x < 1.0);
+    sum += x;
+  }
+  CHECK(std::fabs(sum / 10000 - 0.5) < 0.02);
+}
+
+TEST_CASE("greedy: temperature 0 takes the highest logit, lowest id on ties") {
+  Sampler s(plain(0.0f), 6);
+  CHECK(s.sample(std::vector<float>{0.1f, 2.0f, -1.0f, 2.5f, 2.5f, 0.0f}) == 3);
+  CHECK(s.sample(std::vector<float>{-3.0f, -2.0f, -2.0f, -5.0f, -9.0f, -2.5f}) == 1);
+  SamplerParams neg = plain(-1.0f);
+  Sampler s2(neg, 3);
+  CHECK(s2.sample(std::vector<float>{0.0f, 1.0f, 0.5f}) == 1);
+  // NaN counts as −∞.
+  CHECK(s.sample(std::vector<float>{NAN, 0.0f, -1.0f, NAN, -2.0f, -3.0f}) == 1);
+}
+
+TEST_CASE("top-k 1 and a tiny top-p are greedy at any temperature") {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<float> logits(97);
+    for (float& l : logits) l = normal(rng);
+    Sampler greedy(plain(0.0f), 97);
+    const int32_t best = greedy.sample(logits);
+    SamplerParams k1 = plain(1.5f);
+    k1.top_k = 1;
+    k1.seed = trial;
+    SamplerParams p0 = plain(1.5f);
+    p0.top_p = 1e-6f;
+    p0.seed = trial;
+    Sampler a(k1, 97), b(p0, 97);
+    CHECK(a.sample(logits) == best);
+    CHECK(b.sample(logits) == best);
+  }
+}
+
+TEST_CASE("temperature sampling follows softmax(logits / T)") {
+  const std::vector<double> probs = {0.5, 0.25, 0.15, 0.1};
+  const std::vector<float> logits = logitsOf(probs);
+  const int n = 20000;
+  {
+    Sampler s(plain(1.0f), 4);
+    const auto counts = draw(s, logits, n);
+    for (int i = 0; i < 4; ++i) checkFrequency(counts.count(i) ? counts.at(i) : 0, n, probs[i]);
+  }
+  {
+    // T = 0.5: p_i ∝ probs_i².
+    Sampler s(plain(0.5f), 4);
+    const auto counts = draw(s, logits, n);
+    double z = 0;
+    for (double p : probs) z += p * p;
+    for (int i = 0; i < 4; ++i) checkFrequency(counts.count(i) ? counts.at(i) : 0, n, probs[i] * probs[i] / z);
+  }
+}
+
+TEST_CASE("top-k, top-p and min-p restrict the support and renormalize") {
+  const std::vector<double> probs = {0.05, 0.5, 0.15, 0.3};  // sorted: 1 (0.5), 3 (0.3), 2 (0.15), 0 (0.05)
+  const std::vector<float> logits = logitsOf(probs);
+  const int n = 20000;
+  SUBCASE("top-k 2 keeps tokens 1 and 3 in ratio 5:3") {
+    SamplerParams p = plain(1.0f);
+    p.top_k = 2;
+    Sampler s(p, 4);
+    const auto counts = draw(s, logits, n);
+    CHECK(counts.size() == 2);
+    checkFrequency(counts.at(1), n, 0.5 / 0.8);
+    checkFrequency(counts.at(3), n, 0.3 / 0.8);
+  }
+  SUBCASE("top-p 0.75 keeps the smallest prefix reaching 0.75: tokens 1 and 3") {
+    SamplerParams p = plain(1.0f);
+    p.top_p = 0.75f;
+    Sampler s(p, 4);
+    const auto counts = draw(s, logits, n);
+    CHECK(counts.size() == 2);
+    checkFrequency(counts.at(1), n, 0.5 / 0.8);
+  }
+  SUBCASE("top-p 0.9 keeps three tokens") {
+    SamplerParams p = plain(1.0f);
+    p.top_p = 0.9f;
+    Sampler s(p, 4);
+    const auto counts = draw(s, logits, n);
+    CHECK(counts.size() == 3);
+    CHECK(counts.count(0) == 0);
+  }
+  SUBCASE("min-p 0.4: p ≥ 0.4 · 0.5 = 0.2 keeps tokens 1 and 3") {
+    SamplerParams p = plain(1.0f);
+    p.min_p = 0.4f;
+    Sampler s(p, 4);
+    const auto counts = draw(s, logits, n);
+    CHECK(counts.size() == 2);
+    checkFrequency(counts.at(3), n, 0.3 / 0.8);
+  }
+  SUBCASE("min-p 0.25: threshold 0.125 keeps three tokens") {
+    SamplerParams p = plain(1.0f);
+    p.min_p = 0.25f;
+    Sampler s(p, 4);
+    const auto counts = draw(s, logits, n);
+    CHECK(counts.size() == 3);
+    CHECK(counts.count(0) == 0);
+  }
+}
+
+TEST_CASE("repetition penalty: divides positive logits, multiplies negative ones, over the last N tokens") {
+  SamplerParams p = plain(0.0f);
+  p.repeat_penalty = 1.1f;
+  p.repeat_last_n = 2;
+  {
+    Sampler s(p, 3);
+    const std::vector<float> logits = {5.0f, 4.8f, -9.0f};  // 5 / 1.1 = 4.545 < 4.8
+    CHECK(s.sample(logits) == 0);
+    s.accept(0);
+    CHECK(s.sample(logits) == 1);
+  }
+  {
+    Sampler s(p, 3);
+    const std::vector<float> logits = {-1.0f, -1.05f, -9.0f};  // −1 · 1.1 = −1.1 < −1.05
+    s.accept(0);
+    s.accept(0);  // counted once: −1.1, not −1.21 (so −1.1 > −1.15 below still holds)
+    CHECK(s.sample(logits) == 1);
+    const std::vector<float> logits2 = {-1.0f, -1.15f, -9.0f};
+    CHECK(s.sample(logits2) == 0);
+  }
+  {
+    // Window of 2: after accepting 0, 2, 2, token 0 has left the window.
+    Sampler s(p, 3);
+    s.accept(0);
+    s.accept(2);
+    s.accept(2);
+    CHECK(s.sample(std::vector<float>{5.0f, 4.8f, 0.0f}) == 0);
+    s.accept(1);  // window {2, 1}
+    CHECK(s.sample(std::vector<float>{5.0f, 4.8f, 0.0f}) == 0);
+    CHECK(s.sample(std::vector<float>{4.7f, 5.0f, 0.0f}) == 0);  // 5 / 1.1 = 4.55 < 4.7
+  }
+}
+
+TEST_CASE("same seed gives the same tokens; another seed does not; reset() re-seeds") {
+  std::vector<float> logits(100, 0.0f);  // uniform over 100 tokens
+  SamplerParams p = plain(1.0f);
+  p.seed = 1234;
+  auto run = [&](Sampler& s) {
+    std::vector<int32_t> out;
+    for (int i = 0; i < 50; ++i) {
+      out.push_back(s.sample(logits));
+      s.accept(out.back());
+    }
+    return out;
+  };
+  Sampler a(p, 100), b(p, 100);
+  const std::vector<int32_t> ra = run(a);
+  CHECK(ra == run(b));
+  a.reset();
+  CHECK(run(a) == ra);
+  p.seed = 1235;
+  Sampler c(p, 100);
+  CHECK(run(c) != ra);
+}
+
+}  // namespace
+}  // namespace minfer
