@@ -1,0 +1,78 @@
+// minfer-synth: writes a GGUF with random but valid weights in the shapes of a named model.
+#include <chrono>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "compiler/gguf/gguf_reader.h"
+#include "compiler/gguf/gguf_writer.h"
+#include "compiler/tools/synth_model.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace minfer;
+
+namespace {
+
+llvm::cl::OptionCategory kCategory("minfer-synth options");
+llvm::cl::opt<std::string> kModel(llvm::cl::Positional, llvm::cl::Required,
+                                  llvm::cl::desc("<model: tiny-llama | tiny-qwen2 | qwen2-7b | llama3-8b>"),
+                                  llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kTypes("types", llvm::cl::Required,
+                                  llvm::cl::desc("Type mix: f32, f16, q8_0, q4_0 (output Q6_K), q6_k, or q4_k_m "
+                                                 "(llama.cpp's Q4_K_M mix); norms and biases stay F32"),
+                                  llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kVocab("vocab", llvm::cl::desc("Copy the tokenizer (all tokenizer.* keys) from this GGUF; "
+                                                          "n_vocab follows its token count"),
+                                  llvm::cl::value_desc("vocab.gguf"), llvm::cl::cat(kCategory));
+llvm::cl::opt<uint64_t> kSeed("seed", llvm::cl::desc("Seed of the weights (default 1)"), llvm::cl::init(1),
+                              llvm::cl::cat(kCategory));
+llvm::cl::opt<unsigned> kLayers("layers", llvm::cl::desc("Override the model's layer count"), llvm::cl::init(0),
+                                llvm::cl::cat(kCategory));
+llvm::cl::opt<unsigned> kThreads("threads", llvm::cl::desc("Generator threads (default: all cores)"),
+                                 llvm::cl::init(0), llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kOutput("o", llvm::cl::Required, llvm::cl::desc("Output GGUF file"),
+                                   llvm::cl::value_desc("out.gguf"), llvm::cl::cat(kCategory));
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::ParseCommandLineOptions(argc, argv,
+                                    "minfer-synth: write a GGUF with random but valid weights in the shapes of a "
+                                    "named model (deterministic for a seed)\n");
+  llvm::ExitOnError exit_on_error("minfer-synth: ");
+  const auto start = std::chrono::steady_clock::now();
+
+  synth::SynthOptions options;
+  options.shape = exit_on_error(synth::modelShape(kModel));
+  if (kLayers > 0) options.shape.n_layer = kLayers;
+  options.mix = exit_on_error(synth::parseTypeMix(kTypes));
+  options.seed = kSeed;
+  options.threads = kThreads > 0 ? kThreads : std::max(1u, std::thread::hardware_concurrency());
+  std::unique_ptr<gguf::GgufFile> vocab;
+  if (!kVocab.empty()) {
+    vocab = exit_on_error(gguf::GgufFile::open(kVocab));
+    options.vocab = vocab.get();
+  }
+
+  gguf::GgufWriter writer;
+  std::vector<std::string> notes;
+  exit_on_error(synth::buildSynthModel(options, writer, &notes));
+  for (const std::string& note : notes) llvm::errs() << "minfer-synth: note: " << note << "\n";
+  const gguf::GgufLayout layout = exit_on_error(writer.layout());
+  exit_on_error(writer.write(kOutput));
+
+  std::map<std::string, int> per_type;
+  for (const auto& plan : exit_on_error(synth::planTensors(options.shape, options.mix)))
+    ++per_type[ggmlTypeTraits(plan.type).name];
+  std::string types;
+  for (const auto& [name, count] : per_type) types += llvm::formatv("{0}{1} {2}", types.empty() ? "" : ", ", count, name);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  llvm::outs() << llvm::formatv("wrote {0}: {1} ({2} layers), {3}, seed {4}: {5} tensors ({6}), {7} bytes in {8:f1} s\n",
+                                kOutput, options.shape.name, options.shape.n_layer, synth::typeMixName(options.mix),
+                                options.seed, layout.tensors.size(), types, layout.file_size, seconds);
+  return 0;
+}

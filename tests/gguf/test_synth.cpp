@@ -1,0 +1,383 @@
+// minfer-synth's generator: shapes, llama.cpp type mixes, tokenizer handling, determinism, sane weights.
+//
+// Independent oracles: llama.cpp's own files in ../shared/fixtures (tensor names, shapes, types and
+// hyperparameters of tiny-llama / tiny-qwen2 per type mix), the Q4_K_M layer list from llama.cpp's
+// rule for 28 layers, and the reference dequantization in kernels/block_formats.h.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "compiler/gguf/gguf_reader.h"
+#include "compiler/gguf/gguf_writer.h"
+#include "compiler/tools/synth_model.h"
+#include "tests/test_support.h"
+
+using minfer::GgmlType;
+using minfer::gguf::GgufFile;
+using minfer::gguf::GgufWriter;
+using namespace minfer::synth;
+
+namespace {
+
+std::unique_ptr<GgufFile> parseBytes(const std::vector<uint8_t>& bytes, const std::string& name) {
+  auto buffer = llvm::MemoryBuffer::getMemBufferCopy(
+      llvm::StringRef(reinterpret_cast<const char*>(bytes.data()), bytes.size()), name);
+  auto file = GgufFile::parse(std::move(buffer), name);
+  if (!file) {
+    FAIL_CHECK(llvm::toString(file.takeError()));
+    return nullptr;
+  }
+  return std::move(*file);
+}
+
+std::vector<uint8_t> synthBytes(const std::string& model, TypeMix mix, uint64_t seed, unsigned threads = 2,
+                                const GgufFile* vocab = nullptr, std::vector<std::string>* notes = nullptr,
+                                uint64_t chunk = 0) {
+  SynthOptions o;
+  o.shape = llvm::cantFail(modelShape(model));
+  o.mix = mix;
+  o.seed = seed;
+  o.threads = threads;
+  o.vocab = vocab;
+  GgufWriter w;
+  if (chunk) w.setChunkBytes(chunk);
+  llvm::cantFail(buildSynthModel(o, w, notes));
+  return llvm::cantFail(w.toBytes());
+}
+
+const std::vector<TypeMix> kMixes = {TypeMix::kF32, TypeMix::kF16, TypeMix::kQ8_0,
+                                     TypeMix::kQ4_0, TypeMix::kQ6_K, TypeMix::kQ4_K_M};
+
+// Matrix type per mix for a tensor name, written out from llama.cpp's behaviour (fixtures README).
+GgmlType expectedTinyType(TypeMix mix, const std::string& name) {
+  if (name.find("norm") != std::string::npos || name.find(".bias") != std::string::npos) return GgmlType::F32;
+  switch (mix) {
+    case TypeMix::kF32: return GgmlType::F32;
+    case TypeMix::kF16: return GgmlType::F16;
+    case TypeMix::kQ8_0: return GgmlType::Q8_0;
+    case TypeMix::kQ6_K: return GgmlType::Q6_K;
+    case TypeMix::kQ4_0: return name == "output.weight" ? GgmlType::Q6_K : GgmlType::Q4_0;
+    case TypeMix::kQ4_K_M:
+      return (name == "output.weight" || name == "blk.1.attn_v.weight" || name == "blk.1.ffn_down.weight")
+                 ? GgmlType::Q6_K
+                 : GgmlType::Q4_K;
+  }
+  return GgmlType::F32;
+}
+
+const char* fixtureFor(const std::string& model, TypeMix mix) {
+  static const std::map<std::pair<std::string, TypeMix>, const char*> files = {
+      {{"tiny-llama", TypeMix::kF32}, "tiny-llama-F32.gguf"},   {{"tiny-llama", TypeMix::kF16}, "tiny-llama-F16.gguf"},
+      {{"tiny-llama", TypeMix::kQ8_0}, "tiny-llama-Q8_0.gguf"}, {{"tiny-llama", TypeMix::kQ4_0}, "tiny-llama-Q4_0.gguf"},
+      {{"tiny-llama", TypeMix::kQ6_K}, "tiny-llama-Q6_K.gguf"}, {{"tiny-llama", TypeMix::kQ4_K_M}, "tiny-llama-Q4_K_M.gguf"},
+      {{"tiny-qwen2", TypeMix::kF32}, "tiny-qwen2-F32.gguf"},   {{"tiny-qwen2", TypeMix::kQ8_0}, "tiny-qwen2-Q8_0.gguf"},
+      {{"tiny-qwen2", TypeMix::kQ6_K}, "tiny-qwen2-Q6_K.gguf"}, {{"tiny-qwen2", TypeMix::kQ4_K_M}, "tiny-qwen2-Q4_K_M.gguf"},
+  };
+  auto it = files.find({model, mix});
+  return it == files.end() ? nullptr : it->second;
+}
+
+// Dequantizes every block of a tensor (reference in block_formats.h) into doubles.
+std::vector<double> dequantize(const GgufFile& f, const minfer::gguf::TensorInfo& t) {
+  const auto traits = minfer::ggmlTypeTraits(t.type);
+  const auto bytes = f.tensorData(t);
+  std::vector<double> out;
+  out.reserve(t.elements());
+  std::vector<float> block(traits.block_size);
+  bool ok = true;
+  for (uint64_t off = 0; off < bytes.size(); off += traits.type_size) {
+    ok &= minfer::dequantizeBlock(t.type, bytes.data() + off, block.data());
+    out.insert(out.end(), block.begin(), block.end());
+  }
+  CHECK(ok);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Q4_K_M gives attn_v and ffn_down Q6_K exactly in llama.cpp's layers") {
+  // llama.cpp's list for 28 layers (qwen2-7b).
+  const std::set<uint32_t> want28 = {0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27};
+  for (uint32_t i = 0; i < 28; ++i) CHECK_MESSAGE(q4kmMoreBits(i, 28) == (want28.count(i) == 1), "layer " << i);
+  // 2 layers (the fixtures): only layer 1.
+  CHECK_FALSE(q4kmMoreBits(0, 2));
+  CHECK(q4kmMoreBits(1, 2));
+
+  ModelShape shape = llvm::cantFail(modelShape("qwen2-7b"));
+  const auto plan = llvm::cantFail(planTensors(shape, TypeMix::kQ4_K_M));
+  CHECK(plan.size() == 3 + 28 * 12);
+  int q6 = 0;
+  for (const TensorPlan& t : plan) {
+    CAPTURE(t.name);
+    if (t.kind != TensorKind::kMatrix) {
+      CHECK(t.type == GgmlType::F32);
+      continue;
+    }
+    GgmlType want = GgmlType::Q4_K;
+    if (t.name == "output.weight") want = GgmlType::Q6_K;
+    for (uint32_t i : want28) {
+      const std::string p = "blk." + std::to_string(i) + ".";
+      if (t.name == p + "attn_v.weight" || t.name == p + "ffn_down.weight") want = GgmlType::Q6_K;
+    }
+    CHECK(t.type == want);
+    q6 += t.type == GgmlType::Q6_K;
+  }
+  CHECK(q6 == 1 + 2 * 14);
+}
+
+TEST_CASE("big model shapes follow llama.cpp's tensor names and ggml dims") {
+  auto find = [](const std::vector<TensorPlan>& plan, const std::string& name) -> const TensorPlan* {
+    for (const auto& t : plan)
+      if (t.name == name) return &t;
+    FAIL_CHECK("no tensor " << name);
+    return nullptr;
+  };
+  {
+    const auto plan = llvm::cantFail(planTensors(llvm::cantFail(modelShape("qwen2-7b")), TypeMix::kQ4_K_M));
+    CHECK(find(plan, "token_embd.weight")->ne == std::vector<uint64_t>{3584, 152064});
+    CHECK(find(plan, "output.weight")->ne == std::vector<uint64_t>{3584, 152064});
+    CHECK(find(plan, "blk.27.attn_q.weight")->ne == std::vector<uint64_t>{3584, 3584});
+    CHECK(find(plan, "blk.27.attn_k.weight")->ne == std::vector<uint64_t>{3584, 512});  // 4 kv heads x 128
+    CHECK(find(plan, "blk.27.attn_v.bias")->ne == std::vector<uint64_t>{512});
+    CHECK(find(plan, "blk.27.attn_q.bias")->ne == std::vector<uint64_t>{3584});
+    CHECK(find(plan, "blk.0.ffn_down.weight")->ne == std::vector<uint64_t>{18944, 3584});
+    CHECK(find(plan, "blk.0.ffn_gate.weight")->ne == std::vector<uint64_t>{3584, 18944});
+  }
+  {
+    const auto plan = llvm::cantFail(planTensors(llvm::cantFail(modelShape("llama3-8b")), TypeMix::kQ6_K));
+    CHECK(plan.size() == 3 + 32 * 9);
+    CHECK(find(plan, "token_embd.weight")->ne == std::vector<uint64_t>{4096, 128256});
+    CHECK(find(plan, "blk.31.attn_v.weight")->ne == std::vector<uint64_t>{4096, 1024});  // 8 kv heads x 128
+    CHECK(find(plan, "blk.31.ffn_up.weight")->ne == std::vector<uint64_t>{4096, 14336});
+  }
+  auto llama3 = llvm::cantFail(modelShape("llama3-8b"));
+  CHECK(llama3.rope_freq_base == 500000.0f);
+  CHECK(llama3.n_head == 32);
+  auto qwen = llvm::cantFail(modelShape("qwen2-7b"));
+  CHECK(qwen.rope_freq_base == 1e6f);
+  CHECK(qwen.rms_eps == 1e-6f);
+  CHECK(qwen.arch == "qwen2");
+  auto unknown = modelShape("gpt-5");
+  REQUIRE(!unknown);
+  CHECK(llvm::toString(unknown.takeError()).find("tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b") != std::string::npos);
+  auto bad_mix = parseTypeMix("q3_k");
+  REQUIRE(!bad_mix);
+  CHECK(llvm::toString(bad_mix.takeError()).find("'q3_k'") != std::string::npos);
+}
+
+TEST_CASE("tiny models for every type mix read back with llama.cpp's names, shapes, types and metadata") {
+  for (const std::string model : {"tiny-llama", "tiny-qwen2"}) {
+    const bool qwen = model == "tiny-qwen2";
+    const std::string a = qwen ? "qwen2." : "llama.";
+    for (TypeMix mix : kMixes) {
+      CAPTURE(model);
+      CAPTURE(typeMixName(mix));
+      auto f = parseBytes(synthBytes(model, mix, 7), model + ".gguf");
+      REQUIRE(f);
+      CHECK(*f->getString("general.architecture") == (qwen ? "qwen2" : "llama"));
+      CHECK(*f->getU32(a + "embedding_length") == 256);
+      CHECK(*f->getU32(a + "block_count") == 2);
+      CHECK(*f->getU32(a + "attention.head_count") == 4);
+      CHECK(*f->getU32(a + "attention.head_count_kv") == 2);
+      CHECK(*f->getU32(a + "feed_forward_length") == 512);
+      CHECK(*f->getU32(a + "context_length") == 2048);
+      CHECK(*f->getF32(a + "rope.freq_base") == (qwen ? 1e6f : 10000.0f));
+      CHECK(*f->getF32(a + "attention.layer_norm_rms_epsilon") == (qwen ? 1e-6f : 1e-5f));
+      const auto tokens = *f->getStringArray("tokenizer.ggml.tokens");
+      REQUIRE(tokens.size() == 512);
+      CHECK(tokens[0] == "<unk>");
+      CHECK(tokens[1] == "<s>");
+      CHECK(tokens[3] == "<0x00>");
+      CHECK(tokens[258] == "<0xFF>");
+      CHECK(std::set<std::string_view>(tokens.begin(), tokens.end()).size() == 512);
+      CHECK(f->getF32Array("tokenizer.ggml.scores")->size() == 512);
+      CHECK(f->getI32Array("tokenizer.ggml.token_type")->at(100) == 6);
+      CHECK(*f->getU32("tokenizer.ggml.bos_token_id") == 1);
+      CHECK(*f->getU32("tokenizer.ggml.eos_token_id") == 2);
+
+      CHECK(f->tensors().size() == (qwen ? 3 + 2 * 12 : 3 + 2 * 9));
+      for (const auto& t : f->tensors()) {
+        CAPTURE(t.name);
+        CHECK(t.type == expectedTinyType(mix, std::string(t.name)));
+      }
+      CHECK(f->findTensor("token_embd.weight")->ne[0] == 256);
+      CHECK(f->findTensor("token_embd.weight")->ne[1] == 512);
+      CHECK(f->findTensor("blk.1.attn_k.weight")->ne[1] == 128);
+      CHECK(f->findTensor("blk.1.ffn_down.weight")->ne[0] == 512);
+      CHECK(f->findTensor("blk.1.ffn_down.weight")->ne[1] == 256);
+      CHECK((f->findTensor("blk.0.attn_v.bias") != nullptr) == qwen);
+
+      // llama.cpp's own file for the same model and mix: same tensors, shapes, types, hyperparameters.
+      const char* fixture = fixtureFor(model, mix);
+      if (!fixture || !minfer::test::haveFixtures()) continue;
+      auto ref = GgufFile::open(minfer::test::fixturesDir() + "/models/" + fixture);
+      REQUIRE_MESSAGE(ref, llvm::toString(ref.takeError()));
+      const GgufFile& r = **ref;
+      CHECK(r.tensors().size() == f->tensors().size());
+      for (const auto& rt : r.tensors()) {
+        CAPTURE(rt.name);
+        const auto* t = f->findTensor(llvm::StringRef(rt.name.data(), rt.name.size()));
+        REQUIRE(t);
+        CHECK(t->type == rt.type);
+        CHECK(t->n_dims == rt.n_dims);
+        for (int d = 0; d < 4; ++d) CHECK(t->ne[d] == rt.ne[d]);
+      }
+      for (const char* key : {"context_length", "embedding_length", "block_count", "feed_forward_length",
+                              "attention.head_count", "attention.head_count_kv"})
+        CHECK(*f->getU32(a + key) == *r.getU32(a + key));
+      CHECK(*f->getF32(a + "rope.freq_base") == *r.getF32(a + "rope.freq_base"));
+      CHECK(*f->getF32(a + "attention.layer_norm_rms_epsilon") == *r.getF32(a + "attention.layer_norm_rms_epsilon"));
+      CHECK(*f->getU32("general.file_type") == *r.getU32("general.file_type"));
+      CHECK(r.getStringArray("tokenizer.ggml.tokens")->size() == tokens.size());
+    }
+  }
+}
+
+TEST_CASE("synthetic weights are finite, centred and about 0.02 wide for every type") {
+  for (TypeMix mix : kMixes) {
+    CAPTURE(typeMixName(mix));
+    auto f = parseBytes(synthBytes("tiny-qwen2", mix, 11), "weights.gguf");
+    REQUIRE(f);
+    for (const auto& t : f->tensors()) {
+      CAPTURE(t.name);
+      const std::vector<double> v = dequantize(*f, t);
+      REQUIRE(v.size() == t.elements());
+      double sum = 0, sum2 = 0;
+      bool finite = true;
+      for (double x : v) {
+        finite &= std::isfinite(x);
+        sum += x;
+      }
+      CHECK(finite);
+      const double mean = sum / static_cast<double>(v.size());
+      for (double x : v) sum2 += (x - mean) * (x - mean);
+      const double stddev = std::sqrt(sum2 / static_cast<double>(v.size()));
+      // Sampling error of the mean (5 sigma) plus Q4_0's own offset (q - 8 spans -8..7: mean -d/2).
+      const double tolerance = 5 * 0.02 / std::sqrt(static_cast<double>(v.size())) + 0.003;
+      const bool norm = std::string(t.name).find("norm") != std::string::npos;
+      CHECK(std::abs(mean - (norm ? 1.0 : 0.0)) < tolerance);
+      CHECK(stddev > 0.01);
+      CHECK(stddev < 0.035);
+    }
+  }
+}
+
+TEST_CASE("same seed gives identical bytes (any thread count or chunking); another seed changes every tensor") {
+  for (TypeMix mix : {TypeMix::kQ4_K_M, TypeMix::kF16, TypeMix::kQ8_0}) {
+    CAPTURE(typeMixName(mix));
+    const std::vector<uint8_t> a = synthBytes("tiny-llama", mix, 42, 1);
+    CHECK(synthBytes("tiny-llama", mix, 42, 4, nullptr, nullptr, 1000) == a);
+    const std::vector<uint8_t> b = synthBytes("tiny-llama", mix, 43, 1);
+    REQUIRE(a.size() == b.size());
+    CHECK(a != b);
+    auto fa = parseBytes(a, "a.gguf"), fb = parseBytes(b, "b.gguf");
+    REQUIRE(fa);
+    REQUIRE(fb);
+    for (size_t k = 0; k < fa->tensors().size(); ++k) {
+      const auto da = fa->tensorData(fa->tensors()[k]), db = fb->tensorData(fb->tensors()[k]);
+      CHECK_MESSAGE(std::memcmp(da.data(), db.data(), da.size()) != 0, fa->tensors()[k].name);
+    }
+    // Tensors of one file differ from each other too (seeds depend on the name).
+    const auto& t0 = fa->tensors()[fa->tensors().size() - 1];
+    const auto* t1 = fa->findTensor("token_embd.weight");
+    if (t0.type == t1->type)
+      CHECK(std::memcmp(fa->tensorData(t0).data(), fa->tensorData(*t1).data(), t0.size) != 0);
+  }
+  // Threads actually split large tensors: 4096 blocks per thread minimum, so use a larger chunk.
+  std::vector<uint8_t> one(144 * 20000), many(144 * 20000);
+  fillBlocks(GgmlType::Q4_K, TensorKind::kMatrix, 99, 5, one, 1);
+  fillBlocks(GgmlType::Q4_K, TensorKind::kMatrix, 99, 5, many, 4);
+  CHECK(one == many);
+  std::vector<uint8_t> shifted(144 * 19999);
+  fillBlocks(GgmlType::Q4_K, TensorKind::kMatrix, 99, 6, shifted, 3);
+  CHECK(std::memcmp(shifted.data(), one.data() + 144, shifted.size()) == 0);
+}
+
+TEST_CASE("--vocab copies every tokenizer key and sets n_vocab from it") {
+  GgufWriter v;
+  v.setString("general.architecture", "llama");
+  v.setU32("llama.block_count", 99);
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  for (int i = 0; i < 297; ++i) tokens.push_back("tok" + std::to_string(i));
+  v.setString("tokenizer.ggml.model", "gpt2");
+  v.setString("tokenizer.ggml.pre", "qwen2");
+  v.setStringArray("tokenizer.ggml.tokens", tokens);
+  v.setStringArray("tokenizer.ggml.merges", {"t o", "to k"});
+  v.setU32("tokenizer.ggml.eos_token_id", 2);
+  v.setString("tokenizer.chat_template", "{{ messages }}");
+  auto vocab = parseBytes(llvm::cantFail(v.toBytes()), "vocab.gguf");
+  REQUIRE(vocab);
+
+  std::vector<std::string> notes;
+  auto f = parseBytes(synthBytes("tiny-qwen2", TypeMix::kQ4_K_M, 3, 2, vocab.get(), &notes), "with-vocab.gguf");
+  REQUIRE(f);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].find("512 -> 300") != std::string::npos);
+  CHECK(notes[0].find("vocab.gguf") != std::string::npos);
+  CHECK(f->findTensor("token_embd.weight")->ne[1] == 300);
+  CHECK(f->findTensor("output.weight")->ne[1] == 300);
+  CHECK(*f->getU32("qwen2.block_count") == 2);  // only tokenizer.* keys are copied
+  CHECK(*f->getString("tokenizer.ggml.model") == "gpt2");
+  CHECK(*f->getString("tokenizer.ggml.pre") == "qwen2");
+  CHECK(*f->getString("tokenizer.chat_template") == "{{ messages }}");
+  CHECK(f->getStringArray("tokenizer.ggml.merges")->at(1) == "to k");
+  const auto got = *f->getStringArray("tokenizer.ggml.tokens");
+  REQUIRE(got.size() == tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) CHECK(got[i] == tokens[i]);
+  CHECK(f->find("tokenizer.ggml.scores") == nullptr);  // the built-in tokenizer is not mixed in
+
+  GgufWriter empty;
+  empty.setString("general.architecture", "llama");
+  auto no_tokens = parseBytes(llvm::cantFail(empty.toBytes()), "no-tokens.gguf");
+  REQUIRE(no_tokens);
+  SynthOptions o;
+  o.shape = llvm::cantFail(modelShape("tiny-llama"));
+  o.vocab = no_tokens.get();
+  GgufWriter w;
+  llvm::Error err = buildSynthModel(o, w, nullptr);
+  REQUIRE(static_cast<bool>(err));
+  const std::string message = llvm::toString(std::move(err));
+  CHECK(message.find("tokenizer.ggml.tokens") != std::string::npos);
+  CHECK(message.find("no-tokens.gguf") != std::string::npos);
+}
+
+TEST_CASE("a real vocabulary GGUF (llama-spm, 32000 tokens) becomes the model's tokenizer") {
+  if (!minfer::test::haveFixtures()) return;
+  auto vocab = GgufFile::open(minfer::test::fixturesDir() + "/tokenizer/ggml-vocab-llama-spm.gguf");
+  REQUIRE_MESSAGE(vocab, llvm::toString(vocab.takeError()));
+  std::vector<std::string> notes;
+  auto f = parseBytes(synthBytes("tiny-llama", TypeMix::kQ4_K_M, 5, 2, vocab->get(), &notes), "spm.gguf");
+  REQUIRE(f);
+  CHECK(f->findTensor("token_embd.weight")->ne[1] == 32000);
+  CHECK(notes.size() == 1);
+  for (const auto& kv : (*vocab)->metadata()) {
+    if (!llvm::StringRef(kv.key.data(), kv.key.size()).startswith("tokenizer.")) continue;
+    CAPTURE(kv.key);
+    const auto* mine = f->find(llvm::StringRef(kv.key.data(), kv.key.size()));
+    REQUIRE(mine);
+    CHECK(mine->value.type == kv.value.type);
+    CHECK(mine->value.count == kv.value.count);
+  }
+  CHECK(f->getStringArray("tokenizer.ggml.tokens")->at(31999) == (*vocab)->getStringArray("tokenizer.ggml.tokens")->at(31999));
+  CHECK(f->getF32Array("tokenizer.ggml.scores")->at(1000) == (*vocab)->getF32Array("tokenizer.ggml.scores")->at(1000));
+}
+
+TEST_CASE("a synthetic model written to disk equals the in-memory bytes") {
+  SynthOptions o;
+  o.shape = llvm::cantFail(modelShape("tiny-llama"));
+  o.mix = TypeMix::kQ6_K;
+  o.seed = 9;
+  o.threads = 3;
+  GgufWriter w;
+  llvm::cantFail(buildSynthModel(o, w, nullptr));
+  const std::string path = minfer::test::scratchDir() + "/synth-q6_k.gguf";
+  llvm::cantFail(w.write(path));
+  CHECK(minfer::test::readFile(path) == llvm::cantFail(w.toBytes()));
+  std::filesystem::remove(path);
+}
