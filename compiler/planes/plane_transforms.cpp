@@ -83,7 +83,7 @@ inline void packNibbles(const int8_t* q, int n, int off, uint8_t* dst) {
   }
 }
 
-// Specialized block decompositions of the K-quants (the throughput-critical formats). Each produces
+// Specialized block decompositions of the K-quants (the throughput-critical formats) and Q5_0/Q5_1. Each produces
 // exactly decomposeBlock's q / scale / min (the content gate in tests/planes checks every type against
 // an independent expansion), with loops that vectorize: one pass over the block's bytes, no per-element
 // index arithmetic. `min` is written only for formats that have one.
@@ -164,15 +164,43 @@ inline void fastQ23K(const uint8_t* b, int8_t* q, float* scale, float* min) {
       min[g] = -(dmin * static_cast<float>(b[g] >> 4));
     }
   }
+  // Byte-wide arithmetic throughout (stays in 16-byte vectors of 16 lanes).
   for (int n = 0; n < 2; ++n) {
     for (int s = 0; s < 4; ++s) {
-      int8_t* y = q + 128 * n + 32 * s;
+      uint8_t* y = reinterpret_cast<uint8_t*>(q + 128 * n + 32 * s);
       for (int j = 0; j < 32; ++j) {
-        int v = (qs[32 * n + j] >> (2 * s)) & 3;
-        if constexpr (kThree) v -= ((b[j] >> (4 * n + s)) & 1) ? 0 : 4;
-        y[j] = static_cast<int8_t>(v);
+        uint8_t v = static_cast<uint8_t>((qs[32 * n + j] >> (2 * s)) & 3);
+        if constexpr (kThree) v = static_cast<uint8_t>(v - ((~b[j] >> (4 * n + s)) & 1) * 4);
+        y[j] = v;
       }
     }
+  }
+}
+
+// Q5_0 / Q5_1: element j < 16 is the low nibble of qs[j], element j + 16 the high nibble; the 5th
+// bit of element j is bit j of the little-endian uint32 qh. Q5_0 subtracts 16. kSpread turns one qh
+// byte into 8 bytes holding 0 or 16 (its bits, moved to bit 4 of each byte).
+struct SpreadTable {
+  uint64_t v[256];
+  constexpr SpreadTable() : v() {
+    for (int k = 0; k < 256; ++k)
+      for (int i = 0; i < 8; ++i) v[k] |= static_cast<uint64_t>(((k >> i) & 1) << 4) << (8 * i);
+  }
+};
+constexpr SpreadTable kSpread;
+
+template <bool kOne>
+inline void fastQ5(const uint8_t* b, int8_t* q, float* scale, float* min) {
+  scale[0] = halfToFloat(readU16(b));
+  if constexpr (kOne) min[0] = halfToFloat(readU16(b + 2));
+  const uint8_t* qh = b + (kOne ? 4 : 2);
+  const uint8_t* qs = qh + 4;
+  uint8_t high[32];
+  for (int k = 0; k < 4; ++k) std::memcpy(high + 8 * k, &kSpread.v[qh[k]], 8);
+  uint8_t* y = reinterpret_cast<uint8_t*>(q);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<uint8_t>(((qs[j] & 0xF) | high[j]) - (kOne ? 0 : 16));
+    y[j + 16] = static_cast<uint8_t>(((qs[j] >> 4) | high[j + 16]) - (kOne ? 0 : 16));
   }
 }
 
@@ -214,6 +242,8 @@ inline void decomposeOne(const uint8_t* b, int8_t* q, float* scale, float* min) 
   else if constexpr (T == GgmlType::Q6_K) fastQ6K(b, q, scale);
   else if constexpr (T == GgmlType::Q2_K) fastQ23K<false>(b, q, scale, min);
   else if constexpr (T == GgmlType::Q3_K) fastQ23K<true>(b, q, scale, min);
+  else if constexpr (T == GgmlType::Q5_0) fastQ5<false>(b, q, scale, min);
+  else if constexpr (T == GgmlType::Q5_1) fastQ5<true>(b, q, scale, min);
   else decomposeBlock(T, b, q, scale, min);
 }
 
