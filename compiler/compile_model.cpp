@@ -1,0 +1,193 @@
+// The GGUF → .mfb pipeline (see compile_model.h).
+#include "compiler/compile_model.h"
+
+#include <thread>
+
+#include "compiler/artifact/artifact_writer.h"
+#include "compiler/gguf/gguf_reader.h"
+#include "compiler/model/model_desc.h"
+#include "compiler/planes/layout_planner.h"
+#include "compiler/planes/plane_transforms.h"
+#include "compiler/planes/plane_workers.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/SHA256.h"
+
+namespace minfer {
+namespace {
+
+constexpr const char* kProducer = "minfer-compile";
+constexpr const char* kProducerVersion = "0.1.0";
+
+struct TensorPlanes {
+  planes::TensorLayout layout;
+  std::vector<artifact::SegmentId> segments;  // one per layout.planes[i]
+};
+
+struct SourceFacts {
+  std::string name;
+  uint64_t size = 0;
+  std::string sha256;
+};
+
+// Builds the manifest from the description, the planned tensors and the writer's current segments
+// (placeholders before layout, final values after the data is written: same size either way).
+std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const std::vector<TensorPlanes>& tensors,
+                                   const artifact::ArtifactWriter& writer, const SourceFacts& source,
+                                   const CompileOptions& options) {
+  flatbuffers::FlatBufferBuilder b(1 << 20);
+  b.ForceDefaults(true);  // every field present: sizes never depend on values
+  const model::ModelConfig& c = desc.config;
+
+  auto config = fb::CreateModelConfig(
+      b, b.CreateString(c.architecture), b.CreateString(c.name), c.n_embd, c.n_layer, c.n_head, c.n_head_kv,
+      c.head_dim, c.n_ff, c.n_vocab, c.n_ctx_train, c.n_rot, c.rope_style, c.rope_freq_base, c.rope_freq_scale,
+      c.rope_scaling, c.rms_norm_eps, c.tied_embeddings, c.qkv_bias, c.qk_norm);
+
+  flatbuffers::Offset<fb::Tokenizer> tokenizer;
+  if (desc.tokenizer.present) {
+    const model::TokenizerDesc& t = desc.tokenizer;
+    std::vector<flatbuffers::Offset<flatbuffers::String>> tokens, merges;
+    tokens.reserve(t.tokens.size());
+    for (std::string_view s : t.tokens) tokens.push_back(b.CreateString(s.data(), s.size()));
+    merges.reserve(t.merges.size());
+    for (std::string_view s : t.merges) merges.push_back(b.CreateString(s.data(), s.size()));
+    tokenizer = fb::CreateTokenizer(b, t.model, b.CreateString(t.model_name), b.CreateString(t.pre),
+                                    b.CreateVector(tokens), b.CreateVector(t.scores), b.CreateVector(t.token_types),
+                                    b.CreateVector(merges), t.bos_id, t.eos_id, t.unk_id, t.pad_id, t.add_bos,
+                                    t.add_eos, t.add_space_prefix, b.CreateString(t.chat_template));
+  }
+
+  std::vector<flatbuffers::Offset<fb::Tensor>> tensor_offsets;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorPlanes& tp = tensors[i];
+    const gguf::TensorInfo& info = *desc.weights[i].info;
+    std::vector<flatbuffers::Offset<fb::Plane>> plane_offsets;
+    for (size_t p = 0; p < tp.layout.planes.size(); ++p) {
+      const StrideTable& st = tp.layout.planes[p];
+      auto table = fb::CreateStrideTable(b, static_cast<uint8_t>(st.kind), static_cast<uint8_t>(st.elem), st.rows,
+                                         st.cols, st.row_pitch, st.group_size, st.group_pitch, st.bits, st.q_offset,
+                                         st.ggml_type);
+      const fb::Segment seg = writer.segment(tp.segments[p]);
+      plane_offsets.push_back(fb::CreatePlane(b, table, &seg));
+    }
+    std::vector<uint64_t> ne(info.ne, info.ne + info.n_dims);
+    tensor_offsets.push_back(fb::CreateTensor(b, b.CreateString(desc.weights[i].name),
+                                              static_cast<uint32_t>(info.type), b.CreateVector(ne),
+                                              b.CreateVector(plane_offsets)));
+  }
+
+  auto build_plan = [&](const std::vector<model::StepDesc>& steps) {
+    std::vector<flatbuffers::Offset<fb::Step>> out;
+    for (const model::StepDesc& s : steps)
+      out.push_back(fb::CreateStep(b, s.op, b.CreateVector(s.inputs), b.CreateVector(s.outputs),
+                                   b.CreateVector(s.weights), s.layer, s.eps, s.n_head, s.n_head_kv, s.head_dim,
+                                   s.n_rot, s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rows, s.cols,
+                                   b.CreateVector(std::vector<uint32_t>{}), b.CreateVector(std::vector<uint32_t>{}),
+                                   b.CreateString(s.name)));
+    return fb::CreatePlan(b, b.CreateVector(out));
+  };
+  auto prefill = build_plan(desc.plan.prefill);
+  auto decode = build_plan(desc.plan.decode);
+
+  std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
+  for (const model::BufferDesc& buf : desc.plan.buffers)
+    buffers.push_back(fb::CreateBuffer(b, b.CreateString(buf.name), buf.width, buf.type));
+  auto memory = fb::CreateMemoryPlan(b, desc.plan.max_batch, b.CreateVector(buffers), desc.plan.input_ids,
+                                     desc.plan.logits, desc.plan.kv_bytes_per_token);
+
+  auto source_info =
+      fb::CreateSourceInfo(b, b.CreateString(source.name), source.size, b.CreateString(source.sha256));
+  std::vector<flatbuffers::Offset<flatbuffers::String>> archs;
+  for (const std::string& a : options.targets) archs.push_back(b.CreateString(a));
+  const fb::Segment manifest_check(0, 0, 0);
+
+  auto root = fb::CreateArtifact(b, 1, 0, b.CreateString(kProducer), b.CreateString(kProducerVersion), source_info,
+                                 config, tokenizer, b.CreateVector(tensor_offsets),
+                                 b.CreateVector(std::vector<flatbuffers::Offset<fb::KernelImage>>{}), prefill, decode,
+                                 memory, b.CreateVector(archs), &manifest_check);
+  fb::FinishSizePrefixedArtifactBuffer(b, root);
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+planes::TensorRole planesRole(model::WeightRole role) {
+  switch (role) {
+    case model::WeightRole::kMatMul: return planes::TensorRole::kMatMul;
+    case model::WeightRole::kEmbedding: return planes::TensorRole::kEmbedding;
+    case model::WeightRole::kEmbeddingAndMatMul: return planes::TensorRole::kEmbeddingMatMul;
+    case model::WeightRole::kVector: return planes::TensorRole::kVector;
+  }
+  return planes::TensorRole::kVector;
+}
+
+}  // namespace
+
+llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
+  auto file = gguf::GgufFile::open(options.input);
+  if (!file) return file.takeError();
+  const gguf::GgufFile& gguf = **file;
+
+  // The source's SHA-256 is computed beside the transforms (it is one more pass over the file).
+  // Until it is known, a placeholder of the same length stands in (the manifest size must not change).
+  SourceFacts source{llvm::sys::path::filename(options.input).str(), gguf.fileSize(), std::string(64, '0')};
+  std::string sha256;
+  std::thread hasher([&] { sha256 = llvm::toHex(llvm::SHA256::hash(gguf.bytes()), /*LowerCase=*/true); });
+  struct JoinOnExit {
+    std::thread& t;
+    ~JoinOnExit() { if (t.joinable()) t.join(); }
+  } join_hasher{hasher};
+
+  auto desc = model::describeModel(gguf, options.max_batch);
+  if (!desc) return desc.takeError();
+
+  auto writer = artifact::ArtifactWriter::create(options.output);
+  if (!writer) return writer.takeError();
+
+  CompileSummary summary;
+  std::vector<TensorPlanes> tensors;
+  tensors.reserve(desc->weights.size());
+  for (const model::WeightDesc& w : desc->weights) {
+    planes::TensorDesc td{w.name, w.info->type, w.info->rows(), w.info->cols(), planesRole(w.role)};
+    auto layout = planes::planLayout(td);
+    if (!layout) return layout.takeError();
+    TensorPlanes tp{std::move(*layout), {}};
+    for (const StrideTable& st : tp.layout.planes) tp.segments.push_back((*writer)->reserveSegment(st.bytes()));
+    summary.planes += tp.layout.planes.size();
+    summary.plane_bytes += tp.layout.planeBytes();
+    summary.source_bytes += tp.layout.source_bytes;
+    tensors.push_back(std::move(tp));
+  }
+  summary.tensors = tensors.size();
+  summary.steps = desc->plan.prefill.size();
+
+  // Manifest size first (placeholder segments), then the data, then the final manifest.
+  const size_t manifest_size = buildManifest(*desc, tensors, **writer, source, options).size();
+  if (auto err = (*writer)->layout(manifest_size)) return err;
+
+  planes::PlaneWorkers workers(options.jobs);
+  uint64_t bytes_done = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorPlanes& tp = tensors[i];
+    auto planes_bytes = planes::transformTensor(tp.layout, gguf.tensorData(*desc->weights[i].info), workers);
+    if (!planes_bytes) return planes_bytes.takeError();
+    for (size_t p = 0; p < tp.segments.size(); ++p)
+      if (auto err = (*writer)->writeSegment(tp.segments[p], (*planes_bytes)[p])) return err;
+    bytes_done += tp.layout.source_bytes;
+    if (options.progress) options.progress(i + 1, tensors.size(), bytes_done, summary.source_bytes);
+  }
+
+  hasher.join();
+  source.sha256 = sha256;
+  const std::vector<uint8_t> manifest = buildManifest(*desc, tensors, **writer, source, options);
+  if (manifest.size() != manifest_size)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   llvm::formatv("internal error: manifest size changed from {0} to {1} bytes",
+                                                 manifest_size, manifest.size())
+                                       .str());
+  if (auto err = (*writer)->commit(manifest)) return err;
+  summary.artifact_bytes = (*writer)->fileSize();
+  return summary;
+}
+
+}  // namespace minfer

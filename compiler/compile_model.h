@@ -1,0 +1,43 @@
+// compileModel: the whole GGUF → .mfb pipeline behind minfer-compile (DESIGN.md §1).
+//
+// read + validate GGUF → describe the model (config, tokenizer, plan) → plan each weight's planes →
+// reserve segments → lay out the file → transform tensors one at a time (row-parallel) and stream
+// their planes into the artifact → write the manifest and rename. Deterministic: the same GGUF and
+// options give a byte-identical artifact whatever `jobs` is. Peak memory beyond the GGUF mapping is
+// about one tensor's planes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "llvm/Support/Error.h"
+
+namespace minfer {
+
+struct CompileOptions {
+  std::string input;                 // GGUF path
+  std::string output;                // .mfb path (written to a temp file beside it, then renamed)
+  uint32_t max_batch = 512;          // activation buffers are sized for this many tokens per step
+  unsigned jobs = 0;                 // transform threads; 0 = all cores
+  std::vector<std::string> targets;  // GPU archs for kernel images, e.g. {"sm_90"}; stored in the artifact
+  // Called after each tensor: (tensors done, tensors total, source bytes done, source bytes total).
+  std::function<void(size_t, size_t, uint64_t, uint64_t)> progress;
+};
+
+struct CompileSummary {
+  size_t tensors = 0;
+  size_t planes = 0;
+  uint64_t source_bytes = 0;    // GGUF tensor data read
+  uint64_t plane_bytes = 0;     // bytes of all planes written
+  uint64_t artifact_bytes = 0;  // final file size
+  size_t steps = 0;             // prefill plan steps
+};
+
+// Errors: every GGUF validation error (gguf_reader.h), unsupported architecture or tensor type
+// (model_desc.h), layout errors (layout_planner.h), I/O errors of the artifact writer. On any error
+// no file is left at `options.output` (a previous file there is untouched).
+llvm::Expected<CompileSummary> compileModel(const CompileOptions& options);
+
+}  // namespace minfer

@@ -1,0 +1,87 @@
+// minfer-compile: compiles a GGUF model into a .mfb artifact (planes, stride tables, plan, kernels).
+#include <chrono>
+#include <string>
+
+#include "compiler/compile_model.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Process.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace {
+
+llvm::cl::OptionCategory kCategory("minfer-compile options");
+llvm::cl::opt<std::string> kInput(llvm::cl::Positional, llvm::cl::desc("<model.gguf>"), llvm::cl::Required,
+                                  llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kOutput("o", llvm::cl::desc("Output artifact (.mfb)"), llvm::cl::value_desc("file"),
+                                   llvm::cl::Required, llvm::cl::cat(kCategory));
+llvm::cl::opt<unsigned> kMaxBatch("max-batch", llvm::cl::desc("Largest number of tokens per step (default 512)"),
+                                  llvm::cl::init(512), llvm::cl::cat(kCategory));
+llvm::cl::opt<unsigned> kJobs("j", llvm::cl::desc("Worker threads for the plane transforms (default: all cores)"),
+                              llvm::cl::init(0), llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kTarget("target",
+                                   llvm::cl::desc("GPU architectures for kernel images, comma-separated (default sm_90)"),
+                                   llvm::cl::init("sm_90"), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kVerbose("v", llvm::cl::desc("Print a line per tensor"), llvm::cl::cat(kCategory));
+
+// Accepts sm_XY or sm_XYa with XY ≥ 50, e.g. sm_80, sm_90a.
+bool validArch(llvm::StringRef arch) {
+  if (!arch.consume_front("sm_")) return false;
+  arch.consume_back("a");
+  unsigned cc = 0;
+  return !arch.getAsInteger(10, cc) && cc >= 50 && cc < 200;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-compile: compile a GGUF model into a minfer artifact\n");
+  llvm::ExitOnError exit_on_error("minfer-compile: ");
+
+  minfer::CompileOptions options;
+  options.input = kInput;
+  options.output = kOutput;
+  options.max_batch = kMaxBatch;
+  options.jobs = kJobs;
+  llvm::SmallVector<llvm::StringRef, 8> archs;
+  llvm::StringRef(kTarget).split(archs, ',', -1, /*KeepEmpty=*/false);
+  for (llvm::StringRef arch : archs) {
+    if (!validArch(arch.trim())) {
+      llvm::errs() << "minfer-compile: --target: '" << arch << "' is not a GPU architecture like sm_80 or sm_90a\n";
+      return 1;
+    }
+    options.targets.push_back(arch.trim().str());
+  }
+  if (options.max_batch == 0 || options.max_batch > 65536) {
+    llvm::errs() << "minfer-compile: --max-batch " << options.max_batch << " is out of range 1..65536\n";
+    return 1;
+  }
+
+  const bool terminal = llvm::sys::Process::StandardErrIsDisplayed();
+  options.progress = [&](size_t done, size_t total, uint64_t bytes, uint64_t total_bytes) {
+    if (kVerbose || !terminal) {
+      if (kVerbose || done == total)
+        llvm::errs() << llvm::formatv("minfer-compile: {0}/{1} tensors, {2:f1}/{3:f1} MB\n", done, total,
+                                      bytes / 1e6, total_bytes / 1e6);
+      return;
+    }
+    const unsigned width = 40, filled = total_bytes ? static_cast<unsigned>(width * bytes / total_bytes) : width;
+    llvm::errs() << llvm::formatv("\r[{0}{1}] {2,3}% {3}/{4} tensors", std::string(filled, '#'),
+                                  std::string(width - filled, ' '), total_bytes ? 100 * bytes / total_bytes : 100,
+                                  done, total);
+    if (done == total) llvm::errs() << "\n";
+  };
+
+  const auto start = std::chrono::steady_clock::now();
+  const minfer::CompileSummary s = exit_on_error(minfer::compileModel(options));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  llvm::errs() << llvm::formatv(
+      "minfer-compile: wrote {0}: {1} tensors, {2} planes, {3:f1} MB of planes from {4:f1} MB of GGUF tensor data, "
+      "{5} plan steps, {6:f1} MB in all, {7:f2} s\n",
+      options.output, s.tensors, s.planes, s.plane_bytes / 1e6, s.source_bytes / 1e6, s.steps,
+      s.artifact_bytes / 1e6, seconds);
+  return 0;
+}
