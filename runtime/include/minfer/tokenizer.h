@@ -91,7 +91,8 @@ class Tokenizer {
   // Token ids of `text` (UTF-8; invalid sequences allowed, see the file comment).
   // add_special: prepend BOS / append EOS as the vocabulary's add_bos / add_eos say.
   // parse_special: control/unknown token texts in `text` become those tokens (else they are text).
-  // Cost: O(n log n) in the text length (priority-queue merging); allocates.
+  // Cost: O(n log n) in the text length (priority-queue merging; about 0.1-0.45 s per MiB in a release
+  // build); allocates. Precondition: text.size() < 4 GiB (symbol offsets are 32-bit).
   std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const;
 
   // The bytes token `id` stands for: "▁" → " " and "<0xXX>" → that byte ("llama"); the byte table
