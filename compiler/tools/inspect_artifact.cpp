@@ -1,13 +1,380 @@
-// The .mfb half of minfer-inspect (filled in with the artifact reader; see inspect_artifact.h).
+// The .mfb half of minfer-inspect: config, tokenizer, tensors with planes and stride tables, plans,
+// memory plan and kernel images of a verified artifact, as text or JSON; --verify checks checksums.
 #include "compiler/tools/inspect_artifact.h"
 
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
+#include "minfer/artifact.h"
 
 namespace minfer {
+namespace {
 
-int inspectArtifact(const std::string& path, bool, bool) {
-  llvm::errs() << "minfer-inspect: " << path << ": artifact inspection is not available in this build yet\n";
-  return 1;
+const char* planeKindText(uint8_t kind) {
+  static const char* const kNames[] = {"i8", "scale", "min", "packed", "f32", "f16", "bf16", "blocks"};
+  return kind < sizeof(kNames) / sizeof(kNames[0]) ? kNames[kind] : "?";
+}
+
+const char* elemText(uint8_t elem) {
+  static const char* const kNames[] = {"i8", "f32", "f16", "bf16", "u8"};
+  return elem < sizeof(kNames) / sizeof(kNames[0]) ? kNames[elem] : "?";
+}
+
+std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+// A string from the artifact on one line, shortened to `max` bytes.
+std::string oneLine(const std::string& s, size_t max = 80) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max; ++i) out += (s[i] == '\n' || s[i] == '\r' || s[i] == '\t') ? ' ' : s[i];
+  if (s.size() > max) out += "…";
+  return out;
+}
+
+int64_t i64(uint64_t v) { return static_cast<int64_t>(v); }
+
+// A float with all its significant digits (formatv's default shows two decimals: 1e-6 would read 0.00).
+std::string num(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(x));
+  return buf;
+}
+
+// "3:blk.0.attn_q.weight" for an index into a vector of named things.
+template <typename T>
+std::string named(const flatbuffers::Vector<flatbuffers::Offset<T>>* vec, uint32_t i) {
+  const std::string name = vec && i < vec->size() ? str(vec->Get(i)->name()) : std::string("?");
+  return std::to_string(i) + ":" + name;
+}
+
+template <typename T>
+std::string idList(const flatbuffers::Vector<uint32_t>* ids, const flatbuffers::Vector<flatbuffers::Offset<T>>* names) {
+  std::string out = "[";
+  if (ids)
+    for (flatbuffers::uoffset_t k = 0; k < ids->size(); ++k) out += (k ? " " : "") + named(names, ids->Get(k));
+  return out + "]";
+}
+
+std::string plainIds(const flatbuffers::Vector<uint32_t>* ids) {
+  std::string out = "[";
+  if (ids)
+    for (flatbuffers::uoffset_t k = 0; k < ids->size(); ++k) out += (k ? " " : "") + std::to_string(ids->Get(k));
+  return out + "]";
+}
+
+llvm::json::Array jsonIds(const flatbuffers::Vector<uint32_t>* ids) {
+  llvm::json::Array out;
+  if (ids)
+    for (uint32_t id : *ids) out.push_back(static_cast<int64_t>(id));
+  return out;
+}
+
+std::string segmentText(const fb::Segment* s) {
+  if (!s || s->size() == 0) return "(none)";
+  return llvm::formatv("[{0:x}, +{1}) xxh64 {2}", s->offset(), s->size(), hex64(s->xxh64())).str();
+}
+
+llvm::json::Value segmentJson(const fb::Segment* s) {
+  if (!s) return nullptr;
+  return llvm::json::Object{{"offset", i64(s->offset())}, {"size", i64(s->size())}, {"xxh64", hex64(s->xxh64())}};
+}
+
+// The stride table on one line: only the fields its kind uses.
+std::string strideText(const fb::StrideTable& t) {
+  std::string s = llvm::formatv("{0,-6} {1,-4} {2} x {3}, row_pitch {4}", planeKindText(t.kind()), elemText(t.elem()),
+                                t.rows(), t.cols(), t.row_pitch())
+                      .str();
+  const auto kind = static_cast<PlaneKind>(t.kind());
+  if (kind == PlaneKind::kScale || kind == PlaneKind::kMin || kind == PlaneKind::kBlocks)
+    s += llvm::formatv(", group {0} / pitch {1}", t.group_size(), t.group_pitch()).str();
+  if (kind == PlaneKind::kPacked) s += llvm::formatv(", bits {0}, q_offset {1}", t.bits(), t.q_offset()).str();
+  return s;
+}
+
+llvm::json::Object strideJson(const fb::StrideTable& t) {
+  return llvm::json::Object{{"kind", planeKindText(t.kind())},     {"elem", elemText(t.elem())},
+                            {"rows", i64(t.rows())},               {"cols", i64(t.cols())},
+                            {"row_pitch", i64(t.row_pitch())},     {"group_size", static_cast<int64_t>(t.group_size())},
+                            {"group_pitch", int64_t{t.group_pitch()}}, {"bits", int64_t{t.bits()}},
+                            {"q_offset", int64_t{t.q_offset()}},   {"ggml_type", ggmlTypeTraits(t.ggml_type()).name},
+                            {"bytes", i64(t.rows() * t.row_pitch())}};
+}
+
+// One plan step on one line: op, name, buffers, weights, the parameters its op uses, kernels.
+std::string stepText(const fb::Step& s, const fb::Artifact& m) {
+  const auto* buffers = m.memory() ? m.memory()->buffers() : nullptr;
+  std::string line = llvm::formatv("{0,-11} {1,-22} in {2} out {3}", fb::EnumNameOpKind(s.op()), oneLine(str(s.name()), 22),
+                                   idList(s.inputs(), buffers), idList(s.outputs(), buffers))
+                         .str();
+  if (s.weights() && s.weights()->size()) line += " w " + idList(s.weights(), m.tensors());
+  switch (s.op()) {
+    case fb::OpKind::RmsNorm: case fb::OpKind::HeadRmsNorm: line += " eps " + num(s.eps()); break;
+    case fb::OpKind::MatMul: line += llvm::formatv(" {0}x{1}", s.rows(), s.cols()).str(); break;
+    case fb::OpKind::Rope:
+      line += llvm::formatv(" heads {0}/{1} head_dim {2} n_rot {3} {4} base {5} scale {6}", s.n_head(), s.n_head_kv(),
+                            s.head_dim(), s.n_rot(), fb::EnumNameRopeStyle(s.rope_style()), num(s.rope_freq_base()),
+                            num(s.rope_freq_scale()))
+                  .str();
+      break;
+    case fb::OpKind::Attention:
+      line += llvm::formatv(" layer {0} heads {1}/{2} head_dim {3}", s.layer(), s.n_head(), s.n_head_kv(), s.head_dim())
+                  .str();
+      break;
+    default: break;
+  }
+  if (s.op() != fb::OpKind::Attention && s.layer() >= 0) line += llvm::formatv(" layer {0}", s.layer()).str();
+  if (s.kernels_prefill() && s.kernels_prefill()->size()) line += " kp " + plainIds(s.kernels_prefill());
+  if (s.kernels_decode() && s.kernels_decode()->size()) line += " kd " + plainIds(s.kernels_decode());
+  return line;
+}
+
+llvm::json::Object stepJson(const fb::Step& s) {
+  return llvm::json::Object{{"op", fb::EnumNameOpKind(s.op())},
+                            {"name", str(s.name())},
+                            {"inputs", jsonIds(s.inputs())},
+                            {"outputs", jsonIds(s.outputs())},
+                            {"weights", jsonIds(s.weights())},
+                            {"layer", s.layer()},
+                            {"eps", s.eps()},
+                            {"n_head", int64_t{s.n_head()}},
+                            {"n_head_kv", int64_t{s.n_head_kv()}},
+                            {"head_dim", int64_t{s.head_dim()}},
+                            {"n_rot", int64_t{s.n_rot()}},
+                            {"rope_style", fb::EnumNameRopeStyle(s.rope_style())},
+                            {"rope_freq_base", s.rope_freq_base()},
+                            {"rope_freq_scale", s.rope_freq_scale()},
+                            {"rows", int64_t{s.rows()}},
+                            {"cols", int64_t{s.cols()}},
+                            {"kernels_prefill", jsonIds(s.kernels_prefill())},
+                            {"kernels_decode", jsonIds(s.kernels_decode())}};
+}
+
+void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
+  const fb::Artifact& m = *f.manifest();
+  os << llvm::formatv("{0}: minfer artifact format {1}.{2}, {3} bytes, manifest {4} bytes, {5} data segments\n",
+                      f.path(), m.format_major(), m.format_minor(), f.fileSize(), f.manifestSize(),
+                      f.segments().size());
+  os << llvm::formatv("producer:     {0} {1}\n", str(m.producer()), str(m.producer_version()));
+  if (const fb::SourceInfo* s = m.source())
+    os << llvm::formatv("source:       {0}, {1} bytes, sha256 {2}\n", str(s->name()), s->size(), str(s->sha256()));
+  if (m.target_archs()) {
+    os << "target archs:";
+    for (const auto* a : *m.target_archs()) os << " " << a->str();
+    os << "\n";
+  }
+
+  const fb::ModelConfig& c = *m.config();
+  os << "\nconfig:\n";
+  os << llvm::formatv("  architecture {0}, name \"{1}\"\n", str(c.architecture()), oneLine(str(c.name())));
+  os << llvm::formatv("  n_embd {0}, n_layer {1}, n_head {2}, n_head_kv {3}, head_dim {4}, n_ff {5}, n_vocab {6}, "
+                      "n_ctx_train {7}\n",
+                      c.n_embd(), c.n_layer(), c.n_head(), c.n_head_kv(), c.head_dim(), c.n_ff(), c.n_vocab(),
+                      c.n_ctx_train());
+  os << llvm::formatv("  RoPE {0}, n_rot {1}, base {2}, scale {3}, scaling {4}; rms_norm_eps {5}\n",
+                      fb::EnumNameRopeStyle(c.rope_style()), c.n_rot(), num(c.rope_freq_base()),
+                      num(c.rope_freq_scale()), fb::EnumNameRopeScaling(c.rope_scaling()), num(c.rms_norm_eps()));
+  os << llvm::formatv("  tied_embeddings {0}, qkv_bias {1}, qk_norm {2}\n", c.tied_embeddings(), c.qkv_bias(),
+                      c.qk_norm());
+
+  if (const fb::Tokenizer* t = m.tokenizer()) {
+    const uint32_t n = t->tokens() ? t->tokens()->size() : 0;
+    os << llvm::formatv("\ntokenizer: {0} (model \"{1}\", pre \"{2}\"), {3} tokens, {4} merges\n",
+                        fb::EnumNameTokenizerModel(t->model()), str(t->model_name()), str(t->pre()), n,
+                        t->merges() ? t->merges()->size() : 0);
+    os << llvm::formatv("  bos {0}, eos {1}, unk {2}, pad {3}; add_bos {4}, add_eos {5}, add_space_prefix {6}\n",
+                        t->bos_id(), t->eos_id(), t->unk_id(), t->pad_id(), t->add_bos(), t->add_eos(),
+                        t->add_space_prefix());
+    os << "  first tokens:";
+    for (uint32_t i = 0; i < n && i < 8; ++i) os << " \"" << oneLine(t->tokens()->Get(i)->str(), 24) << "\"";
+    os << (n > 8 ? " …\n" : "\n");
+    const std::string tmpl = str(t->chat_template());
+    os << llvm::formatv("  chat template: {0}\n", tmpl.empty() ? std::string("(none)")
+                                                              : std::to_string(tmpl.size()) + " bytes: " + oneLine(tmpl, 60));
+  } else {
+    os << "\ntokenizer: (none)\n";
+  }
+
+  const uint32_t n_tensors = m.tensors() ? m.tensors()->size() : 0;
+  uint64_t plane_bytes = 0, n_planes = 0;
+  for (uint32_t i = 0; i < n_tensors; ++i)
+    for (const fb::Plane* p : *m.tensors()->Get(i)->planes()) plane_bytes += p->data()->size(), ++n_planes;
+  os << llvm::formatv("\ntensors ({0}, {1} planes, {2} bytes):\n", n_tensors, n_planes, plane_bytes);
+  for (uint32_t i = 0; i < n_tensors; ++i) {
+    const fb::Tensor& t = *m.tensors()->Get(i);
+    std::string ne;
+    if (t.ne())
+      for (flatbuffers::uoffset_t d = 0; d < t.ne()->size(); ++d) ne += (d ? ", " : "") + std::to_string(t.ne()->Get(d));
+    os << llvm::formatv("  {0,3} {1,-32} {2,-5} [{3}]\n", i, str(t.name()), ggmlTypeTraits(t.ggml_type()).name, ne);
+    for (const fb::Plane* p : *t.planes())
+      os << llvm::formatv("        {0,-62} {1}\n", strideText(*p->layout()), segmentText(p->data()));
+  }
+
+  if (const fb::MemoryPlan* mem = m.memory()) {
+    const auto* buffers = mem->buffers();
+    os << llvm::formatv("\nmemory plan: max_batch {0}, KV cache {1} bytes/token, input_ids {2}, logits {3}\n",
+                        mem->max_batch(), mem->kv_bytes_per_token(), named(buffers, mem->input_ids()),
+                        named(buffers, mem->logits()));
+    if (buffers)
+      for (uint32_t i = 0; i < buffers->size(); ++i) {
+        const fb::Buffer& b = *buffers->Get(i);
+        os << llvm::formatv("  {0,3} {1,-24} {2,-3} x {3}  ({4} bytes at max_batch)\n", i, str(b.name()),
+                            fb::EnumNameBufferType(b.type()), b.width(),
+                            uint64_t{mem->max_batch()} * b.width() * (b.type() == fb::BufferType::F16  ? 2
+                                                                      : b.type() == fb::BufferType::I8 ? 1
+                                                                                                       : 4));
+      }
+  } else {
+    os << "\nmemory plan: (none)\n";
+  }
+
+  for (const auto& [name, plan] : {std::pair{"prefill", m.prefill()}, std::pair{"decode", m.decode()}}) {
+    const uint32_t n = plan && plan->steps() ? plan->steps()->size() : 0;
+    os << llvm::formatv("\n{0} plan ({1} steps):\n", name, n);
+    for (uint32_t i = 0; i < n; ++i) os << llvm::formatv("  {0,4} {1}\n", i, stepText(*plan->steps()->Get(i), m));
+  }
+
+  const uint32_t n_kernels = m.kernels() ? m.kernels()->size() : 0;
+  os << llvm::formatv("\nkernel images ({0}):\n", n_kernels);
+  for (uint32_t i = 0; i < n_kernels; ++i) {
+    const fb::KernelImage& k = *m.kernels()->Get(i);
+    std::string options;
+    if (k.options())
+      for (const auto* o : *k.options()) options += " " + o->str();
+    os << llvm::formatv("  {0,3} {1}\n      entry {2}, arch {3}, nvrtc {4}, options:{5}\n      cubin {6}\n      ptx   {7}\n",
+                        i, str(k.key()), str(k.entry()), str(k.arch()), str(k.nvrtc_version()), options,
+                        segmentText(k.cubin()), segmentText(k.ptx()));
+  }
+}
+
+llvm::json::Object toJson(const ArtifactFile& f) {
+  const fb::Artifact& m = *f.manifest();
+  auto strings = [](const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>* v) {
+    llvm::json::Array out;
+    if (v)
+      for (const auto* s : *v) out.push_back(s->str());
+    return out;
+  };
+  const fb::ModelConfig& c = *m.config();
+  llvm::json::Object root{
+      {"file", f.path()},
+      {"format", "mfb"},
+      {"version", llvm::formatv("{0}.{1}", m.format_major(), m.format_minor()).str()},
+      {"size", i64(f.fileSize())},
+      {"manifest_size", i64(f.manifestSize())},
+      {"manifest_check", segmentJson(m.manifest_check())},
+      {"producer", str(m.producer())},
+      {"producer_version", str(m.producer_version())},
+      {"target_archs", strings(m.target_archs())},
+      {"config",
+       llvm::json::Object{{"architecture", str(c.architecture())}, {"name", str(c.name())},
+                          {"n_embd", int64_t{c.n_embd()}},         {"n_layer", int64_t{c.n_layer()}},
+                          {"n_head", int64_t{c.n_head()}},         {"n_head_kv", int64_t{c.n_head_kv()}},
+                          {"head_dim", int64_t{c.head_dim()}},     {"n_ff", int64_t{c.n_ff()}},
+                          {"n_vocab", int64_t{c.n_vocab()}},       {"n_ctx_train", int64_t{c.n_ctx_train()}},
+                          {"n_rot", int64_t{c.n_rot()}},           {"rope_style", fb::EnumNameRopeStyle(c.rope_style())},
+                          {"rope_freq_base", c.rope_freq_base()},  {"rope_freq_scale", c.rope_freq_scale()},
+                          {"rope_scaling", fb::EnumNameRopeScaling(c.rope_scaling())},
+                          {"rms_norm_eps", c.rms_norm_eps()},      {"tied_embeddings", c.tied_embeddings()},
+                          {"qkv_bias", c.qkv_bias()},              {"qk_norm", c.qk_norm()}}},
+  };
+  if (const fb::SourceInfo* s = m.source())
+    root["source"] = llvm::json::Object{{"name", str(s->name())}, {"size", i64(s->size())}, {"sha256", str(s->sha256())}};
+  if (const fb::Tokenizer* t = m.tokenizer())
+    root["tokenizer"] = llvm::json::Object{{"model", fb::EnumNameTokenizerModel(t->model())},
+                                           {"model_name", str(t->model_name())},
+                                           {"pre", str(t->pre())},
+                                           {"tokens", int64_t{t->tokens() ? t->tokens()->size() : 0}},
+                                           {"merges", int64_t{t->merges() ? t->merges()->size() : 0}},
+                                           {"bos_id", t->bos_id()},
+                                           {"eos_id", t->eos_id()},
+                                           {"unk_id", t->unk_id()},
+                                           {"pad_id", t->pad_id()},
+                                           {"add_bos", t->add_bos()},
+                                           {"add_eos", t->add_eos()},
+                                           {"add_space_prefix", t->add_space_prefix()},
+                                           {"chat_template", str(t->chat_template())}};
+  llvm::json::Array tensors;
+  if (m.tensors())
+    for (const fb::Tensor* t : *m.tensors()) {
+      llvm::json::Array ne, planes;
+      if (t->ne())
+        for (uint64_t d : *t->ne()) ne.push_back(i64(d));
+      for (const fb::Plane* p : *t->planes())
+        planes.push_back(llvm::json::Object{{"layout", strideJson(*p->layout())}, {"data", segmentJson(p->data())}});
+      tensors.push_back(llvm::json::Object{{"name", str(t->name())},
+                                           {"type", ggmlTypeTraits(t->ggml_type()).name},
+                                           {"ne", std::move(ne)},
+                                           {"planes", std::move(planes)}});
+    }
+  root["tensors"] = std::move(tensors);
+  if (const fb::MemoryPlan* mem = m.memory()) {
+    llvm::json::Array buffers;
+    if (mem->buffers())
+      for (const fb::Buffer* b : *mem->buffers())
+        buffers.push_back(llvm::json::Object{
+            {"name", str(b->name())}, {"width", int64_t{b->width()}}, {"type", fb::EnumNameBufferType(b->type())}});
+    root["memory"] = llvm::json::Object{{"max_batch", int64_t{mem->max_batch()}},
+                                        {"input_ids", int64_t{mem->input_ids()}},
+                                        {"logits", int64_t{mem->logits()}},
+                                        {"kv_bytes_per_token", i64(mem->kv_bytes_per_token())},
+                                        {"buffers", std::move(buffers)}};
+  }
+  for (const auto& [name, plan] : {std::pair{"prefill", m.prefill()}, std::pair{"decode", m.decode()}}) {
+    llvm::json::Array steps;
+    if (plan && plan->steps())
+      for (const fb::Step* s : *plan->steps()) steps.push_back(stepJson(*s));
+    root[name] = std::move(steps);
+  }
+  llvm::json::Array kernels;
+  if (m.kernels())
+    for (const fb::KernelImage* k : *m.kernels())
+      kernels.push_back(llvm::json::Object{{"key", str(k->key())},
+                                           {"entry", str(k->entry())},
+                                           {"arch", str(k->arch())},
+                                           {"nvrtc_version", str(k->nvrtc_version())},
+                                           {"options", strings(k->options())},
+                                           {"cubin", segmentJson(k->cubin())},
+                                           {"ptx", segmentJson(k->ptx())}});
+  root["kernels"] = std::move(kernels);
+  return root;
+}
+
+}  // namespace
+
+int inspectArtifact(const std::string& path, bool json, bool verify) {
+  auto file = ArtifactFile::open(path);
+  if (!file) {
+    llvm::errs() << "minfer-inspect: " << file.status().message() << "\n";
+    return 1;
+  }
+  const ArtifactFile& f = **file;
+  Status checked = Status::ok();
+  if (verify) checked = f.verifyChecksums();
+  if (json) {
+    llvm::json::Object root = toJson(f);
+    if (verify)
+      root["checksums"] = checked.isOk() ? llvm::json::Value("ok") : llvm::json::Value(checked.message());
+    llvm::outs() << llvm::formatv("{0:2}", llvm::json::Value(std::move(root))) << "\n";
+  } else {
+    printText(f, llvm::outs());
+    if (verify && checked.isOk())
+      llvm::outs() << llvm::formatv("\nchecksums: manifest and {0} segments OK\n", f.segments().size());
+  }
+  llvm::outs().flush();
+  if (!checked.isOk()) {
+    llvm::errs() << "minfer-inspect: " << checked.message() << "\n";
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace minfer

@@ -12,11 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "compiler/artifact/artifact_writer.h"
+#include "llvm/Support/JSON.h"
 #include "minfer/artifact.h"
 #include "runtime/artifact/artifact_file.h"
 #include "tests/test_support.h"
@@ -350,6 +352,15 @@ std::vector<std::string> dirEntries(const std::string& dir) {
   std::sort(out.begin(), out.end());
   return out;
 }
+
+// Removes this process's scratch directory at exit (the fork children of the size-limit test leave
+// through _exit and so never run it).
+struct ScratchCleanup {
+  ~ScratchCleanup() {
+    std::error_code ec;
+    std::filesystem::remove_all(minfer::test::scratchDir(), ec);
+  }
+} g_scratch_cleanup;
 
 // A fresh empty directory per test case.
 std::string caseDir(const std::string& name) {
@@ -1098,10 +1109,15 @@ TEST_CASE("loader: truncation at every offset in the manifest and a sample in th
                        seg.offset() + seg.size() - 1})
       cuts.push_back(t);
   for (uint64_t t = g.manifest_size; t < g.bytes.size(); t += 1237) cuts.push_back(t);
+  // Longest first, so each cut is one truncate() of the same file.
+  std::sort(cuts.begin(), cuts.end(), std::greater<>());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  writeBytes(path, g.bytes);
   size_t refused = 0;
   for (uint64_t t : cuts) {
     REQUIRE(t < g.bytes.size());
-    writeBytes(path, g.bytes.data(), t);
+    REQUIRE(::truncate(path.c_str(), static_cast<off_t>(t)) == 0);
+    REQUIRE(std::filesystem::file_size(path) == t);
     const std::string err = openError(path);
     if (err.empty()) {
       FAIL_CHECK("truncated at ", t, " of ", g.bytes.size(), " bytes but accepted");
@@ -1190,4 +1206,98 @@ TEST_CASE("loader: flips in data segments fail verifyChecksums naming the segmen
     CHECK_MESSAGE(contains(st.message(), "byte 0x5a at offset " + std::to_string(at)), st.message());
     CHECK(contains(st.message(), "stray data"));
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// minfer-inspect on an artifact (the tool built with this test; MINFER_INSPECT is its path).
+
+namespace {
+
+struct ToolRun {
+  int rc = -1;
+  std::string out, err;
+};
+
+ToolRun runInspect(const std::string& args, const std::string& dir) {
+  const std::string err_path = dir + "/inspect.stderr";
+  const std::string cmd = std::string(MINFER_INSPECT) + " " + args + " 2>" + err_path;
+  ToolRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const auto err = readBytes(err_path);
+  r.err.assign(err.begin(), err.end());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors exit 1") {
+  const GoodArtifact g = makeGood("inspect");
+  const Spec& s = g.spec;
+
+  const ToolRun text = runInspect("--verify " + g.path, g.dir);
+  CHECK_MESSAGE(text.rc == 0, text.err);
+  CHECK(contains(text.out, g.path + ": minfer artifact format 1.0, " + std::to_string(g.bytes.size()) + " bytes"));
+  CHECK(contains(text.out, "n_embd 96, n_layer 2, n_head 6, n_head_kv 2, head_dim 16, n_ff 160, n_vocab 11"));
+  CHECK(contains(text.out, "rms_norm_eps 9.99999997e-07"));  // all digits of the float 1e-6
+  CHECK(contains(text.out, "11 tokens, 2 merges"));
+  for (const auto& t : s.tensors) CHECK(contains(text.out, t.name));
+  CHECK(contains(text.out, "blocks u8   11 x 96, row_pitch 102, group 32 / pitch 34"));
+  CHECK(contains(text.out, "scale  f32  48 x 512, row_pitch 64, group 32 / pitch 4"));
+  CHECK(contains(text.out, "packed u8   48 x 512, row_pitch 256, bits 4, q_offset 0"));
+  char seg[64];
+  std::snprintf(seg, sizeof(seg), "[0x%llx, +%llu)", static_cast<unsigned long long>(g.segs[1].offset()),
+                static_cast<unsigned long long>(g.segs[1].size()));
+  CHECK(contains(text.out, seg));
+  CHECK(contains(text.out, "prefill plan (7 steps)"));
+  CHECK(contains(text.out, "decode plan (5 steps)"));
+  CHECK(contains(text.out, "MatMul      blk.0.attn_q           in [4:xq] out [3:q] w [1:blk.0.attn_q.weight] 48x512"));
+  CHECK(contains(text.out, "Attention                          in [3:q] out [2:xn] layer 1 heads 6/2 head_dim 16"));
+  CHECK(contains(text.out, s.kernel_key));
+  CHECK(contains(text.out, "cubin [0x"));
+  CHECK(contains(text.out, "checksums: manifest and 9 segments OK"));
+
+  const ToolRun json = runInspect("--json --verify " + g.path, g.dir);
+  CHECK_MESSAGE(json.rc == 0, json.err);
+  auto parsed = llvm::json::parse(json.out);
+  REQUIRE_MESSAGE(parsed, llvm::toString(parsed.takeError()));
+  const llvm::json::Object* root = parsed->getAsObject();
+  REQUIRE(root);
+  CHECK(root->getString("version") == llvm::StringRef("1.0"));
+  CHECK(root->getString("checksums") == llvm::StringRef("ok"));
+  CHECK(root->getObject("config")->getInteger("n_head_kv") == int64_t{2});
+  CHECK(root->getObject("memory")->getArray("buffers")->size() == s.buffers.size());
+  CHECK(root->getArray("prefill")->size() == s.prefill.size());
+  CHECK(root->getArray("decode")->size() == s.decode.size());
+  const llvm::json::Array* tensors = root->getArray("tensors");
+  REQUIRE(tensors);
+  REQUIRE(tensors->size() == s.tensors.size());
+  const llvm::json::Object* packed =
+      (*tensors)[1].getAsObject()->getArray("planes")->back().getAsObject()->getObject("layout");
+  CHECK(packed->getString("kind") == llvm::StringRef("packed"));
+  CHECK(packed->getInteger("bytes") == int64_t{48 * 256});
+  CHECK((*root->getArray("kernels"))[0].getAsObject()->getObject("cubin")->getInteger("size") ==
+        llvm::Optional<int64_t>(static_cast<int64_t>(s.cubin.size())));
+
+  // A damaged plane: printed, then --verify fails with the segment named on stderr and exit 1.
+  const std::string bad = g.dir + "/bad.mfb";
+  std::vector<uint8_t> b = g.bytes;
+  b[g.segs[3].offset() + 77] ^= 4;
+  writeBytes(bad, b);
+  const ToolRun damaged = runInspect("--verify " + bad, g.dir);
+  CHECK(damaged.rc == 1);
+  CHECK_MESSAGE(contains(damaged.err, "tensors[1].planes[2].data"), damaged.err);
+  CHECK(contains(damaged.err, "xxh64"));
+  CHECK(runInspect(bad, g.dir).rc == 0);  // without --verify the data is not read
+
+  writeBytes(bad, g.bytes.data(), g.manifest_size + 100);
+  const ToolRun cut = runInspect(bad, g.dir);
+  CHECK(cut.rc == 1);
+  CHECK_MESSAGE(contains(cut.err, "truncated"), cut.err);
+  CHECK(cut.out.empty());
 }
