@@ -29,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kArgmaxThreads)
   const int row = blockIdx.x;
   if (row >= n_rows) return;
   const float* x = logits + static_cast<uint64_t>(row) * AM_N;
-  float best = -INFINITY;
+  float best = -MINFER_INF;
   int best_i = 0x7fffffff;
   for (int i = threadIdx.x; i < AM_N; i += kArgmaxThreads) {
     const float v = x[i];

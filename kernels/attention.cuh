@@ -131,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   float m[kRows], l[kRows], o[kRows][kDL];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    m[r] = -INFINITY;
+    m[r] = -MINFER_INF;
     l[r] = 0.0f;
 #pragma unroll
     for (int i = 0; i < kDL; ++i) o[r][i] = 0.0f;
@@ -161,9 +161,9 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     for (int r = 0; r < kRows; ++r) {
       const int t = qt0 + warp * kRows + r;
       const bool valid = t < n_tokens && key <= pos0 + t;
-      const float sc = valid ? s[r] * scale : -INFINITY;
+      const float sc = valid ? s[r] * scale : -MINFER_INF;
       const float m_new = fmaxf(m[r], warpMax(sc));
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // row without any visible key yet
+      const float m_use = m_new == -MINFER_INF ? 0.0f : m_new;  // row without any visible key yet
       const float p = valid ? expf(sc - m_use) : 0.0f;
       const float corr = expf(m[r] - m_use);
       l[r] = l[r] * corr + warpSum(p);
@@ -216,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   for (int d = threadIdx.x; d < kD; d += blockDim.x) sq[d] = q[static_cast<uint64_t>(j) * kD + d];
   __syncthreads();
 
-  float m = -INFINITY, l = 0.0f, o[kDL];
+  float m = -MINFER_INF, l = 0.0f, o[kDL];
 #pragma unroll
   for (int i = 0; i < kDL; ++i) o[i] = 0.0f;
   for (int base = begin + warp * 32; base < end; base += 32 * kAttnWarps) {
@@ -227,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       const uint16_t* kr = kc + static_cast<uint64_t>(key) * kKvW + g * kD;
       for (int d = 0; d < kD; ++d) s = fmaf(sq[d], h2f(kr[d]), s);
     }
-    const float sc = valid ? s * scale : -INFINITY;
+    const float sc = valid ? s * scale : -MINFER_INF;
     const float m_new = fmaxf(m, warpMax(sc));  // finite: key `base` < end is valid
     const float p = valid ? expf(sc - m_new) : 0.0f;
     const float corr = expf(m - m_new);
@@ -256,7 +256,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     if (d < kD) wo[warp][d] = o[i];
   }
   __syncthreads();
-  float mb = -INFINITY;
+  float mb = -MINFER_INF;
 #pragma unroll
   for (int w = 0; w < static_cast<int>(kAttnWarps); ++w) mb = fmaxf(mb, wm[w]);
   float* dst = part + (static_cast<uint64_t>(j) * kSplits + split) * (kD + 2);
@@ -264,14 +264,14 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     float acc = 0.0f;
 #pragma unroll
     for (int w = 0; w < static_cast<int>(kAttnWarps); ++w)
-      if (wm[w] != -INFINITY) acc += wo[w][d] * expf(wm[w] - mb);
+      if (wm[w] != -MINFER_INF) acc += wo[w][d] * expf(wm[w] - mb);
     dst[2 + d] = acc;
   }
   if (threadIdx.x == 0) {
     float lb = 0.0f;
 #pragma unroll
     for (int w = 0; w < static_cast<int>(kAttnWarps); ++w)
-      if (wm[w] != -INFINITY) lb += wl[w] * expf(wm[w] - mb);
+      if (wm[w] != -MINFER_INF) lb += wl[w] * expf(wm[w] - mb);
     dst[0] = mb;  // −inf for an empty split
     dst[1] = lb;
   }
@@ -285,19 +285,19 @@ extern "C" __global__ void __launch_bounds__(128)
   constexpr int kSplits = ATT_SPLITS;
   const int j = blockIdx.x;
   const float* src = part + static_cast<uint64_t>(j) * kSplits * (kD + 2);
-  float mb = -INFINITY;
+  float mb = -MINFER_INF;
   for (int s = 0; s < kSplits; ++s) mb = fmaxf(mb, src[s * (kD + 2)]);
   float lb = 0.0f;
   for (int s = 0; s < kSplits; ++s) {
     const float ms = src[s * (kD + 2)];
-    if (ms != -INFINITY) lb += src[s * (kD + 2) + 1] * expf(ms - mb);
+    if (ms != -MINFER_INF) lb += src[s * (kD + 2) + 1] * expf(ms - mb);
   }
   const float inv = 1.0f / lb;
   for (int d = threadIdx.x; d < kD; d += blockDim.x) {
     float acc = 0.0f;
     for (int s = 0; s < kSplits; ++s) {
       const float ms = src[s * (kD + 2)];
-      if (ms != -INFINITY) acc += src[s * (kD + 2) + 2 + d] * expf(ms - mb);
+      if (ms != -MINFER_INF) acc += src[s * (kD + 2) + 2 + d] * expf(ms - mb);
     }
     out[static_cast<uint64_t>(j) * kD + d] = acc * inv;
   }

@@ -65,6 +65,9 @@ MINFER_HD unsigned long long q8MetaOffset(unsigned max_batch, unsigned k) {
 }  // namespace minfer::kern
 
 #if defined(MINFER_DEVICE_CODE)
+// +infinity in device code (NVRTC has no <cmath>, hence no INFINITY).
+#define MINFER_INF __int_as_float(0x7f800000)
+
 namespace minfer::kern {
 
 __device__ __forceinline__ float h2f(uint16_t h) {

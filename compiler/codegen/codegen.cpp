@@ -1,0 +1,145 @@
+// Kernel codegen: dedupe, cache, parallel NVRTC (see codegen.h).
+#include "compiler/codegen/codegen.h"
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "compiler/codegen/kernel_cache.h"
+#include "compiler/codegen/nvrtc_compiler.h"
+#include "llvm/Support/FormatVariadic.h"
+
+namespace minfer::codegen {
+namespace {
+
+// Unique specs in first-use order; identical identities share one entry. Keys stay unique: a spec
+// whose readable key is taken by a different identity gets a numbered suffix (cannot happen with the
+// current key scheme, which spells out every constant that varies; guarded anyway).
+class SpecTable {
+ public:
+  uint32_t add(const KernelSpec& spec) {
+    const std::string id = spec.identity();
+    if (auto it = by_identity_.find(id); it != by_identity_.end()) return it->second;
+    KernelSpec s = spec;
+    for (unsigned n = 2; keys_.count(s.key); ++n) s.key = spec.key + "_v" + std::to_string(n);
+    keys_.insert({s.key, 0});
+    const uint32_t index = static_cast<uint32_t>(specs_.size());
+    specs_.push_back(std::move(s));
+    by_identity_.emplace(id, index);
+    return index;
+  }
+  const std::vector<KernelSpec>& specs() const { return specs_; }
+
+ private:
+  std::vector<KernelSpec> specs_;
+  std::map<std::string, uint32_t> by_identity_;
+  std::map<std::string, int> keys_;
+};
+
+}  // namespace
+
+llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
+                                          llvm::ArrayRef<planes::TensorLayout> layouts, const CodegenOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.targets.empty())
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "kernel codegen: no target architecture given");
+  for (const std::string& arch : options.targets)
+    if (auto e = checkArch(arch)) return e;
+
+  KernelSet set;
+  SpecTable table;
+  std::vector<std::vector<uint32_t>> prefill_specs, decode_specs;
+  for (PlanVariant v : {PlanVariant::kPrefill, PlanVariant::kDecode}) {
+    const size_t n = (v == PlanVariant::kPrefill ? desc.plan.prefill : desc.plan.decode).size();
+    auto& out = v == PlanVariant::kPrefill ? prefill_specs : decode_specs;
+    for (size_t i = 0; i < n; ++i) {
+      auto specs = specsForStep(desc, layouts, v, i);
+      if (!specs) return specs.takeError();
+      std::vector<uint32_t> ids;
+      for (const KernelSpec& s : *specs) ids.push_back(table.add(s));
+      set.stats.kernel_uses += ids.size();
+      out.push_back(std::move(ids));
+    }
+  }
+  table.add(argmaxSpec(desc.config.n_vocab));
+  ++set.stats.kernel_uses;
+
+  const std::vector<KernelSpec>& specs = table.specs();
+  const size_t n_arch = options.targets.size();
+  set.stats.unique_specs = specs.size();
+  set.stats.images = specs.size() * n_arch;
+
+  // Image i = spec i / n_arch, arch i % n_arch.
+  const std::string cache_dir = options.cache_dir == "off" ? ""
+                                : options.cache_dir.empty() ? KernelCache::defaultDirectory()
+                                                            : options.cache_dir;
+  KernelCache cache(cache_dir);
+  const std::string version = nvrtcVersionString();
+  struct Work {
+    std::optional<CompiledKernel> kernel;
+    std::optional<std::string> error;
+    bool hit = false;
+  };
+  std::vector<Work> work(set.stats.images);
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < work.size(); i = next++) {
+      const KernelSpec& spec = specs[i / n_arch];
+      const std::string& arch = options.targets[i % n_arch];
+      const std::string entry = KernelCache::entryName(spec, arch, nvrtcOptions(spec, arch));
+      if (auto hit = cache.lookup(entry)) {
+        work[i].kernel = std::move(*hit);
+        work[i].hit = true;
+        continue;
+      }
+      auto compiled = compileKernel(spec, arch);
+      if (!compiled) {
+        work[i].error = llvm::toString(compiled.takeError());
+        continue;
+      }
+      cache.store(entry, *compiled);
+      work[i].kernel = std::move(*compiled);
+    }
+  };
+  unsigned jobs = options.jobs ? options.jobs : std::max(1u, std::thread::hardware_concurrency());
+  jobs = static_cast<unsigned>(std::min<size_t>(jobs, work.size()));
+  std::vector<std::thread> threads;
+  for (unsigned t = 1; t < jobs; ++t) threads.emplace_back(worker);
+  worker();
+  for (std::thread& t : threads) t.join();
+
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (work[i].error) return llvm::createStringError(llvm::inconvertibleErrorCode(), *work[i].error);
+    const KernelSpec& spec = specs[i / n_arch];
+    const std::string& arch = options.targets[i % n_arch];
+    KernelImageData img;
+    img.key = spec.key + "_" + archTag(arch);
+    img.entry = spec.entry;
+    img.arch = arch;
+    img.cubin = std::move(work[i].kernel->cubin);
+    img.ptx = std::move(work[i].kernel->ptx);
+    img.nvrtc_version = version;
+    img.options = nvrtcOptions(spec, arch);
+    set.images.push_back(std::move(img));
+    (work[i].hit ? set.stats.cache_hits : set.stats.compiled)++;
+  }
+  auto expand = [&](const std::vector<std::vector<uint32_t>>& per_step) {
+    std::vector<std::vector<uint32_t>> out;
+    for (const std::vector<uint32_t>& ids : per_step) {
+      std::vector<uint32_t> images;
+      for (uint32_t s : ids)
+        for (size_t a = 0; a < n_arch; ++a) images.push_back(static_cast<uint32_t>(s * n_arch + a));
+      out.push_back(std::move(images));
+    }
+    return out;
+  };
+  set.prefill = expand(prefill_specs);
+  set.decode = expand(decode_specs);
+  set.stats.cache_write_failures = cache.writeFailures();
+  set.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return set;
+}
+
+}  // namespace minfer::codegen

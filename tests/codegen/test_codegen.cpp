@@ -1,0 +1,303 @@
+// Kernel codegen: every fixture model gets kernel images (sm_90 and a multi-arch list), keys are
+// readable and deterministic, the disk cache hits on the second compile, NVRTC errors carry the log
+// and the key, and the activation-quantization rewrite leaves the CPU plan's meaning unchanged.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "compiler/codegen/codegen.h"
+#include "compiler/codegen/kernel_cache.h"
+#include "compiler/codegen/nvrtc_compiler.h"
+#include "compiler/codegen/plan_rewrite.h"
+#include "compiler/gguf/gguf_reader.h"
+#include "tests/test_support.h"
+
+namespace minfer::codegen {
+namespace {
+
+struct Loaded {
+  std::unique_ptr<gguf::GgufFile> file;
+  model::ModelDescription desc;
+  std::vector<planes::TensorLayout> layouts;
+};
+
+planes::TensorRole roleOf(model::WeightRole r) {
+  switch (r) {
+    case model::WeightRole::kMatMul: return planes::TensorRole::kMatMul;
+    case model::WeightRole::kEmbedding: return planes::TensorRole::kEmbedding;
+    case model::WeightRole::kEmbeddingAndMatMul: return planes::TensorRole::kEmbeddingMatMul;
+    case model::WeightRole::kVector: return planes::TensorRole::kVector;
+  }
+  return planes::TensorRole::kVector;
+}
+
+// Reads a GGUF, lowers it and plans its planes (no transforms: codegen needs only the stride tables).
+Loaded load(const std::string& path, bool rewrite = true) {
+  Loaded l;
+  auto file = gguf::GgufFile::open(path);
+  REQUIRE_MESSAGE(static_cast<bool>(file), llvm::toString(file.takeError()));
+  l.file = std::move(*file);
+  auto desc = model::describeModel(*l.file, 512);
+  REQUIRE_MESSAGE(static_cast<bool>(desc), llvm::toString(desc.takeError()));
+  l.desc = std::move(*desc);
+  for (const model::WeightDesc& w : l.desc.weights) {
+    auto layout = planes::planLayout({w.name, w.info->type, w.info->rows(), w.info->cols(), roleOf(w.role)});
+    REQUIRE_MESSAGE(static_cast<bool>(layout), llvm::toString(layout.takeError()));
+    l.layouts.push_back(std::move(*layout));
+  }
+  if (rewrite) {
+    llvm::Error e = insertActivationQuantization(l.desc, l.layouts);
+    REQUIRE_MESSAGE(!e, llvm::toString(std::move(e)));
+  }
+  return l;
+}
+
+std::vector<std::string> fixtureModels() {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(test::fixturesDir() + "/models"))
+    if (e.path().extension() == ".gguf") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+KernelSet generate(const Loaded& l, std::vector<std::string> targets, std::string cache_dir) {
+  CodegenOptions o;
+  o.targets = std::move(targets);
+  o.cache_dir = std::move(cache_dir);
+  auto set = generateKernels(l.desc, l.layouts, o);
+  REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
+  return std::move(*set);
+}
+
+bool isQuantizedMatMul(const Loaded& l, const model::StepDesc& s) {
+  return s.op == fb::OpKind::MatMul && l.layouts[s.weights[0]].find(PlaneKind::kI8) >= 0;
+}
+
+std::string optionValue(const KernelImageData& img, const std::string& name) {
+  const std::string prefix = "-D" + name + "=";
+  for (const std::string& o : img.options)
+    if (o.rfind(prefix, 0) == 0) return o.substr(prefix.size());
+  return "";
+}
+
+// The entries a step must launch, from its op kind and weights (independent of kernel_spec.cpp's tables).
+std::vector<std::string> expectedEntries(const Loaded& l, const model::StepDesc& s, bool prefill) {
+  switch (s.op) {
+    case fb::OpKind::Embed: return {"minfer_embed"};
+    case fb::OpKind::RmsNorm: return {"minfer_rms_norm"};
+    case fb::OpKind::HeadRmsNorm: return {"minfer_head_rms_norm"};
+    case fb::OpKind::QuantizeAct: return {"minfer_quantize_act"};
+    case fb::OpKind::MatMul:
+      if (isQuantizedMatMul(l, s)) return {prefill ? "minfer_mmq" : "minfer_gemv"};
+      return {prefill ? "minfer_dense_mm" : "minfer_dense_gemv"};
+    case fb::OpKind::Rope: return {"minfer_rope"};
+    case fb::OpKind::Attention:
+      if (prefill) return {"minfer_kv_store", "minfer_attn_prefill"};
+      return {"minfer_kv_store", "minfer_attn_decode", "minfer_attn_combine"};
+    case fb::OpKind::SwiGlu: return {"minfer_swiglu"};
+    case fb::OpKind::Add: return {"minfer_add"};
+  }
+  return {};
+}
+
+void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::string>& targets) {
+  const std::regex key_re("[a-z0-9_.-]+_sm[0-9]+a?");
+  std::set<std::string> keys;
+  for (const KernelImageData& img : set.images) {
+    CHECK_MESSAGE(std::regex_match(img.key, key_re), img.key);
+    CHECK_MESSAGE(keys.insert(img.key).second, "duplicate key " << img.key);
+    CHECK(img.key.size() > img.arch.size());
+    REQUIRE(img.cubin.size() > 64);
+    CHECK(std::string(img.cubin.begin(), img.cubin.begin() + 4) == "\x7f" "ELF");
+    CHECK_MESSAGE(img.ptx.find(".entry " + img.entry) != std::string::npos, img.key);
+    CHECK_MESSAGE(img.ptx.find(".target " + img.arch) != std::string::npos, img.key << " " << img.arch);
+    CHECK(img.nvrtc_version == nvrtcVersionString());
+    CHECK(std::find(img.options.begin(), img.options.end(), "--gpu-architecture=" + img.arch) != img.options.end());
+  }
+  CHECK(set.images.size() == set.stats.unique_specs * targets.size());
+  for (bool prefill : {true, false}) {
+    const auto& steps = prefill ? l.desc.plan.prefill : l.desc.plan.decode;
+    const auto& lists = prefill ? set.prefill : set.decode;
+    REQUIRE(lists.size() == steps.size());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const std::vector<std::string> want = expectedEntries(l, steps[i], prefill);
+      REQUIRE_MESSAGE(lists[i].size() == want.size() * targets.size(), steps[i].name);
+      for (size_t k = 0; k < want.size(); ++k)
+        for (size_t a = 0; a < targets.size(); ++a) {
+          const uint32_t idx = lists[i][k * targets.size() + a];
+          REQUIRE(idx < set.images.size());
+          CHECK_MESSAGE(set.images[idx].entry == want[k], steps[i].name);
+          CHECK(set.images[idx].arch == targets[a]);
+        }
+      // Decode GEMV on a 4-bit-packable weight reads the packed plane.
+      if (!prefill && steps[i].op == fb::OpKind::MatMul && isQuantizedMatMul(l, steps[i])) {
+        const planes::TensorLayout& w = l.layouts[steps[i].weights[0]];
+        const bool packed = w.find(PlaneKind::kPacked) >= 0;
+        CHECK(optionValue(set.images[lists[i][0]], "GEMV_BITS") == (packed ? "4" : "8"));
+      }
+    }
+  }
+  size_t argmax = 0;
+  for (const KernelImageData& img : set.images) argmax += img.entry == "minfer_argmax";
+  CHECK(argmax == targets.size());
+}
+
+TEST_CASE("every fixture model gets kernel images for sm_90") {
+  if (!haveNvrtc()) {
+    MESSAGE("SKIPPED: built without NVRTC");
+    return;
+  }
+  if (!test::haveFixtures()) return;
+  for (const std::string& path : fixtureModels()) {
+    CAPTURE(path);
+    const Loaded l = load(path);
+    const KernelSet set = generate(l, {"sm_90"}, MINFER_TEST_KERNEL_CACHE);
+    checkSet(l, set, {"sm_90"});
+    CHECK(set.stats.unique_specs < set.stats.kernel_uses);  // layers share shapes
+  }
+}
+
+TEST_CASE("a multi-arch target list gives one image per arch, arch-major per kernel") {
+  if (!haveNvrtc() || !test::haveFixtures()) return;
+  const std::vector<std::string> targets = {"sm_80", "sm_86", "sm_89", "sm_90"};
+  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf");
+  const KernelSet set = generate(l, targets, MINFER_TEST_KERNEL_CACHE);
+  checkSet(l, set, targets);
+  // The same spec for different archs differs only in the arch suffix and machine code.
+  for (size_t i = 0; i + 3 < set.images.size(); i += 4) {
+    const std::string base = set.images[i].key.substr(0, set.images[i].key.rfind('_'));
+    for (size_t a = 1; a < 4; ++a) {
+      CHECK(set.images[i + a].key == base + "_" + archTag(targets[a]));
+      CHECK(set.images[i + a].cubin != set.images[i].cubin);
+    }
+  }
+}
+
+TEST_CASE("keys are deterministic and the disk cache hits on the second compile") {
+  if (!haveNvrtc() || !test::haveFixtures()) return;
+  const std::string dir = test::scratchDir() + "/kernel-cache";
+  std::filesystem::remove_all(dir);
+  const Loaded l = load(test::fixturesDir() + "/models/stories260K-Q8_0.gguf");
+  const KernelSet first = generate(l, {"sm_90"}, dir);
+  CHECK(first.stats.cache_hits == 0);
+  CHECK(first.stats.compiled == first.images.size());
+  CHECK(first.stats.cache_write_failures == 0);
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    CHECK(e.path().extension() == ".kimg");  // no temporary files left behind
+    ++entries;
+  }
+  CHECK(entries == first.images.size());
+
+  const KernelSet second = generate(l, {"sm_90"}, dir);
+  CHECK(second.stats.cache_hits == second.images.size());
+  CHECK(second.stats.compiled == 0);
+  REQUIRE(second.images.size() == first.images.size());
+  for (size_t i = 0; i < first.images.size(); ++i) {
+    CHECK(second.images[i].key == first.images[i].key);
+    CHECK(second.images[i].cubin == first.images[i].cubin);
+    CHECK(second.images[i].ptx == first.images[i].ptx);
+    CHECK(second.images[i].options == first.images[i].options);
+  }
+  CHECK(second.prefill == first.prefill);
+  CHECK(second.decode == first.decode);
+
+  // A corrupted entry reads as a miss and is recompiled, giving the same bytes.
+  for (const auto& e : std::filesystem::directory_iterator(dir)) std::filesystem::resize_file(e.path(), 20);
+  const KernelSet third = generate(l, {"sm_90"}, dir);
+  CHECK(third.stats.compiled == third.images.size());
+  for (size_t i = 0; i < first.images.size(); ++i) CHECK(third.images[i].cubin == first.images[i].cubin);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("an NVRTC failure reports the key, the arch and the compiler log") {
+  if (!haveNvrtc()) return;
+  KernelSpec spec;
+  spec.key = "broken_probe_n7";
+  spec.source = "kernels/common.cuh";
+  spec.entry = "minfer_broken";
+  spec.inline_source =
+      "#include \"kernels/common.cuh\"\nextern \"C\" __global__ void minfer_broken(int* p) { p[0] = undeclared_name_x; }\n";
+  auto r = compileKernel(spec, "sm_90");
+  REQUIRE_FALSE(static_cast<bool>(r));
+  const std::string msg = llvm::toString(r.takeError());
+  CHECK_MESSAGE(msg.find("broken_probe_n7_sm90") != std::string::npos, msg);
+  CHECK_MESSAGE(msg.find("undeclared_name_x") != std::string::npos, msg);  // from NVRTC's log
+  CHECK_MESSAGE(msg.find("error") != std::string::npos, msg);
+
+  spec.inline_source = "#include \"kernels/common.cuh\"\nextern \"C\" __global__ void minfer_broken(int* p) { p[0] = 1; }\n";
+  auto ok = compileKernel(spec, "sm_90");
+  CHECK_MESSAGE(static_cast<bool>(ok), (ok ? "" : llvm::toString(ok.takeError())));
+
+  llvm::Error old = checkArch("sm_75");
+  REQUIRE(static_cast<bool>(old));
+  CHECK(llvm::toString(std::move(old)).find("sm_80") != std::string::npos);
+  llvm::Error bad = checkArch("gfx90a");
+  CHECK(static_cast<bool>(bad));
+  llvm::consumeError(std::move(bad));
+}
+
+// Removing the QuantizeAct steps and the extra MatMul inputs gives back the original plan, and every
+// quantized MatMul reads a q8 buffer written from its own input with no write to that input between.
+TEST_CASE("activation-quantization rewrite keeps the CPU plan and feeds every quantized matmul") {
+  if (!test::haveFixtures()) return;
+  for (const char* name : {"tiny-llama-Q4_K_M.gguf", "tiny-qwen2-Q8_0.gguf", "tiny-llama-F32.gguf",
+                           "stories260K-Q8_0.gguf"}) {
+    CAPTURE(name);
+    const std::string path = test::fixturesDir() + "/models/" + name;
+    const Loaded before = load(path, /*rewrite=*/false);
+    const Loaded after = load(path, /*rewrite=*/true);
+    for (bool prefill : {true, false}) {
+      const auto& a = prefill ? after.desc.plan.prefill : after.desc.plan.decode;
+      const auto& b = prefill ? before.desc.plan.prefill : before.desc.plan.decode;
+      std::vector<model::StepDesc> stripped;
+      size_t quantize_steps = 0, quantized_matmuls = 0;
+      std::map<uint32_t, uint32_t> source_of_q8;  // q8 buffer → buffer it was quantized from, while valid
+      for (const model::StepDesc& s : a) {
+        if (s.op == fb::OpKind::QuantizeAct) {
+          ++quantize_steps;
+          REQUIRE(s.inputs.size() == 1);
+          REQUIRE(s.outputs.size() == 1);
+          CHECK(after.desc.plan.buffers[s.outputs[0]].type == fb::BufferType::I8);
+          CHECK(after.desc.plan.buffers[s.outputs[0]].width == after.desc.plan.buffers[s.inputs[0]].width);
+          source_of_q8[s.outputs[0]] = s.inputs[0];
+          continue;
+        }
+        model::StepDesc copy = s;
+        if (isQuantizedMatMul(after, s)) {
+          ++quantized_matmuls;
+          REQUIRE(s.inputs.size() == 2);
+          REQUIRE(source_of_q8.count(s.inputs[1]));
+          CHECK(source_of_q8[s.inputs[1]] == s.inputs[0]);
+          copy.inputs.resize(1);
+        } else if (s.op == fb::OpKind::MatMul) {
+          CHECK(s.inputs.size() == 1);  // float weights read f32 activations only
+        }
+        for (uint32_t o : s.outputs)  // a write invalidates q8 copies of that buffer
+          for (auto it = source_of_q8.begin(); it != source_of_q8.end();)
+            it = it->second == o ? source_of_q8.erase(it) : std::next(it);
+        stripped.push_back(std::move(copy));
+      }
+      REQUIRE(stripped.size() == b.size());
+      for (size_t i = 0; i < b.size(); ++i) {
+        CHECK(stripped[i].op == b[i].op);
+        CHECK(stripped[i].inputs == b[i].inputs);
+        CHECK(stripped[i].outputs == b[i].outputs);
+        CHECK(stripped[i].weights == b[i].weights);
+        CHECK(stripped[i].name == b[i].name);
+      }
+      if (quantized_matmuls == 0) CHECK(quantize_steps == 0);
+      else CHECK(quantize_steps < quantized_matmuls);  // q/k/v and gate/up share one quantization
+    }
+    // Buffers are only appended.
+    REQUIRE(after.desc.plan.buffers.size() >= before.desc.plan.buffers.size());
+    for (size_t i = 0; i < before.desc.plan.buffers.size(); ++i)
+      CHECK(after.desc.plan.buffers[i].name == before.desc.plan.buffers[i].name);
+  }
+}
+
+}  // namespace
+}  // namespace minfer::codegen
