@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "runtime/cpu/thread_pool.h"
 
@@ -23,6 +24,17 @@ const char* planeKindName(PlaneKind k) {
     case PlaneKind::kBlocks: return "blocks";
   }
   return "unknown";
+}
+
+// binary16 → float32 for every bit pattern, built once from halfToFloat (exact by construction);
+// a 256 KiB table lookup instead of halfToFloat's branches in the f16 matmul inner loop.
+const float* halfTable() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = halfToFloat(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table.data();
 }
 
 float readF32(const uint8_t* p) {
@@ -127,6 +139,12 @@ Status checkWeightPlanes(const WeightPlanes& w) {
     return Status::error("tensor '" + std::string(w.name) + "': an i8 plane needs a scale plane and vice versa");
   if (w.min.present() && !w.q.present())
     return Status::error("tensor '" + std::string(w.name) + "': min plane without i8 and scale planes");
+  if (w.min.present()) {
+    const uint32_t a = w.scale.table.group_size, b = w.min.table.group_size;
+    if (std::max(a, b) % std::min(a, b) != 0)
+      return Status::error("tensor '" + std::string(w.name) + "': scale group_size " + std::to_string(a) +
+                           " and min group_size " + std::to_string(b) + " do not nest (one must divide the other)");
+  }
   return Status::ok();
 }
 
@@ -147,27 +165,43 @@ Result<RowSource> pickRowSource(const WeightPlanes& w, bool for_gather) {
 
 void dequantizeRow(const WeightPlanes& w, RowSource src, uint64_t r, float* out) {
   const uint64_t cols = w.cols;
+  // Dense and i8 planes are contiguous along a row by the StrideTable definition
+  // (elementOffset(r, c + 1) − elementOffset(r, c) = elemBytes), so each run is addressed from the
+  // offset of its first element.
   switch (src) {
     case RowSource::kDense: {
-      const StrideTable& t = w.dense.table;
-      for (uint64_t c = 0; c < cols; ++c) {
-        const uint8_t* p = w.dense.data + elementOffset(t, r, c);
-        switch (t.kind) {
-          case PlaneKind::kF16: out[c] = halfToFloat(readU16(p)); break;
-          case PlaneKind::kBF16: out[c] = bf16ToFloat(readU16(p)); break;
-          default: out[c] = readF32(p); break;
+      const uint8_t* p = w.dense.data + elementOffset(w.dense.table, r, 0);
+      switch (w.dense.table.kind) {
+        case PlaneKind::kF16: {
+          const float* table = halfTable();
+          for (uint64_t c = 0; c < cols; ++c) out[c] = table[readU16(p + 2 * c)];
+          return;
         }
+        case PlaneKind::kBF16:
+          for (uint64_t c = 0; c < cols; ++c) out[c] = bf16ToFloat(readU16(p + 2 * c));
+          return;
+        default:
+          std::memcpy(out, p, cols * sizeof(float));
+          return;
       }
-      return;
     }
     case RowSource::kQuantized: {
-      const StrideTable& t = w.q.table;
-      // stride_table.h: value = s·q + m with a min plane, s·q without one (not "+ 0.0f", which
-      // would turn a −0.0 product into +0.0); float32, no FMA contraction (see CMake flags).
-      for (uint64_t c = 0; c < cols; ++c) {
-        const float q = static_cast<float>(static_cast<int8_t>(w.q.data[elementOffset(t, r, c)]));
-        const float sq = readGroupValue(w.scale, r, c) * q;
-        out[c] = w.min.present() ? sq + readGroupValue(w.min, r, c) : sq;
+      // One run per group: the scale (and min) are constant within it. checkWeightPlanes guarantees
+      // that the larger group size is a multiple of the smaller one.
+      const uint32_t run = w.min.present() ? std::min(w.scale.table.group_size, w.min.table.group_size)
+                                           : w.scale.table.group_size;
+      for (uint64_t c0 = 0; c0 < cols; c0 += run) {
+        const uint64_t n = std::min<uint64_t>(run, cols - c0);
+        const int8_t* q = reinterpret_cast<const int8_t*>(w.q.data + elementOffset(w.q.table, r, c0));
+        const float s = readGroupValue(w.scale, r, c0);
+        // stride_table.h: value = s·q + m with a min plane, s·q without one (not "+ 0.0f", which
+        // would turn a −0.0 product into +0.0); float32 without FMA contraction (CMake flags).
+        if (w.min.present()) {
+          const float m = readGroupValue(w.min, r, c0);
+          for (uint64_t i = 0; i < n; ++i) out[c0 + i] = s * static_cast<float>(q[i]) + m;
+        } else {
+          for (uint64_t i = 0; i < n; ++i) out[c0 + i] = s * static_cast<float>(q[i]);
+        }
       }
       return;
     }

@@ -309,6 +309,13 @@ TEST_CASE("checkWeightPlanes names the tensor, the plane and the numbers") {
     REQUIRE_FALSE(s.isOk());
     CHECK(s.message().find("63") != std::string::npos);
   }
+  {
+    WeightPlanes v = test::viewPlanes(planes, "t");
+    v.scale.table.group_size = 24;  // min groups of 32 do not nest with scale groups of 24
+    Status s = checkWeightPlanes(v);
+    REQUIRE_FALSE(s.isOk());
+    CHECK(s.message().find("do not nest") != std::string::npos);
+  }
   CHECK(checkWeightPlanes(test::viewPlanes(planes, "t")).isOk());
 }
 
