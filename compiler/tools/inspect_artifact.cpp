@@ -26,6 +26,10 @@ const char* elemText(uint8_t elem) {
 
 std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
 
+// For JSON values: llvm::json requires UTF-8, and artifact strings (token texts, names) are bytes.
+std::string utf8(std::string v) { return llvm::json::isUTF8(v) ? v : llvm::json::fixUTF8(v); }
+std::string jstr(const flatbuffers::String* s) { return utf8(str(s)); }
+
 std::string hex64(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
@@ -139,7 +143,7 @@ std::string stepText(const fb::Step& s, const fb::Artifact& m) {
 
 llvm::json::Object stepJson(const fb::Step& s) {
   return llvm::json::Object{{"op", fb::EnumNameOpKind(s.op())},
-                            {"name", str(s.name())},
+                            {"name", jstr(s.name())},
                             {"inputs", jsonIds(s.inputs())},
                             {"outputs", jsonIds(s.outputs())},
                             {"weights", jsonIds(s.weights())},
@@ -260,22 +264,22 @@ llvm::json::Object toJson(const ArtifactFile& f) {
   auto strings = [](const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>* v) {
     llvm::json::Array out;
     if (v)
-      for (const auto* s : *v) out.push_back(s->str());
+      for (const auto* s : *v) out.push_back(jstr(s));
     return out;
   };
   const fb::ModelConfig& c = *m.config();
   llvm::json::Object root{
-      {"file", f.path()},
+      {"file", utf8(f.path())},
       {"format", "mfb"},
       {"version", llvm::formatv("{0}.{1}", m.format_major(), m.format_minor()).str()},
       {"size", i64(f.fileSize())},
       {"manifest_size", i64(f.manifestSize())},
       {"manifest_check", segmentJson(m.manifest_check())},
-      {"producer", str(m.producer())},
-      {"producer_version", str(m.producer_version())},
+      {"producer", jstr(m.producer())},
+      {"producer_version", jstr(m.producer_version())},
       {"target_archs", strings(m.target_archs())},
       {"config",
-       llvm::json::Object{{"architecture", str(c.architecture())}, {"name", str(c.name())},
+       llvm::json::Object{{"architecture", jstr(c.architecture())}, {"name", jstr(c.name())},
                           {"n_embd", int64_t{c.n_embd()}},         {"n_layer", int64_t{c.n_layer()}},
                           {"n_head", int64_t{c.n_head()}},         {"n_head_kv", int64_t{c.n_head_kv()}},
                           {"head_dim", int64_t{c.head_dim()}},     {"n_ff", int64_t{c.n_ff()}},
@@ -287,11 +291,11 @@ llvm::json::Object toJson(const ArtifactFile& f) {
                           {"qkv_bias", c.qkv_bias()},              {"qk_norm", c.qk_norm()}}},
   };
   if (const fb::SourceInfo* s = m.source())
-    root["source"] = llvm::json::Object{{"name", str(s->name())}, {"size", i64(s->size())}, {"sha256", str(s->sha256())}};
+    root["source"] = llvm::json::Object{{"name", jstr(s->name())}, {"size", i64(s->size())}, {"sha256", jstr(s->sha256())}};
   if (const fb::Tokenizer* t = m.tokenizer())
     root["tokenizer"] = llvm::json::Object{{"model", fb::EnumNameTokenizerModel(t->model())},
-                                           {"model_name", str(t->model_name())},
-                                           {"pre", str(t->pre())},
+                                           {"model_name", jstr(t->model_name())},
+                                           {"pre", jstr(t->pre())},
                                            {"tokens", int64_t{t->tokens() ? t->tokens()->size() : 0}},
                                            {"merges", int64_t{t->merges() ? t->merges()->size() : 0}},
                                            {"bos_id", t->bos_id()},
@@ -301,7 +305,7 @@ llvm::json::Object toJson(const ArtifactFile& f) {
                                            {"add_bos", t->add_bos()},
                                            {"add_eos", t->add_eos()},
                                            {"add_space_prefix", t->add_space_prefix()},
-                                           {"chat_template", str(t->chat_template())}};
+                                           {"chat_template", jstr(t->chat_template())}};
   llvm::json::Array tensors;
   if (m.tensors())
     for (const fb::Tensor* t : *m.tensors()) {
@@ -310,7 +314,7 @@ llvm::json::Object toJson(const ArtifactFile& f) {
         for (uint64_t d : *t->ne()) ne.push_back(i64(d));
       for (const fb::Plane* p : *t->planes())
         planes.push_back(llvm::json::Object{{"layout", strideJson(*p->layout())}, {"data", segmentJson(p->data())}});
-      tensors.push_back(llvm::json::Object{{"name", str(t->name())},
+      tensors.push_back(llvm::json::Object{{"name", jstr(t->name())},
                                            {"type", ggmlTypeTraits(t->ggml_type()).name},
                                            {"ne", std::move(ne)},
                                            {"planes", std::move(planes)}});
@@ -321,7 +325,7 @@ llvm::json::Object toJson(const ArtifactFile& f) {
     if (mem->buffers())
       for (const fb::Buffer* b : *mem->buffers())
         buffers.push_back(llvm::json::Object{
-            {"name", str(b->name())}, {"width", int64_t{b->width()}}, {"type", fb::EnumNameBufferType(b->type())}});
+            {"name", jstr(b->name())}, {"width", int64_t{b->width()}}, {"type", fb::EnumNameBufferType(b->type())}});
     root["memory"] = llvm::json::Object{{"max_batch", int64_t{mem->max_batch()}},
                                         {"input_ids", int64_t{mem->input_ids()}},
                                         {"logits", int64_t{mem->logits()}},
@@ -337,10 +341,10 @@ llvm::json::Object toJson(const ArtifactFile& f) {
   llvm::json::Array kernels;
   if (m.kernels())
     for (const fb::KernelImage* k : *m.kernels())
-      kernels.push_back(llvm::json::Object{{"key", str(k->key())},
-                                           {"entry", str(k->entry())},
-                                           {"arch", str(k->arch())},
-                                           {"nvrtc_version", str(k->nvrtc_version())},
+      kernels.push_back(llvm::json::Object{{"key", jstr(k->key())},
+                                           {"entry", jstr(k->entry())},
+                                           {"arch", jstr(k->arch())},
+                                           {"nvrtc_version", jstr(k->nvrtc_version())},
                                            {"options", strings(k->options())},
                                            {"cubin", segmentJson(k->cubin())},
                                            {"ptx", segmentJson(k->ptx())}});
@@ -360,9 +364,9 @@ int inspectArtifact(const std::string& path, bool json, bool verify) {
   Status checked = Status::ok();
   if (verify) checked = f.verifyChecksums();
   if (json) {
-    llvm::json::Object root = toJson(f);
+    llvm::json::Object root = toJson(f);  // every string passed through jstr()
     if (verify)
-      root["checksums"] = checked.isOk() ? llvm::json::Value("ok") : llvm::json::Value(checked.message());
+      root["checksums"] = checked.isOk() ? llvm::json::Value("ok") : llvm::json::Value(utf8(checked.message()));
     llvm::outs() << llvm::formatv("{0:2}", llvm::json::Value(std::move(root))) << "\n";
   } else {
     printText(f, llvm::outs());

@@ -88,7 +88,8 @@ struct Spec {
   std::vector<std::string> merges = {"a b", "c d"};
   int32_t bos = 1, eos = 2, unk = 0, pad = -1;
   bool add_bos = true, add_eos = false, add_space_prefix = false;
-  std::string chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  // Ends in an invalid UTF-8 sequence: artifact strings are bytes, and tools must cope (JSON).
+  std::string chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}\xc3(";
   fb::TokenizerModel tok_model = fb::TokenizerModel::Bpe;
   std::string tok_model_name = "gpt2", tok_pre = "llama-bpe";
   // tensors, kernels, plans, memory
@@ -1270,6 +1271,7 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
   REQUIRE(root);
   CHECK(root->getString("version") == llvm::StringRef("1.0"));
   CHECK(root->getString("checksums") == llvm::StringRef("ok"));
+  CHECK(root->getObject("tokenizer")->getString("chat_template")->startswith("{% for m in messages %}"));
   CHECK(root->getObject("config")->getInteger("n_head_kv") == int64_t{2});
   CHECK(root->getObject("memory")->getArray("buffers")->size() == s.buffers.size());
   CHECK(root->getArray("prefill")->size() == s.prefill.size());
