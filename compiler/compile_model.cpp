@@ -4,6 +4,8 @@
 #include <thread>
 
 #include "compiler/artifact/artifact_writer.h"
+#include "compiler/codegen/codegen.h"
+#include "compiler/codegen/plan_rewrite.h"
 #include "compiler/gguf/gguf_reader.h"
 #include "compiler/model/model_desc.h"
 #include "compiler/planes/layout_planner.h"
@@ -25,6 +27,13 @@ struct TensorPlanes {
   std::vector<artifact::SegmentId> segments;  // one per layout.planes[i]
 };
 
+// Kernel images and the segments of their cubin and PTX (PTX stored with a terminating NUL, so the
+// runtime can hand the mapped bytes to cuModuleLoadData directly).
+struct Kernels {
+  codegen::KernelSet set;
+  std::vector<artifact::SegmentId> cubin, ptx;  // one per set.images[i]
+};
+
 struct SourceFacts {
   std::string name;
   uint64_t size = 0;
@@ -34,8 +43,8 @@ struct SourceFacts {
 // Builds the manifest from the description, the planned tensors and the writer's current segments
 // (placeholders before layout, final values after the data is written: same size either way).
 std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const std::vector<TensorPlanes>& tensors,
-                                   const artifact::ArtifactWriter& writer, const SourceFacts& source,
-                                   const CompileOptions& options) {
+                                   const Kernels& kernels, const artifact::ArtifactWriter& writer,
+                                   const SourceFacts& source, const CompileOptions& options) {
   flatbuffers::FlatBufferBuilder b(1 << 20);
   b.ForceDefaults(true);  // every field present: sizes never depend on values
   const model::ModelConfig& c = desc.config;
@@ -78,18 +87,33 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
                                               b.CreateVector(plane_offsets)));
   }
 
-  auto build_plan = [&](const std::vector<model::StepDesc>& steps) {
+  auto build_plan = [&](const std::vector<model::StepDesc>& steps, const std::vector<std::vector<uint32_t>>& lists,
+                        bool prefill) {
     std::vector<flatbuffers::Offset<fb::Step>> out;
-    for (const model::StepDesc& s : steps)
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const model::StepDesc& s = steps[i];
+      const std::vector<uint32_t> none;
+      const std::vector<uint32_t>& images = i < lists.size() ? lists[i] : none;
       out.push_back(fb::CreateStep(b, s.op, b.CreateVector(s.inputs), b.CreateVector(s.outputs),
                                    b.CreateVector(s.weights), s.layer, s.eps, s.n_head, s.n_head_kv, s.head_dim,
                                    s.n_rot, s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rows, s.cols,
-                                   b.CreateVector(std::vector<uint32_t>{}), b.CreateVector(std::vector<uint32_t>{}),
+                                   b.CreateVector(prefill ? images : none), b.CreateVector(prefill ? none : images),
                                    b.CreateString(s.name)));
+    }
     return fb::CreatePlan(b, b.CreateVector(out));
   };
-  auto prefill = build_plan(desc.plan.prefill);
-  auto decode = build_plan(desc.plan.decode);
+  auto prefill = build_plan(desc.plan.prefill, kernels.set.prefill, true);
+  auto decode = build_plan(desc.plan.decode, kernels.set.decode, false);
+
+  std::vector<flatbuffers::Offset<fb::KernelImage>> images;
+  for (size_t i = 0; i < kernels.set.images.size(); ++i) {
+    const codegen::KernelImageData& k = kernels.set.images[i];
+    std::vector<flatbuffers::Offset<flatbuffers::String>> opts;
+    for (const std::string& o : k.options) opts.push_back(b.CreateString(o));
+    const fb::Segment cubin = writer.segment(kernels.cubin[i]), ptx = writer.segment(kernels.ptx[i]);
+    images.push_back(fb::CreateKernelImage(b, b.CreateString(k.key), b.CreateString(k.entry), b.CreateString(k.arch),
+                                           &cubin, &ptx, b.CreateString(k.nvrtc_version), b.CreateVector(opts)));
+  }
 
   std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
   for (const model::BufferDesc& buf : desc.plan.buffers)
@@ -105,7 +129,7 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
 
   auto root = fb::CreateArtifact(b, 1, 0, b.CreateString(kProducer), b.CreateString(kProducerVersion), source_info,
                                  config, tokenizer, b.CreateVector(tensor_offsets),
-                                 b.CreateVector(std::vector<flatbuffers::Offset<fb::KernelImage>>{}), prefill, decode,
+                                 b.CreateVector(images), prefill, decode,
                                  memory, b.CreateVector(archs), &manifest_check);
   fb::FinishSizePrefixedArtifactBuffer(b, root);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
@@ -159,10 +183,35 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     tensors.push_back(std::move(tp));
   }
   summary.tensors = tensors.size();
+
+  // GPU kernels: quantize activations before quantized matmuls, then one NVRTC image per
+  // specialization and target arch (compiled before any data is written: their sizes go in the layout).
+  Kernels kernels;
+  if (!options.targets.empty()) {
+    std::vector<planes::TensorLayout> layouts;
+    for (const TensorPlanes& tp : tensors) layouts.push_back(tp.layout);
+    if (auto err = codegen::insertActivationQuantization(*desc, layouts)) return err;
+    codegen::CodegenOptions co;
+    co.targets = options.targets;
+    co.jobs = options.jobs;
+    co.cache_dir = options.kernel_cache_dir;
+    auto set = codegen::generateKernels(*desc, layouts, co);
+    if (!set) return set.takeError();
+    kernels.set = std::move(*set);
+    for (const codegen::KernelImageData& k : kernels.set.images) {
+      kernels.cubin.push_back((*writer)->reserveSegment(k.cubin.size()));
+      kernels.ptx.push_back((*writer)->reserveSegment(k.ptx.size() + 1));
+      summary.kernel_bytes += k.cubin.size() + k.ptx.size() + 1;
+    }
+    summary.kernel_images = kernels.set.images.size();
+    summary.kernel_specs = kernels.set.stats.unique_specs;
+    summary.kernel_cache_hits = kernels.set.stats.cache_hits;
+    summary.kernel_seconds = kernels.set.stats.seconds;
+  }
   summary.steps = desc->plan.prefill.size();
 
   // Manifest size first (placeholder segments), then the data, then the final manifest.
-  const size_t manifest_size = buildManifest(*desc, tensors, **writer, source, options).size();
+  const size_t manifest_size = buildManifest(*desc, tensors, kernels, **writer, source, options).size();
   if (auto err = (*writer)->layout(manifest_size)) return err;
 
   planes::PlaneWorkers workers(options.jobs);
@@ -177,9 +226,17 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     if (options.progress) options.progress(i + 1, tensors.size(), bytes_done, summary.source_bytes);
   }
 
+  for (size_t i = 0; i < kernels.set.images.size(); ++i) {
+    const codegen::KernelImageData& k = kernels.set.images[i];
+    if (auto err = (*writer)->writeSegment(kernels.cubin[i], k.cubin)) return err;
+    std::vector<uint8_t> ptx(k.ptx.begin(), k.ptx.end());
+    ptx.push_back(0);
+    if (auto err = (*writer)->writeSegment(kernels.ptx[i], ptx)) return err;
+  }
+
   hasher.join();
   source.sha256 = sha256;
-  const std::vector<uint8_t> manifest = buildManifest(*desc, tensors, **writer, source, options);
+  const std::vector<uint8_t> manifest = buildManifest(*desc, tensors, kernels, **writer, source, options);
   if (manifest.size() != manifest_size)
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    llvm::formatv("internal error: manifest size changed from {0} to {1} bytes",

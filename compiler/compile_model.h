@@ -22,6 +22,8 @@ struct CompileOptions {
   uint32_t max_batch = 512;          // activation buffers are sized for this many tokens per step
   unsigned jobs = 0;                 // transform threads; 0 = all cores
   std::vector<std::string> targets;  // GPU archs for kernel images, e.g. {"sm_90"}; stored in the artifact
+                                     // (empty: no kernel images, a CPU-only artifact)
+  std::string kernel_cache_dir;      // NVRTC image cache: "" = default (codegen/kernel_cache.h), "off" = none
   // Called after each tensor: (tensors done, tensors total, source bytes done, source bytes total).
   std::function<void(size_t, size_t, uint64_t, uint64_t)> progress;
 };
@@ -33,10 +35,16 @@ struct CompileSummary {
   uint64_t plane_bytes = 0;     // bytes of all planes written
   uint64_t artifact_bytes = 0;  // final file size
   size_t steps = 0;             // prefill plan steps
+  size_t kernel_images = 0;     // kernel images (specializations × targets)
+  size_t kernel_specs = 0;      // distinct specializations
+  size_t kernel_cache_hits = 0; // images taken from the disk cache instead of NVRTC
+  uint64_t kernel_bytes = 0;    // cubin + PTX bytes
+  double kernel_seconds = 0;    // wall time of kernel codegen
 };
 
 // Errors: every GGUF validation error (gguf_reader.h), unsupported architecture or tensor type
-// (model_desc.h), layout errors (layout_planner.h), I/O errors of the artifact writer. On any error
+// (model_desc.h), layout errors (layout_planner.h), kernel codegen errors (codegen/codegen.h: arch,
+// NVRTC log with the image key), I/O errors of the artifact writer. On any error
 // no file is left at `options.output` (a previous file there is untouched).
 llvm::Expected<CompileSummary> compileModel(const CompileOptions& options);
 

@@ -24,6 +24,10 @@ llvm::cl::opt<unsigned> kJobs("j", llvm::cl::desc("Worker threads for the plane 
 llvm::cl::opt<std::string> kTarget("target",
                                    llvm::cl::desc("GPU architectures for kernel images, comma-separated (default sm_90)"),
                                    llvm::cl::init("sm_90"), llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kKernelCache(
+    "kernel-cache", llvm::cl::desc("NVRTC kernel image cache directory, or 'off' (default: $MINFER_CACHE_DIR, "
+                                   "$XDG_CACHE_HOME/minfer/kernels or ~/.cache/minfer/kernels)"),
+    llvm::cl::value_desc("dir"), llvm::cl::init(""), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kVerbose("v", llvm::cl::desc("Print a line per tensor"), llvm::cl::cat(kCategory));
 
 // Accepts sm_XY or sm_XYa with XY ≥ 50, e.g. sm_80, sm_90a.
@@ -46,6 +50,7 @@ int main(int argc, char** argv) {
   options.output = kOutput;
   options.max_batch = kMaxBatch;
   options.jobs = kJobs;
+  options.kernel_cache_dir = kKernelCache;
   llvm::SmallVector<llvm::StringRef, 8> archs;
   llvm::StringRef(kTarget).split(archs, ',', -1, /*KeepEmpty=*/false);
   for (llvm::StringRef arch : archs) {
@@ -83,5 +88,11 @@ int main(int argc, char** argv) {
       "{5} plan steps, {6:f1} MB in all, {7:f2} s\n",
       options.output, s.tensors, s.planes, s.plane_bytes / 1e6, s.source_bytes / 1e6, s.steps,
       s.artifact_bytes / 1e6, seconds);
+  if (s.kernel_images)
+    llvm::errs() << llvm::formatv(
+        "minfer-compile: kernels: {0} images ({1} specializations × {2} targets), {3:f1} MB, {4} from cache, "
+        "{5:f2} s\n",
+        s.kernel_images, s.kernel_specs, options.targets.size(), s.kernel_bytes / 1e6, s.kernel_cache_hits,
+        s.kernel_seconds);
   return 0;
 }
