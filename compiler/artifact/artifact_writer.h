@@ -84,7 +84,8 @@ class ArtifactWriter {
   ArtifactWriter& operator=(const ArtifactWriter&) = delete;
 
   // Reserves a segment of `size` bytes (0 allowed: an empty segment is (offset 0, size 0)). Only
-  // before layout(); ids are dense, in call order, and fix the order of segments in the file.
+  // before layout(); ids are dense, in call order, and fix the order of segments in the file. Every
+  // reserved segment, empty ones included, must be written before commit.
   SegmentId reserveSegment(uint64_t size);
 
   // Fixes the offsets: the first segment at alignUp(manifest_bytes, 4096), each next one at the
