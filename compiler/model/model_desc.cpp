@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "llvm/ADT/StringExtras.h"
+#include "minfer/tokenizer.h"
 #include "llvm/Support/FormatVariadic.h"
 
 namespace minfer::model {
@@ -147,33 +148,58 @@ class Lowering {
     if ((!t.scores.empty() && t.scores.size() != n) || (!t.token_types.empty() && t.token_types.size() != n))
       return makeError(llvm::formatv("{0}: tokenizer arrays disagree: {1} tokens, {2} scores, {3} token types",
                                      file_.fileName(), n, t.scores.size(), t.token_types.size()));
+    // Defaults are llama.cpp's for this model kind and pre-tokenizer (Vocabulary::withDefaults); each
+    // key present in the GGUF overrides its default; special ids outside the vocabulary are ignored,
+    // as llama.cpp does (GGUF writers store 0xFFFFFFFF for "none").
+    const Vocabulary defaults = Vocabulary::withDefaults(t.model_name, t.pre);
+    t.bos_id = defaults.bos_id;
+    t.eos_id = defaults.eos_id;
+    t.unk_id = defaults.unk_id;
+    t.pad_id = defaults.pad_id;
     auto special = [&](const char* key, int32_t* out) -> llvm::Error {
       const gguf::KeyValue* kv = file_.find(key);
       if (!kv) return llvm::Error::success();
       uint64_t id = 0;
       if (!kv->value.asU64(&id)) return makeError(llvm::formatv("{0}: {1} is not a token id", file_.fileName(), key));
-      if (id == 0xFFFFFFFFu) return llvm::Error::success();  // "none", as llama.cpp writes it
-      if (id >= n)
-        return makeError(llvm::formatv("{0}: {1} = {2} is out of range (vocabulary of {3} tokens)", file_.fileName(),
-                                       key, id, n));
-      *out = static_cast<int32_t>(id);
+      if (id < n) *out = static_cast<int32_t>(id);
       return llvm::Error::success();
     };
     if (auto e = special("tokenizer.ggml.bos_token_id", &t.bos_id)) return e;
     if (auto e = special("tokenizer.ggml.eos_token_id", &t.eos_id)) return e;
     if (auto e = special("tokenizer.ggml.unknown_token_id", &t.unk_id)) return e;
     if (auto e = special("tokenizer.ggml.padding_token_id", &t.pad_id)) return e;
-    // llama.cpp's defaults: SPM vocabularies add BOS and a space prefix; BPE ones neither.
-    const bool spm = t.model == fb::TokenizerModel::Spm;
-    auto add_bos = file_.getBoolOr("tokenizer.ggml.add_bos_token", spm);
+    auto add_bos = file_.getBoolOr("tokenizer.ggml.add_bos_token", defaults.add_bos);
     if (!add_bos) return add_bos.takeError();
     t.add_bos = *add_bos;
-    auto add_eos = file_.getBoolOr("tokenizer.ggml.add_eos_token", false);
+    auto add_eos = file_.getBoolOr("tokenizer.ggml.add_eos_token", defaults.add_eos);
     if (!add_eos) return add_eos.takeError();
     t.add_eos = *add_eos;
-    auto add_space = file_.getBoolOr("tokenizer.ggml.add_space_prefix", spm);
+    auto add_space = file_.getBoolOr("tokenizer.ggml.add_space_prefix", defaults.add_space_prefix);
     if (!add_space) return add_space.takeError();
     t.add_space_prefix = *add_space;
+    return validateTokenizer();
+  }
+
+  // Builds the runtime's tokenizer once, so a vocabulary it would refuse fails here, at compile time.
+  llvm::Error validateTokenizer() {
+    const TokenizerDesc& t = desc_.tokenizer;
+    Vocabulary v;
+    v.model = t.model_name;
+    v.pre = t.pre;
+    v.tokens.assign(t.tokens.begin(), t.tokens.end());
+    v.scores = t.scores;
+    v.token_types = t.token_types;
+    v.merges.assign(t.merges.begin(), t.merges.end());
+    v.bos_id = t.bos_id;
+    v.eos_id = t.eos_id;
+    v.unk_id = t.unk_id;
+    v.pad_id = t.pad_id;
+    v.add_bos = t.add_bos;
+    v.add_eos = t.add_eos;
+    v.add_space_prefix = t.add_space_prefix;
+    Result<Tokenizer> tokenizer = Tokenizer::create(std::move(v));
+    if (!tokenizer)
+      return makeError(llvm::formatv("{0}: tokenizer: {1}", file_.fileName(), tokenizer.status().message()));
     return llvm::Error::success();
   }
 

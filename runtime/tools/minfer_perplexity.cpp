@@ -1,0 +1,110 @@
+// minfer-perplexity: perplexity of a model over a text file, with llama-perplexity's definition.
+//
+// Definition (llama.cpp examples/perplexity): the text is tokenized with BOS (when the vocabulary adds
+// one) and cut into consecutive non-overlapping windows of n_ctx tokens; the first token of each
+// window is replaced by BOS; only the second half of each window is scored: logits at window
+// positions n_ctx/2 … n_ctx−2 predict the tokens at n_ctx/2+1 … n_ctx−1. PPL = exp(mean NLL) over all
+// scored tokens; ± is PPL · sqrt((mean(NLL²) − mean(NLL)²) / (count − 1)).
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+#include "minfer/runtime.h"
+
+namespace {
+
+llvm::cl::OptionCategory kCategory("minfer-perplexity options");
+llvm::cl::opt<std::string> kModel(llvm::cl::Positional, llvm::cl::desc("<model.mfb>"), llvm::cl::Required,
+                                  llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kText("f", llvm::cl::desc("Text file to score"), llvm::cl::value_desc("file"),
+                                 llvm::cl::Required, llvm::cl::cat(kCategory));
+llvm::cl::opt<int> kCtx("c", llvm::cl::desc("Window length in tokens (default 512)"), llvm::cl::init(512),
+                        llvm::cl::cat(kCategory));
+llvm::cl::opt<int> kChunks("chunks", llvm::cl::desc("Score at most this many windows (default: all)"),
+                           llvm::cl::init(-1), llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kDevice("device", llvm::cl::desc("Backend: auto, cpu or cuda (default auto)"),
+                                   llvm::cl::init("auto"), llvm::cl::cat(kCategory));
+llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads (default: all cores)"), llvm::cl::init(0),
+                            llvm::cl::cat(kCategory));
+
+int fail(const std::string& message) {
+  llvm::errs() << "minfer-perplexity: " << message << "\n";
+  return 1;
+}
+
+// log softmax(logits)[token], accumulated in double.
+double logProbability(const float* logits, int n_vocab, int token) {
+  float max = logits[0];
+  for (int i = 1; i < n_vocab; ++i) max = std::max(max, logits[i]);
+  double sum = 0;
+  for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+  return static_cast<double>(logits[token]) - max - std::log(sum);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-perplexity: perplexity of a minfer artifact over a text\n");
+  if (kCtx < 4 || kCtx > minfer::Model::kMaxContext)
+    return fail(llvm::formatv("-c {0} is out of range 4..{1}", kCtx.getValue(), minfer::Model::kMaxContext).str());
+  auto kind = minfer::parseBackendKind(kDevice.getValue());
+  if (!kind) return fail("--device: " + kind.status().message());
+
+  std::ifstream in(kText, std::ios::binary);
+  if (!in) return fail(kText + ": cannot open the text file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+
+  auto model = minfer::Model::open(kModel, *kind);
+  if (!model) return fail(model.status().message());
+  const int n_vocab = (*model)->info().n_vocab;
+  auto tokens = (*model)->tokenize(ss.str(), /*add_special=*/true);
+  if (!tokens) return fail(tokens.status().message());
+  const int n_ctx = kCtx;
+  int n_chunks = static_cast<int>(tokens->size() / n_ctx);
+  if (kChunks >= 0) n_chunks = std::min(n_chunks, kChunks.getValue());
+  if (n_chunks == 0)
+    return fail(llvm::formatv("{0}: {1} tokens are fewer than one window of -c {2}", kText, tokens->size(), n_ctx).str());
+
+  minfer::Model::SessionOptions session_options;
+  session_options.n_ctx = n_ctx;
+  session_options.n_threads = kThreads;
+  auto session = (*model)->createSession(session_options);
+  if (!session) return fail(session.status().message());
+  llvm::errs() << llvm::formatv("minfer-perplexity: {0} tokens, {1} windows of {2}, backend {3}\n", tokens->size(),
+                                n_chunks, n_ctx, (*model)->backendName());
+
+  const int bos = (*model)->tokenizer().vocabulary().bos_id;
+  const bool add_bos = (*model)->tokenizer().vocabulary().add_bos && bos >= 0;
+  std::vector<int32_t> window(n_ctx);
+  std::vector<float> logits(static_cast<size_t>(n_ctx) * n_vocab);
+  double nll = 0, nll2 = 0;
+  long count = 0;
+  for (int c = 0; c < n_chunks; ++c) {
+    std::copy(tokens->begin() + static_cast<long>(c) * n_ctx, tokens->begin() + static_cast<long>(c + 1) * n_ctx,
+              window.begin());
+    if (add_bos) window[0] = bos;
+    (*session)->reset();
+    if (minfer::Status s = (*session)->prefill(window, logits); !s) return fail(s.message());
+    for (int p = n_ctx / 2; p < n_ctx - 1; ++p) {
+      const double v = -logProbability(&logits[static_cast<size_t>(p) * n_vocab], n_vocab, window[p + 1]);
+      nll += v;
+      nll2 += v * v;
+      ++count;
+    }
+    llvm::outs() << llvm::formatv("[{0}]{1:f4},", c + 1, std::exp(nll / count));
+    llvm::outs().flush();
+  }
+  llvm::outs() << "\n";
+  const double mean = nll / count, mean2 = nll2 / count, ppl = std::exp(mean);
+  const double var = mean2 - mean * mean;
+  const double err = count > 1 && var > 0 ? ppl * std::sqrt(var / (count - 1)) : 0.0;
+  llvm::outs() << llvm::formatv("Final estimate: PPL = {0:f4} +/- {1:f5}\n", ppl, err);
+  return 0;
+}

@@ -1,0 +1,92 @@
+// Loading golden cases and compiling fixture models for the end-to-end tests.
+#include "tests/e2e/golden_support.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "compiler/compile_model.h"
+#include "tests/test_support.h"
+
+namespace minfer::test {
+
+std::vector<std::string> goldenCaseNames() {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(fixturesDir() + "/goldens"))
+    if (entry.path().extension() == ".json") names.push_back(entry.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+GoldenCase loadGolden(const std::string& name) {
+  const std::string base = fixturesDir() + "/goldens/" + name;
+  std::ifstream in(base + ".json");
+  REQUIRE_MESSAGE(bool(in), "cannot open " << base << ".json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  GoldenCase g;
+  g.name = name;
+  g.model = j.at("model").get<std::string>();
+  g.prompt_ids = j.at("prompt_ids").get<std::vector<int32_t>>();
+  g.generated_ids = j.at("generated_ids").get<std::vector<int32_t>>();
+  g.n_vocab = j.at("n_vocab").get<int>();
+  g.prefill_margin = j.at("prefill_top1_margin").get<std::vector<double>>();
+  g.decode_margin = j.at("decode_top1_margin").get<std::vector<double>>();
+  g.generated_text = j.at("generated_text").get<std::string>();
+  if (!j.at("prompt_text").is_null()) g.prompt_text = j.at("prompt_text").get<std::string>();
+  g.prefill = readF32File(base + ".prefill.f32");
+  g.ref64 = readF32File(base + ".ref64.f32");
+  g.decode = readF32File(base + ".decode.f32");
+  g.decode_ref64 = readF32File(base + ".decode.ref64.f32");
+  const size_t prompt_size = g.prompt_ids.size() * g.n_vocab, decode_size = g.generated_ids.size() * g.n_vocab;
+  REQUIRE(g.prefill.size() == prompt_size);
+  REQUIRE(g.ref64.size() == prompt_size);
+  REQUIRE(g.decode.size() == decode_size);
+  REQUIRE(g.decode_ref64.size() == decode_size);
+  return g;
+}
+
+std::string compiledFixture(const std::string& model) {
+  static std::map<std::string, std::string> compiled;
+  if (auto it = compiled.find(model); it != compiled.end()) return it->second;
+  CompileOptions options;
+  options.input = fixturesDir() + "/models/" + model;
+  options.output = scratchDir() + "/" + model + ".mfb";
+  options.max_batch = 64;  // < 72 tokens of the longest golden: prefill must span several batches
+  auto summary = compileModel(options);
+  if (!summary) {
+    FAIL_CHECK("compiling " << model << ": " << llvm::toString(summary.takeError()));
+    return {};
+  }
+  compiled[model] = options.output;
+  return options.output;
+}
+
+LogitDiff compareLogits(const float* got, const float* want, int rows, int n_vocab, const std::vector<double>& margin,
+                        double allowed_abs) {
+  LogitDiff d;
+  double sq_diff = 0, sq_ref = 0;
+  for (int r = 0; r < rows; ++r) {
+    const float* g = got + static_cast<size_t>(r) * n_vocab;
+    const float* w = want + static_cast<size_t>(r) * n_vocab;
+    for (int t = 0; t < n_vocab; ++t) {
+      const double diff = std::isfinite(g[t]) ? std::fabs(static_cast<double>(g[t]) - w[t]) : INFINITY;
+      d.max_abs = std::max(d.max_abs, diff);
+      d.max_ref = std::max(d.max_ref, std::fabs(static_cast<double>(w[t])));
+      sq_diff += diff * diff;
+      sq_ref += static_cast<double>(w[t]) * w[t];
+    }
+    if (r < static_cast<int>(margin.size()) && margin[r] > 2 * allowed_abs) {
+      ++d.argmax_checked;
+      if (std::max_element(g, g + n_vocab) - g != std::max_element(w, w + n_vocab) - w) ++d.argmax_mismatch;
+    }
+  }
+  d.rms_rel = sq_ref > 0 ? std::sqrt(sq_diff / sq_ref) : std::sqrt(sq_diff);
+  return d;
+}
+
+}  // namespace minfer::test

@@ -1,0 +1,47 @@
+// Golden cases of ../shared/fixtures/goldens (llama.cpp logits + float64 reference), fixture models
+// compiled at test time with the real compiler, and the logit comparisons every backend's tests use.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace minfer::test {
+
+struct GoldenCase {
+  std::string name;                  // e.g. "tiny-llama-Q4_K_M_ids48"
+  std::string model;                 // file in fixtures/models
+  std::vector<int32_t> prompt_ids;   // (n_prompt)
+  std::vector<int32_t> generated_ids;  // (n_generate) greedy continuation, teacher-forced in decode
+  int n_vocab = 0;
+  std::vector<float> prefill, ref64;              // (n_prompt, n_vocab) llama.cpp / float64 reference
+  std::vector<float> decode, decode_ref64;        // (n_generate, n_vocab)
+  std::vector<double> prefill_margin, decode_margin;  // golden top-1 minus top-2 logit, per row
+  std::string generated_text;
+  std::string prompt_text;           // empty for id prompts
+
+  int nPrompt() const { return static_cast<int>(prompt_ids.size()); }
+  int nGenerate() const { return static_cast<int>(generated_ids.size()); }
+};
+
+// Names of every case with a JSON in fixtures/goldens, sorted.
+std::vector<std::string> goldenCaseNames();
+GoldenCase loadGolden(const std::string& name);
+
+// Path of an artifact compiled from fixtures/models/<model> (compiled once per process, into the
+// test's scratch directory). Fails the test (empty result) on a compile error.
+std::string compiledFixture(const std::string& model);
+
+// Comparison of rows × n_vocab logits with a reference, as the fixtures README §4 measures it.
+struct LogitDiff {
+  double max_abs = 0;        // max |got − want|
+  double max_ref = 0;        // max |want|
+  double rms_rel = 0;        // sqrt(mean((got − want)²)) / sqrt(mean(want²))
+  int argmax_checked = 0;    // rows whose reference top-1 margin exceeds 2 × allowed_abs
+  int argmax_mismatch = 0;   // ... of which the argmax differs
+  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
+};
+LogitDiff compareLogits(const float* got, const float* want, int rows, int n_vocab, const std::vector<double>& margin,
+                        double allowed_abs);
+
+}  // namespace minfer::test
