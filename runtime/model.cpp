@@ -5,6 +5,9 @@
 #include "minfer/artifact.h"
 #include "minfer/runtime.h"
 #include "runtime/backend.h"
+#if MINFER_HAVE_CUDA_BACKEND
+#include "runtime/cuda/cuda_backend.h"
+#endif
 
 namespace minfer {
 namespace {
@@ -92,9 +95,24 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, BackendKind 
   }
 
   // Backend.
+#if MINFER_HAVE_CUDA_BACKEND
+  // cuda: the GPU or a clear error; auto: the GPU when the driver, a GPU and a usable kernel image are
+  // all present, else the CPU with a note saying why.
+  if (kind == BackendKind::kCuda || kind == BackendKind::kAuto) {
+    Result<std::unique_ptr<cuda::CudaBackend>> cb = cuda::CudaBackend::create(*model->file_, CudaBackendOptions{});
+    if (cb) {
+      model->note_ = std::string(kind == BackendKind::kAuto ? "auto: " : "") + "cuda: " + (*cb)->note();
+      model->backend_ = std::move(*cb);
+      return model;
+    }
+    if (kind == BackendKind::kCuda) return cb.takeStatus().withContext(path + ": --device cuda: ");
+    model->note_ = "auto: " + cb.status().message() + "; using cpu";
+  }
+#else
   if (kind == BackendKind::kCuda)
     return Status::error(path + ": CUDA backend not available in this build (use --device cpu or auto)");
   if (kind == BackendKind::kAuto) model->note_ = "auto: CUDA backend not available in this build; using cpu";
+#endif
   Result<std::unique_ptr<Backend>> backend = createCpuBackend(*model->file_);
   if (!backend) return backend.takeStatus();
   model->backend_ = std::move(*backend);

@@ -1,0 +1,110 @@
+// CUDA backend: runs the artifact's execution plans with its NVRTC kernel images (DESIGN.md §1, §5).
+//
+// Phases:
+//   create (plan): open the GPU (driver loaded with dlopen, cuda_driver.h); choose the image arch —
+//     the cubin for the GPU's exact arch, else the PTX of the newest arch below it, JIT-compiled by the
+//     driver (noted once), else an error naming the GPU arch and the archs the artifact holds; load
+//     each image the plans use once (cuModuleLoadData); check every plan step's kernels against its op;
+//     upload every weight plane from the mapping into one device allocation through pinned staging
+//     buffers (memcpy into one while the DMA engine drains the others, on two streams).
+//   createSession (allocate): activation buffers (memory plan, max_batch rows; q8 buffers as
+//     kernels/common.cuh lays them out), the f16 KV cache for n_ctx positions, decode-attention
+//     partials, the position word; launch records with every argument resolved; the decode plan
+//     captured into a CUDA graph. Fails with the bytes needed and free when the GPU is short.
+//   forward (execute): uploads token ids and pos0 (pinned → device), launches the prefill steps
+//     (n > 1) or replays the decode graph (n == 1; kernels read pos0 from device memory, so the graph
+//     stays valid as the position advances), copies the logits back. Allocates nothing.
+//
+// Thread-safety: as Backend/BackendSession (runtime/backend.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace minfer {
+
+struct CudaBackendOptions {
+  int device = -1;          // GPU ordinal; −1: $MINFER_CUDA_DEVICE, else 0
+  bool decode_graph = true; // capture the decode plan in a CUDA graph
+};
+
+// The CUDA backend as the runtime sees it. `artifact` must outlive the backend and its sessions.
+// Errors: no driver / no GPU (message says so), no kernel images in the artifact ("compiled without
+// --target"), no image usable on this GPU (names the GPU arch and the artifact's archs), a module that
+// fails to load (driver JIT log), a plan step whose kernels do not match its op, out of device memory.
+Result<std::unique_ptr<Backend>> createCudaBackend(const ArtifactFile& artifact, const CudaBackendOptions& options = {});
+
+namespace cuda {
+
+class CudaDevice;
+
+// Which images to use on a GPU of compute capability cc_major.cc_minor, given the archs the artifact
+// holds ("sm_80", "sm_90", "sm_90a", …): the exact arch's cubins (an "a" arch only on its own GPU),
+// else the PTX of the highest portable arch ≤ the GPU's (JIT), else an error naming both sides.
+struct ArchChoice {
+  std::string arch;     // the artifact arch whose images are used
+  bool jit_ptx = false; // true: load the PTX (driver JIT), false: the cubin
+  std::string note;     // one line for the user
+};
+Result<ArchChoice> chooseImageArch(int cc_major, int cc_minor, const std::vector<std::string>& artifact_archs);
+
+// Per-step GPU time, accumulated over forward() calls while profiling is on (CUDA events around each
+// step; the decode graph is bypassed while profiling so every step can be timed).
+struct StepTime {
+  std::string name;   // plan step name, e.g. "blk.3.attn_q"
+  std::string op;     // OpKind name
+  bool prefill = true;
+  double ms = 0;      // total milliseconds
+  uint64_t calls = 0;
+};
+
+class CudaSession final : public BackendSession {
+ public:
+  ~CudaSession() override;
+  Status forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) override;
+  int maxBatch() const override;
+  int contextLength() const override;
+  uint64_t allocatedBytes() const override;
+
+  // Like forward, then the argmax of the last row on the device (greedy sampling; 4 bytes copied back
+  // instead of the logits row).
+  Result<int32_t> forwardArgmax(std::span<const int32_t> tokens, int pos0);
+  void setProfiling(bool on);
+  std::vector<StepTime> profile() const;  // steps with calls > 0, plan order (prefill then decode)
+  void resetProfile();
+  bool usesDecodeGraph() const;
+
+  struct State;
+  explicit CudaSession(std::unique_ptr<State> state);
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> create(const ArtifactFile& artifact, const CudaBackendOptions& options);
+  ~CudaBackend() override;
+  const char* name() const override { return "cuda"; }
+  Result<std::unique_ptr<BackendSession>> createSession(const BackendSessionConfig& config) const override;
+  Result<std::unique_ptr<CudaSession>> createCudaSession(const BackendSessionConfig& config) const;
+
+  // "NVIDIA H200 (sm_90, 132 SMs, 143 GB), driver 13.0: 26 kernel images (sm_90 cubins), 5.2 GB of
+  // weights uploaded in 1.3 s".
+  const std::string& note() const;
+  uint64_t weightBytes() const;
+  double uploadSeconds() const;
+
+  struct State;
+  explicit CudaBackend(std::unique_ptr<State> state);
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace cuda
+}  // namespace minfer

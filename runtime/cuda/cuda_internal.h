@@ -1,0 +1,91 @@
+// Internal state shared by cuda_backend.cpp (plan phase: images, weights) and cuda_session.cpp
+// (allocate + execute phases). Not part of the runtime's interface.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/common.cuh"
+#include "minfer/artifact.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/cuda_device.h"
+
+namespace minfer::cuda {
+
+// A kernel image loaded on the device, with the compile-time constants it was built with (parsed from
+// its NVRTC options "-DNAME=VALUE"; non-integer values are skipped).
+struct LoadedImage {
+  Module module;
+  CUfunction fn = nullptr;
+  std::string key;
+  std::string entry;
+  std::map<std::string, int64_t> defines;
+  int64_t define(const std::string& name, int64_t fallback = -1) const {
+    auto it = defines.find(name);
+    return it == defines.end() ? fallback : it->second;
+  }
+};
+
+// A weight plane on the device.
+struct DevicePlane {
+  StrideTable table;
+  CUdeviceptr ptr = 0;
+};
+
+struct DeviceTensor {
+  std::string name;
+  std::vector<DevicePlane> planes;
+  CUdeviceptr plane(PlaneKind kind) const {
+    for (const DevicePlane& p : planes)
+      if (p.table.kind == kind) return p.ptr;
+    return 0;
+  }
+};
+
+// One plan step and the loaded images it launches, in launch order.
+struct StepKernels {
+  const fb::Step* step = nullptr;
+  std::vector<int> images;  // indices into CudaBackend::State::images
+  std::string label;        // "prefill step 12 'blk.0.attn_q' (MatMul)"
+};
+
+struct CudaBackend::State {
+  const ArtifactFile* artifact = nullptr;
+  std::shared_ptr<CudaDevice> dev;
+  CudaBackendOptions options;
+  ArchChoice arch;
+  std::vector<LoadedImage> images;
+  std::vector<StepKernels> prefill, decode;
+  int argmax_image = -1;  // index into images, −1 when the artifact has none
+  DeviceBuffer weights;   // every plane, 256-byte aligned, one allocation
+  std::vector<DeviceTensor> tensors;
+  std::string note;
+  uint64_t weight_bytes = 0;
+  double upload_seconds = 0;
+};
+
+// One kernel launch with every argument resolved; the int argument `ntok` (if ≥ 0) receives n_tokens.
+struct Launch {
+  union Arg {
+    CUdeviceptr p;
+    int32_t i;
+  };
+  CUfunction fn = nullptr;
+  std::function<kern::LaunchShape(unsigned n_tokens)> shape;
+  Arg args[10] = {};
+  int n_args = 0;
+  int ntok = -1;
+  int step = -1;  // index into the plan's steps (profiling)
+  const char* entry = "";
+  void push(CUdeviceptr p) { args[n_args++].p = p; }
+  void pushInt(int32_t v) { args[n_args++].i = v; }
+  void pushTokens() {
+    ntok = n_args;
+    args[n_args++].i = 0;
+  }
+};
+
+}  // namespace minfer::cuda
