@@ -1,0 +1,589 @@
+// GPU parity of every kernel family against the CPU reference ops (runtime/cpu/cpu_ops.h).
+//
+// Fresh random inputs per case, shapes that are not square (rows ≠ cols ≠ block counts), token counts
+// 1, 7, 33, 512, 513, and outputs poisoned with NaN before each launch so an element a kernel fails to
+// write shows as an infinite error. Weights come from random GGUF blocks of every supported type laid
+// out by the compiler's own planner (and, for the matmuls, also with padded row pitches, so a kernel
+// that ignores a stride reads the wrong bytes). Each family's tolerance is declared next to it, as
+// max|gpu − ref| / max|ref|, and was measured on an H200 (the measured values are in the comments).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "compiler/planes/layout_planner.h"
+#include "compiler/planes/plane_transforms.h"
+#include "compiler/planes/plane_workers.h"
+#include "kernels/argmax.cuh"
+#include "kernels/attention.cuh"
+#include "kernels/dense_matmul.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/embed.cuh"
+#include "kernels/gemv.cuh"
+#include "kernels/mmq.cuh"
+#include "kernels/quantize_act.cuh"
+#include "kernels/rms_norm.cuh"
+#include "kernels/rope.cuh"
+#include "runtime/cpu/cpu_ops.h"
+#include "tests/cuda/gpu_harness.h"
+#include "tests/runtime/weight_builder.h"
+
+namespace minfer::test::gpu {
+namespace {
+
+// Tolerances (relative to max|reference|), per family.
+constexpr double kEmbedTol = 0.0;        // bit-identical (same dequantizeBlock, --fmad=false)
+constexpr double kRmsNormTol = 2e-6;     // f32 tree vs sequential sum of squares
+constexpr double kMmqTol = 2e-5;         // vs W·dequant(q8(x)) in f32: summation order only
+constexpr double kGemvTol = 2e-5;        // same definition as MMQ
+constexpr double kQ8ActTol = 2.5e-2;     // vs W·x: the int8 activation rounding (fixtures README §4: 3e-2)
+constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums
+constexpr double kRopeTol = 1e-6;        // same double θ, f32 rotation without FMA
+constexpr double kAttnTol = 2e-5;        // online vs two-pass softmax, f32; K/V compared at f16 precision
+constexpr double kSwiGluTol = 1e-6;      // expf vs std::exp
+constexpr double kAddTol = 0.0;
+
+const int kTokenCounts[] = {1, 7, 33, 512, 513};
+constexpr int kMaxBatch = 513;
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 r(20261129);
+  return r;
+}
+
+std::string str(uint64_t v) { return std::to_string(v); }
+
+// Random activations: rows of values in [−1, 1] scaled per 32-block by factors in [0.05, 4], so
+// q8 block scales differ from block to block.
+std::vector<float> activations(int n, int k) {
+  std::vector<float> x = randomFloats(static_cast<size_t>(n) * k, rng());
+  std::uniform_real_distribution<float> scale(0.05f, 4.0f);
+  for (size_t b = 0; b < x.size() / 32 + 1; ++b) {
+    const float s = scale(rng());
+    for (size_t i = b * 32; i < std::min(x.size(), (b + 1) * 32); ++i) x[i] *= s;
+  }
+  return x;
+}
+
+// Host mirror of quantize_act.cuh (same float operations, so q and d match bit for bit).
+struct HostQ8 {
+  std::vector<int8_t> qs;
+  std::vector<kern::Q8Meta> meta;
+  std::vector<float> deq;  // d·q
+};
+HostQ8 quantizeHost(const std::vector<float>& x, int n, int k) {
+  HostQ8 h;
+  h.qs.resize(static_cast<size_t>(n) * k);
+  h.deq.resize(h.qs.size());
+  for (int64_t b = 0; b < static_cast<int64_t>(n) * k / 32; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int lo = 0, hi = 0;
+    for (int i = 0; i < 32; ++i) {
+      int q = static_cast<int>(std::nearbyint(x[b * 32 + i] * id));
+      q = std::clamp(q, -127, 127);
+      h.qs[b * 32 + i] = static_cast<int8_t>(q);
+      h.deq[b * 32 + i] = d * static_cast<float>(q);
+      (i < 16 ? lo : hi) += q;
+    }
+    h.meta.push_back({d, static_cast<short>(lo), static_cast<short>(hi)});
+  }
+  return h;
+}
+
+// A random weight on host and device. `padded`: planes from test::buildPlanes with 16 extra bytes per
+// row (no kPacked plane); otherwise the compiler's planner and transforms.
+struct GpuWeight {
+  RandomWeight w;
+  std::vector<BuiltPlane> planes;
+  std::vector<DeviceArray> dev;
+  cpu::WeightPlanes view;
+  const StrideTable* table(PlaneKind k) const {
+    for (const BuiltPlane& p : planes)
+      if (p.table.kind == k) return &p.table;
+    return nullptr;
+  }
+  CUdeviceptr ptr(PlaneKind k) const {
+    for (size_t i = 0; i < planes.size(); ++i)
+      if (planes[i].table.kind == k) return dev[i].ptr();
+    return 0;
+  }
+};
+
+GpuWeight makeWeight(GgmlType type, uint64_t rows, uint64_t cols, planes::TensorRole role, bool padded = false) {
+  GpuWeight g;
+  g.w = makeRandomWeight(type, rows, cols, rng(), 0.5f);
+  if (padded) {
+    PlaneOptions o;
+    o.extra_pitch = 16;
+    g.planes = buildPlanes(g.w, o);
+  } else {
+    auto layout = planes::planLayout({"test." + std::string(ggmlTypeTraits(type).name), type, rows, cols, role});
+    REQUIRE_MESSAGE(static_cast<bool>(layout), llvm::toString(layout.takeError()));
+    planes::PlaneWorkers workers(2);
+    auto bytes = planes::transformTensor(*layout, g.w.source, workers);
+    REQUIRE_MESSAGE(static_cast<bool>(bytes), llvm::toString(bytes.takeError()));
+    for (size_t i = 0; i < layout->planes.size(); ++i) g.planes.push_back({layout->planes[i], std::move((*bytes)[i])});
+  }
+  for (const BuiltPlane& p : g.planes) g.dev.push_back(DeviceArray::of(p.bytes));
+  g.view = viewPlanes(g.planes, "test weight");
+  return g;
+}
+
+bool isFloatType(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+const GgmlType kQuantTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                                GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+std::vector<float> cpuMatmul(const GpuWeight& g, cpu::RowSource src, const float* bias, const std::vector<float>& x,
+                             int n) {
+  std::vector<float> out(static_cast<size_t>(n) * g.w.rows), scratch(g.w.cols);
+  cpu::matmul(g.view, src, bias, x.data(), n, out.data(), nullptr, scratch.data());
+  return out;
+}
+
+TEST_CASE("embed: every type, gathered rows bit-identical to the CPU") {
+  MINFER_REQUIRE_GPU(G);
+  const GgmlType types[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                            GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+  const uint64_t vocab = 37, cols = 768;
+  std::vector<GpuWeight> weights;
+  std::vector<codegen::KernelSpec> specs;
+  for (GgmlType t : types) {
+    weights.push_back(makeWeight(t, vocab, cols, planes::TensorRole::kEmbedding));
+    const GpuWeight& g = weights.back();
+    const StrideTable* p = isFloatType(t) ? &g.planes[0].table : g.table(PlaneKind::kBlocks);
+    REQUIRE(p);
+    specs.push_back(spec("embed_test_" + codegen::typeTag(static_cast<uint32_t>(t)), "kernels/embed.cuh", "minfer_embed",
+                         {{"EMBED_PLANE", str(static_cast<unsigned>(p->kind))},
+                          {"EMBED_TYPE", str(static_cast<unsigned>(t))},
+                          {"EMBED_COLS", str(cols)},
+                          {"EMBED_ROW_PITCH", str(p->row_pitch)},
+                          {"EMBED_GROUP_SIZE", str(p->group_size)},
+                          {"EMBED_GROUP_PITCH", str(p->group_pitch)}},
+                         {"--fmad=false"}));
+  }
+  std::vector<Kernel> kernels = compile(specs);
+  DeviceArray out(kMaxBatch * cols * 4);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const GpuWeight& g = weights[i];
+    const StrideTable* p = isFloatType(types[i]) ? &g.planes[0].table : g.table(PlaneKind::kBlocks);
+    CUdeviceptr table = g.ptr(p->kind);
+    for (int n : kTokenCounts) {
+      CAPTURE(ggmlTypeTraits(types[i]).name);
+      CAPTURE(n);
+      std::vector<int32_t> ids(n);
+      std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+      for (int32_t& id : ids) id = pick(rng());
+      DeviceArray d_ids = DeviceArray::of(ids);
+      out.poison();
+      CUdeviceptr a = d_ids.ptr(), o = out.ptr();
+      launch(kernels[i], kern::embedLaunch(n), {&a, &table, &o, &n});
+      std::vector<float> got = out.download<float>(static_cast<size_t>(n) * cols);
+      std::vector<float> ref(got.size());
+      const auto src = *cpu::pickRowSource(g.view, /*for_gather=*/true);
+      cpu::embed(g.view, src, ids.data(), n, ref.data());
+      CHECK(relError(got.data(), ref.data(), got.size()) <= kEmbedTol);
+      CHECK(std::memcmp(got.data(), ref.data(), got.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("rms_norm and head_rms_norm") {
+  MINFER_REQUIRE_GPU(G);
+  const int widths[] = {64, 200, 4096};
+  std::vector<codegen::KernelSpec> specs;
+  for (int w : widths)
+    specs.push_back(spec("rms_norm_test_w" + str(w), "kernels/rms_norm.cuh", "minfer_rms_norm",
+                         {{"RMS_WIDTH", str(w)}, {"RMS_EPS", codegen::floatLiteral(1e-5f)}}));
+  const int head_dims[] = {64, 128};
+  for (int d : head_dims)
+    specs.push_back(spec("head_rms_norm_test_d" + str(d), "kernels/rms_norm.cuh", "minfer_head_rms_norm",
+                         {{"HRMS_NHEAD", "6"}, {"HRMS_HEAD_DIM", str(d)}, {"HRMS_EPS", codegen::floatLiteral(1e-6f)}}));
+  std::vector<Kernel> k = compile(specs);
+  for (size_t wi = 0; wi < 3; ++wi) {
+    const int w = widths[wi];
+    const std::vector<float> weight = randomFloats(w, rng(), 0.5f, 1.5f);
+    DeviceArray d_w = DeviceArray::of(weight), out(kMaxBatch * w * 4);
+    for (int n : kTokenCounts) {
+      CAPTURE(w);
+      CAPTURE(n);
+      const std::vector<float> x = activations(n, w);
+      DeviceArray d_x = DeviceArray::of(x);
+      out.poison();
+      CUdeviceptr a = d_x.ptr(), b = d_w.ptr(), o = out.ptr();
+      launch(k[wi], kern::rmsNormLaunch(n), {&a, &b, &o, &n});
+      std::vector<float> got = out.download<float>(x.size()), ref(x.size());
+      cpu::rmsNorm(x.data(), weight.data(), n, w, 1e-5f, ref.data());
+      CHECK(relError(got.data(), ref.data(), ref.size()) <= kRmsNormTol);
+    }
+  }
+  for (size_t di = 0; di < 2; ++di) {
+    const int d = head_dims[di];
+    const std::vector<float> weight = randomFloats(d, rng(), 0.5f, 1.5f);
+    DeviceArray d_w = DeviceArray::of(weight);
+    for (int n : kTokenCounts) {
+      CAPTURE(d);
+      CAPTURE(n);
+      std::vector<float> x = activations(n, 6 * d);
+      DeviceArray d_x = DeviceArray::of(x);
+      CUdeviceptr a = d_x.ptr(), b = d_w.ptr();
+      launch(k[3 + di], kern::headRmsNormLaunch(n, 6), {&a, &b, &n});
+      std::vector<float> got = d_x.download<float>(x.size());
+      cpu::headRmsNorm(x.data(), weight.data(), n, 6, d, 1e-6f);
+      CHECK(relError(got.data(), x.data(), x.size()) <= kRmsNormTol);
+    }
+  }
+}
+
+TEST_CASE("quantize_act: q, d and sums bit-identical to the host mirror") {
+  MINFER_REQUIRE_GPU(G);
+  const int ks[] = {64, 352, 4096};
+  std::vector<codegen::KernelSpec> specs;
+  for (int kk : ks)
+    specs.push_back(spec("quantize_act_test_k" + str(kk), "kernels/quantize_act.cuh", "minfer_quantize_act",
+                         {{"QA_K", str(kk)}}));
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < 3; ++i) {
+    const int kk = ks[i];
+    for (int n : kTokenCounts) {
+      CAPTURE(kk);
+      CAPTURE(n);
+      std::vector<float> x = activations(n, kk);
+      for (int j = 0; j < 32 && n > 1; ++j) x[32 + j] = 0.0f;  // an all-zero block: d = 0
+      const HostQ8 ref = quantizeHost(x, n, kk);
+      DeviceArray d_x = DeviceArray::of(x), qs(kMaxBatch * kk), meta(kMaxBatch * kk / 32 * 8);
+      qs.poison();
+      meta.poison();
+      CUdeviceptr a = d_x.ptr(), b = qs.ptr(), c = meta.ptr();
+      launch(k[i], kern::quantizeActLaunch(n, kk), {&a, &b, &c, &n});
+      CHECK(qs.download<int8_t>(ref.qs.size()) == ref.qs);
+      const std::vector<kern::Q8Meta> got = meta.download<kern::Q8Meta>(ref.meta.size());
+      size_t bad = 0;
+      for (size_t j = 0; j < got.size(); ++j)
+        bad += std::memcmp(&got[j], &ref.meta[j], sizeof(kern::Q8Meta)) != 0;
+      CHECK(bad == 0);
+    }
+  }
+}
+
+// MMQ (prefill) and GEMV (decode) on one quantized weight; returns nothing, checks inside.
+void checkQuantizedMatmul(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool bias, bool padded, unsigned tm) {
+  CAPTURE(ggmlTypeTraits(type).name);
+  CAPTURE(n_rows);
+  CAPTURE(k_cols);
+  CAPTURE(bias);
+  CAPTURE(padded);
+  const GpuWeight g = makeWeight(type, n_rows, k_cols, planes::TensorRole::kMatMul, padded);
+  const StrideTable* q = g.table(PlaneKind::kI8);
+  const StrideTable* s = g.table(PlaneKind::kScale);
+  const StrideTable* m = g.table(PlaneKind::kMin);
+  const StrideTable* packed = g.table(PlaneKind::kPacked);
+  REQUIRE(q);
+  REQUIRE(s);
+  REQUIRE(s->group_pitch == 4);
+  const std::string tag = codegen::typeTag(static_cast<uint32_t>(type)) + "_n" + str(n_rows) + "_k" + str(k_cols) +
+                          (bias ? "_bias" : "") + (padded ? "_pad" : "");
+  const std::string has_min = m ? "1" : "0", m_pitch = m ? str(m->row_pitch) : "0";
+  std::vector<codegen::KernelSpec> specs;
+  specs.push_back(spec("mmq_test_" + tag, "kernels/mmq.cuh", "minfer_mmq",
+                       {{"MMQ_N", str(n_rows)}, {"MMQ_K", str(k_cols)}, {"MMQ_GROUP", str(s->group_size)},
+                        {"MMQ_HAS_MIN", has_min}, {"MMQ_HAS_BIAS", bias ? "1" : "0"},
+                        {"MMQ_Q_PITCH", str(q->row_pitch)}, {"MMQ_S_PITCH", str(s->row_pitch)},
+                        {"MMQ_M_PITCH", m_pitch}, {"MMQ_TM", str(tm)}, {"MMQ_TN", "64"}}));
+  const bool four = packed && packed->bits == 4;
+  const StrideTable* read = four ? packed : q;
+  specs.push_back(spec("gemv_test_" + tag, "kernels/gemv.cuh", "minfer_gemv",
+                       {{"GEMV_N", str(n_rows)}, {"GEMV_K", str(k_cols)}, {"GEMV_BITS", four ? "4" : "8"},
+                        {"GEMV_PITCH", str(read->row_pitch)}, {"GEMV_Q_OFFSET", std::to_string(four ? packed->q_offset : 0)},
+                        {"GEMV_GROUP", str(s->group_size)}, {"GEMV_S_PITCH", str(s->row_pitch)},
+                        {"GEMV_HAS_MIN", has_min}, {"GEMV_M_PITCH", m_pitch}, {"GEMV_HAS_BIAS", bias ? "1" : "0"}}));
+  std::vector<Kernel> k = compile(specs);
+
+  const std::vector<float> bias_v = randomFloats(n_rows, rng());
+  DeviceArray d_bias = DeviceArray::of(bias_v), out(kMaxBatch * n_rows * 4);
+  CUdeviceptr wq = g.ptr(PlaneKind::kI8), ws = g.ptr(PlaneKind::kScale), wm = g.ptr(PlaneKind::kMin),
+              wb = bias ? d_bias.ptr() : 0, wp = four ? g.ptr(PlaneKind::kPacked) : wq;
+  for (int n : kTokenCounts) {
+    CAPTURE(n);
+    const std::vector<float> x = activations(n, static_cast<int>(k_cols));
+    const HostQ8 hq = quantizeHost(x, n, static_cast<int>(k_cols));
+    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta);
+    out.poison();
+    CUdeviceptr a = xq.ptr(), b = xm.ptr(), o = out.ptr();
+    launch(k[0], kern::mmqLaunch(n_rows, n, tm, 64), {&wq, &ws, &wm, &wb, &a, &b, &o, &n});
+    const std::vector<float> got = out.download<float>(static_cast<size_t>(n) * n_rows);
+    const std::vector<float> ref = cpuMatmul(g, cpu::RowSource::kQuantized, bias ? bias_v.data() : nullptr, hq.deq, n);
+    const double err = relError(got.data(), ref.data(), ref.size());
+    CHECK(err <= kMmqTol);
+    const std::vector<float> ref_f = cpuMatmul(g, cpu::RowSource::kQuantized, bias ? bias_v.data() : nullptr, x, n);
+    CHECK(relError(got.data(), ref_f.data(), ref_f.size()) <= kQ8ActTol);
+    if (n == 1) {  // decode GEMV on the same input
+      out.poison();
+      launch(k[1], kern::gemvLaunch(n_rows), {&wp, &ws, &wm, &wb, &a, &b, &o});
+      const std::vector<float> got1 = out.download<float>(n_rows);
+      CHECK(relError(got1.data(), ref.data(), n_rows) <= kGemvTol);
+    }
+    MESSAGE("mmq " << tag << " n=" << n << " rel err " << err);
+  }
+}
+
+TEST_CASE("mmq and gemv: every quantized type, planner planes") {
+  MINFER_REQUIRE_GPU(G);
+  int i = 0;
+  for (GgmlType t : kQuantTypes) {
+    const bool small_blocks = ggmlTypeTraits(t).block_size == 32;
+    checkQuantizedMatmul(t, 328, 768, i % 2 == 0, false, i % 2 ? 64 : 128);
+    if (small_blocks) checkQuantizedMatmul(t, 200, 352, i % 2 == 1, false, 64);  // K % 64 == 32: partial stage
+    ++i;
+  }
+}
+
+TEST_CASE("mmq and gemv: padded row pitches (offset gate)") {
+  MINFER_REQUIRE_GPU(G);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_1, GgmlType::Q2_K})
+    checkQuantizedMatmul(t, 136, 512, true, true, 64);
+}
+
+TEST_CASE("dense_mm and dense_gemv: F32, F16, BF16") {
+  MINFER_REQUIRE_GPU(G);
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
+    for (uint64_t kk : {uint64_t{172}, uint64_t{512}})
+      for (bool padded : {false, true}) {
+        CAPTURE(ggmlTypeTraits(t).name);
+        CAPTURE(kk);
+        CAPTURE(padded);
+        const uint64_t n_rows = 300;
+        const GpuWeight g = makeWeight(t, n_rows, kk, planes::TensorRole::kMatMul, padded);
+        const StrideTable& d = g.planes[0].table;
+        const bool bias = kk == 512;
+        const std::string tag = codegen::typeTag(static_cast<uint32_t>(t)) + "_k" + str(kk) + (padded ? "_pad" : "");
+        auto defs = [&](const char* p) {
+          return std::vector<std::pair<std::string, std::string>>{{std::string(p) + "N", str(n_rows)},
+                                                                  {std::string(p) + "K", str(kk)},
+                                                                  {std::string(p) + "PLANE", str(static_cast<unsigned>(d.kind))},
+                                                                  {std::string(p) + "PITCH", str(d.row_pitch)},
+                                                                  {std::string(p) + "HAS_BIAS", bias ? "1" : "0"}};
+        };
+        std::vector<Kernel> k = compile({spec("dense_mm_test_" + tag, "kernels/dense_matmul.cuh", "minfer_dense_mm", defs("DMM_")),
+                                         spec("dense_gemv_test_" + tag, "kernels/dense_matmul.cuh", "minfer_dense_gemv",
+                                              defs("DGEMV_"))});
+        const std::vector<float> bias_v = randomFloats(n_rows, rng());
+        DeviceArray d_bias = DeviceArray::of(bias_v), out(kMaxBatch * n_rows * 4);
+        CUdeviceptr w = g.dev[0].ptr(), b = bias ? d_bias.ptr() : 0;
+        for (int n : kTokenCounts) {
+          CAPTURE(n);
+          const std::vector<float> x = activations(n, static_cast<int>(kk));
+          DeviceArray d_x = DeviceArray::of(x);
+          CUdeviceptr a = d_x.ptr(), o = out.ptr();
+          const std::vector<float> ref = cpuMatmul(g, cpu::RowSource::kDense, bias ? bias_v.data() : nullptr, x, n);
+          out.poison();
+          launch(k[0], kern::denseMmLaunch(n_rows, n), {&w, &b, &a, &o, &n});
+          std::vector<float> got = out.download<float>(ref.size());
+          CHECK(relError(got.data(), ref.data(), ref.size()) <= kDenseTol);
+          if (n == 1) {
+            out.poison();
+            launch(k[1], kern::denseGemvLaunch(n_rows), {&w, &b, &a, &o});
+            got = out.download<float>(n_rows);
+            CHECK(relError(got.data(), ref.data(), n_rows) <= kDenseTol);
+          }
+        }
+      }
+}
+
+TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    bool neox;
+    int n_rot;
+    float base, scale;
+  };
+  const Case cases[] = {{false, 64, 10000.0f, 1.0f}, {true, 64, 1000000.0f, 1.0f}, {false, 32, 10000.0f, 0.25f},
+                        {true, 48, 500000.0f, 0.5f}};
+  const int h = 6, hkv = 2, d = 64;
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases)
+    specs.push_back(spec(std::string("rope_test_") + (c.neox ? "neox" : "norm") + str(c.n_rot), "kernels/rope.cuh",
+                         "minfer_rope",
+                         {{"ROPE_NHEAD", str(h)}, {"ROPE_NHEAD_KV", str(hkv)}, {"ROPE_HEAD_DIM", str(d)},
+                          {"ROPE_NROT", str(c.n_rot)}, {"ROPE_NEOX", c.neox ? "1" : "0"},
+                          {"ROPE_BASE", codegen::floatLiteral(c.base)}, {"ROPE_SCALE", codegen::floatLiteral(c.scale)}},
+                         {"--fmad=false"}));
+  std::vector<Kernel> k = compile(specs);
+  for (size_t ci = 0; ci < 4; ++ci)
+    for (int pos0 : {0, 1000})
+      for (int n : kTokenCounts) {
+        CAPTURE(ci);
+        CAPTURE(pos0);
+        CAPTURE(n);
+        std::vector<float> q = activations(n, h * d), kk = activations(n, hkv * d);
+        DeviceArray d_q = DeviceArray::of(q), d_k = DeviceArray::of(kk), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
+        CUdeviceptr a = d_q.ptr(), b = d_k.ptr(), p = d_pos.ptr();
+        launch(k[ci], kern::ropeLaunch(n, h, hkv), {&a, &b, &p, &n});
+        const cpu::RopeStyle style = cases[ci].neox ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kNorm;
+        cpu::rope(q.data(), n, h, d, cases[ci].n_rot, style, cases[ci].base, cases[ci].scale, pos0);
+        cpu::rope(kk.data(), n, hkv, d, cases[ci].n_rot, style, cases[ci].base, cases[ci].scale, pos0);
+        std::vector<float> gq = d_q.download<float>(q.size()), gk = d_k.download<float>(kk.size());
+        CHECK(relError(gq.data(), q.data(), q.size()) <= kRopeTol);
+        CHECK(relError(gk.data(), kk.data(), kk.size()) <= kRopeTol);
+      }
+}
+
+float roundHalf(float v) { return halfToFloat(floatToHalf(v)); }
+
+TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU over the same f16 values") {
+  MINFER_REQUIRE_GPU(G);
+  const int h = 6, hkv = 2, n_ctx = 1200;
+  for (int d : {8, 64, 128}) {
+    CAPTURE(d);
+    auto att = [&](const char* name, const char* which) {
+      std::vector<std::pair<std::string, std::string>> defs = {
+          {"ATT_NHEAD", str(h)}, {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)}, {which, "1"}};
+      if (std::string(which) == "ATT_DECODE" || std::string(which) == "ATT_COMBINE") defs.push_back({"ATT_SPLITS", "32"});
+      return spec(std::string(name) + "_test_d" + str(d), "kernels/attention.cuh", name, defs);
+    };
+    std::vector<Kernel> k = compile({att("minfer_kv_store", "ATT_KV_STORE"), att("minfer_attn_prefill", "ATT_PREFILL"),
+                                     att("minfer_attn_decode", "ATT_DECODE"), att("minfer_attn_combine", "ATT_COMBINE")});
+    const int kvw = hkv * d;
+    DeviceArray kc(static_cast<uint64_t>(n_ctx) * kvw * 2), vc(static_cast<uint64_t>(n_ctx) * kvw * 2);
+    DeviceArray out(kMaxBatch * h * d * 4), part(kern::attnDecodePartFloats(h, d, 32) * 4);
+    std::vector<float> ck(static_cast<size_t>(n_ctx) * kvw), cv(ck.size());  // CPU cache (f16-rounded values)
+    cpu::KvLayer layer{ck.data(), cv.data(), n_ctx, hkv, d};
+
+    // Fills positions [0, pos0) of both caches with random keys/values (device: their f16 bits).
+    auto prefix = [&](int pos0) {
+      std::vector<uint16_t> kh(static_cast<size_t>(pos0) * kvw), vh(kh.size());
+      const std::vector<float> kr = activations(std::max(pos0, 1), kvw), vr = activations(std::max(pos0, 1), kvw);
+      for (size_t i = 0; i < kh.size(); ++i) {
+        kh[i] = floatToHalf(kr[i]);
+        vh[i] = floatToHalf(vr[i]);
+        ck[i] = halfToFloat(kh[i]);
+        cv[i] = halfToFloat(vh[i]);
+      }
+      if (pos0 > 0) {
+        kc.upload(kh.data(), kh.size() * 2);
+        vc.upload(vh.data(), vh.size() * 2);
+      }
+    };
+    auto store = [&](const std::vector<float>& kk, const std::vector<float>& vv, int n, int pos0) {
+      DeviceArray d_k = DeviceArray::of(kk), d_v = DeviceArray::of(vv), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
+      CUdeviceptr a = d_k.ptr(), b = d_v.ptr(), c = kc.ptr(), e = vc.ptr(), p = d_pos.ptr();
+      launch(k[0], kern::kvStoreLaunch(n, hkv, d), {&a, &b, &c, &e, &p, &n});
+      std::vector<float> kr(kk.size()), vr(vv.size());
+      for (size_t i = 0; i < kk.size(); ++i) {
+        kr[i] = roundHalf(kk[i]);
+        vr[i] = roundHalf(vv[i]);
+      }
+      cpu::kvStore(layer, kr.data(), vr.data(), n, pos0);
+      // The device cache holds exactly the f16 bits of the stored rows, at positions pos0 … pos0+n−1.
+      const std::vector<uint16_t> got = kc.download<uint16_t>(static_cast<size_t>(n) * kvw, static_cast<uint64_t>(pos0) * kvw * 2);
+      size_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) bad += got[i] != floatToHalf(kk[i]);
+      CHECK(bad == 0);
+    };
+    std::vector<float> scratch(n_ctx);
+    for (int pos0 : {0, 37})
+      for (int n : kTokenCounts) {
+        CAPTURE(pos0);
+        CAPTURE(n);
+        prefix(pos0);
+        const std::vector<float> q = activations(n, h * d), kk = activations(n, kvw), vv = activations(n, kvw);
+        store(kk, vv, n, pos0);
+        DeviceArray d_q = DeviceArray::of(q), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
+        out.poison();
+        CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr();
+        launch(k[1], kern::attnPrefillLaunch(n, h, d), {&a, &c, &e, &o, &p, &n});
+        std::vector<float> got = out.download<float>(q.size()), ref(q.size());
+        cpu::attention(q.data(), layer, n, pos0, h, ref.data(), nullptr, scratch.data());
+        const double err = relError(got.data(), ref.data(), ref.size());
+        CHECK(err <= kAttnTol);
+        MESSAGE("attn_prefill d=" << d << " pos0=" << pos0 << " n=" << n << " rel err " << err);
+      }
+    for (int pos0 : {0, 1, 31, 33, 600, 1199}) {
+      CAPTURE(pos0);
+      prefix(pos0);
+      const std::vector<float> q = activations(1, h * d), kk = activations(1, kvw), vv = activations(1, kvw);
+      store(kk, vv, 1, pos0);
+      DeviceArray d_q = DeviceArray::of(q), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
+      out.poison();
+      part.poison();
+      CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr();
+      launch(k[2], kern::attnDecodeLaunch(h, 32), {&a, &c, &e, &pt, &p});
+      launch(k[3], kern::attnCombineLaunch(h), {&pt, &o});
+      std::vector<float> got = out.download<float>(q.size()), ref(q.size());
+      cpu::attention(q.data(), layer, 1, pos0, h, ref.data(), nullptr, scratch.data());
+      CHECK(relError(got.data(), ref.data(), ref.size()) <= kAttnTol);
+    }
+  }
+}
+
+TEST_CASE("swiglu and add") {
+  MINFER_REQUIRE_GPU(G);
+  const int widths[] = {172, 4096};
+  std::vector<codegen::KernelSpec> specs;
+  for (int w : widths) {
+    specs.push_back(spec("swiglu_test_w" + str(w), "kernels/elementwise.cuh", "minfer_swiglu",
+                         {{"EW_WIDTH", str(w)}, {"EW_OP", "1"}}));
+    specs.push_back(spec("add_test_w" + str(w), "kernels/elementwise.cuh", "minfer_add", {{"EW_WIDTH", str(w)}, {"EW_OP", "2"}}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t wi = 0; wi < 2; ++wi)
+    for (int n : kTokenCounts) {
+      const int w = widths[wi];
+      CAPTURE(w);
+      CAPTURE(n);
+      const std::vector<float> a = activations(n, w), b = activations(n, w);
+      DeviceArray da = DeviceArray::of(a), db = DeviceArray::of(b), out(kMaxBatch * w * 4);
+      CUdeviceptr pa = da.ptr(), pb = db.ptr(), po = out.ptr();
+      std::vector<float> ref(a.size());
+      out.poison();
+      launch(k[2 * wi], kern::elementwiseLaunch(n, w), {&pa, &pb, &po, &n});
+      cpu::swiGlu(a.data(), b.data(), static_cast<int64_t>(a.size()), ref.data());
+      std::vector<float> got = out.download<float>(a.size());
+      CHECK(relError(got.data(), ref.data(), ref.size()) <= kSwiGluTol);
+      out.poison();
+      launch(k[2 * wi + 1], kern::elementwiseLaunch(n, w), {&pa, &pb, &po, &n});
+      cpu::add(a.data(), b.data(), static_cast<int64_t>(a.size()), ref.data());
+      got = out.download<float>(a.size());
+      CHECK(relError(got.data(), ref.data(), ref.size()) <= kAddTol);
+      // In place (out = a), as the plan's residual adds run.
+      launch(k[2 * wi + 1], kern::elementwiseLaunch(n, w), {&pa, &pb, &pa, &n});
+      got = da.download<float>(a.size());
+      CHECK(relError(got.data(), ref.data(), ref.size()) <= kAddTol);
+    }
+}
+
+TEST_CASE("argmax: lowest index among ties") {
+  MINFER_REQUIRE_GPU(G);
+  for (int vocab : {1000, 152064}) {
+    CAPTURE(vocab);
+    std::vector<Kernel> k = compile({spec("argmax_test_n" + str(vocab), "kernels/argmax.cuh", "minfer_argmax",
+                                          {{"AM_N", str(vocab)}})});
+    const int rows = 5;
+    std::vector<float> x = randomFloats(static_cast<size_t>(rows) * vocab, rng());
+    std::uniform_int_distribution<int> pick(0, vocab - 1);
+    for (int r = 0; r < rows; ++r) {  // plant a maximum, tied at two or three places in some rows
+      const int a = pick(rng()), b = pick(rng());
+      x[static_cast<size_t>(r) * vocab + a] = 5.0f;
+      if (r % 2) x[static_cast<size_t>(r) * vocab + b] = 5.0f;
+    }
+    x[static_cast<size_t>(4) * vocab + vocab - 1] = 7.0f;  // maximum in the last column
+    DeviceArray dx = DeviceArray::of(x), out(rows * 4);
+    out.poison();
+    CUdeviceptr a = dx.ptr(), o = out.ptr();
+    int n = rows;
+    launch(k[0], kern::argmaxLaunch(rows), {&a, &o, &n});
+    const std::vector<int32_t> got = out.download<int32_t>(rows);
+    for (int r = 0; r < rows; ++r) {
+      const float* row = x.data() + static_cast<size_t>(r) * vocab;
+      CHECK(got[r] == std::max_element(row, row + vocab) - row);  // max_element returns the first maximum
+    }
+  }
+}
+
+}  // namespace
+}  // namespace minfer::test::gpu
