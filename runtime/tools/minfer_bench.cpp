@@ -1,0 +1,250 @@
+// minfer-bench: prompt-processing and text-generation throughput with llama-bench's definitions.
+//
+//   ppP  one prompt of P random tokens evaluated from an empty KV cache (in batches of the artifact's
+//        max batch, as llama.cpp splits into ubatches); t/s = P / seconds.
+//   tgN  N single-token decode steps from an empty KV cache, each fed a random token, one logits row
+//        copied back per step (no sampling); t/s = N / seconds.
+// Each test runs once as warm-up, then -r times; the table shows mean ± standard deviation of the
+// per-repetition t/s (llama-bench's avg_ts ± stddev_ts). --profile adds GPU time per plan step (CUDA
+// events around every step; the decode graph is bypassed while profiling, so profiled tg is slower).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+#include "minfer/artifact.h"
+#include "runtime/backend.h"
+#if MINFER_HAVE_CUDA_BACKEND
+#include "runtime/cuda/cuda_backend.h"
+#endif
+
+namespace {
+
+llvm::cl::OptionCategory kCategory("minfer-bench options");
+llvm::cl::list<std::string> kModels(llvm::cl::Positional, llvm::cl::desc("<model.mfb>..."), llvm::cl::OneOrMore,
+                                    llvm::cl::cat(kCategory));
+llvm::cl::list<int> kPrompt("p", llvm::cl::desc("Prompt lengths to test, comma-separated (default 512)"),
+                            llvm::cl::CommaSeparated, llvm::cl::cat(kCategory));
+llvm::cl::list<int> kGen("n", llvm::cl::desc("Generation lengths to test, comma-separated (default 128)"),
+                         llvm::cl::CommaSeparated, llvm::cl::cat(kCategory));
+llvm::cl::opt<int> kReps("r", llvm::cl::desc("Repetitions of each test (default 5)"), llvm::cl::init(5),
+                         llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kDevice("device", llvm::cl::desc("Backend: cuda or cpu (default cuda)"),
+                                   llvm::cl::init("cuda"), llvm::cl::cat(kCategory));
+llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads (default: all cores)"), llvm::cl::init(0),
+                            llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kJson("json", llvm::cl::desc("Print results as JSON"), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kCsv("csv", llvm::cl::desc("Print results as CSV"), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kProfile("profile", llvm::cl::desc("Also time every plan step with CUDA events (cuda only)"),
+                             llvm::cl::cat(kCategory));
+llvm::cl::opt<unsigned> kSeed("seed", llvm::cl::desc("Seed of the random tokens (default 1)"), llvm::cl::init(1),
+                              llvm::cl::cat(kCategory));
+
+struct Result {
+  std::string model, backend, test;
+  int n_prompt = 0, n_gen = 0;
+  double size_bytes = 0, params = 0, load_s = 0;
+  std::vector<double> ts;  // tokens per second, one per repetition
+  double mean() const {
+    double s = 0;
+    for (double v : ts) s += v;
+    return ts.empty() ? 0 : s / ts.size();
+  }
+  double sd() const {
+    if (ts.size() < 2) return 0;
+    const double m = mean();
+    double s = 0;
+    for (double v : ts) s += (v - m) * (v - m);
+    return std::sqrt(s / (ts.size() - 1));
+  }
+};
+
+[[noreturn]] void die(const std::string& msg) {
+  llvm::errs() << "minfer-bench: " << msg << "\n";
+  std::exit(1);
+}
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Weights of the artifact: count of logical elements of all tensors (llama-bench's "params").
+double paramCount(const minfer::fb::Artifact& m) {
+  double n = 0;
+  if (m.tensors())
+    for (const minfer::fb::Tensor* t : *m.tensors()) {
+      double e = 1;
+      if (t->ne())
+        for (uint64_t d : *t->ne()) e *= static_cast<double>(d);
+      n += e;
+    }
+  return n;
+}
+
+std::string human(double bytes) { return llvm::formatv("{0:f2} GiB", bytes / (1024.0 * 1024 * 1024)).str(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-bench: prompt processing (pp) and generation (tg) speed\n");
+  std::vector<int> prompts(kPrompt.begin(), kPrompt.end()), gens(kGen.begin(), kGen.end());
+  if (prompts.empty()) prompts = {512};
+  if (gens.empty()) gens = {128};
+  if (kReps < 1) die("-r must be at least 1");
+  for (int p : prompts)
+    if (p < 0) die("-p values must be ≥ 0");
+  for (int n : gens)
+    if (n < 0) die("-n values must be ≥ 0");
+  const bool cuda = kDevice == "cuda";
+  if (!cuda && kDevice != "cpu") die("--device must be cuda or cpu");
+  if (kProfile && !cuda) die("--profile needs --device cuda");
+
+  std::vector<Result> results;
+  std::vector<std::string> profiles;
+  std::mt19937 rng(kSeed);
+  for (const std::string& path : kModels) {
+    const double t0 = now();
+    auto file = minfer::ArtifactFile::open(path);
+    if (!file) die(file.status().message());
+    const minfer::fb::Artifact& m = *(*file)->manifest();
+    const int n_vocab = static_cast<int>(m.config()->n_vocab());
+    const int max_p = *std::max_element(prompts.begin(), prompts.end());
+    const int max_n = *std::max_element(gens.begin(), gens.end());
+    const int n_ctx = std::max({max_p, max_n, 1});
+
+    std::unique_ptr<minfer::Backend> backend;
+    std::unique_ptr<minfer::BackendSession> session;
+    std::string note;
+#if MINFER_HAVE_CUDA_BACKEND
+    minfer::cuda::CudaSession* cuda_session = nullptr;
+#endif
+    if (cuda) {
+#if MINFER_HAVE_CUDA_BACKEND
+      auto b = minfer::cuda::CudaBackend::create(**file, {});
+      if (!b) die(b.status().message());
+      note = (*b)->note();
+      auto s = (*b)->createCudaSession({n_ctx, kThreads});
+      if (!s) die(s.status().message());
+      cuda_session = s->get();
+      session = std::move(*s);
+      backend = std::move(*b);
+#else
+      die("this build has no CUDA backend");
+#endif
+    } else {
+      auto b = minfer::createCpuBackend(**file);
+      if (!b) die(b.status().message());
+      auto s = (*b)->createSession({n_ctx, kThreads});
+      if (!s) die(s.status().message());
+      session = std::move(*s);
+      backend = std::move(*b);
+      note = "cpu";
+    }
+    const double load_s = now() - t0;
+    llvm::errs() << llvm::formatv("minfer-bench: {0}: {1}; loaded in {2:f2} s\n", path, note, load_s);
+
+    const int max_batch = session->maxBatch();
+    std::vector<float> logits(n_vocab);
+    std::uniform_int_distribution<int32_t> token(0, n_vocab - 1);
+    auto runPp = [&](int p) {
+      std::vector<int32_t> ids(p);
+      for (int32_t& t : ids) t = token(rng);
+      const double start = now();
+      for (int pos = 0; pos < p; pos += max_batch) {
+        const int n = std::min(max_batch, p - pos);
+        minfer::Status s = session->forward({ids.data() + pos, static_cast<size_t>(n)}, pos, logits.data(), false);
+        if (!s) die(s.message());
+      }
+      return now() - start;
+    };
+    auto runTg = [&](int n) {
+      const double start = now();
+      for (int i = 0; i < n; ++i) {
+        const int32_t t = token(rng);
+        minfer::Status s = session->forward({&t, 1}, i, logits.data(), false);
+        if (!s) die(s.message());
+      }
+      return now() - start;
+    };
+
+    std::string name = m.config()->architecture()->str();
+    if (m.source() && m.source()->name()) name = m.source()->name()->str();
+    auto bench = [&](bool pp, int count) {
+      if (count == 0) return;
+      Result r;
+      r.model = name;
+      r.backend = cuda ? "CUDA" : "CPU";
+      r.test = (pp ? "pp" : "tg") + std::to_string(count);
+      r.n_prompt = pp ? count : 0;
+      r.n_gen = pp ? 0 : count;
+      r.size_bytes = static_cast<double>((*file)->fileSize());
+      r.params = paramCount(m);
+      r.load_s = load_s;
+      pp ? runPp(count) : runTg(count);  // warm-up
+      for (int i = 0; i < kReps; ++i) r.ts.push_back(count / (pp ? runPp(count) : runTg(count)));
+      results.push_back(r);
+#if MINFER_HAVE_CUDA_BACKEND
+      if (kProfile && cuda_session) {
+        cuda_session->resetProfile();
+        cuda_session->setProfiling(true);
+        pp ? runPp(count) : runTg(count);
+        cuda_session->setProfiling(false);
+        // Per step: ms per run of the test; summed by op kind as well.
+        std::vector<minfer::cuda::StepTime> steps = cuda_session->profile();
+        double total = 0;
+        for (const auto& s : steps) total += s.ms;
+        std::map<std::string, double> by_op;
+        for (const auto& s : steps) by_op[s.op + (s.prefill ? " (prefill)" : " (decode)")] += s.ms;
+        std::string out = llvm::formatv("\n### profile: {0} {1} (one run; GPU time {2:f3} ms)\n\n", name, r.test, total);
+        out += "| op | ms | share |\n|---|---:|---:|\n";
+        std::vector<std::pair<std::string, double>> ops(by_op.begin(), by_op.end());
+        std::sort(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.second > b.second; });
+        for (const auto& [op, ms] : ops) out += llvm::formatv("| {0} | {1:f3} | {2:f1}% |\n", op, ms, 100 * ms / total);
+        std::sort(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.ms > b.ms; });
+        out += "\n| step | op | calls | ms | share |\n|---|---|---:|---:|---:|\n";
+        for (size_t i = 0; i < steps.size() && i < 40; ++i)
+          out += llvm::formatv("| {0} | {1} | {2} | {3:f3} | {4:f1}% |\n", steps[i].name, steps[i].op, steps[i].calls,
+                               steps[i].ms, 100 * steps[i].ms / total);
+        if (steps.size() > 40) out += llvm::formatv("| … {0} more steps | | | | |\n", steps.size() - 40);
+        profiles.push_back(out);
+      }
+#endif
+    };
+    for (int p : prompts) bench(true, p);
+    for (int n : gens) bench(false, n);
+  }
+
+  if (kJson) {
+    llvm::outs() << "[\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      std::string samples;
+      for (double v : r.ts) samples += (samples.empty() ? "" : ", ") + llvm::formatv("{0:f3}", v).str();
+      llvm::outs() << llvm::formatv(
+          "  {{\"model\": \"{0}\", \"backend\": \"{1}\", \"test\": \"{2}\", \"n_prompt\": {3}, \"n_gen\": {4}, "
+          "\"model_size\": {5:f0}, \"model_n_params\": {6:f0}, \"load_s\": {7:f3}, \"avg_ts\": {8:f3}, "
+          "\"stddev_ts\": {9:f3}, \"samples_ts\": [{10}]}{11}\n",
+          r.model, r.backend, r.test, r.n_prompt, r.n_gen, r.size_bytes, r.params, r.load_s, r.mean(), r.sd(), samples,
+          i + 1 < results.size() ? "," : "");
+    }
+    llvm::outs() << "]\n";
+  } else if (kCsv) {
+    llvm::outs() << "model,backend,test,n_prompt,n_gen,model_size,model_n_params,load_s,avg_ts,stddev_ts\n";
+    for (const Result& r : results)
+      llvm::outs() << llvm::formatv("{0},{1},{2},{3},{4},{5:f0},{6:f0},{7:f3},{8:f3},{9:f3}\n", r.model, r.backend,
+                                    r.test, r.n_prompt, r.n_gen, r.size_bytes, r.params, r.load_s, r.mean(), r.sd());
+  } else {
+    llvm::outs() << "| model | size | params | backend | test | t/s |\n| --- | ---: | ---: | --- | ---: | ---: |\n";
+    for (const Result& r : results)
+      llvm::outs() << llvm::formatv("| {0} | {1} | {2:f2} B | {3} | {4} | {5:f2} ± {6:f2} |\n", r.model,
+                                    human(r.size_bytes), r.params / 1e9, r.backend, r.test, r.mean(), r.sd());
+  }
+  for (const std::string& p : profiles) llvm::outs() << p;
+  return 0;
+}
