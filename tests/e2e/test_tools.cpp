@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 
@@ -127,4 +129,35 @@ TEST_CASE("tools refuse bad inputs with a message and exit code 1, leaving no ou
   r = run(tool("minfer-compile") + " " + minfer::test::fixturesDir() + "/models/stories260K.gguf --max-batch 0 -o " + out);
   CHECK(r.status == 1);
   CHECK(!std::filesystem::exists(out));
+}
+
+TEST_CASE("minfer-inspect --json shows each fixture model's tensor types as the goldens list them") {
+  if (!minfer::test::haveFixtures()) return;
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(minfer::test::fixturesDir() + "/goldens")) {
+    if (entry.path().extension() != ".json") continue;
+    std::ifstream in(entry.path());
+    const nlohmann::json golden = nlohmann::json::parse(in);
+    const std::string model = golden.at("model").get<std::string>();
+    CAPTURE(model);
+    const RunResult r = run(tool("minfer-inspect") + " --json " + minfer::test::fixturesDir() + "/models/" + model,
+                            /*stdout_only=*/true);
+    REQUIRE(r.status == 0);
+    const nlohmann::json j = nlohmann::json::parse(r.output);
+    std::map<std::string, std::string> type_of;
+    for (const auto& t : j.at("tensors")) type_of[t.at("name").get<std::string>()] = t.at("type").get<std::string>();
+    size_t listed = 0;
+    for (const auto& [type, names] : golden.at("model_tensor_types").items())
+      for (const auto& name : names) {
+        CHECK(type_of[name.get<std::string>()] == type);
+        ++listed;
+      }
+    CHECK(listed == type_of.size());
+    const auto& hp = golden.at("model_hparams");
+    const std::string arch = golden.at("model_arch").get<std::string>();
+    CHECK(j.at("metadata").at(arch + ".embedding_length").get<int>() == hp.at("n_embd").get<int>());
+    CHECK(j.at("metadata").at(arch + ".block_count").get<int>() == hp.at("n_layer").get<int>());
+    ++checked;
+  }
+  CHECK(checked >= 20);
 }
