@@ -60,6 +60,21 @@ constexpr uint32_t kPlaneRowAlign = 16;
 
 MINFER_HD uint64_t alignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+// Short lowercase name of a plane kind ("i8", "scale", …) for messages and tools.
+MINFER_HD const char* planeKindName(PlaneKind kind) {
+  switch (kind) {
+    case PlaneKind::kI8: return "i8";
+    case PlaneKind::kScale: return "scale";
+    case PlaneKind::kMin: return "min";
+    case PlaneKind::kPacked: return "packed";
+    case PlaneKind::kF32: return "f32";
+    case PlaneKind::kF16: return "f16";
+    case PlaneKind::kBF16: return "bf16";
+    case PlaneKind::kBlocks: return "blocks";
+  }
+  return "unknown";
+}
+
 MINFER_HD uint32_t elemBytes(ElemType t) {
   switch (t) {
     case ElemType::kI8: case ElemType::kU8: return 1;

@@ -79,20 +79,6 @@ const char* roleName(TensorRole role) {
   return "unknown";
 }
 
-const char* planeKindName(PlaneKind kind) {
-  switch (kind) {
-    case PlaneKind::kI8: return "i8";
-    case PlaneKind::kScale: return "scale";
-    case PlaneKind::kMin: return "min";
-    case PlaneKind::kPacked: return "packed";
-    case PlaneKind::kF32: return "f32";
-    case PlaneKind::kF16: return "f16";
-    case PlaneKind::kBF16: return "bf16";
-    case PlaneKind::kBlocks: return "blocks";
-  }
-  return "unknown";
-}
-
 int TensorLayout::find(PlaneKind kind) const {
   for (size_t i = 0; i < planes.size(); ++i)
     if (planes[i].kind == kind) return static_cast<int>(i);

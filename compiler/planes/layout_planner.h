@@ -51,7 +51,6 @@ enum class TensorRole : uint8_t {
 };
 
 const char* roleName(TensorRole role);
-const char* planeKindName(PlaneKind kind);
 
 // One weight tensor as the planner sees it. rows = out_features (GGUF ne[1]·ne[2]·ne[3]),
 // cols = in_features (GGUF ne[0], the contiguous dimension). `name` only appears in error messages.

@@ -16,18 +16,8 @@
 namespace minfer {
 namespace {
 
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
-
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
-  return buf;
-}
+using artifact_detail::cat;
+std::string hex(uint64_t v) { return artifact_detail::hex(v, 16); }
 
 // Offset of the first nonzero byte in [p, p + n), or n.
 uint64_t firstNonZero(const uint8_t* p, uint64_t n) {

@@ -12,6 +12,7 @@
 #include "kernels/stride_table.h"
 #include "minfer/artifact.h"
 #include "minfer/status.h"
+#include "runtime/artifact/message_format.h"
 
 namespace minfer::artifact {
 

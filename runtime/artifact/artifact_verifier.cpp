@@ -11,18 +11,8 @@
 namespace minfer::artifact {
 namespace {
 
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
-}
-
-std::string hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "0x%" PRIx64, v);
-  return buf;
-}
+using artifact_detail::cat;
+using artifact_detail::hex;
 
 uint32_t readLE32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |

@@ -12,20 +12,6 @@
 namespace minfer::cpu {
 namespace {
 
-const char* planeKindName(PlaneKind k) {
-  switch (k) {
-    case PlaneKind::kI8: return "i8";
-    case PlaneKind::kScale: return "scale";
-    case PlaneKind::kMin: return "min";
-    case PlaneKind::kPacked: return "packed";
-    case PlaneKind::kF32: return "f32";
-    case PlaneKind::kF16: return "f16";
-    case PlaneKind::kBF16: return "bf16";
-    case PlaneKind::kBlocks: return "blocks";
-  }
-  return "unknown";
-}
-
 // binary16 → float32 for every bit pattern, built once from halfToFloat (exact by construction);
 // a 256 KiB table lookup instead of halfToFloat's branches in the f16 matmul inner loop.
 const float* halfTable() {
