@@ -135,16 +135,6 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
 
-planes::TensorRole planesRole(model::WeightRole role) {
-  switch (role) {
-    case model::WeightRole::kMatMul: return planes::TensorRole::kMatMul;
-    case model::WeightRole::kEmbedding: return planes::TensorRole::kEmbedding;
-    case model::WeightRole::kEmbeddingAndMatMul: return planes::TensorRole::kEmbeddingMatMul;
-    case model::WeightRole::kVector: return planes::TensorRole::kVector;
-  }
-  return planes::TensorRole::kVector;
-}
-
 }  // namespace
 
 llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
@@ -172,7 +162,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
   std::vector<TensorPlanes> tensors;
   tensors.reserve(desc->weights.size());
   for (const model::WeightDesc& w : desc->weights) {
-    planes::TensorDesc td{w.name, w.info->type, w.info->rows(), w.info->cols(), planesRole(w.role)};
+    planes::TensorDesc td{w.name, w.info->type, w.info->rows(), w.info->cols(), w.role};
     auto layout = planes::planLayout(td);
     if (!layout) return layout.takeError();
     TensorPlanes tp{std::move(*layout), {}};

@@ -204,7 +204,7 @@ class Lowering {
   }
 
   // Registers a weight after checking its presence, shape (ne) and type. Returns its index.
-  llvm::Expected<uint32_t> weight(const std::string& name, WeightRole role, std::vector<uint64_t> ne,
+  llvm::Expected<uint32_t> weight(const std::string& name, planes::TensorRole role, std::vector<uint64_t> ne,
                                   bool optional = false, bool* found = nullptr) {
     const gguf::TensorInfo* info = file_.findTensor(name);
     if (found) *found = info != nullptr;
@@ -226,7 +226,7 @@ class Lowering {
     if (!traits.supported)
       return makeError(llvm::formatv("{0}: tensor '{1}' has type {2}, which minfer does not support (supported: {3})",
                                      file_.fileName(), name, traits.name, supportedTypes()));
-    if (role == WeightRole::kVector && info->type != GgmlType::F32)
+    if (role == planes::TensorRole::kVector && info->type != GgmlType::F32)
       return makeError(llvm::formatv("{0}: tensor '{1}' has type {2}; norm weights and biases must be F32",
                                      file_.fileName(), name, traits.name));
     desc_.weights.push_back({name, role, info});
@@ -268,14 +268,14 @@ class Lowering {
 
     std::vector<StepDesc>& steps = plan.prefill;
     auto embd_index = weight("token_embd.weight",
-                             desc_.config.tied_embeddings ? WeightRole::kEmbeddingAndMatMul : WeightRole::kEmbedding,
+                             desc_.config.tied_embeddings ? planes::TensorRole::kEmbeddingMatMul : planes::TensorRole::kEmbedding,
                              {c.n_embd, c.n_vocab});
     if (!embd_index) return embd_index.takeError();
     steps.push_back({.op = fb::OpKind::Embed, .inputs = {ids}, .outputs = {x}, .weights = {*embd_index},
                      .name = "token_embd"});
 
     auto norm = [&](const std::string& wname, uint32_t in, uint32_t out, const std::string& step) -> llvm::Error {
-      auto w = weight(wname, WeightRole::kVector, {c.n_embd});
+      auto w = weight(wname, planes::TensorRole::kVector, {c.n_embd});
       if (!w) return w.takeError();
       steps.push_back({.op = fb::OpKind::RmsNorm, .inputs = {in}, .outputs = {out}, .weights = {*w},
                        .eps = c.rms_norm_eps, .name = step});
@@ -283,12 +283,12 @@ class Lowering {
     };
     auto matmul = [&](const std::string& base, uint32_t in, uint32_t out, uint32_t rows, uint32_t cols,
                       bool bias) -> llvm::Error {
-      auto w = weight(base + ".weight", WeightRole::kMatMul, {cols, rows});
+      auto w = weight(base + ".weight", planes::TensorRole::kMatMul, {cols, rows});
       if (!w) return w.takeError();
       StepDesc s{.op = fb::OpKind::MatMul, .inputs = {in}, .outputs = {out}, .weights = {*w}, .rows = rows,
                  .cols = cols, .name = base};
       if (bias) {
-        auto b = weight(base + ".bias", WeightRole::kVector, {rows});
+        auto b = weight(base + ".bias", planes::TensorRole::kVector, {rows});
         if (!b) return b.takeError();
         s.weights.push_back(*b);
       }
@@ -307,7 +307,7 @@ class Lowering {
       if (auto e = matmul(b + "attn_v", h, v, kv_width, c.n_embd, bias)) return e;
       if (desc_.config.qk_norm) {
         for (auto [which, buf, heads] : {std::tuple{"attn_q_norm", q, c.n_head}, std::tuple{"attn_k_norm", k, c.n_head_kv}}) {
-          auto w = weight(b + which + ".weight", WeightRole::kVector, {c.head_dim});
+          auto w = weight(b + which + ".weight", planes::TensorRole::kVector, {c.head_dim});
           if (!w) return w.takeError();
           steps.push_back({.op = fb::OpKind::HeadRmsNorm, .inputs = {buf}, .outputs = {buf}, .weights = {*w},
                            .eps = c.rms_norm_eps, .n_head = heads, .head_dim = c.head_dim, .name = b + which});

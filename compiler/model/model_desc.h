@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compiler/gguf/gguf_reader.h"
+#include "compiler/planes/layout_planner.h"
 #include "llvm/Support/Error.h"
 #include "schema/artifact_generated.h"
 
@@ -38,12 +39,9 @@ struct ModelConfig {
   bool qk_norm = false;
 };
 
-// How a weight is used; decides which planes the layout planner makes (compiler/planes/).
-enum class WeightRole { kMatMul, kEmbedding, kEmbeddingAndMatMul, kVector };
-
 struct WeightDesc {
   std::string name;          // GGUF tensor name
-  WeightRole role;
+  planes::TensorRole role;   // decides which planes the layout planner makes
   const gguf::TensorInfo* info;
 };
 

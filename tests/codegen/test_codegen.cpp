@@ -24,16 +24,6 @@ struct Loaded {
   std::vector<planes::TensorLayout> layouts;
 };
 
-planes::TensorRole roleOf(model::WeightRole r) {
-  switch (r) {
-    case model::WeightRole::kMatMul: return planes::TensorRole::kMatMul;
-    case model::WeightRole::kEmbedding: return planes::TensorRole::kEmbedding;
-    case model::WeightRole::kEmbeddingAndMatMul: return planes::TensorRole::kEmbeddingMatMul;
-    case model::WeightRole::kVector: return planes::TensorRole::kVector;
-  }
-  return planes::TensorRole::kVector;
-}
-
 // Reads a GGUF, lowers it and plans its planes (no transforms: codegen needs only the stride tables).
 Loaded load(const std::string& path, bool rewrite = true) {
   Loaded l;
@@ -44,7 +34,7 @@ Loaded load(const std::string& path, bool rewrite = true) {
   REQUIRE_MESSAGE(static_cast<bool>(desc), llvm::toString(desc.takeError()));
   l.desc = std::move(*desc);
   for (const model::WeightDesc& w : l.desc.weights) {
-    auto layout = planes::planLayout({w.name, w.info->type, w.info->rows(), w.info->cols(), roleOf(w.role)});
+    auto layout = planes::planLayout({w.name, w.info->type, w.info->rows(), w.info->cols(), w.role});
     REQUIRE_MESSAGE(static_cast<bool>(layout), llvm::toString(layout.takeError()));
     l.layouts.push_back(std::move(*layout));
   }
