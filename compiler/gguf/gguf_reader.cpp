@@ -305,7 +305,13 @@ double Value::numberAt(uint64_t k) const {
 int64_t Value::integerAt(uint64_t k) const {
   Value v;
   decodeScalar(elem_type, raw + k * scalarSize(elem_type), &v);
-  if (isFloatType(elem_type)) return static_cast<int64_t>(v.f);
+  if (isFloatType(elem_type)) {
+    // Saturating: a plain cast of NaN or of a value outside the int64 range is undefined behaviour.
+    if (!(v.f == v.f)) return 0;
+    if (v.f >= 9223372036854775808.0) return INT64_MAX;
+    if (v.f <= -9223372036854775808.0) return INT64_MIN;
+    return static_cast<int64_t>(v.f);
+  }
   return isSignedType(elem_type) ? v.i : static_cast<int64_t>(v.u);
 }
 

@@ -62,6 +62,7 @@ struct Value {
   bool asU64(uint64_t* out) const;
   bool asI64(int64_t* out) const;
   // Element k of an array of scalars, converted (requires elem_type to be a numeric type).
+  // integerAt of a float element truncates toward zero, saturates outside the int64 range and gives 0 for NaN.
   double numberAt(uint64_t k) const;
   int64_t integerAt(uint64_t k) const;
 };

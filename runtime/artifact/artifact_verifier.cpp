@@ -70,18 +70,20 @@ class StructureLocator {
     if (!field(t, A::VT_PRODUCER_VERSION,
                [&](flatbuffers::Verifier& v) { return v.VerifyString(root_->producer_version()); }))
       return "producer_version";
-    if (!table(t, A::VT_SOURCE, root_->source())) return "source";
-    if (!table(t, A::VT_CONFIG, root_->config())) return "config";
-    if (!table(t, A::VT_TOKENIZER, root_->tokenizer())) return "tokenizer";
-    std::string where = tableVector(t, A::VT_TENSORS, root_->tensors(), "tensors");
+    // Accessors are passed as getters: an accessor reads its field's offset slot, which may lie
+    // outside the buffer until VerifyOffset has checked it (the vtable may name any slot).
+    if (!table(t, A::VT_SOURCE, [&] { return root_->source(); })) return "source";
+    if (!table(t, A::VT_CONFIG, [&] { return root_->config(); })) return "config";
+    if (!table(t, A::VT_TOKENIZER, [&] { return root_->tokenizer(); })) return "tokenizer";
+    std::string where = tableVector(t, A::VT_TENSORS, [&] { return root_->tensors(); }, "tensors");
     if (!where.empty()) return where;
-    where = tableVector(t, A::VT_KERNELS, root_->kernels(), "kernels");
+    where = tableVector(t, A::VT_KERNELS, [&] { return root_->kernels(); }, "kernels");
     if (!where.empty()) return where;
-    where = plan(t, A::VT_PREFILL, root_->prefill(), "prefill");
+    where = plan(t, A::VT_PREFILL, [&] { return root_->prefill(); }, "prefill");
     if (!where.empty()) return where;
-    where = plan(t, A::VT_DECODE, root_->decode(), "decode");
+    where = plan(t, A::VT_DECODE, [&] { return root_->decode(); }, "decode");
     if (!where.empty()) return where;
-    if (!table(t, A::VT_MEMORY, root_->memory())) return "memory";
+    if (!table(t, A::VT_MEMORY, [&] { return root_->memory(); })) return "memory";
     if (!field(t, A::VT_TARGET_ARCHS, [&](flatbuffers::Verifier& v) {
           return v.VerifyVector(root_->target_archs()) && v.VerifyVectorOfStrings(root_->target_archs());
         }))
@@ -101,14 +103,14 @@ class StructureLocator {
     flatbuffers::Verifier v(buf_, n_, opts_);
     return t->VerifyOffset(v, f) && check(v);
   }
-  template <typename T>
-  bool table(const flatbuffers::Table* t, flatbuffers::voffset_t f, const T* sub) {
-    return field(t, f, [&](flatbuffers::Verifier& v) { return v.VerifyTable(sub); });
+  template <typename Get>
+  bool table(const flatbuffers::Table* t, flatbuffers::voffset_t f, Get&& get) {
+    return field(t, f, [&](flatbuffers::Verifier& v) { return v.VerifyTable(get()); });
   }
-  template <typename T>
-  std::string tableVector(const flatbuffers::Table* t, flatbuffers::voffset_t f,
-                          const flatbuffers::Vector<flatbuffers::Offset<T>>* vec, const std::string& name) {
-    if (!field(t, f, [&](flatbuffers::Verifier& v) { return v.VerifyVector(vec); })) return name;
+  template <typename Get>
+  std::string tableVector(const flatbuffers::Table* t, flatbuffers::voffset_t f, Get&& get, const std::string& name) {
+    if (!field(t, f, [&](flatbuffers::Verifier& v) { return v.VerifyVector(get()); })) return name;
+    const auto* vec = get();
     if (!vec) return "";
     for (flatbuffers::uoffset_t i = 0; i < vec->size(); ++i) {
       flatbuffers::Verifier v(buf_, n_, opts_);
@@ -116,16 +118,19 @@ class StructureLocator {
     }
     return "";
   }
-  std::string plan(const flatbuffers::Table* t, flatbuffers::voffset_t f, const fb::Plan* p, const std::string& name) {
+  template <typename Get>
+  std::string plan(const flatbuffers::Table* t, flatbuffers::voffset_t f, Get&& get, const std::string& name) {
+    const fb::Plan* p = nullptr;
     {
       flatbuffers::Verifier v(buf_, n_, opts_);
       if (!t->VerifyOffset(v, f)) return name;
+      p = get();
       if (!p) return "";
       if (!asTable(p)->VerifyTableStart(v)) return name;
     }
-    std::string where = tableVector(asTable(p), fb::Plan::VT_STEPS, p->steps(), name + ".steps");
+    std::string where = tableVector(asTable(p), fb::Plan::VT_STEPS, [&] { return p->steps(); }, name + ".steps");
     if (!where.empty()) return where;
-    return table(t, f, p) ? "" : name;
+    return table(t, f, get) ? "" : name;
   }
 
   const uint8_t* buf_;

@@ -17,9 +17,12 @@
 //
 // Invalid UTF-8 input never crashes. "llama": bytes are grouped by their lead byte as llama.cpp does
 // and whatever is not a token becomes byte tokens, so every input byte survives (decode gives the
-// input back). "gpt2": each byte that does not start a structurally valid sequence is replaced by
-// U+FFFD before pre-tokenization, exactly as llama.cpp's unicode_cpts_from_utf8 does (decode then
-// gives U+FFFD in its place).
+// input back, up to the space marker: a literal U+2581 "▁" in the input decodes as a space, and a
+// space that falls inside the sequence length an invalid lead byte claims is grouped with it and
+// decodes as the bytes of "▁", as in llama.cpp; see tests/fuzz/regressions/fuzz_tokenizer).
+// "gpt2": each byte that does not start a structurally valid sequence is replaced by U+FFFD before
+// pre-tokenization, exactly as llama.cpp's unicode_cpts_from_utf8 does (decode then gives U+FFFD in
+// its place).
 //
 // Not modelled (documented differences from llama.cpp): the LSTRIP/RSTRIP token attributes that
 // llama.cpp sets only for jina-v2 "<mask>" and for models whose general.name contains "phi-3"; the
