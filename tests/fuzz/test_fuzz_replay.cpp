@@ -1,0 +1,108 @@
+// Replays every checked-in fuzz input (tests/fuzz/corpus/<target>/ and tests/fuzz/regressions/<target>/)
+// through its harness in the ordinary sanitized build, and reports the peak memory each input needed.
+//
+// A harness that finds a violated invariant aborts (fuzz_harness.h); ASan/UBSan stop on any memory or
+// undefined-behaviour error. Peak memory per input is the growth of the process's peak RSS (VmHWM,
+// reset through /proc/self/clear_refs before each input); every input must stay under kMaxInputRssMb.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/fuzz/fuzz_harness.h"
+#include "tests/test_support.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr long kMaxInputRssMb = 256;
+
+struct Target {
+  const char* name;
+  int (*run)(const uint8_t*, size_t);
+};
+
+const Target kTargets[] = {
+    {"fuzz_gguf_reader", minfer::fuzz::runGgufReader},
+    {"fuzz_artifact", minfer::fuzz::runArtifact},
+    {"fuzz_tokenizer", minfer::fuzz::runTokenizer},
+};
+
+// kB from a "Key:   123 kB" line of /proc/self/status; -1 when absent.
+long statusKb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string prefix = std::string(key) + ":";
+  while (std::getline(in, line))
+    if (line.rfind(prefix, 0) == 0) return std::stol(line.substr(prefix.size()));
+  return -1;
+}
+
+// Resets the peak RSS to the current RSS (Linux ≥ 4.0); false where not permitted.
+bool resetPeak() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+std::vector<fs::path> inputsOf(const std::string& target) {
+  std::vector<fs::path> files;
+  for (const char* kind : {"corpus", "regressions"}) {
+    const fs::path dir = fs::path(MINFER_FUZZ_DIR) / kind / target;
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.is_regular_file()) files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
+TEST_CASE("every corpus and regression input runs through its fuzz harness without a finding") {
+  for (const Target& t : kTargets) {
+    const std::vector<fs::path> files = inputsOf(t.name);
+    INFO("target " << std::string(t.name));
+    CHECK_MESSAGE(files.size() >= 3, "expected a seed corpus in tests/fuzz/corpus/" << t.name);
+    struct Peak {
+      long kb;
+      std::string file;
+    };
+    std::vector<Peak> peaks;
+    for (const fs::path& path : files) {
+      INFO("input " << path.string());
+      const std::vector<uint8_t> bytes = minfer::test::readFile(path.string());
+      const bool measured = resetPeak();
+      const long before = statusKb("VmRSS");
+      CHECK(t.run(bytes.data(), bytes.size()) == 0);
+      if (measured && before >= 0) {
+        const long grew = statusKb("VmHWM") - before;
+        CHECK_MESSAGE(grew < kMaxInputRssMb * 1024, "peak RSS grew by " << grew << " kB");
+        peaks.push_back({grew, path.filename().string()});
+      }
+    }
+    std::sort(peaks.begin(), peaks.end(), [](const Peak& a, const Peak& b) { return a.kb > b.kb; });
+    std::string top;
+    for (size_t k = 0; k < peaks.size() && k < 3; ++k)
+      top += " " + peaks[k].file + " +" + std::to_string(peaks[k].kb) + " kB;";
+    MESSAGE(std::string(t.name) << ": " << files.size() << " inputs; largest peak-RSS growth:" << top);
+  }
+}
+
+TEST_CASE("the harness UTF-8 validator follows Table 3-7") {
+  using minfer::fuzz::isWellFormedUtf8;
+  CHECK(isWellFormedUtf8(""));
+  CHECK(isWellFormedUtf8("a\xC3\xA9\xE2\x82\xAC\xF0\x9F\xA6\x99"));  // é € 🦙
+  CHECK(isWellFormedUtf8("\xED\x9F\xBF\xF4\x8F\xBF\xBF"));            // U+D7FF, U+10FFFF
+  for (const char* bad : {"\x80", "\xC0\x80", "\xC1\xBF", "\xE0\x9F\xBF", "\xED\xA0\x80", "\xF0\x8F\xBF\xBF",
+                          "\xF4\x90\x80\x80", "\xF5\x80\x80\x80", "\xC3", "\xE2\x82", "\xE2\x28\xA1", "\xFF"}) {
+    INFO(std::string(bad));
+    CHECK_FALSE(isWellFormedUtf8(bad));
+  }
+}
