@@ -260,18 +260,18 @@ void artifactSeeds(const fs::path& scratch) {
       std::exit(1);
     }
     const std::vector<uint8_t> bytes = readFile(mfb);
-    put(T, name + ".mfb", bytes);
+    put(T, name + ".artifact", bytes);
     if (k != 0) continue;
     uint32_t n = 0;
     std::memcpy(&n, bytes.data(), 4);
     const size_t manifest = std::min<size_t>(bytes.size(), size_t{n} + 4);
-    put(T, name + "-manifest-only.mfb", std::vector<uint8_t>(bytes.begin(), bytes.begin() + manifest));
+    put(T, name + "-manifest-only.artifact", std::vector<uint8_t>(bytes.begin(), bytes.begin() + manifest));
     std::vector<uint8_t> damaged = bytes;
     damaged[bytes.size() - 100] ^= 0x40;  // inside the last data segment: checksums fail, the model still opens
-    put(T, name + "-damaged-segment.mfb", damaged);
+    put(T, name + "-damaged-segment.artifact", damaged);
   }
-  put(T, "empty.mfb", {});
-  put(T, "identifier-only.mfb", {8, 0, 0, 0, 4, 0, 0, 0, 'M', 'F', 'B', '1'});
+  put(T, "empty.artifact", {});
+  put(T, "identifier-only.artifact", {8, 0, 0, 0, 4, 0, 0, 0, 'M', 'F', 'B', '1'});
 }
 
 // ---------------------------------------------------------------------------------------------
