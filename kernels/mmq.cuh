@@ -11,7 +11,10 @@
 // in stages of BK = 64 (two activation blocks), double-buffered in shared memory with cp.async
 // (16-byte copies of the kI8 and qs rows; every copy of a stage is issued before the first wait).
 // Per activation block the int32 MMA result of each group is scaled into the f32 accumulators:
-// groups of 32 use mma.m16n8k32, groups of 16 two mma.m16n8k16 (one per group).
+// groups of 32 use mma.m16n8k32, groups of 16 two mma.m16n8k16 (one per group). This per-element
+// epilogue (convert, scale product, FMA, per 32 of K) issues more instructions than the MMAs; replacing
+// the I2F conversion by an integer-add/float-subtract trick measured slower on the H200 (MatMul 64 →
+// 69 ms of a 7B pp512), so the epilogue's cost lies elsewhere: the next place to attribute.
 // Shared-memory rows are padded to BK + 16 bytes so the fragment loads (8 rows × 4 words) hit 32
 // distinct banks.
 //

@@ -5,7 +5,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <set>
+#include <atomic>
+#include <thread>
 
 #include "kernels/attention.cuh"
 #include "runtime/cuda/cuda_internal.h"
@@ -234,29 +235,17 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& art
   st->weights = std::move(*weights);
   st->weight_bytes = total;
 
-  constexpr uint64_t kStagingBytes = 32ull << 20;
-  constexpr int kStaging = 4;
-  const CudaDriver& cu = st->dev->cu();
-  std::vector<PinnedBuffer> staging;
-  std::vector<Event> done;
-  std::vector<Stream> streams;
-  std::vector<bool> busy(kStaging, false);
-  for (int i = 0; i < kStaging; ++i) {
-    Result<PinnedBuffer> b = st->dev->allocPinned(std::min<uint64_t>(kStagingBytes, std::max<uint64_t>(total, 1)),
-                                                  "weight staging");
-    if (!b) return b.takeStatus();
-    staging.push_back(std::move(*b));
-    Result<Event> e = st->dev->createEvent();
-    if (!e) return e.takeStatus();
-    done.push_back(std::move(*e));
-  }
-  for (int i = 0; i < 2; ++i) {
-    Result<Stream> s = st->dev->createStream();
-    if (!s) return s.takeStatus();
-    streams.push_back(std::move(*s));
-  }
+  // Planes → device addresses, then the bytes as chunks spread over worker threads: each worker owns
+  // two pinned staging buffers and a stream, memcpy-ing one chunk from the mapping while the DMA engine
+  // drains the other (page faults and copies of the mapped file run on several cores).
+  struct Chunk {
+    const uint8_t* src;
+    CUdeviceptr dst;
+    uint64_t bytes;
+  };
+  constexpr uint64_t kChunkBytes = 32ull << 20;
+  std::vector<Chunk> chunks;
   uint64_t offset = 0;
-  int next = 0;
   if (m->tensors())
     for (const fb::Tensor* t : *m->tensors()) {
       DeviceTensor dt;
@@ -278,27 +267,56 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& art
           dp.ptr = st->weights.ptr() + offset;
           const uint8_t* src = artifact.segmentData(*p->data());
           const uint64_t size = p->data()->size();
-          for (uint64_t done_bytes = 0; done_bytes < size;) {
-            const uint64_t n = std::min(kStagingBytes, size - done_bytes);
-            const int k = next;
-            next = (next + 1) % kStaging;
-            if (busy[k])
-              MINFER_RETURN_IF_ERROR(st->dev->check(cu.cuEventSynchronize(done[k].get()), "weight upload: cuEventSynchronize"));
-            std::memcpy(staging[k].data(), src + done_bytes, n);
-            CUstream s = streams[k % 2].get();
-            MINFER_RETURN_IF_ERROR(st->dev->check(cu.cuMemcpyHtoDAsync(dp.ptr + done_bytes, staging[k].data(), n, s),
-                                                  "weight upload of " + dt.name + ": cuMemcpyHtoDAsync"));
-            MINFER_RETURN_IF_ERROR(st->dev->check(cu.cuEventRecord(done[k].get(), s), "weight upload: cuEventRecord"));
-            busy[k] = true;
-            done_bytes += n;
-          }
+          for (uint64_t done = 0; done < size; done += kChunkBytes)
+            chunks.push_back({src + done, dp.ptr + done, std::min(kChunkBytes, size - done)});
           offset += (size + 255) / 256 * 256;
           dt.planes.push_back(dp);
         }
       st->tensors.push_back(std::move(dt));
     }
-  for (Stream& s : streams)
-    MINFER_RETURN_IF_ERROR(st->dev->check(cu.cuStreamSynchronize(s.get()), "weight upload: cuStreamSynchronize"));
+  const unsigned n_workers =
+      static_cast<unsigned>(std::min<size_t>({4, chunks.size(), std::max(1u, std::thread::hardware_concurrency())}));
+  std::atomic<size_t> next{0};
+  std::vector<Status> worker_status(n_workers);
+  auto worker = [&](unsigned w) -> Status {
+    const CudaDevice& dev = *st->dev;
+    const CudaDriver& cu = dev.cu();
+    MINFER_RETURN_IF_ERROR(dev.makeCurrent());
+    Result<Stream> stream = dev.createStream();
+    if (!stream) return stream.takeStatus();
+    PinnedBuffer staging[2];
+    Event done[2];
+    bool busy[2] = {false, false};
+    for (int i = 0; i < 2; ++i) {
+      Result<PinnedBuffer> b = dev.allocPinned(kChunkBytes, "weight staging");
+      if (!b) return b.takeStatus();
+      staging[i] = std::move(*b);
+      Result<Event> e = dev.createEvent();
+      if (!e) return e.takeStatus();
+      done[i] = std::move(*e);
+    }
+    int slot = 0;
+    for (size_t i = next++; i < chunks.size(); i = next++) {
+      const Chunk& c = chunks[i];
+      if (busy[slot])
+        MINFER_RETURN_IF_ERROR(dev.check(cu.cuEventSynchronize(done[slot].get()), "weight upload: cuEventSynchronize"));
+      std::memcpy(staging[slot].data(), c.src, c.bytes);
+      MINFER_RETURN_IF_ERROR(dev.check(cu.cuMemcpyHtoDAsync(c.dst, staging[slot].data(), c.bytes, stream->get()),
+                                       "weight upload: cuMemcpyHtoDAsync of " + std::to_string(c.bytes) + " bytes"));
+      MINFER_RETURN_IF_ERROR(dev.check(cu.cuEventRecord(done[slot].get(), stream->get()), "weight upload: cuEventRecord"));
+      busy[slot] = true;
+      slot ^= 1;
+    }
+    (void)w;
+    return dev.check(cu.cuStreamSynchronize(stream->get()), "weight upload: cuStreamSynchronize");
+  };
+  {
+    std::vector<std::thread> threads;
+    for (unsigned w = 1; w < n_workers; ++w) threads.emplace_back([&, w] { worker_status[w] = worker(w); });
+    if (n_workers > 0) worker_status[0] = worker(0);
+    for (std::thread& t : threads) t.join();
+  }
+  for (const Status& ws : worker_status) MINFER_RETURN_IF_ERROR(ws);
   st->upload_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   char line[512];

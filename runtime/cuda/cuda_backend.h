@@ -6,7 +6,8 @@
 //     driver (noted once), else an error naming the GPU arch and the archs the artifact holds; load
 //     each image the plans use once (cuModuleLoadData); check every plan step's kernels against its op;
 //     upload every weight plane from the mapping into one device allocation through pinned staging
-//     buffers (memcpy into one while the DMA engine drains the others, on two streams).
+//     buffers: up to 4 threads, each with two 32 MiB buffers and a stream, memcpy into one buffer while
+//     the DMA engine drains the other.
 //   createSession (allocate): activation buffers (memory plan, max_batch rows; q8 buffers as
 //     kernels/common.cuh lays them out), the f16 KV cache for n_ctx positions, decode-attention
 //     partials, the position word; launch records with every argument resolved; the decode plan

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "compiler/planes/layout_planner.h"
@@ -32,19 +33,33 @@
 namespace minfer::test::gpu {
 namespace {
 
-// Tolerances (relative to max|reference|), per family.
-constexpr double kEmbedTol = 0.0;        // bit-identical (same dequantizeBlock, --fmad=false)
-constexpr double kRmsNormTol = 2e-6;     // f32 tree vs sequential sum of squares
-constexpr double kMmqTol = 2e-5;         // vs W·dequant(q8(x)) in f32: summation order only
-constexpr double kGemvTol = 2e-5;        // same definition as MMQ
-constexpr double kQ8ActTol = 2.5e-2;     // vs W·x: the int8 activation rounding (fixtures README §4: 3e-2)
-constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums
-constexpr double kRopeTol = 1e-6;        // same double θ, f32 rotation without FMA
-constexpr double kAttnTol = 2e-5;        // online vs two-pass softmax, f32; K/V compared at f16 precision
-constexpr double kSwiGluTol = 1e-6;      // expf vs std::exp
-constexpr double kAddTol = 0.0;
+// Tolerances (relative to max|reference|), per family; "measured" is the largest error over this file's
+// cases on an H200 (the last test case prints them).
+constexpr double kEmbedTol = 0.0;        // bit-identical (same dequantizeBlock, --fmad=false); measured 0
+constexpr double kRmsNormTol = 2e-6;     // f32 tree vs sequential sum of squares; measured 3.0e-7 (head 2.1e-7)
+constexpr double kMmqTol = 2e-5;         // vs W·dequant(q8(x)) in f32, summation order only; measured 5.7e-7
+constexpr double kGemvTol = 2e-5;        // same definition as MMQ; measured 3.8e-7
+constexpr double kQ8ActTol = 2.5e-2;     // vs W·x: int8 activation rounding (README §4: 3e-2); measured 6.4e-3
+constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums; measured 1.0e-6 (GEMV 2.2e-7)
+constexpr double kRopeTol = 1e-6;        // same double θ, f32 rotation without FMA; measured 0
+constexpr double kAttnTol = 2e-5;        // online vs two-pass softmax in f32 over the same f16 K/V;
+                                         // measured 2.6e-6 prefill, 1.7e-6 decode
+constexpr double kSwiGluTol = 1e-6;      // expf vs std::exp; measured 1.4e-7
+constexpr double kAddTol = 0.0;          // measured 0
 
 const int kTokenCounts[] = {1, 7, 33, 512, 513};
+
+// Largest error measured per family in this run (printed by the last test case, so the tolerances
+// above can be compared with what the GPU actually does).
+std::map<std::string, double>& worst() {
+  static std::map<std::string, double> m;
+  return m;
+}
+double track(const char* family, double err) {
+  double& w = worst()[family];
+  w = std::max(w, err);
+  return err;
+}
 constexpr int kMaxBatch = 513;
 
 std::mt19937_64& rng() {
@@ -187,7 +202,7 @@ TEST_CASE("embed: every type, gathered rows bit-identical to the CPU") {
       std::vector<float> ref(got.size());
       const auto src = *cpu::pickRowSource(g.view, /*for_gather=*/true);
       cpu::embed(g.view, src, ids.data(), n, ref.data());
-      CHECK(relError(got.data(), ref.data(), got.size()) <= kEmbedTol);
+      CHECK(track("embed", relError(got.data(), ref.data(), got.size())) <= kEmbedTol);
       CHECK(std::memcmp(got.data(), ref.data(), got.size() * 4) == 0);
     }
   }
@@ -219,7 +234,7 @@ TEST_CASE("rms_norm and head_rms_norm") {
       launch(k[wi], kern::rmsNormLaunch(n), {&a, &b, &o, &n});
       std::vector<float> got = out.download<float>(x.size()), ref(x.size());
       cpu::rmsNorm(x.data(), weight.data(), n, w, 1e-5f, ref.data());
-      CHECK(relError(got.data(), ref.data(), ref.size()) <= kRmsNormTol);
+      CHECK(track("rms_norm", relError(got.data(), ref.data(), ref.size())) <= kRmsNormTol);
     }
   }
   for (size_t di = 0; di < 2; ++di) {
@@ -235,7 +250,7 @@ TEST_CASE("rms_norm and head_rms_norm") {
       launch(k[3 + di], kern::headRmsNormLaunch(n, 6), {&a, &b, &n});
       std::vector<float> got = d_x.download<float>(x.size());
       cpu::headRmsNorm(x.data(), weight.data(), n, 6, d, 1e-6f);
-      CHECK(relError(got.data(), x.data(), x.size()) <= kRmsNormTol);
+      CHECK(track("head_rms_norm", relError(got.data(), x.data(), x.size())) <= kRmsNormTol);
     }
   }
 }
@@ -319,16 +334,15 @@ void checkQuantizedMatmul(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool 
     const std::vector<float> got = out.download<float>(static_cast<size_t>(n) * n_rows);
     const std::vector<float> ref = cpuMatmul(g, cpu::RowSource::kQuantized, bias ? bias_v.data() : nullptr, hq.deq, n);
     const double err = relError(got.data(), ref.data(), ref.size());
-    CHECK(err <= kMmqTol);
+    CHECK(track("mmq", err) <= kMmqTol);
     const std::vector<float> ref_f = cpuMatmul(g, cpu::RowSource::kQuantized, bias ? bias_v.data() : nullptr, x, n);
-    CHECK(relError(got.data(), ref_f.data(), ref_f.size()) <= kQ8ActTol);
+    CHECK(track("mmq vs f32 activations", relError(got.data(), ref_f.data(), ref_f.size())) <= kQ8ActTol);
     if (n == 1) {  // decode GEMV on the same input
       out.poison();
       launch(k[1], kern::gemvLaunch(n_rows), {&wp, &ws, &wm, &wb, &a, &b, &o});
       const std::vector<float> got1 = out.download<float>(n_rows);
-      CHECK(relError(got1.data(), ref.data(), n_rows) <= kGemvTol);
+      CHECK(track("gemv", relError(got1.data(), ref.data(), n_rows)) <= kGemvTol);
     }
-    MESSAGE("mmq " << tag << " n=" << n << " rel err " << err);
   }
 }
 
@@ -384,12 +398,12 @@ TEST_CASE("dense_mm and dense_gemv: F32, F16, BF16") {
           out.poison();
           launch(k[0], kern::denseMmLaunch(n_rows, n), {&w, &b, &a, &o, &n});
           std::vector<float> got = out.download<float>(ref.size());
-          CHECK(relError(got.data(), ref.data(), ref.size()) <= kDenseTol);
+          CHECK(track("dense_mm", relError(got.data(), ref.data(), ref.size())) <= kDenseTol);
           if (n == 1) {
             out.poison();
             launch(k[1], kern::denseGemvLaunch(n_rows), {&w, &b, &a, &o});
             got = out.download<float>(n_rows);
-            CHECK(relError(got.data(), ref.data(), n_rows) <= kDenseTol);
+            CHECK(track("dense_gemv", relError(got.data(), ref.data(), n_rows)) <= kDenseTol);
           }
         }
       }
@@ -428,8 +442,8 @@ TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions") {
         cpu::rope(q.data(), n, h, d, cases[ci].n_rot, style, cases[ci].base, cases[ci].scale, pos0);
         cpu::rope(kk.data(), n, hkv, d, cases[ci].n_rot, style, cases[ci].base, cases[ci].scale, pos0);
         std::vector<float> gq = d_q.download<float>(q.size()), gk = d_k.download<float>(kk.size());
-        CHECK(relError(gq.data(), q.data(), q.size()) <= kRopeTol);
-        CHECK(relError(gk.data(), kk.data(), kk.size()) <= kRopeTol);
+        CHECK(track("rope", relError(gq.data(), q.data(), q.size())) <= kRopeTol);
+        CHECK(track("rope", relError(gk.data(), kk.data(), kk.size())) <= kRopeTol);
       }
 }
 
@@ -500,8 +514,7 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
         std::vector<float> got = out.download<float>(q.size()), ref(q.size());
         cpu::attention(q.data(), layer, n, pos0, h, ref.data(), nullptr, scratch.data());
         const double err = relError(got.data(), ref.data(), ref.size());
-        CHECK(err <= kAttnTol);
-        MESSAGE("attn_prefill d=" << d << " pos0=" << pos0 << " n=" << n << " rel err " << err);
+        CHECK(track("attn_prefill", err) <= kAttnTol);
       }
     for (int pos0 : {0, 1, 31, 33, 600, 1199}) {
       CAPTURE(pos0);
@@ -516,7 +529,7 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
       launch(k[3], kern::attnCombineLaunch(h), {&pt, &o});
       std::vector<float> got = out.download<float>(q.size()), ref(q.size());
       cpu::attention(q.data(), layer, 1, pos0, h, ref.data(), nullptr, scratch.data());
-      CHECK(relError(got.data(), ref.data(), ref.size()) <= kAttnTol);
+      CHECK(track("attn_decode", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
     }
   }
 }
@@ -544,12 +557,12 @@ TEST_CASE("swiglu and add") {
       launch(k[2 * wi], kern::elementwiseLaunch(n, w), {&pa, &pb, &po, &n});
       cpu::swiGlu(a.data(), b.data(), static_cast<int64_t>(a.size()), ref.data());
       std::vector<float> got = out.download<float>(a.size());
-      CHECK(relError(got.data(), ref.data(), ref.size()) <= kSwiGluTol);
+      CHECK(track("swiglu", relError(got.data(), ref.data(), ref.size())) <= kSwiGluTol);
       out.poison();
       launch(k[2 * wi + 1], kern::elementwiseLaunch(n, w), {&pa, &pb, &po, &n});
       cpu::add(a.data(), b.data(), static_cast<int64_t>(a.size()), ref.data());
       got = out.download<float>(a.size());
-      CHECK(relError(got.data(), ref.data(), ref.size()) <= kAddTol);
+      CHECK(track("add", relError(got.data(), ref.data(), ref.size())) <= kAddTol);
       // In place (out = a), as the plan's residual adds run.
       launch(k[2 * wi + 1], kern::elementwiseLaunch(n, w), {&pa, &pb, &pa, &n});
       got = da.download<float>(a.size());
@@ -583,6 +596,11 @@ TEST_CASE("argmax: lowest index among ties") {
       CHECK(got[r] == std::max_element(row, row + vocab) - row);  // max_element returns the first maximum
     }
   }
+}
+
+TEST_CASE("zz: measured errors per family (max over this run)") {
+  MINFER_REQUIRE_GPU(G);
+  for (const auto& [family, err] : worst()) MESSAGE(family << ": max rel error " << err);
 }
 
 }  // namespace
