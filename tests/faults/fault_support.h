@@ -1,0 +1,47 @@
+// Helpers of the fault tests: run a tool in a child process under imposed limits (file size limit,
+// another user, no SIGXFSZ), capture its output and how it ended; tiny models compiled on demand.
+#pragma once
+
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tests/fuzz/tiny_gguf.h"
+
+namespace minfer::test {
+
+struct ChildLimits {
+  rlim_t file_size = RLIM_INFINITY;  // RLIMIT_FSIZE in bytes
+  bool ignore_sigxfsz = false;       // exceeding file_size: EFBIG from the call instead of death by SIGXFSZ
+  bool as_nobody = false;            // when root: run as uid/gid 65534 (so permission bits apply)
+};
+
+struct ChildResult {
+  bool exited = false;     // ended by exit(); else killed by `signal`
+  int status = -1;         // exit status when exited
+  int signal = 0;          // terminating signal otherwise
+  std::string output;      // stdout and stderr, interleaved
+  std::string describe() const;  // "exit 1" / "killed by signal 25 (File size limit exceeded)"
+};
+
+// Runs argv[0] (a path) with the given arguments and limits; waits for it.
+ChildResult runChild(const std::vector<std::string>& argv, const ChildLimits& limits = {});
+
+// Path of a minfer tool in the build's bin directory.
+std::string toolPath(const std::string& name);
+
+// Writes `spec` as a GGUF to `path`; fails the test on error.
+void writeTinyGguf(const TinyGgufSpec& spec, const std::string& path);
+
+// Compiles `gguf` to `mfb` with minfer-compile (no kernel targets unless given); fails the test
+// when the tool fails. Returns the tool's output.
+std::string compileWithTool(const std::string& gguf, const std::string& mfb, const std::vector<std::string>& extra = {});
+
+std::vector<uint8_t> fileBytes(const std::string& path);
+void writeBytes(const std::string& path, const std::vector<uint8_t>& bytes);
+// Names in `dir` (not recursive), sorted.
+std::vector<std::string> listDir(const std::string& dir);
+
+}  // namespace minfer::test

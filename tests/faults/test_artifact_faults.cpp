@@ -1,0 +1,174 @@
+// Fault tests of artifacts that are sound but not for this runtime or this machine: another format
+// version, kernels for a GPU arch on a machine without a GPU, and a context too large for memory.
+#include <doctest/doctest.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "minfer/artifact.h"
+#include "minfer/runtime.h"
+#include "tests/faults/fault_support.h"
+#include "tests/test_support.h"
+
+using minfer::test::ChildResult;
+using minfer::test::TinyGgufSpec;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A tiny CPU-only artifact compiled once per process.
+const std::string& tinyArtifact() {
+  static const std::string path = [] {
+    const std::string dir = minfer::test::scratchDir() + "/artifact-faults";
+    fs::create_directories(dir);
+    minfer::test::writeTinyGguf(TinyGgufSpec{}, dir + "/tiny.gguf");
+    minfer::test::compileWithTool(dir + "/tiny.gguf", dir + "/tiny.mfb");
+    return dir + "/tiny.mfb";
+  }();
+  return path;
+}
+
+// The generated table's private flatbuffers::Table base (a C-style cast may name it).
+const flatbuffers::Table* asTable(const void* t) { return (const flatbuffers::Table*)t; }
+
+// Sets format_major/format_minor in a copy of an artifact and recomputes manifest_check as the
+// writer does (schema/artifact.fbs: XXH64 of [0, N) with the check's xxh64 field read as zero), so
+// the file differs from a genuine one of that version only in the version.
+std::vector<uint8_t> withVersion(const std::vector<uint8_t>& bytes, uint16_t major, uint16_t minor) {
+  std::vector<uint8_t> out = bytes;
+  const minfer::fb::Artifact* m = minfer::fb::GetSizePrefixedArtifact(out.data());
+  const uint8_t* major_at = asTable(m)->GetAddressOf(minfer::fb::Artifact::VT_FORMAT_MAJOR);
+  const uint8_t* minor_at = asTable(m)->GetAddressOf(minfer::fb::Artifact::VT_FORMAT_MINOR);
+  REQUIRE(major_at != nullptr);  // the compiler writes every field (ForceDefaults)
+  REQUIRE(minor_at != nullptr);
+  std::memcpy(out.data() + (major_at - out.data()), &major, 2);
+  std::memcpy(out.data() + (minor_at - out.data()), &minor, 2);
+  uint32_t prefix = 0;
+  std::memcpy(&prefix, out.data(), 4);
+  const uint64_t n = uint64_t{prefix} + 4;
+  const uint64_t check_at = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(m->manifest_check()) - out.data());
+  const uint64_t hash_at = check_at + 16;  // Segment {offset, size, xxh64}
+  std::vector<uint8_t> manifest(out.begin(), out.begin() + static_cast<long>(n));
+  std::memset(manifest.data() + hash_at, 0, 8);
+  const uint64_t hash = XXH64(manifest.data(), manifest.size(), 0);
+  std::memcpy(out.data() + hash_at, &hash, 8);
+  return out;
+}
+
+uint64_t physicalMemory() { return uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE)); }
+
+}  // namespace
+
+TEST_CASE("an artifact of another format version: the message names both versions") {
+  const std::vector<uint8_t> original = minfer::test::fileBytes(tinyArtifact());
+  // Control: re-stamping the version it has gives back the very same bytes (the check recomputation
+  // matches the writer's).
+  CHECK(withVersion(original, minfer::kArtifactFormatMajor, minfer::kArtifactFormatMinor) == original);
+
+  struct Case {
+    uint16_t major, minor;
+  };
+  for (const Case c : {Case{2, 0}, Case{minfer::kArtifactFormatMajor, uint16_t(minfer::kArtifactFormatMinor + 1)},
+                       Case{0, 9}}) {
+    const std::string version = std::to_string(c.major) + "." + std::to_string(c.minor);
+    CAPTURE(version);
+    const std::string path = minfer::test::scratchDir() + "/artifact-faults/v" + version + ".mfb";
+    minfer::test::writeBytes(path, withVersion(original, c.major, c.minor));
+    const std::string ours =
+        std::to_string(minfer::kArtifactFormatMajor) + "." + std::to_string(minfer::kArtifactFormatMinor);
+
+    auto file = minfer::ArtifactFile::open(path);
+    REQUIRE_FALSE(file.isOk());
+    const std::string& message = file.status().message();
+    INFO(message);
+    CHECK(message.rfind(path + ": ", 0) == 0);
+    CHECK(message.find("artifact format " + version) != std::string::npos);
+    CHECK(message.find(ours) != std::string::npos);
+
+    const ChildResult r = minfer::test::runChild(
+        {minfer::test::toolPath("minfer-run"), path, "-p", "the cat", "-n", "2", "--device", "cpu"});
+    INFO(r.output);
+    CHECK(r.describe() == "exit 1");
+    CHECK(r.output.find("artifact format " + version) != std::string::npos);
+    CHECK(r.output.find(ours) != std::string::npos);
+  }
+}
+
+TEST_CASE("kernels for sm_80 only, --device cuda on a machine without a GPU: the no-GPU error") {
+  if (fs::exists("/dev/nvidiactl") || fs::exists("/dev/nvidia0")) {
+    MESSAGE("SKIPPED: this machine has an NVIDIA device; the GPU-side arch check is tested by tests/cuda");
+    return;
+  }
+  const std::string dir = fs::path(tinyArtifact()).parent_path().string();
+  const std::string path = dir + "/sm80.mfb";
+  const std::string out = minfer::test::compileWithTool(
+      dir + "/tiny.gguf", path, {"--target=sm_80", "--kernel-cache=" + dir + "/kernel-cache"});
+  auto file = minfer::ArtifactFile::open(path);
+  REQUIRE_MESSAGE(file.isOk(), file.status().message());
+  const minfer::fb::Artifact* m = (*file)->manifest();
+  if (!m->kernels() || m->kernels()->size() == 0) {
+    MESSAGE("SKIPPED: this build has no NVRTC, so minfer-compile wrote no kernel images: " << out);
+    return;
+  }
+  for (const minfer::fb::KernelImage* k : *m->kernels()) CHECK(k->arch()->str() == "sm_80");
+
+  const ChildResult r = minfer::test::runChild(
+      {minfer::test::toolPath("minfer-run"), path, "-p", "the cat", "-n", "2", "--device", "cuda"});
+  INFO(r.output);
+  CHECK(r.describe() == "exit 1");
+  CHECK(r.output.find(path) != std::string::npos);
+  CHECK(r.output.find("CUDA") != std::string::npos);
+  // auto falls back to the CPU and still runs the artifact.
+  const ChildResult a = minfer::test::runChild(
+      {minfer::test::toolPath("minfer-run"), path, "-p", "the cat", "-n", "2", "--temp", "0", "--device", "auto"});
+  INFO(a.output);
+  CHECK(a.describe() == "exit 0");
+}
+
+TEST_CASE("a context far beyond memory (n_ctx 2^20, 128 KiB of KV cache per position): an error with the numbers") {
+  const uint64_t kv_bytes = (uint64_t{1} << 20) * 2 * 16 * 1024 * 4;  // K and V, 16 heads × 1024, f32, one layer
+  if (physicalMemory() >= kv_bytes / 2) {
+    MESSAGE("SKIPPED: this machine has " << physicalMemory() << " bytes of memory; the case needs less than "
+                                         << kv_bytes / 2);
+    return;
+  }
+  TinyGgufSpec spec;  // head_dim 1024 (attention.key_length) on a 32-wide model: small weights, huge KV
+  spec.n_head = 16;
+  spec.n_head_kv = 16;
+  spec.head_dim = 1024;
+  spec.byte_tokens = false;
+  const std::string dir = minfer::test::scratchDir() + "/artifact-faults";
+  fs::create_directories(dir);
+  minfer::test::writeTinyGguf(spec, dir + "/wide-kv.gguf");
+  minfer::test::compileWithTool(dir + "/wide-kv.gguf", dir + "/wide-kv.mfb");
+
+  auto model = minfer::Model::open(dir + "/wide-kv.mfb", minfer::BackendKind::kCpu);
+  REQUIRE_MESSAGE(model.isOk(), model.status().message());
+  auto huge = (*model)->createSession({.n_ctx = minfer::Model::kMaxContext, .n_threads = 1});
+  REQUIRE_FALSE(huge.isOk());
+  const std::string& message = huge.status().message();
+  INFO(message);
+  CHECK(message.find("n_ctx = " + std::to_string(minfer::Model::kMaxContext)) != std::string::npos);
+  CHECK(message.find("memory") != std::string::npos);
+  CHECK(message.find(std::to_string(physicalMemory())) != std::string::npos);
+  // Past the limit, and at zero or below: a range error.
+  for (int n_ctx : {minfer::Model::kMaxContext + 1, 0, -1}) {
+    auto bad = (*model)->createSession({.n_ctx = n_ctx});
+    REQUIRE_FALSE(bad.isOk());
+    CHECK(bad.status().message().find(std::to_string(n_ctx)) != std::string::npos);
+  }
+  // A context that fits still works after the refusals.
+  auto ok = (*model)->createSession({.n_ctx = 16, .n_threads = 1});
+  CHECK_MESSAGE(ok.isOk(), ok.status().message());
+
+  // The same through minfer-run: exit 1 with the message, not an abort.
+  const ChildResult r = minfer::test::runChild({minfer::test::toolPath("minfer-run"), dir + "/wide-kv.mfb", "-p",
+                                                "the cat", "-c", std::to_string(minfer::Model::kMaxContext),
+                                                "--device", "cpu"});
+  INFO(r.output);
+  CHECK(r.describe() == "exit 1");
+  CHECK(r.output.find("memory") != std::string::npos);
+}
