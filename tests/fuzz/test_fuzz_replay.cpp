@@ -7,12 +7,18 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "compiler/gguf/gguf_reader.h"
+#include "compiler/gguf/gguf_writer.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "tests/fuzz/fuzz_harness.h"
 #include "tests/test_support.h"
 
@@ -86,9 +92,13 @@ TEST_CASE("every corpus and regression input runs through its fuzz harness witho
     for (const fs::path& path : files) {
       INFO("input " << path.string());
       const std::vector<uint8_t> bytes = minfer::test::readFile(path.string());
+      // An allocation of exactly the input's size, as libFuzzer passes it: a vector's spare capacity
+      // would hide a read just past the end from ASan.
+      const std::unique_ptr<uint8_t[]> exact(new uint8_t[std::max<size_t>(bytes.size(), 1)]);
+      std::copy(bytes.begin(), bytes.end(), exact.get());
       const bool measured = resetPeak();
       const long before = statusKb("VmRSS");
-      CHECK(t.run(bytes.data(), bytes.size()) == 0);
+      CHECK(t.run(exact.get(), bytes.size()) == 0);
       if (measured && before >= 0) {
         const long grew = statusKb("VmHWM") - before;
         CHECK_MESSAGE(grew < kMaxInputRssMb * 1024, "peak RSS grew by " << grew << " kB");
@@ -113,4 +123,30 @@ TEST_CASE("the harness UTF-8 validator follows Table 3-7") {
     INFO(std::string(bad));
     CHECK_FALSE(isWellFormedUtf8(bad));
   }
+}
+
+// Regression of fuzz finding 1 (TESTING.md): GCC's -fsanitize=undefined does not include
+// float-cast-overflow, so the replay alone would not catch the old cast in this build.
+TEST_CASE("regression: Value::integerAt of float elements truncates, saturates, and maps NaN to 0") {
+  const double values[] = {std::numeric_limits<double>::quiet_NaN(), 1e306, -1e306, 2.9, -2.9,
+                           9223372036854775808.0, -9223372036854775808.0, 4611686018427387904.0};
+  std::vector<uint8_t> raw(sizeof(values));
+  std::memcpy(raw.data(), values, sizeof(values));
+  minfer::gguf::GgufWriter w(3);
+  w.set("t.f64", minfer::gguf::MetaValue::scalarArray(minfer::gguf::ValueType::FLOAT64, raw));
+  const std::vector<uint8_t> bytes = llvm::cantFail(w.toBytes());
+  auto file = minfer::gguf::GgufFile::parse(
+      llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(reinterpret_cast<const char*>(bytes.data()), bytes.size())),
+      "f64.gguf");
+  REQUIRE(file);
+  const minfer::gguf::Value& v = (*file)->find("t.f64")->value;
+  REQUIRE(v.count == 8);
+  CHECK(v.integerAt(0) == 0);
+  CHECK(v.integerAt(1) == INT64_MAX);
+  CHECK(v.integerAt(2) == INT64_MIN);
+  CHECK(v.integerAt(3) == 2);
+  CHECK(v.integerAt(4) == -2);
+  CHECK(v.integerAt(5) == INT64_MAX);
+  CHECK(v.integerAt(6) == INT64_MIN);
+  CHECK(v.integerAt(7) == int64_t{1} << 62);
 }
