@@ -66,7 +66,8 @@ ChildResult runChild(const std::vector<std::string>& argv, const ChildLimits& li
   } else if (WIFSIGNALED(status)) {
     r.signal = WTERMSIG(status);
   }
-  REQUIRE_MESSAGE(!(r.exited && r.status >= 120 && r.status <= 122), "child setup failed: " << r.status);
+  r.no_nobody = r.exited && r.status == 121;
+  REQUIRE_MESSAGE(!(r.exited && (r.status == 120 || r.status == 122)), "child setup failed: " << r.status);
   return r;
 }
 

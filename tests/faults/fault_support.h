@@ -23,6 +23,7 @@ struct ChildResult {
   int status = -1;         // exit status when exited
   int signal = 0;          // terminating signal otherwise
   std::string output;      // stdout and stderr, interleaved
+  bool no_nobody = false;  // as_nobody was asked and switching to uid/gid 65534 failed (the tool did not run)
   std::string describe() const;  // "exit 1" / "killed by signal 25 (File size limit exceeded)"
 };
 
