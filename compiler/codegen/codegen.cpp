@@ -94,6 +94,12 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
         work[i].hit = true;
         continue;
       }
+      KernelCache::EntryLock lock(cache, entry);
+      if (auto hit = cache.lookup(entry)) {  // another compiler filled it while this one waited
+        work[i].kernel = std::move(*hit);
+        work[i].hit = true;
+        continue;
+      }
       auto compiled = compileKernel(spec, arch);
       if (!compiled) {
         work[i].error = llvm::toString(compiled.takeError());

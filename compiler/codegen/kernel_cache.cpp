@@ -1,6 +1,8 @@
 // On-disk kernel image cache (see kernel_cache.h).
 #include "compiler/codegen/kernel_cache.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -79,6 +81,26 @@ std::optional<CompiledKernel> KernelCache::lookup(const std::string& entry) cons
   k.cubin.assign(reinterpret_cast<const uint8_t*>(p), reinterpret_cast<const uint8_t*>(p) + cubin);
   k.ptx.assign(p + cubin, ptx);
   return k;
+}
+
+KernelCache::EntryLock::EntryLock(const KernelCache& cache, const std::string& entry) {
+  if (!cache.enabled() || llvm::sys::fs::create_directories(cache.directory())) return;
+  llvm::SmallString<256> path(cache.directory());
+  llvm::sys::path::append(path, entry + ".lock");
+  if (llvm::sys::fs::openFileForWrite(path, fd_, llvm::sys::fs::CD_OpenAlways)) {
+    fd_ = -1;
+    return;
+  }
+  if (llvm::sys::fs::lockFile(fd_)) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+KernelCache::EntryLock::~EntryLock() {
+  if (fd_ < 0) return;
+  llvm::sys::fs::unlockFile(fd_);
+  ::close(fd_);
 }
 
 void KernelCache::store(const std::string& entry, const CompiledKernel& kernel) {

@@ -7,8 +7,9 @@
 // browsable. File format: "MFKCACHE" magic, u64 cubin bytes, u64 PTX bytes (little-endian), cubin, PTX.
 //
 // Concurrency: entries are written to a unique temporary file in the same directory and renamed into
-// place (atomic on POSIX), so two compilers filling the cache at once never expose a partial entry;
-// at worst both compile the same image and the last rename wins with identical bytes. A malformed
+// place (atomic on POSIX), so two compilers filling the cache at once never expose a partial entry.
+// A compiler also holds <entry>.lock (an advisory file lock) while it compiles an entry, and looks the
+// entry up again once it has the lock, so two compilers do not both run NVRTC for it. A malformed
 // entry (truncated, wrong sizes) reads as a miss and is overwritten. Cache I/O errors never fail a
 // compilation: a cache that cannot be written is skipped (counted in writeFailures()).
 #pragma once
@@ -36,6 +37,20 @@ class KernelCache {
   static std::string entryName(const KernelSpec& spec, const std::string& arch, const std::vector<std::string>& options);
 
   std::optional<CompiledKernel> lookup(const std::string& entry) const;
+
+  // Holds the advisory lock of one entry until destroyed (no-op when caching is disabled or the lock
+  // file cannot be opened: the lock only saves duplicate work, correctness never depends on it).
+  class EntryLock {
+   public:
+    EntryLock(const KernelCache& cache, const std::string& entry);
+    ~EntryLock();
+    EntryLock(const EntryLock&) = delete;
+    EntryLock& operator=(const EntryLock&) = delete;
+
+   private:
+    int fd_ = -1;
+  };
+
   void store(const std::string& entry, const CompiledKernel& kernel);
   unsigned writeFailures() const { return write_failures_.load(); }
 

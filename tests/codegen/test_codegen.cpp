@@ -153,7 +153,7 @@ TEST_CASE("every fixture model gets kernel images for sm_90") {
 TEST_CASE("a multi-arch target list gives one image per arch, arch-major per kernel") {
   if (!haveNvrtc() || !test::haveFixtures()) return;
   const std::vector<std::string> targets = {"sm_80", "sm_86", "sm_89", "sm_90"};
-  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf");
+  const Loaded l = load(test::fixturesDir() + "/models/stories260K-Q8_0.gguf");  // quantized + F16 matmuls
   const KernelSet set = generate(l, targets, MINFER_TEST_KERNEL_CACHE);
   checkSet(l, set, targets);
   // The same spec for different archs differs only in the arch suffix and machine code.
@@ -175,12 +175,15 @@ TEST_CASE("keys are deterministic and the disk cache hits on the second compile"
   CHECK(first.stats.cache_hits == 0);
   CHECK(first.stats.compiled == first.images.size());
   CHECK(first.stats.cache_write_failures == 0);
-  size_t entries = 0;
+  size_t entries = 0, locks = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    CHECK(e.path().extension() == ".kimg");  // no temporary files left behind
-    ++entries;
+    const std::string ext = e.path().extension().string();
+    CHECK_MESSAGE((ext == ".kimg" || ext == ".lock"), e.path());  // no temporary files left behind
+    entries += ext == ".kimg";
+    locks += ext == ".lock";
   }
   CHECK(entries == first.images.size());
+  CHECK(locks == first.images.size());  // each compiled entry was compiled under its lock
 
   const KernelSet second = generate(l, {"sm_90"}, dir);
   CHECK(second.stats.cache_hits == second.images.size());
@@ -195,10 +198,14 @@ TEST_CASE("keys are deterministic and the disk cache hits on the second compile"
   CHECK(second.prefill == first.prefill);
   CHECK(second.decode == first.decode);
 
-  // A corrupted entry reads as a miss and is recompiled, giving the same bytes.
-  for (const auto& e : std::filesystem::directory_iterator(dir)) std::filesystem::resize_file(e.path(), 20);
+  // Corrupted entries (truncated, or their size fields wrong) read as misses and are recompiled,
+  // giving the same bytes; the other entries still hit.
+  size_t corrupted = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".kimg" && corrupted < 3) std::filesystem::resize_file(e.path(), 20 + 7 * corrupted++);
   const KernelSet third = generate(l, {"sm_90"}, dir);
-  CHECK(third.stats.compiled == third.images.size());
+  CHECK(third.stats.compiled == corrupted);
+  CHECK(third.stats.cache_hits == third.images.size() - corrupted);
   for (size_t i = 0; i < first.images.size(); ++i) CHECK(third.images[i].cubin == first.images[i].cubin);
   std::filesystem::remove_all(dir);
 }
