@@ -28,6 +28,12 @@ cmake --build "$dir" --target fuzz_targets -j "$jobs" -- --no-print-directory 2>
 test "${PIPESTATUS[0]}" -eq 0
 echo "fuzz: built the targets in $(($(date +%s) - start)) s"
 
+for t in "${targets[@]}"; do
+  if [ ! -x "$dir/bin/fuzz_$t" ]; then
+    echo "fuzz: unknown target '$t' (expected gguf_reader, artifact or tokenizer)" >&2
+    exit 2
+  fi
+done
 failed=()
 for t in "${targets[@]}"; do
   mkdir -p "$dir/corpus/$t" "$dir/findings/$t"
