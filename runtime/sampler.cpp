@@ -133,7 +133,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
     return cand[best].id;
   }
   if (params_.min_p > 0.0f) {
-    const float threshold = max_l + std::log(params_.min_p);
+    // min_p above 1 would drop every token, the maximum included: it keeps only the maximum instead.
+    const float threshold = max_l + std::log(std::min(params_.min_p, 1.0f));
     int32_t kept = 0;
     for (int32_t i = 0; i < size; ++i)
       if (cand[i].logit >= threshold) cand[kept++] = cand[i];

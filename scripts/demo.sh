@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh release
+scripts/build.sh release minfer-synth minfer-compile minfer-run
 bin=build/release/bin
 out=${TMPDIR:-/tmp}/minfer-demo
 mkdir -p "$out"

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Signals.h"
@@ -98,6 +99,8 @@ ArtifactWriter::ArtifactWriter(std::string path, std::string temp_path, int fd)
 
 llvm::Expected<std::unique_ptr<ArtifactWriter>> ArtifactWriter::create(llvm::StringRef path) {
   if (path.empty()) return makeError("artifact output path is empty");
+  if (llvm::sys::fs::is_directory(path))
+    return makeError(llvm::formatv("{0}: is a directory; give the artifact's file name (e.g. {0}/model.mfb)", path));
   llvm::StringRef dir = llvm::sys::path::parent_path(path);
   llvm::SmallString<256> temp;
   int fd = -1;

@@ -10,6 +10,7 @@
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Signals.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -454,12 +455,16 @@ llvm::Expected<std::vector<uint8_t>> GgufWriter::toBytes() const {
 }
 
 llvm::Error GgufWriter::write(llvm::StringRef path) const {
+  if (llvm::sys::fs::is_directory(path))
+    return writerError(llvm::formatv("{0}: is a directory; give the GGUF's file name", path));
   auto layout = this->layout();
   if (!layout) return layout.takeError();
   int fd = -1;
   llvm::SmallString<256> tmp;
   if (std::error_code ec = llvm::sys::fs::createUniqueFile(path + ".tmp-%%%%%%", fd, tmp))
     return writerError(llvm::formatv("{0}: cannot create a temporary file: {1}", path, ec.message()));
+  // Removed if a signal (Ctrl-C, SIGTERM, …) ends the process while writing; disarmed below.
+  llvm::sys::RemoveFileOnSignal(tmp);
   llvm::Error result = [&]() -> llvm::Error {
     llvm::raw_fd_ostream os(fd, /*shouldClose=*/true);
     if (auto err = emit(*layout, [&](llvm::ArrayRef<uint8_t> b) -> llvm::Error {
@@ -475,6 +480,7 @@ llvm::Error GgufWriter::write(llvm::StringRef path) const {
     return llvm::Error::success();
   }();
   if (result) llvm::sys::fs::remove(tmp);
+  llvm::sys::DontRemoveFileOnSignal(tmp);
   return result;
 }
 

@@ -9,6 +9,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/raw_ostream.h"
+#include "runtime/include/minfer/version.h"
 
 namespace {
 
@@ -28,7 +29,7 @@ llvm::cl::opt<std::string> kKernelCache(
     "kernel-cache", llvm::cl::desc("NVRTC kernel image cache directory, or 'off' (default: $MINFER_CACHE_DIR, "
                                    "$XDG_CACHE_HOME/minfer/kernels or ~/.cache/minfer/kernels)"),
     llvm::cl::value_desc("dir"), llvm::cl::init(""), llvm::cl::cat(kCategory));
-llvm::cl::opt<bool> kVerbose("v", llvm::cl::desc("Print a line per tensor"), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kVerbose("v", llvm::cl::desc("Print a progress line after every tensor"), llvm::cl::cat(kCategory));
 
 // Accepts sm_XY or sm_XYa with XY ≥ 50, e.g. sm_80, sm_90a.
 bool validArch(llvm::StringRef arch) {
@@ -42,6 +43,7 @@ bool validArch(llvm::StringRef arch) {
 
 int main(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-compile (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-compile: compile a GGUF model into a minfer artifact\n");
   llvm::ExitOnError exit_on_error("minfer-compile: ");
 

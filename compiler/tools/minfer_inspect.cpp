@@ -11,6 +11,7 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/raw_ostream.h"
+#include "runtime/include/minfer/version.h"
 
 using namespace minfer;
 using namespace minfer::gguf;
@@ -137,7 +138,11 @@ void printGgufJson(const GgufFile& f) {
   llvm::json::Object meta;
   for (const KeyValue& kv : f.metadata()) meta[std::string(kv.key)] = valueJson(kv.value, kArrayItems);
   llvm::json::Array tensors;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> totals;  // type → (tensors, bytes)
   for (const TensorInfo& t : f.tensors()) {
+    auto& tot = totals[ggmlTypeTraits(t.type).name];
+    tot.first++;
+    tot.second += t.size;
     llvm::json::Array ne;
     for (uint32_t d = 0; d < t.n_dims; ++d) ne.push_back(static_cast<int64_t>(t.ne[d]));
     tensors.push_back(llvm::json::Object{{"name", std::string(t.name)},
@@ -154,6 +159,11 @@ void printGgufJson(const GgufFile& f) {
                           {"data_offset", static_cast<int64_t>(f.dataOffset())},
                           {"metadata", std::move(meta)},
                           {"tensors", std::move(tensors)}};
+  llvm::json::Object per_type;
+  for (const auto& [type, tot] : totals)
+    per_type[type] = llvm::json::Object{{"tensors", static_cast<int64_t>(tot.first)},
+                                        {"bytes", static_cast<int64_t>(tot.second)}};
+  root["totals"] = std::move(per_type);
   llvm::outs() << llvm::formatv("{0:2}", llvm::json::Value(std::move(root))) << "\n";
 }
 
@@ -167,10 +177,14 @@ bool looksLikeArtifact(const std::string& path) {
 
 int main(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-inspect (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv,
                                     "minfer-inspect: show the contents of a GGUF model or a minfer artifact\n");
   llvm::ExitOnError exit_on_error("minfer-inspect: ");
   if (looksLikeArtifact(kInput)) return inspectArtifact(kInput, kJson, kVerify);
+  if (kVerify)
+    llvm::errs() << "minfer-inspect: note: --verify checks artifact checksums; a GGUF has none (its structure is "
+                    "always validated)\n";
   auto file = exit_on_error(GgufFile::open(kInput));
   if (kJson)
     printGgufJson(*file);

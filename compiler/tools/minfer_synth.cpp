@@ -11,6 +11,7 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
+#include "runtime/include/minfer/version.h"
 
 using namespace minfer;
 
@@ -29,7 +30,7 @@ llvm::cl::opt<std::string> kVocab("vocab", llvm::cl::desc("Copy the tokenizer (a
                                   llvm::cl::value_desc("vocab.gguf"), llvm::cl::cat(kCategory));
 llvm::cl::opt<uint64_t> kSeed("seed", llvm::cl::desc("Seed of the weights (default 1)"), llvm::cl::init(1),
                               llvm::cl::cat(kCategory));
-llvm::cl::opt<unsigned> kLayers("layers", llvm::cl::desc("Override the model's layer count"), llvm::cl::init(0),
+llvm::cl::opt<unsigned> kLayers("layers", llvm::cl::desc("Override the model's layer count (1..512)"), llvm::cl::init(0),
                                 llvm::cl::cat(kCategory));
 llvm::cl::opt<unsigned> kThreads("threads", llvm::cl::desc("Generator threads (default: all cores)"),
                                  llvm::cl::init(0), llvm::cl::cat(kCategory));
@@ -40,6 +41,7 @@ llvm::cl::opt<std::string> kOutput("o", llvm::cl::Required, llvm::cl::desc("Outp
 
 int main(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-synth (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv,
                                     "minfer-synth: write a GGUF with random but valid weights in the shapes of a "
                                     "named model (deterministic for a seed)\n");
@@ -48,7 +50,13 @@ int main(int argc, char** argv) {
 
   synth::SynthOptions options;
   options.shape = exit_on_error(synth::modelShape(kModel));
-  if (kLayers > 0) options.shape.n_layer = kLayers;
+  if (kLayers.getNumOccurrences() > 0) {
+    if (kLayers < 1 || kLayers > 512) {
+      llvm::errs() << "minfer-synth: --layers " << kLayers << " is out of range 1..512\n";
+      return 1;
+    }
+    options.shape.n_layer = kLayers;
+  }
   options.mix = exit_on_error(synth::parseTypeMix(kTypes));
   options.seed = kSeed;
   options.threads = kThreads > 0 ? kThreads : std::max(1u, std::thread::hardware_concurrency());
@@ -71,7 +79,7 @@ int main(int argc, char** argv) {
   std::string types;
   for (const auto& [name, count] : per_type) types += llvm::formatv("{0}{1} {2}", types.empty() ? "" : ", ", count, name);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  llvm::outs() << llvm::formatv("wrote {0}: {1} ({2} layers), {3}, seed {4}: {5} tensors ({6}), {7} bytes in {8:f1} s\n",
+  llvm::errs() << llvm::formatv("minfer-synth: wrote {0}: {1} ({2} layers), {3}, seed {4}: {5} tensors ({6}), {7} bytes in {8:f1} s\n",
                                 kOutput, options.shape.name, options.shape.n_layer, synth::typeMixName(options.mix),
                                 options.seed, layout.tensors.size(), types, layout.file_size, seconds);
   return 0;

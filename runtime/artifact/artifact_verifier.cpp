@@ -431,6 +431,9 @@ class SemanticVerifier {
 
 Status verifyStructure(const std::string& path, const uint8_t* data, uint64_t size, uint64_t* manifest_size) {
   constexpr uint64_t kHeader = 12;  // size prefix, root offset, file identifier
+  if (size >= 4 && std::memcmp(data, "GGUF", 4) == 0)
+    return Status::error(cat(path, ": is a GGUF model, not a minfer artifact: compile it first with "
+                                   "`minfer-compile ", path, " -o MODEL.mfb`"));
   if (size < kHeader)
     return Status::error(cat(path, ": file is ", size, " bytes, too small for an artifact header (", kHeader,
                              " bytes: size prefix, root offset, identifier \"MFB1\"): truncated or not an artifact"));

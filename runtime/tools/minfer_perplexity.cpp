@@ -5,7 +5,10 @@
 // window is replaced by BOS; only the second half of each window is scored: logits at window
 // positions n_ctx/2 … n_ctx−2 predict the tokens at n_ctx/2+1 … n_ctx−1. PPL = exp(mean NLL) over all
 // scored tokens; ± is PPL · sqrt((mean(NLL²) − mean(NLL)²) / (count − 1)).
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -14,6 +17,7 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
+#include "minfer/version.h"
 #include "minfer/runtime.h"
 
 namespace {
@@ -50,14 +54,18 @@ double logProbability(const float* logits, int n_vocab, int token) {
 
 int main(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-perplexity (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-perplexity: perplexity of a minfer artifact over a text\n");
   if (kCtx < 4 || kCtx > minfer::Model::kMaxContext)
     return fail(llvm::formatv("-c {0} is out of range 4..{1}", kCtx.getValue(), minfer::Model::kMaxContext).str());
   auto kind = minfer::parseBackendKind(kDevice.getValue());
   if (!kind) return fail("--device: " + kind.status().message());
 
+  if (kChunks == 0 || kChunks < -1) return fail(llvm::formatv("--chunks {0} must be ≥ 1 (or -1 for all)", kChunks.getValue()).str());
+  std::error_code ec;
+  if (std::filesystem::is_directory(kText.getValue(), ec)) return fail(kText + ": is a directory, not a text file");
   std::ifstream in(kText, std::ios::binary);
-  if (!in) return fail(kText + ": cannot open the text file");
+  if (!in) return fail(kText + ": cannot open the text file: " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
 

@@ -1,7 +1,10 @@
 // minfer-run: maps a .mfb artifact and generates text from a prompt, streaming it to stdout.
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -12,6 +15,7 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
+#include "minfer/version.h"
 #include "minfer/runtime.h"
 
 namespace {
@@ -25,7 +29,7 @@ llvm::cl::opt<std::string> kPromptFile("f", llvm::cl::desc("Read the prompt from
                                        llvm::cl::value_desc("file"), llvm::cl::cat(kCategory));
 llvm::cl::opt<int> kNPredict("n", llvm::cl::desc("Tokens to generate (default -1: until end of text or a full context)"),
                              llvm::cl::init(-1), llvm::cl::cat(kCategory));
-llvm::cl::opt<int> kCtx("c", llvm::cl::desc("Context length in tokens (default: the model's, at most 4096)"),
+llvm::cl::opt<int> kCtx("c", llvm::cl::desc("Context length in tokens; 0 = the model's, at most 4096 (default 0)"),
                         llvm::cl::init(0), llvm::cl::cat(kCategory));
 llvm::cl::opt<float> kTemp("temp", llvm::cl::desc("Temperature; 0 = greedy (default 0.8)"), llvm::cl::init(0.8f),
                            llvm::cl::cat(kCategory));
@@ -71,25 +75,44 @@ int fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-run (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-run: generate text with a minfer artifact\n");
 
   std::string prompt = kPrompt;
   if (!kPromptFile.empty()) {
     if (!kPrompt.empty()) return fail("-p and -f are mutually exclusive");
+    std::error_code ec;
+    if (std::filesystem::is_directory(kPromptFile.getValue(), ec)) return fail(kPromptFile + ": is a directory, not a prompt file");
     std::ifstream in(kPromptFile, std::ios::binary);
-    if (!in) return fail(kPromptFile + ": cannot open the prompt file");
+    if (!in) return fail(kPromptFile + ": cannot open the prompt file: " + std::strerror(errno));
     std::stringstream ss;
     ss << in.rdbuf();
     prompt = ss.str();
+    // Like llama.cpp's -f: one trailing newline (as `echo text > file` writes) is not part of the prompt.
+    if (!prompt.empty() && prompt.back() == '\n') prompt.pop_back();
   }
   if (kCtx < 0 || kCtx > minfer::Model::kMaxContext)
-    return fail(llvm::formatv("-c {0} is out of range 1..{1}", kCtx.getValue(), minfer::Model::kMaxContext).str());
+    return fail(llvm::formatv("-c {0} is out of range 0..{1} (0 = the model's context length)", kCtx.getValue(),
+                              minfer::Model::kMaxContext)
+                    .str());
   if (kNPredict < -1) return fail(llvm::formatv("-n {0} must be -1 (unlimited) or ≥ 0", kNPredict.getValue()).str());
   if (kThreads < 0 || kThreads > 4096) return fail(llvm::formatv("-t {0} is out of range 0..4096", kThreads.getValue()).str());
-  if (!(kTemp >= 0) || !(kTopP >= 0) || !(kMinP >= 0) || !(kRepeatPenalty > 0))
-    return fail("--temp, --top-p and --min-p must be ≥ 0 and --repeat-penalty > 0");
+  if (!(kTemp >= 0) || !(kTopP >= 0 && kTopP <= 1) || !(kMinP >= 0 && kMinP <= 1) || !(kRepeatPenalty > 0) ||
+      kTopK < 0 || kRepeatLastN < 0)
+    return fail(llvm::formatv("sampling options out of range: --temp {0} (≥ 0), --top-p {1} and --min-p {2} (0..1), "
+                              "--top-k {3} and --repeat-last-n {4} (≥ 0), --repeat-penalty {5} (> 0)",
+                              kTemp.getValue(), kTopP.getValue(), kMinP.getValue(), kTopK.getValue(),
+                              kRepeatLastN.getValue(), kRepeatPenalty.getValue())
+                    .str());
   auto kind = minfer::parseBackendKind(kDevice.getValue());
   if (!kind) return fail("--device: " + kind.status().message());
+
+  // Opened before the model loads, so a bad path fails at once.
+  std::unique_ptr<std::ofstream> logits_out;
+  if (!kLogitsOut.empty()) {
+    logits_out = std::make_unique<std::ofstream>(kLogitsOut, std::ios::binary | std::ios::trunc);
+    if (!*logits_out) return fail(kLogitsOut + ": cannot open for writing: " + std::strerror(errno));
+  }
 
   const auto t_start = std::chrono::steady_clock::now();
   minfer::ModelOptions model_options;
@@ -102,6 +125,9 @@ int main(int argc, char** argv) {
   minfer::Model::SessionOptions session_options;
   session_options.n_ctx = kCtx > 0 ? kCtx.getValue() : (info.n_ctx_train > 0 ? std::min(info.n_ctx_train, 4096) : 4096);
   session_options.n_threads = kThreads;
+  if (info.n_ctx_train > 0 && session_options.n_ctx > info.n_ctx_train)
+    llvm::errs() << llvm::formatv("minfer-run: warning: -c {0} exceeds the {1} positions the model was trained with\n",
+                                  session_options.n_ctx, info.n_ctx_train);
   auto session = (*model)->createSession(session_options);
   if (!session) return fail(session.status().message());
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -122,15 +148,21 @@ int main(int argc, char** argv) {
   params.sampling.seed = kSeed >= 0 ? static_cast<uint64_t>(kSeed.getValue()) : std::random_device{}();
   if (kSeed < 0 && kTemp > 0) llvm::errs() << "minfer-run: seed " << params.sampling.seed << "\n";
 
-  std::unique_ptr<std::ofstream> logits_out;
-  if (!kLogitsOut.empty()) {
-    logits_out = std::make_unique<std::ofstream>(kLogitsOut, std::ios::binary | std::ios::trunc);
-    if (!*logits_out) return fail(kLogitsOut + ": cannot open for writing");
+  if (logits_out) {
     params.on_logits = [&](std::span<const float> logits, int) {
       logits_out->write(reinterpret_cast<const char*>(logits.data()),
                         static_cast<std::streamsize>(logits.size_bytes()));
     };
   }
+
+  // A prompt that cannot fit is refused before anything is printed.
+  auto prompt_ids = (*model)->tokenize(prompt, params.add_special);
+  if (!prompt_ids) return fail(prompt_ids.status().message());
+  if (static_cast<int>(prompt_ids->size()) >= session_options.n_ctx)
+    return fail(llvm::formatv("prompt of {0} tokens does not fit the context of {1} (-c); at least one position "
+                              "must remain for generation",
+                              prompt_ids->size(), session_options.n_ctx)
+                    .str());
 
   std::signal(SIGINT, onSigint);
   if (!kNoEcho) {

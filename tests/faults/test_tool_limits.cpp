@@ -70,7 +70,7 @@ TEST_CASE("minfer-run: -c and -n at 0, negative and huge") {
                {{"-c", "0", "-n", "3"}, 0, "context 64"},  // 0 = the model's context (64 here)
                {{"-c", "-1"}, 1, "-c -1 is out of range"},
                {{"-c", "-2147483648"}, 1, "out of range"},
-               {{"-c", "1048577"}, 1, "-c 1048577 is out of range 1..1048576"},
+               {{"-c", "1048577"}, 1, "-c 1048577 is out of range 0..1048576"},
                {{"-c", "99999999999"}, 1, "minfer-run"},  // not an int: llvm::cl refuses it
                {{"-c", "2"}, 1, "does not fit the context"},  // BOS + 2 prompt tokens
                {{"-c", "1048576", "-n", "2"}, 0, "context 1048576"},  // the largest context, tiny model: fits

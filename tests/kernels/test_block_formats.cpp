@@ -165,7 +165,7 @@ void checkBuilt(GgmlType t, const Built& b, const std::string& label) {
       FAIL_CHECK("decomposed q of element " << e << ": expected " << b.q[e] << ", got " << int(q[e]));
   }
   for (int g = 0; g < groups; ++g) {
-    float want;
+    float want = 0;
     REQUIRE(exactFloat(b.scale[g], &want));
     if (!(std::isnan(b.scale[g]) ? std::isnan(scale[g]) : bitsOf(scale[g]) == bitsOf(want)) && ++bad <= 5)
       FAIL_CHECK("decomposed scale of group " << g << ": expected " << want << ", got " << scale[g]);

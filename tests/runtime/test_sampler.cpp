@@ -74,7 +74,7 @@ TEST_CASE("greedy: temperature 0 takes the highest logit, lowest id on ties") {
   CHECK(s.sample(std::vector<float>{NAN, 0.0f, -1.0f, NAN, -2.0f, -3.0f}) == 1);
 }
 
-TEST_CASE("top-k 1 and a tiny top-p are greedy at any temperature") {
+TEST_CASE("top-k 1, a tiny top-p and min-p ≥ 1 are greedy at any temperature") {
   std::mt19937_64 rng(3);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (int trial = 0; trial < 50; ++trial) {
@@ -88,9 +88,14 @@ TEST_CASE("top-k 1 and a tiny top-p are greedy at any temperature") {
     SamplerParams p0 = plain(1.5f);
     p0.top_p = 1e-6f;
     p0.seed = trial;
-    Sampler a(k1, 97), b(p0, 97);
+    // min-p ≥ 1 keeps only the maximum (above 1 it would otherwise keep nothing at all).
+    SamplerParams m5 = plain(1.5f);
+    m5.min_p = 5.0f;
+    m5.seed = trial;
+    Sampler a(k1, 97), b(p0, 97), c(m5, 97);
     CHECK(a.sample(logits) == best);
     CHECK(b.sample(logits) == best);
+    CHECK(c.sample(logits) == best);
   }
 }
 

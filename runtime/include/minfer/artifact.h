@@ -13,8 +13,9 @@
 //      rows = ne[1]·ne[2]·ne[3]); every buffer id, tensor index and kernel index of the plans in
 //      range; enums in range; model config and tokenizer consistent (see artifact_verifier.cpp).
 // Failures name the file, the field ("tensors[12].planes[1].data"), the manifest offset of that
-// field and the numbers involved. Checksums (segments and the manifest itself) are checked only on
-// request, by verifyChecksums(): hashing a multi-GB file is the caller's decision.
+// field and the numbers involved. Then the manifest's own checksum (manifest_check), always: it is
+// small. The data segments' checksums are checked only on request, by verifyChecksums(): hashing a
+// multi-GB file is the caller's decision.
 //
 // Thread-safety: after open() the object is immutable; all methods may be called concurrently.
 #pragma once
@@ -58,6 +59,8 @@ class ArtifactFile {
   // segment, in file order, and checks that every byte no segment covers after the manifest is zero.
   // Error names the first mismatching segment and both hashes, or the offset of the stray byte.
   Status verifyChecksums() const;
+  // The manifest's checksum alone (manifest_check); open() runs it, since the manifest is small.
+  Status verifyManifestChecksum() const;
 
   // The verified manifest (valid as long as this object lives).
   const fb::Artifact* manifest() const { return manifest_; }
