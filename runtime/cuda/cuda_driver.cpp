@@ -21,8 +21,9 @@ Loaded load() {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     const char* e = dlerror();
-    l.status = Status::error(std::string("CUDA: cannot load libcuda.so.1 (") + (e ? e : "unknown error") +
-                             "): no NVIDIA driver on this machine");
+    // dlerror() already names the library: "libcuda.so.1: cannot open shared object file: …".
+    l.status = Status::error(std::string("CUDA: no NVIDIA driver on this machine (") +
+                             (e ? e : "libcuda.so.1: unknown dlopen error") + ")");
     return l;
   }
   std::string missing;

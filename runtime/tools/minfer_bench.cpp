@@ -20,6 +20,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include "minfer/artifact.h"
+#include "minfer/version.h"
 #include "runtime/backend.h"
 #if MINFER_HAVE_CUDA_BACKEND
 #include "runtime/cuda/cuda_backend.h"
@@ -36,8 +37,9 @@ llvm::cl::list<int> kGen("n", llvm::cl::desc("Generation lengths to test, comma-
                          llvm::cl::CommaSeparated, llvm::cl::cat(kCategory));
 llvm::cl::opt<int> kReps("r", llvm::cl::desc("Repetitions of each test (default 5)"), llvm::cl::init(5),
                          llvm::cl::cat(kCategory));
-llvm::cl::opt<std::string> kDevice("device", llvm::cl::desc("Backend: cuda or cpu (default cuda)"),
-                                   llvm::cl::init("cuda"), llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kDevice("device",
+                                   llvm::cl::desc("Backend: auto, cuda or cpu (default auto: cuda when usable)"),
+                                   llvm::cl::init("auto"), llvm::cl::cat(kCategory));
 llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads (default: all cores)"), llvm::cl::init(0),
                             llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kJson("json", llvm::cl::desc("Print results as JSON"), llvm::cl::cat(kCategory));
@@ -86,12 +88,25 @@ double paramCount(const minfer::fb::Artifact& m) {
   return n;
 }
 
-std::string human(double bytes) { return llvm::formatv("{0:f2} GiB", bytes / (1024.0 * 1024 * 1024)).str(); }
+// Sizes as llama-bench prints them (GiB), with MiB/KiB for small models so they do not read 0.00.
+std::string human(double bytes) {
+  if (bytes >= 1024.0 * 1024 * 1024) return llvm::formatv("{0:f2} GiB", bytes / (1024.0 * 1024 * 1024)).str();
+  if (bytes >= 1024.0 * 1024) return llvm::formatv("{0:f2} MiB", bytes / (1024.0 * 1024)).str();
+  return llvm::formatv("{0:f2} KiB", bytes / 1024.0).str();
+}
+
+// Parameter counts as llama-bench prints them (B), with M/K for small models.
+std::string humanCount(double n) {
+  if (n >= 1e9) return llvm::formatv("{0:f2} B", n / 1e9).str();
+  if (n >= 1e6) return llvm::formatv("{0:f2} M", n / 1e6).str();
+  return llvm::formatv("{0:f2} K", n / 1e3).str();
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-bench (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-bench: prompt processing (pp) and generation (tg) speed\n");
   std::vector<int> prompts(kPrompt.begin(), kPrompt.end()), gens(kGen.begin(), kGen.end());
   if (prompts.empty()) prompts = {512};
@@ -101,9 +116,8 @@ int main(int argc, char** argv) {
     if (p < 0) die("-p values must be ≥ 0");
   for (int n : gens)
     if (n < 0) die("-n values must be ≥ 0");
-  const bool cuda = kDevice == "cuda";
-  if (!cuda && kDevice != "cpu") die("--device must be cuda or cpu");
-  if (kProfile && !cuda) die("--profile needs --device cuda");
+  if (kDevice != "auto" && kDevice != "cuda" && kDevice != "cpu") die("--device must be auto, cuda or cpu");
+  if (kProfile && kDevice == "cpu") die("--profile needs the cuda backend");
 
   std::vector<Result> results;
   std::vector<std::string> profiles;
@@ -124,27 +138,39 @@ int main(int argc, char** argv) {
 #if MINFER_HAVE_CUDA_BACKEND
     minfer::cuda::CudaSession* cuda_session = nullptr;
 #endif
-    if (cuda) {
+    // auto: the CUDA backend when it can be created here, else the CPU (and say why).
+    bool cuda = false;
+    std::string fallback;
+    if (kDevice != "cpu") {
 #if MINFER_HAVE_CUDA_BACKEND
       auto b = minfer::cuda::CudaBackend::create(**file, {});
-      if (!b) die(b.status().message());
-      note = (*b)->note();
-      auto s = (*b)->createCudaSession({n_ctx, kThreads});
-      if (!s) die(s.status().message());
-      cuda_session = s->get();
-      session = std::move(*s);
-      backend = std::move(*b);
+      if (b) {
+        cuda = true;
+        note = (*b)->note();
+        auto s = (*b)->createCudaSession({n_ctx, kThreads});
+        if (!s) die(s.status().message());
+        cuda_session = s->get();
+        session = std::move(*s);
+        backend = std::move(*b);
+      } else if (kDevice == "cuda") {
+        die(b.status().message());
+      } else {
+        fallback = "auto: " + b.status().message() + "; using cpu";
+      }
 #else
-      die("this build has no CUDA backend");
+      if (kDevice == "cuda") die("this build has no CUDA backend");
+      fallback = "auto: this build has no CUDA backend; using cpu";
 #endif
-    } else {
+    }
+    if (kProfile && !cuda) die("--profile needs the cuda backend: " + fallback);
+    if (!cuda) {
       auto b = minfer::createCpuBackend(**file);
       if (!b) die(b.status().message());
       auto s = (*b)->createSession({n_ctx, kThreads});
       if (!s) die(s.status().message());
       session = std::move(*s);
       backend = std::move(*b);
-      note = "cpu";
+      note = fallback.empty() ? "cpu" : fallback;
     }
     const double load_s = now() - t0;
     llvm::errs() << llvm::formatv("minfer-bench: {0}: {1}; loaded in {2:f2} s\n", path, note, load_s);
@@ -242,8 +268,8 @@ int main(int argc, char** argv) {
   } else {
     llvm::outs() << "| model | size | params | backend | test | t/s |\n| --- | ---: | ---: | --- | ---: | ---: |\n";
     for (const Result& r : results)
-      llvm::outs() << llvm::formatv("| {0} | {1} | {2:f2} B | {3} | {4} | {5:f2} ± {6:f2} |\n", r.model,
-                                    human(r.size_bytes), r.params / 1e9, r.backend, r.test, r.mean(), r.sd());
+      llvm::outs() << llvm::formatv("| {0} | {1} | {2} | {3} | {4} | {5:f2} ± {6:f2} |\n", r.model,
+                                    human(r.size_bytes), humanCount(r.params), r.backend, r.test, r.mean(), r.sd());
   }
   for (const std::string& p : profiles) llvm::outs() << p;
   return 0;
