@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds the GPU test binaries and tools for another machine (release, MINFER_STATIC) and packs them,
+# with the fixtures, into git-ignored folders of the checkout: .bin/minfer-gpu.tar.xz and .fixtures/.
+# On the GPU machine:  scripts/device-run.sh   (see there for what it runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export MINFER_BUILD_DIR=${MINFER_BUILD_DIR:-build/device}
+MINFER_CMAKE_ARGS="-DMINFER_STATIC=ON" scripts/build.sh release \
+  minfer-synth minfer-compile minfer-run minfer-bench minfer-inspect test_cuda_arch test_cuda_kernels test_cuda_e2e
+stage=$(mktemp -d)
+mkdir -p "$stage/bin" "$stage/lib" .bin
+for t in minfer-synth minfer-compile minfer-run minfer-bench minfer-inspect test_cuda_arch test_cuda_kernels test_cuda_e2e; do
+  cp "$MINFER_BUILD_DIR/bin/$t" "$stage/bin/"
+done
+# libtinfo comes with LLVM Support; the other machine may lack this version of it.
+cp -L "$(ldconfig -p | awk '/libtinfo.so.6 /{print $NF; exit}')" "$stage/lib/"
+tar -C "$stage" -cJf .bin/minfer-gpu.tar.xz bin lib
+rm -rf "$stage"
+fixtures=${MINFER_FIXTURES:-../shared/fixtures}
+if [ -d "$fixtures/models" ]; then
+  rm -rf .fixtures && mkdir -p .fixtures && cp -r "$fixtures/models" "$fixtures/goldens" .fixtures/
+fi
+du -sh .bin/minfer-gpu.tar.xz .fixtures 2>/dev/null

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the GPU checks on a GPU machine from what scripts/device-pack.sh packed: the gpu-labelled suites
+# (kernel parity, end to end vs CPU and goldens), compute-sanitizer (memcheck, racecheck) on one end-to-end
+# case, stories260K on the GPU, and the 7B-shaped benchmark. Logs go to $OUT (default ./device-logs).
+# Needs the CUDA toolkit's NVRTC library on the machine (found under /usr/local).
+set -uo pipefail
+R=$PWD
+OUT=${OUT:-$R/device-logs}; mkdir -p "$OUT"
+W=$(mktemp -d); tar -C "$W" -xJf .bin/minfer-gpu.tar.xz
+NV=$(dirname "$(find /usr/local -name 'libnvrtc.so.1*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH=$NV:$W/lib:${LD_LIBRARY_PATH:-}
+export MINFER_FIXTURES=$R/.fixtures MINFER_CACHE_DIR=/tmp/minfer-kc MINFER_TEST_KERNEL_CACHE=/tmp/minfer-kc TMPDIR=/tmp
+B=$W/bin
+{ nvidia-smi -L; git -C "$R" rev-parse HEAD 2>/dev/null || true; } > "$OUT/env.log" 2>&1
+timeout 60 "$B/test_cuda_arch" > "$OUT/arch.log" 2>&1; echo "rc=$?" >> "$OUT/arch.log"
+timeout 200 "$B/test_cuda_kernels" > "$OUT/kernels.log" 2>&1; echo "rc=$?" >> "$OUT/kernels.log"
+timeout 200 "$B/test_cuda_e2e" > "$OUT/e2e.log" 2>&1; echo "rc=$?" >> "$OUT/e2e.log"
+for tool in memcheck racecheck; do
+  MINFER_GOLDEN_FILTER=tiny-qwen2-Q4_K_M timeout 120 compute-sanitizer --tool $tool "$B/test_cuda_e2e" -tc="GPU logits*" \
+    > "$OUT/sanitizer-$tool.log" 2>&1; echo "rc=$?" >> "$OUT/sanitizer-$tool.log"
+done
+{ "$B/minfer-compile" .fixtures/models/stories260K.gguf -o /tmp/s.mfb &&
+  "$B/minfer-run" /tmp/s.mfb -p "Once upon a time" -n 64 --temp 0 --device cuda; } > "$OUT/stories.log" 2>&1
+if [ "${MINFER_DEVICE_BENCH:-1}" = 1 ]; then
+  { timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf &&
+    { time timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb; } &&
+    ls -la /tmp/q7.gguf /tmp/q7.mfb &&
+    { time timeout 60 "$B/minfer-run" /tmp/q7.mfb -p "Once upon a time" -n 16 --temp 0 --device cuda; } &&
+    timeout 200 "$B/minfer-bench" /tmp/q7.mfb -p 512,2048 -n 128 -r 5; } > "$OUT/bench.log" 2>&1
+  echo "rc=$?" >> "$OUT/bench.log"
+fi
+grep -H "rc=" "$OUT"/*.log
