@@ -161,3 +161,11 @@ TEST_CASE("minfer-inspect --json shows each fixture model's tensor types as the 
   }
   CHECK(checked >= 20);
 }
+
+TEST_CASE("examples/generate.cpp: the runtime embedded in a program continues the story") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string artifact = compileStories();
+  const RunResult r = run(tool("minfer-example") + " " + artifact + " 'Once upon a time' 20", /*stdout_only=*/true);
+  CHECK(r.status == 0);
+  CHECK(r.output == "Once upon a time, there was a little girl named Lily. She loved to play outsid\n");
+}

@@ -1,0 +1,46 @@
+// A small program embedding the minfer runtime: open an artifact, create a session, stream a greedy
+// continuation of a prompt to stdout.   usage: minfer-example MODEL.mfb "prompt" [n_tokens]
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "minfer/runtime.h"
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s MODEL.mfb \"prompt\" [n_tokens]\n", argv[0]);
+    return 2;
+  }
+  // Map + verify the artifact and pick a backend (CUDA when usable, else the CPU).
+  auto model = minfer::Model::open(argv[1], minfer::BackendKind::kAuto);
+  if (!model) {
+    std::fprintf(stderr, "%s\n", model.status().message().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "backend: %s %s\n", (*model)->backendName(), (*model)->backendNote().c_str());
+
+  // Everything a session needs (activations, KV cache) is allocated here, once.
+  auto session = (*model)->createSession({.n_ctx = 512});
+  if (!session) {
+    std::fprintf(stderr, "%s\n", session.status().message().c_str());
+    return 1;
+  }
+
+  minfer::GenerateParams params;
+  params.n_predict = argc > 3 ? std::atoi(argv[3]) : 32;
+  params.sampling.temperature = 0;  // greedy
+  std::fputs(argv[2], stdout);
+  auto result = (*session)->generate(argv[2], params, [](std::string_view piece, int32_t) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;  // false would stop the generation
+  });
+  std::fputc('\n', stdout);
+  if (!result) {
+    std::fprintf(stderr, "%s\n", result.status().message().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "%d prompt tokens, %d generated (%s)\n", result->n_prompt, result->n_generated,
+               minfer::stopReasonName(result->stop));
+  return 0;
+}
