@@ -258,6 +258,12 @@ class SemanticVerifier {
       const auto* ne = t->ne();
       if (!ne || ne->size() == 0 || ne->size() > 4)
         return fail(field + ".ne", t, cat("has ", ne ? ne->size() : 0, " dimensions (1..4 expected)", who));
+      // flatbuffers::Verifier checks a vector's 4-byte length prefix for alignment but not its elements:
+      // a forged manifest can put these 8-byte integers at an offset ≡ 4 (mod 8) (the mapping itself is
+      // page-aligned, so the file offset decides).
+      if (offsetOf(ne->Data()) % alignof(uint64_t) != 0)
+        return fail(field + ".ne", ne, cat("elements at file offset ", offsetOf(ne->Data()),
+                                           ", not a multiple of 8 (misaligned vector of ulong)", who));
       uint64_t rows = 1;
       for (flatbuffers::uoffset_t d = 0; d < ne->size(); ++d) {
         if (ne->Get(d) == 0) return fail(cat(field, ".ne[", d, "]"), t, cat("is 0", who));
