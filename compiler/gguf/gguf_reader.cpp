@@ -2,7 +2,7 @@
 //
 // Checks, each with its own message naming file, field, offset and numbers:
 //   magic; version (2, 3; v1 and byte-swapped big-endian versions named as such); tensor/kv counts
-//   against the bytes left; key and string lengths; value types; array counts and nesting depth;
+//   against the bytes left and the per-file caps (keys, inner arrays); key and string lengths; value types; array counts and nesting depth;
 //   bool values; duplicate keys; well-known key types (general.alignment a power of two, tokenizer
 //   arrays, per-architecture hyperparameters); tensor names (length, duplicates); n_dims in 1..4; dims
 //   ≥ 1 with no u64 overflow of their product; known tensor types; row length a multiple of the block
@@ -134,6 +134,12 @@ class Parser {
         v->strings.push_back(*s);
       }
     } else if (*elem == ValueType::ARRAY) {
+      if (*count > kMaxInnerArrays - inner_arrays_)
+        return cur_.failAt(count_at, field + " count",
+                           llvm::formatv("{0} inner arrays on top of the {1} already read exceed the limit of {2} "
+                                         "arrays inside arrays per file",
+                                         *count, inner_arrays_, kMaxInnerArrays));
+      inner_arrays_ += *count;
       // GGUF spec: each element of an array of arrays is itself encoded as an array (element type,
       // count, elements) with no value-type tag of its own.
       v->arrays.reserve(reserveBound(*count));
@@ -157,6 +163,7 @@ class Parser {
 
  private:
   ByteCursor& cur_;
+  uint64_t inner_arrays_ = 0;  // arrays inside arrays read so far in this file (<= kMaxInnerArrays)
 };
 
 // Expected types of well-known keys. Integer keys accept any integer type; float keys FLOAT32/64.
@@ -377,6 +384,9 @@ llvm::Error GgufFile::parseAll() {
     return cur.failAt(n_kv_at, "metadata kv count",
                       llvm::formatv("{0} key/value pairs cannot fit in the {1} bytes that remain", *n_kv,
                                     cur.remaining()));
+  if (*n_kv > kMaxMetadataKeys)
+    return cur.failAt(n_kv_at, "metadata kv count",
+                      llvm::formatv("{0} key/value pairs exceed the limit of {1} per file", *n_kv, kMaxMetadataKeys));
   if (mulOverflows(*n_tensors, 32, &need) || need > cur.remaining())
     return cur.failAt(n_tensors_at, "tensor count",
                       llvm::formatv("{0} tensor infos cannot fit in the {1} bytes that remain", *n_tensors,

@@ -40,6 +40,12 @@ inline constexpr uint64_t kDefaultAlignment = 32;
 // Limits that reject absurd files before any allocation proportional to a declared count.
 inline constexpr uint64_t kMaxArrayNesting = 8;
 inline constexpr uint64_t kMaxKeyLength = 64 * 1024;
+// Items that cost far more memory than their bytes in the file (a key/value ~11x, an inner array
+// ~16x; TESTING.md §4) are capped per file, so that what a hostile file can make the reader hold is
+// ~2.6x its size (arrays of strings) plus a constant. Real models have tens of keys; llama.cpp's
+// reader refuses arrays of arrays altogether.
+inline constexpr uint64_t kMaxMetadataKeys = 65536;
+inline constexpr uint64_t kMaxInnerArrays = 65536;  // arrays inside arrays, summed over the file
 
 // One metadata value. Scalars are held by value; strings are views into the mapping; arrays of
 // scalars are a view of their raw little-endian elements; arrays of strings and nested arrays are

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -180,6 +181,67 @@ TEST_CASE("counts and lengths that lie are refused before any allocation of that
   }
 }
 
+TEST_CASE("per-file caps: more than 65536 key/values or arrays inside arrays are refused, 65536 parse") {
+  using minfer::gguf::kMaxInnerArrays;
+  using minfer::gguf::kMaxMetadataKeys;
+  // Declared counts whose minimal encodings do fit in the file (so only the cap can refuse them).
+  const Outcome kvs = parseInChild(Bytes().header(0, kMaxMetadataKeys + 1).pad((kMaxMetadataKeys + 1) * 13).b);
+  REQUIRE(kvs.child_ok);
+  CHECK_FALSE(kvs.parsed);
+  CHECK_MESSAGE(kvs.message.find("metadata kv count") != std::string::npos, kvs.message);
+  CHECK_MESSAGE(kvs.message.find("65537 key/value pairs exceed the limit of 65536") != std::string::npos, kvs.message);
+  if (kvs.measured) CHECK(kvs.peak_growth_kb < 4 * 1024);
+
+  const Outcome inner = parseInChild(Bytes()
+                                         .header(0, 1)
+                                         .str("t.nested")
+                                         .u32(kArray)
+                                         .u32(kArray)
+                                         .u64(kMaxInnerArrays + 1)
+                                         .pad((kMaxInnerArrays + 1) * 12)
+                                         .b);
+  REQUIRE(inner.child_ok);
+  CHECK_FALSE(inner.parsed);
+  CHECK_MESSAGE(inner.message.find("metadata 't.nested' count") != std::string::npos, inner.message);
+  CHECK_MESSAGE(inner.message.find("65537 inner arrays on top of the 0 already read exceed the limit of 65536") !=
+                    std::string::npos,
+                inner.message);
+  if (inner.measured) CHECK(inner.peak_growth_kb < 4 * 1024);
+
+  // The cap is per file: two keys of 40000 empty inner arrays each.
+  Bytes split;
+  split.header(0, 2);
+  for (const char* key : {"t.a", "t.b"}) {
+    split.str(key).u32(kArray).u32(kArray).u64(40000);
+    for (int k = 0; k < 40000; ++k) split.u32(kUint8).u64(0);
+  }
+  const Outcome two = parseInChild(split.b);
+  REQUIRE(two.child_ok);
+  CHECK_FALSE(two.parsed);
+  CHECK_MESSAGE(two.message.find("metadata 't.b' count at offset") != std::string::npos, two.message);
+  CHECK_MESSAGE(two.message.find("40000 inner arrays on top of the 40000 already read") != std::string::npos,
+                two.message);
+
+  // Exactly at the caps: 65536 one-byte key/values; 65536 empty inner arrays under one key.
+  Bytes at_kv;
+  at_kv.header(0, kMaxMetadataKeys);
+  for (uint64_t k = 0; k < kMaxMetadataKeys; ++k) {
+    char key[16];
+    std::snprintf(key, sizeof(key), "k%07llu", static_cast<unsigned long long>(k));
+    const uint8_t v = 1;
+    at_kv.str(key).u32(kUint8).raw(&v, 1);
+  }
+  const Outcome ok_kv = parseInChild(at_kv.b);
+  REQUIRE(ok_kv.child_ok);
+  CHECK_MESSAGE(ok_kv.parsed, ok_kv.message);
+  Bytes at_inner;
+  at_inner.header(0, 1).str("t.nested").u32(kArray).u32(kArray).u64(kMaxInnerArrays);
+  for (uint64_t k = 0; k < kMaxInnerArrays; ++k) at_inner.u32(kUint8).u64(0);
+  const Outcome ok_inner = parseInChild(at_inner.b);
+  REQUIRE(ok_inner.child_ok);
+  CHECK_MESSAGE(ok_inner.parsed, ok_inner.message);
+}
+
 TEST_CASE("valid files dense in small items: memory proportional to the file (measured factors in TESTING.md)") {
   constexpr size_t kTarget = 1 << 20;  // ~1 MiB of metadata per case
   struct Dense {
@@ -188,7 +250,8 @@ TEST_CASE("valid files dense in small items: memory proportional to the file (me
   };
   std::vector<Dense> cases;
   {
-    const uint64_t n = (kTarget - 64) / 12;  // empty inner arrays: 12 bytes each in the file
+    // empty inner arrays: 12 bytes each in the file; at most kMaxInnerArrays (768 KiB) per file
+    const uint64_t n = std::min<uint64_t>((kTarget - 64) / 12, minfer::gguf::kMaxInnerArrays);
     Bytes b;
     b.header(0, 1).str("t.nested").u32(kArray).u32(kArray).u64(n);
     for (uint64_t k = 0; k < n; ++k) b.u32(kUint8).u64(0);
