@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kernels/attention.cuh"
+#include "kernels/mmq.cuh"
 #include "runtime/cuda/cuda_internal.h"
 
 namespace minfer {
@@ -169,17 +170,20 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& art
     img.module = std::move(*mod);
     MINFER_RETURN_IF_ERROR(st->dev->check(st->dev->cu().cuModuleGetFunction(&img.fn, img.module.get(), img.entry.c_str()),
                                           path + ": kernel " + img.key + ": entry " + img.entry));
-    if (img.entry == "minfer_attn_prefill") {  // dynamic shared memory beyond 48 KiB needs an opt-in
-      const unsigned smem = kern::attnPrefillSmemBytes(static_cast<unsigned>(img.define("ATT_HEAD_DIM", 0)));
-      if (smem > static_cast<unsigned>(info.max_smem_optin))
-        return Status::error(path + ": kernel " + img.key + " needs " + std::to_string(smem) +
-                             " bytes of shared memory; " + info.name + " allows " + std::to_string(info.max_smem_optin));
-      if (smem > 48 * 1024)
-        MINFER_RETURN_IF_ERROR(st->dev->check(
-            st->dev->cu().cuFuncSetAttribute(img.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                             static_cast<int>(smem)),
-            path + ": kernel " + img.key + ": cuFuncSetAttribute"));
-    }
+    // Dynamic shared memory beyond 48 KiB needs an opt-in per function.
+    unsigned smem = 0;
+    if (img.entry == "minfer_attn_prefill")
+      smem = kern::attnPrefillSmemBytes(static_cast<unsigned>(img.define("ATT_HEAD_DIM", 0)));
+    else if (img.entry == "minfer_mmq")
+      smem = kern::mmqSmemBytes(static_cast<unsigned>(img.define("MMQ_TM", 0)), static_cast<unsigned>(img.define("MMQ_TN", 0)),
+                                static_cast<unsigned>(img.define("MMQ_GROUP", 32)), img.define("MMQ_HAS_MIN", 0) != 0);
+    if (smem > static_cast<unsigned>(info.max_smem_optin))
+      return Status::error(path + ": kernel " + img.key + " needs " + std::to_string(smem) +
+                           " bytes of shared memory; " + info.name + " allows " + std::to_string(info.max_smem_optin));
+    if (smem > 48 * 1024)
+      MINFER_RETURN_IF_ERROR(st->dev->check(
+          st->dev->cu().cuFuncSetAttribute(img.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
+          path + ": kernel " + img.key + ": cuFuncSetAttribute"));
     slot[index] = static_cast<int>(st->images.size());
     st->images.push_back(std::move(img));
     return slot[index];

@@ -385,7 +385,11 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createCudaSession(const Backen
             l.pushTokens();
             const unsigned n_rows = static_cast<unsigned>(img.define("MMQ_N"));
             const unsigned tm = static_cast<unsigned>(img.define("MMQ_TM")), tn = static_cast<unsigned>(img.define("MMQ_TN"));
-            l.shape = [n_rows, tm, tn](unsigned n) { return kern::mmqLaunch(n_rows, n, tm, tn); };
+            const unsigned group = static_cast<unsigned>(img.define("MMQ_GROUP"));
+            const bool has_min = img.define("MMQ_HAS_MIN") != 0;
+            l.shape = [n_rows, tm, tn, group, has_min](unsigned n) {
+              return kern::mmqLaunch(n_rows, n, tm, tn, group, has_min);
+            };
           }
         } else if (e == "minfer_dense_mm" || e == "minfer_dense_gemv") {
           MINFER_RETURN_IF_ERROR(need(1, 1, 1));

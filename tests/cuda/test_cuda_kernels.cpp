@@ -330,7 +330,8 @@ void checkQuantizedMatmul(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool 
     DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta);
     out.poison();
     CUdeviceptr a = xq.ptr(), b = xm.ptr(), o = out.ptr();
-    launch(k[0], kern::mmqLaunch(n_rows, n, tm, 64), {&wq, &ws, &wm, &wb, &a, &b, &o, &n});
+    launch(k[0], kern::mmqLaunch(n_rows, n, tm, 64, static_cast<unsigned>(s->group_size), m != nullptr),
+           {&wq, &ws, &wm, &wb, &a, &b, &o, &n});
     const std::vector<float> got = out.download<float>(static_cast<size_t>(n) * n_rows);
     const std::vector<float> ref = cpuMatmul(g, cpu::RowSource::kQuantized, bias ? bias_v.data() : nullptr, hq.deq, n);
     const double err = relError(got.data(), ref.data(), ref.size());
