@@ -8,11 +8,19 @@
 // kv_store (ATT_KV_STORE):  K, V rows of the batch (f32) → f16 cache at positions pos0 + t.
 //   minfer_kv_store(const float* k, const float* v, uint16_t* kc, uint16_t* vc, const int* pos, int n_tokens)
 //   launch: kvStoreLaunch(), one thread per element.
-// attn_prefill (ATT_PREFILL): flash-attention-style (Dao et al. 2022) online softmax. A block takes
-//   kAttnBQ = 16 query tokens of one query head (4 warps × 4 tokens); keys and values stream through
-//   shared memory in tiles of 32 positions (converted to f32), up to the block's last causal position.
-//   Scores: lane = key (the K tile is padded to HEAD_DIM + 1 floats per row: conflict-free); output:
-//   lane = dimension d, d + 32, … (HEAD_DIM ≤ 256).
+// attn_prefill (ATT_PREFILL): flash-attention-style (Dao et al. 2022) online softmax, in one of two forms
+//   chosen by the head size (attnPrefillUsesMma):
+//   - tensor cores (HEAD_DIM a multiple of 16, at most 128; FlashAttention-2's loop order, Dao 2023):
+//     a block takes kAttnMmaBQ = 64 query tokens of one query head, 16 per warp; K and V tiles of
+//     kAttnMmaBKV = 64 positions stream through shared memory as f16 (cp.async, double-buffered, rows
+//     padded by 16 bytes for ldmatrix). S = Q·Kᵀ with mma.m16n8k16 (Q rounded to f16 after scaling by
+//     log2(e)/sqrt(HEAD_DIM), f32 accumulation), online softmax in f32 on the accumulator fragments
+//     (exp2), P rounded to f16 and O += P·V with mma.m16n8k16 (V fragments by ldmatrix.trans), O in f32.
+//     The two f16 roundings (Q, P) are what separates it from the f32 form (tolerance in the tests).
+//   - SIMT (other head sizes, ≤ 256): kAttnBQ = 16 query tokens of one query head (4 warps × 4 tokens);
+//     keys and values in tiles of 32 positions converted to f32. Scores: lane = key (the K tile is padded
+//     to HEAD_DIM + 1 floats per row: conflict-free); output: lane = dimension d, d + 32, ….
+//   Both read keys up to the block's last causal position only.
 //   minfer_attn_prefill(const float* q, const uint16_t* kc, const uint16_t* vc, float* out, const int* pos,
 //                       int n_tokens)
 //   q, out: n_tokens × NHEAD·HEAD_DIM f32. launch: attnPrefillLaunch(), dynamic shared memory.
@@ -37,6 +45,11 @@ constexpr unsigned kAttnBQ = 16;       // query tokens per prefill block
 constexpr unsigned kAttnBKV = 32;      // key positions per tile (= warp width: lane = key)
 constexpr unsigned kAttnWarps = 4;
 constexpr unsigned kKvStoreThreads = 256;
+constexpr unsigned kAttnMmaBQ = 64;    // query tokens per tensor-core prefill block (16 per warp)
+constexpr unsigned kAttnMmaBKV = 64;   // key positions per tile
+
+// True when the prefill takes the tensor-core form for this head size.
+MINFER_HD bool attnPrefillUsesMma(unsigned head_dim) { return head_dim % 16 == 0 && head_dim <= 128; }
 
 MINFER_HD LaunchShape kvStoreLaunch(unsigned n_tokens, unsigned n_head_kv, unsigned head_dim) {
   LaunchShape s;
@@ -46,12 +59,13 @@ MINFER_HD LaunchShape kvStoreLaunch(unsigned n_tokens, unsigned n_head_kv, unsig
 }
 
 MINFER_HD unsigned attnPrefillSmemBytes(unsigned head_dim) {
+  if (attnPrefillUsesMma(head_dim)) return 2u * 2u * kAttnMmaBKV * (head_dim + 8) * 2u;  // 2 stages × (K, V) f16
   return 4u * (kAttnBQ * head_dim + kAttnBKV * (head_dim + 1) + kAttnBKV * head_dim);
 }
 
 MINFER_HD LaunchShape attnPrefillLaunch(unsigned n_tokens, unsigned n_head, unsigned head_dim) {
   LaunchShape s;
-  s.grid.x = ceilDiv(n_tokens, kAttnBQ);
+  s.grid.x = ceilDiv(n_tokens, attnPrefillUsesMma(head_dim) ? kAttnMmaBQ : kAttnBQ);
   s.grid.y = n_head;
   s.block.x = 32 * kAttnWarps;
   s.smem = attnPrefillSmemBytes(head_dim);
@@ -103,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kKvStoreThreads)
 }
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL)
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL) && !(ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 128)
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     minfer_attn_prefill(const float* __restrict__ q, const uint16_t* __restrict__ kc,
                         const uint16_t* __restrict__ vc, float* __restrict__ out, const int* __restrict__ pos,
@@ -191,6 +205,202 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       const int d = lane + 32 * i;
       if (d < kD) out[(static_cast<uint64_t>(t) * kH + j) * kD + d] = o[r][i] * inv;
     }
+  }
+}
+#endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL) && (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 128)
+namespace minfer::kern::attn {
+constexpr int kBQ = kAttnMmaBQ, kBKV = kAttnMmaBKV;
+constexpr int kLDH = kD + 8;        // smem row pitch in halves (16 bytes of padding: ldmatrix rows hit distinct banks)
+constexpr int kTileH = kBKV * kLDH;  // halves per K or V tile
+constexpr int kKS = kD / 16;         // k16 steps over the head dimension
+constexpr int kDT = kD / 8;          // n8 tiles of the output (dimensions)
+constexpr int kNT = kBKV / 8;        // n8 tiles of the scores (positions)
+
+// f16 MMA (sm_80+): D(16×8, f32) += A(16×16, f16, row) · B(16×8, f16, col). Fragments (PTX ISA,
+// "mma.m16n8k16" .f16): g = lane / 4, t = lane % 4; a0 (row g, k 2t..2t+1), a1 (row g+8), a2 (row g,
+// k 8+2t..), a3 (row g+8, k 8+2t..); b0 (k 2t..2t+1, col g), b1 (k 8+2t..); d0,d1 (row g, cols 2t, 2t+1),
+// d2,d3 (row g+8).
+__device__ __forceinline__ void mmaF16(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned packHalf2(float lo, float hi) {
+  return static_cast<unsigned>(f2h(lo)) | (static_cast<unsigned>(f2h(hi)) << 16);
+}
+// ldmatrix of four 8×8 f16 matrices (lanes 8q..8q+7 address the rows of matrix q); .trans gives each
+// lane the column-major view (elements of rows 2t, 2t+1 in column g).
+__device__ __forceinline__ void ldsmX4(unsigned r[4], const uint16_t* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldsmX4T(unsigned r[4], const uint16_t* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+// Copies positions [kv0, kv0 + BKV) of kv head g into a K and a V tile (rows past kv_end zero-filled).
+__device__ __forceinline__ void loadKvTile(uint16_t* sk, uint16_t* sv, const uint16_t* kc, const uint16_t* vc,
+                                           int kv0, int kv_end, int g) {
+  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  for (int c = threadIdx.x; c < kBKV * kChunks; c += 32 * kAttnWarps) {
+    const int i = c / kChunks, col = (c % kChunks) * 8, p = kv0 + i;
+    const bool ok = p < kv_end;
+    const uint64_t src = ok ? static_cast<uint64_t>(p) * kKvW + g * kD + col : 0;
+    cpAsync<16>(sk + i * kLDH + col, kc + src, ok);
+    cpAsync<16>(sv + i * kLDH + col, vc + src, ok);
+  }
+}
+}  // namespace minfer::kern::attn
+
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
+    minfer_attn_prefill(const float* __restrict__ q, const uint16_t* __restrict__ kc,
+                        const uint16_t* __restrict__ vc, float* __restrict__ out, const int* __restrict__ pos,
+                        int n_tokens) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::attn;
+  extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]
+
+  const int qt0 = blockIdx.x * kBQ, j = blockIdx.y, g = j / kGroup;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gr = lane / 4, t4 = lane % 4;  // fragment row group and column pair
+  const int pos0 = pos[0];
+  const int last_t = min(qt0 + kBQ, n_tokens) - 1;
+  const int kv_end = pos0 + last_t + 1;  // keys [0, kv_end) are visible to some query of this block
+  const int n_tiles = (kv_end + kBKV - 1) / kBKV;
+
+  loadKvTile(smem_h, smem_h + kTileH, kc, vc, 0, kv_end, g);
+  cpAsyncCommit();
+
+  // Q fragments of this warp's 16 tokens (rows gr and gr + 8), scaled by log2(e)/sqrt(D), as f16.
+  const float qscale = 1.4426950408889634f / sqrtf(static_cast<float>(kD));
+  const int t_lo = qt0 + warp * 16 + gr, t_hi = t_lo + 8;  // this thread's two query tokens
+  unsigned qf[kKS][4];
+#pragma unroll
+  for (int ks = 0; ks < kKS; ++ks)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int tok = (r % 2) ? t_hi : t_lo, d = ks * 16 + (r / 2) * 8 + 2 * t4;
+      float2 v = make_float2(0.0f, 0.0f);
+      if (tok < n_tokens) v = *reinterpret_cast<const float2*>(q + (static_cast<uint64_t>(tok) * kH + j) * kD + d);
+      qf[ks][r] = packHalf2(v.x * qscale, v.y * qscale);
+    }
+
+  float o[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+  float m_run[2] = {-MINFER_INF, -MINFER_INF}, l_run[2] = {0.0f, 0.0f};
+  const int qpos[2] = {pos0 + t_lo, pos0 + t_hi};  // last visible key position of each row
+  const int mq = lane / 8, r8 = lane % 8;        // ldmatrix: matrix and row of this lane's address
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int kv0 = it * kBKV;
+    if (it + 1 < n_tiles) {
+      uint16_t* nb = smem_h + ((it + 1) & 1) * 2 * kTileH;
+      loadKvTile(nb, nb + kTileH, kc, vc, kv0 + kBKV, kv_end, g);
+    }
+    cpAsyncCommit();
+    cpAsyncWait<1>();
+    __syncthreads();
+    const uint16_t* sk = smem_h + (it & 1) * 2 * kTileH;
+    const uint16_t* sv = sk + kTileH;
+
+    // S = Q·Kᵀ: 16 × BKV per warp. K fragments: x4 = (positions nt·8.., dims ks·16 + 0/8/16/24).
+    float s[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kKS; ks += 2) {
+        unsigned b[4];
+        if (ks + 1 < kKS) {
+          ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + mq * 8);
+          mmaF16(s[nt], qf[ks], b[0], b[1]);
+          mmaF16(s[nt], qf[ks + 1], b[2], b[3]);
+        } else {  // odd number of k16 steps: the last one alone (matrices 2, 3 re-read 0, 1)
+          ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
+          mmaF16(s[nt], qf[ks], b[0], b[1]);
+        }
+      }
+    }
+
+    // Causal mask (only tiles that reach past the first query's position need it) and online softmax
+    // per row (the 4 lanes of a row group hold its 2·BKV/4 scores).
+    const bool needs_mask = kv0 + kBKV - 1 > pos0 + qt0 + warp * 16 || kv0 + kBKV > kv_end;
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m_run[h];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& v = s[nt][h * 2 + c];
+          if (needs_mask && kv0 + nt * 8 + 2 * t4 + c > qpos[h]) v = -MINFER_INF;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_use = mx == -MINFER_INF ? 0.0f : mx;  // row without any visible key yet
+      corr[h] = exp2f(m_run[h] - m_use);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& v = s[nt][h * 2 + c];
+          v = exp2f(v - m_use);
+          sum += v;
+        }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      l_run[h] = l_run[h] * corr[h] + sum;
+      m_run[h] = mx;
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      o[dt][0] *= corr[0];
+      o[dt][1] *= corr[0];
+      o[dt][2] *= corr[1];
+      o[dt][3] *= corr[1];
+    }
+
+    // O += P·V: P's accumulator fragments of n-tiles 2kk, 2kk+1 are the A fragment of k-step kk.
+    // V fragments by ldmatrix.trans: x4 = (positions kk·16 + 0/8, dims (dt + 0/1)·8).
+#pragma unroll
+    for (int kk = 0; kk < kBKV / 16; ++kk) {
+      const unsigned pa[4] = {packHalf2(s[2 * kk][0], s[2 * kk][1]), packHalf2(s[2 * kk][2], s[2 * kk][3]),
+                              packHalf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              packHalf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < kDT; dt += 2) {
+        unsigned b[4];
+        ldsmX4T(b, sv + (kk * 16 + (mq % 2) * 8 + r8) * kLDH + (dt + mq / 2) * 8);
+        mmaF16(o[dt], pa, b[0], b[1]);
+        mmaF16(o[dt + 1], pa, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // this stage's tiles are refilled two iterations on
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int tok = h ? t_hi : t_lo;
+    if (tok >= n_tokens) continue;
+    const float inv = 1.0f / l_run[h];
+    float* dst = out + (static_cast<uint64_t>(tok) * kH + j) * kD + 2 * t4;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+      *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][h * 2] * inv, o[dt][h * 2 + 1] * inv);
   }
 }
 #endif
