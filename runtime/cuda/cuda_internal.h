@@ -80,7 +80,21 @@ struct Launch {
   int ntok = -1;
   int step = -1;  // index into the plan's steps (profiling)
   const char* entry = "";
+  // Arguments that address rows of an activation buffer (row t at p + t·row_bytes), for running the
+  // plan's tail on the last token only (CudaSession::State::runPlan).
+  struct RowArg {
+    int arg = 0;
+    uint32_t buffer = 0;
+    uint64_t row_bytes = 0;
+    bool written = false;  // an output of the launch (else an input)
+  };
+  RowArg rows[6] = {};
+  int n_rows = 0;
   void push(CUdeviceptr p) { args[n_args++].p = p; }
+  void pushRow(CUdeviceptr p, uint32_t buffer, uint64_t row_bytes, bool written) {
+    rows[n_rows++] = {n_args, buffer, row_bytes, written};
+    push(p);
+  }
   void pushInt(int32_t v) { args[n_args++].i = v; }
   void pushTokens() {
     ntok = n_args;

@@ -42,6 +42,11 @@ struct CudaSession::State {
   int32_t* h_argmax = nullptr;
   Stream stream;
   std::vector<Launch> prefill, decode;
+  // First prefill launch of the tail: the steps after the last attention, all row-wise (matmuls,
+  // norms, activation quantization, elementwise), so that when only the last token's logits are wanted
+  // they run on that row alone (llama.cpp likewise keeps only the output rows after the last layer's
+  // attention). prefill.size() when the plan has no such tail.
+  size_t tail = 0;
   Launch argmax;
   bool have_argmax = false;
   CUgraph graph = nullptr;
@@ -61,10 +66,15 @@ struct CudaSession::State {
 
   const CudaDriver& cu() const { return dev->cu(); }
 
-  Status launch(const Launch& l, unsigned n_tokens) {
+  // row_shift > 0: the launch runs on one row; inputs not yet rewritten in the tail (`fresh`) are read
+  // at row row_shift, everything else at row 0.
+  Status launch(const Launch& l, unsigned n_tokens, unsigned row_shift = 0, const std::vector<bool>* fresh = nullptr) {
     void* argp[10];
     Launch::Arg args[10];
     std::memcpy(args, l.args, sizeof args);
+    if (row_shift > 0)
+      for (int r = 0; r < l.n_rows; ++r)
+        if (!l.rows[r].written && !(*fresh)[l.rows[r].buffer]) args[l.rows[r].arg].p += row_shift * l.rows[r].row_bytes;
     if (l.ntok >= 0) args[l.ntok].i = static_cast<int32_t>(n_tokens);
     for (int i = 0; i < l.n_args; ++i) argp[i] = &args[i];
     const kern::LaunchShape s = l.shape(n_tokens);
@@ -74,17 +84,27 @@ struct CudaSession::State {
     return Status::ok();
   }
 
-  Status runPlan(bool prefill, unsigned n) {
+  // last_only: the tail (see `tail`) runs on row n − 1 only, leaving that row's logits in row 0.
+  Status runPlan(bool prefill, unsigned n, bool last_only = false) {
     std::vector<Launch>& ls = prefill ? this->prefill : decode;
     std::vector<Event>& ev = prefill ? ev_prefill : ev_decode;
+    const size_t tail_begin = prefill && last_only && n > 1 ? tail : ls.size();
+    std::vector<bool> fresh(buf.size(), false);  // buffers rewritten (at row 0) by the tail so far
     int current = -1;
-    for (const Launch& l : ls) {
+    for (size_t i = 0; i < ls.size(); ++i) {
+      const Launch& l = ls[i];
       if (profiling && l.step != current) {
         if (current >= 0) cu().cuEventRecord(ev[2 * current + 1].get(), stream.get());
         current = l.step;
         cu().cuEventRecord(ev[2 * current].get(), stream.get());
       }
-      MINFER_RETURN_IF_ERROR(launch(l, n));
+      if (i < tail_begin) {
+        MINFER_RETURN_IF_ERROR(launch(l, n));
+      } else {
+        MINFER_RETURN_IF_ERROR(launch(l, 1, n - 1, &fresh));
+        for (int r = 0; r < l.n_rows; ++r)
+          if (l.rows[r].written) fresh[l.rows[r].buffer] = true;
+      }
     }
     if (profiling && current >= 0) cu().cuEventRecord(ev[2 * current + 1].get(), stream.get());
     return Status::ok();
@@ -107,7 +127,9 @@ struct CudaSession::State {
     }
   }
 
-  Status forward(std::span<const int32_t> tokens, int pos0) {
+  // last_only: only the last token's logits are needed (they land in row 0 of the logits buffer
+  // when the plan has a tail, see lastRowOffset).
+  Status forward(std::span<const int32_t> tokens, int pos0, bool last_only) {
     const int n = static_cast<int>(tokens.size());
     if (n < 1 || n > max_batch)
       return Status::error("CUDA forward: " + std::to_string(n) + " tokens; the artifact's max batch is " +
@@ -126,8 +148,14 @@ struct CudaSession::State {
     if (!prefill_plan && graph_exec && !profiling)
       MINFER_RETURN_IF_ERROR(dev->check(cu().cuGraphLaunch(graph_exec, s), "CUDA forward: decode graph launch"));
     else
-      MINFER_RETURN_IF_ERROR(runPlan(prefill_plan, static_cast<unsigned>(n)));
+      MINFER_RETURN_IF_ERROR(runPlan(prefill_plan, static_cast<unsigned>(n), last_only));
     return Status::ok();
+  }
+
+  // Byte offset of the last token's logits row after forward(tokens, pos0, /*last_only=*/true).
+  uint64_t lastRowOffset(size_t n_tokens) const {
+    const bool tail_ran = n_tokens > 1 && tail < prefill.size();
+    return tail_ran ? 0 : (n_tokens - 1) * static_cast<uint64_t>(n_vocab) * sizeof(float);
   }
 };
 
@@ -140,10 +168,10 @@ bool CudaSession::usesDecodeGraph() const { return s_->graph_exec != nullptr; }
 
 Status CudaSession::forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) {
   State& st = *s_;
-  MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0));
+  MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, !all_rows));
   const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
   const uint64_t n = tokens.size();
-  const CUdeviceptr src = st.buf[st.logits_buffer] + (all_rows ? 0 : (n - 1) * row);
+  const CUdeviceptr src = st.buf[st.logits_buffer] + (all_rows ? 0 : st.lastRowOffset(n));
   MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuMemcpyDtoHAsync(logits, src, all_rows ? n * row : row, st.stream.get()),
                                        "CUDA forward: logits download"));
   MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(st.stream.get()), "CUDA forward"));
@@ -154,9 +182,9 @@ Status CudaSession::forward(std::span<const int32_t> tokens, int pos0, float* lo
 Result<int32_t> CudaSession::forwardArgmax(std::span<const int32_t> tokens, int pos0) {
   State& st = *s_;
   if (!st.have_argmax) return Status::error("CUDA: the artifact has no argmax kernel image");
-  MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0));
+  MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, /*last_only=*/true));
   Launch l = st.argmax;
-  l.args[0].p = st.buf[st.logits_buffer] + (tokens.size() - 1) * static_cast<uint64_t>(st.n_vocab) * sizeof(float);
+  l.args[0].p = st.buf[st.logits_buffer] + st.lastRowOffset(tokens.size());
   MINFER_RETURN_IF_ERROR(st.launch(l, 1));
   MINFER_RETURN_IF_ERROR(st.dev->check(
       st.cu().cuMemcpyDtoHAsync(st.h_argmax, st.argmax_out, sizeof(int32_t), st.stream.get()), "CUDA argmax download"));
@@ -318,6 +346,20 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createCudaSession(const Backen
       const fb::Step* s = sk.step;
       auto in = [&](uint32_t i) { return st->buf[s->inputs()->Get(i)]; };
       auto outb = [&](uint32_t i) { return st->buf[s->outputs()->Get(i)]; };
+      // Row-addressed pushes of input i / output i: f32 rows (width × 4 bytes), or the two parts of a
+      // q8 buffer (int8 rows of width bytes; Q8Meta rows of width / 32 × 8 bytes).
+      auto pushIn = [&](Launch& l, uint32_t i) {
+        const uint32_t b = s->inputs()->Get(i);
+        l.pushRow(st->buf[b], b, uint64_t{st->buf_width[b]} * 4, false);
+      };
+      auto pushOut = [&](Launch& l, uint32_t i) {
+        const uint32_t b = s->outputs()->Get(i);
+        l.pushRow(st->buf[b], b, uint64_t{st->buf_width[b]} * 4, true);
+      };
+      auto pushQ8 = [&](Launch& l, uint32_t b, bool written) {
+        l.pushRow(st->buf[b], b, st->buf_width[b], written);
+        l.pushRow(q8meta(b), b, uint64_t{st->buf_width[b]} / kern::kQ8Block * sizeof(kern::Q8Meta), written);
+      };
       auto need = [&](size_t n_in, size_t n_out, size_t n_w) -> Status {
         if (!s->inputs() || s->inputs()->size() < n_in || !s->outputs() || s->outputs()->size() < n_out ||
             (n_w && (!s->weights() || s->weights()->size() < n_w)))
@@ -343,9 +385,9 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createCudaSession(const Backen
           l.shape = [](unsigned n) { return kern::embedLaunch(n); };
         } else if (e == "minfer_rms_norm") {
           MINFER_RETURN_IF_ERROR(need(1, 1, 1));
-          l.push(in(0));
+          pushIn(l, 0);
           l.push(vec(s, 0));
-          l.push(outb(0));
+          pushOut(l, 0);
           l.pushTokens();
           l.shape = [](unsigned n) { return kern::rmsNormLaunch(n); };
         } else if (e == "minfer_head_rms_norm") {
@@ -357,9 +399,8 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createCudaSession(const Backen
           l.shape = [h](unsigned n) { return kern::headRmsNormLaunch(n, h); };
         } else if (e == "minfer_quantize_act") {
           MINFER_RETURN_IF_ERROR(need(1, 1, 0));
-          l.push(in(0));
-          l.push(outb(0));
-          l.push(q8meta(s->outputs()->Get(0)));
+          pushIn(l, 0);
+          pushQ8(l, s->outputs()->Get(0), true);
           l.pushTokens();
           const unsigned k = static_cast<unsigned>(img.define("QA_K"));
           l.shape = [k](unsigned n) { return kern::quantizeActLaunch(n, k); };
@@ -375,9 +416,8 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createCudaSession(const Backen
           l.push(w.plane(PlaneKind::kScale));
           l.push(w.plane(PlaneKind::kMin));
           l.push(vec(s, 1));
-          l.push(in(1));
-          l.push(q8meta(s->inputs()->Get(1)));
-          l.push(outb(0));
+          pushQ8(l, s->inputs()->Get(1), false);
+          pushOut(l, 0);
           if (gemv) {
             const unsigned n_rows = static_cast<unsigned>(img.define("GEMV_N"));
             l.shape = [n_rows](unsigned) { return kern::gemvLaunch(n_rows); };
@@ -400,8 +440,8 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createCudaSession(const Backen
           if (!wd) return Status::error(path + ": " + sk.label + ": '" + w.name + "' lacks its dense plane");
           l.push(wd);
           l.push(vec(s, 1));
-          l.push(in(0));
-          l.push(outb(0));
+          pushIn(l, 0);
+          pushOut(l, 0);
           const unsigned n_rows = static_cast<unsigned>(img.define(gemv ? "DGEMV_N" : "DMM_N"));
           if (gemv) {
             l.shape = [n_rows](unsigned) { return kern::denseGemvLaunch(n_rows); };
@@ -454,9 +494,9 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createCudaSession(const Backen
           }
         } else if (e == "minfer_swiglu" || e == "minfer_add") {
           MINFER_RETURN_IF_ERROR(need(2, 1, 0));
-          l.push(in(0));
-          l.push(in(1));
-          l.push(outb(0));
+          pushIn(l, 0);
+          pushIn(l, 1);
+          pushOut(l, 0);
           l.pushTokens();
           const unsigned w = static_cast<unsigned>(img.define("EW_WIDTH"));
           l.shape = [w](unsigned n) { return kern::elementwiseLaunch(n, w); };
@@ -470,6 +510,26 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createCudaSession(const Backen
   };
   MINFER_RETURN_IF_ERROR(build(true));
   MINFER_RETURN_IF_ERROR(build(false));
+  // The tail: launches after the last attention step's, provided every one is row-wise and ends in
+  // the logits buffer.
+  st->tail = st->prefill.size();
+  size_t after_attn = 0;
+  bool row_wise = true;
+  for (size_t i = 0; i < st->prefill.size(); ++i) {
+    const fb::OpKind op = be.prefill[st->prefill[i].step].step->op();
+    if (op == fb::OpKind::Attention) {
+      after_attn = i + 1;
+      row_wise = true;
+    } else if (op != fb::OpKind::MatMul && op != fb::OpKind::RmsNorm && op != fb::OpKind::QuantizeAct &&
+               op != fb::OpKind::Add && op != fb::OpKind::SwiGlu) {
+      row_wise = false;
+    }
+  }
+  if (row_wise && after_attn > 0 && after_attn < st->prefill.size()) {
+    const Launch& last = st->prefill.back();
+    for (int r = 0; r < last.n_rows; ++r)
+      if (last.rows[r].written && last.rows[r].buffer == st->logits_buffer) st->tail = after_attn;
+  }
   if (be.argmax_image >= 0) {
     Launch& l = st->argmax;
     l.fn = be.images[be.argmax_image].fn;

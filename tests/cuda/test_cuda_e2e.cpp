@@ -198,6 +198,35 @@ TEST_CASE("the decode graph gives the same logits as direct launches; profiling 
   for (size_t i = 0; i < rows[0].size(); ++i) CHECK(rows[0][i] == rows[1][i]);  // same kernels, bit for bit
 }
 
+TEST_CASE("last-token prefill (the tail after the last attention on one row) = the last row of the full prefill") {
+  MINFER_REQUIRE_GPU(G);
+  if (!haveFixtures()) return;
+  // Quantized (MMQ), F16 (dense matmul, tensor-core attention) and F32 (SIMT attention) models.
+  for (const char* name : {"tiny-qwen2-Q4_K_M_ids48", "tiny-llama-F16_ids48", "stories260K-F32_long"}) {
+    CAPTURE(name);
+    const GoldenCase g = loadGolden(name);
+    auto file = ArtifactFile::open(compiled(g.model));
+    REQUIRE_MESSAGE(file.isOk(), file.status().message());
+    auto backend = cuda::CudaBackend::create(**file, {});
+    REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
+    auto session = (*backend)->createCudaSession({.n_ctx = 128, .n_threads = 1});
+    REQUIRE_MESSAGE(session.isOk(), session.status().message());
+    const int n = std::min<int>(g.nPrompt(), (*session)->maxBatch());
+    REQUIRE(n > 1);
+    const std::span<const int32_t> prompt(g.prompt_ids.data(), n);
+    std::vector<float> all(static_cast<size_t>(n) * g.n_vocab), last(g.n_vocab);
+    REQUIRE((*session)->forward(prompt, 0, all.data(), true).isOk());
+    REQUIRE((*session)->forward(prompt, 0, last.data(), false).isOk());
+    const float* ref = all.data() + static_cast<size_t>(n - 1) * g.n_vocab;
+    size_t differ = 0;
+    for (int v = 0; v < g.n_vocab; ++v) differ += last[v] != ref[v];
+    CHECK(differ == 0);  // the same kernels on the same row: bit for bit
+    auto id = (*session)->forwardArgmax(prompt, 0);
+    REQUIRE(id.isOk());
+    CHECK(*id == std::max_element(ref, ref + g.n_vocab) - ref);
+  }
+}
+
 TEST_CASE("a session that does not fit the GPU fails with the bytes needed and free") {
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;
