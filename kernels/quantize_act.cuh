@@ -9,46 +9,67 @@
 // Launch ABI:  minfer_quantize_act(const float* x, int8_t* qs, Q8Meta* meta, int n_tokens)
 //   x: n_tokens × QA_K f32; qs: n_tokens × QA_K int8; meta: n_tokens × QA_K/32 (see common.cuh for where
 //   qs and meta live inside a q8 buffer).
-// Launch shape: quantizeActLaunch(): one warp per block of 32 values, 8 warps per thread block.
+// Launch shape: quantizeActLaunch(): four threads per block of 32 values (8 each: two 16-byte loads, one
+// 8-byte store; max and sums over the quad by two shuffles), 256 threads per thread block.
 #pragma once
 
 #include "kernels/common.cuh"
 
 namespace minfer::kern {
 
-constexpr unsigned kQuantizeActWarps = 8;
+constexpr unsigned kQuantizeActThreads = 256;
+constexpr unsigned kQuantizeActBlocksPerTb = kQuantizeActThreads / 4;  // blocks of 32 values per thread block
 
 MINFER_HD LaunchShape quantizeActLaunch(unsigned n_tokens, unsigned k) {
   LaunchShape s;
-  s.grid.x = ceilDiv(n_tokens * (k / kQ8Block), kQuantizeActWarps);
-  s.block.x = 32 * kQuantizeActWarps;
+  s.grid.x = ceilDiv(n_tokens * (k / kQ8Block), kQuantizeActBlocksPerTb);
+  s.block.x = kQuantizeActThreads;
   return s;
 }
 
 }  // namespace minfer::kern
 
 #if defined(MINFER_DEVICE_CODE) && defined(QA_K)
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kQuantizeActWarps)
+extern "C" __global__ void __launch_bounds__(minfer::kern::kQuantizeActThreads)
     minfer_quantize_act(const float* __restrict__ x, int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
                         int n_tokens) {
   using namespace minfer::kern;
   static_assert(QA_K % 32 == 0, "QA_K must be a multiple of 32");
   constexpr int kBlocksPerRow = QA_K / 32;
-  const int block = blockIdx.x * kQuantizeActWarps + threadIdx.x / 32;  // t · kBlocksPerRow + b
-  if (block >= n_tokens * kBlocksPerRow) return;
-  const int lane = threadIdx.x & 31;
-  const uint64_t i = static_cast<uint64_t>(block) * 32 + lane;  // = t·K + 32b + lane
-  const float v = x[i];
-  const float amax = warpMax(fabsf(v));
+  const int block = blockIdx.x * kQuantizeActBlocksPerTb + threadIdx.x / 4;  // t · kBlocksPerRow + b
+  const int sub = threadIdx.x % 4;                                             // values 8·sub … 8·sub + 7
+  const bool active = block < n_tokens * kBlocksPerRow;  // inactive lanes still join the shuffles
+  const uint64_t i0 = static_cast<uint64_t>(block) * 32 + sub * 8;
+  float v[8] = {};
+  if (active) {
+    const float4 a = *reinterpret_cast<const float4*>(x + i0), b = *reinterpret_cast<const float4*>(x + i0 + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  int q = static_cast<int>(rintf(v * id));
-  q = q > 127 ? 127 : (q < -127 ? -127 : q);
-  qs[i] = static_cast<int8_t>(q);
-  int lo = lane < 16 ? q : 0, hi = lane < 16 ? 0 : q;
-  lo = warpSumInt(lo);
-  hi = warpSumInt(hi);
-  if (lane == 0) {
+  unsigned packed[2] = {0, 0};
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    int q = static_cast<int>(rintf(v[j] * id));
+    q = q > 127 ? 127 : (q < -127 ? -127 : q);
+    sum += q;
+    packed[j / 4] |= (static_cast<unsigned>(q) & 0xffu) << (8 * (j % 4));
+  }
+  // Σq over elements 0..15 (sub 0, 1) and 16..31 (sub 2, 3).
+  int lo = sub < 2 ? sum : 0, hi = sub < 2 ? 0 : sum;
+  lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+  lo += __shfl_xor_sync(0xffffffffu, lo, 2);
+  hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+  hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+  if (!active) return;
+  *reinterpret_cast<uint2*>(qs + i0) = make_uint2(packed[0], packed[1]);
+  if (sub == 0) {
     Q8Meta m;
     m.d = d;
     m.sum_lo = static_cast<short>(lo);
