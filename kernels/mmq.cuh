@@ -41,7 +41,12 @@ namespace minfer::kern {
 
 constexpr unsigned kMmqThreads = 256;
 constexpr unsigned kMmqBK = 64;
-constexpr unsigned kMmqStages = 4;  // cp.async pipeline depth (stages in flight + the one computed)
+// cp.async pipeline depth (stages in flight + the one computed). MMQ_STAGES overrides it for the
+// variant benchmark only (bench/mmq_variants.cu), where host and device code see the same define.
+#ifndef MMQ_STAGES
+#define MMQ_STAGES 4
+#endif
+constexpr unsigned kMmqStages = MMQ_STAGES;
 
 // Bytes of one pipeline stage in shared memory (the device code's layout, in this order, each part a
 // multiple of 16 bytes): weights TM × (BK + 16) int8 (rows padded so that ldmatrix is conflict-free),

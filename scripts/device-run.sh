@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU checks on a GPU machine from what scripts/device-pack.sh packed: the gpu-labelled suites
 # (kernel parity, end to end vs CPU and goldens), compute-sanitizer (memcheck, racecheck) on one end-to-end
-# case, stories260K on the GPU, and the 7B-shaped benchmark. Logs go to $OUT (default ./device-logs).
+# case, the last-token prefill and the attention and MMQ kernel tests, stories260K on the GPU, and the
+# 7B-shaped benchmark. Logs go to $OUT (default ./device-logs).
 # Needs the CUDA toolkit's NVRTC library on the machine (found under /usr/local).
 set -uo pipefail
 R=$PWD
@@ -16,8 +17,10 @@ timeout 60 "$B/test_cuda_arch" > "$OUT/arch.log" 2>&1; echo "rc=$?" >> "$OUT/arc
 timeout 200 "$B/test_cuda_kernels" > "$OUT/kernels.log" 2>&1; echo "rc=$?" >> "$OUT/kernels.log"
 timeout 200 "$B/test_cuda_e2e" > "$OUT/e2e.log" 2>&1; echo "rc=$?" >> "$OUT/e2e.log"
 for tool in memcheck racecheck; do
-  MINFER_GOLDEN_FILTER=tiny-qwen2-Q4_K_M timeout 120 compute-sanitizer --tool $tool "$B/test_cuda_e2e" -tc="GPU logits*" \
-    > "$OUT/sanitizer-$tool.log" 2>&1; echo "rc=$?" >> "$OUT/sanitizer-$tool.log"
+  MINFER_GOLDEN_FILTER=tiny-qwen2-Q4_K_M timeout 120 compute-sanitizer --tool $tool "$B/test_cuda_e2e" \
+    -tc="GPU logits*,last-token*" > "$OUT/sanitizer-$tool.log" 2>&1; echo "rc=$?" >> "$OUT/sanitizer-$tool.log"
+  timeout 200 compute-sanitizer --tool $tool "$B/test_cuda_kernels" -tc="attention*,mmq*" \
+    > "$OUT/sanitizer-kernels-$tool.log" 2>&1; echo "rc=$?" >> "$OUT/sanitizer-kernels-$tool.log"
 done
 { "$B/minfer-compile" .fixtures/models/stories260K.gguf -o /tmp/s.mfb &&
   "$B/minfer-run" /tmp/s.mfb -p "Once upon a time" -n 64 --temp 0 --device cuda; } > "$OUT/stories.log" 2>&1
