@@ -9,7 +9,11 @@
 //   ROPE_NEOX (0 norm, 1 neox), ROPE_BASE, ROPE_SCALE (float literals).
 // Launch ABI:  minfer_rope(float* q, float* k, const int* pos, int n_tokens)
 //   q: n_tokens × NHEAD·HEAD_DIM, k: n_tokens × NHEAD_KV·HEAD_DIM (f32, rotated in place); pos[0] = pos0.
-// Launch shape: ropeLaunch(): grid (n_tokens, NHEAD + NHEAD_KV), 64 threads over the pairs.
+// Launch shape: ropeLaunch(): grid (n_tokens, head groups), 64 threads over the pairs; each thread
+// computes cos/sin of its pairs once and rotates them in every head of the block's group (θ does not
+// depend on the head). Groups of 8 heads for batches of ≥ 64 tokens (fewer transcendentals), of one
+// head below (more blocks for the latency-bound decode step); the kernel reads the group size from
+// gridDim.y.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -17,11 +21,13 @@
 namespace minfer::kern {
 
 constexpr unsigned kRopeThreads = 64;
+constexpr unsigned kRopeHeadsPerBlock = 8;  // head group size for batches of ≥ kRopeGroupMinTokens
+constexpr unsigned kRopeGroupMinTokens = 64;
 
 MINFER_HD LaunchShape ropeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_head_kv) {
   LaunchShape s;
   s.grid.x = n_tokens;
-  s.grid.y = n_head + n_head_kv;
+  s.grid.y = n_tokens >= kRopeGroupMinTokens ? ceilDiv(n_head + n_head_kv, kRopeHeadsPerBlock) : n_head + n_head_kv;
   s.block.x = kRopeThreads;
   return s;
 }
@@ -32,19 +38,25 @@ MINFER_HD LaunchShape ropeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
     minfer_rope(float* q, float* k, const int* __restrict__ pos, int n_tokens) {
   static_assert(ROPE_NROT % 2 == 0 && ROPE_NROT <= ROPE_HEAD_DIM, "ROPE_NROT must be even and <= ROPE_HEAD_DIM");
-  const int t = blockIdx.x, h = blockIdx.y;
+  constexpr int kHeads = ROPE_NHEAD + ROPE_NHEAD_KV;
+  const int per_block = (kHeads + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+  const int t = blockIdx.x, h0 = blockIdx.y * per_block;
   if (t >= n_tokens) return;
-  float* x = h < ROPE_NHEAD ? q + (static_cast<uint64_t>(t) * ROPE_NHEAD + h) * ROPE_HEAD_DIM
-                            : k + (static_cast<uint64_t>(t) * ROPE_NHEAD_KV + (h - ROPE_NHEAD)) * ROPE_HEAD_DIM;
   const double p = static_cast<double>(pos[0] + t) * static_cast<double>(ROPE_SCALE);
   for (int i = threadIdx.x; i < ROPE_NROT / 2; i += blockDim.x) {
     const double theta = p * pow(static_cast<double>(ROPE_BASE), -2.0 * i / ROPE_NROT);
     const float c = static_cast<float>(cos(theta)), s = static_cast<float>(sin(theta));
     const int i0 = ROPE_NEOX ? i : 2 * i;
     const int i1 = ROPE_NEOX ? i + ROPE_NROT / 2 : 2 * i + 1;
-    const float a = x[i0], b = x[i1];
-    x[i0] = a * c - b * s;
-    x[i1] = a * s + b * c;
+    for (int hh = 0; hh < per_block; ++hh) {
+      const int h = h0 + hh;
+      if (h >= kHeads) break;
+      float* x = h < ROPE_NHEAD ? q + (static_cast<uint64_t>(t) * ROPE_NHEAD + h) * ROPE_HEAD_DIM
+                                : k + (static_cast<uint64_t>(t) * ROPE_NHEAD_KV + (h - ROPE_NHEAD)) * ROPE_HEAD_DIM;
+      const float a = x[i0], b = x[i1];
+      x[i0] = a * c - b * s;
+      x[i1] = a * s + b * c;
+    }
   }
 }
 #endif

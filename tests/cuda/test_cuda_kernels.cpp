@@ -421,7 +421,7 @@ TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions") {
   };
   const Case cases[] = {{false, 64, 10000.0f, 1.0f}, {true, 64, 1000000.0f, 1.0f}, {false, 32, 10000.0f, 0.25f},
                         {true, 48, 500000.0f, 0.5f}};
-  const int h = 6, hkv = 2, d = 64;
+  const int h = 10, hkv = 2, d = 64;  // 12 heads: from 64 tokens on, groups of 8 (the second partial)
   std::vector<codegen::KernelSpec> specs;
   for (const Case& c : cases)
     specs.push_back(spec(std::string("rope_test_") + (c.neox ? "neox" : "norm") + str(c.n_rot), "kernels/rope.cuh",
