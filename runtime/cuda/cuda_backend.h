@@ -14,7 +14,9 @@
 //     captured into a CUDA graph. Fails with the bytes needed and free when the GPU is short.
 //   forward (execute): uploads token ids and pos0 (pinned → device), launches the prefill steps
 //     (n > 1) or replays the decode graph (n == 1; kernels read pos0 from device memory, so the graph
-//     stays valid as the position advances), copies the logits back. Allocates nothing.
+//     stays valid as the position advances), copies the logits back. Allocates nothing. When only the
+//     last row's logits are wanted, the prefill steps after the last attention (all row-wise) run on
+//     that row alone.
 //
 // Thread-safety: as Backend/BackendSession (runtime/backend.h).
 #pragma once
