@@ -49,7 +49,7 @@ constexpr unsigned kAttnMmaBQ = 64;    // query tokens per tensor-core prefill b
 constexpr unsigned kAttnMmaBKV = 64;   // key positions per tile
 
 // True when the prefill takes the tensor-core form for this head size.
-MINFER_HD bool attnPrefillUsesMma(unsigned head_dim) { return head_dim % 16 == 0 && head_dim <= 128; }
+MINFER_HD constexpr bool attnPrefillUsesMma(unsigned head_dim) { return head_dim % 16 == 0 && head_dim <= 128; }
 
 MINFER_HD LaunchShape kvStoreLaunch(unsigned n_tokens, unsigned n_head_kv, unsigned head_dim) {
   LaunchShape s;
@@ -102,6 +102,9 @@ constexpr int kDL = (kD + 31) / 32;           // output dimensions per lane
 static_assert(kH % kHkv == 0, "ATT_NHEAD must be a multiple of ATT_NHEAD_KV");
 static_assert(kD <= 256, "ATT_HEAD_DIM must be at most 256");
 }  // namespace minfer::kern::attn
+// Which prefill form this compilation holds (preprocessor form of attnPrefillUsesMma, checked equal).
+#define MINFER_ATT_PREFILL_MMA (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 128)
+static_assert(minfer::kern::attnPrefillUsesMma(ATT_HEAD_DIM) == MINFER_ATT_PREFILL_MMA, "prefill form predicate");
 #endif
 
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_KV_STORE)
@@ -117,7 +120,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kKvStoreThreads)
 }
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL) && !(ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 128)
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL) && !MINFER_ATT_PREFILL_MMA
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     minfer_attn_prefill(const float* __restrict__ q, const uint16_t* __restrict__ kc,
                         const uint16_t* __restrict__ vc, float* __restrict__ out, const int* __restrict__ pos,
@@ -209,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 }
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL) && (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 128)
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL) && MINFER_ATT_PREFILL_MMA
 namespace minfer::kern::attn {
 constexpr int kBQ = kAttnMmaBQ, kBKV = kAttnMmaBKV;
 constexpr int kLDH = kD + 8;        // smem row pitch in halves (16 bytes of padding: ldmatrix rows hit distinct banks)
