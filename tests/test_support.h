@@ -23,4 +23,10 @@ std::vector<float> readF32File(const std::string& path);
 // A directory for this test's scratch files (created; under TMPDIR or /tmp).
 std::string scratchDir();
 
+// kB from a "Key:   123 kB" line of /proc/self/status (VmRSS, VmHWM, …); -1 when absent.
+long procStatusKb(const char* key);
+// Resets the peak RSS (VmHWM) to the current RSS by writing 5 to /proc/self/clear_refs (Linux ≥ 4.0);
+// false where not permitted. Peak growth of a region = VmHWM after it − VmRSS after this call.
+bool resetPeakRss();
+
 }  // namespace minfer::test

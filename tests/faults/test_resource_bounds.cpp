@@ -10,11 +10,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "compiler/gguf/gguf_reader.h"
+#include "tests/test_support.h"
 #include "llvm/Support/MemoryBuffer.h"
 
 namespace {
@@ -60,15 +60,6 @@ constexpr double kMaxFactor = 24;
 constexpr double kMaxFactor = 24;
 #endif
 
-long statusKb(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  const std::string prefix = std::string(key) + ":";
-  while (std::getline(in, line))
-    if (line.rfind(prefix, 0) == 0) return std::stol(line.substr(prefix.size()));
-  return -1;
-}
-
 struct Outcome {
   bool child_ok = false;     // the child exited normally and reported
   bool measured = false;     // peak RSS could be reset and read
@@ -85,20 +76,14 @@ Outcome parseInChild(const std::vector<uint8_t>& bytes) {
   REQUIRE(pid >= 0);
   if (pid == 0) {
     ::close(fds[0]);
-    bool measured = false;
-    {
-      std::ofstream clear("/proc/self/clear_refs");
-      clear << "5";  // resets the peak RSS to the current RSS
-      clear.flush();
-      measured = static_cast<bool>(clear);
-    }
-    const long before = statusKb("VmRSS");
+    const bool measured = minfer::test::resetPeakRss();
+    const long before = minfer::test::procStatusKb("VmRSS");
     std::string report;
     {
       auto buffer = llvm::MemoryBuffer::getMemBuffer(
           llvm::StringRef(reinterpret_cast<const char*>(bytes.data()), bytes.size()), "bounds.gguf", false);
       auto file = minfer::gguf::GgufFile::parse(std::move(buffer), "bounds.gguf");
-      const long growth = statusKb("VmHWM") - before;
+      const long growth = minfer::test::procStatusKb("VmHWM") - before;
       report = std::string(file ? "1" : "0") + (measured && before >= 0 ? "1" : "0") + std::to_string(growth) + "\n" +
                (file ? std::string() : llvm::toString(file.takeError()));
     }

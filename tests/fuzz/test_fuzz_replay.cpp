@@ -39,24 +39,6 @@ const Target kTargets[] = {
     {"fuzz_tokenizer", minfer::fuzz::runTokenizer},
 };
 
-// kB from a "Key:   123 kB" line of /proc/self/status; -1 when absent.
-long statusKb(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  const std::string prefix = std::string(key) + ":";
-  while (std::getline(in, line))
-    if (line.rfind(prefix, 0) == 0) return std::stol(line.substr(prefix.size()));
-  return -1;
-}
-
-// Resets the peak RSS to the current RSS (Linux ≥ 4.0); false where not permitted.
-bool resetPeak() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-  out.flush();
-  return static_cast<bool>(out);
-}
-
 // The checked-in inputs, plus <dir>/<target>/ when MINFER_FUZZ_EXTRA_CORPUS=<dir> is set (e.g. the
 // corpus a long local run grew, to measure its peak memory per input).
 std::vector<fs::path> inputsOf(const std::string& target) {
@@ -96,11 +78,11 @@ TEST_CASE("every corpus and regression input runs through its fuzz harness witho
       // would hide a read just past the end from ASan.
       const std::unique_ptr<uint8_t[]> exact(new uint8_t[std::max<size_t>(bytes.size(), 1)]);
       std::copy(bytes.begin(), bytes.end(), exact.get());
-      const bool measured = resetPeak();
-      const long before = statusKb("VmRSS");
+      const bool measured = minfer::test::resetPeakRss();
+      const long before = minfer::test::procStatusKb("VmRSS");
       CHECK(t.run(exact.get(), bytes.size()) == 0);
       if (measured && before >= 0) {
-        const long grew = statusKb("VmHWM") - before;
+        const long grew = minfer::test::procStatusKb("VmHWM") - before;
         CHECK_MESSAGE(grew < kMaxInputRssMb * 1024, "peak RSS grew by " << grew << " kB");
         peaks.push_back({grew, path.filename().string()});
       }
