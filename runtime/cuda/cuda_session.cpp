@@ -47,6 +47,7 @@ struct CudaSession::State {
   // they run on that row alone (llama.cpp likewise keeps only the output rows after the last layer's
   // attention). prefill.size() when the plan has no such tail.
   size_t tail = 0;
+  std::vector<bool> fresh;  // per buffer: rewritten (at row 0) by the tail so far (runPlan scratch)
   Launch argmax;
   bool have_argmax = false;
   CUgraph graph = nullptr;
@@ -89,7 +90,7 @@ struct CudaSession::State {
     std::vector<Launch>& ls = prefill ? this->prefill : decode;
     std::vector<Event>& ev = prefill ? ev_prefill : ev_decode;
     const size_t tail_begin = prefill && last_only && n > 1 ? tail : ls.size();
-    std::vector<bool> fresh(buf.size(), false);  // buffers rewritten (at row 0) by the tail so far
+    std::fill(fresh.begin(), fresh.end(), false);
     int current = -1;
     for (size_t i = 0; i < ls.size(); ++i) {
       const Launch& l = ls[i];
@@ -513,6 +514,7 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createCudaSession(const Backen
   // The tail: launches after the last attention step's, provided every one is row-wise and ends in
   // the logits buffer.
   st->tail = st->prefill.size();
+  st->fresh.assign(st->buf.size(), false);
   size_t after_attn = 0;
   bool row_wise = true;
   for (size_t i = 0; i < st->prefill.size(); ++i) {
