@@ -11,6 +11,7 @@
 #include "compiler/planes/layout_planner.h"
 #include "compiler/planes/plane_transforms.h"
 #include "compiler/planes/plane_workers.h"
+#include "minfer/artifact.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
@@ -40,6 +41,59 @@ struct SourceFacts {
   std::string sha256;
 };
 
+flatbuffers::Offset<fb::StrideTable> createStrideTable(flatbuffers::FlatBufferBuilder& b, const StrideTable& st) {
+  return fb::CreateStrideTable(b, static_cast<uint8_t>(st.kind), static_cast<uint8_t>(st.elem), st.rows, st.cols,
+                               st.row_pitch, st.group_size, st.group_pitch, st.bits, st.q_offset, st.ggml_type);
+}
+
+// A launch record (schema Launch) from the codegen's.
+flatbuffers::Offset<fb::Launch> createLaunch(flatbuffers::FlatBufferBuilder& b, const codegen::LaunchRecord& r) {
+  std::vector<flatbuffers::Offset<fb::KernelArg>> args;
+  for (const codegen::KernelArgDesc& a : r.args) {
+    const auto plane = a.kind == fb::ArgKind::Weight ? createStrideTable(b, a.plane) : 0;
+    args.push_back(fb::CreateKernelArg(b, a.kind, b.CreateString(a.name), a.buffer, a.access, a.width, a.tensor, plane,
+                                       a.layer, a.bytes, a.value));
+  }
+  auto grid = [](const kern::GridExtent (&g)[3]) {
+    auto e = [](const kern::GridExtent& x) { return fb::GridExtent(x.per_token, x.constant, x.divisor); };
+    return fb::Grid(e(g[0]), e(g[1]), e(g[2]));
+  };
+  const fb::Grid g = grid(r.rule.grid), g_large = grid(r.rule.grid_large);
+  const fb::Dim3 block(r.rule.block.x, r.rule.block.y, r.rule.block.z);
+  return fb::CreateLaunch(b, b.CreateVector(r.images), b.CreateVector(args), &g, &g_large, r.rule.large_from, &block,
+                          r.rule.smem);
+}
+
+flatbuffers::Offset<fb::Tokenizer> createTokenizer(flatbuffers::FlatBufferBuilder& b, const model::TokenizerDesc& t) {
+  std::vector<flatbuffers::Offset<flatbuffers::String>> tokens, merges;
+  tokens.reserve(t.tokens.size());
+  for (std::string_view s : t.tokens) tokens.push_back(b.CreateString(s.data(), s.size()));
+  merges.reserve(t.merges.size());
+  for (std::string_view s : t.merges) merges.push_back(b.CreateString(s.data(), s.size()));
+  return fb::CreateTokenizer(b, t.model, b.CreateString(t.model_name), b.CreateString(t.pre), b.CreateVector(tokens),
+                             b.CreateVector(t.scores), b.CreateVector(t.token_types), b.CreateVector(merges), t.bos_id,
+                             t.eos_id, t.unk_id, t.pad_id, t.add_bos, t.add_eos, t.add_space_prefix,
+                             b.CreateString(t.chat_template));
+}
+
+// A plan: its steps with their launch records; steps from tail_begin on form the last-token tail.
+flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, const std::vector<model::StepDesc>& steps,
+                                         const std::vector<std::vector<codegen::LaunchRecord>>& launches,
+                                         size_t tail_begin) {
+  std::vector<flatbuffers::Offset<fb::Step>> out;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const model::StepDesc& s = steps[i];
+    std::vector<flatbuffers::Offset<fb::Launch>> records;
+    if (i < launches.size())
+      for (const codegen::LaunchRecord& r : launches[i]) records.push_back(createLaunch(b, r));
+    out.push_back(fb::CreateStep(b, s.op, b.CreateVector(s.inputs), b.CreateVector(s.outputs),
+                                 b.CreateVector(s.weights), s.layer, s.eps, s.n_head, s.n_head_kv, s.head_dim, s.n_rot,
+                                 s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rows, s.cols,
+                                 b.CreateString(s.name), b.CreateVector(records), i >= tail_begin));
+  }
+  return fb::CreatePlan(b, b.CreateVector(out));
+}
+
 // Builds the manifest from the description, the planned tensors and the writer's current segments
 // (placeholders before layout, final values after the data is written: same size either way).
 std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const std::vector<TensorPlanes>& tensors,
@@ -52,21 +106,9 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
   auto config = fb::CreateModelConfig(
       b, b.CreateString(c.architecture), b.CreateString(c.name), c.n_embd, c.n_layer, c.n_head, c.n_head_kv,
       c.head_dim, c.n_ff, c.n_vocab, c.n_ctx_train, c.n_rot, c.rope_style, c.rope_freq_base, c.rope_freq_scale,
-      c.rope_scaling, c.rms_norm_eps, c.tied_embeddings, c.qkv_bias, c.qk_norm);
+      c.rope_scaling, c.rms_norm_eps, c.tied_embeddings);
 
-  flatbuffers::Offset<fb::Tokenizer> tokenizer;
-  if (desc.tokenizer.present) {
-    const model::TokenizerDesc& t = desc.tokenizer;
-    std::vector<flatbuffers::Offset<flatbuffers::String>> tokens, merges;
-    tokens.reserve(t.tokens.size());
-    for (std::string_view s : t.tokens) tokens.push_back(b.CreateString(s.data(), s.size()));
-    merges.reserve(t.merges.size());
-    for (std::string_view s : t.merges) merges.push_back(b.CreateString(s.data(), s.size()));
-    tokenizer = fb::CreateTokenizer(b, t.model, b.CreateString(t.model_name), b.CreateString(t.pre),
-                                    b.CreateVector(tokens), b.CreateVector(t.scores), b.CreateVector(t.token_types),
-                                    b.CreateVector(merges), t.bos_id, t.eos_id, t.unk_id, t.pad_id, t.add_bos,
-                                    t.add_eos, t.add_space_prefix, b.CreateString(t.chat_template));
-  }
+  const flatbuffers::Offset<fb::Tokenizer> tokenizer = desc.tokenizer.present ? createTokenizer(b, desc.tokenizer) : 0;
 
   std::vector<flatbuffers::Offset<fb::Tensor>> tensor_offsets;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -74,10 +116,7 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
     const gguf::TensorInfo& info = *desc.weights[i].info;
     std::vector<flatbuffers::Offset<fb::Plane>> plane_offsets;
     for (size_t p = 0; p < tp.layout.planes.size(); ++p) {
-      const StrideTable& st = tp.layout.planes[p];
-      auto table = fb::CreateStrideTable(b, static_cast<uint8_t>(st.kind), static_cast<uint8_t>(st.elem), st.rows,
-                                         st.cols, st.row_pitch, st.group_size, st.group_pitch, st.bits, st.q_offset,
-                                         st.ggml_type);
+      auto table = createStrideTable(b, tp.layout.planes[p]);
       const fb::Segment seg = writer.segment(tp.segments[p]);
       plane_offsets.push_back(fb::CreatePlane(b, table, &seg));
     }
@@ -87,23 +126,9 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
                                               b.CreateVector(plane_offsets)));
   }
 
-  auto build_plan = [&](const std::vector<model::StepDesc>& steps, const std::vector<std::vector<uint32_t>>& lists,
-                        bool prefill) {
-    std::vector<flatbuffers::Offset<fb::Step>> out;
-    for (size_t i = 0; i < steps.size(); ++i) {
-      const model::StepDesc& s = steps[i];
-      const std::vector<uint32_t> none;
-      const std::vector<uint32_t>& images = i < lists.size() ? lists[i] : none;
-      out.push_back(fb::CreateStep(b, s.op, b.CreateVector(s.inputs), b.CreateVector(s.outputs),
-                                   b.CreateVector(s.weights), s.layer, s.eps, s.n_head, s.n_head_kv, s.head_dim,
-                                   s.n_rot, s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rows, s.cols,
-                                   b.CreateVector(prefill ? images : none), b.CreateVector(prefill ? none : images),
-                                   b.CreateString(s.name)));
-    }
-    return fb::CreatePlan(b, b.CreateVector(out));
-  };
-  auto prefill = build_plan(desc.plan.prefill, kernels.set.prefill, true);
-  auto decode = build_plan(desc.plan.decode, kernels.set.decode, false);
+  auto prefill = createPlan(b, desc.plan.prefill, kernels.set.prefill,
+                            codegen::lastTokenTailBegin(desc.plan.prefill, desc.plan.logits));
+  auto decode = createPlan(b, desc.plan.decode, kernels.set.decode, desc.plan.decode.size());
 
   std::vector<flatbuffers::Offset<fb::KernelImage>> images;
   for (size_t i = 0; i < kernels.set.images.size(); ++i) {
@@ -127,10 +152,12 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
   for (const std::string& a : options.targets) archs.push_back(b.CreateString(a));
   const fb::Segment manifest_check(0, 0, 0);
 
-  auto root = fb::CreateArtifact(b, 1, 0, b.CreateString(kProducer), b.CreateString(kProducerVersion), source_info,
-                                 config, tokenizer, b.CreateVector(tensor_offsets),
-                                 b.CreateVector(images), prefill, decode,
-                                 memory, b.CreateVector(archs), &manifest_check);
+  flatbuffers::Offset<fb::Launch> argmax;
+  if (!kernels.set.images.empty()) argmax = createLaunch(b, kernels.set.argmax);
+  auto root = fb::CreateArtifact(b, kArtifactFormatMajor, kArtifactFormatMinor, b.CreateString(kProducer),
+                                 b.CreateString(kProducerVersion), source_info, config, tokenizer,
+                                 b.CreateVector(tensor_offsets), b.CreateVector(images), prefill, decode, memory,
+                                 b.CreateVector(archs), &manifest_check, argmax);
   fb::FinishSizePrefixedArtifactBuffer(b, root);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }

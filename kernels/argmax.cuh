@@ -13,12 +13,14 @@ namespace minfer::kern {
 
 constexpr unsigned kArgmaxThreads = 512;
 
-MINFER_HD LaunchShape argmaxLaunch(unsigned n_rows) {
-  LaunchShape s;
-  s.grid.x = n_rows;
-  s.block.x = kArgmaxThreads;
-  return s;
+// One block per row: the launch's n_tokens is the number of rows.
+MINFER_HD LaunchRule argmaxLaunchRule() {
+  LaunchRule r;
+  r.grid[0] = perToken(1);
+  r.block.x = kArgmaxThreads;
+  return r;
 }
+MINFER_HD LaunchShape argmaxLaunch(unsigned n_rows) { return argmaxLaunchRule().at(n_rows); }
 
 }  // namespace minfer::kern
 

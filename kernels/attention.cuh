@@ -51,11 +51,14 @@ constexpr unsigned kAttnMmaBKV = 64;   // key positions per tile
 // True when the prefill takes the tensor-core form for this head size.
 MINFER_HD constexpr bool attnPrefillUsesMma(unsigned head_dim) { return head_dim % 16 == 0 && head_dim <= 128; }
 
+MINFER_HD LaunchRule kvStoreLaunchRule(unsigned n_head_kv, unsigned head_dim) {
+  LaunchRule r;
+  r.grid[0] = perToken(n_head_kv * head_dim, kKvStoreThreads);
+  r.block.x = kKvStoreThreads;
+  return r;
+}
 MINFER_HD LaunchShape kvStoreLaunch(unsigned n_tokens, unsigned n_head_kv, unsigned head_dim) {
-  LaunchShape s;
-  s.grid.x = ceilDiv(n_tokens * n_head_kv * head_dim, kKvStoreThreads);
-  s.block.x = kKvStoreThreads;
-  return s;
+  return kvStoreLaunchRule(n_head_kv, head_dim).at(n_tokens);
 }
 
 MINFER_HD unsigned attnPrefillSmemBytes(unsigned head_dim) {
@@ -63,33 +66,38 @@ MINFER_HD unsigned attnPrefillSmemBytes(unsigned head_dim) {
   return 4u * (kAttnBQ * head_dim + kAttnBKV * (head_dim + 1) + kAttnBKV * head_dim);
 }
 
+MINFER_HD LaunchRule attnPrefillLaunchRule(unsigned n_head, unsigned head_dim) {
+  LaunchRule r;
+  r.grid[0] = perToken(1, attnPrefillUsesMma(head_dim) ? kAttnMmaBQ : kAttnBQ);
+  r.grid[1] = fixedExtent(n_head);
+  r.block.x = 32 * kAttnWarps;
+  r.smem = attnPrefillSmemBytes(head_dim);
+  return r;
+}
 MINFER_HD LaunchShape attnPrefillLaunch(unsigned n_tokens, unsigned n_head, unsigned head_dim) {
-  LaunchShape s;
-  s.grid.x = ceilDiv(n_tokens, attnPrefillUsesMma(head_dim) ? kAttnMmaBQ : kAttnBQ);
-  s.grid.y = n_head;
-  s.block.x = 32 * kAttnWarps;
-  s.smem = attnPrefillSmemBytes(head_dim);
-  return s;
+  return attnPrefillLaunchRule(n_head, head_dim).at(n_tokens);
 }
 
 MINFER_HD unsigned long long attnDecodePartFloats(unsigned n_head, unsigned head_dim, unsigned splits) {
   return static_cast<unsigned long long>(n_head) * splits * (head_dim + 2);
 }
 
-MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head, unsigned splits) {
-  LaunchShape s;
-  s.grid.x = n_head;
-  s.grid.y = splits;
-  s.block.x = 32 * kAttnWarps;
-  return s;
+MINFER_HD LaunchRule attnDecodeLaunchRule(unsigned n_head, unsigned splits) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(n_head);
+  r.grid[1] = fixedExtent(splits);
+  r.block.x = 32 * kAttnWarps;
+  return r;
 }
+MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head, unsigned splits) { return attnDecodeLaunchRule(n_head, splits).at(1); }
 
-MINFER_HD LaunchShape attnCombineLaunch(unsigned n_head) {
-  LaunchShape s;
-  s.grid.x = n_head;
-  s.block.x = 128;
-  return s;
+MINFER_HD LaunchRule attnCombineLaunchRule(unsigned n_head) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(n_head);
+  r.block.x = 128;
+  return r;
 }
+MINFER_HD LaunchShape attnCombineLaunch(unsigned n_head) { return attnCombineLaunchRule(n_head).at(1); }
 
 }  // namespace minfer::kern
 

@@ -14,6 +14,10 @@
 //   * Each module holds exactly one __global__ entry, extern "C", named minfer_<family>.
 //   * Everything else (shapes, strides, epsilon, RoPE constants, tile sizes) is a compile-time
 //     constant; the codegen passes it as -D<NAME>=<value> and records the options in the image.
+//   * Each kernel declares its launch shape once, as <name>LaunchRule() (a LaunchRule: grid extents
+//     as functions of n_tokens, block, dynamic shared memory); the compiler's op family copies it
+//     into the artifact's launch record together with the typed argument list (compiler/codegen/ops/),
+//     and <name>Launch(n_tokens) evaluates it for tests. The runtime never re-derives a launch.
 #pragma once
 
 #include "kernels/block_formats.h"
@@ -37,6 +41,40 @@ struct LaunchShape {
 };
 
 MINFER_HD unsigned ceilDiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
+
+// One grid extent as a function of the call's n_tokens: ⌈(per_token·n_tokens + constant) / divisor⌉
+// (64-bit intermediate). The artifact's launch records carry it (schema GridExtent).
+struct GridExtent {
+  unsigned per_token = 0, constant = 1, divisor = 1;
+  MINFER_HD unsigned at(unsigned n_tokens) const {
+    const unsigned long long v = static_cast<unsigned long long>(per_token) * n_tokens + constant;
+    return static_cast<unsigned>((v + divisor - 1) / divisor);
+  }
+};
+// ⌈per_token·n_tokens / divisor⌉, and a fixed extent.
+MINFER_HD GridExtent perToken(unsigned per_token, unsigned divisor = 1) { return {per_token, 0, divisor}; }
+MINFER_HD GridExtent fixedExtent(unsigned n) { return {0, n, 1}; }
+
+// A kernel's launch shape as a function of n_tokens, declared once per kernel (kernels/<family>.cuh
+// <name>LaunchRule) and carried by the artifact's launch records (schema Launch): grid (x, y, z), or
+// grid_large once n_tokens ≥ large_from (0: never); threads per block; dynamic shared memory.
+struct LaunchRule {
+  GridExtent grid[3] = {fixedExtent(1), fixedExtent(1), fixedExtent(1)};
+  GridExtent grid_large[3] = {fixedExtent(1), fixedExtent(1), fixedExtent(1)};
+  unsigned large_from = 0;
+  Dim3 block;
+  unsigned smem = 0;
+  MINFER_HD LaunchShape at(unsigned n_tokens) const {
+    const GridExtent* g = large_from > 0 && n_tokens >= large_from ? grid_large : grid;
+    LaunchShape s;
+    s.grid.x = g[0].at(n_tokens);
+    s.grid.y = g[1].at(n_tokens);
+    s.grid.z = g[2].at(n_tokens);
+    s.block = block;
+    s.smem = smem;
+    return s;
+  }
+};
 
 // Quantized activations (QuantizeAct output, "q8" buffers), per 32 consecutive values of a row:
 //   q_i = round_half_even(x_i / d) ∈ [−127, 127] with d = max|x_i| / 127 (computed as x_i · (1/d);

@@ -28,20 +28,22 @@ constexpr unsigned kDenseBK = 16;
 constexpr unsigned kDenseGemvWarps = 4;
 constexpr unsigned kDenseUnroll = 4;
 
-MINFER_HD LaunchShape denseMmLaunch(unsigned n, unsigned n_tokens) {
-  LaunchShape s;
-  s.grid.x = ceilDiv(n, kDenseTile);
-  s.grid.y = ceilDiv(n_tokens, kDenseTile);
-  s.block.x = 256;
-  return s;
+MINFER_HD LaunchRule denseMmLaunchRule(unsigned n) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(ceilDiv(n, kDenseTile));
+  r.grid[1] = perToken(1, kDenseTile);
+  r.block.x = 256;
+  return r;
 }
+MINFER_HD LaunchShape denseMmLaunch(unsigned n, unsigned n_tokens) { return denseMmLaunchRule(n).at(n_tokens); }
 
-MINFER_HD LaunchShape denseGemvLaunch(unsigned n) {
-  LaunchShape s;
-  s.grid.x = ceilDiv(n, kDenseGemvWarps);
-  s.block.x = 32 * kDenseGemvWarps;
-  return s;
+MINFER_HD LaunchRule denseGemvLaunchRule(unsigned n) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(ceilDiv(n, kDenseGemvWarps));
+  r.block.x = 32 * kDenseGemvWarps;
+  return r;
 }
+MINFER_HD LaunchShape denseGemvLaunch(unsigned n) { return denseGemvLaunchRule(n).at(1); }
 
 }  // namespace minfer::kern
 

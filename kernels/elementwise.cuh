@@ -15,11 +15,15 @@ namespace minfer::kern {
 
 constexpr unsigned kEwThreads = 256;
 
+// ⌈⌈n_tokens·width / 4⌉ / kEwThreads⌉ = ⌈n_tokens·width / (4·kEwThreads)⌉ blocks.
+MINFER_HD LaunchRule elementwiseLaunchRule(unsigned width) {
+  LaunchRule r;
+  r.grid[0] = perToken(width, 4 * kEwThreads);
+  r.block.x = kEwThreads;
+  return r;
+}
 MINFER_HD LaunchShape elementwiseLaunch(unsigned n_tokens, unsigned width) {
-  LaunchShape s;
-  s.grid.x = ceilDiv(ceilDiv(n_tokens * width, 4), kEwThreads);
-  s.block.x = kEwThreads;
-  return s;
+  return elementwiseLaunchRule(width).at(n_tokens);
 }
 
 }  // namespace minfer::kern

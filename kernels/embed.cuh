@@ -21,12 +21,13 @@ namespace minfer::kern {
 
 constexpr unsigned kEmbedThreads = 128;
 
-MINFER_HD LaunchShape embedLaunch(unsigned n_tokens) {
-  LaunchShape s;
-  s.grid.x = n_tokens;
-  s.block.x = kEmbedThreads;
-  return s;
+MINFER_HD LaunchRule embedLaunchRule() {
+  LaunchRule r;
+  r.grid[0] = perToken(1);
+  r.block.x = kEmbedThreads;
+  return r;
 }
+MINFER_HD LaunchShape embedLaunch(unsigned n_tokens) { return embedLaunchRule().at(n_tokens); }
 
 }  // namespace minfer::kern
 

@@ -34,12 +34,13 @@ namespace minfer::kern {
 constexpr unsigned kGemvWarps = 4;
 constexpr unsigned kGemvUnroll = 4;
 
-MINFER_HD LaunchShape gemvLaunch(unsigned n) {
-  LaunchShape s;
-  s.grid.x = ceilDiv(n, kGemvWarps);
-  s.block.x = 32 * kGemvWarps;
-  return s;
+MINFER_HD LaunchRule gemvLaunchRule(unsigned n) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(ceilDiv(n, kGemvWarps));
+  r.block.x = 32 * kGemvWarps;
+  return r;
 }
+MINFER_HD LaunchShape gemvLaunch(unsigned n) { return gemvLaunchRule(n).at(1); }
 
 }  // namespace minfer::kern
 

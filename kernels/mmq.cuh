@@ -60,13 +60,16 @@ MINFER_HD constexpr unsigned mmqSmemBytes(unsigned tm, unsigned tn, unsigned gro
   return kMmqStages * mmqStageBytes(tm, tn, group, has_min);
 }
 
+MINFER_HD LaunchRule mmqLaunchRule(unsigned n, unsigned tm, unsigned tn, unsigned group, bool has_min) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(ceilDiv(n, tm));
+  r.grid[1] = perToken(1, tn);
+  r.block.x = kMmqThreads;
+  r.smem = mmqSmemBytes(tm, tn, group, has_min);
+  return r;
+}
 MINFER_HD LaunchShape mmqLaunch(unsigned n, unsigned n_tokens, unsigned tm, unsigned tn, unsigned group, bool has_min) {
-  LaunchShape s;
-  s.grid.x = ceilDiv(n, tm);
-  s.grid.y = ceilDiv(n_tokens, tn);
-  s.block.x = kMmqThreads;
-  s.smem = mmqSmemBytes(tm, tn, group, has_min);
-  return s;
+  return mmqLaunchRule(n, tm, tn, group, has_min).at(n_tokens);
 }
 
 // True when (tm, tn) is a tile the kernel supports.

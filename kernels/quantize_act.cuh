@@ -20,12 +20,13 @@ namespace minfer::kern {
 constexpr unsigned kQuantizeActThreads = 256;
 constexpr unsigned kQuantizeActBlocksPerTb = kQuantizeActThreads / 4;  // blocks of 32 values per thread block
 
-MINFER_HD LaunchShape quantizeActLaunch(unsigned n_tokens, unsigned k) {
-  LaunchShape s;
-  s.grid.x = ceilDiv(n_tokens * (k / kQ8Block), kQuantizeActBlocksPerTb);
-  s.block.x = kQuantizeActThreads;
-  return s;
+MINFER_HD LaunchRule quantizeActLaunchRule(unsigned k) {
+  LaunchRule r;
+  r.grid[0] = perToken(k / kQ8Block, kQuantizeActBlocksPerTb);
+  r.block.x = kQuantizeActThreads;
+  return r;
 }
+MINFER_HD LaunchShape quantizeActLaunch(unsigned n_tokens, unsigned k) { return quantizeActLaunchRule(k).at(n_tokens); }
 
 }  // namespace minfer::kern
 

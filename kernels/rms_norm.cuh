@@ -21,18 +21,22 @@ namespace minfer::kern {
 constexpr unsigned kRmsThreads = 256;
 constexpr unsigned kHeadRmsWarps = 4;
 
-MINFER_HD LaunchShape rmsNormLaunch(unsigned n_tokens) {
-  LaunchShape s;
-  s.grid.x = n_tokens;
-  s.block.x = kRmsThreads;
-  return s;
+MINFER_HD LaunchRule rmsNormLaunchRule() {
+  LaunchRule r;
+  r.grid[0] = perToken(1);
+  r.block.x = kRmsThreads;
+  return r;
 }
+MINFER_HD LaunchShape rmsNormLaunch(unsigned n_tokens) { return rmsNormLaunchRule().at(n_tokens); }
 
+MINFER_HD LaunchRule headRmsNormLaunchRule(unsigned n_head) {
+  LaunchRule r;
+  r.grid[0] = perToken(n_head, kHeadRmsWarps);
+  r.block.x = 32 * kHeadRmsWarps;
+  return r;
+}
 MINFER_HD LaunchShape headRmsNormLaunch(unsigned n_tokens, unsigned n_head) {
-  LaunchShape s;
-  s.grid.x = ceilDiv(n_tokens * n_head, kHeadRmsWarps);
-  s.block.x = 32 * kHeadRmsWarps;
-  return s;
+  return headRmsNormLaunchRule(n_head).at(n_tokens);
 }
 
 }  // namespace minfer::kern

@@ -24,12 +24,17 @@ constexpr unsigned kRopeThreads = 64;
 constexpr unsigned kRopeHeadsPerBlock = 8;  // head group size for batches of ≥ kRopeGroupMinTokens
 constexpr unsigned kRopeGroupMinTokens = 64;
 
+MINFER_HD LaunchRule ropeLaunchRule(unsigned n_head, unsigned n_head_kv) {
+  LaunchRule r;
+  r.grid[0] = r.grid_large[0] = perToken(1);
+  r.grid[1] = fixedExtent(n_head + n_head_kv);
+  r.grid_large[1] = fixedExtent(ceilDiv(n_head + n_head_kv, kRopeHeadsPerBlock));
+  r.large_from = kRopeGroupMinTokens;
+  r.block.x = kRopeThreads;
+  return r;
+}
 MINFER_HD LaunchShape ropeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_head_kv) {
-  LaunchShape s;
-  s.grid.x = n_tokens;
-  s.grid.y = n_tokens >= kRopeGroupMinTokens ? ceilDiv(n_head + n_head_kv, kRopeHeadsPerBlock) : n_head + n_head_kv;
-  s.block.x = kRopeThreads;
-  return s;
+  return ropeLaunchRule(n_head, n_head_kv).at(n_tokens);
 }
 
 }  // namespace minfer::kern

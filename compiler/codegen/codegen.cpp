@@ -50,24 +50,29 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
 
   KernelSet set;
   SpecTable table;
-  std::vector<std::vector<uint32_t>> prefill_specs, decode_specs;
+  // A launch's images: spec index × n_arch + arch index (filled in below, once the specs are numbered).
+  const size_t n_arch = options.targets.size();
+  auto record = [&](KernelLaunch&& launch) {
+    const uint32_t spec = table.add(launch.spec);
+    LaunchRecord r{std::move(launch.args), launch.rule, {}};
+    for (size_t a = 0; a < n_arch; ++a) r.images.push_back(static_cast<uint32_t>(spec * n_arch + a));
+    ++set.stats.kernel_uses;
+    return r;
+  };
   for (PlanVariant v : {PlanVariant::kPrefill, PlanVariant::kDecode}) {
     const size_t n = (v == PlanVariant::kPrefill ? desc.plan.prefill : desc.plan.decode).size();
-    auto& out = v == PlanVariant::kPrefill ? prefill_specs : decode_specs;
+    auto& out = v == PlanVariant::kPrefill ? set.prefill : set.decode;
     for (size_t i = 0; i < n; ++i) {
-      auto specs = specsForStep(desc, layouts, v, i);
-      if (!specs) return specs.takeError();
-      std::vector<uint32_t> ids;
-      for (const KernelSpec& s : *specs) ids.push_back(table.add(s));
-      set.stats.kernel_uses += ids.size();
-      out.push_back(std::move(ids));
+      auto launches = launchesForStep(desc, layouts, v, i);
+      if (!launches) return launches.takeError();
+      std::vector<LaunchRecord> records;
+      for (KernelLaunch& l : *launches) records.push_back(record(std::move(l)));
+      out.push_back(std::move(records));
     }
   }
-  table.add(argmaxSpec(desc.config.n_vocab));
-  ++set.stats.kernel_uses;
+  set.argmax = record(argmaxLaunch(desc.plan, desc.config.n_vocab));
 
   const std::vector<KernelSpec>& specs = table.specs();
-  const size_t n_arch = options.targets.size();
   set.stats.unique_specs = specs.size();
   set.stats.images = specs.size() * n_arch;
 
@@ -131,18 +136,6 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
     set.images.push_back(std::move(img));
     (work[i].hit ? set.stats.cache_hits : set.stats.compiled)++;
   }
-  auto expand = [&](const std::vector<std::vector<uint32_t>>& per_step) {
-    std::vector<std::vector<uint32_t>> out;
-    for (const std::vector<uint32_t>& ids : per_step) {
-      std::vector<uint32_t> images;
-      for (uint32_t s : ids)
-        for (size_t a = 0; a < n_arch; ++a) images.push_back(static_cast<uint32_t>(s * n_arch + a));
-      out.push_back(std::move(images));
-    }
-    return out;
-  };
-  set.prefill = expand(prefill_specs);
-  set.decode = expand(decode_specs);
   set.stats.cache_write_failures = cache.writeFailures();
   set.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return set;

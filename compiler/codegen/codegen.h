@@ -1,15 +1,13 @@
 // Kernel codegen: the kernel images an execution plan needs, compiled with NVRTC for each target arch.
 //
-// For every step of the prefill and decode plans, specsForStep() names the kernel specializations
-// (kernel_spec.h); identical specs (layers share shapes) are compiled once per arch; each
+// For every step of the prefill and decode plans, launchesForStep() names the kernel uses (kernel_spec.h:
+// spec + launch record); identical specs (layers share shapes) are compiled once per arch; each
 // (spec, arch) is looked up in the on-disk cache (kernel_cache.h) or compiled, in parallel on `jobs`
 // threads. The result is deterministic whatever the thread count or cache state: images are ordered by
 // first use (prefill steps, then decode steps, then argmax), archs in the requested order.
 //
-// Step lists (Step.kernels_prefill / kernels_decode in the artifact): for each kernel the step launches,
-// in launch order, the image index of every target arch, arch-major within the kernel:
-//   [k0@arch0, k0@arch1, …, k1@arch0, k1@arch1, …]
-// so a runtime keeps the entries whose image has its chosen arch and gets the kernels in launch order.
+// Launch records (Step.launches in the artifact): per kernel use, its arguments and launch rule and the
+// image index of every target arch, in target order; a runtime takes the one of its chosen arch.
 #pragma once
 
 #include <cstdint>
@@ -50,10 +48,18 @@ struct CodegenStats {
   double seconds = 0;
 };
 
+// One kernel use as the artifact records it (schema Launch).
+struct LaunchRecord {
+  std::vector<KernelArgDesc> args;
+  kern::LaunchRule rule;
+  std::vector<uint32_t> images;  // index into KernelSet::images, one per target arch, in target order
+};
+
 struct KernelSet {
   std::vector<KernelImageData> images;
-  std::vector<std::vector<uint32_t>> prefill;  // per prefill step: image indices (see above)
-  std::vector<std::vector<uint32_t>> decode;   // per decode step
+  std::vector<std::vector<LaunchRecord>> prefill;  // per prefill step: its kernel uses in launch order
+  std::vector<std::vector<LaunchRecord>> decode;   // per decode step
+  LaunchRecord argmax;
   CodegenStats stats;
 };
 

@@ -1,20 +1,17 @@
-// Kernel specializations: which kernel (family, shape, strides, tile) each plan step needs.
+// Kernel uses per plan step: which kernel (family, shape, strides, tile) each step launches, and how.
 //
+// A KernelLaunch is one kernel use of a step: its KernelSpec and its launch record.
 // A KernelSpec is one NVRTC compilation unit before the target arch is chosen: a kernel source under
 // kernels/, its compile-time constants (-D NAME=VALUE, from the step's shape and the stride tables of
 // its weights) and extra NVRTC flags. Its key is a readable string of those compile-time parameters
 // only (STYLE.md "Specialization and caching"), e.g. mmq_i8_q4k_n3584_k3584_tm128_tn64; runtime sizes
 // (n_tokens, pos0, kv_len) never enter it. Image keys append the arch: …_sm90.
+// The launch record (schema Launch) is the kernel's whole calling convention: the typed arguments in
+// parameter order and the kernel's LaunchRule. Every Weight argument carries the stride table its
+// constants were generated from, so the verifier can check it against the plane bound at load.
 //
-// Which kernels serve which op (the runtime dispatches on the entry names; kernels/*.cuh document
-// each launch ABI):
-//   Embed        embed                             HeadRmsNorm  head_rms_norm
-//   RmsNorm      rms_norm                          QuantizeAct  quantize_act
-//   MatMul       quantized weights: prefill mmq (kI8), decode gemv (kPacked 4-bit, else kI8);
-//                float weights: prefill dense_mm, decode dense_gemv
-//   Rope         rope                              SwiGlu/Add   swiglu / add
-//   Attention    prefill: kv_store, attn_prefill;  decode: kv_store, attn_decode, attn_combine
-//   (not a step) argmax over the logits buffer, found by its entry name minfer_argmax.
+// The op families live in compiler/codegen/ops/, one file per family beside its kernels/<family>.cuh
+// (the table of which family serves which op: kernel_spec.cpp).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +20,7 @@
 #include <vector>
 
 #include "compiler/model/model_desc.h"
+#include "kernels/common.cuh"
 #include "compiler/planes/layout_planner.h"
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/Support/Error.h"
@@ -44,18 +42,38 @@ struct KernelSpec {
   std::string define(const std::string& name) const;
 };
 
+// One kernel argument of a launch record (schema KernelArg; which fields a kind uses is documented there).
+struct KernelArgDesc {
+  fb::ArgKind kind = fb::ArgKind::Null;
+  std::string name;  // the kernel's parameter name
+  uint32_t buffer = 0;
+  fb::Access access = fb::Access::Read;
+  uint32_t width = 0;
+  uint32_t tensor = 0;
+  StrideTable plane;  // Weight: the table the spec's constants were generated from
+  uint32_t layer = 0;
+  uint64_t bytes = 0;
+  int32_t value = 0;
+};
+
+struct KernelLaunch {
+  KernelSpec spec;
+  std::vector<KernelArgDesc> args;  // in the kernel's parameter order
+  kern::LaunchRule rule;
+};
+
 enum class PlanVariant { kPrefill, kDecode };
 
-// The specs of one plan step, in launch order. `layouts[i]` is the TensorLayout of desc.weights[i].
+// The kernel uses of one plan step, in launch order. `layouts[i]` is the TensorLayout of desc.weights[i].
 // Errors (naming the step index, its name and the numbers): a weight without the planes its kernel
 // reads, buffer widths inconsistent with the step's shape (e.g. a MatMul input narrower than cols),
 // head counts that do not divide, head_dim > 256, an unknown op kind.
-llvm::Expected<std::vector<KernelSpec>> specsForStep(const model::ModelDescription& desc,
-                                                     llvm::ArrayRef<planes::TensorLayout> layouts,
-                                                     PlanVariant variant, size_t step_index);
+llvm::Expected<std::vector<KernelLaunch>> launchesForStep(const model::ModelDescription& desc,
+                                                          llvm::ArrayRef<planes::TensorLayout> layouts,
+                                                          PlanVariant variant, size_t step_index);
 
-// The device argmax over rows of the logits buffer (n_vocab wide).
-KernelSpec argmaxSpec(uint32_t n_vocab);
+// The device argmax over rows of the logits buffer (n_vocab wide): one row per token of the launch.
+KernelLaunch argmaxLaunch(const model::ExecutionPlan& plan, uint32_t n_vocab);
 
 // Tile of the prefill MMQ for a weight of n rows and k cols (kernels/mmq.cuh, mmqTileSupported):
 // 128 × 64 for n ≥ 1024, else 64 × 64.

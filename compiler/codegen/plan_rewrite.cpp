@@ -4,6 +4,7 @@
 #include <map>
 
 #include "llvm/Support/FormatVariadic.h"
+#include "schema/op_traits.h"
 
 namespace minfer::codegen {
 
@@ -49,6 +50,19 @@ llvm::Error insertActivationQuantization(model::ModelDescription& desc, llvm::Ar
     *plan = std::move(out);
   }
   return llvm::Error::success();
+}
+
+size_t lastTokenTailBegin(const std::vector<model::StepDesc>& steps, uint32_t logits) {
+  size_t begin = steps.size();
+  while (begin > 0) {
+    const OpTraits* t = opTraits(steps[begin - 1].op);
+    if (!t || !t->row_wise || t->in_place) break;
+    --begin;
+  }
+  // The tail must end in the logits and leave something before it (a plan of row-wise steps only has
+  // nothing to save).
+  const bool ends_in_logits = !steps.empty() && steps.back().outputs.size() == 1 && steps.back().outputs[0] == logits;
+  return ends_in_logits && begin > 0 ? begin : steps.size();
 }
 
 }  // namespace minfer::codegen

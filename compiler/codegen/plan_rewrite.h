@@ -19,4 +19,9 @@ namespace minfer::codegen {
 // second input is left alone. Errors: an input width not a multiple of 32 for a quantized weight.
 llvm::Error insertActivationQuantization(model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts);
 
+// The plan's last-token tail (schema Plan): the first step of the longest suffix of row-wise, not
+// in-place steps (op_traits.h), provided it ends by writing `logits` and does not cover the whole
+// plan; steps.size() when there is none. For a llama-like plan: everything after the last attention.
+size_t lastTokenTailBegin(const std::vector<model::StepDesc>& steps, uint32_t logits);
+
 }  // namespace minfer::codegen

@@ -136,12 +136,66 @@ std::string stepText(const fb::Step& s, const fb::Artifact& m) {
     default: break;
   }
   if (s.op() != fb::OpKind::Attention && s.layer() >= 0) line += llvm::formatv(" layer {0}", s.layer()).str();
-  if (s.kernels_prefill() && s.kernels_prefill()->size()) line += " kp " + plainIds(s.kernels_prefill());
-  if (s.kernels_decode() && s.kernels_decode()->size()) line += " kd " + plainIds(s.kernels_decode());
+  if (s.launches())
+    for (const fb::Launch* l : *s.launches()) line += " k" + plainIds(l->images());
+  if (s.tail()) line += " tail";
   return line;
 }
 
-llvm::json::Object stepJson(const fb::Step& s) {
+llvm::json::Object gridJson(const fb::Grid& g) {
+  auto e = [](const fb::GridExtent& x) {
+    return llvm::json::Object{{"per_token", int64_t{x.per_token()}}, {"constant", int64_t{x.constant()}},
+                              {"divisor", int64_t{x.divisor()}}};
+  };
+  return llvm::json::Object{{"x", e(g.x())}, {"y", e(g.y())}, {"z", e(g.z())}};
+}
+
+llvm::json::Object argJson(const fb::KernelArg& a) {
+  llvm::json::Object o{{"kind", fb::EnumNameArgKind(a.kind())}, {"name", jstr(a.name())}};
+  switch (a.kind()) {
+    case fb::ArgKind::Activation: case fb::ArgKind::Q8Values: case fb::ArgKind::Q8Meta:
+      o["buffer"] = int64_t{a.buffer()};
+      o["access"] = fb::EnumNameAccess(a.access());
+      o["width"] = int64_t{a.width()};
+      break;
+    case fb::ArgKind::Weight:
+      o["tensor"] = int64_t{a.tensor()};
+      if (a.plane()) o["plane"] = strideJson(*a.plane());
+      break;
+    case fb::ArgKind::KCache: case fb::ArgKind::VCache:
+      o["layer"] = int64_t{a.layer()};
+      o["width"] = int64_t{a.width()};
+      break;
+    case fb::ArgKind::Scratch: o["bytes"] = i64(a.bytes()); break;
+    case fb::ArgKind::Int: o["value"] = a.value(); break;
+    default: break;
+  }
+  return o;
+}
+
+// A launch record: images, entry, typed arguments, shape.
+llvm::json::Object launchJson(const fb::Launch& l, const fb::Artifact& m) {
+  llvm::json::Array args;
+  if (l.args())
+    for (const fb::KernelArg* a : *l.args()) args.push_back(argJson(*a));
+  const auto* k = m.kernels();
+  const bool named = l.images() && l.images()->size() && k && l.images()->Get(0) < k->size();
+  llvm::json::Object o{{"images", jsonIds(l.images())},
+                       {"entry", named ? k->Get(l.images()->Get(0))->entry()->str() : std::string()},
+                       {"args", std::move(args)},
+                       {"grid", gridJson(*l.grid())},
+                       {"large_from", int64_t{l.large_from()}},
+                       {"block", llvm::json::Array{int64_t{l.block()->x()}, int64_t{l.block()->y()},
+                                                   int64_t{l.block()->z()}}},
+                       {"smem", int64_t{l.smem()}}};
+  if (l.grid_large()) o["grid_large"] = gridJson(*l.grid_large());
+  return o;
+}
+
+llvm::json::Object stepJson(const fb::Step& s, const fb::Artifact& m) {
+  llvm::json::Array launches;
+  if (s.launches())
+    for (const fb::Launch* l : *s.launches()) launches.push_back(launchJson(*l, m));
   return llvm::json::Object{{"op", fb::EnumNameOpKind(s.op())},
                             {"name", jstr(s.name())},
                             {"inputs", jsonIds(s.inputs())},
@@ -158,8 +212,8 @@ llvm::json::Object stepJson(const fb::Step& s) {
                             {"rope_freq_scale", s.rope_freq_scale()},
                             {"rows", int64_t{s.rows()}},
                             {"cols", int64_t{s.cols()}},
-                            {"kernels_prefill", jsonIds(s.kernels_prefill())},
-                            {"kernels_decode", jsonIds(s.kernels_decode())}};
+                            {"tail", s.tail()},
+                            {"launches", std::move(launches)}};
 }
 
 void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
@@ -186,8 +240,7 @@ void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
   os << llvm::formatv("  RoPE {0}, n_rot {1}, base {2}, scale {3}, scaling {4}; rms_norm_eps {5}\n",
                       fb::EnumNameRopeStyle(c.rope_style()), c.n_rot(), num(c.rope_freq_base()),
                       num(c.rope_freq_scale()), fb::EnumNameRopeScaling(c.rope_scaling()), num(c.rms_norm_eps()));
-  os << llvm::formatv("  tied_embeddings {0}, qkv_bias {1}, qk_norm {2}\n", c.tied_embeddings(), c.qkv_bias(),
-                      c.qk_norm());
+  os << llvm::formatv("  tied_embeddings {0}\n", c.tied_embeddings());
 
   if (const fb::Tokenizer* t = m.tokenizer()) {
     const uint32_t n = t->tokens() ? t->tokens()->size() : 0;
@@ -287,8 +340,7 @@ llvm::json::Object toJson(const ArtifactFile& f) {
                           {"n_rot", int64_t{c.n_rot()}},           {"rope_style", fb::EnumNameRopeStyle(c.rope_style())},
                           {"rope_freq_base", c.rope_freq_base()},  {"rope_freq_scale", c.rope_freq_scale()},
                           {"rope_scaling", fb::EnumNameRopeScaling(c.rope_scaling())},
-                          {"rms_norm_eps", c.rms_norm_eps()},      {"tied_embeddings", c.tied_embeddings()},
-                          {"qkv_bias", c.qkv_bias()},              {"qk_norm", c.qk_norm()}}},
+                          {"rms_norm_eps", c.rms_norm_eps()},      {"tied_embeddings", c.tied_embeddings()}}},
   };
   if (const fb::SourceInfo* s = m.source())
     root["source"] = llvm::json::Object{{"name", jstr(s->name())}, {"size", i64(s->size())}, {"sha256", jstr(s->sha256())}};
@@ -335,9 +387,10 @@ llvm::json::Object toJson(const ArtifactFile& f) {
   for (const auto& [name, plan] : {std::pair{"prefill", m.prefill()}, std::pair{"decode", m.decode()}}) {
     llvm::json::Array steps;
     if (plan && plan->steps())
-      for (const fb::Step* s : *plan->steps()) steps.push_back(stepJson(*s));
+      for (const fb::Step* s : *plan->steps()) steps.push_back(stepJson(*s, m));
     root[name] = std::move(steps);
   }
+  if (m.argmax()) root["argmax"] = launchJson(*m.argmax(), m);
   llvm::json::Array kernels;
   if (m.kernels())
     for (const fb::KernelImage* k : *m.kernels())

@@ -34,4 +34,22 @@ Status verifySemantics(const std::string& path, const uint8_t* data, uint64_t si
 // rows·row_pitch without 64-bit overflow.
 std::string strideTableProblem(const fb::StrideTable& t);
 
+// A problem found in a launch record: the sub-field ("args[2].plane.row_pitch", relative to the
+// launch), the manifest object it is in, and what is wrong.
+struct LaunchProblem {
+  std::string field;
+  const void* at = nullptr;
+  std::string what;
+};
+
+// Checks one launch record (schema Launch) of a verified-structure manifest `m` against the rest of
+// it: one image per target arch, of that arch, all with one entry point; at most
+// kArtifactMaxKernelArgs arguments, each in range for its kind (buffer ids, buffer types and widths,
+// tensor indices, KV layers < n_layer); every Weight argument's stride table equal, field by field, to
+// the table of the plane it binds (the offset gate at load: a kernel specialized for one pitch never
+// runs on a plane of another); grid extents in CUDA's limits for 1..memory.max_batch tokens; block
+// and dynamic shared memory in range. In a `tail` step (schema Plan): no in-place buffer, KV cache,
+// positions or scratch argument. Returns false and fills *problem on the first failure.
+bool checkLaunch(const fb::Artifact& m, const fb::Launch& launch, bool tail, LaunchProblem* problem);
+
 }  // namespace minfer::artifact

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "runtime/artifact/artifact_file.h"
+#include "schema/op_traits.h"
 
 namespace minfer::artifact {
 namespace {
@@ -89,6 +90,7 @@ class StructureLocator {
         }))
       return "target_archs";
     if (!scalar<fb::Segment>(t, A::VT_MANIFEST_CHECK, 8)) return "manifest_check";
+    if (!table(t, A::VT_ARGMAX, [&] { return root_->argmax(); })) return "argmax";
     return "";
   }
 
@@ -148,11 +150,15 @@ class SemanticVerifier {
       : path_(path), data_(data), size_(size), n_(n), m_(fb::GetSizePrefixedArtifact(data)) {}
 
   Status run(std::vector<ArtifactFile::SegmentRef>* segments) {
-    if (m_->format_major() != kArtifactFormatMajor || m_->format_minor() > kArtifactFormatMinor)
+    if (m_->format_major() != kArtifactFormatMajor || m_->format_minor() > kArtifactFormatMinor ||
+        m_->format_minor() < kArtifactFormatMinorOldest)
       return Status::error(cat(path_, ": artifact format ", m_->format_major(), ".", m_->format_minor(),
-                               ", this runtime reads ", kArtifactFormatMajor, ".x up to ", kArtifactFormatMajor, ".",
-                               kArtifactFormatMinor, " (format_major/format_minor at manifest offset ",
-                               hex(offsetOf(m_)), ")"));
+                               ", this runtime reads ", kArtifactFormatMajor, ".", kArtifactFormatMinorOldest, " up to ",
+                               kArtifactFormatMajor, ".", kArtifactFormatMinor,
+                               " (format_major/format_minor at manifest offset ", hex(offsetOf(m_)), ")",
+                               m_->format_major() == kArtifactFormatMajor && m_->format_minor() < kArtifactFormatMinorOldest
+                                   ? "; format 1.0 artifacts carry no launch records: recompile the GGUF with minfer-compile"
+                                   : ""));
     const fb::Segment* check = m_->manifest_check();
     if (!check) return fail("manifest_check", m_, "missing (every format 1.0 artifact records its manifest extent)");
     if (check->offset() != 0 || check->size() != n_)
@@ -167,6 +173,7 @@ class SemanticVerifier {
     MINFER_RETURN_IF_ERROR(checkMemory());
     MINFER_RETURN_IF_ERROR(checkPlan(m_->prefill(), "prefill"));
     MINFER_RETURN_IF_ERROR(checkPlan(m_->decode(), "decode"));
+    if (m_->argmax()) MINFER_RETURN_IF_ERROR(checkLaunchAt(*m_->argmax(), "argmax", "the argmax", false));
     MINFER_RETURN_IF_ERROR(checkOverlaps());
     *segments = std::move(segments_);
     return Status::ok();
@@ -318,7 +325,8 @@ class SemanticVerifier {
   Status checkMemory() {
     const fb::MemoryPlan* mem = m_->memory();
     if (!mem) return Status::ok();
-    if (mem->max_batch() == 0) return fail("memory.max_batch", mem, "is 0");
+    if (mem->max_batch() == 0 || mem->max_batch() > kArtifactMaxBatch)
+      return fail("memory.max_batch", mem, cat(mem->max_batch(), " is out of range 1..", kArtifactMaxBatch));
     const uint64_t n = mem->buffers() ? mem->buffers()->size() : 0;
     for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
       const fb::Buffer* b = mem->buffers()->Get(i);
@@ -346,44 +354,99 @@ class SemanticVerifier {
     return Status::ok();
   }
 
+  Status checkLaunchAt(const fb::Launch& l, const std::string& field, const std::string& who, bool tail) const {
+    LaunchProblem p;
+    if (checkLaunch(*m_, l, tail, &p)) return Status::ok();
+    return fail(field + "." + p.field, p.at, p.what + " (" + who + ")");
+  }
+
+  // Arity and fields by the op's traits (op_traits.h).
+  Status checkStepShape(const fb::Step* s, const OpTraits& t, const std::string& field) const {
+    const auto count = [](const flatbuffers::Vector<uint32_t>* v) { return v ? v->size() : 0u; };
+    const uint32_t n_in = count(s->inputs()), n_out = count(s->outputs()), n_w = count(s->weights());
+    if (n_in < t.min_inputs || n_in > t.max_inputs || n_out != t.outputs || n_w < t.min_weights || n_w > t.max_weights)
+      return fail(field, s,
+                  cat(t.name, " step has ", n_in, " inputs, ", n_out, " outputs, ", n_w, " weights; expected ",
+                      int(t.min_inputs), "..", int(t.max_inputs), " inputs, ", int(t.outputs), " outputs, ",
+                      int(t.min_weights), "..", int(t.max_weights), " weights"));
+    if (t.in_place)
+      for (uint32_t i = 0; i < n_out; ++i)
+        if (s->outputs()->Get(i) != s->inputs()->Get(i))
+          return fail(cat(field, ".outputs[", i, "]"), s, cat(t.name, " works in place but output ", i, " is buffer ",
+                                                            s->outputs()->Get(i), ", input ", i, " buffer ",
+                                                            s->inputs()->Get(i)));
+    const std::pair<uint32_t, std::pair<const char*, uint32_t>> positive[] = {
+        {kFieldHeads, {"n_head", s->n_head()}}, {kFieldKvHeads, {"n_head_kv", s->n_head_kv()}},
+        {kFieldHeadDim, {"head_dim", s->head_dim()}}, {kFieldShape, {"rows", s->rows()}},
+        {kFieldShape, {"cols", s->cols()}}};
+    for (const auto& [bit, f] : positive)
+      if ((t.fields & bit) && (f.second == 0 || f.second > (1u << 20)))
+        return fail(cat(field, ".", f.first), s, cat(t.name, " step with ", f.first, " ", f.second, " (out of range 1..2^20)"));
+    return Status::ok();
+  }
+
   Status checkPlan(const fb::Plan* plan, const char* name) {
     if (!plan || !plan->steps()) return Status::ok();
     const uint64_t n_buffers = m_->memory() && m_->memory()->buffers() ? m_->memory()->buffers()->size() : 0;
     const uint64_t n_tensors = m_->tensors() ? m_->tensors()->size() : 0;
-    const uint64_t n_kernels = m_->kernels() ? m_->kernels()->size() : 0;
-    const uint32_t n_layer = m_->config()->n_layer();
-    for (flatbuffers::uoffset_t i = 0; i < plan->steps()->size(); ++i) {
+    const uint32_t n_steps = plan->steps()->size();
+    bool in_tail = false;
+    for (flatbuffers::uoffset_t i = 0; i < n_steps; ++i) {
       const fb::Step* s = plan->steps()->Get(i);
       const std::string field = cat(name, ".steps[", i, "]");
-      if (static_cast<uint16_t>(s->op()) > static_cast<uint16_t>(fb::OpKind::MAX))
+      const OpTraits* traits = opTraits(s->op());
+      if (!traits)
         return fail(field + ".op", s, cat("value ", static_cast<uint16_t>(s->op()), " is not an OpKind (0..",
                                           static_cast<uint16_t>(fb::OpKind::MAX), ")"));
       MINFER_RETURN_IF_ERROR(checkIndices(s->inputs(), n_buffers, field + ".inputs", s, "buffer id", "memory.buffers"));
       MINFER_RETURN_IF_ERROR(checkIndices(s->outputs(), n_buffers, field + ".outputs", s, "buffer id", "memory.buffers"));
       MINFER_RETURN_IF_ERROR(checkIndices(s->weights(), n_tensors, field + ".weights", s, "tensor index", "tensors"));
-      MINFER_RETURN_IF_ERROR(
-          checkIndices(s->kernels_prefill(), n_kernels, field + ".kernels_prefill", s, "kernel index", "kernels"));
-      MINFER_RETURN_IF_ERROR(
-          checkIndices(s->kernels_decode(), n_kernels, field + ".kernels_decode", s, "kernel index", "kernels"));
-      const bool needs_layer = s->op() == fb::OpKind::Attention;
-      if (s->layer() < (needs_layer ? 0 : -1) || s->layer() >= static_cast<int64_t>(n_layer))
-        return fail(field + ".layer", s,
-                    cat("layer ", s->layer(), " is out of range (config.n_layer is ", n_layer,
-                        needs_layer ? "; attention needs a KV cache layer)" : "; -1 = none)"));
-      if (static_cast<uint8_t>(s->rope_style()) > static_cast<uint8_t>(fb::RopeStyle::MAX))
-        return fail(field + ".rope_style", s, cat("value ", int(s->rope_style()), " is not a RopeStyle (0..1)"));
-      if (!std::isfinite(s->eps()) || s->eps() < 0)
-        return fail(field + ".eps", s, cat(s->eps(), " is not a finite non-negative number"));
-      if (!std::isfinite(s->rope_freq_base()) || !std::isfinite(s->rope_freq_scale()))
-        return fail(field + ".rope_freq_base", s,
-                    cat("RoPE base ", s->rope_freq_base(), " / scale ", s->rope_freq_scale(), " not finite"));
-      if (s->n_head_kv() > 0 && s->n_head() % s->n_head_kv() != 0)
-        return fail(field + ".n_head_kv", s,
-                    cat("n_head ", s->n_head(), " is not a multiple of n_head_kv ", s->n_head_kv()));
-      if (s->n_rot() > s->head_dim() || s->n_rot() % 2 != 0)
-        return fail(field + ".n_rot", s,
-                    cat("n_rot ", s->n_rot(), " must be even and at most head_dim ", s->head_dim()));
+      MINFER_RETURN_IF_ERROR(checkStepShape(s, *traits, field));
+      MINFER_RETURN_IF_ERROR(checkStepFields(s, *traits, field));
+      MINFER_RETURN_IF_ERROR(checkTail(s, *traits, field, i + 1 == n_steps, &in_tail));
+      const std::string who = cat("step '", s->name() ? s->name()->str() : "", "', ", traits->name);
+      if (s->launches())
+        for (flatbuffers::uoffset_t k = 0; k < s->launches()->size(); ++k)
+          MINFER_RETURN_IF_ERROR(checkLaunchAt(*s->launches()->Get(k), cat(field, ".launches[", k, "]"), who, s->tail()));
     }
+    return Status::ok();
+  }
+
+  Status checkStepFields(const fb::Step* s, const OpTraits& t, const std::string& field) const {
+    const uint32_t n_layer = m_->config()->n_layer();
+    const bool needs_layer = t.fields & kFieldLayer;
+    if (s->layer() < (needs_layer ? 0 : -1) || s->layer() >= static_cast<int64_t>(n_layer))
+      return fail(field + ".layer", s,
+                  cat("layer ", s->layer(), " is out of range (config.n_layer is ", n_layer,
+                      needs_layer ? "; attention needs a KV cache layer)" : "; -1 = none)"));
+    if (static_cast<uint8_t>(s->rope_style()) > static_cast<uint8_t>(fb::RopeStyle::MAX))
+      return fail(field + ".rope_style", s, cat("value ", int(s->rope_style()), " is not a RopeStyle (0..1)"));
+    if (!std::isfinite(s->eps()) || s->eps() < 0)
+      return fail(field + ".eps", s, cat(s->eps(), " is not a finite non-negative number"));
+    if (!std::isfinite(s->rope_freq_base()) || !std::isfinite(s->rope_freq_scale()))
+      return fail(field + ".rope_freq_base", s,
+                  cat("RoPE base ", s->rope_freq_base(), " / scale ", s->rope_freq_scale(), " not finite"));
+    if (s->n_head_kv() > 0 && s->n_head() % s->n_head_kv() != 0)
+      return fail(field + ".n_head_kv", s,
+                  cat("n_head ", s->n_head(), " is not a multiple of n_head_kv ", s->n_head_kv()));
+    if (s->n_rot() > s->head_dim() || s->n_rot() % 2 != 0)
+      return fail(field + ".n_rot", s,
+                  cat("n_rot ", s->n_rot(), " must be even and at most head_dim ", s->head_dim()));
+    return Status::ok();
+  }
+
+  // Tail steps (schema Plan) form a suffix of row-wise, not in-place steps ending in the logits.
+  Status checkTail(const fb::Step* s, const OpTraits& t, const std::string& field, bool last, bool* in_tail) const {
+    if (!s->tail()) {
+      if (*in_tail) return fail(field + ".tail", s, "a step outside the last-token tail follows a tail step (the tail is a suffix)");
+      return Status::ok();
+    }
+    *in_tail = true;
+    if (!t.row_wise || t.in_place)
+      return fail(field + ".tail", s, cat(t.name, " step marked as last-token tail, but it is not a row-wise, out-of-place op"));
+    const uint32_t logits = m_->memory() ? m_->memory()->logits() : 0;
+    if (last && (!s->outputs() || s->outputs()->size() != 1 || s->outputs()->Get(0) != logits))
+      return fail(field + ".tail", s, cat("the last-token tail must end by writing the logits buffer ", logits));
     return Status::ok();
   }
 

@@ -8,8 +8,7 @@
 #include <atomic>
 #include <thread>
 
-#include "kernels/attention.cuh"
-#include "kernels/mmq.cuh"
+#include "schema/op_traits.h"
 #include "runtime/cuda/cuda_internal.h"
 
 namespace minfer {
@@ -30,54 +29,6 @@ std::string joinArchs(const std::vector<std::string>& archs) {
   std::string s;
   for (const std::string& a : archs) s += (s.empty() ? "" : ", ") + a;
   return s.empty() ? "none" : s;
-}
-
-std::map<std::string, int64_t> parseDefines(const fb::KernelImage& img) {
-  std::map<std::string, int64_t> out;
-  if (!img.options()) return out;
-  for (const flatbuffers::String* o : *img.options()) {
-    const std::string s = o->str();
-    if (s.rfind("-D", 0) != 0) continue;
-    const size_t eq = s.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string value = s.substr(eq + 1);
-    char* end = nullptr;
-    const long long v = std::strtoll(value.c_str(), &end, 10);
-    if (end && *end == '\0' && !value.empty()) out[s.substr(2, eq - 2)] = v;
-  }
-  return out;
-}
-
-const char* opName(fb::OpKind op) {
-  const char* n = fb::EnumNameOpKind(op);
-  return (n && *n) ? n : "unknown";
-}
-
-// Entries a step of `op` may launch, in order (kernel_spec.h in the compiler is the producer).
-bool entriesMatch(fb::OpKind op, bool prefill, const std::vector<std::string>& e) {
-  auto is = [&](std::initializer_list<const char*> want) {
-    if (e.size() != want.size()) return false;
-    size_t i = 0;
-    for (const char* w : want)
-      if (e[i++] != w) return false;
-    return true;
-  };
-  switch (op) {
-    case fb::OpKind::Embed: return is({"minfer_embed"});
-    case fb::OpKind::RmsNorm: return is({"minfer_rms_norm"});
-    case fb::OpKind::HeadRmsNorm: return is({"minfer_head_rms_norm"});
-    case fb::OpKind::QuantizeAct: return is({"minfer_quantize_act"});
-    case fb::OpKind::MatMul:
-      return prefill ? (is({"minfer_mmq"}) || is({"minfer_dense_mm"}))
-                     : (is({"minfer_gemv"}) || is({"minfer_dense_gemv"}));
-    case fb::OpKind::Rope: return is({"minfer_rope"});
-    case fb::OpKind::Attention:
-      return prefill ? is({"minfer_kv_store", "minfer_attn_prefill"})
-                     : is({"minfer_kv_store", "minfer_attn_decode", "minfer_attn_combine"});
-    case fb::OpKind::SwiGlu: return is({"minfer_swiglu"});
-    case fb::OpKind::Add: return is({"minfer_add"});
-  }
-  return false;
 }
 
 }  // namespace
@@ -121,169 +72,202 @@ const std::string& CudaBackend::note() const { return s_->note; }
 uint64_t CudaBackend::weightBytes() const { return s_->weight_bytes; }
 double CudaBackend::uploadSeconds() const { return s_->upload_seconds; }
 
-Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& artifact,
-                                                         const CudaBackendOptions& options) {
-  auto st = std::make_unique<State>();
-  st->artifact = &artifact;
-  st->options = options;
-  const fb::Artifact* m = artifact.manifest();
-  const std::string path = artifact.path();
+kern::LaunchRule launchRule(const fb::Launch& record) {
+  kern::LaunchRule r;
+  const auto copy = [](const fb::Grid& g, kern::GridExtent (&out)[3]) {
+    const fb::GridExtent* e[3] = {&g.x(), &g.y(), &g.z()};
+    for (int d = 0; d < 3; ++d) out[d] = {e[d]->per_token(), e[d]->constant(), e[d]->divisor()};
+  };
+  copy(*record.grid(), r.grid);
+  if (record.grid_large()) copy(*record.grid_large(), r.grid_large);
+  r.large_from = record.large_from();
+  r.block = {record.block()->x(), record.block()->y(), record.block()->z()};
+  r.smem = record.smem();
+  return r;
+}
 
-  Result<std::shared_ptr<CudaDevice>> dev = CudaDevice::open(options.device);
-  if (!dev) return dev.takeStatus();
-  st->dev = std::move(*dev);
-  const DeviceInfo& info = st->dev->info();
-  if (info.cc_major < 8)
-    return Status::error("CUDA: " + info.name + " is " + info.arch() +
-                         "; minfer's kernels need sm_80 or newer (cp.async, int8 mma.sync)");
+namespace {
 
-  // Arch choice over the archs the images actually have.
-  const auto* kernels = m->kernels();
-  if (!kernels || kernels->size() == 0)
-    return Status::error(path + ": the artifact has no kernel images (compiled without --target); recompile with "
-                                "minfer-compile --target " + info.arch());
-  std::vector<std::string> archs;
-  for (const fb::KernelImage* k : *kernels)
-    if (std::find(archs.begin(), archs.end(), k->arch()->str()) == archs.end()) archs.push_back(k->arch()->str());
-  Result<ArchChoice> choice = chooseImageArch(info.cc_major, info.cc_minor, archs);
-  if (!choice) return choice.takeStatus().withContext(path + ": ");
-  st->arch = *choice;
+// The plan phase of CudaBackend::create, one step per function: device and arch, kernel images
+// bound to the plans' launch records, weights.
+class BackendLoader {
+ public:
+  BackendLoader(CudaBackend::State& st) : st_(st), m_(st.artifact->manifest()), path_(st.artifact->path()) {}
 
-  // Steps → images of the chosen arch, loaded once each.
-  std::vector<int> slot(kernels->size(), -1);
-  auto load = [&](uint32_t index, const std::string& where) -> Result<int> {
-    if (slot[index] >= 0) return slot[index];
-    const fb::KernelImage* k = kernels->Get(index);
-    const fb::Segment* seg = st->arch.jit_ptx ? k->ptx() : k->cubin();
+  Status chooseArch() {
+    const DeviceInfo& info = st_.dev->info();
+    if (info.cc_major < 8)
+      return Status::error("CUDA: " + info.name + " is " + info.arch() +
+                           "; minfer's kernels need sm_80 or newer (cp.async, int8 mma.sync)");
+    const auto* archs = m_->target_archs();
+    if (!m_->kernels() || m_->kernels()->size() == 0 || !archs || archs->size() == 0)
+      return Status::error(path_ + ": the artifact has no kernel images (compiled without --target); recompile with "
+                                   "minfer-compile --target " + info.arch());
+    std::vector<std::string> names;
+    for (const flatbuffers::String* a : *archs) names.push_back(a->str());
+    Result<ArchChoice> choice = chooseImageArch(info.cc_major, info.cc_minor, names);
+    if (!choice) return choice.takeStatus().withContext(path_ + ": ");
+    st_.arch = *choice;
+    arch_index_ = static_cast<uint32_t>(std::find(names.begin(), names.end(), st_.arch.arch) - names.begin());
+    slot_.assign(m_->kernels()->size(), -1);
+    return Status::ok();
+  }
+
+  // Every step's launch records → the images of the chosen arch, loaded once each.
+  Status bindPlans() {
+    for (bool prefill : {true, false}) {
+      const fb::Plan* plan = prefill ? m_->prefill() : m_->decode();
+      std::vector<StepKernels>& out = prefill ? st_.prefill : st_.decode;
+      if (!plan || !plan->steps()) continue;
+      for (uint32_t i = 0; i < plan->steps()->size(); ++i) {
+        const fb::Step* step = plan->steps()->Get(i);
+        StepKernels sk;
+        sk.step = step;
+        sk.label = std::string(prefill ? "prefill" : "decode") + " step " + std::to_string(i) + " '" +
+                   (step->name() ? step->name()->str() : "") + "' (" + opName(step->op()) + ")";
+        if (!step->launches() || step->launches()->size() == 0)
+          return Status::error(path_ + ": " + sk.label + " has no launch records");
+        for (const fb::Launch* l : *step->launches()) {
+          Result<BoundLaunch> b = bind(*l, sk.label);
+          if (!b) return b.takeStatus();
+          sk.launches.push_back(*b);
+        }
+        out.push_back(std::move(sk));
+      }
+    }
+    if (m_->argmax()) {
+      Result<BoundLaunch> b = bind(*m_->argmax(), "argmax");
+      if (!b) return b.takeStatus();
+      st_.argmax = *b;
+    }
+    return Status::ok();
+  }
+
+  Status uploadWeights();
+
+ private:
+  Result<BoundLaunch> bind(const fb::Launch& l, const std::string& where) {
+    Result<int> image = load(l.images()->Get(arch_index_), where);
+    if (!image) return image.takeStatus();
+    MINFER_RETURN_IF_ERROR(checkParams(l, st_.images[*image], where));
+    MINFER_RETURN_IF_ERROR(optIn(st_.images[*image], l.smem()));
+    return BoundLaunch{&l, *image};
+  }
+
+  Result<int> load(uint32_t index, const std::string& where) {
+    if (slot_[index] >= 0) return slot_[index];
+    const fb::KernelImage* k = m_->kernels()->Get(index);
+    const fb::Segment* seg = st_.arch.jit_ptx ? k->ptx() : k->cubin();
     if (!seg || seg->size() == 0)
-      return Status::error(path + ": kernels[" + std::to_string(index) + "] '" + k->key()->str() + "' has no " +
-                           (st->arch.jit_ptx ? "PTX" : "cubin") + " (" + where + ")");
-    const uint8_t* data = artifact.segmentData(*seg);
-    if (st->arch.jit_ptx && data[seg->size() - 1] != 0)
-      return Status::error(path + ": kernels[" + std::to_string(index) + "].ptx is not NUL-terminated");
+      return Status::error(path_ + ": kernels[" + std::to_string(index) + "] '" + k->key()->str() + "' has no " +
+                           (st_.arch.jit_ptx ? "PTX" : "cubin") + " (" + where + ")");
+    const uint8_t* data = st_.artifact->segmentData(*seg);
+    if (st_.arch.jit_ptx && data[seg->size() - 1] != 0)
+      return Status::error(path_ + ": kernels[" + std::to_string(index) + "].ptx is not NUL-terminated");
     LoadedImage img;
     img.key = k->key()->str();
     img.entry = k->entry()->str();
-    img.defines = parseDefines(*k);
-    Result<Module> mod = st->dev->loadModule(data, path + ": kernel " + img.key);
+    Result<Module> mod = st_.dev->loadModule(data, path_ + ": kernel " + img.key);
     if (!mod) return mod.takeStatus();
     img.module = std::move(*mod);
-    MINFER_RETURN_IF_ERROR(st->dev->check(st->dev->cu().cuModuleGetFunction(&img.fn, img.module.get(), img.entry.c_str()),
-                                          path + ": kernel " + img.key + ": entry " + img.entry));
-    // Dynamic shared memory beyond 48 KiB needs an opt-in per function.
-    unsigned smem = 0;
-    if (img.entry == "minfer_attn_prefill")
-      smem = kern::attnPrefillSmemBytes(static_cast<unsigned>(img.define("ATT_HEAD_DIM", 0)));
-    else if (img.entry == "minfer_mmq")
-      smem = kern::mmqSmemBytes(static_cast<unsigned>(img.define("MMQ_TM", 0)), static_cast<unsigned>(img.define("MMQ_TN", 0)),
-                                static_cast<unsigned>(img.define("MMQ_GROUP", 32)), img.define("MMQ_HAS_MIN", 0) != 0);
+    MINFER_RETURN_IF_ERROR(st_.dev->check(
+        st_.dev->cu().cuModuleGetFunction(&img.fn, img.module.get(), img.entry.c_str()),
+        path_ + ": kernel " + img.key + ": entry " + img.entry));
+    slot_[index] = static_cast<int>(st_.images.size());
+    st_.images.push_back(std::move(img));
+    return slot_[index];
+  }
+
+  // The kernel's own parameters (cuFuncGetParamInfo) against the record's argument kinds: each of the
+  // size the binder passes (8-byte pointers, 4-byte ints), and no argument past the kernel's last
+  // parameter. (A record with fewer arguments than the kernel takes would need a failing probe call
+  // to see, which compute-sanitizer reports; tests/codegen checks every image's PTX signature instead.)
+  Status checkParams(const fb::Launch& l, const LoadedImage& img, const std::string& where) const {
+    const uint32_t n = l.args() ? l.args()->size() : 0;
+    const CudaDriver& cu = st_.dev->cu();
+    for (uint32_t i = 0; i < n; ++i) {
+      size_t offset = 0, size = 0;
+      if (cu.cuFuncGetParamInfo(img.fn, i, &offset, &size) != CUDA_SUCCESS)
+        return Status::error(path_ + ": " + where + ": kernel " + img.key + " takes " + std::to_string(i) +
+                             " arguments; its launch record has " + std::to_string(n));
+      const fb::ArgKind kind = l.args()->Get(i)->kind();
+      const size_t want = kind == fb::ArgKind::TokenCount || kind == fb::ArgKind::Int ? 4 : sizeof(CUdeviceptr);
+      if (size != want)
+        return Status::error(path_ + ": " + where + ": kernel " + img.key + " argument " + std::to_string(i) + " is " +
+                             std::to_string(size) + " bytes; the launch record passes a " +
+                             fb::EnumNameArgKind(kind) + " of " + std::to_string(want));
+    }
+    return Status::ok();
+  }
+
+  // Dynamic shared memory beyond 48 KiB needs an opt-in per function.
+  Status optIn(LoadedImage& img, unsigned smem) const {
+    const DeviceInfo& info = st_.dev->info();
     if (smem > static_cast<unsigned>(info.max_smem_optin))
-      return Status::error(path + ": kernel " + img.key + " needs " + std::to_string(smem) +
+      return Status::error(path_ + ": kernel " + img.key + " needs " + std::to_string(smem) +
                            " bytes of shared memory; " + info.name + " allows " + std::to_string(info.max_smem_optin));
-    if (smem > 48 * 1024)
-      MINFER_RETURN_IF_ERROR(st->dev->check(
-          st->dev->cu().cuFuncSetAttribute(img.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
-          path + ": kernel " + img.key + ": cuFuncSetAttribute"));
-    slot[index] = static_cast<int>(st->images.size());
-    st->images.push_back(std::move(img));
-    return slot[index];
-  };
-
-  for (bool prefill : {true, false}) {
-    const fb::Plan* plan = prefill ? m->prefill() : m->decode();
-    std::vector<StepKernels>& out = prefill ? st->prefill : st->decode;
-    if (!plan || !plan->steps()) continue;
-    for (uint32_t i = 0; i < plan->steps()->size(); ++i) {
-      const fb::Step* step = plan->steps()->Get(i);
-      StepKernels sk;
-      sk.step = step;
-      sk.label = std::string(prefill ? "prefill" : "decode") + " step " + std::to_string(i) + " '" +
-                 (step->name() ? step->name()->str() : "") + "' (" + opName(step->op()) + ")";
-      const auto* list = prefill ? step->kernels_prefill() : step->kernels_decode();
-      std::vector<std::string> entries;
-      if (list)
-        for (uint32_t idx : *list) {
-          if (kernels->Get(idx)->arch()->str() != st->arch.arch) continue;
-          Result<int> s = load(idx, sk.label);
-          if (!s) return s.takeStatus();
-          sk.images.push_back(*s);
-          entries.push_back(st->images[static_cast<size_t>(*s)].entry);
-        }
-      if (!entriesMatch(step->op(), prefill, entries)) {
-        std::string got;
-        for (const std::string& e : entries) got += (got.empty() ? "" : ", ") + e;
-        return Status::error(path + ": " + sk.label + " has kernels [" + got + "] for " + st->arch.arch +
-                             ", which do not implement a " + opName(step->op()) + " step");
-      }
-      out.push_back(std::move(sk));
-    }
-  }
-  for (uint32_t i = 0; i < kernels->size(); ++i) {
-    const fb::KernelImage* k = kernels->Get(i);
-    if (k->entry()->str() == "minfer_argmax" && k->arch()->str() == st->arch.arch) {
-      Result<int> s = load(i, "argmax");
-      if (!s) return s.takeStatus();
-      st->argmax_image = *s;
-    }
+    if (smem <= 48 * 1024 || smem <= img.smem_optin) return Status::ok();
+    MINFER_RETURN_IF_ERROR(st_.dev->check(
+        st_.dev->cu().cuFuncSetAttribute(img.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
+        path_ + ": kernel " + img.key + ": cuFuncSetAttribute"));
+    img.smem_optin = smem;
+    return Status::ok();
   }
 
-  // Weights: every plane into one allocation (256-byte aligned each), staged through pinned buffers.
+  CudaBackend::State& st_;
+  const fb::Artifact* m_;
+  const std::string path_;
+  uint32_t arch_index_ = 0;
+  std::vector<int> slot_;  // kernel index → index into st_.images, −1 before loading
+};
+
+// Weights: every plane into one allocation (256-byte aligned each), staged through pinned buffers.
+// Planes → device addresses, then the bytes as chunks spread over worker threads: each worker owns
+// two pinned staging buffers and a stream, memcpy-ing one chunk from the mapping while the DMA engine
+// drains the other (page faults and copies of the mapped file run on several cores).
+Status BackendLoader::uploadWeights() {
   const auto start = std::chrono::steady_clock::now();
   uint64_t total = 0;
-  if (m->tensors())
-    for (const fb::Tensor* t : *m->tensors())
+  if (m_->tensors())
+    for (const fb::Tensor* t : *m_->tensors())
       if (t->planes())
         for (const fb::Plane* p : *t->planes()) total += (p->data()->size() + 255) / 256 * 256;
-  Result<DeviceBuffer> weights = st->dev->alloc(total, path + ": weights");
+  Result<DeviceBuffer> weights = st_.dev->alloc(total, path_ + ": weights");
   if (!weights) return weights.takeStatus();
-  st->weights = std::move(*weights);
-  st->weight_bytes = total;
+  st_.weights = std::move(*weights);
+  st_.weight_bytes = total;
 
-  // Planes → device addresses, then the bytes as chunks spread over worker threads: each worker owns
-  // two pinned staging buffers and a stream, memcpy-ing one chunk from the mapping while the DMA engine
-  // drains the other (page faults and copies of the mapped file run on several cores).
-  struct Chunk {
-    const uint8_t* src;
-    CUdeviceptr dst;
-    uint64_t bytes;
-  };
-  constexpr uint64_t kChunkBytes = 32ull << 20;
-  std::vector<Chunk> chunks;
+  std::vector<UploadChunk> chunks;
   uint64_t offset = 0;
-  if (m->tensors())
-    for (const fb::Tensor* t : *m->tensors()) {
+  if (m_->tensors())
+    for (const fb::Tensor* t : *m_->tensors()) {
       DeviceTensor dt;
       dt.name = t->name()->str();
       if (t->planes())
         for (const fb::Plane* p : *t->planes()) {
-          DevicePlane dp;
-          const fb::StrideTable* l = p->layout();
-          dp.table.kind = static_cast<PlaneKind>(l->kind());
-          dp.table.elem = static_cast<ElemType>(l->elem());
-          dp.table.rows = l->rows();
-          dp.table.cols = l->cols();
-          dp.table.row_pitch = l->row_pitch();
-          dp.table.group_size = l->group_size();
-          dp.table.group_pitch = l->group_pitch();
-          dp.table.bits = l->bits();
-          dp.table.q_offset = l->q_offset();
-          dp.table.ggml_type = l->ggml_type();
-          dp.ptr = st->weights.ptr() + offset;
-          const uint8_t* src = artifact.segmentData(*p->data());
+          DevicePlane dp{toStrideTable(*p->layout()), st_.weights.ptr() + offset};
+          const uint8_t* src = st_.artifact->segmentData(*p->data());
           const uint64_t size = p->data()->size();
-          for (uint64_t done = 0; done < size; done += kChunkBytes)
-            chunks.push_back({src + done, dp.ptr + done, std::min(kChunkBytes, size - done)});
+          for (uint64_t done = 0; done < size; done += kUploadChunkBytes)
+            chunks.push_back({src + done, dp.ptr + done, std::min(kUploadChunkBytes, size - done)});
           offset += (size + 255) / 256 * 256;
           dt.planes.push_back(dp);
         }
-      st->tensors.push_back(std::move(dt));
+      st_.tensors.push_back(std::move(dt));
     }
+  MINFER_RETURN_IF_ERROR(uploadChunks(*st_.dev, chunks));
+  st_.upload_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::ok();
+}
+
+}  // namespace
+
+Status uploadChunks(const CudaDevice& dev, const std::vector<UploadChunk>& chunks) {
   const unsigned n_workers =
       static_cast<unsigned>(std::min<size_t>({4, chunks.size(), std::max(1u, std::thread::hardware_concurrency())}));
   std::atomic<size_t> next{0};
   std::vector<Status> worker_status(n_workers);
-  auto worker = [&](unsigned w) -> Status {
-    const CudaDevice& dev = *st->dev;
+  auto worker = [&]() -> Status {
     const CudaDriver& cu = dev.cu();
     MINFER_RETURN_IF_ERROR(dev.makeCurrent());
     Result<Stream> stream = dev.createStream();
@@ -292,7 +276,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& art
     Event done[2];
     bool busy[2] = {false, false};
     for (int i = 0; i < 2; ++i) {
-      Result<PinnedBuffer> b = dev.allocPinned(kChunkBytes, "weight staging");
+      Result<PinnedBuffer> b = dev.allocPinned(kUploadChunkBytes, "weight staging");
       if (!b) return b.takeStatus();
       staging[i] = std::move(*b);
       Result<Event> e = dev.createEvent();
@@ -301,7 +285,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& art
     }
     int slot = 0;
     for (size_t i = next++; i < chunks.size(); i = next++) {
-      const Chunk& c = chunks[i];
+      const UploadChunk& c = chunks[i];
       if (busy[slot])
         MINFER_RETURN_IF_ERROR(dev.check(cu.cuEventSynchronize(done[slot].get()), "weight upload: cuEventSynchronize"));
       std::memcpy(staging[slot].data(), c.src, c.bytes);
@@ -311,24 +295,38 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& art
       busy[slot] = true;
       slot ^= 1;
     }
-    (void)w;
     return dev.check(cu.cuStreamSynchronize(stream->get()), "weight upload: cuStreamSynchronize");
   };
   {
     std::vector<std::thread> threads;
-    for (unsigned w = 1; w < n_workers; ++w) threads.emplace_back([&, w] { worker_status[w] = worker(w); });
-    if (n_workers > 0) worker_status[0] = worker(0);
+    for (unsigned w = 1; w < n_workers; ++w) threads.emplace_back([&, w] { worker_status[w] = worker(); });
+    if (n_workers > 0) worker_status[0] = worker();
     for (std::thread& t : threads) t.join();
   }
   for (const Status& ws : worker_status) MINFER_RETURN_IF_ERROR(ws);
-  st->upload_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::ok();
+}
 
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& artifact,
+                                                         const CudaBackendOptions& options) {
+  auto st = std::make_unique<State>();
+  st->artifact = &artifact;
+  st->options = options;
+  Result<std::shared_ptr<CudaDevice>> dev = CudaDevice::open(options.device);
+  if (!dev) return dev.takeStatus();
+  st->dev = std::move(*dev);
+  BackendLoader loader(*st);
+  MINFER_RETURN_IF_ERROR(loader.chooseArch());
+  MINFER_RETURN_IF_ERROR(loader.bindPlans());
+  MINFER_RETURN_IF_ERROR(loader.uploadWeights());
+
+  const DeviceInfo& info = st->dev->info();
   char line[512];
   std::snprintf(line, sizeof line, "%s (%s, %d SMs, %.0f GB), driver %d.%d: %zu kernel images (%s), %.2f GB of "
                 "weights uploaded in %.2f s",
                 info.name.c_str(), info.arch().c_str(), info.sm_count, info.total_bytes / 1e9,
                 info.driver_version / 1000, info.driver_version % 1000 / 10, st->images.size(),
-                st->arch.note.c_str(), total / 1e9, st->upload_seconds);
+                st->arch.note.c_str(), st->weight_bytes / 1e9, st->upload_seconds);
   st->note = line;
   return std::make_unique<CudaBackend>(std::move(st));
 }

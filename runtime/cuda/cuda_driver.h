@@ -17,52 +17,57 @@
 
 namespace minfer::cuda {
 
+// Every driver function minfer calls; CudaDriver holds a pointer to each and load() resolves them all.
+#define MINFER_CUDA_DRIVER_FUNCTIONS(X) \
+  X(cuInit) \
+  X(cuDriverGetVersion) \
+  X(cuGetErrorName) \
+  X(cuGetErrorString) \
+  X(cuDeviceGetCount) \
+  X(cuDeviceGet) \
+  X(cuDeviceGetName) \
+  X(cuDeviceGetAttribute) \
+  X(cuDeviceTotalMem) \
+  X(cuDevicePrimaryCtxRetain) \
+  X(cuDevicePrimaryCtxRelease) \
+  X(cuCtxSetCurrent) \
+  X(cuCtxSynchronize) \
+  X(cuMemAlloc) \
+  X(cuMemFree) \
+  X(cuMemGetInfo) \
+  X(cuMemHostAlloc) \
+  X(cuMemFreeHost) \
+  X(cuMemcpyHtoDAsync) \
+  X(cuMemcpyDtoHAsync) \
+  X(cuMemcpyDtoDAsync) \
+  X(cuMemsetD8Async) \
+  X(cuMemsetD32Async) \
+  X(cuStreamCreate) \
+  X(cuStreamDestroy) \
+  X(cuStreamSynchronize) \
+  X(cuStreamWaitEvent) \
+  X(cuEventCreate) \
+  X(cuEventDestroy) \
+  X(cuEventRecord) \
+  X(cuEventSynchronize) \
+  X(cuEventElapsedTime) \
+  X(cuModuleLoadDataEx) \
+  X(cuModuleUnload) \
+  X(cuModuleGetFunction) \
+  X(cuFuncSetAttribute) \
+  X(cuFuncGetAttribute) \
+  X(cuFuncGetParamInfo) \
+  X(cuLaunchKernel) \
+  X(cuStreamBeginCapture) \
+  X(cuStreamEndCapture) \
+  X(cuGraphInstantiateWithFlags) \
+  X(cuGraphLaunch) \
+  X(cuGraphExecDestroy) \
+  X(cuGraphDestroy)
+
 struct CudaDriver {
 #define MINFER_CU_FN(name) decltype(&::name) name = nullptr;
-  MINFER_CU_FN(cuInit)
-  MINFER_CU_FN(cuDriverGetVersion)
-  MINFER_CU_FN(cuGetErrorName)
-  MINFER_CU_FN(cuGetErrorString)
-  MINFER_CU_FN(cuDeviceGetCount)
-  MINFER_CU_FN(cuDeviceGet)
-  MINFER_CU_FN(cuDeviceGetName)
-  MINFER_CU_FN(cuDeviceGetAttribute)
-  MINFER_CU_FN(cuDeviceTotalMem)
-  MINFER_CU_FN(cuDevicePrimaryCtxRetain)
-  MINFER_CU_FN(cuDevicePrimaryCtxRelease)
-  MINFER_CU_FN(cuCtxSetCurrent)
-  MINFER_CU_FN(cuCtxSynchronize)
-  MINFER_CU_FN(cuMemAlloc)
-  MINFER_CU_FN(cuMemFree)
-  MINFER_CU_FN(cuMemGetInfo)
-  MINFER_CU_FN(cuMemHostAlloc)
-  MINFER_CU_FN(cuMemFreeHost)
-  MINFER_CU_FN(cuMemcpyHtoDAsync)
-  MINFER_CU_FN(cuMemcpyDtoHAsync)
-  MINFER_CU_FN(cuMemcpyDtoDAsync)
-  MINFER_CU_FN(cuMemsetD8Async)
-  MINFER_CU_FN(cuMemsetD32Async)
-  MINFER_CU_FN(cuStreamCreate)
-  MINFER_CU_FN(cuStreamDestroy)
-  MINFER_CU_FN(cuStreamSynchronize)
-  MINFER_CU_FN(cuStreamWaitEvent)
-  MINFER_CU_FN(cuEventCreate)
-  MINFER_CU_FN(cuEventDestroy)
-  MINFER_CU_FN(cuEventRecord)
-  MINFER_CU_FN(cuEventSynchronize)
-  MINFER_CU_FN(cuEventElapsedTime)
-  MINFER_CU_FN(cuModuleLoadDataEx)
-  MINFER_CU_FN(cuModuleUnload)
-  MINFER_CU_FN(cuModuleGetFunction)
-  MINFER_CU_FN(cuFuncSetAttribute)
-  MINFER_CU_FN(cuFuncGetAttribute)
-  MINFER_CU_FN(cuLaunchKernel)
-  MINFER_CU_FN(cuStreamBeginCapture)
-  MINFER_CU_FN(cuStreamEndCapture)
-  MINFER_CU_FN(cuGraphInstantiateWithFlags)
-  MINFER_CU_FN(cuGraphLaunch)
-  MINFER_CU_FN(cuGraphExecDestroy)
-  MINFER_CU_FN(cuGraphDestroy)
+  MINFER_CUDA_DRIVER_FUNCTIONS(MINFER_CU_FN)
 #undef MINFER_CU_FN
   int driver_version = 0;  // cuDriverGetVersion, e.g. 13000
 

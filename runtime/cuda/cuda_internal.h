@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,18 +14,13 @@
 
 namespace minfer::cuda {
 
-// A kernel image loaded on the device, with the compile-time constants it was built with (parsed from
-// its NVRTC options "-DNAME=VALUE"; non-integer values are skipped).
+// A kernel image loaded on the device.
 struct LoadedImage {
   Module module;
   CUfunction fn = nullptr;
   std::string key;
   std::string entry;
-  std::map<std::string, int64_t> defines;
-  int64_t define(const std::string& name, int64_t fallback = -1) const {
-    auto it = defines.find(name);
-    return it == defines.end() ? fallback : it->second;
-  }
+  unsigned smem_optin = 0;  // dynamic shared memory the function has been opted in to (above 48 KiB)
 };
 
 // A weight plane on the device.
@@ -45,11 +39,17 @@ struct DeviceTensor {
   }
 };
 
-// One plan step and the loaded images it launches, in launch order.
+// A launch record of the artifact and the loaded image of the chosen arch that it launches.
+struct BoundLaunch {
+  const fb::Launch* record = nullptr;
+  int image = -1;  // index into CudaBackend::State::images
+};
+
+// One plan step and its launches, in launch order.
 struct StepKernels {
   const fb::Step* step = nullptr;
-  std::vector<int> images;  // indices into CudaBackend::State::images
-  std::string label;        // "prefill step 12 'blk.0.attn_q' (MatMul)"
+  std::vector<BoundLaunch> launches;
+  std::string label;  // "prefill step 12 'blk.0.attn_q' (MatMul)"
 };
 
 struct CudaBackend::State {
@@ -59,7 +59,7 @@ struct CudaBackend::State {
   ArchChoice arch;
   std::vector<LoadedImage> images;
   std::vector<StepKernels> prefill, decode;
-  int argmax_image = -1;  // index into images, −1 when the artifact has none
+  BoundLaunch argmax;     // image −1 when the artifact has none
   DeviceBuffer weights;   // every plane, 256-byte aligned, one allocation
   std::vector<DeviceTensor> tensors;
   std::string note;
@@ -67,15 +67,16 @@ struct CudaBackend::State {
   double upload_seconds = 0;
 };
 
-// One kernel launch with every argument resolved; the int argument `ntok` (if ≥ 0) receives n_tokens.
+// One kernel launch with every argument resolved (by the session's binder, from a launch record);
+// the int argument `ntok` (if ≥ 0) receives n_tokens.
 struct Launch {
   union Arg {
     CUdeviceptr p;
     int32_t i;
   };
   CUfunction fn = nullptr;
-  std::function<kern::LaunchShape(unsigned n_tokens)> shape;
-  Arg args[10] = {};
+  kern::LaunchRule rule;
+  Arg args[kArtifactMaxKernelArgs] = {};
   int n_args = 0;
   int ntok = -1;
   int step = -1;  // index into the plan's steps (profiling)
@@ -88,7 +89,7 @@ struct Launch {
     uint64_t row_bytes = 0;
     bool written = false;  // an output of the launch (else an input)
   };
-  RowArg rows[6] = {};
+  RowArg rows[kArtifactMaxKernelArgs] = {};
   int n_rows = 0;
   void push(CUdeviceptr p) { args[n_args++].p = p; }
   void pushRow(CUdeviceptr p, uint32_t buffer, uint64_t row_bytes, bool written) {
@@ -101,5 +102,20 @@ struct Launch {
     args[n_args++].i = 0;
   }
 };
+
+// One piece of the weight upload: `bytes` from the mapping at `src` to device address `dst`.
+struct UploadChunk {
+  const uint8_t* src;
+  CUdeviceptr dst;
+  uint64_t bytes;
+};
+inline constexpr uint64_t kUploadChunkBytes = 32ull << 20;
+
+// Copies every chunk to the device on up to 4 threads, each with two pinned staging buffers and its
+// own stream (the memcpy from the mapping of one chunk overlaps the DMA of the other).
+Status uploadChunks(const CudaDevice& dev, const std::vector<UploadChunk>& chunks);
+
+// The LaunchRule (kernels/common.cuh) a launch record carries.
+kern::LaunchRule launchRule(const fb::Launch& record);
 
 }  // namespace minfer::cuda

@@ -13,11 +13,13 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "compiler/artifact/artifact_writer.h"
+#include "kernels/mmq.cuh"
 #include "llvm/Support/JSON.h"
 #include "minfer/artifact.h"
 #include "runtime/artifact/artifact_file.h"
@@ -48,9 +50,29 @@ struct TestTensor {
   std::vector<uint64_t> ne;
   std::vector<TestPlane> planes;
 };
+// A launch record argument (schema KernelArg); `plane` only for Weight arguments.
+struct TestArg {
+  fb::ArgKind kind = fb::ArgKind::Null;
+  std::string name;
+  uint32_t buffer = 0;
+  fb::Access access = fb::Access::Read;
+  uint32_t width = 0;
+  uint32_t tensor = 0;
+  std::optional<StrideTable> plane;
+  uint32_t layer = 0;
+  uint64_t bytes = 0;
+  int32_t value = 0;
+};
+struct TestLaunch {
+  std::vector<uint32_t> images;
+  std::vector<TestArg> args;
+  minfer::kern::LaunchRule rule;
+};
 struct TestStep {
   fb::OpKind op;
-  std::vector<uint32_t> inputs, outputs, weights, kernels_prefill, kernels_decode;
+  std::vector<uint32_t> inputs, outputs, weights;
+  std::vector<TestLaunch> launches;
+  bool tail = false;
   int32_t layer = -1;
   float eps = 0;
   uint32_t n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
@@ -66,7 +88,7 @@ struct TestBuffer {
 };
 
 struct Spec {
-  uint16_t major = 1, minor = 0;
+  uint16_t major = minfer::kArtifactFormatMajor, minor = minfer::kArtifactFormatMinor;
   std::string producer = "minfer-compile", producer_version = "0.1.0-test";
   std::string source_name = "tiny-test.gguf";
   uint64_t source_size = 1185376;
@@ -79,7 +101,7 @@ struct Spec {
   float rope_freq_base = 500000.f, rope_freq_scale = 0.25f;
   fb::RopeScaling rope_scaling = fb::RopeScaling::Linear;
   float rms_norm_eps = 1e-6f;
-  bool tied = true, qkv_bias = true, qk_norm = false;
+  bool tied = true;
   // tokenizer
   bool with_tokenizer = true;
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "a", "b", "ab", "\xe2\x96\x81the", "c", "d", "cd", "e"};
@@ -103,7 +125,7 @@ struct Spec {
   std::vector<TestBuffer> buffers;
   uint32_t input_ids = 0, logits = 5;
   uint64_t kv_bytes = 2 * 2 * 2 * 16 * 2;
-  std::vector<std::string> target_archs = {"sm_90", "sm_89"};
+  std::vector<std::string> target_archs = {"sm_90"};
   bool with_manifest_check = true;
 };
 
@@ -157,33 +179,48 @@ Spec makeSpec() {
 
   s.buffers = {{"input_ids", 1, fb::BufferType::I32}, {"x", 96, fb::BufferType::F32}, {"xn", 96, fb::BufferType::F32},
                {"q", 48, fb::BufferType::F32},        {"xq", 96, fb::BufferType::I8},  {"logits", 11, fb::BufferType::F32}};
-  TestStep embed{fb::OpKind::Embed, {0}, {1}, {0}, {}, {}};
+  TestStep embed{fb::OpKind::Embed, {0}, {1}, {0}};
   embed.name = "token_embd";
-  TestStep norm{fb::OpKind::RmsNorm, {1}, {2}, {2}, {}, {}};
+  TestStep norm{fb::OpKind::RmsNorm, {1}, {2}, {2}};
   norm.eps = 1e-6f;
   norm.name = "output_norm";
-  TestStep quant{fb::OpKind::QuantizeAct, {2}, {4}, {}, {}, {}};
-  TestStep mm{fb::OpKind::MatMul, {4}, {3}, {1}, {0}, {0}};
+  TestStep quant{fb::OpKind::QuantizeAct, {2}, {4}, {}};
+  TestStep mm{fb::OpKind::MatMul, {2, 4}, {3}, {1}};
   mm.rows = 48;
   mm.cols = 512;
   mm.name = "blk.0.attn_q";
-  TestStep rope{fb::OpKind::Rope, {3}, {3}, {}, {}, {}};
+  // The quantized matmul's launch record (kernels/mmq.cuh ABI), its planes as the tensor has them.
+  const std::vector<TestPlane>& q4k = s.tensors[1].planes;
+  TestLaunch mmq{{0}, {}, minfer::kern::mmqLaunchRule(48, 64, 64, 32, true)};
+  mmq.args = {{.kind = fb::ArgKind::Weight, .name = "wq", .tensor = 1, .plane = q4k[0].t},
+              {.kind = fb::ArgKind::Weight, .name = "wscale", .tensor = 1, .plane = q4k[1].t},
+              {.kind = fb::ArgKind::Weight, .name = "wmin", .tensor = 1, .plane = q4k[2].t},
+              {.kind = fb::ArgKind::Null, .name = "bias"},
+              {.kind = fb::ArgKind::Q8Values, .name = "xq", .buffer = 4, .width = 96},
+              {.kind = fb::ArgKind::Q8Meta, .name = "xmeta", .buffer = 4, .width = 96},
+              {.kind = fb::ArgKind::Activation, .name = "out", .buffer = 3, .access = fb::Access::Write, .width = 48},
+              {.kind = fb::ArgKind::TokenCount, .name = "n_tokens"}};
+  mm.launches = {mmq};
+  TestStep rope{fb::OpKind::Rope, {3, 3}, {3, 3}, {}};
   rope.n_head = 3;
+  rope.n_head_kv = 1;
   rope.head_dim = 16;
   rope.n_rot = 16;
   rope.rope_style = fb::RopeStyle::Neox;
   rope.rope_freq_base = 500000.f;
   rope.rope_freq_scale = 0.25f;
-  TestStep attn{fb::OpKind::Attention, {3}, {2}, {}, {}, {}};
+  TestStep attn{fb::OpKind::Attention, {3, 3, 3}, {2}, {}};
   attn.layer = 1;
   attn.n_head = 6;
   attn.n_head_kv = 2;
   attn.head_dim = 16;
-  TestStep logits{fb::OpKind::MatMul, {2}, {5}, {3}, {}, {}};
+  TestStep logits{fb::OpKind::MatMul, {2}, {5}, {3}};
   logits.rows = 11;
   logits.cols = 96;
   logits.name = "output";
-  s.prefill = {embed, norm, quant, mm, rope, attn, logits};
+  TestStep logits_tail = logits;
+  logits_tail.tail = true;
+  s.prefill = {embed, norm, quant, mm, rope, attn, logits_tail};
   s.decode = {embed, norm, mm, attn, logits};
   return s;
 }
@@ -221,7 +258,7 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
   auto config = fb::CreateModelConfigDirect(b, s.arch.c_str(), s.model_name.c_str(), s.n_embd, s.n_layer, s.n_head,
                                             s.n_head_kv, s.head_dim, s.n_ff, s.n_vocab, s.n_ctx_train, s.n_rot,
                                             s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rope_scaling,
-                                            s.rms_norm_eps, s.tied, s.qkv_bias, s.qk_norm);
+                                            s.rms_norm_eps, s.tied);
   flatbuffers::Offset<fb::Tokenizer> tokenizer = 0;
   if (s.with_tokenizer) {
     auto tokens = strings(s.tokens);
@@ -247,13 +284,35 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
   std::vector<flatbuffers::Offset<fb::KernelImage>> kernels = {
       fb::CreateKernelImageDirect(b, s.kernel_key.c_str(), s.kernel_entry.c_str(), s.kernel_arch.c_str(), &segs[k],
                                   &segs[k + 1], s.nvrtc.c_str(), &options)};
+  auto grid = [](const minfer::kern::GridExtent (&g)[3]) {
+    auto e = [](const minfer::kern::GridExtent& x) { return fb::GridExtent(x.per_token, x.constant, x.divisor); };
+    return fb::Grid(e(g[0]), e(g[1]), e(g[2]));
+  };
+  auto launch = [&](const TestLaunch& l) {
+    std::vector<flatbuffers::Offset<fb::KernelArg>> args;
+    for (const TestArg& a : l.args) {
+      flatbuffers::Offset<fb::StrideTable> plane = 0;
+      if (a.plane)
+        plane = fb::CreateStrideTable(b, static_cast<uint8_t>(a.plane->kind), static_cast<uint8_t>(a.plane->elem),
+                                      a.plane->rows, a.plane->cols, a.plane->row_pitch, a.plane->group_size,
+                                      a.plane->group_pitch, a.plane->bits, a.plane->q_offset, a.plane->ggml_type);
+      args.push_back(fb::CreateKernelArgDirect(b, a.kind, a.name.c_str(), a.buffer, a.access, a.width, a.tensor, plane,
+                                               a.layer, a.bytes, a.value));
+    }
+    const fb::Grid g = grid(l.rule.grid), g_large = grid(l.rule.grid_large);
+    const fb::Dim3 block(l.rule.block.x, l.rule.block.y, l.rule.block.z);
+    return fb::CreateLaunchDirect(b, &l.images, &args, &g, &g_large, l.rule.large_from, &block, l.rule.smem);
+  };
   auto plan = [&](const std::vector<TestStep>& steps) {
     std::vector<flatbuffers::Offset<fb::Step>> out;
-    for (const auto& st : steps)
+    for (const auto& st : steps) {
+      std::vector<flatbuffers::Offset<fb::Launch>> launches;
+      for (const TestLaunch& l : st.launches) launches.push_back(launch(l));
       out.push_back(fb::CreateStepDirect(b, st.op, &st.inputs, &st.outputs, &st.weights, st.layer, st.eps, st.n_head,
                                          st.n_head_kv, st.head_dim, st.n_rot, st.rope_style, st.rope_freq_base,
-                                         st.rope_freq_scale, st.rows, st.cols, &st.kernels_prefill,
-                                         &st.kernels_decode, st.name.empty() ? nullptr : st.name.c_str()));
+                                         st.rope_freq_scale, st.rows, st.cols, st.name.empty() ? nullptr : st.name.c_str(),
+                                         &launches, st.tail));
+    }
     return fb::CreatePlanDirect(b, &out);
   };
   auto prefill = plan(s.prefill);
@@ -392,8 +451,7 @@ uint64_t walkManifest(const ArtifactFile& f) {
   str(c->name());
   acc += c->n_embd() + c->n_layer() + c->n_head() + c->n_head_kv() + c->head_dim() + c->n_ff() + c->n_vocab() +
          c->n_ctx_train() + c->n_rot() + static_cast<int>(c->rope_style()) + static_cast<int>(c->rope_scaling()) +
-         static_cast<uint64_t>(c->rope_freq_base() + c->rope_freq_scale() + c->rms_norm_eps()) + c->tied_embeddings() +
-         c->qkv_bias() + c->qk_norm();
+         static_cast<uint64_t>(c->rope_freq_base() + c->rope_freq_scale() + c->rms_norm_eps()) + c->tied_embeddings();
   if (const fb::Tokenizer* t = m->tokenizer()) {
     str(t->model_name());
     str(t->pre());
@@ -436,9 +494,21 @@ uint64_t walkManifest(const ArtifactFile& f) {
     if (!plan || !plan->steps()) continue;
     for (const fb::Step* s : *plan->steps()) {
       str(s->name());
-      for (auto* v : {s->inputs(), s->outputs(), s->weights(), s->kernels_prefill(), s->kernels_decode()})
+      for (auto* v : {s->inputs(), s->outputs(), s->weights()})
         if (v)
           for (uint32_t x : *v) acc += x;
+      if (s->launches())
+        for (const fb::Launch* l : *s->launches()) {
+          for (uint32_t x : *l->images()) acc += x;
+          if (l->args())
+            for (const fb::KernelArg* a : *l->args()) {
+              str(a->name());
+              acc += static_cast<int>(a->kind()) + a->buffer() + a->width() + a->tensor() + a->layer() + a->bytes();
+              if (a->plane()) acc += minfer::toStrideTable(*a->plane()).bytes();
+            }
+          acc += l->grid()->x().per_token() + l->block()->x() + l->smem() + l->large_from();
+        }
+      acc += s->tail();
       acc += static_cast<uint16_t>(s->op()) + s->layer() + s->n_head() + s->n_head_kv() + s->head_dim() + s->n_rot() +
              s->rows() + s->cols();
     }
@@ -478,7 +548,7 @@ TEST_CASE("writer + loader: every field round-trips, segments are aligned and ch
 
   const fb::Artifact* m = f.manifest();
   CHECK(m->format_major() == 1);
-  CHECK(m->format_minor() == 0);
+  CHECK(m->format_minor() == minfer::kArtifactFormatMinor);
   CHECK(m->producer()->str() == s.producer);
   CHECK(m->producer_version()->str() == s.producer_version);
   CHECK(m->source()->name()->str() == s.source_name);
@@ -502,8 +572,6 @@ TEST_CASE("writer + loader: every field round-trips, segments are aligned and ch
   CHECK(c->rope_scaling() == s.rope_scaling);
   CHECK(c->rms_norm_eps() == s.rms_norm_eps);
   CHECK(c->tied_embeddings() == s.tied);
-  CHECK(c->qkv_bias() == s.qkv_bias);
-  CHECK(c->qk_norm() == s.qk_norm);
 
   const fb::Tokenizer* t = m->tokenizer();
   REQUIRE(t);
@@ -598,8 +666,31 @@ TEST_CASE("writer + loader: every field round-trips, segments are aligned and ch
       CHECK(same(st->inputs(), w.inputs));
       CHECK(same(st->outputs(), w.outputs));
       CHECK(same(st->weights(), w.weights));
-      CHECK(same(st->kernels_prefill(), w.kernels_prefill));
-      CHECK(same(st->kernels_decode(), w.kernels_decode));
+      CHECK(st->tail() == w.tail);
+      REQUIRE((st->launches() ? st->launches()->size() : 0u) == w.launches.size());
+      for (size_t k = 0; k < w.launches.size(); ++k) {
+        const fb::Launch* l = st->launches()->Get(k);
+        const TestLaunch& wl = w.launches[k];
+        CHECK(same(l->images(), wl.images));
+        CHECK(l->block()->x() == wl.rule.block.x);
+        CHECK(l->smem() == wl.rule.smem);
+        CHECK(l->grid()->y().divisor() == wl.rule.grid[1].divisor);
+        REQUIRE(l->args()->size() == wl.args.size());
+        for (size_t a = 0; a < wl.args.size(); ++a) {
+          CHECK(l->args()->Get(a)->kind() == wl.args[a].kind);
+          CHECK(l->args()->Get(a)->name()->str() == wl.args[a].name);
+          CHECK(static_cast<bool>(l->args()->Get(a)->plane()) == wl.args[a].plane.has_value());
+          if (wl.args[a].plane) {
+            const StrideTable got = minfer::toStrideTable(*l->args()->Get(a)->plane());
+            const StrideTable& want_t = *wl.args[a].plane;
+            CHECK(got.kind == want_t.kind);
+            CHECK(got.row_pitch == want_t.row_pitch);
+            CHECK(got.group_size == want_t.group_size);
+            CHECK(got.rows == want_t.rows);
+            CHECK(got.cols == want_t.cols);
+          }
+        }
+      }
       CHECK(st->layer() == w.layer);
       CHECK(st->eps() == w.eps);
       CHECK(st->n_head() == w.n_head);
@@ -1010,10 +1101,107 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec.decode[4].weights = {4};
     refused(spec, g.segs, {"decode.steps[4].weights[0]", "tensor index 4 is out of range (tensors has 4)"});
   }
-  SUBCASE("kernel index out of range") {
+  SUBCASE("launch records: image index, arch, argument ranges") {
     Spec spec = g.spec;
-    spec.decode[2].kernels_decode = {0, 1};
-    refused(spec, g.segs, {"decode.steps[2].kernels_decode[1]", "kernel index 1 is out of range (kernels has 1)"});
+    spec.prefill[3].launches[0].images = {1};
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].images[0]", "kernel index 1 is out of range (kernels has 1)"});
+    spec = g.spec;
+    spec.target_archs = {"sm_89"};
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].images[0]", "kernels[0] is for sm_90 but target_archs[0] is sm_89"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].args[4].buffer = 6;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[4].buffer", "buffer id 6 is out of range (6 buffers)"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].args[6].width = 47;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[6].width", "specialized for rows of 47 but buffer 'q' is 48 wide"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].args[4].buffer = 3;  // an f32 buffer as q8 values
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[4].kind", "Q8Values argument on buffer 'q' of type F32"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].args[0].tensor = 4;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[0].tensor", "tensor index 4 is out of range (4 tensors)"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].args[0].plane->kind = PlaneKind::kF16;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[0].plane.kind", "which has no such plane"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].args.resize(17, TestArg{.kind = fb::ArgKind::Null, .name = "pad"});
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args", "17 arguments, more than 16"});
+  }
+  SUBCASE("launch records: a kernel specialized for another stride than the plane it binds (offset gate)") {
+    // The q8 weight plane is 512 bytes per row; a kernel compiled for 528 would read the right bytes at
+    // the wrong addresses from row 1 on. The refusal names step, kernel, argument and both numbers.
+    Spec spec = g.spec;
+    spec.prefill[3].launches[0].args[0].plane->row_pitch = 528;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[0].plane.row_pitch",
+                           "kernel 'mmq_i8_q4k_n48_k512_tm64_tn32_sm90' (mmq_i8_q4k), argument 'wq' was specialized "
+                           "for row_pitch 528 of tensor 'blk.0.attn_q.weight' plane kind 0, but that plane's stride "
+                           "table has row_pitch 512",
+                           "step 'blk.0.attn_q', MatMul"});
+    spec = g.spec;
+    spec.decode[2].launches[0].args[1].plane->group_size = 16;
+    refused(spec, g.segs, {"decode.steps[2].launches[0].args[1].plane.group_size", "argument 'wscale'",
+                           "group_size 16", "has group_size 32"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].args[2].plane->q_offset = -8;
+    refused(spec, g.segs, {"args[2].plane.q_offset", "q_offset -8", "has q_offset 0"});
+  }
+  SUBCASE("launch records: grid, block and shared memory limits") {
+    Spec spec = g.spec;
+    spec.prefill[3].launches[0].rule.grid[1].divisor = 0;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].grid.y.divisor", "is 0"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].rule.grid[1] = {70000, 0, 1};  // 70000 · max_batch blocks in y
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].grid.y", "extent 70000..4480000 for 1..64 tokens is outside 1..65535"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].rule.grid[0] = {0, 0, 1};
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].grid.x", "extent 0..0"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].rule.block = {1024, 2, 1};
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].block", "block 1024 x 2 x 1 is outside CUDA's limits"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].rule.smem = 300000;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].smem", "300000 bytes of dynamic shared memory"});
+    spec = g.spec;
+    spec.prefill[3].launches[0].rule.large_from = 8;
+    spec.prefill[3].launches[0].rule.grid_large[0] = {0, 0, 1};
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].grid_large.x", "for 8..64 tokens"});
+  }
+  SUBCASE("last-token tail: a suffix of row-wise steps ending in the logits") {
+    Spec spec = g.spec;
+    spec.prefill[5].tail = true;  // attention
+    refused(spec, g.segs, {"prefill.steps[5].tail", "Attention step marked as last-token tail"});
+    spec = g.spec;
+    spec.prefill[2].tail = true;  // a tail step followed by non-tail steps
+    refused(spec, g.segs, {"prefill.steps[3].tail", "follows a tail step (the tail is a suffix)"});
+    spec = g.spec;
+    spec.prefill[6].outputs = {2};
+    refused(spec, g.segs, {"prefill.steps[6].tail", "must end by writing the logits buffer 5"});
+    spec = g.spec;
+    spec.prefill[3].tail = spec.prefill[4].tail = spec.prefill[5].tail = true;
+    spec.prefill[4].op = fb::OpKind::MatMul;  // so that the first refusal is the launch's
+    spec.prefill[4].inputs = {3};
+    spec.prefill[4].outputs = {3};
+    spec.prefill[4].weights = {3};
+    spec.prefill[4].rows = spec.prefill[4].cols = 4;
+    spec.prefill[5].op = fb::OpKind::Add;
+    spec.prefill[5].inputs = {3, 3};
+    spec.prefill[3].launches[0].args[6].access = fb::Access::ReadWrite;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[6].access", "may not update buffer 'q' in place"});
+  }
+  SUBCASE("step arity and fields by the op traits") {
+    Spec spec = g.spec;
+    spec.prefill[4].inputs = {3};
+    spec.prefill[4].outputs = {3};
+    refused(spec, g.segs, {"prefill.steps[4]", "Rope step has 1 inputs, 1 outputs, 0 weights; expected 2..2 inputs"});
+    spec = g.spec;
+    spec.prefill[4].outputs = {3, 2};
+    refused(spec, g.segs, {"prefill.steps[4].outputs[1]", "Rope works in place but output 1 is buffer 2, input 1 buffer 3"});
+    spec = g.spec;
+    spec.prefill[5].head_dim = 0;
+    refused(spec, g.segs, {"prefill.steps[5].head_dim", "Attention step with head_dim 0"});
+    spec = g.spec;
+    spec.decode[2].weights = {1, 2, 3};
+    refused(spec, g.segs, {"decode.steps[2]", "MatMul step has 2 inputs, 1 outputs, 3 weights; expected 1..2 inputs"});
   }
   SUBCASE("attention layer out of range, op out of range") {
     Spec spec = g.spec;
@@ -1031,13 +1219,17 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec.logits = 6;
     refused(spec, g.segs, {"memory.logits", "buffer id 6 is out of range (6 buffers)"});
   }
-  SUBCASE("format versions 2.0 and 1.5") {
+  SUBCASE("format versions 2.0, 1.5 and 1.0") {
     Spec spec = g.spec;
     spec.major = 2;
-    refused(spec, g.segs, {"artifact format 2.0, this runtime reads 1.x up to 1.0"});
+    spec.minor = 0;
+    refused(spec, g.segs, {"artifact format 2.0, this runtime reads 1.1 up to 1.1"});
     spec.major = 1;
     spec.minor = 5;
-    refused(spec, g.segs, {"artifact format 1.5, this runtime reads 1.x up to 1.0"});
+    refused(spec, g.segs, {"artifact format 1.5, this runtime reads 1.1 up to 1.1"});
+    spec.minor = 0;
+    refused(spec, g.segs, {"artifact format 1.0, this runtime reads 1.1 up to 1.1",
+                           "format 1.0 artifacts carry no launch records: recompile the GGUF with minfer-compile"});
   }
   SUBCASE("config: heads, zero dims, vocab vs tokenizer, bad floats, RoPE dims") {
     Spec spec = g.spec;
@@ -1249,7 +1441,7 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
 
   const ToolRun text = runInspect("--verify " + g.path, g.dir);
   CHECK_MESSAGE(text.rc == 0, text.err);
-  CHECK(contains(text.out, g.path + ": minfer artifact format 1.0, " + std::to_string(g.bytes.size()) + " bytes"));
+  CHECK(contains(text.out, g.path + ": minfer artifact format 1.1, " + std::to_string(g.bytes.size()) + " bytes"));
   CHECK(contains(text.out, "n_embd 96, n_layer 2, n_head 6, n_head_kv 2, head_dim 16, n_ff 160, n_vocab 11"));
   CHECK(contains(text.out, "rms_norm_eps 9.99999997e-07"));  // all digits of the float 1e-6
   CHECK(contains(text.out, "11 tokens, 2 merges"));
@@ -1263,8 +1455,10 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
   CHECK(contains(text.out, seg));
   CHECK(contains(text.out, "prefill plan (7 steps)"));
   CHECK(contains(text.out, "decode plan (5 steps)"));
-  CHECK(contains(text.out, "MatMul      blk.0.attn_q           in [4:xq] out [3:q] w [1:blk.0.attn_q.weight] 48x512"));
-  CHECK(contains(text.out, "Attention                          in [3:q] out [2:xn] layer 1 heads 6/2 head_dim 16"));
+  CHECK(contains(text.out,
+                 "MatMul      blk.0.attn_q           in [2:xn 4:xq] out [3:q] w [1:blk.0.attn_q.weight] 48x512 k[0]\n"));
+  CHECK(contains(text.out, "Attention                          in [3:q 3:q 3:q] out [2:xn] layer 1 heads 6/2 head_dim 16"));
+  CHECK(contains(text.out, "MatMul      output                 in [2:xn] out [5:logits] w [3:output.weight] 11x96 tail\n"));
   CHECK(contains(text.out, s.kernel_key));
   CHECK(contains(text.out, "cubin [0x"));
   CHECK(contains(text.out, "checksums: manifest and 9 segments OK"));
@@ -1275,7 +1469,7 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
   REQUIRE_MESSAGE(parsed, llvm::toString(parsed.takeError()));
   const llvm::json::Object* root = parsed->getAsObject();
   REQUIRE(root);
-  CHECK(root->getString("version") == llvm::StringRef("1.0"));
+  CHECK(root->getString("version") == llvm::StringRef("1.1"));
   CHECK(root->getString("checksums") == llvm::StringRef("ok"));
   CHECK(root->getObject("tokenizer")->getString("chat_template")->startswith("{% for m in messages %}"));
   CHECK(root->getObject("config")->getInteger("n_head_kv") == int64_t{2});
@@ -1291,6 +1485,19 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
   CHECK(packed->getInteger("bytes") == int64_t{48 * 256});
   CHECK((*root->getArray("kernels"))[0].getAsObject()->getObject("cubin")->getInteger("size") ==
         llvm::Optional<int64_t>(static_cast<int64_t>(s.cubin.size())));
+  // The launch record of the quantized matmul: entry, typed arguments, the plane table it was made for.
+  const llvm::json::Object* mm = (*root->getArray("prefill"))[3].getAsObject();
+  const llvm::json::Object* launch = (*mm->getArray("launches"))[0].getAsObject();
+  CHECK(launch->getString("entry") == llvm::StringRef(s.kernel_entry));
+  const llvm::json::Array* args = launch->getArray("args");
+  REQUIRE(args->size() == 8);
+  const llvm::json::Object* wq = (*args)[0].getAsObject();
+  CHECK(wq->getString("kind") == llvm::StringRef("Weight"));
+  CHECK(wq->getString("name") == llvm::StringRef("wq"));
+  CHECK(wq->getObject("plane")->getInteger("row_pitch") == int64_t{512});
+  CHECK((*args)[6].getAsObject()->getString("access") == llvm::StringRef("Write"));
+  CHECK(launch->getObject("grid")->getObject("y")->getInteger("divisor") == int64_t{64});
+  CHECK((*root->getArray("prefill"))[6].getAsObject()->getBoolean("tail") == true);
 
   // A damaged plane: printed, then --verify fails with the segment named on stderr and exit 1.
   const std::string bad = g.dir + "/bad.mfb";

@@ -93,6 +93,92 @@ std::vector<std::string> expectedEntries(const Loaded& l, const model::StepDesc&
   return {};
 }
 
+// A launch record against its image's compile-time constants and the model: every plane constant the
+// kernel was compiled with (-D…PITCH) is the row pitch of the Weight argument that binds that plane (so
+// the verifier's load-time check covers it), every Weight argument carries its tensor's plane table as
+// the layout planner made it, and every buffer argument the width of its buffer.
+void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& img) {
+  static const std::pair<const char*, const char*> kPitchArgs[] = {
+      {"MMQ_Q_PITCH", "wq"},   {"MMQ_S_PITCH", "wscale"},  {"MMQ_M_PITCH", "wmin"}, {"GEMV_PITCH", "wq"},
+      {"GEMV_S_PITCH", "wscale"}, {"GEMV_M_PITCH", "wmin"}, {"DMM_PITCH", "w"},     {"DGEMV_PITCH", "w"},
+      {"EMBED_ROW_PITCH", "table"}};
+  auto arg = [&](const std::string& name) -> const KernelArgDesc* {
+    for (const KernelArgDesc& a : r.args)
+      if (a.name == name) return &a;
+    return nullptr;
+  };
+  // The kernel's parameter list as its PTX declares it (".param .u64" pointers, ".param .u32" ints):
+  // as many parameters as the record has arguments, each of the kind's size.
+  const size_t entry = img.ptx.find(".entry " + img.entry + "(");
+  REQUIRE(entry != std::string::npos);
+  const std::string signature = img.ptx.substr(entry, img.ptx.find(')', entry) - entry);
+  std::vector<std::string> params;
+  const std::regex param_re("\\.param \\.(u64|u32|b64|b32|s32)");
+  for (auto it = std::sregex_iterator(signature.begin(), signature.end(), param_re); it != std::sregex_iterator(); ++it)
+    params.push_back((*it)[1]);
+  REQUIRE_MESSAGE(params.size() == r.args.size(), img.key);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const bool is_int = r.args[i].kind == fb::ArgKind::TokenCount || r.args[i].kind == fb::ArgKind::Int;
+    CHECK_MESSAGE((params[i].substr(1) == "32") == is_int, img.key << " parameter " << i << " " << r.args[i].name);
+  }
+  size_t pitches = 0;
+  for (const auto& [define, name] : kPitchArgs) {
+    const std::string v = optionValue(img, define);
+    if (v.empty()) continue;
+    ++pitches;
+    const KernelArgDesc* a = arg(name);
+    REQUIRE_MESSAGE(a, img.key << ": no argument '" << name << "' for " << define);
+    if (v == "0") {
+      CHECK_MESSAGE(a->kind == fb::ArgKind::Null, img.key << " " << define);
+    } else {
+      REQUIRE_MESSAGE(a->kind == fb::ArgKind::Weight, img.key << " " << define);
+      CHECK_MESSAGE(std::to_string(a->plane.row_pitch) == v, img.key << " " << define);
+    }
+  }
+  const bool reads_weights = img.entry != "minfer_quantize_act" && img.entry.find("attn") == std::string::npos &&
+                             img.entry != "minfer_kv_store" && img.entry != "minfer_rope" &&
+                             img.entry != "minfer_swiglu" && img.entry != "minfer_add" &&
+                             img.entry != "minfer_argmax" && img.entry.find("norm") == std::string::npos;
+  if (reads_weights) CHECK_MESSAGE(pitches > 0, img.key);
+  for (const KernelArgDesc& a : r.args) {
+    if (a.kind == fb::ArgKind::Weight) {
+      REQUIRE(a.tensor < l.layouts.size());
+      const int p = l.layouts[a.tensor].find(a.plane.kind);
+      REQUIRE_MESSAGE(p >= 0, img.key << " " << a.name);
+      const StrideTable& t = l.layouts[a.tensor].planes[static_cast<size_t>(p)];
+      CHECK(t.row_pitch == a.plane.row_pitch);
+      CHECK(t.rows == a.plane.rows);
+      CHECK(t.cols == a.plane.cols);
+      CHECK(t.group_size == a.plane.group_size);
+      CHECK(t.bits == a.plane.bits);
+      CHECK(t.q_offset == a.plane.q_offset);
+    }
+    if (a.kind == fb::ArgKind::Activation || a.kind == fb::ArgKind::Q8Values || a.kind == fb::ArgKind::Q8Meta) {
+      REQUIRE(a.buffer < l.desc.plan.buffers.size());
+      CHECK_MESSAGE(a.width == l.desc.plan.buffers[a.buffer].width, img.key << " " << a.name);
+      CHECK((a.kind == fb::ArgKind::Activation) == (l.desc.plan.buffers[a.buffer].type != fb::BufferType::I8));
+    }
+  }
+}
+
+// Every field of the launch records of a plan, as text (determinism checks).
+std::string describe(const std::vector<std::vector<LaunchRecord>>& plan) {
+  std::string out;
+  for (const auto& step : plan) {
+    for (const LaunchRecord& r : step) {
+      for (uint32_t i : r.images) out += std::to_string(i) + ",";
+      for (const KernelArgDesc& a : r.args)
+        out += a.name + ":" + std::to_string(static_cast<int>(a.kind)) + "/" + std::to_string(a.buffer) + "/" +
+               std::to_string(a.width) + "/" + std::to_string(a.tensor) + "/" + std::to_string(a.plane.row_pitch) +
+               "/" + std::to_string(a.layer) + "/" + std::to_string(a.bytes) + " ";
+      for (const auto& g : r.rule.grid) out += std::to_string(g.per_token) + "." + std::to_string(g.divisor) + " ";
+      out += std::to_string(r.rule.block.x) + " " + std::to_string(r.rule.smem) + ";";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::string>& targets) {
   const std::regex key_re("[a-z0-9_.-]+_sm[0-9]+a?");
   std::set<std::string> keys;
@@ -114,25 +200,31 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
     REQUIRE(lists.size() == steps.size());
     for (size_t i = 0; i < steps.size(); ++i) {
       const std::vector<std::string> want = expectedEntries(l, steps[i], prefill);
-      REQUIRE_MESSAGE(lists[i].size() == want.size() * targets.size(), steps[i].name);
-      for (size_t k = 0; k < want.size(); ++k)
+      REQUIRE_MESSAGE(lists[i].size() == want.size(), steps[i].name);
+      for (size_t k = 0; k < want.size(); ++k) {
+        REQUIRE(lists[i][k].images.size() == targets.size());
         for (size_t a = 0; a < targets.size(); ++a) {
-          const uint32_t idx = lists[i][k * targets.size() + a];
+          const uint32_t idx = lists[i][k].images[a];
           REQUIRE(idx < set.images.size());
           CHECK_MESSAGE(set.images[idx].entry == want[k], steps[i].name);
           CHECK(set.images[idx].arch == targets[a]);
         }
+        checkRecord(l, lists[i][k], set.images[lists[i][k].images[0]]);
+      }
       // Decode GEMV on a 4-bit-packable weight reads the packed plane.
       if (!prefill && steps[i].op == fb::OpKind::MatMul && isQuantizedMatMul(l, steps[i])) {
         const planes::TensorLayout& w = l.layouts[steps[i].weights[0]];
         const bool packed = w.find(PlaneKind::kPacked) >= 0;
-        CHECK(optionValue(set.images[lists[i][0]], "GEMV_BITS") == (packed ? "4" : "8"));
+        CHECK(optionValue(set.images[lists[i][0].images[0]], "GEMV_BITS") == (packed ? "4" : "8"));
       }
     }
   }
   size_t argmax = 0;
   for (const KernelImageData& img : set.images) argmax += img.entry == "minfer_argmax";
   CHECK(argmax == targets.size());
+  REQUIRE(set.argmax.images.size() == targets.size());
+  CHECK(set.images[set.argmax.images[0]].entry == "minfer_argmax");
+  checkRecord(l, set.argmax, set.images[set.argmax.images[0]]);
 }
 
 TEST_CASE("every fixture model gets kernel images for sm_90") {
@@ -195,8 +287,8 @@ TEST_CASE("keys are deterministic and the disk cache hits on the second compile"
     CHECK(second.images[i].ptx == first.images[i].ptx);
     CHECK(second.images[i].options == first.images[i].options);
   }
-  CHECK(second.prefill == first.prefill);
-  CHECK(second.decode == first.decode);
+  CHECK(describe(second.prefill) == describe(first.prefill));
+  CHECK(describe(second.decode) == describe(first.decode));
 
   // Corrupted entries (truncated, or their size fields wrong) read as misses and are recompiled,
   // giving the same bytes; the other entries still hit.
@@ -297,4 +389,23 @@ TEST_CASE("activation-quantization rewrite keeps the CPU plan and feeds every qu
 }
 
 }  // namespace
+TEST_CASE("the last-token tail is everything after the last attention, for every fixture model") {
+  for (const std::string& path : fixtureModels()) {
+    CAPTURE(path);
+    const Loaded l = load(path);
+    const auto& steps = l.desc.plan.prefill;
+    size_t after_attention = 0;
+    for (size_t i = 0; i < steps.size(); ++i)
+      if (steps[i].op == fb::OpKind::Attention) after_attention = i + 1;
+    REQUIRE(after_attention > 0);
+    const size_t begin = lastTokenTailBegin(steps, l.desc.plan.logits);
+    CHECK(begin == after_attention);
+    CHECK(steps.back().outputs[0] == l.desc.plan.logits);
+    // Without a logits-writing end there is no tail; a plan of row-wise steps only has none either.
+    CHECK(lastTokenTailBegin(steps, l.desc.plan.logits + 1) == steps.size());
+    const std::vector<model::StepDesc> tail_only(steps.begin() + static_cast<long>(begin), steps.end());
+    CHECK(lastTokenTailBegin(tail_only, l.desc.plan.logits) == tail_only.size());
+  }
+}
+
 }  // namespace minfer::codegen

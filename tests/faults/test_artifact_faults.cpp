@@ -34,18 +34,10 @@ const std::string& tinyArtifact() {
 // The generated table's private flatbuffers::Table base (a C-style cast may name it).
 const flatbuffers::Table* asTable(const void* t) { return (const flatbuffers::Table*)t; }
 
-// Sets format_major/format_minor in a copy of an artifact and recomputes manifest_check as the
-// writer does (schema/artifact.fbs: XXH64 of [0, N) with the check's xxh64 field read as zero), so
-// the file differs from a genuine one of that version only in the version.
-std::vector<uint8_t> withVersion(const std::vector<uint8_t>& bytes, uint16_t major, uint16_t minor) {
-  std::vector<uint8_t> out = bytes;
+// Recomputes manifest_check as the writer does (schema/artifact.fbs: XXH64 of [0, N) with the check's
+// xxh64 field read as zero), so an edited manifest differs from a genuine one only in the edit.
+void reseal(std::vector<uint8_t>& out) {
   const minfer::fb::Artifact* m = minfer::fb::GetSizePrefixedArtifact(out.data());
-  const uint8_t* major_at = asTable(m)->GetAddressOf(minfer::fb::Artifact::VT_FORMAT_MAJOR);
-  const uint8_t* minor_at = asTable(m)->GetAddressOf(minfer::fb::Artifact::VT_FORMAT_MINOR);
-  REQUIRE(major_at != nullptr);  // the compiler writes every field (ForceDefaults)
-  REQUIRE(minor_at != nullptr);
-  std::memcpy(out.data() + (major_at - out.data()), &major, 2);
-  std::memcpy(out.data() + (minor_at - out.data()), &minor, 2);
   uint32_t prefix = 0;
   std::memcpy(&prefix, out.data(), 4);
   const uint64_t n = uint64_t{prefix} + 4;
@@ -55,6 +47,24 @@ std::vector<uint8_t> withVersion(const std::vector<uint8_t>& bytes, uint16_t maj
   std::memset(manifest.data() + hash_at, 0, 8);
   const uint64_t hash = XXH64(manifest.data(), manifest.size(), 0);
   std::memcpy(out.data() + hash_at, &hash, 8);
+}
+
+// Writes `value` over the scalar field `field` of the table `t` inside `out` (the compiler writes every
+// field: ForceDefaults).
+template <typename T>
+void overwrite(std::vector<uint8_t>& out, const void* t, flatbuffers::voffset_t field, T value) {
+  const uint8_t* at = asTable(t)->GetAddressOf(field);
+  REQUIRE(at != nullptr);
+  std::memcpy(out.data() + (at - out.data()), &value, sizeof value);
+}
+
+// Sets format_major/format_minor in a copy of an artifact and reseals it.
+std::vector<uint8_t> withVersion(const std::vector<uint8_t>& bytes, uint16_t major, uint16_t minor) {
+  std::vector<uint8_t> out = bytes;
+  const minfer::fb::Artifact* m = minfer::fb::GetSizePrefixedArtifact(out.data());
+  overwrite(out, m, minfer::fb::Artifact::VT_FORMAT_MAJOR, major);
+  overwrite(out, m, minfer::fb::Artifact::VT_FORMAT_MINOR, minor);
+  reseal(out);
   return out;
 }
 
@@ -72,7 +82,7 @@ TEST_CASE("an artifact of another format version: the message names both version
     uint16_t major, minor;
   };
   for (const Case c : {Case{2, 0}, Case{minfer::kArtifactFormatMajor, uint16_t(minfer::kArtifactFormatMinor + 1)},
-                       Case{0, 9}}) {
+                       Case{0, 9}, Case{1, 0}}) {
     const std::string version = std::to_string(c.major) + "." + std::to_string(c.minor);
     CAPTURE(version);
     const std::string path = minfer::test::scratchDir() + "/artifact-faults/v" + version + ".mfb";
@@ -126,6 +136,59 @@ TEST_CASE("kernels for sm_80 only, --device cuda on a machine without a GPU: the
       {minfer::test::toolPath("minfer-run"), path, "-p", "the cat", "-n", "2", "--temp", "0", "--device", "auto"});
   INFO(a.output);
   CHECK(a.describe() == "exit 0");
+}
+
+TEST_CASE("a launch record specialized for another row pitch than the plane it binds: refused at load, every backend") {
+  const std::string dir = fs::path(tinyArtifact()).parent_path().string();
+  const std::string path = dir + "/sm90.mfb";
+  const std::string out = minfer::test::compileWithTool(
+      dir + "/tiny.gguf", path, {"--target=sm_90", "--kernel-cache=" + dir + "/kernel-cache"});
+  std::vector<uint8_t> bytes = minfer::test::fileBytes(path);
+  const minfer::fb::Artifact* m = minfer::fb::GetSizePrefixedArtifact(bytes.data());
+  if (!m->kernels() || m->kernels()->size() == 0) {
+    MESSAGE("SKIPPED: this build has no NVRTC, so minfer-compile wrote no kernel images: " << out);
+    return;
+  }
+  // The first Weight argument of a quantized matmul (mmq) of the prefill plan: its kI8 plane.
+  const minfer::fb::Step* step = nullptr;
+  const minfer::fb::KernelArg* arg = nullptr;
+  for (const minfer::fb::Step* s : *m->prefill()->steps())
+    if (!arg && s->launches())
+      for (const minfer::fb::KernelArg* a : *s->launches()->Get(0)->args())
+        if (!arg && a->kind() == minfer::fb::ArgKind::Weight &&
+            a->plane()->kind() == static_cast<uint8_t>(minfer::PlaneKind::kI8)) {
+          step = s;
+          arg = a;
+        }
+  REQUIRE(arg != nullptr);
+  const uint64_t pitch = arg->plane()->row_pitch();
+  overwrite(bytes, arg->plane(), minfer::fb::StrideTable::VT_ROW_PITCH, pitch + 16);
+  reseal(bytes);
+  const std::string forged = dir + "/sm90-forged-pitch.mfb";
+  minfer::test::writeBytes(forged, bytes);
+
+  auto file = minfer::ArtifactFile::open(forged);
+  REQUIRE_FALSE(file.isOk());
+  const std::string& message = file.status().message();
+  INFO(message);
+  CHECK(message.rfind(forged + ": prefill.steps[", 0) == 0);
+  CHECK(message.find("].launches[0].args[0].plane.row_pitch") != std::string::npos);
+  CHECK(message.find("argument 'wq' was specialized for row_pitch " + std::to_string(pitch + 16)) != std::string::npos);
+  CHECK(message.find("has row_pitch " + std::to_string(pitch)) != std::string::npos);
+  CHECK(message.find("step '" + step->name()->str() + "', MatMul") != std::string::npos);
+  CHECK(message.find("kernel 'mmq_i8_") != std::string::npos);
+
+  // The CPU backend never launches a kernel, yet the damaged contract is refused there too.
+  const ChildResult r = minfer::test::runChild(
+      {minfer::test::toolPath("minfer-run"), forged, "-p", "the cat", "-n", "2", "--device", "cpu"});
+  INFO(r.output);
+  CHECK(r.describe() == "exit 1");
+  CHECK(r.output.find("row_pitch " + std::to_string(pitch + 16)) != std::string::npos);
+  // Control: the genuine artifact runs.
+  const ChildResult ok = minfer::test::runChild(
+      {minfer::test::toolPath("minfer-run"), path, "-p", "the cat", "-n", "2", "--device", "cpu"});
+  INFO(ok.output);
+  CHECK(ok.describe() == "exit 0");
 }
 
 TEST_CASE("a context far beyond memory (n_ctx 2^20, 128 KiB of KV cache per position): an error with the numbers") {

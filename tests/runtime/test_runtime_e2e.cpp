@@ -314,7 +314,8 @@ TEST_CASE("plans the CPU cannot run are rejected at open, naming the step and th
       {TinySpec::Defect::kMatMulRows, {"prefill step", "blk.1.attn_q", "rows = 288"}},
       {TinySpec::Defect::kBufferWidth, {"blk.0.ffn_up", "'up' has width 513", "expected 512"}},
       {TinySpec::Defect::kNoScalePlane, {"blk.0.attn_k.weight", "scale"}},
-      {TinySpec::Defect::kOpKind, {"step 1", "SwiGlu", "1 inputs"}},
+      // Arity is the verifier's (op_traits.h), before any backend sees the plan.
+      {TinySpec::Defect::kOpKind, {"prefill.steps[1]", "SwiGlu step has 1 inputs", "expected 2..2 inputs"}},
   };
   for (const Case& c : cases) {
     TinySpec spec = variants()[0].second;

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "compiler/artifact/artifact_writer.h"
+#include "minfer/artifact.h"
 
 namespace minfer::test {
 namespace {
@@ -216,8 +217,7 @@ std::string writeTinyArtifact(const TinyModel& m, const std::string& path) {
     }
     auto config = fb::CreateModelConfigDirect(fbb, s.arch.c_str(), "tiny-test", s.n_embd, s.n_layer, s.n_head,
                                               s.n_head_kv, s.head_dim, s.n_ff, m.n_vocab, 128, s.n_rot, s.rope_style,
-                                              s.rope_base, s.rope_scale, fb::RopeScaling::None, s.eps, s.tied,
-                                              s.qkv_bias, s.qk_norm);
+                                              s.rope_base, s.rope_scale, fb::RopeScaling::None, s.eps, s.tied);
     std::vector<flatbuffers::Offset<flatbuffers::String>> toks;
     std::vector<float> scores;
     std::vector<int32_t> types;
@@ -232,7 +232,7 @@ std::string writeTinyArtifact(const TinyModel& m, const std::string& path) {
     for (const StepSpec& st : steps)
       fsteps.push_back(fb::CreateStepDirect(fbb, st.op, &st.in, &st.out, &st.w, st.layer, st.eps, st.n_head,
                                             st.n_head_kv, st.head_dim, st.n_rot, s.rope_style, s.rope_base,
-                                            s.rope_scale, st.rows, st.cols, nullptr, nullptr, st.name.c_str()));
+                                            s.rope_scale, st.rows, st.cols, st.name.c_str()));
     auto plan_p = fb::CreatePlanDirect(fbb, &fsteps);
     auto plan_d = fb::CreatePlanDirect(fbb, &fsteps);
     std::vector<flatbuffers::Offset<fb::Buffer>> fbufs;
@@ -240,7 +240,7 @@ std::string writeTinyArtifact(const TinyModel& m, const std::string& path) {
     auto memory = fb::CreateMemoryPlanDirect(fbb, s.max_batch, &fbufs, ids, logits,
                                              uint64_t{4} * s.n_layer * kvw);
     const fb::Segment check(0, 0, 0);
-    auto root = fb::CreateArtifactDirect(fbb, 1, 0, "minfer-tests", "0", 0, config, tokenizer, &tensors, nullptr,
+    auto root = fb::CreateArtifactDirect(fbb, kArtifactFormatMajor, kArtifactFormatMinor, "minfer-tests", "0", 0, config, tokenizer, &tensors, nullptr,
                                          plan_p, plan_d, memory, nullptr, &check);
     fb::FinishSizePrefixedArtifactBuffer(fbb, root);
   };

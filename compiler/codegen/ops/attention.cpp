@@ -1,0 +1,82 @@
+// Op family Attention → kernels/attention.cuh: the batch's K/V into the f16 cache, then causal GQA:
+// prefill kv_store + attn_prefill; decode kv_store + split-KV attn_decode + attn_combine (the split
+// partials in step-local scratch).
+#include "compiler/codegen/ops/op_family.h"
+#include "kernels/attention.cuh"
+
+namespace minfer::codegen {
+
+llvm::Error checkHeads(const StepContext& c, uint32_t q_width, uint32_t kv_width) {
+  const uint32_t h = c.step().n_head, hkv = c.step().n_head_kv, d = c.step().head_dim;
+  if (h == 0 || hkv == 0 || d == 0 || h % hkv != 0 || d > 256 || q_width != h * d || kv_width != hkv * d)
+    return c.error(llvm::formatv("heads {0}, kv heads {1}, head_dim {2} do not fit buffers of width {3} and {4} "
+                                 "(need n_head % n_head_kv == 0 and head_dim ≤ 256)",
+                                 h, hkv, d, q_width, kv_width));
+  return llvm::Error::success();
+}
+
+namespace {
+
+KernelArgDesc cacheArg(fb::ArgKind kind, const char* name, uint32_t layer, uint32_t width) {
+  return {.kind = kind, .name = name, .width = width, .layer = layer};
+}
+
+}  // namespace
+
+Launches attentionLaunches(const StepContext& c) {
+  const model::StepDesc& s = c.step();
+  auto q = c.input(0, "q");
+  if (!q) return q.takeError();
+  auto k = c.input(1, "k");
+  if (!k) return k.takeError();
+  auto v = c.input(2, "v");
+  if (!v) return v.takeError();
+  auto out = c.output(0, "output");
+  if (!out) return out.takeError();
+  if (auto e = checkHeads(c, (*q)->width, (*k)->width)) return e;
+  if ((*v)->width != (*k)->width || (*out)->width != (*q)->width)
+    return c.error(llvm::formatv("v width {0} must equal k width {1} and output width {2} q width {3}", (*v)->width,
+                                 (*k)->width, (*out)->width, (*q)->width));
+  if (s.layer < 0) return c.error("attention step without a KV cache layer");
+  const uint32_t h = s.n_head, hkv = s.n_head_kv, d = s.head_dim, layer = static_cast<uint32_t>(s.layer);
+  const uint32_t q_width = h * d, kv_width = hkv * d;
+  auto heads = [&](SpecBuilder& b) -> SpecBuilder& {
+    return b.define("ATT_NHEAD", static_cast<uint64_t>(h))
+        .define("ATT_NHEAD_KV", static_cast<uint64_t>(hkv))
+        .define("ATT_HEAD_DIM", static_cast<uint64_t>(d));
+  };
+  const KernelArgDesc kc = cacheArg(fb::ArgKind::KCache, "kc", layer, kv_width);
+  const KernelArgDesc vc = cacheArg(fb::ArgKind::VCache, "vc", layer, kv_width);
+  const KernelArgDesc pos = kindArg(fb::ArgKind::Positions, "pos"), ntok = kindArg(fb::ArgKind::TokenCount, "n_tokens");
+  const KernelArgDesc q_in = activationArg("q", c.inputId(0), q_width, fb::Access::Read);
+  const KernelArgDesc o = activationArg("out", c.outputId(0), q_width, fb::Access::Write);
+
+  std::vector<KernelLaunch> launches;
+  SpecBuilder store(llvm::formatv("kv_store_hkv{0}_d{1}", hkv, d), "kernels/attention.cuh", "minfer_kv_store");
+  heads(store).define("ATT_KV_STORE", uint64_t{1});
+  launches.push_back({store.spec,
+                      {activationArg("k", c.inputId(1), kv_width, fb::Access::Read),
+                       activationArg("v", c.inputId(2), kv_width, fb::Access::Read), kc, vc, pos, ntok},
+                      kern::kvStoreLaunchRule(hkv, d)});
+  if (c.prefill()) {
+    SpecBuilder b(llvm::formatv("attn_prefill_h{0}_hkv{1}_d{2}", h, hkv, d), "kernels/attention.cuh",
+                  "minfer_attn_prefill");
+    heads(b).define("ATT_PREFILL", uint64_t{1});
+    launches.push_back({b.spec, {q_in, kc, vc, o, pos, ntok}, kern::attnPrefillLaunchRule(h, d)});
+    return launches;
+  }
+  const unsigned splits = kAttnDecodeSplits;
+  const KernelArgDesc part{.kind = fb::ArgKind::Scratch, .name = "part",
+                           .bytes = kern::attnDecodePartFloats(h, d, splits) * sizeof(float)};
+  SpecBuilder b(llvm::formatv("attn_decode_h{0}_hkv{1}_d{2}_s{3}", h, hkv, d, splits), "kernels/attention.cuh",
+                "minfer_attn_decode");
+  heads(b).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_DECODE", uint64_t{1});
+  launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(h, splits)});
+  SpecBuilder comb(llvm::formatv("attn_combine_h{0}_d{1}_s{2}", h, d, splits), "kernels/attention.cuh",
+                   "minfer_attn_combine");
+  heads(comb).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_COMBINE", uint64_t{1});
+  launches.push_back({comb.spec, {part, o}, kern::attnCombineLaunchRule(h)});
+  return launches;
+}
+
+}  // namespace minfer::codegen

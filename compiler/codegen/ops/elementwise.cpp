@@ -1,0 +1,31 @@
+// Op families SwiGlu and Add → kernels/elementwise.cuh: out = silu(gate) ⊙ up, out = a + b.
+#include "compiler/codegen/ops/op_family.h"
+#include "kernels/elementwise.cuh"
+
+namespace minfer::codegen {
+namespace {
+
+Launches elementwise(const StepContext& c, int op, const char* name, const char* entry) {
+  auto a = c.input(0, "first input");
+  if (!a) return a.takeError();
+  auto b2 = c.input(1, "second input");
+  if (!b2) return b2.takeError();
+  auto out = c.output(0, "output");
+  if (!out) return out.takeError();
+  const uint32_t w = (*a)->width;
+  if ((*b2)->width != w || (*out)->width != w)
+    return c.error(llvm::formatv("widths {0}, {1} → {2} differ", w, (*b2)->width, (*out)->width));
+  SpecBuilder b(llvm::formatv("{0}_w{1}", name, w), "kernels/elementwise.cuh", entry);
+  b.define("EW_WIDTH", static_cast<uint64_t>(w)).define("EW_OP", static_cast<uint64_t>(op));
+  KernelLaunch k{b.spec, {}, kern::elementwiseLaunchRule(w)};
+  k.args = {activationArg("a", c.inputId(0), w, fb::Access::Read), activationArg("b", c.inputId(1), w, fb::Access::Read),
+            activationArg("out", c.outputId(0), w, fb::Access::Write), kindArg(fb::ArgKind::TokenCount, "n_tokens")};
+  return std::vector<KernelLaunch>{std::move(k)};
+}
+
+}  // namespace
+
+Launches swigluLaunches(const StepContext& c) { return elementwise(c, 1, "swiglu", "minfer_swiglu"); }
+Launches addLaunches(const StepContext& c) { return elementwise(c, 2, "add", "minfer_add"); }
+
+}  // namespace minfer::codegen

@@ -1,0 +1,147 @@
+// Op family MatMul → three kernels by weight format and plan:
+//   quantized weights (kI8 + kScale [+ kMin] planes), q8 activations: prefill kernels/mmq.cuh (int8
+//   tensor-core MMA on kI8), decode kernels/gemv.cuh (the 4-bit kPacked plane where there is one, else kI8);
+//   float weights (dense F32 / F16 / BF16 plane), f32 activations: kernels/dense_matmul.cuh
+//   (dense_mm in prefill, dense_gemv in decode).
+// Every plane constant the kernel is compiled with (-D…_PITCH) is taken from the stride table that the
+// launch record's Weight argument carries, so the verifier's load-time check covers it.
+#include "compiler/codegen/ops/op_family.h"
+#include "kernels/dense_matmul.cuh"
+#include "kernels/gemv.cuh"
+#include "kernels/mmq.cuh"
+
+namespace minfer::codegen {
+namespace {
+
+// The weight and its planes, and the step's buffers, checked against each other.
+struct MatMulOperands {
+  const planes::TensorLayout* w = nullptr;
+  const StrideTable* bias = nullptr;  // null: no bias
+  uint64_t n = 0, k = 0;              // rows (out features), cols (in features)
+  std::string bias_tag;               // "_bias" or ""
+};
+
+llvm::Expected<MatMulOperands> operands(const StepContext& c) {
+  MatMulOperands m;
+  auto w = c.weight(0);
+  if (!w) return w.takeError();
+  m.w = *w;
+  auto in = c.input(0, "input");
+  if (!in) return in.takeError();
+  auto out = c.output(0, "output");
+  if (!out) return out.takeError();
+  m.n = m.w->desc.rows;
+  m.k = m.w->desc.cols;
+  if ((*in)->width != m.k || (*out)->width != m.n)
+    return c.error(llvm::formatv("'{0}' is {1} × {2} but the input is {3} wide and the output {4}", m.w->desc.name, m.n,
+                                 m.k, (*in)->width, (*out)->width));
+  if (c.step().weights.size() > 1) {
+    auto v = c.vector(1, m.n);
+    if (!v) return v.takeError();
+    m.bias = *v;
+    m.bias_tag = "_bias";
+  }
+  return m;
+}
+
+KernelArgDesc biasArg(const StepContext& c, const MatMulOperands& m) {
+  return m.bias ? weightArg("bias", c.weightId(1), *m.bias) : kindArg(fb::ArgKind::Null, "bias");
+}
+
+Launches dense(const StepContext& c, const MatMulOperands& m, const StrideTable& d) {
+  const bool prefill = c.prefill();
+  SpecBuilder b(llvm::formatv("{0}_{1}_n{2}_k{3}{4}", prefill ? "dense_mm" : "dense_gemv", denseTag(d.kind), m.n, m.k,
+                              m.bias_tag),
+                "kernels/dense_matmul.cuh", prefill ? "minfer_dense_mm" : "minfer_dense_gemv");
+  const std::string p = prefill ? "DMM_" : "DGEMV_";
+  b.define((p + "N").c_str(), m.n)
+      .define((p + "K").c_str(), m.k)
+      .define((p + "PLANE").c_str(), static_cast<uint64_t>(d.kind))
+      .define((p + "PITCH").c_str(), d.row_pitch)
+      .define((p + "HAS_BIAS").c_str(), static_cast<uint64_t>(m.bias != nullptr));
+  const unsigned n = static_cast<unsigned>(m.n);
+  KernelLaunch l{b.spec, {}, prefill ? kern::denseMmLaunchRule(n) : kern::denseGemvLaunchRule(n)};
+  l.args = {weightArg("w", c.weightId(0), d), biasArg(c, m),
+            activationArg("x", c.inputId(0), static_cast<uint32_t>(m.k), fb::Access::Read),
+            activationArg("out", c.outputId(0), static_cast<uint32_t>(m.n), fb::Access::Write)};
+  if (prefill) l.args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+  return std::vector<KernelLaunch>{std::move(l)};
+}
+
+// wq (the plane read), wscale, wmin, bias, xq, xmeta, out: the common head of mmq's and gemv's ABI.
+std::vector<KernelArgDesc> quantizedArgs(const StepContext& c, const MatMulOperands& m, const StrideTable& q,
+                                         const StrideTable& s, const StrideTable* mins) {
+  std::vector<KernelArgDesc> args{weightArg("wq", c.weightId(0), q), weightArg("wscale", c.weightId(0), s),
+                                  mins ? weightArg("wmin", c.weightId(0), *mins) : kindArg(fb::ArgKind::Null, "wmin"),
+                                  biasArg(c, m)};
+  pushQ8Args(args, "xq", "xmeta", c.inputId(1), static_cast<uint32_t>(m.k), fb::Access::Read);
+  args.push_back(activationArg("out", c.outputId(0), static_cast<uint32_t>(m.n), fb::Access::Write));
+  return args;
+}
+
+Launches quantized(const StepContext& c, const MatMulOperands& m, const StrideTable& q) {
+  const planes::TensorLayout& l = *m.w;
+  const uint64_t n = m.n, k = m.k;
+  auto qin = c.input(1, "quantized input");
+  if (!qin) return qin.takeError();
+  if ((*qin)->type != fb::BufferType::I8 || (*qin)->width != k)
+    return c.error(llvm::formatv("the quantized input '{0}' must be an I8 buffer of width {1}", (*qin)->name, k));
+  const StrideTable* s = findPlane(l, PlaneKind::kScale);
+  const StrideTable* mins = findPlane(l, PlaneKind::kMin);
+  if (!s) return c.error(llvm::formatv("'{0}' has a kI8 plane without a kScale plane", l.desc.name));
+  if (k % 32 != 0 || (s->group_size != 16 && s->group_size != 32) || s->group_pitch != 4 ||
+      (mins && (mins->group_size != s->group_size || mins->group_pitch != 4)) || q.row_pitch % 16 != 0)
+    return c.error(llvm::formatv("'{0}': unsupported geometry (cols {1}, group {2}, group pitch {3}, kI8 pitch {4})",
+                                 l.desc.name, k, s->group_size, s->group_pitch, q.row_pitch));
+  const uint64_t has_min = mins ? 1 : 0, has_bias = m.bias ? 1 : 0;
+  const std::string type = typeTag(static_cast<uint32_t>(l.desc.type));
+  if (c.prefill()) {
+    const auto [tm, tn] = chooseMmqTile(n, k);
+    SpecBuilder b(llvm::formatv("mmq_i8_{0}_n{1}_k{2}_tm{3}_tn{4}{5}", type, n, k, tm, tn, m.bias_tag),
+                  "kernels/mmq.cuh", "minfer_mmq");
+    b.define("MMQ_N", n)
+        .define("MMQ_K", k)
+        .define("MMQ_GROUP", static_cast<uint64_t>(s->group_size))
+        .define("MMQ_HAS_MIN", has_min)
+        .define("MMQ_HAS_BIAS", has_bias)
+        .define("MMQ_Q_PITCH", q.row_pitch)
+        .define("MMQ_S_PITCH", s->row_pitch)
+        .define("MMQ_M_PITCH", mins ? mins->row_pitch : 0)
+        .define("MMQ_TM", static_cast<uint64_t>(tm))
+        .define("MMQ_TN", static_cast<uint64_t>(tn));
+    KernelLaunch launch{b.spec, quantizedArgs(c, m, q, *s, mins),
+                        kern::mmqLaunchRule(static_cast<unsigned>(n), tm, tn, s->group_size, mins != nullptr)};
+    launch.args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+    return std::vector<KernelLaunch>{std::move(launch)};
+  }
+  const StrideTable* packed = findPlane(l, PlaneKind::kPacked);
+  const bool four = packed && packed->bits == 4 && s->group_size == 32 && packed->row_pitch % 16 == 0;
+  const StrideTable& read = four ? *packed : q;
+  SpecBuilder b(llvm::formatv("gemv_{0}_{1}_n{2}_k{3}{4}", four ? "packed4" : "i8", type, n, k, m.bias_tag),
+                "kernels/gemv.cuh", "minfer_gemv");
+  b.define("GEMV_N", n)
+      .define("GEMV_K", k)
+      .define("GEMV_BITS", static_cast<uint64_t>(four ? 4 : 8))
+      .define("GEMV_PITCH", read.row_pitch)
+      .define("GEMV_Q_OFFSET", static_cast<int64_t>(four ? packed->q_offset : 0))
+      .define("GEMV_GROUP", static_cast<uint64_t>(s->group_size))
+      .define("GEMV_S_PITCH", s->row_pitch)
+      .define("GEMV_HAS_MIN", has_min)
+      .define("GEMV_M_PITCH", mins ? mins->row_pitch : 0)
+      .define("GEMV_HAS_BIAS", has_bias);
+  return std::vector<KernelLaunch>{
+      {b.spec, quantizedArgs(c, m, read, *s, mins), kern::gemvLaunchRule(static_cast<unsigned>(n))}};
+}
+
+}  // namespace
+
+Launches matmulLaunches(const StepContext& c) {
+  auto m = operands(c);
+  if (!m) return m.takeError();
+  if (const StrideTable* q = findPlane(*m->w, PlaneKind::kI8)) return quantized(c, *m, *q);
+  const StrideTable* d = densePlane(*m->w);
+  if (!d) return c.error(llvm::formatv("'{0}' has neither a kI8 nor a dense plane", m->w->desc.name));
+  return dense(c, *m, *d);
+}
+
+}  // namespace minfer::codegen

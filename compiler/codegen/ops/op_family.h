@@ -1,0 +1,84 @@
+// What every op family (compiler/codegen/ops/<family>.cpp) is given and builds with: the step being
+// specialized with checked access to its buffers and weight planes, a spec builder, and the families'
+// entry points. A family turns one plan step into its kernel uses (KernelLaunch: NVRTC spec + launch
+// record); the runtime binds them from the record alone.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "compiler/codegen/kernel_spec.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "schema/op_traits.h"
+
+namespace minfer::codegen {
+
+// One plan step under specialization. Accessors return an error naming the plan, step index and name.
+class StepContext {
+ public:
+  StepContext(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
+              size_t index);
+
+  const model::StepDesc& step() const { return step_; }
+  bool prefill() const { return variant_ == PlanVariant::kPrefill; }
+  uint32_t maxBatch() const { return desc_.plan.max_batch; }
+
+  llvm::Error error(const llvm::Twine& what) const;
+  // Buffer inputs[i] / outputs[i]; `what` names it in the error ("q", "output").
+  llvm::Expected<const model::BufferDesc*> input(size_t i, const char* what) const;
+  llvm::Expected<const model::BufferDesc*> output(size_t i, const char* what) const;
+  uint32_t inputId(size_t i) const { return step_.inputs[i]; }    // valid after input(i) succeeded
+  uint32_t outputId(size_t i) const { return step_.outputs[i]; }  // valid after output(i) succeeded
+  // Weight #i of the step (its TensorLayout) and its tensor index in the artifact.
+  llvm::Expected<const planes::TensorLayout*> weight(size_t i) const;
+  uint32_t weightId(size_t i) const { return step_.weights[i]; }  // valid after weight(i) succeeded
+  // The f32 plane of weight #i (a norm weight or bias), checked to hold `n` values.
+  llvm::Expected<const StrideTable*> vector(size_t i, uint64_t n) const;
+
+ private:
+  const model::ModelDescription& desc_;
+  llvm::ArrayRef<planes::TensorLayout> layouts_;
+  PlanVariant variant_;
+  size_t index_;
+  const model::StepDesc& step_;
+};
+
+// Builds a spec field by field: define() appends -D constants in order.
+struct SpecBuilder {
+  KernelSpec spec;
+  SpecBuilder(std::string key, const char* source, const char* entry);
+  SpecBuilder& define(const char* name, uint64_t v) { return define(name, std::to_string(v)); }
+  SpecBuilder& define(const char* name, int64_t v) { return define(name, std::to_string(v)); }
+  SpecBuilder& define(const char* name, std::string v);
+  SpecBuilder& flag(const char* f);
+};
+
+// Launch-record arguments (schema KernelArg).
+KernelArgDesc activationArg(const char* name, uint32_t buffer, uint32_t width, fb::Access access);
+KernelArgDesc weightArg(const char* name, uint32_t tensor, const StrideTable& plane);
+KernelArgDesc kindArg(fb::ArgKind kind, const char* name);  // Null, Positions, TokenCount, TokenOut
+// The int8 values and the Q8Meta part of a q8 buffer (kernels/common.cuh), two parameters.
+void pushQ8Args(std::vector<KernelArgDesc>& args, const char* values, const char* meta, uint32_t buffer,
+                uint32_t width, fb::Access access);
+
+const StrideTable* findPlane(const planes::TensorLayout& layout, PlaneKind kind);
+// The dense float plane of a layout (F32 / F16 / BF16), or nullptr.
+const StrideTable* densePlane(const planes::TensorLayout& layout);
+const char* denseTag(PlaneKind kind);
+// A number for a key: %g without '+' ("1e-05", "1e06", "10000", "0.5").
+std::string keyNumber(double v);
+
+// Head counts of a Rope / Attention step against its q and k buffer widths (n_head a multiple of
+// n_head_kv, head_dim ≤ 256). Defined in ops/attention.cpp.
+llvm::Error checkHeads(const StepContext& c, uint32_t q_width, uint32_t kv_width);
+
+using Launches = llvm::Expected<std::vector<KernelLaunch>>;
+
+// The families, one per op of schema/op_traits.h MINFER_OPS: Launches <family>Launches(const StepContext&),
+// defined in ops/<family>.cpp (SwiGlu and Add share ops/elementwise.cpp, RmsNorm and HeadRmsNorm
+// ops/norm.cpp). Each file names the kernels/*.cuh it specializes.
+#define MINFER_DECLARE_FAMILY(kind, family, ...) Launches family##Launches(const StepContext& c);
+MINFER_OPS(MINFER_DECLARE_FAMILY)
+#undef MINFER_DECLARE_FAMILY
+
+}  // namespace minfer::codegen
