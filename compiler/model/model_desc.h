@@ -1,9 +1,10 @@
 // ModelDescription: what the compiler learns from a GGUF (hyperparameters, tokenizer, weights) and
 // the lowering of its architecture into the flat execution plan of DESIGN.md §4.
 //
-// Supported architectures: llama (Llama 2/3, Mistral, TinyLlama, SmolLM), qwen2 (q/k/v biases),
-// qwen3 (per-head q/k RMSNorm). The math each plan step computes is documented in
-// schema/artifact.fbs (OpKind) and, as formulas, in ../shared/fixtures/README.md §3.
+// Supported architectures: the registry in architectures.h, one forward pass per arch/<name>.cpp
+// (llama, qwen2, qwen3). Architecture facts (q/k/v biases, q/k head norms) live in the plan's steps,
+// not in ModelConfig. The math each plan step computes is documented in schema/artifact.fbs (OpKind)
+// and, as formulas, in ../shared/fixtures/README.md §3.
 #pragma once
 
 #include <cstdint>
@@ -35,8 +36,6 @@ struct ModelConfig {
   fb::RopeScaling rope_scaling = fb::RopeScaling::None;
   float rms_norm_eps = 1e-5f;
   bool tied_embeddings = false;
-  bool qkv_bias = false;
-  bool qk_norm = false;
 };
 
 struct WeightDesc {
@@ -95,10 +94,10 @@ struct ModelDescription {
 // Reads hyperparameters and tokenizer, checks every expected tensor's presence, shape and type, and
 // lowers the architecture into prefill and decode plans for batches of up to `max_batch` tokens.
 // Errors name the file, the key or tensor, and the numbers (expected vs found); unsupported
-// architectures and tensor types list what is supported.
+// architectures and tensor types list what is supported; max_batch must be in 1..kArtifactMaxBatch.
 llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch);
 
-// "llama, qwen2, qwen3"
+// The registry's names, comma-separated: "llama, qwen2, qwen3".
 const char* supportedArchitectures();
 
 }  // namespace minfer::model

@@ -1,7 +1,12 @@
-// Architecture mapping: hyperparameters, tokenizer and plans from the fixture GGUFs.
+// Architecture mapping: hyperparameters, tokenizer and plans from the fixture GGUFs and small
+// writer-made GGUFs (qwen3, tied embeddings, error cases).
 #include <doctest/doctest.h>
 
+#include <set>
+
+#include "compiler/gguf/gguf_writer.h"
 #include "compiler/model/model_desc.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "tests/test_support.h"
 
 using namespace minfer;
@@ -24,6 +29,97 @@ int countOps(const std::vector<model::StepDesc>& steps, fb::OpKind op) {
   return n;
 }
 
+// A small GGUF with zero F32 weights and no tokenizer, named after llama.cpp's tensors. Biases follow
+// `bias`, per-head q/k norms follow `qk_norm`; `skip` drops tensors, `extra` adds [n] F32 vectors.
+struct TinySpec {
+  std::string arch = "llama";
+  uint32_t n_embd = 32, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 48, n_vocab = 40;
+  uint32_t key_length = 0;    // 0: no attention.key_length key (head_dim = n_embd / n_head)
+  uint32_t n_rot = 0;         // 0: no rope.dimension_count key
+  float rope_scale = 0;       // > 0: rope.scaling.type linear with this factor
+  bool tied = false, bias = false, qk_norm = false;
+  std::set<std::string> skip;
+  std::vector<std::pair<std::string, uint64_t>> extra;
+};
+
+gguf::GgufWriter makeWriter(const TinySpec& s) {
+  gguf::GgufWriter w(3);
+  const std::string a = s.arch + ".";
+  w.setString("general.architecture", s.arch);
+  w.setU32(a + "embedding_length", s.n_embd);
+  w.setU32(a + "block_count", s.n_layer);
+  w.setU32(a + "feed_forward_length", s.n_ff);
+  w.setU32(a + "attention.head_count", s.n_head);
+  w.setU32(a + "attention.head_count_kv", s.n_head_kv);
+  if (s.key_length) w.setU32(a + "attention.key_length", s.key_length);
+  if (s.n_rot) w.setU32(a + "rope.dimension_count", s.n_rot);
+  w.setF32(a + "rope.freq_base", 1e6f);
+  w.setF32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
+  if (s.rope_scale > 0) {
+    w.setString(a + "rope.scaling.type", "linear");
+    w.setF32(a + "rope.scaling.factor", s.rope_scale);
+  }
+  auto add = [&](const std::string& name, std::vector<uint64_t> ne) {
+    uint64_t n = 1;
+    for (uint64_t d : ne) n *= d;
+    w.addTensor(name, GgmlType::F32, std::move(ne), std::vector<uint8_t>(n * 4, 0));
+  };
+  auto tensor = [&](const std::string& name, std::vector<uint64_t> ne) {
+    if (!s.skip.count(name)) add(name, std::move(ne));
+  };
+  const uint32_t head_dim = s.key_length ? s.key_length : s.n_embd / s.n_head;
+  const uint64_t qw = uint64_t{s.n_head} * head_dim, kvw = uint64_t{s.n_head_kv} * head_dim;
+  tensor("token_embd.weight", {s.n_embd, s.n_vocab});
+  for (uint32_t l = 0; l < s.n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    tensor(b + "attn_norm.weight", {s.n_embd});
+    tensor(b + "attn_q.weight", {s.n_embd, qw});
+    tensor(b + "attn_k.weight", {s.n_embd, kvw});
+    tensor(b + "attn_v.weight", {s.n_embd, kvw});
+    if (s.bias) {
+      tensor(b + "attn_q.bias", {qw});
+      tensor(b + "attn_k.bias", {kvw});
+      tensor(b + "attn_v.bias", {kvw});
+    }
+    if (s.qk_norm) {
+      tensor(b + "attn_q_norm.weight", {head_dim});
+      tensor(b + "attn_k_norm.weight", {head_dim});
+    }
+    tensor(b + "attn_output.weight", {qw, s.n_embd});
+    tensor(b + "ffn_norm.weight", {s.n_embd});
+    tensor(b + "ffn_gate.weight", {s.n_embd, s.n_ff});
+    tensor(b + "ffn_up.weight", {s.n_embd, s.n_ff});
+    tensor(b + "ffn_down.weight", {s.n_ff, s.n_embd});
+  }
+  tensor("output_norm.weight", {s.n_embd});
+  if (!s.tied) tensor("output.weight", {s.n_embd, s.n_vocab});
+  for (const auto& [name, n] : s.extra) add(name, {n});
+  return w;
+}
+
+std::unique_ptr<gguf::GgufFile> makeGguf(const TinySpec& s) {
+  auto bytes = makeWriter(s).toBytes();
+  REQUIRE_MESSAGE(bool(bytes), llvm::toString(bytes.takeError()));
+  auto buffer = llvm::MemoryBuffer::getMemBufferCopy(
+      llvm::StringRef(reinterpret_cast<const char*>(bytes->data()), bytes->size()), "tiny-" + s.arch + ".gguf");
+  auto file = gguf::GgufFile::parse(std::move(buffer), "tiny-" + s.arch + ".gguf");
+  REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+  return std::move(*file);
+}
+
+// describeModel on a TinySpec GGUF; the file is kept alive for the description's TensorInfo pointers.
+llvm::Expected<model::ModelDescription> describeTiny(const TinySpec& s, uint32_t max_batch = 16) {
+  static std::vector<std::unique_ptr<gguf::GgufFile>> keep;
+  keep.push_back(makeGguf(s));
+  return model::describeModel(*keep.back(), max_batch);
+}
+
+std::string describeTinyError(const TinySpec& s) {
+  auto desc = describeTiny(s);
+  REQUIRE(!desc);
+  return llvm::toString(desc.takeError());
+}
+
 }  // namespace
 
 TEST_CASE("stories260K: config, tokenizer and the llama plan") {
@@ -41,7 +137,6 @@ TEST_CASE("stories260K: config, tokenizer and the llama plan") {
   CHECK(c.n_rot == 8);
   CHECK(c.rope_style == fb::RopeStyle::Norm);
   CHECK(!c.tied_embeddings);
-  CHECK(!c.qkv_bias);
   CHECK(d.tokenizer.present);
   CHECK(d.tokenizer.model == fb::TokenizerModel::Spm);
   CHECK(d.tokenizer.bos_id == 1);
@@ -53,6 +148,12 @@ TEST_CASE("stories260K: config, tokenizer and the llama plan") {
   CHECK(countOps(steps, fb::OpKind::Attention) == 5);
   CHECK(countOps(steps, fb::OpKind::MatMul) == 5 * 7 + 1);
   CHECK(countOps(steps, fb::OpKind::RmsNorm) == 5 * 2 + 1);
+  CHECK(countOps(steps, fb::OpKind::HeadRmsNorm) == 0);
+  // llama has no q/k/v biases: every matmul has one weight.
+  for (const auto& s : steps)
+    if (s.op == fb::OpKind::MatMul) CHECK_MESSAGE(s.weights.size() == 1, s.name);
+  for (const auto& s : steps)
+    if (s.op == fb::OpKind::Rope) CHECK(s.rope_style == fb::RopeStyle::Norm);
   CHECK(d.plan.max_batch == 64);
   CHECK(d.plan.buffers[d.plan.logits].width == 512);
   CHECK(d.plan.kv_bytes_per_token == 2u * 2u * 5u * 4u * 8u);
@@ -74,23 +175,111 @@ TEST_CASE("tiny-qwen2: neox RoPE, q/k/v biases, base 1e6") {
   CHECK(d.config.rope_style == fb::RopeStyle::Neox);
   CHECK(d.config.rope_freq_base == doctest::Approx(1e6));
   CHECK(d.config.rms_norm_eps == doctest::Approx(1e-6));
-  CHECK(d.config.qkv_bias);
   int with_bias = 0;
   for (const auto& s : d.plan.prefill)
     if (s.op == fb::OpKind::MatMul && s.weights.size() == 2) ++with_bias;
   CHECK(with_bias == 2 * 3);
+  // The biases ride on attn_q/k/v (second weight), nowhere else.
+  for (const auto& s : d.plan.prefill) {
+    if (s.op != fb::OpKind::MatMul) continue;
+    const bool qkv = s.name.find(".attn_q") != std::string::npos || s.name.find(".attn_k") != std::string::npos ||
+                     s.name.find(".attn_v") != std::string::npos;
+    REQUIRE_MESSAGE(s.weights.size() == (qkv ? 2u : 1u), s.name);
+    if (qkv) CHECK(d.weights[s.weights[1]].name == s.name + ".bias");
+  }
+  const auto& q0 = d.plan.prefill[2];
+  CHECK(q0.name == "blk.0.attn_q");
+  CHECK(q0.weights.size() == 2);
+  CHECK(countOps(d.plan.prefill, fb::OpKind::HeadRmsNorm) == 0);
+  for (const auto& s : d.plan.prefill)
+    if (s.op == fb::OpKind::Rope) CHECK(s.rope_style == fb::RopeStyle::Neox);
   CHECK(d.config.head_dim == 64);
   CHECK(d.config.n_head_kv == 2);
 }
 
+TEST_CASE("qwen3: per-head q/k RMSNorm between the projections and RoPE") {
+  TinySpec s;
+  s.arch = "qwen3", s.qk_norm = true, s.tied = true, s.key_length = 16;  // head_dim ≠ n_embd / n_head
+  auto d = describeTiny(s);
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  CHECK(d->config.rope_style == fb::RopeStyle::Neox);
+  CHECK(d->config.tied_embeddings);
+  CHECK(d->config.head_dim == 16);
+  const auto& steps = d->plan.prefill;
+  CHECK(countOps(steps, fb::OpKind::HeadRmsNorm) == 2 * 2);
+  for (const auto& st : steps)
+    if (st.op == fb::OpKind::MatMul) CHECK_MESSAGE(st.weights.size() == 1, st.name);  // no biases
+  // One layer, step by step: the order the runtime executes.
+  const std::vector<std::pair<fb::OpKind, std::string>> layer0 = {
+      {fb::OpKind::RmsNorm, "blk.0.attn_norm"},       {fb::OpKind::MatMul, "blk.0.attn_q"},
+      {fb::OpKind::MatMul, "blk.0.attn_k"},           {fb::OpKind::MatMul, "blk.0.attn_v"},
+      {fb::OpKind::HeadRmsNorm, "blk.0.attn_q_norm"}, {fb::OpKind::HeadRmsNorm, "blk.0.attn_k_norm"},
+      {fb::OpKind::Rope, "blk.0.rope"},               {fb::OpKind::Attention, "blk.0.attention"},
+      {fb::OpKind::MatMul, "blk.0.attn_output"},      {fb::OpKind::Add, "blk.0.attn_residual"},
+      {fb::OpKind::RmsNorm, "blk.0.ffn_norm"},        {fb::OpKind::MatMul, "blk.0.ffn_gate"},
+      {fb::OpKind::MatMul, "blk.0.ffn_up"},           {fb::OpKind::SwiGlu, "blk.0.swiglu"},
+      {fb::OpKind::MatMul, "blk.0.ffn_down"},         {fb::OpKind::Add, "blk.0.ffn_residual"}};
+  REQUIRE(steps.size() == 1 + 2 * layer0.size() + 2);
+  CHECK(steps[0].op == fb::OpKind::Embed);
+  for (size_t i = 0; i < layer0.size(); ++i) {
+    CHECK(steps[1 + i].op == layer0[i].first);
+    CHECK(steps[1 + i].name == layer0[i].second);
+  }
+  const auto& q_norm = steps[5];
+  const auto& k_norm = steps[6];
+  CHECK(q_norm.n_head == 4);
+  CHECK(k_norm.n_head == 2);
+  CHECK(q_norm.head_dim == 16);
+  CHECK(q_norm.eps == doctest::Approx(1e-6));
+  CHECK(q_norm.inputs == q_norm.outputs);
+  CHECK(q_norm.inputs == steps[2].outputs);  // normalizes q in place
+  CHECK(k_norm.inputs == steps[3].outputs);  // normalizes k in place
+  CHECK(d->weights[q_norm.weights[0]].name == "blk.0.attn_q_norm.weight");
+  CHECK(d->weights[k_norm.weights[0]].name == "blk.0.attn_k_norm.weight");
+  CHECK(steps.back().name == "output (tied to token_embd)");
+  CHECK(steps.back().weights == steps[0].weights);
+  CHECK(d->weights.size() == 1 + 2 * 11 + 1);
+}
+
+TEST_CASE("the architecture list is written once and named in the refusal") {
+  CHECK(std::string(model::supportedArchitectures()) == "llama, qwen2, qwen3");
+  TinySpec s;
+  s.arch = "gpt2";
+  const std::string msg = describeTinyError(s);
+  CHECK(msg == "tiny-gpt2.gguf: unsupported architecture 'gpt2' (general.architecture); supported: llama, qwen2, "
+               "qwen3");
+}
+
+TEST_CASE("architecture facts are checked against the tensors") {
+  TinySpec qwen3;
+  qwen3.arch = "qwen3", qwen3.qk_norm = true;
+  qwen3.skip = {"blk.1.attn_k_norm.weight"};
+  CHECK(describeTinyError(qwen3) ==
+        "tiny-qwen3.gguf: tensor 'blk.1.attn_k_norm.weight' is missing (architecture qwen3 needs it)");
+  TinySpec qwen2;
+  qwen2.arch = "qwen2", qwen2.bias = true;
+  qwen2.skip = {"blk.0.attn_v.bias"};
+  CHECK(describeTinyError(qwen2) == "tiny-qwen2.gguf: tensor 'blk.0.attn_v.bias' is missing (architecture qwen2 needs it)");
+  // A llama GGUF with qwen3's q/k norms: an architecture variant minfer does not know.
+  TinySpec llama;
+  llama.qk_norm = true;
+  CHECK(describeTinyError(llama) ==
+        "tiny-llama.gguf: tensor 'blk.0.attn_q_norm.weight' is not used by the llama architecture as minfer knows it");
+  TinySpec wrong_shape;
+  wrong_shape.arch = "qwen3", wrong_shape.qk_norm = true;
+  wrong_shape.skip = {"blk.0.attn_q_norm.weight"};
+  wrong_shape.extra = {{"blk.0.attn_q_norm.weight", 9}};
+  CHECK(describeTinyError(wrong_shape) ==
+        "tiny-qwen3.gguf: tensor 'blk.0.attn_q_norm.weight' has shape [9], expected [8] from the hyperparameters");
+}
+
 TEST_CASE("max batch out of range is refused") {
-  if (!test::haveFixtures()) return;
-  auto file = gguf::GgufFile::open(test::fixturesDir() + "/models/stories260K.gguf");
-  REQUIRE(bool(file));
+  TinySpec s;
   for (uint32_t bad : {0u, 70000u}) {
-    auto desc = model::describeModel(**file, bad);
+    auto desc = describeTiny(s, bad);
     REQUIRE(!desc);
     const std::string msg = llvm::toString(desc.takeError());
-    CHECK(msg.find(std::to_string(bad)) != std::string::npos);
+    CHECK(msg == "max batch " + std::to_string(bad) + " is out of range 1..65536");
   }
+  CHECK(bool(describeTiny(s, 65536)));
 }

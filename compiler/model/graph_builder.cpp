@@ -1,0 +1,215 @@
+// GraphBuilder: the shared blocks of the forward passes in arch/ (see graph_builder.h).
+#include "compiler/model/graph_builder.h"
+
+#include <tuple>
+
+#include "llvm/Support/FormatVariadic.h"
+
+namespace minfer::model {
+namespace {
+
+llvm::Error makeError(const llvm::Twine& message) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), message.str());
+}
+
+std::string supportedTypes() {
+  std::string out;
+  for (uint32_t id = 0; id < 64; ++id) {
+    const GgmlTypeTraits t = ggmlTypeTraits(id);
+    if (!t.supported) continue;
+    if (!out.empty()) out += ", ";
+    out += t.name;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string GraphBuilder::layerPrefix(uint32_t layer) { return "blk." + std::to_string(layer) + "."; }
+
+llvm::Expected<uint32_t> GraphBuilder::weight(const std::string& name, planes::TensorRole role,
+                                              std::vector<uint64_t> ne, bool optional, bool* found) {
+  const gguf::TensorInfo* info = file_.findTensor(name);
+  if (found) *found = info != nullptr;
+  if (!info) {
+    if (optional) return UINT32_MAX;
+    return makeError(llvm::formatv("{0}: tensor '{1}' is missing (architecture {2} needs it)", file_.fileName(),
+                                   name, desc_.config.architecture));
+  }
+  bool shape_ok = true;  // unused trailing dims of a TensorInfo are 1
+  for (size_t d = 0; d < 4; ++d) shape_ok &= info->ne[d] == (d < ne.size() ? ne[d] : 1);
+  if (!shape_ok) {
+    std::string want, have;
+    for (size_t d = 0; d < ne.size(); ++d) want += (d ? ", " : "") + std::to_string(ne[d]);
+    for (uint32_t d = 0; d < info->n_dims; ++d) have += (d ? ", " : "") + std::to_string(info->ne[d]);
+    return makeError(llvm::formatv("{0}: tensor '{1}' has shape [{2}], expected [{3}] from the hyperparameters",
+                                   file_.fileName(), name, have, want));
+  }
+  const GgmlTypeTraits traits = ggmlTypeTraits(info->type);
+  if (!traits.supported)
+    return makeError(llvm::formatv("{0}: tensor '{1}' has type {2}, which minfer does not support (supported: {3})",
+                                   file_.fileName(), name, traits.name, supportedTypes()));
+  if (role == planes::TensorRole::kVector && info->type != GgmlType::F32)
+    return makeError(llvm::formatv("{0}: tensor '{1}' has type {2}; norm weights and biases must be F32",
+                                   file_.fileName(), name, traits.name));
+  desc_.weights.push_back({name, role, info});
+  return static_cast<uint32_t>(desc_.weights.size() - 1);
+}
+
+uint32_t GraphBuilder::buffer(const char* name, uint32_t width, fb::BufferType type) {
+  desc_.plan.buffers.push_back({name, width, type});
+  return static_cast<uint32_t>(desc_.plan.buffers.size() - 1);
+}
+
+llvm::Error GraphBuilder::embedding() {
+  ModelConfig& c = desc_.config;
+  ExecutionPlan& plan = desc_.plan;
+  const gguf::TensorInfo* embd = file_.findTensor("token_embd.weight");
+  if (!embd) return makeError(llvm::formatv("{0}: tensor 'token_embd.weight' is missing", file_.fileName()));
+  if (embd->n_dims != 2 || embd->rows() == 0 || embd->rows() > (1u << 24))
+    return makeError(llvm::formatv("{0}: tensor 'token_embd.weight' must be 2-D [n_embd, n_vocab] with n_vocab ≤ 2^24",
+                                   file_.fileName()));
+  c.n_vocab = static_cast<uint32_t>(embd->rows());
+  if (desc_.tokenizer.present && desc_.tokenizer.tokens.size() != c.n_vocab)
+    return makeError(llvm::formatv("{0}: the tokenizer has {1} tokens but token_embd.weight has {2} rows",
+                                   file_.fileName(), desc_.tokenizer.tokens.size(), c.n_vocab));
+  c.tied_embeddings = file_.findTensor("output.weight") == nullptr;
+
+  const uint32_t q_width = c.n_head * c.head_dim, kv_width = c.n_head_kv * c.head_dim;
+  Activations& a = act_;
+  a.ids = buffer("ids", 1, fb::BufferType::I32);
+  a.x = buffer("x", c.n_embd), a.h = buffer("h", c.n_embd);
+  a.q = buffer("q", q_width), a.k = buffer("k", kv_width), a.v = buffer("v", kv_width);
+  a.attn = buffer("attn", q_width);
+  a.gate = buffer("gate", c.n_ff), a.up = buffer("up", c.n_ff);
+  a.logits = buffer("logits", c.n_vocab);
+  plan.input_ids = a.ids;
+  plan.logits = a.logits;
+  plan.kv_bytes_per_token = 2ull * 2ull * c.n_layer * kv_width;  // f16 K and V
+
+  auto w = weight("token_embd.weight",
+                  c.tied_embeddings ? planes::TensorRole::kEmbeddingMatMul : planes::TensorRole::kEmbedding,
+                  {c.n_embd, c.n_vocab});
+  if (!w) return w.takeError();
+  embd_weight_ = *w;
+  plan.prefill.push_back({.op = fb::OpKind::Embed, .inputs = {a.ids}, .outputs = {a.x}, .weights = {*w},
+                          .name = "token_embd"});
+  return llvm::Error::success();
+}
+
+llvm::Error GraphBuilder::norm(const std::string& name, uint32_t in, uint32_t out) {
+  const ModelConfig& c = desc_.config;
+  auto w = weight(name + ".weight", planes::TensorRole::kVector, {c.n_embd});
+  if (!w) return w.takeError();
+  desc_.plan.prefill.push_back({.op = fb::OpKind::RmsNorm, .inputs = {in}, .outputs = {out}, .weights = {*w},
+                                .eps = c.rms_norm_eps, .name = name});
+  return llvm::Error::success();
+}
+
+llvm::Error GraphBuilder::matmul(const std::string& base, uint32_t in, uint32_t out, uint32_t rows, uint32_t cols,
+                                 bool bias) {
+  auto w = weight(base + ".weight", planes::TensorRole::kMatMul, {cols, rows});
+  if (!w) return w.takeError();
+  StepDesc s{.op = fb::OpKind::MatMul, .inputs = {in}, .outputs = {out}, .weights = {*w}, .rows = rows,
+             .cols = cols, .name = base};
+  if (bias) {
+    auto b = weight(base + ".bias", planes::TensorRole::kVector, {rows});
+    if (!b) return b.takeError();
+    s.weights.push_back(*b);
+  }
+  desc_.plan.prefill.push_back(std::move(s));
+  return llvm::Error::success();
+}
+
+llvm::Error GraphBuilder::qkvProjection(uint32_t layer, uint32_t in, QkvOptions options) {
+  const ModelConfig& c = desc_.config;
+  const std::string p = layerPrefix(layer);
+  const uint32_t q_width = c.n_head * c.head_dim, kv_width = c.n_head_kv * c.head_dim;
+  if (auto e = matmul(p + "attn_q", in, act_.q, q_width, c.n_embd, options.bias)) return e;
+  if (auto e = matmul(p + "attn_k", in, act_.k, kv_width, c.n_embd, options.bias)) return e;
+  if (auto e = matmul(p + "attn_v", in, act_.v, kv_width, c.n_embd, options.bias)) return e;
+  if (!options.head_norm) return llvm::Error::success();
+  for (auto [which, buf, heads] : {std::tuple{"attn_q_norm", act_.q, c.n_head},
+                                   std::tuple{"attn_k_norm", act_.k, c.n_head_kv}}) {
+    auto w = weight(p + which + ".weight", planes::TensorRole::kVector, {c.head_dim});
+    if (!w) return w.takeError();
+    desc_.plan.prefill.push_back({.op = fb::OpKind::HeadRmsNorm, .inputs = {buf}, .outputs = {buf},
+                                  .weights = {*w}, .eps = c.rms_norm_eps, .n_head = heads,
+                                  .head_dim = c.head_dim, .name = p + which});
+  }
+  return llvm::Error::success();
+}
+
+void GraphBuilder::rope(uint32_t layer) {
+  const ModelConfig& c = desc_.config;
+  desc_.plan.prefill.push_back({.op = fb::OpKind::Rope, .inputs = {act_.q, act_.k}, .outputs = {act_.q, act_.k},
+                                .n_head = c.n_head, .n_head_kv = c.n_head_kv, .head_dim = c.head_dim,
+                                .n_rot = c.n_rot, .rope_style = c.rope_style, .rope_freq_base = c.rope_freq_base,
+                                .rope_freq_scale = c.rope_freq_scale, .name = layerPrefix(layer) + "rope"});
+}
+
+llvm::Error GraphBuilder::attention(uint32_t layer, uint32_t out) {
+  const ModelConfig& c = desc_.config;
+  const std::string p = layerPrefix(layer);
+  desc_.plan.prefill.push_back({.op = fb::OpKind::Attention, .inputs = {act_.q, act_.k, act_.v},
+                                .outputs = {act_.attn}, .layer = static_cast<int32_t>(layer), .n_head = c.n_head,
+                                .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .name = p + "attention"});
+  return matmul(p + "attn_output", act_.attn, out, c.n_embd, c.n_head * c.head_dim);
+}
+
+void GraphBuilder::residualAdd(const std::string& name, uint32_t acc, uint32_t in) {
+  desc_.plan.prefill.push_back({.op = fb::OpKind::Add, .inputs = {acc, in}, .outputs = {acc}, .name = name});
+}
+
+llvm::Error GraphBuilder::gatedFfn(uint32_t layer, uint32_t in, uint32_t out) {
+  const ModelConfig& c = desc_.config;
+  const std::string p = layerPrefix(layer);
+  if (auto e = matmul(p + "ffn_gate", in, act_.gate, c.n_ff, c.n_embd)) return e;
+  if (auto e = matmul(p + "ffn_up", in, act_.up, c.n_ff, c.n_embd)) return e;
+  desc_.plan.prefill.push_back({.op = fb::OpKind::SwiGlu, .inputs = {act_.gate, act_.up}, .outputs = {act_.gate},
+                                .name = p + "swiglu"});
+  return matmul(p + "ffn_down", act_.gate, out, c.n_embd, c.n_ff);
+}
+
+llvm::Error GraphBuilder::llamaLayer(uint32_t layer, QkvOptions qkv) {
+  const Activations& a = act_;
+  const std::string p = layerPrefix(layer);
+  if (auto e = norm(p + "attn_norm", a.x, a.h)) return e;
+  if (auto e = qkvProjection(layer, a.h, qkv)) return e;
+  rope(layer);
+  if (auto e = attention(layer, a.h)) return e;
+  residualAdd(p + "attn_residual", a.x, a.h);
+  if (auto e = norm(p + "ffn_norm", a.x, a.h)) return e;
+  if (auto e = gatedFfn(layer, a.h, a.h)) return e;
+  residualAdd(p + "ffn_residual", a.x, a.h);
+  return llvm::Error::success();
+}
+
+llvm::Error GraphBuilder::outputHead(uint32_t in) {
+  const ModelConfig& c = desc_.config;
+  const uint32_t normed = act_.h;
+  if (auto e = norm("output_norm", in, normed)) return e;
+  if (!c.tied_embeddings) return matmul("output", normed, act_.logits, c.n_vocab, c.n_embd);
+  desc_.plan.prefill.push_back({.op = fb::OpKind::MatMul, .inputs = {normed}, .outputs = {act_.logits},
+                                .weights = {embd_weight_}, .rows = c.n_vocab, .cols = c.n_embd,
+                                .name = "output (tied to token_embd)"});
+  return llvm::Error::success();
+}
+
+llvm::Error GraphBuilder::finish() {
+  // Every GGUF tensor must be used: an unknown tensor means an architecture variant we do not handle.
+  if (desc_.weights.size() != file_.tensors().size()) {
+    for (const gguf::TensorInfo& t : file_.tensors()) {
+      bool used = false;
+      for (const WeightDesc& w : desc_.weights) used |= w.info == &t;
+      if (!used)
+        return makeError(llvm::formatv("{0}: tensor '{1}' is not used by the {2} architecture as minfer knows it",
+                                       file_.fileName(), t.name, desc_.config.architecture));
+    }
+  }
+  // The CPU and the first GPU path run the same step list for one token and for many.
+  desc_.plan.decode = desc_.plan.prefill;
+  return llvm::Error::success();
+}
+
+}  // namespace minfer::model

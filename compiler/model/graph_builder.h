@@ -1,0 +1,92 @@
+// GraphBuilder: the shared blocks (embedding, RMSNorm, matmul, QKV, RoPE, attention, gated FFN,
+// output head) that each architecture's forward pass in arch/<name>.cpp is written with, appending
+// steps to the ModelDescription's plan (DESIGN.md §4; llama.cpp's llm_graph_context plays this role).
+//
+// Every block registers the GGUF tensors it reads through weight(), which checks presence, shape and
+// type against the hyperparameters; finish() then refuses a GGUF with a tensor no block used. Tensor
+// names are llama.cpp's: token_embd, blk.N.attn_norm, blk.N.attn_q/k/v(.bias), blk.N.attn_q_norm, ...
+// Buffers hold one row per token; widths below are per row, f32 unless noted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/model/model_desc.h"
+
+namespace minfer::model {
+
+// The activation buffers of a llama-like forward pass (ids into plan.buffers), made by embedding().
+struct Activations {
+  uint32_t ids = 0;           // (tokens), i32 token ids
+  uint32_t x = 0, h = 0;      // (tokens, n_embd): the residual stream; a block's normed input or output
+  uint32_t q = 0;             // (tokens, n_head * head_dim)
+  uint32_t k = 0, v = 0;      // (tokens, n_head_kv * head_dim)
+  uint32_t attn = 0;          // (tokens, n_head * head_dim): attention output before attn_output
+  uint32_t gate = 0, up = 0;  // (tokens, n_ff): FFN gate and up projections (SwiGLU writes gate)
+  uint32_t logits = 0;        // (tokens, n_vocab)
+};
+
+// Options of the q/k/v projection block: the architecture facts that change it.
+struct QkvOptions {
+  bool bias = false;       // blk.N.attn_q/k/v.bias [width], added to each projection (qwen2)
+  bool head_norm = false;  // blk.N.attn_q_norm/attn_k_norm.weight [head_dim]: per-head RMSNorm (qwen3)
+};
+
+class GraphBuilder {
+ public:
+  // `desc.config` must be read already (hyperparameters, rope style); blocks append to desc.plan and
+  // desc.weights. `file` must outlive `desc` (WeightDesc points into it).
+  GraphBuilder(const gguf::GgufFile& file, ModelDescription& desc) : file_(file), desc_(desc) {}
+
+  const ModelConfig& config() const { return desc_.config; }
+  const Activations& act() const { return act_; }
+  // Prefix of layer `layer`'s tensor and step names: "blk.<layer>.".
+  static std::string layerPrefix(uint32_t layer);
+
+  // Registers a GGUF tensor after checking its presence, shape (ne, ggml order; missing trailing dims
+  // are 1) and type (supported; F32 for kVector). Returns its index into desc.weights, or UINT32_MAX
+  // for an absent optional tensor. Errors name the file, the tensor, and the shapes or types.
+  llvm::Expected<uint32_t> weight(const std::string& name, planes::TensorRole role, std::vector<uint64_t> ne,
+                                  bool optional = false, bool* found = nullptr);
+  // Appends a buffer of `width` elements per token row. Returns its id.
+  uint32_t buffer(const char* name, uint32_t width, fb::BufferType type = fb::BufferType::F32);
+
+  // token_embd.weight [n_embd, n_vocab]: sets n_vocab (≤ 2^24, equal to the tokenizer's size) and
+  // tied_embeddings (no output.weight), makes the Activations buffers, and appends the Embed step
+  // ids → x. Call first.
+  llvm::Error embedding();
+  // RMSNorm of each row: out = in / sqrt(mean(in²) + eps) * <name>.weight [n_embd]. Step `name`.
+  llvm::Error norm(const std::string& name, uint32_t in, uint32_t out);
+  // out = <base>.weight · in (+ <base>.bias [rows]); <base>.weight is [cols, rows]. Step `base`.
+  llvm::Error matmul(const std::string& base, uint32_t in, uint32_t out, uint32_t rows, uint32_t cols,
+                     bool bias = false);
+  // q, k, v = attn_q/k/v · in (+ biases), then, with head_norm, HeadRmsNorm of q and k in place.
+  llvm::Error qkvProjection(uint32_t layer, uint32_t in, QkvOptions options);
+  // RoPE of q and k in place: config's rope style, n_rot, freq base and scale.
+  void rope(uint32_t layer);
+  // Causal GQA attention of q over the layer's KV cache (k, v appended) into attn, then
+  // out = attn_output · attn.
+  llvm::Error attention(uint32_t layer, uint32_t out);
+  // acc += in. Step `name`.
+  void residualAdd(const std::string& name, uint32_t acc, uint32_t in);
+  // out = ffn_down · (silu(ffn_gate · in) ⊙ (ffn_up · in)).
+  llvm::Error gatedFfn(uint32_t layer, uint32_t in, uint32_t out);
+  // One llama-style decoder layer on the residual stream x: x += attention(RoPE(qkv(RMSNorm(x))))
+  // then x += gatedFfn(RMSNorm(x)) (attn_norm, ffn_norm), the block llama, qwen2 and qwen3 share.
+  llvm::Error llamaLayer(uint32_t layer, QkvOptions qkv);
+  // h = RMSNorm(in; output_norm), logits = output · h; output tied to token_embd when output.weight is
+  // absent (the Embed step's weight, planned for both uses).
+  llvm::Error outputHead(uint32_t in);
+  // Refuses a GGUF with a tensor no block registered (an architecture variant minfer does not know);
+  // copies the prefill plan to decode.
+  llvm::Error finish();
+
+ private:
+  const gguf::GgufFile& file_;
+  ModelDescription& desc_;
+  Activations act_;
+  uint32_t embd_weight_ = 0;  // token_embd's index into desc.weights (the tied output reuses it)
+};
+
+}  // namespace minfer::model
