@@ -240,6 +240,49 @@ static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block size");
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block size");
 
 // ---------------------------------------------------------------------------------------------
+// Compile-time facts of each quantized block format, the role of ggml-cuda's
+// ggml_cuda_type_traits<T> (qk, qr, qi): code that needs "weights per block" asks BlockTraits<T>.
+//   Block       the block struct above (field byte offsets: offsetof(Block, field) on the host)
+//   kWeights    weights per block (ggml's qk)
+//   kBytes      bytes per block, sizeof(Block)
+//   kGroupSize  weights per scale group (the scale plane's group size)
+//   kGroups     scale groups per block
+//   kHasMin     the decomposed form has a min (a `min` plane)
+//   kQBias      subtracted from the stored unsigned q to give the decomposed q (0: q is as stored)
+// ggmlTypeTraits(), groupSize() and hasMin() give the same numbers at run time (tests/planes checks
+// that they agree).
+// Host only: NVRTC emits these static members into every cubin as device globals (measured: +14 KB per
+// image), so device code does not see them.
+#if !defined(__CUDACC_RTC__) && !defined(__CUDACC__)
+template <typename B, int W, int G, bool M, int Bias>
+struct BlockTraitsOf {
+  using Block = B;
+  static constexpr int kWeights = W;
+  static constexpr int kBytes = static_cast<int>(sizeof(B));
+  static constexpr int kGroupSize = G;
+  static constexpr int kGroups = W / G;
+  static constexpr bool kHasMin = M;
+  static constexpr int kQBias = Bias;
+};
+
+template <GgmlType T> struct BlockTraits;  // defined for the quantized formats above
+template <> struct BlockTraits<GgmlType::Q4_0> : BlockTraitsOf<BlockQ4_0, 32, 32, false, 8> {};
+template <> struct BlockTraits<GgmlType::Q4_1> : BlockTraitsOf<BlockQ4_1, 32, 32, true, 0> {};
+template <> struct BlockTraits<GgmlType::Q5_0> : BlockTraitsOf<BlockQ5_0, 32, 32, false, 16> {};
+template <> struct BlockTraits<GgmlType::Q5_1> : BlockTraitsOf<BlockQ5_1, 32, 32, true, 0> {};
+template <> struct BlockTraits<GgmlType::Q8_0> : BlockTraitsOf<BlockQ8_0, 32, 32, false, 0> {};
+template <> struct BlockTraits<GgmlType::Q2_K> : BlockTraitsOf<BlockQ2_K, kQK_K, 16, true, 0> {
+  static constexpr int kScaleBits = 4;   // scales[g]: the scale in the low 4 bits, the min in the high 4
+};
+template <> struct BlockTraits<GgmlType::Q3_K> : BlockTraitsOf<BlockQ3_K, kQK_K, 16, false, 4> {
+  static constexpr int kScaleBias = 32;  // the 6-bit scales (q3kScales) are stored biased by +32
+};
+template <> struct BlockTraits<GgmlType::Q4_K> : BlockTraitsOf<BlockQ4_K, kQK_K, 32, true, 0> {};
+template <> struct BlockTraits<GgmlType::Q5_K> : BlockTraitsOf<BlockQ5_K, kQK_K, 32, true, 0> {};
+template <> struct BlockTraits<GgmlType::Q6_K> : BlockTraitsOf<BlockQ6_K, kQK_K, 16, false, 32> {};
+#endif  // host only
+
+// ---------------------------------------------------------------------------------------------
 // Packed-scale helpers.
 
 // Q4_K / Q5_K: scale and min of group j (0..7) from the 12-byte packing: groups 0..3 keep 6 bits in

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
+#include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 #include "llvm/Support/FormatVariadic.h"
 
@@ -59,118 +61,155 @@ void toF32Rows(const RowContext& x, uint64_t r0, uint64_t r1) {
     uint8_t* dst = x.row(PlaneKind::kF32, r);
     const uint8_t* src = x.src + r * x.src_row_bytes;
     if (x.type == GgmlType::F32) {
-      std::memcpy(dst, src, x.cols * 4);
+      std::memcpy(dst, src, x.cols * sizeof(float));
     } else {
       for (uint64_t b = 0; b < x.blocks_per_row; ++b) {
         dequantizeBlock(x.type, src + b * tr.type_size, buf);
-        std::memcpy(dst + b * tr.block_size * 4, buf, tr.block_size * 4);
+        std::memcpy(dst + b * tr.block_size * sizeof(float), buf, tr.block_size * sizeof(float));
       }
     }
-    zeroTail(dst, x.cols * 4, x.rowPitch(PlaneKind::kF32));
+    zeroTail(dst, x.cols * sizeof(float), x.rowPitch(PlaneKind::kF32));
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Quantized types: decompose each block once and scatter q / scale / min / packed nibbles.
 
-// 4-bit packed run: bytes b < 16 of each 32-weight run hold q[b] + off (low nibble) and
-// q[b + 16] + off (high nibble), the order of packedOffset().
+// The 4-bit packed plane's run (packedOffset, kernels/stride_table.h): ggml's Q4_0 nibble order, so a
+// run is one Q4_0 block's weights and its bytes are that block's qs.
+constexpr int kPackedRun = BlockTraits<GgmlType::Q4_0>::kWeights;
+constexpr int kPackedRunBytes = static_cast<int>(sizeof(BlockQ4_0::qs));
+
+// 4-bit packed run: bytes b < kPackedRunBytes of each run hold q[b] + off (low nibble) and
+// q[b + kPackedRunBytes] + off (high nibble), the order of packedOffset().
 inline void packNibbles(const int8_t* q, int n, int off, uint8_t* dst) {
-  for (int run = 0; run < n / 32; ++run) {
-    const int8_t* qr = q + 32 * run;
-    for (int b = 0; b < 16; ++b)
-      dst[16 * run + b] = static_cast<uint8_t>(((qr[b] + off) & 0xF) | (((qr[b + 16] + off) & 0xF) << 4));
+  for (int run = 0; run < n / kPackedRun; ++run) {
+    const int8_t* qr = q + kPackedRun * run;
+    for (int b = 0; b < kPackedRunBytes; ++b)
+      dst[kPackedRunBytes * run + b] =
+          static_cast<uint8_t>(((qr[b] + off) & 0xF) | (((qr[b + kPackedRunBytes] + off) & 0xF) << 4));
   }
 }
 
 // Specialized block decompositions of the K-quants (the throughput-critical formats) and Q5_0/Q5_1. Each produces
 // exactly decomposeBlock's q / scale / min (the content gate in tests/planes checks every type against
 // an independent expansion), with loops that vectorize: one pass over the block's bytes, no per-element
-// index arithmetic. `min` is written only for formats that have one.
+// index arithmetic. `min` is written only for formats that have one. Sizes, field offsets and biases
+// come from BlockTraits and the block structs (kernels/block_formats.h); the loop shapes are ggml's
+// element orders (dequantize_row_*), stated in each comment.
 // Cost: about 256 byte ops + 16 float ops per block.
 
-// Q4_K / Q5_K: element 64c + 32h + l is nibble h of qs[32c + l] (+ 16·bit (2c + h) of qh[l] for Q5_K).
+// Q4_K / Q5_K: groups 2c and 2c + 1 (32 weights each) are the low and high nibbles of
+// qs[32c .. 32c + 31]; Q5_K adds 16·bit g of qh[l] to weight l of group g.
 template <bool kFive>
 inline void fastQ45K(const uint8_t* b, int8_t* q, float* scale, float* min) {
-  const float d = halfToFloat(readU16(b)), dmin = halfToFloat(readU16(b + 2));
-  for (int g = 0; g < 8; ++g) {
+  using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
+  using Tr = BlockTraits<kFive ? GgmlType::Q5_K : GgmlType::Q4_K>;
+  constexpr int kG = Tr::kGroupSize;
+  const float d = halfToFloat(readU16(b + offsetof(Block, d)));
+  const float dmin = halfToFloat(readU16(b + offsetof(Block, dmin)));
+  for (int g = 0; g < Tr::kGroups; ++g) {
     uint8_t sc, m;
-    kScaleMin(g, b + 4, &sc, &m);
+    kScaleMin(g, b + offsetof(Block, scales), &sc, &m);
     scale[g] = d * static_cast<float>(sc);
     min[g] = -(dmin * static_cast<float>(m));
   }
-  const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + (kFive ? 48 : 16);
-  for (int c = 0; c < 4; ++c) {
-    for (int l = 0; l < 32; ++l) {
-      const uint8_t v = qs[32 * c + l];
+  const uint8_t* qh = b + offsetof(BlockQ5_K, qh);  // read for Q5_K only
+  const uint8_t* qs = b + offsetof(Block, qs);
+  for (int c = 0; c < Tr::kGroups / 2; ++c) {
+    for (int l = 0; l < kG; ++l) {
+      const uint8_t v = qs[kG * c + l];
       uint8_t lo = v & 0xF, hi = v >> 4;
       if constexpr (kFive) {
         lo |= static_cast<uint8_t>(((qh[l] >> (2 * c)) & 1) << 4);
         hi |= static_cast<uint8_t>(((qh[l] >> (2 * c + 1)) & 1) << 4);
       }
-      q[64 * c + l] = static_cast<int8_t>(lo);
-      q[64 * c + 32 + l] = static_cast<int8_t>(hi);
+      q[2 * kG * c + l] = static_cast<int8_t>(lo);
+      q[2 * kG * c + kG + l] = static_cast<int8_t>(hi);
     }
   }
 }
 
-// Q4_K packed plane straight from qs: run 2c holds the low nibbles of qs[32c .. 32c+31], run 2c+1
-// the high nibbles; packed byte b of a run pairs weights b and b + 16 of the run.
+// Q4_K packed plane straight from qs: each group is one packed run; run 2c holds the low nibbles of
+// qs[32c .. 32c + 31], run 2c + 1 the high nibbles; packed byte i of a run pairs its weights i and i + 16.
 inline void packQ4K(const uint8_t* b, uint8_t* dst) {
-  const uint8_t* qs = b + 16;
-  for (int c = 0; c < 4; ++c) {
-    for (int i = 0; i < 16; ++i) {
-      const uint8_t x = qs[32 * c + i], y = qs[32 * c + 16 + i];
-      dst[32 * c + i] = static_cast<uint8_t>((x & 0xF) | (y << 4));
-      dst[32 * c + 16 + i] = static_cast<uint8_t>((x >> 4) | (y & 0xF0));
+  using Tr = BlockTraits<GgmlType::Q4_K>;
+  static_assert(Tr::kGroupSize == kPackedRun, "a Q4_K group is one packed run");
+  constexpr int kHalf = kPackedRunBytes;
+  const uint8_t* qs = b + offsetof(BlockQ4_K, qs);
+  for (int c = 0; c < Tr::kGroups / 2; ++c) {
+    for (int i = 0; i < kHalf; ++i) {
+      const uint8_t x = qs[Tr::kGroupSize * c + i], y = qs[Tr::kGroupSize * c + kHalf + i];
+      dst[2 * kPackedRunBytes * c + i] = static_cast<uint8_t>((x & 0xF) | (y << 4));
+      dst[2 * kPackedRunBytes * c + kPackedRunBytes + i] = static_cast<uint8_t>((x >> 4) | (y & 0xF0));
     }
   }
 }
 
-// Q6_K: element 128n + 32k + l: nibble (k / 2) of ql[64n + 32(k % 2) + l], high bits 2k..2k+1 of
-// qh[32n + l], minus 32; 16 groups of 16 with scale d · sc[g].
+// Q6_K, ggml's order: two halves of 128 weights; weight 128n + 32k + l (quarter k, lane l < 32) is
+// nibble (k / 2) of ql[64n + 32(k % 2) + l] with high bits 2k..2k+1 of qh[32n + l], minus 32;
+// 16 groups of 16 with scale d · scales[g].
 inline void fastQ6K(const uint8_t* b, int8_t* q, float* scale) {
-  const float d = halfToFloat(readU16(b + 208));
-  for (int g = 0; g < 16; ++g) scale[g] = d * static_cast<float>(static_cast<int8_t>(b[192 + g]));
-  for (int n = 0; n < 2; ++n) {
-    const uint8_t* ql = b + 64 * n;
-    const uint8_t* qh = b + 128 + 32 * n;
-    int8_t* y = q + 128 * n;
-    for (int l = 0; l < 32; ++l) {
+  using Tr = BlockTraits<GgmlType::Q6_K>;
+  constexpr int kLanes = 32;                                                // ggml's inner loop
+  constexpr int kHalves = static_cast<int>(sizeof(BlockQ6_K::qh)) / kLanes;  // qh: one byte per lane
+  constexpr int kHalfWeights = Tr::kWeights / kHalves;
+  constexpr int kQlHalf = static_cast<int>(sizeof(BlockQ6_K::ql)) / kHalves;
+  static_assert(kHalfWeights == 4 * kLanes && kQlHalf == 2 * kLanes, "Q6_K: 4 quarters per half");
+  const float d = halfToFloat(readU16(b + offsetof(BlockQ6_K, d)));
+  const uint8_t* scales = b + offsetof(BlockQ6_K, scales);
+  for (int g = 0; g < Tr::kGroups; ++g) scale[g] = d * static_cast<float>(static_cast<int8_t>(scales[g]));
+  for (int n = 0; n < kHalves; ++n) {
+    const uint8_t* ql = b + offsetof(BlockQ6_K, ql) + kQlHalf * n;
+    const uint8_t* qh = b + offsetof(BlockQ6_K, qh) + kLanes * n;
+    int8_t* y = q + kHalfWeights * n;
+    for (int l = 0; l < kLanes; ++l) {
       const uint8_t h = qh[l];
-      y[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((h & 3) << 4)) - 32);
-      y[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) - 32);
-      y[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((h >> 4) & 3) << 4)) - 32);
-      y[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) - 32);
+      y[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((h & 3) << 4)) - Tr::kQBias);
+      y[l + kLanes] = static_cast<int8_t>(((ql[l + kLanes] & 0xF) | (((h >> 2) & 3) << 4)) - Tr::kQBias);
+      y[l + 2 * kLanes] = static_cast<int8_t>(((ql[l] >> 4) | (((h >> 4) & 3) << 4)) - Tr::kQBias);
+      y[l + 3 * kLanes] = static_cast<int8_t>(((ql[l + kLanes] >> 4) | (((h >> 6) & 3) << 4)) - Tr::kQBias);
     }
   }
 }
 
-// Q2_K / Q3_K: element 128n + 32s + j (j < 32) takes bits 2s..2s+1 of qs[32n + j]; Q3_K subtracts 4
-// when bit (4n + s) of hmask[j] is clear. 16 groups of 16.
+// Q2_K / Q3_K, ggml's order: weight 128n + 32s + j (j < 32) takes bits 2s..2s+1 of qs[32n + j]; Q3_K
+// subtracts 4 when bit (4n + s) of hmask[j] is clear. 16 groups of 16.
 template <bool kThree>
 inline void fastQ23K(const uint8_t* b, int8_t* q, float* scale, float* min) {
-  const uint8_t* qs = b + (kThree ? 32 : 16);
+  using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
+  using Tr = BlockTraits<kThree ? GgmlType::Q3_K : GgmlType::Q2_K>;
+  constexpr int kLanes = 32;                                                  // ggml's inner loop
+  constexpr int kHalves = static_cast<int>(sizeof(Block::qs)) / kLanes;       // 2
+  constexpr int kShifts = Tr::kWeights / (kHalves * kLanes);                  // 4 2-bit fields per byte
+  static_assert(kShifts == 4, "2 low bits per weight in qs");
+  const uint8_t* qs = b + offsetof(Block, qs);
   if constexpr (kThree) {
-    int8_t sc[16];
-    q3kScales(b + 96, sc);
-    const float d = halfToFloat(readU16(b + 108));
-    for (int g = 0; g < 16; ++g) scale[g] = d * static_cast<float>(sc[g] - 32);
+    using Q3 = BlockTraits<GgmlType::Q3_K>;
+    int8_t sc[Q3::kGroups];
+    q3kScales(b + offsetof(BlockQ3_K, scales), sc);
+    const float d = halfToFloat(readU16(b + offsetof(BlockQ3_K, d)));
+    for (int g = 0; g < Q3::kGroups; ++g) scale[g] = d * static_cast<float>(sc[g] - Q3::kScaleBias);
   } else {
-    const float d = halfToFloat(readU16(b + 80)), dmin = halfToFloat(readU16(b + 82));
-    for (int g = 0; g < 16; ++g) {
-      scale[g] = d * static_cast<float>(b[g] & 0xF);
-      min[g] = -(dmin * static_cast<float>(b[g] >> 4));
+    using Q2 = BlockTraits<GgmlType::Q2_K>;
+    constexpr uint8_t kMask = (1u << Q2::kScaleBits) - 1;
+    const uint8_t* scales = b + offsetof(BlockQ2_K, scales);
+    const float d = halfToFloat(readU16(b + offsetof(BlockQ2_K, d)));
+    const float dmin = halfToFloat(readU16(b + offsetof(BlockQ2_K, dmin)));
+    for (int g = 0; g < Q2::kGroups; ++g) {
+      scale[g] = d * static_cast<float>(scales[g] & kMask);
+      min[g] = -(dmin * static_cast<float>(scales[g] >> Q2::kScaleBits));
     }
   }
+  const uint8_t* hmask = b + offsetof(BlockQ3_K, hmask);  // read for Q3_K only
   // Byte-wide arithmetic throughout (stays in 16-byte vectors of 16 lanes).
-  for (int n = 0; n < 2; ++n) {
-    for (int s = 0; s < 4; ++s) {
-      uint8_t* y = reinterpret_cast<uint8_t*>(q + 128 * n + 32 * s);
-      for (int j = 0; j < 32; ++j) {
-        uint8_t v = static_cast<uint8_t>((qs[32 * n + j] >> (2 * s)) & 3);
-        if constexpr (kThree) v = static_cast<uint8_t>(v - ((~b[j] >> (4 * n + s)) & 1) * 4);
+  for (int n = 0; n < kHalves; ++n) {
+    for (int s = 0; s < kShifts; ++s) {
+      uint8_t* y = reinterpret_cast<uint8_t*>(q + kShifts * kLanes * n + kLanes * s);
+      for (int j = 0; j < kLanes; ++j) {
+        uint8_t v = static_cast<uint8_t>((qs[kLanes * n + j] >> (2 * s)) & 3);
+        if constexpr (kThree)
+          v = static_cast<uint8_t>(v - ((~hmask[j] >> (kShifts * n + s)) & 1) * Tr::kQBias);
         y[j] = v;
       }
     }
@@ -191,50 +230,23 @@ constexpr SpreadTable kSpread;
 
 template <bool kOne>
 inline void fastQ5(const uint8_t* b, int8_t* q, float* scale, float* min) {
-  scale[0] = halfToFloat(readU16(b));
-  if constexpr (kOne) min[0] = halfToFloat(readU16(b + 2));
-  const uint8_t* qh = b + (kOne ? 4 : 2);
-  const uint8_t* qs = qh + 4;
-  uint8_t high[32];
-  for (int k = 0; k < 4; ++k) std::memcpy(high + 8 * k, &kSpread.v[qh[k]], 8);
+  using Block = std::conditional_t<kOne, BlockQ5_1, BlockQ5_0>;
+  using Tr = BlockTraits<kOne ? GgmlType::Q5_1 : GgmlType::Q5_0>;
+  constexpr int kHalf = Tr::kWeights / 2;
+  scale[0] = halfToFloat(readU16(b + offsetof(Block, d)));
+  if constexpr (kOne) min[0] = halfToFloat(readU16(b + offsetof(BlockQ5_1, m)));
+  const uint8_t* qh = b + offsetof(Block, qh);
+  const uint8_t* qs = b + offsetof(Block, qs);
+  uint8_t high[Tr::kWeights];
+  for (int k = 0; k < static_cast<int>(sizeof(Block::qh)); ++k) std::memcpy(high + 8 * k, &kSpread.v[qh[k]], 8);
   uint8_t* y = reinterpret_cast<uint8_t*>(q);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = static_cast<uint8_t>(((qs[j] & 0xF) | high[j]) - (kOne ? 0 : 16));
-    y[j + 16] = static_cast<uint8_t>(((qs[j] >> 4) | high[j + 16]) - (kOne ? 0 : 16));
+  for (int j = 0; j < kHalf; ++j) {
+    y[j] = static_cast<uint8_t>(((qs[j] & 0xF) | high[j]) - Tr::kQBias);
+    y[j + kHalf] = static_cast<uint8_t>(((qs[j] >> 4) | high[j + kHalf]) - Tr::kQBias);
   }
 }
 
-// Compile-time block facts of the quantized types (ggmlTypeTraits and groupSize are not constexpr;
-// decomposeRows asserts that these agree with them).
-constexpr bool isKQuant(GgmlType t) {
-  return t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K ||
-         t == GgmlType::Q6_K;
-}
-constexpr int blockWeights(GgmlType t) { return isKQuant(t) ? kQK_K : 32; }
-constexpr int blockBytes(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0: return 18;
-    case GgmlType::Q4_1: return 20;
-    case GgmlType::Q5_0: return 22;
-    case GgmlType::Q5_1: return 24;
-    case GgmlType::Q8_0: return 34;
-    case GgmlType::Q2_K: return 84;
-    case GgmlType::Q3_K: return 110;
-    case GgmlType::Q4_K: return 144;
-    case GgmlType::Q5_K: return 176;
-    case GgmlType::Q6_K: return 210;
-    default: return 0;
-  }
-}
-constexpr int groupWeights(GgmlType t) {
-  return (t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q6_K) ? 16 : 32;
-}
-constexpr bool hasMinT(GgmlType t) {
-  return t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q2_K || t == GgmlType::Q4_K ||
-         t == GgmlType::Q5_K;
-}
-
-// One block → q (kBs int8), scale and min (kGroups floats; min only with hasMinT).
+// One block → q (kWeights int8), scale and min (kGroups floats; min only with kHasMin).
 template <GgmlType T>
 inline void decomposeOne(const uint8_t* b, int8_t* q, float* scale, float* min) {
   if constexpr (T == GgmlType::Q4_K) fastQ45K<false>(b, q, scale, min);
@@ -249,12 +261,15 @@ inline void decomposeOne(const uint8_t* b, int8_t* q, float* scale, float* min) 
 
 template <GgmlType T>
 void decomposeRows(const RowContext& x, uint64_t r0, uint64_t r1) {
-  constexpr int kBs = blockWeights(T);
-  constexpr int kTs = blockBytes(T);
-  constexpr int kGroups = kBs / groupWeights(T);
-  constexpr bool kHasMin = hasMinT(T);
+  using Tr = BlockTraits<T>;
+  using Block = typename Tr::Block;
+  constexpr int kBs = Tr::kWeights;
+  constexpr int kTs = Tr::kBytes;
+  constexpr int kGroups = Tr::kGroups;
+  constexpr bool kHasMin = Tr::kHasMin;
+  // The run-time tables of block_formats.h state the same facts (tests/planes checks every type).
   assert(ggmlTypeTraits(T).block_size == kBs && ggmlTypeTraits(T).type_size == kTs &&
-         groupSize(T) == groupWeights(T) && hasMin(T) == kHasMin);
+         groupSize(T) == Tr::kGroupSize && hasMin(T) == kHasMin);
   const int off = -x.q_offset;
   for (uint64_t r = r0; r < r1; ++r) {
     const uint8_t* src = x.src + r * x.src_row_bytes;
@@ -274,23 +289,23 @@ void decomposeRows(const RowContext& x, uint64_t r0, uint64_t r1) {
         float scale[kGroups], min[kGroups];
         int8_t* q = qi ? reinterpret_cast<int8_t*>(qi + b * kBs) : qtmp;
         decomposeOne<T>(blk, q, scale, min);
-        if (sc) std::memcpy(sc + b * kGroups * 4, scale, kGroups * 4);
+        if (sc) std::memcpy(sc + b * sizeof scale, scale, sizeof scale);
         if constexpr (kHasMin)
-          if (mn) std::memcpy(mn + b * kGroups * 4, min, kGroups * 4);
+          if (mn) std::memcpy(mn + b * sizeof min, min, sizeof min);
         if constexpr (kPackFromQ)
           if (pk) packNibbles(q, kBs, off, pk + b * (kBs / 2));
       }
       if constexpr (!kPackFromQ) {
         if (pk) {
           if constexpr (T == GgmlType::Q4_K) packQ4K(blk, pk + b * (kBs / 2));
-          else std::memcpy(pk + b * 16, blk + (T == GgmlType::Q4_0 ? 2 : 4), 16);
+          else std::memcpy(pk + b * sizeof(Block::qs), blk + offsetof(Block, qs), sizeof(Block::qs));
         }
       }
     }
     const uint64_t groups = x.blocks_per_row * kGroups;
     zeroTail(qi, x.cols, x.rowPitch(PlaneKind::kI8));
-    zeroTail(sc, groups * 4, x.rowPitch(PlaneKind::kScale));
-    zeroTail(mn, groups * 4, x.rowPitch(PlaneKind::kMin));
+    zeroTail(sc, groups * sizeof(float), x.rowPitch(PlaneKind::kScale));
+    zeroTail(mn, groups * sizeof(float), x.rowPitch(PlaneKind::kMin));
     zeroTail(pk, x.cols / 2, x.rowPitch(PlaneKind::kPacked));
   }
 }

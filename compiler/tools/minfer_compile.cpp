@@ -9,6 +9,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/raw_ostream.h"
+#include "minfer/artifact.h"
 #include "runtime/include/minfer/version.h"
 
 namespace {
@@ -62,8 +63,9 @@ int main(int argc, char** argv) {
     }
     options.targets.push_back(arch.trim().str());
   }
-  if (options.max_batch == 0 || options.max_batch > 65536) {
-    llvm::errs() << "minfer-compile: --max-batch " << options.max_batch << " is out of range 1..65536\n";
+  if (options.max_batch == 0 || options.max_batch > minfer::kArtifactMaxBatch) {
+    llvm::errs() << "minfer-compile: --max-batch " << options.max_batch << " is out of range 1.."
+                 << minfer::kArtifactMaxBatch << "\n";
     return 1;
   }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -277,6 +278,57 @@ TEST_CASE("independent block expansion reproduces dequantizeBlock bit for bit") 
     }
     CHECK(bad == 0);
   }
+}
+
+namespace {
+
+// The transforms size and address blocks with BlockTraits<T>; the GGUF reader, the layout planner
+// and the runtime use ggmlTypeTraits / groupSize / hasMin / decomposeBlock. Both must agree.
+template <GgmlType T>
+void checkBlockTraits() {
+  using Tr = BlockTraits<T>;
+  INFO(typeName(T));
+  CHECK(ggmlTypeTraits(T).block_size == static_cast<uint32_t>(Tr::kWeights));
+  CHECK(ggmlTypeTraits(T).type_size == static_cast<uint32_t>(Tr::kBytes));
+  CHECK(groupSize(T) == Tr::kGroupSize);
+  CHECK(Tr::kGroups * Tr::kGroupSize == Tr::kWeights);
+  CHECK(hasMin(T) == Tr::kHasMin);
+  // A block of zero bytes has every stored q = 0, so every decomposed q is −kQBias.
+  std::vector<uint8_t> zero(Tr::kBytes, 0);
+  int8_t q[kQK_K];
+  float scale[kQK_K], min[kQK_K];
+  REQUIRE(decomposeBlock(T, zero.data(), q, scale, min));
+  for (int e = 0; e < Tr::kWeights; ++e) CHECK(q[e] == -Tr::kQBias);
+}
+
+}  // namespace
+
+TEST_CASE("BlockTraits agree with the run-time tables and decomposeBlock") {
+  checkBlockTraits<GgmlType::Q4_0>();
+  checkBlockTraits<GgmlType::Q4_1>();
+  checkBlockTraits<GgmlType::Q5_0>();
+  checkBlockTraits<GgmlType::Q5_1>();
+  checkBlockTraits<GgmlType::Q8_0>();
+  checkBlockTraits<GgmlType::Q2_K>();
+  checkBlockTraits<GgmlType::Q3_K>();
+  checkBlockTraits<GgmlType::Q4_K>();
+  checkBlockTraits<GgmlType::Q5_K>();
+  checkBlockTraits<GgmlType::Q6_K>();
+  // Scale layouts: Q2_K scale in the low kScaleBits of scales[g], min above; Q3_K scales biased.
+  const uint16_t one = floatToHalf(1.0f);
+  uint8_t q2[sizeof(BlockQ2_K)] = {};
+  q2[offsetof(BlockQ2_K, scales)] = static_cast<uint8_t>(3 | (5 << BlockTraits<GgmlType::Q2_K>::kScaleBits));
+  std::memcpy(q2 + offsetof(BlockQ2_K, d), &one, 2);
+  std::memcpy(q2 + offsetof(BlockQ2_K, dmin), &one, 2);
+  int8_t q[kQK_K];
+  float scale[kQK_K], min[kQK_K];
+  REQUIRE(decomposeBlock(GgmlType::Q2_K, q2, q, scale, min));
+  CHECK(scale[0] == 3.0f);
+  CHECK(min[0] == -5.0f);
+  uint8_t q3[sizeof(BlockQ3_K)] = {};
+  std::memcpy(q3 + offsetof(BlockQ3_K, d), &one, 2);
+  REQUIRE(decomposeBlock(GgmlType::Q3_K, q3, q, scale, min));
+  CHECK(scale[0] == static_cast<float>(-BlockTraits<GgmlType::Q3_K>::kScaleBias));
 }
 
 TEST_CASE("layout rules: plane kinds, element types, pitches and group sizes for every type and role") {

@@ -1,0 +1,159 @@
+// CPU backend plan steps: weight and buffer resolution for the op families, the arity check, and the
+// prepare / run dispatch tables expanded from schema/op_traits.h MINFER_OPS.
+#include "runtime/cpu/cpu_step.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace minfer::cpu {
+namespace {
+
+// Which family serves which op, indexed by OpKind.
+using PrepareFn = Status (*)(PrepareContext&, const fb::Step&, StepInfo&);
+using RunFn = void (*)(RunContext&, const StepInfo&);
+#define MINFER_CPU_PREPARE_ROW(kind, family, ...) family##Prepare,
+#define MINFER_CPU_RUN_ROW(kind, family, ...) family##Run,
+constexpr PrepareFn kPrepare[] = {MINFER_OPS(MINFER_CPU_PREPARE_ROW)};
+constexpr RunFn kRun[] = {MINFER_OPS(MINFER_CPU_RUN_ROW)};
+#undef MINFER_CPU_PREPARE_ROW
+#undef MINFER_CPU_RUN_ROW
+static_assert(std::size(kPrepare) == std::size(kOpTraits) && std::size(kRun) == std::size(kOpTraits),
+              "one CPU op family per OpKind");
+
+constexpr bool stepSlotsFitEveryOp() {
+  for (const OpTraits& t : kOpTraits)
+    if (t.max_inputs > StepInfo::kMaxIn || t.outputs > StepInfo::kMaxOut) return false;
+  return true;
+}
+static_assert(stepSlotsFitEveryOp(), "StepInfo::in / out hold the buffers of every op in schema/op_traits.h");
+
+// Checks the step's input, output and weight counts against its op's arity (schema/op_traits.h) and
+// copies the buffer ids into `info`.
+Status checkArity(const fb::Step& s, const OpTraits& t, StepInfo& info) {
+  const uint32_t n_in = count(s.inputs()), n_out = count(s.outputs()), n_w = count(s.weights());
+  if (n_in < t.min_inputs || n_in > t.max_inputs || n_out != t.outputs || n_w < t.min_weights ||
+      n_w > t.max_weights)
+    return Status::error(info.label + ": has " + std::to_string(n_in) + " inputs, " + std::to_string(n_out) +
+                         " outputs, " + std::to_string(n_w) + " weights; expected " +
+                         std::to_string(t.min_inputs) +
+                         (t.max_inputs != t.min_inputs ? ".." + std::to_string(t.max_inputs) : "") + " inputs, " +
+                         std::to_string(t.outputs) + " outputs, " + std::to_string(t.min_weights) +
+                         (t.max_weights != t.min_weights ? ".." + std::to_string(t.max_weights) : "") + " weights");
+  for (uint32_t i = 0; i < std::min(n_in, StepInfo::kMaxIn); ++i) info.in[i] = s.inputs()->Get(i);
+  for (uint32_t i = 0; i < std::min(n_out, StepInfo::kMaxOut); ++i) info.out[i] = s.outputs()->Get(i);
+  return Status::ok();
+}
+
+// The plane slot of `w` a plane of `kind` fills; nullptr for kPacked (skipped) and unknown kinds.
+PlaneView* planeSlot(WeightPlanes& w, PlaneKind kind) {
+  switch (kind) {
+    case PlaneKind::kF32: case PlaneKind::kF16: case PlaneKind::kBF16: return &w.dense;
+    case PlaneKind::kI8: return &w.q;
+    case PlaneKind::kScale: return &w.scale;
+    case PlaneKind::kMin: return &w.min;
+    case PlaneKind::kBlocks: return &w.blocks;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+Status PrepareContext::resolveTensor(uint32_t index, const std::string& label) {
+  if (index >= weights.size())
+    return Status::error(label + ": weight index " + std::to_string(index) + " ≥ " +
+                         std::to_string(weights.size()) + " tensors");
+  if (resolved[index]) return Status::ok();
+  const fb::Tensor* t = m->tensors()->Get(index);
+  WeightPlanes w;
+  w.name = t->name()->c_str();
+  if (!t->planes() || t->planes()->size() == 0)
+    return Status::error(label + ": tensor '" + w.name + "' has no planes");
+  for (const fb::Plane* p : *t->planes()) {
+    const fb::StrideTable* l = p->layout();
+    PlaneView v;
+    v.table = toStrideTable(*l);
+    v.data = file.segmentData(*p->data());
+    v.size = p->data()->size();
+    if (!v.data) return Status::error(label + ": tensor '" + w.name + "': a plane's segment lies outside the file");
+    if (v.table.kind == PlaneKind::kPacked) continue;  // decode GEMV on the GPU only
+    PlaneView* slot = planeSlot(w, v.table.kind);
+    if (!slot)
+      return Status::error(label + ": tensor '" + w.name + "' has a plane of unknown kind " +
+                           std::to_string(l->kind()));
+    if (slot->present())
+      return Status::error(label + ": tensor '" + w.name + "' has two planes of kind " + std::to_string(l->kind()));
+    if (w.rows == 0 && w.cols == 0) {
+      w.rows = v.table.rows;
+      w.cols = v.table.cols;
+    }
+    *slot = v;
+  }
+  if (w.cols > (1u << 30) || w.rows > (1u << 30))
+    return Status::error(label + ": tensor '" + w.name + "' is " + std::to_string(w.rows) + " x " +
+                         std::to_string(w.cols) + ", larger than the CPU backend's 2^30 per dimension");
+  MINFER_RETURN_IF_ERROR(checkWeightPlanes(w).withContext(label + ": "));
+  weights[index] = w;
+  resolved[index] = true;
+  return Status::ok();
+}
+
+Result<const float*> PrepareContext::vectorWeight(uint32_t index, uint64_t length, const std::string& label) {
+  MINFER_RETURN_IF_ERROR(resolveTensor(index, label));
+  const WeightPlanes& w = weights[index];
+  if (w.rows * w.cols != length || (w.rows != 1 && w.cols != 1))
+    return Status::error(label + ": tensor '" + w.name + "' is " + std::to_string(w.rows) + " x " +
+                         std::to_string(w.cols) + ", expected a vector of " + std::to_string(length));
+  std::vector<float>& v = vectors[index];
+  if (v.empty()) {
+    Result<RowSource> src = pickRowSource(w, false);
+    if (!src) return src.takeStatus().withContext(label + ": ");
+    v.resize(length);
+    std::vector<float> row(w.cols);
+    for (uint64_t r = 0; r < w.rows; ++r) {
+      dequantizeRow(w, *src, r, row.data());
+      std::copy(row.begin(), row.end(), v.begin() + static_cast<int64_t>(r * w.cols));
+    }
+  }
+  return static_cast<const float*>(v.data());
+}
+
+uint64_t PrepareContext::bufferWidth(uint32_t id) const {
+  const auto* bufs = m->memory()->buffers();
+  return id < bufs->size() ? bufs->Get(id)->width() : 0;
+}
+
+Status PrepareContext::buffer(const StepInfo& info, uint32_t id, uint64_t width, const char* role, bool ids) {
+  const auto* bufs = m->memory()->buffers();
+  if (id >= bufs->size())
+    return Status::error(info.label + ": " + role + " buffer id " + std::to_string(id) + " ≥ " +
+                         std::to_string(bufs->size()) + " buffers");
+  const fb::Buffer* b = bufs->Get(id);
+  const fb::BufferType want = ids ? fb::BufferType::I32 : fb::BufferType::F32;
+  if (b->type() != want)
+    return Status::error(info.label + ": " + role + " buffer '" + b->name()->str() + "' has type " +
+                         fb::EnumNameBufferType(b->type()) + ", the CPU needs " + fb::EnumNameBufferType(want));
+  if (b->width() != width)
+    return Status::error(info.label + ": " + role + " buffer '" + b->name()->str() + "' has width " +
+                         std::to_string(b->width()) + ", expected " + std::to_string(width));
+  used[id] = true;
+  return Status::ok();
+}
+
+Status positive(const StepInfo& info, uint32_t v, const char* field) {
+  if (v == 0 || v > (1u << 20))
+    return Status::error(info.label + ": " + field + " = " + std::to_string(v) + " is out of range 1..2^20");
+  return Status::ok();
+}
+
+Status prepareStep(PrepareContext& c, const fb::Step& s, StepInfo& info) {
+  const OpTraits* traits = opTraits(s.op());
+  if (!traits)
+    return Status::error(info.label + ": op kind " + std::to_string(static_cast<int>(s.op())) +
+                         " is not implemented by the CPU backend");
+  if (!traits->gpu_only) MINFER_RETURN_IF_ERROR(checkArity(s, *traits, info));
+  return kPrepare[static_cast<size_t>(s.op())](c, s, info);
+}
+
+void runStep(RunContext& c, const StepInfo& s) { kRun[static_cast<size_t>(s.op)](c, s); }
+
+}  // namespace minfer::cpu

@@ -1,0 +1,122 @@
+// CPU backend internals shared by cpu_backend.cpp and the op families (runtime/cpu/ops/<family>.cpp):
+// a prepared plan step, the plan-phase and execute-phase contexts, and the families' entry points.
+//
+// Each op of schema/op_traits.h MINFER_OPS has a family with two functions:
+//   Status <family>Prepare(PrepareContext&, const fb::Step&, StepInfo&)  plan phase: checks the
+//       step's parameters, buffers and weights (after prepareStep has checked its arity and filled
+//       info.in / info.out) and fills `info`; errors start with info.label.
+//   void <family>Run(RunContext&, const StepInfo&)  execute phase: runs the step on the batch of the
+//       RunContext with the reference ops of cpu_ops.h; allocates nothing.
+// Adding an op to the CPU backend = one file ops/<family>.cpp defining both (cpu_step.cpp's tables
+// are expanded from MINFER_OPS; CMake globs ops/*.cpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "minfer/artifact.h"
+#include "runtime/cpu/cpu_ops.h"
+#include "runtime/cpu/thread_pool.h"
+#include "schema/op_traits.h"
+
+namespace minfer::cpu {
+
+// One plan step after validation: buffer ids, weight, and parameters as the ops take them.
+struct StepInfo {
+  fb::OpKind op = fb::OpKind::Embed;
+  std::string label;  // "prefill step 12 'blk.0.attn_q' (MatMul)"
+  static constexpr uint32_t kMaxIn = 3, kMaxOut = 2;
+  uint32_t in[kMaxIn] = {0, 0, 0};
+  uint32_t out[kMaxOut] = {0, 0};
+  int weight = -1;                // tensor index (Embed, MatMul)
+  RowSource src = RowSource::kDense;
+  const float* vec = nullptr;     // norm weight (RmsNorm, HeadRmsNorm) or bias (MatMul), else null
+  int layer = -1;
+  float eps = 0;
+  int n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
+  RopeStyle rope_style = RopeStyle::kNorm;
+  float rope_base = 10000, rope_scale = 1;
+  int rows = 0, cols = 0;         // MatMul; width of elementwise ops in `cols`
+  bool skip = false;              // GPU-only step
+  bool logits = false;            // writes memory.logits
+};
+
+// The KV cache shape of one attention layer.
+struct KvShape {
+  int n_head_kv = 0, head_dim = 0;
+};
+
+// Plan phase: the artifact, its weights resolved into plane views of the mapping, and what the
+// prepared steps need from a session (buffers used, KV cache layers, matmul scratch width). Families
+// read and extend it; sessions read it afterwards. Errors name `label` (the step), the tensor or
+// buffer, and the numbers.
+struct PrepareContext {
+  explicit PrepareContext(const ArtifactFile& f) : file(f), m(f.manifest()) {}
+
+  // Resolves tensor `index` into plane views once (weight(index) afterwards); kPacked planes are
+  // skipped (GPU decode GEMV only).
+  Status resolveTensor(uint32_t index, const std::string& label);
+  const WeightPlanes& weight(int index) const { return weights[static_cast<size_t>(index)]; }
+  // Tensor `index` as `length` floats (a 1 × length or length × 1 tensor), materialized once.
+  Result<const float*> vectorWeight(uint32_t index, uint64_t length, const std::string& label);
+  uint64_t bufferWidth(uint32_t id) const;  // 0 for an id outside memory.buffers
+  // Checks that buffer `id` is F32 (I32 when `ids`) of `width` and marks it used; `role` names it
+  // in the error ("input", "q").
+  Status buffer(const StepInfo& info, uint32_t id, uint64_t width, const char* role, bool ids = false);
+
+  const ArtifactFile& file;
+  const fb::Artifact* m;
+  std::vector<WeightPlanes> weights;          // per tensor index (resolved when a step uses it)
+  std::vector<bool> resolved;                 // per tensor index
+  std::vector<std::vector<float>> vectors;    // per tensor index: materialized vector weights
+  std::vector<bool> used;                     // per buffer: read or written by a CPU step
+  std::map<int, KvShape> kv_layers;           // attention layer → cache shape
+  int max_batch = 0;
+  int n_vocab = 0;
+  uint32_t ids = 0, logits = 0;               // memory.input_ids, memory.logits
+  int max_matmul_cols = 0;                    // widest MatMul input (scratch per thread)
+};
+
+// A Step count field (n_head, head_dim, rows, ...) must be 1..2^20 on the CPU.
+Status positive(const StepInfo& info, uint32_t v, const char* field);
+// Length of a Step id vector (absent = 0).
+inline uint32_t count(const flatbuffers::Vector<uint32_t>* v) { return v ? v->size() : 0u; }
+
+// Checks the arity of step `s` (schema/op_traits.h; gpu_only steps are not checked, the CPU reads
+// none of their buffers), fills info.in / info.out and calls the op's family. Error for an op kind
+// outside OpKind.
+Status prepareStep(PrepareContext& c, const fb::Step& s, StepInfo& info);
+
+// Execute phase: a session's activation buffers, KV cache views, scratch and thread pool, and the
+// batch being run. Filled by the session's allocate phase; nothing here allocates afterwards.
+struct RunContext {
+  explicit RunContext(int n_threads) : pool(n_threads) {}
+  float* buf(uint32_t id) { return f32[id].data(); }
+  const WeightPlanes& weight(int index) const { return (*weights)[static_cast<size_t>(index)]; }
+
+  const std::vector<WeightPlanes>* weights = nullptr;  // PrepareContext::weights
+  std::vector<std::vector<float>> f32;  // per buffer id: max_batch × width (empty if unused)
+  std::vector<int32_t> ids;             // max_batch token ids
+  std::map<int, KvLayer> kv_views;      // attention layer → its K and V in the session's cache
+  std::vector<float> matmul_scratch;    // threads × max matmul cols
+  std::vector<float> attn_scratch;      // threads × n_ctx
+  ThreadPool pool;
+  // The batch: n rows at positions pos0 .. pos0+n−1; all_rows: every logits row is wanted.
+  int n = 0, pos0 = 0;
+  bool all_rows = false;
+};
+
+// Runs a prepared, not skipped step (its op is in OpKind: prepareStep checked).
+void runStep(RunContext& c, const StepInfo& s);
+
+// The families, one per op of MINFER_OPS, defined in ops/<family>.cpp (SwiGlu and Add share
+// ops/elementwise.cpp, RmsNorm and HeadRmsNorm ops/norm.cpp).
+#define MINFER_CPU_DECLARE_FAMILY(kind, family, ...)                         \
+  Status family##Prepare(PrepareContext& c, const fb::Step& s, StepInfo& info); \
+  void family##Run(RunContext& c, const StepInfo& s);
+MINFER_OPS(MINFER_CPU_DECLARE_FAMILY)
+#undef MINFER_CPU_DECLARE_FAMILY
+
+}  // namespace minfer::cpu

@@ -1,0 +1,39 @@
+// CPU op family Attention: stores the batch's K/V in the layer's cache, then causal GQA over it
+// (cpu::kvStore, cpu::attention).
+#include "runtime/cpu/cpu_step.h"
+
+namespace minfer::cpu {
+
+// The verifier has checked 0 ≤ layer < config.n_layer.
+Status attentionPrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
+  MINFER_RETURN_IF_ERROR(positive(info, s.n_head(), "n_head"));
+  MINFER_RETURN_IF_ERROR(positive(info, s.n_head_kv(), "n_head_kv"));
+  MINFER_RETURN_IF_ERROR(positive(info, s.head_dim(), "head_dim"));
+  if (s.n_head() % s.n_head_kv() != 0)
+    return Status::error(info.label + ": n_head = " + std::to_string(s.n_head()) +
+                         " is not a multiple of n_head_kv = " + std::to_string(s.n_head_kv()));
+  if (info.out[0] == info.in[0]) return Status::error(info.label + ": output buffer is the q buffer");
+  info.layer = s.layer();
+  info.n_head = static_cast<int>(s.n_head());
+  info.n_head_kv = static_cast<int>(s.n_head_kv());
+  info.head_dim = static_cast<int>(s.head_dim());
+  const uint64_t q_width = uint64_t{s.n_head()} * s.head_dim(), kv_width = uint64_t{s.n_head_kv()} * s.head_dim();
+  MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[0], q_width, "q"));
+  MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[1], kv_width, "k"));
+  MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[2], kv_width, "v"));
+  MINFER_RETURN_IF_ERROR(c.buffer(info, info.out[0], q_width, "output"));
+  auto [it, inserted] = c.kv_layers.try_emplace(info.layer, KvShape{info.n_head_kv, info.head_dim});
+  if (!inserted && (it->second.n_head_kv != info.n_head_kv || it->second.head_dim != info.head_dim))
+    return Status::error(info.label + ": layer " + std::to_string(info.layer) + " was used with n_head_kv = " +
+                         std::to_string(it->second.n_head_kv) + ", head_dim = " +
+                         std::to_string(it->second.head_dim) + " by another step");
+  return Status::ok();
+}
+
+void attentionRun(RunContext& c, const StepInfo& s) {
+  const KvLayer& cache = c.kv_views.at(s.layer);
+  kvStore(cache, c.buf(s.in[1]), c.buf(s.in[2]), c.n, c.pos0);
+  attention(c.buf(s.in[0]), cache, c.n, c.pos0, s.n_head, c.buf(s.out[0]), &c.pool, c.attn_scratch.data());
+}
+
+}  // namespace minfer::cpu

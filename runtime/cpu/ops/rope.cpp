@@ -1,0 +1,38 @@
+// CPU op family Rope: RoPE of q and k in place at the batch's positions (cpu::rope).
+#include "runtime/cpu/cpu_step.h"
+
+namespace minfer::cpu {
+
+Status ropePrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
+  MINFER_RETURN_IF_ERROR(positive(info, s.n_head(), "n_head"));
+  MINFER_RETURN_IF_ERROR(positive(info, s.n_head_kv(), "n_head_kv"));
+  MINFER_RETURN_IF_ERROR(positive(info, s.head_dim(), "head_dim"));
+  if (info.out[0] != info.in[0] || info.out[1] != info.in[1])
+    return Status::error(info.label + ": works in place, but its outputs differ from its inputs");
+  if (s.n_rot() % 2 != 0 || s.n_rot() > s.head_dim() || s.n_rot() > static_cast<uint32_t>(kMaxRot))
+    return Status::error(info.label + ": n_rot = " + std::to_string(s.n_rot()) +
+                         " must be even and ≤ head_dim = " + std::to_string(s.head_dim()) + " and ≤ " +
+                         std::to_string(kMaxRot));
+  if (!(s.rope_freq_base() > 0) || !(s.rope_freq_scale() > 0))
+    return Status::error(info.label + ": rope_freq_base = " + std::to_string(s.rope_freq_base()) +
+                         ", rope_freq_scale = " + std::to_string(s.rope_freq_scale()) + " must be > 0");
+  if (s.rope_style() != fb::RopeStyle::Norm && s.rope_style() != fb::RopeStyle::Neox)
+    return Status::error(info.label + ": unknown rope_style " + std::to_string(static_cast<int>(s.rope_style())));
+  info.n_head = static_cast<int>(s.n_head());
+  info.n_head_kv = static_cast<int>(s.n_head_kv());
+  info.head_dim = static_cast<int>(s.head_dim());
+  info.n_rot = static_cast<int>(s.n_rot());
+  info.rope_style = s.rope_style() == fb::RopeStyle::Neox ? RopeStyle::kNeox : RopeStyle::kNorm;
+  info.rope_base = s.rope_freq_base();
+  info.rope_scale = s.rope_freq_scale();
+  MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[0], uint64_t{s.n_head()} * s.head_dim(), "q"));
+  MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[1], uint64_t{s.n_head_kv()} * s.head_dim(), "k"));
+  return Status::ok();
+}
+
+void ropeRun(RunContext& c, const StepInfo& s) {
+  rope(c.buf(s.in[0]), c.n, s.n_head, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0);
+  rope(c.buf(s.in[1]), c.n, s.n_head_kv, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0);
+}
+
+}  // namespace minfer::cpu
