@@ -73,7 +73,7 @@ flatbuffers::Offset<fb::Tokenizer> createTokenizer(flatbuffers::FlatBufferBuilde
   return fb::CreateTokenizer(b, t.model, b.CreateString(t.model_name), b.CreateString(t.pre), b.CreateVector(tokens),
                              b.CreateVector(t.scores), b.CreateVector(t.token_types), b.CreateVector(merges), t.bos_id,
                              t.eos_id, t.unk_id, t.pad_id, t.add_bos, t.add_eos, t.add_space_prefix,
-                             b.CreateString(t.chat_template));
+                             b.CreateString(t.chat_template), t.eot_id, t.eom_id);
 }
 
 // A plan: its steps with their launch records; steps from tail_begin on form the last-token tail.

@@ -1,5 +1,5 @@
 // A small program embedding the minfer runtime: open an artifact, create a session, stream a greedy
-// continuation of a prompt to stdout.   usage: minfer-example MODEL.mfb "prompt" [n_tokens]
+// continuation of a prompt to stdout.   usage: minfer-example [--no-verify] MODEL.mfb "prompt" [n_tokens]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -7,12 +7,19 @@
 #include "minfer/runtime.h"
 
 int main(int argc, char** argv) {
+  // Every data segment's checksum is checked while loading unless told otherwise.
+  minfer::ModelOptions options;
+  if (argc > 1 && std::string(argv[1]) == "--no-verify") {
+    options.verify_checksums = false;
+    --argc;
+    ++argv;
+  }
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s MODEL.mfb \"prompt\" [n_tokens]\n", argv[0]);
+    std::fprintf(stderr, "usage: minfer-example [--no-verify] MODEL.mfb \"prompt\" [n_tokens]\n");
     return 2;
   }
   // Map + verify the artifact and pick a backend (CUDA when usable, else the CPU).
-  auto model = minfer::Model::open(argv[1], minfer::BackendKind::kAuto);
+  auto model = minfer::Model::open(argv[1], minfer::BackendKind::kAuto, options);
   if (!model) {
     std::fprintf(stderr, "%s\n", model.status().message().c_str());
     return 1;

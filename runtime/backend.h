@@ -1,4 +1,4 @@
-// Backend: the interface an execution backend (CPU now, CUDA in issue 5) implements for the runtime.
+// Backend: the interface an execution backend (runtime/cpu, runtime/cuda) implements for the runtime.
 //
 // Phases (STYLE.md): the artifact is mapped and verified before a backend sees it (Model::open);
 // Backend creation resolves weights (upload on a GPU, plane views on the CPU); createSession

@@ -34,6 +34,8 @@ Vocabulary vocabularyFrom(const fb::Tokenizer& t) {
   v.eos_id = t.eos_id();
   v.unk_id = t.unk_id();
   v.pad_id = t.pad_id();
+  v.eot_id = t.eot_id();  // format 1.2; -1 (the schema default) in 1.1 artifacts
+  v.eom_id = t.eom_id();
   v.add_bos = t.add_bos();
   v.add_eos = t.add_eos();
   v.add_space_prefix = t.add_space_prefix();
@@ -65,7 +67,6 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, BackendKind 
   Result<std::unique_ptr<ArtifactFile>> file = ArtifactFile::open(path);
   if (!file) return file.takeStatus();
   model->file_ = std::move(*file);
-  if (options.verify_checksums) MINFER_RETURN_IF_ERROR(model->file_->verifyChecksums());
   const fb::Artifact* m = model->file_->manifest();
 
   // Model facts.
@@ -99,7 +100,9 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, BackendKind 
   // cuda: the GPU or a clear error; auto: the GPU when the driver, a GPU and a usable kernel image are
   // all present, else the CPU with a note saying why.
   if (kind == BackendKind::kCuda || kind == BackendKind::kAuto) {
-    Result<std::unique_ptr<cuda::CudaBackend>> cb = cuda::CudaBackend::create(*model->file_, CudaBackendOptions{});
+    CudaBackendOptions cuda_options;
+    cuda_options.verify_checksums = options.verify_checksums;  // hashed while staging the upload
+    Result<std::unique_ptr<cuda::CudaBackend>> cb = cuda::CudaBackend::create(*model->file_, cuda_options);
     if (cb) {
       model->note_ = std::string(kind == BackendKind::kAuto ? "auto: " : "") + "cuda: " + (*cb)->note();
       model->backend_ = std::move(*cb);
@@ -113,6 +116,10 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, BackendKind 
     return Status::error(path + ": CUDA backend not available in this build (use --device cpu or auto)");
   if (kind == BackendKind::kAuto) model->note_ = "auto: CUDA backend not available in this build; using cpu";
 #endif
+  // The CPU reads planes straight from the mapping (no upload pass to hash in): one parallel pass
+  // over every segment before the plan phase. (After a CUDA attempt that failed on a mismatch, this
+  // reports the same segment.)
+  if (options.verify_checksums) MINFER_RETURN_IF_ERROR(model->file_->verifySegments());
   Result<std::unique_ptr<Backend>> backend = createCpuBackend(*model->file_);
   if (!backend) return backend.takeStatus();
   model->backend_ = std::move(*backend);
@@ -138,7 +145,7 @@ Result<std::unique_ptr<Session>> Model::createSession(const SessionOptions& opti
     return Status::error(file_->path() + ": context length n_ctx = " + std::to_string(options.n_ctx) +
                          " is out of range 1.." + std::to_string(kMaxContext));
   if (options.n_threads < 0)
-    return Status::error("n_threads = " + std::to_string(options.n_threads) + " must be ≥ 0 (0: all cores)");
+    return Status::error("n_threads = " + std::to_string(options.n_threads) + " must be ≥ 0 (0: the physical cores)");
   Result<std::unique_ptr<BackendSession>> bs =
       backend_->createSession(BackendSessionConfig{options.n_ctx, options.n_threads});
   if (!bs) return bs.takeStatus();

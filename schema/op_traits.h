@@ -40,7 +40,7 @@ struct OpTraits {
 //   Embed        ids → x                     weights: token_embd
 //   RmsNorm      x → out                     weights: w (width of x)
 //   MatMul       x [, q8 copy of x] → out    weights: W [, bias]   (the q8 copy: GPU plan rewrite)
-//   Rope         q, k → q, k                 (in place, at the batch's positions)
+//   Rope         q, k → q, k                 weights: [frequency factors (n_rot/2, f32)]   (in place)
 //   Attention    q, k, v → out               (writes K/V of the batch into the cache of `layer` first)
 //   SwiGlu       gate, up → out              Add  a, b → out
 //   HeadRmsNorm  x → x                       weights: w (head_dim)
@@ -49,7 +49,7 @@ struct OpTraits {
   X(Embed, embed, 1, 1, 1, 1, 1, 0, true, false, false)                                                     \
   X(RmsNorm, rmsNorm, 1, 1, 1, 1, 1, kFieldEps, true, false, false)                                         \
   X(MatMul, matmul, 1, 2, 1, 1, 2, kFieldShape, true, false, false)                                         \
-  X(Rope, rope, 2, 2, 2, 0, 0, kFieldHeads | kFieldKvHeads | kFieldHeadDim | kFieldRope, false, true, false)  \
+  X(Rope, rope, 2, 2, 2, 0, 1, kFieldHeads | kFieldKvHeads | kFieldHeadDim | kFieldRope, false, true, false)  \
   X(Attention, attention, 3, 3, 1, 0, 0, kFieldHeads | kFieldKvHeads | kFieldHeadDim | kFieldLayer, false,   \
     false, false)                                                                                           \
   X(SwiGlu, swiglu, 2, 2, 1, 0, 0, 0, true, false, false)                                                   \

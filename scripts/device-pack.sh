@@ -20,5 +20,9 @@ rm -rf "$stage"
 fixtures=${MINFER_FIXTURES:-../shared/fixtures}
 if [ -d "$fixtures/models" ]; then
   rm -rf .fixtures && mkdir -p .fixtures && cp -r "$fixtures/models" "$fixtures/goldens" .fixtures/
+  # The arch/ cases minfer compiles (tests/e2e/golden_support.cpp): Llama 3.1 RoPE only, for now.
+  mkdir -p .fixtures/arch/models .fixtures/arch/goldens
+  cp "$fixtures"/arch/models/tiny-llama31* .fixtures/arch/models/
+  cp "$fixtures"/arch/goldens/tiny-llama31* .fixtures/arch/goldens/
 fi
 du -sh .bin/minfer-gpu.tar.xz .fixtures 2>/dev/null

@@ -12,15 +12,15 @@
 #include <cstring>
 #include <limits>
 
+#include "compiler/artifact/temp_file_signals.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Signals.h"
+#include "runtime/util/output_file.h"
 
 namespace minfer::artifact {
 namespace {
-
-std::atomic<uint64_t> g_temp_counter{0};
 
 llvm::Error makeError(const llvm::Twine& message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message.str());
@@ -94,33 +94,22 @@ llvm::Error SegmentStream::finish() {
 // ---------------------------------------------------------------------------------------------
 // ArtifactWriter
 
-ArtifactWriter::ArtifactWriter(std::string path, std::string temp_path, int fd)
-    : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd) {}
+ArtifactWriter::ArtifactWriter(std::string path, std::string target_path, std::string temp_path, int fd)
+    : path_(std::move(path)), target_path_(std::move(target_path)), temp_path_(std::move(temp_path)), fd_(fd) {}
 
 llvm::Expected<std::unique_ptr<ArtifactWriter>> ArtifactWriter::create(llvm::StringRef path) {
-  if (path.empty()) return makeError("artifact output path is empty");
-  if (llvm::sys::fs::is_directory(path))
-    return makeError(llvm::formatv("{0}: is a directory; give the artifact's file name (e.g. {0}/model.mfb)", path));
-  llvm::StringRef dir = llvm::sys::path::parent_path(path);
-  llvm::SmallString<256> temp;
-  int fd = -1;
-  int err = 0;
-  for (int attempt = 0; attempt < 64; ++attempt) {
-    temp = dir;
-    llvm::sys::path::append(temp, llvm::formatv(".{0}.tmp-{1}-{2}", llvm::sys::path::filename(path), ::getpid(),
-                                                g_temp_counter.fetch_add(1))
-                                      .str());
-    // 0666 & ~umask, like any output file (mkstemp would give 0600).
-    fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd >= 0) break;
-    err = errno;
-    if (err != EEXIST) break;
+  // A directory, device, FIFO or socket at `path` is refused; a symbolic link is written through.
+  auto target = util::resolveOutputPath(path.str(), {});
+  if (!target) return makeError("artifact " + target.status().message());
+  armTempFileSignals();  // before the temporary file exists (a signal ignored at start stays ignored)
+  Result<util::TempFile> temp = Status::error("");
+  {
+    const TempFileSignalBlock block;  // created and registered for removal as one step
+    temp = util::createTempBeside(target->path);
+    if (temp) llvm::sys::RemoveFileOnSignal(temp->path);
   }
-  if (fd < 0)
-    return makeError(llvm::formatv("artifact {0}: cannot create temporary file {1}: {2}", path, temp,
-                                   std::strerror(err)));
-  llvm::sys::RemoveFileOnSignal(temp);
-  return std::unique_ptr<ArtifactWriter>(new ArtifactWriter(path.str(), temp.str().str(), fd));
+  if (!temp) return makeError(llvm::formatv("artifact {0}: {1}", path, temp.status().message()));
+  return std::unique_ptr<ArtifactWriter>(new ArtifactWriter(path.str(), target->path, temp->path, temp->fd));
 }
 
 ArtifactWriter::~ArtifactWriter() {
@@ -315,9 +304,9 @@ llvm::Error ArtifactWriter::commit(llvm::ArrayRef<uint8_t> manifest) {
     const int err = errno;
     return fail(ioError(llvm::formatv("closing temp file {0}", temp_path_), err));
   }
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+  if (::rename(temp_path_.c_str(), target_path_.c_str()) != 0) {
     const int err = errno;
-    return fail(ioError(llvm::formatv("renaming {0} to {1}", temp_path_, path_), err));
+    return fail(ioError(llvm::formatv("renaming {0} to {1}", temp_path_, target_path_), err));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -325,7 +314,7 @@ llvm::Error ArtifactWriter::commit(llvm::ArrayRef<uint8_t> manifest) {
     llvm::sys::DontRemoveFileOnSignal(temp_path_);
   }
   // Persist the rename itself (best effort: some filesystems refuse fsync on directories).
-  llvm::StringRef dir = llvm::sys::path::parent_path(path_);
+  llvm::StringRef dir = llvm::sys::path::parent_path(target_path_);
   const std::string dir_path = dir.empty() ? "." : dir.str();
   const int dfd = ::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {

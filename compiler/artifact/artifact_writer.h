@@ -19,10 +19,15 @@
 // values does not change the manifest's size. The manifest must carry `manifest_check` (any value):
 // commit fills it with (0, N, xxh64 of the manifest).
 //
+// Output path (runtime/util/output_file.h, resolveOutputPath): a directory, device, FIFO or socket is
+// refused; a symbolic link is written through (the temporary file goes beside its target, the rename
+// replaces the target, the link stays).
+//
 // Failure: until commit succeeds the output lives only in a temporary file beside the output path
 // (same directory, so the rename is atomic); it is removed on error, on destruction without commit,
-// and on SIGINT/SIGTERM (llvm::sys::RemoveFileOnSignal). A previous file at the output path is never
-// touched before the rename. Errors name the path, the segment, the offset and the byte counts.
+// and on SIGINT/SIGTERM (llvm::sys::RemoveFileOnSignal; a signal ignored when the process started
+// stays ignored, temp_file_signals.h). A previous file at the output path is never touched before the
+// rename. Errors name the path, the segment, the offset, the byte counts and strerror's reason.
 //
 // Thread-safety: writeSegment, beginSegment and SegmentStream::append/finish may be called
 // concurrently for different segments; reserveSegment, layout and commit are single-threaded phases.
@@ -76,8 +81,10 @@ class SegmentStream {
 
 class ArtifactWriter {
  public:
-  // Creates the temporary file beside `path` (nothing is written at `path` itself until commit).
-  // Errors: the directory does not exist or is not writable (message names the temp path).
+  // Creates the temporary file beside `path` (beside its target when `path` is a symbolic link;
+  // nothing is written at `path` itself until commit). Errors: `path` is a directory, device, FIFO,
+  // socket or dangling link; the directory does not exist or is not writable (message names the
+  // temp path and the reason).
   static llvm::Expected<std::unique_ptr<ArtifactWriter>> create(llvm::StringRef path);
   ~ArtifactWriter();  // removes the temporary file unless commit succeeded
   ArtifactWriter(const ArtifactWriter&) = delete;
@@ -128,13 +135,14 @@ class ArtifactWriter {
     bool written = false;
   };
 
-  ArtifactWriter(std::string path, std::string temp_path, int fd);
+  ArtifactWriter(std::string path, std::string target_path, std::string temp_path, int fd);
   llvm::Error ioError(const llvm::Twine& what, int err) const;
   llvm::Error writeAt(uint64_t offset, llvm::ArrayRef<uint8_t> bytes, const llvm::Twine& what);
   llvm::Error claim(SegmentId id, uint64_t* offset, uint64_t* size);
   void discard();
 
-  std::string path_;
+  std::string path_;         // as given (messages)
+  std::string target_path_;  // the file the rename replaces: path_, or its target when path_ is a symlink
   std::string temp_path_;
   int fd_ = -1;
   bool laid_out_ = false;

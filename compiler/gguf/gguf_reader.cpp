@@ -15,6 +15,7 @@
 
 #include "compiler/gguf/byte_cursor.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "runtime/util/terminal_text.h"
 
 namespace minfer::gguf {
 namespace {
@@ -25,6 +26,10 @@ constexpr uint64_t kMaxTensorName = 64;  // GGUF spec: tensor names are at most 
 llvm::Error makeError(const llvm::Twine& message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message.str());
 }
+
+// A key or tensor name from the file as a message quotes it: control characters and ill-formed UTF-8
+// escaped, at most 256 bytes (a crafted name must not drive the terminal that shows the error).
+std::string shown(llvm::StringRef s) { return util::escapeForTerminal(std::string_view(s.data(), s.size()), 256); }
 
 bool isIntegerType(ValueType t) {
   switch (t) {
@@ -405,7 +410,7 @@ llvm::Error GgufFile::parseAll() {
       return cur.failAt(kv.offset, field + " key",
                         llvm::formatv("key length {0} exceeds {1}", key->size(), kMaxKeyLength));
     kv.key = *key;
-    const std::string vfield = llvm::formatv("metadata '{0}'", *key);
+    const std::string vfield = llvm::formatv("metadata '{0}'", shown(*key));
     if (key_index_.count(kv.key))
       return cur.failAt(kv.offset, vfield,
                         llvm::formatv("duplicate key (first defined at offset {0:x})",
@@ -426,7 +431,7 @@ llvm::Error GgufFile::parseAll() {
     if (key.empty()) continue;
     const KeyValue* kv = find(key);
     if (!kv || matches(known.want, kv->value)) continue;
-    return cur.failAt(kv->offset, llvm::formatv("metadata '{0}'", key),
+    return cur.failAt(kv->offset, llvm::formatv("metadata '{0}'", shown(key)),
                       llvm::formatv("has type {0}, expected {1}", describeType(kv->value), wantName(known.want)));
   }
   if (const KeyValue* a = find("general.alignment")) {
@@ -455,7 +460,7 @@ llvm::Error GgufFile::parseAll() {
                         llvm::formatv("name length {0} exceeds the GGUF limit of {1}", name->size(),
                                       kMaxTensorName));
     t.name = *name;
-    const std::string tfield = llvm::formatv("tensor '{0}'", t.name);
+    const std::string tfield = llvm::formatv("tensor '{0}'", shown(t.name));
     if (tensor_index_.count(t.name))
       return cur.failAt(t.info_offset, tfield + " name",
                         llvm::formatv("duplicate tensor name (first defined at offset {0:x})",
@@ -467,17 +472,19 @@ llvm::Error GgufFile::parseAll() {
       return cur.failAt(dims_at, tfield + " n_dims",
                         llvm::formatv("n_dims = {0}, must be 1..{1}", *n_dims, kMaxDims));
     t.n_dims = *n_dims;
-    uint64_t elements = 1;
+    uint64_t elements = 1, span = 1;  // span: product of the non-zero dims, bounded like a count
     for (uint32_t d = 0; d < t.n_dims; ++d) {
       const uint64_t ne_at = cur.offset();
       const std::string nfield = llvm::formatv("{0} ne[{1}]", tfield, d);
       auto ne = cur.read<uint64_t>(nfield);
       if (!ne) return ne.takeError();
-      if (*ne == 0) return cur.failAt(ne_at, nfield, "dimension is 0");
+      // ne = 0 is valid (an empty tensor, as in ggml's gguf.cpp): the model code refuses it where a
+      // block would compute with it.
       if (*ne > static_cast<uint64_t>(INT64_MAX))
         return cur.failAt(ne_at, nfield, llvm::formatv("dimension {0} exceeds 2^63 - 1", *ne));
-      if (mulOverflows(elements, *ne, &elements) || elements > static_cast<uint64_t>(INT64_MAX))
+      if (*ne != 0 && (mulOverflows(span, *ne, &span) || span > static_cast<uint64_t>(INT64_MAX)))
         return cur.failAt(ne_at, nfield, llvm::formatv("element count overflows with ne[{0}] = {1}", d, *ne));
+      elements *= *ne;  // ≤ span, or 0
       t.ne[d] = *ne;
     }
     const uint64_t type_at = cur.offset();
@@ -516,7 +523,7 @@ llvm::Error GgufFile::parseAll() {
   for (const TensorInfo& t : tensors_) {
     uint64_t begin = 0, end = 0;
     if (addOverflows(data_offset_, t.offset, &begin) || addOverflows(begin, t.size, &end) || end > file_size)
-      return cur.failAt(t.info_offset, llvm::formatv("tensor '{0}' data", t.name),
+      return cur.failAt(t.info_offset, llvm::formatv("tensor '{0}' data", shown(t.name)),
                         llvm::formatv("[{0}, {0} + {1}) lies outside the file (size {2}); data section starts at {3}, "
                                       "tensor offset {4}",
                                       begin, t.size, file_size, data_offset_, t.offset));
@@ -524,13 +531,15 @@ llvm::Error GgufFile::parseAll() {
   std::vector<size_t> order(tensors_.size());
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors_[a].offset < tensors_[b].offset; });
+  // Empty tensors occupy no bytes and overlap nothing.
+  order.erase(std::remove_if(order.begin(), order.end(), [&](size_t i) { return tensors_[i].size == 0; }), order.end());
   for (size_t k = 1; k < order.size(); ++k) {
     const TensorInfo& prev = tensors_[order[k - 1]];
     const TensorInfo& next = tensors_[order[k]];
     if (prev.offset + prev.size > next.offset)
-      return cur.failAt(next.info_offset, llvm::formatv("tensor '{0}' data", next.name),
+      return cur.failAt(next.info_offset, llvm::formatv("tensor '{0}' data", shown(next.name)),
                         llvm::formatv("[{0}, {1}) overlaps tensor '{2}' at [{3}, {4}) (offsets within the data section)",
-                                      next.offset, next.offset + next.size, prev.name, prev.offset,
+                                      next.offset, next.offset + next.size, shown(prev.name), prev.offset,
                                       prev.offset + prev.size));
   }
   return llvm::Error::success();
@@ -551,7 +560,7 @@ llvm::ArrayRef<uint8_t> GgufFile::tensorData(const TensorInfo& t) const {
 }
 
 llvm::Error GgufFile::keyError(llvm::StringRef key, const llvm::Twine& what) const {
-  return makeError(llvm::formatv("{0}: metadata '{1}': {2}", file_name_, key, what.str()));
+  return makeError(llvm::formatv("{0}: metadata '{1}': {2}", file_name_, shown(key), what.str()));
 }
 
 template <typename T>

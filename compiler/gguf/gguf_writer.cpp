@@ -454,6 +454,17 @@ llvm::Expected<std::vector<uint8_t>> GgufWriter::toBytes() const {
   return out;
 }
 
+// The stream's error with its reason ("No space left on device"), cleared: a raw_fd_ostream destroyed
+// with an error still set aborts the process ("LLVM ERROR: IO failure on output stream").
+static llvm::Error streamError(llvm::raw_fd_ostream& os, llvm::StringRef path, llvm::StringRef tmp) {
+  if (!os.has_error()) return llvm::Error::success();
+  const std::string reason = os.error().message();
+  os.clear_error();
+  os.SetUnbuffered();  // flushes (failing again) what is still buffered, so the destructor has nothing left
+  os.clear_error();
+  return writerError(llvm::formatv("{0}: write to temporary file {1} failed: {2}", path, tmp, reason));
+}
+
 llvm::Error GgufWriter::write(llvm::StringRef path) const {
   if (llvm::sys::fs::is_directory(path))
     return writerError(llvm::formatv("{0}: is a directory; give the GGUF's file name", path));
@@ -469,12 +480,11 @@ llvm::Error GgufWriter::write(llvm::StringRef path) const {
     llvm::raw_fd_ostream os(fd, /*shouldClose=*/true);
     if (auto err = emit(*layout, [&](llvm::ArrayRef<uint8_t> b) -> llvm::Error {
           os.write(reinterpret_cast<const char*>(b.data()), b.size());
-          if (os.has_error()) return writerError(llvm::formatv("{0}: write failed: {1}", tmp, os.error().message()));
-          return llvm::Error::success();
+          return streamError(os, path, tmp);
         }))
       return err;
     os.close();
-    if (os.has_error()) return writerError(llvm::formatv("{0}: write failed: {1}", tmp, os.error().message()));
+    if (auto err = streamError(os, path, tmp)) return err;
     if (std::error_code ec = llvm::sys::fs::rename(tmp, path))
       return writerError(llvm::formatv("cannot rename {0} to {1}: {2}", tmp, path, ec.message()));
     return llvm::Error::success();

@@ -1,8 +1,11 @@
 // GraphBuilder: the shared blocks of the forward passes in arch/ (see graph_builder.h).
 #include "compiler/model/graph_builder.h"
 
+#include <cmath>
+#include <cstring>
 #include <tuple>
 
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 
 namespace minfer::model {
@@ -25,6 +28,10 @@ std::string supportedTypes() {
 
 }  // namespace
 
+llvm::Error GraphBuilder::error(const llvm::Twine& message) const {
+  return makeError(llvm::formatv("{0}: {1}", file_.fileName(), message.str()));
+}
+
 std::string GraphBuilder::layerPrefix(uint32_t layer) { return "blk." + std::to_string(layer) + "."; }
 
 llvm::Expected<uint32_t> GraphBuilder::weight(const std::string& name, planes::TensorRole role,
@@ -35,6 +42,12 @@ llvm::Expected<uint32_t> GraphBuilder::weight(const std::string& name, planes::T
     if (optional) return UINT32_MAX;
     return makeError(llvm::formatv("{0}: tensor '{1}' is missing (architecture {2} needs it)", file_.fileName(),
                                    name, desc_.config.architecture));
+  }
+  if (info->elements() == 0) {  // the GGUF reader accepts empty tensors; no block computes with one
+    uint32_t d = 0;
+    while (info->ne[d] != 0) ++d;
+    return makeError(llvm::formatv("{0}: tensor '{1}' has no elements (ne[{2}] = 0); architecture {3} uses it",
+                                   file_.fileName(), name, d, desc_.config.architecture));
   }
   bool shape_ok = true;  // unused trailing dims of a TensorInfo are 1
   for (size_t d = 0; d < 4; ++d) shape_ok &= info->ne[d] == (d < ne.size() ? ne[d] : 1);
@@ -140,12 +153,39 @@ llvm::Error GraphBuilder::qkvProjection(uint32_t layer, uint32_t in, QkvOptions 
   return llvm::Error::success();
 }
 
-void GraphBuilder::rope(uint32_t layer) {
+llvm::Expected<uint32_t> GraphBuilder::ropeFreqs() {
+  if (rope_freqs_ != kNotLooked) return static_cast<uint32_t>(rope_freqs_);
+  const uint32_t n = desc_.config.n_rot / 2;
+  auto w = weight("rope_freqs.weight", planes::TensorRole::kVector, {n}, /*optional=*/true);
+  if (!w) return w.takeError();
+  if (*w != UINT32_MAX) {
+    // θ_i is divided by these (kernels/rope.cuh): refuse what would make it inf or NaN.
+    const llvm::ArrayRef<uint8_t> data = file_.tensorData(*desc_.weights[*w].info);
+    for (uint32_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, data.data() + 4 * i, 4);
+      if (!(v > 0) || !std::isfinite(v))
+        return makeError(llvm::formatv("{0}: tensor 'rope_freqs.weight' value {1} = {2} must be finite and > 0",
+                                       file_.fileName(), i, llvm::format("%g", v)));
+    }
+  }
+  rope_freqs_ = *w;
+  return *w;
+}
+
+llvm::Error GraphBuilder::rope(uint32_t layer, RopeOptions options) {
   const ModelConfig& c = desc_.config;
-  desc_.plan.prefill.push_back({.op = fb::OpKind::Rope, .inputs = {act_.q, act_.k}, .outputs = {act_.q, act_.k},
-                                .n_head = c.n_head, .n_head_kv = c.n_head_kv, .head_dim = c.head_dim,
-                                .n_rot = c.n_rot, .rope_style = c.rope_style, .rope_freq_base = c.rope_freq_base,
-                                .rope_freq_scale = c.rope_freq_scale, .name = layerPrefix(layer) + "rope"});
+  StepDesc s{.op = fb::OpKind::Rope, .inputs = {act_.q, act_.k}, .outputs = {act_.q, act_.k}, .n_head = c.n_head,
+             .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .n_rot = c.n_rot, .rope_style = c.rope_style,
+             .rope_freq_base = c.rope_freq_base, .rope_freq_scale = c.rope_freq_scale,
+             .name = layerPrefix(layer) + "rope"};
+  if (options.freq_factors) {
+    auto ff = ropeFreqs();
+    if (!ff) return ff.takeError();
+    if (*ff != UINT32_MAX) s.weights.push_back(*ff);
+  }
+  desc_.plan.prefill.push_back(std::move(s));
+  return llvm::Error::success();
 }
 
 llvm::Error GraphBuilder::attention(uint32_t layer, uint32_t out) {
@@ -171,12 +211,12 @@ llvm::Error GraphBuilder::gatedFfn(uint32_t layer, uint32_t in, uint32_t out) {
   return matmul(p + "ffn_down", act_.gate, out, c.n_embd, c.n_ff);
 }
 
-llvm::Error GraphBuilder::llamaLayer(uint32_t layer, QkvOptions qkv) {
+llvm::Error GraphBuilder::llamaLayer(uint32_t layer, QkvOptions qkv, RopeOptions rope_options) {
   const Activations& a = act_;
   const std::string p = layerPrefix(layer);
   if (auto e = norm(p + "attn_norm", a.x, a.h)) return e;
   if (auto e = qkvProjection(layer, a.h, qkv)) return e;
-  rope(layer);
+  if (auto e = rope(layer, rope_options)) return e;
   if (auto e = attention(layer, a.h)) return e;
   residualAdd(p + "attn_residual", a.x, a.h);
   if (auto e = norm(p + "ffn_norm", a.x, a.h)) return e;

@@ -33,6 +33,13 @@ struct QkvOptions {
   bool head_norm = false;  // blk.N.attn_q_norm/attn_k_norm.weight [head_dim]: per-head RMSNorm (qwen3)
 };
 
+// Options of the RoPE block.
+struct RopeOptions {
+  // rope_freqs.weight [n_rot/2], f32, optional: per-pair frequency factors ff_i dividing θ_i (Llama
+  // 3.1+ scaling as llama.cpp's converter writes it), shared by q and k of every layer.
+  bool freq_factors = false;
+};
+
 class GraphBuilder {
  public:
   // `desc.config` must be read already (hyperparameters, rope style); blocks append to desc.plan and
@@ -63,8 +70,10 @@ class GraphBuilder {
                      bool bias = false);
   // q, k, v = attn_q/k/v · in (+ biases), then, with head_norm, HeadRmsNorm of q and k in place.
   llvm::Error qkvProjection(uint32_t layer, uint32_t in, QkvOptions options);
-  // RoPE of q and k in place: config's rope style, n_rot, freq base and scale.
-  void rope(uint32_t layer);
+  // RoPE of q and k in place: config's rope style, n_rot, freq base and scale, and with
+  // options.freq_factors the rope_freqs.weight tensor when the GGUF has one (registered once; its
+  // values must be finite and > 0). Errors: its shape, type or values.
+  llvm::Error rope(uint32_t layer, RopeOptions options = {});
   // Causal GQA attention of q over the layer's KV cache (k, v appended) into attn, then
   // out = attn_output · attn.
   llvm::Error attention(uint32_t layer, uint32_t out);
@@ -74,19 +83,27 @@ class GraphBuilder {
   llvm::Error gatedFfn(uint32_t layer, uint32_t in, uint32_t out);
   // One llama-style decoder layer on the residual stream x: x += attention(RoPE(qkv(RMSNorm(x))))
   // then x += gatedFfn(RMSNorm(x)) (attn_norm, ffn_norm), the block llama, qwen2 and qwen3 share.
-  llvm::Error llamaLayer(uint32_t layer, QkvOptions qkv);
+  llvm::Error llamaLayer(uint32_t layer, QkvOptions qkv, RopeOptions rope = {});
   // h = RMSNorm(in; output_norm), logits = output · h; output tied to token_embd when output.weight is
   // absent (the Embed step's weight, planned for both uses).
   llvm::Error outputHead(uint32_t in);
   // Refuses a GGUF with a tensor no block registered (an architecture variant minfer does not know);
   // copies the prefill plan to decode.
   llvm::Error finish();
+  // An error "<file>: <message>" for an architecture's own checks.
+  llvm::Error error(const llvm::Twine& message) const;
 
  private:
+  // rope_freqs.weight's index into desc.weights (UINT32_MAX when absent), registered on first use.
+  llvm::Expected<uint32_t> ropeFreqs();
+
   const gguf::GgufFile& file_;
   ModelDescription& desc_;
   Activations act_;
   uint32_t embd_weight_ = 0;  // token_embd's index into desc.weights (the tied output reuses it)
+  // rope_freqs' index into desc.weights once looked up: UINT32_MAX when absent; kNotLooked before.
+  static constexpr uint64_t kNotLooked = UINT64_MAX;
+  uint64_t rope_freqs_ = kNotLooked;
 };
 
 }  // namespace minfer::model

@@ -6,6 +6,7 @@
 
 #include "compiler/model/architectures.h"
 #include "compiler/model/graph_builder.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "minfer/artifact.h"
 #include "minfer/tokenizer.h"
@@ -71,6 +72,41 @@ llvm::Error readSizes(const gguf::GgufFile& file, ModelConfig& c) {
   return llvm::Error::success();
 }
 
+// <arch>.rope.scaling.type and its factor, read as llama.cpp's llama_model::load_hparams does: the
+// type defaults to "linear"; the factor is rope.scaling.factor, else the legacy rope.scale_linear,
+// else 0; freq_scale = 1 / factor, and a factor of 0 means no scaling; type "none" never scales
+// (llama_context). yarn and longrope are refused (not implemented), as is any other type.
+llvm::Error readRopeScaling(const gguf::GgufFile& file, ModelConfig& c) {
+  const std::string p = c.architecture + ".";
+  const std::string type_key = p + "rope.scaling.type";
+  std::string type = "linear";
+  if (file.find(type_key)) {
+    auto t = file.getString(type_key);
+    if (!t) return t.takeError();
+    type = std::string(*t);
+  }
+  if (type == "yarn" || type == "longrope")
+    return makeError(llvm::formatv("{0}: {1} = '{2}': {2} RoPE scaling is not implemented in minfer (supported: "
+                                   "none, linear)",
+                                   file.fileName(), type_key, type));
+  if (type != "none" && type != "linear")
+    return makeError(llvm::formatv("{0}: {1} = '{2}' is not a RoPE scaling type (supported: none, linear)",
+                                   file.fileName(), type_key, type));
+  std::string factor_key = p + "rope.scaling.factor";
+  if (!file.find(factor_key) && file.find(p + "rope.scale_linear")) factor_key = p + "rope.scale_linear";
+  auto factor = file.getF32Or(factor_key, 0.0f);
+  if (!factor) return factor.takeError();
+  if (!(*factor >= 0) || !std::isfinite(*factor))
+    return makeError(llvm::formatv("{0}: {1} = {2} must be finite and ≥ 0 (0: no scaling)", file.fileName(),
+                                   factor_key, llvm::format("%g", *factor)));
+  c.rope_scaling = fb::RopeScaling::None;
+  c.rope_freq_scale = 1.0f;
+  if (type == "none" || *factor == 0.0f) return llvm::Error::success();
+  c.rope_scaling = fb::RopeScaling::Linear;
+  c.rope_freq_scale = 1.0f / *factor;
+  return llvm::Error::success();
+}
+
 // <arch>.rope.*, attention.layer_norm_rms_epsilon; the RoPE pairing is the architecture's fact.
 llvm::Error readRopeAndNorm(const gguf::GgufFile& file, const ArchitectureFacts& facts, ModelConfig& c) {
   const std::string p = c.architecture + ".";
@@ -92,22 +128,7 @@ llvm::Error readRopeAndNorm(const gguf::GgufFile& file, const ArchitectureFacts&
                                    "positive",
                                    file.fileName(), c.rope_freq_base, c.rms_norm_eps));
   c.rope_style = facts.rope_style;
-  if (const gguf::KeyValue* kv = file.find(p + "rope.scaling.type")) {
-    const std::string_view type = kv->value.str;
-    if (type == "linear") {
-      auto factor = file.getF32(p + "rope.scaling.factor");
-      if (!factor) return factor.takeError();
-      if (!(*factor > 0) || !std::isfinite(*factor))
-        return makeError(llvm::formatv("{0}: {1}rope.scaling.factor = {2} must be positive", file.fileName(), p,
-                                       *factor));
-      c.rope_scaling = fb::RopeScaling::Linear;
-      c.rope_freq_scale = 1.0f / *factor;
-    } else if (type != "none") {
-      return makeError(llvm::formatv("{0}: {1}rope.scaling.type = '{2}' is not supported (supported: none, linear)",
-                                     file.fileName(), p, type));
-    }
-  }
-  return llvm::Error::success();
+  return readRopeScaling(file, c);
 }
 
 // Builds the runtime's tokenizer once, so a vocabulary it would refuse fails here, at compile time.
@@ -123,6 +144,8 @@ llvm::Error validateTokenizer(const gguf::GgufFile& file, const TokenizerDesc& t
   v.eos_id = t.eos_id;
   v.unk_id = t.unk_id;
   v.pad_id = t.pad_id;
+  v.eot_id = t.eot_id;
+  v.eom_id = t.eom_id;
   v.add_bos = t.add_bos;
   v.add_eos = t.add_eos;
   v.add_space_prefix = t.add_space_prefix;
@@ -190,6 +213,8 @@ llvm::Error readTokenizer(const gguf::GgufFile& file, TokenizerDesc& t) {
   if (auto e = special("tokenizer.ggml.eos_token_id", &t.eos_id)) return e;
   if (auto e = special("tokenizer.ggml.unknown_token_id", &t.unk_id)) return e;
   if (auto e = special("tokenizer.ggml.padding_token_id", &t.pad_id)) return e;
+  if (auto e = special("tokenizer.ggml.eot_token_id", &t.eot_id)) return e;
+  if (auto e = special("tokenizer.ggml.eom_token_id", &t.eom_id)) return e;
   auto add_bos = file.getBoolOr("tokenizer.ggml.add_bos_token", defaults.add_bos);
   if (!add_bos) return add_bos.takeError();
   t.add_bos = *add_bos;

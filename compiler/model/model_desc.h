@@ -81,6 +81,7 @@ struct TokenizerDesc {
   std::vector<float> scores;
   std::vector<int32_t> token_types;
   int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
+  int32_t eot_id = -1, eom_id = -1;  // tokenizer.ggml.eot_token_id / eom_token_id; -1 = none
   bool add_bos = false, add_eos = false, add_space_prefix = true;
 };
 

@@ -10,6 +10,7 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 #include "minfer/artifact.h"
+#include "runtime/util/terminal_text.h"
 
 namespace minfer {
 namespace {
@@ -24,11 +25,14 @@ const char* elemText(uint8_t elem) {
   return elem < sizeof(kNames) / sizeof(kNames[0]) ? kNames[elem] : "?";
 }
 
-std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+std::string raw(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+// For text output: a string from the artifact with control characters and ill-formed UTF-8 escaped
+// (runtime/util/terminal_text.h), so a crafted artifact cannot drive the terminal.
+std::string str(const flatbuffers::String* s) { return util::escapeForTerminal(raw(s)); }
 
 // For JSON values: llvm::json requires UTF-8, and artifact strings (token texts, names) are bytes.
 std::string utf8(std::string v) { return llvm::json::isUTF8(v) ? v : llvm::json::fixUTF8(v); }
-std::string jstr(const flatbuffers::String* s) { return utf8(str(s)); }
+std::string jstr(const flatbuffers::String* s) { return utf8(raw(s)); }
 
 std::string hex64(uint64_t v) {
   char buf[24];
@@ -36,13 +40,9 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
-// A string from the artifact on one line, shortened to `max` bytes.
-std::string oneLine(const std::string& s, size_t max = 80) {
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < max; ++i) out += (s[i] == '\n' || s[i] == '\r' || s[i] == '\t') ? ' ' : s[i];
-  if (s.size() > max) out += "…";
-  return out;
-}
+// A string from the artifact on one line (newlines shown as \n, every control character escaped),
+// shortened to `max` bytes of the original.
+std::string oneLine(const std::string& s, size_t max = 80) { return util::escapeForTerminal(s, max); }
 
 int64_t i64(uint64_t v) { return static_cast<int64_t>(v); }
 
@@ -116,7 +116,7 @@ llvm::json::Object strideJson(const fb::StrideTable& t) {
 // One plan step on one line: op, name, buffers, weights, the parameters its op uses, kernels.
 std::string stepText(const fb::Step& s, const fb::Artifact& m) {
   const auto* buffers = m.memory() ? m.memory()->buffers() : nullptr;
-  std::string line = llvm::formatv("{0,-11} {1,-22} in {2} out {3}", fb::EnumNameOpKind(s.op()), oneLine(str(s.name()), 22),
+  std::string line = llvm::formatv("{0,-11} {1,-22} in {2} out {3}", fb::EnumNameOpKind(s.op()), oneLine(raw(s.name()), 22),
                                    idList(s.inputs(), buffers), idList(s.outputs(), buffers))
                          .str();
   if (s.weights() && s.weights()->size()) line += " w " + idList(s.weights(), m.tensors());
@@ -181,7 +181,7 @@ llvm::json::Object launchJson(const fb::Launch& l, const fb::Artifact& m) {
   const auto* k = m.kernels();
   const bool named = l.images() && l.images()->size() && k && l.images()->Get(0) < k->size();
   llvm::json::Object o{{"images", jsonIds(l.images())},
-                       {"entry", named ? k->Get(l.images()->Get(0))->entry()->str() : std::string()},
+                       {"entry", named ? jstr(k->Get(l.images()->Get(0))->entry()) : std::string()},
                        {"args", std::move(args)},
                        {"grid", gridJson(*l.grid())},
                        {"large_from", int64_t{l.large_from()}},
@@ -226,13 +226,13 @@ void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
     os << llvm::formatv("source:       {0}, {1} bytes, sha256 {2}\n", str(s->name()), s->size(), str(s->sha256()));
   if (m.target_archs()) {
     os << "target archs:";
-    for (const auto* a : *m.target_archs()) os << " " << a->str();
+    for (const auto* a : *m.target_archs()) os << " " << str(a);
     os << "\n";
   }
 
   const fb::ModelConfig& c = *m.config();
   os << "\nconfig:\n";
-  os << llvm::formatv("  architecture {0}, name \"{1}\"\n", str(c.architecture()), oneLine(str(c.name())));
+  os << llvm::formatv("  architecture {0}, name \"{1}\"\n", str(c.architecture()), oneLine(raw(c.name())));
   os << llvm::formatv("  n_embd {0}, n_layer {1}, n_head {2}, n_head_kv {3}, head_dim {4}, n_ff {5}, n_vocab {6}, "
                       "n_ctx_train {7}\n",
                       c.n_embd(), c.n_layer(), c.n_head(), c.n_head_kv(), c.head_dim(), c.n_ff(), c.n_vocab(),
@@ -253,7 +253,7 @@ void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
     os << "  first tokens:";
     for (uint32_t i = 0; i < n && i < 8; ++i) os << " \"" << oneLine(t->tokens()->Get(i)->str(), 24) << "\"";
     os << (n > 8 ? " …\n" : "\n");
-    const std::string tmpl = str(t->chat_template());
+    const std::string tmpl = raw(t->chat_template());
     os << llvm::formatv("  chat template: {0}\n", tmpl.empty() ? std::string("(none)")
                                                               : std::to_string(tmpl.size()) + " bytes: " + oneLine(tmpl, 60));
   } else {
@@ -305,7 +305,7 @@ void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
     const fb::KernelImage& k = *m.kernels()->Get(i);
     std::string options;
     if (k.options())
-      for (const auto* o : *k.options()) options += " " + o->str();
+      for (const auto* o : *k.options()) options += " " + str(o);
     os << llvm::formatv("  {0,3} {1}\n      entry {2}, arch {3}, nvrtc {4}, options:{5}\n      cubin {6}\n      ptx   {7}\n",
                         i, str(k.key()), str(k.entry()), str(k.arch()), str(k.nvrtc_version()), options,
                         segmentText(k.cubin()), segmentText(k.ptx()));
@@ -410,7 +410,8 @@ llvm::json::Object toJson(const ArtifactFile& f) {
 int inspectArtifact(const std::string& path, bool json, bool verify) {
   auto file = ArtifactFile::open(path);
   if (!file) {
-    llvm::errs() << "minfer-inspect: " << file.status().message() << "\n";
+    llvm::errs() << "minfer-inspect: "
+                 << util::escapeForTerminal(file.status().message(), std::string::npos, /*keep_newlines=*/true) << "\n";
     return 1;
   }
   const ArtifactFile& f = **file;
@@ -420,7 +421,8 @@ int inspectArtifact(const std::string& path, bool json, bool verify) {
     llvm::json::Object root = toJson(f);  // every string passed through jstr()
     if (verify)
       root["checksums"] = checked.isOk() ? llvm::json::Value("ok") : llvm::json::Value(utf8(checked.message()));
-    llvm::outs() << llvm::formatv("{0:2}", llvm::json::Value(std::move(root))) << "\n";
+    llvm::outs() << util::escapeJsonForTerminal(llvm::formatv("{0:2}", llvm::json::Value(std::move(root))).str())
+                 << "\n";
   } else {
     printText(f, llvm::outs());
     if (verify && checked.isOk())
@@ -428,7 +430,8 @@ int inspectArtifact(const std::string& path, bool json, bool verify) {
   }
   llvm::outs().flush();
   if (!checked.isOk()) {
-    llvm::errs() << "minfer-inspect: " << checked.message() << "\n";
+    llvm::errs() << "minfer-inspect: "
+                 << util::escapeForTerminal(checked.message(), std::string::npos, /*keep_newlines=*/true) << "\n";
     return 1;
   }
   return 0;

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <string>
 
+#include "compiler/artifact/temp_file_signals.h"
 #include "compiler/compile_model.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
@@ -11,14 +12,18 @@
 #include "llvm/Support/raw_ostream.h"
 #include "minfer/artifact.h"
 #include "runtime/include/minfer/version.h"
+#include "runtime/util/output_file.h"
+#include "runtime/util/terminal_text.h"
 
 namespace {
 
 llvm::cl::OptionCategory kCategory("minfer-compile options");
 llvm::cl::opt<std::string> kInput(llvm::cl::Positional, llvm::cl::desc("<model.gguf>"), llvm::cl::Required,
                                   llvm::cl::cat(kCategory));
-llvm::cl::opt<std::string> kOutput("o", llvm::cl::desc("Output artifact (.mfb)"), llvm::cl::value_desc("file"),
-                                   llvm::cl::Required, llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kOutput(
+    "o", llvm::cl::desc("Output artifact (.mfb). A symbolic link is written through: its target is replaced, the link "
+                        "stays. Refused: the input itself, a directory, a device, FIFO or socket"),
+    llvm::cl::value_desc("file"), llvm::cl::Required, llvm::cl::cat(kCategory));
 llvm::cl::opt<unsigned> kMaxBatch("max-batch", llvm::cl::desc("Largest number of tokens per step (default 512)"),
                                   llvm::cl::init(512), llvm::cl::cat(kCategory));
 llvm::cl::opt<unsigned> kJobs("j", llvm::cl::desc("Worker threads for the plane transforms (default: all cores)"),
@@ -43,10 +48,16 @@ bool validArch(llvm::StringRef arch) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  minfer::artifact::armTempFileSignals();  // first: sees which signals the process started with ignored
   llvm::cl::HideUnrelatedOptions(kCategory);
   llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-compile (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-compile: compile a GGUF model into a minfer artifact\n");
-  llvm::ExitOnError exit_on_error("minfer-compile: ");
+  // Refused before any work: -o naming the input (also through a link), a directory, a device, …
+  auto target = minfer::util::resolveOutputPath(kOutput, {kInput});
+  if (!target) {
+    llvm::errs() << "minfer-compile: " << target.status().message() << "\n";
+    return 1;
+  }
 
   minfer::CompileOptions options;
   options.input = kInput;
@@ -85,12 +96,21 @@ int main(int argc, char** argv) {
   };
 
   const auto start = std::chrono::steady_clock::now();
-  const minfer::CompileSummary s = exit_on_error(minfer::compileModel(options));
+  auto summary = minfer::compileModel(options);
+  if (!summary) {
+    // Messages may quote the GGUF (names, keys, strings): shown with control characters escaped.
+    llvm::errs() << "minfer-compile: "
+                 << minfer::util::escapeForTerminal(llvm::toString(summary.takeError()), std::string::npos,
+                                                    /*keep_newlines=*/true)
+                 << "\n";
+    return 1;
+  }
+  const minfer::CompileSummary& s = *summary;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   llvm::errs() << llvm::formatv(
       "minfer-compile: wrote {0}: {1} tensors, {2} planes, {3:f1} MB of planes from {4:f1} MB of GGUF tensor data, "
       "{5} plan steps, {6:f1} MB in all, {7:f2} s\n",
-      options.output, s.tensors, s.planes, s.plane_bytes / 1e6, s.source_bytes / 1e6, s.steps,
+      target->through_link ? options.output + " (through the link, to " + target->path + ")" : options.output, s.tensors, s.planes, s.plane_bytes / 1e6, s.source_bytes / 1e6, s.steps,
       s.artifact_bytes / 1e6, seconds);
   if (s.kernel_images)
     llvm::errs() << llvm::formatv(

@@ -1,4 +1,6 @@
 // minfer-inspect: shows what a GGUF file (or a .mfb artifact) holds: metadata, tensors, totals.
+// Text output escapes control characters and ill-formed UTF-8 in every string from the file
+// (runtime/util/terminal_text.h); JSON output escapes them as JSON does.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -12,6 +14,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/raw_ostream.h"
 #include "runtime/include/minfer/version.h"
+#include "runtime/util/terminal_text.h"
 
 using namespace minfer;
 using namespace minfer::gguf;
@@ -33,16 +36,19 @@ std::string numberText(double x) {
   return buf;
 }
 
+// For JSON values: llvm::json requires UTF-8 (ill-formed bytes become U+FFFD), and GGUF strings are bytes.
+std::string utf8(std::string_view v) {
+  std::string s(v);
+  return llvm::json::isUTF8(s) ? s : llvm::json::fixUTF8(s);
+}
+
 bool isFloat(ValueType t) { return t == ValueType::FLOAT32 || t == ValueType::FLOAT64; }
 
 std::string scalarText(const Value& v) {
   switch (v.type) {
-    case ValueType::STRING: {
-      std::string s(v.str.substr(0, 200));
-      for (char& ch : s)
-        if (ch == '\n') ch = ' ';
-      return "\"" + s + (v.str.size() > 200 ? "…\" (" + std::to_string(v.str.size()) + " bytes)" : "\"");
-    }
+    case ValueType::STRING:
+      return "\"" + util::escapeForTerminal(v.str, 200) + "\"" +
+             (v.str.size() > 200 ? " (" + std::to_string(v.str.size()) + " bytes)" : "");
     case ValueType::BOOL: return v.u ? "true" : "false";
     case ValueType::FLOAT32: case ValueType::FLOAT64: return numberText(v.f);
     case ValueType::INT8: case ValueType::INT16: case ValueType::INT32: case ValueType::INT64:
@@ -75,7 +81,7 @@ std::string valueText(const Value& v, unsigned items) {
 
 llvm::json::Value valueJson(const Value& v, unsigned items) {
   switch (v.type) {
-    case ValueType::STRING: return std::string(v.str);
+    case ValueType::STRING: return utf8(v.str);
     case ValueType::BOOL: return v.u != 0;
     case ValueType::FLOAT32: case ValueType::FLOAT64: return v.f;
     case ValueType::INT8: case ValueType::INT16: case ValueType::INT32: case ValueType::INT64: return v.i;
@@ -83,7 +89,7 @@ llvm::json::Value valueJson(const Value& v, unsigned items) {
       llvm::json::Array arr;
       const uint64_t shown = std::min<uint64_t>(v.count, items);
       for (uint64_t k = 0; k < shown; ++k) {
-        if (v.elem_type == ValueType::STRING) arr.push_back(std::string(v.strings[k]));
+        if (v.elem_type == ValueType::STRING) arr.push_back(utf8(v.strings[k]));
         else if (v.elem_type == ValueType::ARRAY) arr.push_back(valueJson(v.arrays[k], items));
         else if (isFloat(v.elem_type)) arr.push_back(v.numberAt(k));
         else arr.push_back(v.integerAt(k));
@@ -108,7 +114,7 @@ void printGguf(const GgufFile& f) {
                       f.fileSize(), f.alignment(), f.dataOffset());
   os << llvm::formatv("\nmetadata ({0} keys):\n", f.metadata().size());
   for (const KeyValue& kv : f.metadata())
-    os << llvm::formatv("  {0,-44} {1,-8} {2}\n", kv.key,
+    os << llvm::formatv("  {0,-44} {1,-8} {2}\n", util::escapeForTerminal(kv.key),
                         kv.value.type == ValueType::ARRAY ? "ARRAY" : valueTypeName(kv.value.type),
                         valueText(kv.value, kArrayItems));
   os << llvm::formatv("\ntensors ({0}):\n", f.tensors().size());
@@ -118,7 +124,7 @@ void printGguf(const GgufFile& f) {
   uint64_t all_bytes = 0, all_elements = 0;
   for (const TensorInfo& t : f.tensors()) {
     const char* type = ggmlTypeTraits(t.type).name;
-    os << llvm::formatv("  {0,-36} {1,-6} {2,-22} {3,12:x} {4,12}\n", t.name, type, shapeText(t), t.offset, t.size);
+    os << llvm::formatv("  {0,-36} {1,-6} {2,-22} {3,12:x} {4,12}\n", util::escapeForTerminal(t.name), type, shapeText(t), t.offset, t.size);
     Total& tot = totals[type];
     tot.count++;
     tot.bytes += t.size;
@@ -136,7 +142,7 @@ void printGguf(const GgufFile& f) {
 
 void printGgufJson(const GgufFile& f) {
   llvm::json::Object meta;
-  for (const KeyValue& kv : f.metadata()) meta[std::string(kv.key)] = valueJson(kv.value, kArrayItems);
+  for (const KeyValue& kv : f.metadata()) meta[utf8(kv.key)] = valueJson(kv.value, kArrayItems);
   llvm::json::Array tensors;
   std::map<std::string, std::pair<uint64_t, uint64_t>> totals;  // type → (tensors, bytes)
   for (const TensorInfo& t : f.tensors()) {
@@ -145,7 +151,7 @@ void printGgufJson(const GgufFile& f) {
     tot.second += t.size;
     llvm::json::Array ne;
     for (uint32_t d = 0; d < t.n_dims; ++d) ne.push_back(static_cast<int64_t>(t.ne[d]));
-    tensors.push_back(llvm::json::Object{{"name", std::string(t.name)},
+    tensors.push_back(llvm::json::Object{{"name", utf8(t.name)},
                                          {"type", ggmlTypeTraits(t.type).name},
                                          {"ne", std::move(ne)},
                                          {"offset", static_cast<int64_t>(t.offset)},
@@ -164,7 +170,7 @@ void printGgufJson(const GgufFile& f) {
     per_type[type] = llvm::json::Object{{"tensors", static_cast<int64_t>(tot.first)},
                                         {"bytes", static_cast<int64_t>(tot.second)}};
   root["totals"] = std::move(per_type);
-  llvm::outs() << llvm::formatv("{0:2}", llvm::json::Value(std::move(root))) << "\n";
+  llvm::outs() << util::escapeJsonForTerminal(llvm::formatv("{0:2}", llvm::json::Value(std::move(root))).str()) << "\n";
 }
 
 // Reads the first 12 bytes to tell a GGUF ("GGUF" at 0) from an artifact ("MFB1" at 8).
@@ -180,15 +186,21 @@ int main(int argc, char** argv) {
   llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-inspect (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv,
                                     "minfer-inspect: show the contents of a GGUF model or a minfer artifact\n");
-  llvm::ExitOnError exit_on_error("minfer-inspect: ");
   if (looksLikeArtifact(kInput)) return inspectArtifact(kInput, kJson, kVerify);
   if (kVerify)
     llvm::errs() << "minfer-inspect: note: --verify checks artifact checksums; a GGUF has none (its structure is "
                     "always validated)\n";
-  auto file = exit_on_error(GgufFile::open(kInput));
+  auto file = GgufFile::open(kInput);
+  if (!file) {
+    // The reader's messages quote the file (keys, names): shown with control characters escaped.
+    llvm::errs() << "minfer-inspect: "
+                 << util::escapeForTerminal(llvm::toString(file.takeError()), std::string::npos, /*keep_newlines=*/true)
+                 << "\n";
+    return 1;
+  }
   if (kJson)
-    printGgufJson(*file);
+    printGgufJson(**file);
   else
-    printGguf(*file);
+    printGguf(**file);
   return 0;
 }

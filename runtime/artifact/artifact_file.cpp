@@ -7,11 +7,14 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 namespace minfer {
 namespace {
@@ -120,14 +123,58 @@ Status ArtifactFile::verifyChecksums() const {
   for (const SegmentRef& s : segments_) {
     MINFER_RETURN_IF_ERROR(checkGap(s.segment->offset(), s.field));
     const uint64_t hash = XXH64(data_ + s.segment->offset(), s.segment->size(), 0);
-    if (hash != s.segment->xxh64())
-      return Status::error(cat(path_, ": ", s.field, " [", s.segment->offset(), ", +", s.segment->size(), "): xxh64 ",
-                               hex(hash), " computed, ", hex(s.segment->xxh64()),
-                               " recorded in the manifest: damaged data"));
+    if (hash != s.segment->xxh64()) return checksumMismatch(s, hash);
     pos = s.segment->offset() + s.segment->size();
     after = s.field;
   }
   return checkGap(size_, "the end of the file");
+}
+
+Status ArtifactFile::checksumMismatch(const SegmentRef& ref, uint64_t computed, const std::string& hint) const {
+  return Status::error(cat(path_, ": ", ref.field, " [", ref.segment->offset(), ", +", ref.segment->size(), ") (",
+                           ref.owner, "): xxh64 ", hex(computed), " computed, ", hex(ref.segment->xxh64()),
+                           " recorded in the manifest: damaged data", hint.empty() ? "" : "; ", hint));
+}
+
+const ArtifactFile::SegmentRef* ArtifactFile::findSegment(const fb::Segment& segment) const {
+  // segments_ is sorted by offset and its segments are non-empty and disjoint (verifySemantics).
+  auto it = std::lower_bound(segments_.begin(), segments_.end(), segment.offset(),
+                             [](const SegmentRef& r, uint64_t offset) { return r.segment->offset() < offset; });
+  if (it == segments_.end() || it->segment->offset() != segment.offset() || it->segment->size() != segment.size())
+    return nullptr;
+  return &*it;
+}
+
+Status ArtifactFile::verifySegments(const std::function<bool(const SegmentRef&)>& include, unsigned threads) const {
+  std::vector<size_t> order;  // indices into segments_, largest first (whole segments per thread)
+  uint64_t total = 0;
+  for (size_t i = 0; i < segments_.size(); ++i)
+    if (!include || include(segments_[i])) {
+      order.push_back(i);
+      total += segments_[i].segment->size();
+    }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return segments_[a].segment->size() > segments_[b].segment->size();
+  });
+  std::vector<uint64_t> computed(segments_.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k = next++; k < order.size(); k = next++) {
+      const fb::Segment* s = segments_[order[k]].segment;
+      computed[order[k]] = XXH64(data_ + s->offset(), s->size(), 0);
+    }
+  };
+  if (threads == 0) threads = std::min(16u, std::max(1u, std::thread::hardware_concurrency()));
+  // Below a few MiB a thread costs more than it saves.
+  const uint64_t n_threads = std::min<uint64_t>({threads, order.size(), total / (4ull << 20) + 1});
+  std::vector<std::thread> pool;
+  for (uint64_t t = 1; t < n_threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  std::sort(order.begin(), order.end());  // report the damaged segment with the lowest offset
+  for (size_t i : order)
+    if (computed[i] != segments_[i].segment->xxh64()) return checksumMismatch(segments_[i], computed[i], kChecksumHint);
+  return Status::ok();
 }
 
 StrideTable toStrideTable(const fb::StrideTable& t) {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "runtime/artifact/artifact_file.h"
+#include "runtime/util/terminal_text.h"
 #include "schema/op_traits.h"
 
 namespace minfer::artifact {
@@ -20,21 +21,10 @@ uint32_t readLE32(const uint8_t* p) {
          static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
 }
 
-// Bytes from the file shown in a message: printable ASCII as is, the rest as \xNN, at most `max`.
+// Bytes from the file shown in a message, at most `max`: control characters and ill-formed UTF-8
+// escaped (runtime/util/terminal_text.h), so a crafted name cannot drive the terminal.
 std::string printable(const char* p, size_t n, size_t max = 64) {
-  std::string out;
-  for (size_t i = 0; i < n && i < max; ++i) {
-    const unsigned char ch = static_cast<unsigned char>(p[i]);
-    if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\') {
-      out += static_cast<char>(ch);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", ch);
-      out += buf;
-    }
-  }
-  if (n > max) out += "...";
-  return out;
+  return util::escapeForTerminal(std::string_view(p, n), max);
 }
 
 std::string quoted(const flatbuffers::String* s) {
@@ -232,7 +222,8 @@ class SemanticVerifier {
     if (t->token_types() && t->token_types()->size() != 0 && t->token_types()->size() != n)
       return fail("tokenizer.token_types", t, cat("has ", t->token_types()->size(), " entries for ", n, " tokens"));
     const std::pair<const char*, int32_t> ids[] = {
-        {"bos_id", t->bos_id()}, {"eos_id", t->eos_id()}, {"unk_id", t->unk_id()}, {"pad_id", t->pad_id()}};
+        {"bos_id", t->bos_id()}, {"eos_id", t->eos_id()}, {"unk_id", t->unk_id()}, {"pad_id", t->pad_id()},
+        {"eot_id", t->eot_id()}, {"eom_id", t->eom_id()}};  // eot/eom: -1 in a 1.1 artifact (schema default)
     for (const auto& [name, id] : ids)
       if (id < -1 || id >= static_cast<int64_t>(n))
         return fail(cat("tokenizer.", name), t, cat("token id ", id, " is out of range (-1 = none, or 0..", n - 1, ")"));
@@ -298,7 +289,7 @@ class SemanticVerifier {
           return fail(pf + ".data", p->data(),
                       cat("segment is ", p->data()->size(), " bytes but the stride table implies ", l->rows(),
                           " rows x ", l->row_pitch(), " bytes = ", bytes, who));
-        MINFER_RETURN_IF_ERROR(addSegment(pf + ".data", p->data()));
+        MINFER_RETURN_IF_ERROR(addSegment(pf + ".data", p->data(), cat("tensor ", quoted(t->name()))));
       }
     }
     return Status::ok();
@@ -316,8 +307,9 @@ class SemanticVerifier {
       const bool has_cubin = k->cubin() && k->cubin()->size() > 0;
       const bool has_ptx = k->ptx() && k->ptx()->size() > 0;
       if (!has_cubin && !has_ptx) return fail(field, k, cat("kernel ", quoted(k->key()), " has neither cubin nor PTX"));
-      MINFER_RETURN_IF_ERROR(addSegment(field + ".cubin", k->cubin()));
-      MINFER_RETURN_IF_ERROR(addSegment(field + ".ptx", k->ptx()));
+      const std::string owner = cat("kernel ", quoted(k->key()));
+      MINFER_RETURN_IF_ERROR(addSegment(field + ".cubin", k->cubin(), owner));
+      MINFER_RETURN_IF_ERROR(addSegment(field + ".ptx", k->ptx(), owner));
     }
     return Status::ok();
   }
@@ -451,7 +443,7 @@ class SemanticVerifier {
   }
 
   // A segment of `field` must be empty (0, 0) or aligned, after the manifest and inside the file.
-  Status addSegment(const std::string& field, const fb::Segment* s) {
+  Status addSegment(const std::string& field, const fb::Segment* s, const std::string& owner) {
     if (!s) return Status::ok();
     if (s->size() == 0) {
       if (s->offset() != 0)
@@ -468,7 +460,7 @@ class SemanticVerifier {
       return fail(field, s,
                   cat("segment [", s->offset(), ", +", s->size(), ") ends past the end of the file (", size_,
                       " bytes): truncated artifact?"));
-    segments_.push_back({field, s});
+    segments_.push_back({field, s, owner});
     return Status::ok();
   }
 

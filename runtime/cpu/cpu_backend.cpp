@@ -116,7 +116,7 @@ Status CpuBackend::prepare(const fb::Plan* plan, const char* which, std::vector<
 // Allocate phase.
 
 Result<std::unique_ptr<BackendSession>> CpuBackend::createSession(const BackendSessionConfig& config) const {
-  int threads = config.n_threads > 0 ? config.n_threads : static_cast<int>(std::thread::hardware_concurrency());
+  int threads = config.n_threads > 0 ? config.n_threads : cpu::defaultThreads();
   threads = std::clamp(threads, 1, 256);
   auto session = std::make_unique<CpuSession>(*this, config.n_ctx, threads);
   MINFER_RETURN_IF_ERROR(session->allocate());

@@ -241,19 +241,20 @@ void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float
     }
   };
   if (pool)
-    pool->parallelFor(rows, body);
+    pool->parallelFor(rows, body, (cols + 1) * n_rows);  // a row: its dequantization and n_rows dots
   else
     body(0, rows, 0);
 }
 
 void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle style, float freq_base,
-          float freq_scale, int pos0) {
+          float freq_scale, int pos0, const float* freq_factors) {
   const int half = n_rot / 2;
   float cos_t[kMaxRot / 2], sin_t[kMaxRot / 2];
   for (int t = 0; t < n_rows; ++t) {
     const double pos = static_cast<double>(pos0 + t) * static_cast<double>(freq_scale);
     for (int i = 0; i < half; ++i) {
-      const double theta = pos * std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
+      double theta = pos * std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
+      if (freq_factors) theta /= static_cast<double>(freq_factors[i]);  // same order as kernels/rope.cuh
       cos_t[i] = static_cast<float>(std::cos(theta));
       sin_t[i] = static_cast<float>(std::sin(theta));
     }
@@ -311,7 +312,7 @@ void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n
   };
   const int64_t tasks = static_cast<int64_t>(n_rows) * n_head;
   if (pool)
-    pool->parallelFor(tasks, body);
+    pool->parallelFor(tasks, body, 2 * static_cast<int64_t>(pos0 + n_rows) * hd);  // scores and values
   else
     body(0, tasks, 0);
 }

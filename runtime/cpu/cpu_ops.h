@@ -89,14 +89,17 @@ void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float
             float* out, ThreadPool* pool, float* scratch);
 
 // RoPE (Su et al. 2021, "RoFormer"), in place. x: n_rows × (n_head·head_dim); row t is at position
-// pos0 + t. For i < n_rot/2: θ_i = (pos·freq_scale)·freq_base^(−2i/n_rot) (computed in double);
+// pos0 + t. For i < n_rot/2: θ_i = (pos·freq_scale)·freq_base^(−2i/n_rot) / ff_i (computed in
+// double; ff_i = freq_factors[i], or 1 when freq_factors is null: llama.cpp's ggml_rope_ext with
+// freq_factors, the rope_freqs.weight of Llama 3.1+ GGUFs, fixtures README §8);
 // kNorm rotates the pairs (2i, 2i+1) of each head, kNeox the pairs (i, i + n_rot/2);
 // (a, b) → (a·cosθ − b·sinθ, a·sinθ + b·cosθ). Elements ≥ n_rot of a head are untouched.
-// Requires n_rot even, n_rot ≤ head_dim, n_rot ≤ kMaxRot. Tolerance 5e-7 (measured 7e-8).
+// Requires n_rot even, n_rot ≤ head_dim, n_rot ≤ kMaxRot; freq_factors: null or n_rot/2 finite
+// values > 0. Tolerance 5e-7 (measured 7e-8).
 enum class RopeStyle : uint8_t { kNorm = 0, kNeox = 1 };
 constexpr int kMaxRot = 1024;
 void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle style, float freq_base,
-          float freq_scale, int pos0);
+          float freq_scale, int pos0, const float* freq_factors = nullptr);
 
 // One layer's KV cache in float32: k and v are each (n_ctx, n_head_kv, head_dim), position-major.
 struct KvLayer {

@@ -32,7 +32,7 @@ struct StepInfo {
   uint32_t out[kMaxOut] = {0, 0};
   int weight = -1;                // tensor index (Embed, MatMul)
   RowSource src = RowSource::kDense;
-  const float* vec = nullptr;     // norm weight (RmsNorm, HeadRmsNorm) or bias (MatMul), else null
+  const float* vec = nullptr;     // norm weight (RmsNorm, HeadRmsNorm), bias (MatMul) or RoPE frequency factors (Rope), else null
   int layer = -1;
   float eps = 0;
   int n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;

@@ -1,4 +1,5 @@
-// CUDA backend, plan phase: image arch choice, module loading, step/kernel checks, weight upload.
+// CUDA backend, plan phase: image arch choice, module loading, step/kernel checks, weight upload
+// (segment checksums hashed while staging).
 #include "runtime/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -7,6 +8,8 @@
 #include <cstring>
 #include <atomic>
 #include <thread>
+
+#include <xxhash.h>
 
 #include "schema/op_traits.h"
 #include "runtime/cuda/cuda_internal.h"
@@ -144,8 +147,26 @@ class BackendLoader {
   }
 
   Status uploadWeights();
+  Status verifyRest() const;
 
  private:
+  // Notes that `ref` (an entry of the artifact's segments()) has been hashed.
+  void markVerified(const ArtifactFile::SegmentRef* ref) {
+    if (verified_.empty()) verified_.assign(st_.artifact->segments().size(), false);
+    verified_[static_cast<size_t>(ref - st_.artifact->segments().data())] = true;
+  }
+
+  // With verify_checksums: the XXH64 of a kernel image (cubin or PTX), before the driver sees it.
+  Status verifyImage(const fb::Segment& seg) {
+    if (!st_.options.verify_checksums) return Status::ok();
+    const ArtifactFile::SegmentRef* ref = st_.artifact->findSegment(seg);
+    if (!ref) return Status::ok();  // empty: load() refuses it
+    const uint64_t hash = XXH64(st_.artifact->segmentData(seg), seg.size(), 0);
+    if (hash != seg.xxh64()) return st_.artifact->checksumMismatch(*ref, hash, kChecksumHint);
+    markVerified(ref);
+    return Status::ok();
+  }
+
   Result<BoundLaunch> bind(const fb::Launch& l, const std::string& where) {
     Result<int> image = load(l.images()->Get(arch_index_), where);
     if (!image) return image.takeStatus();
@@ -161,6 +182,7 @@ class BackendLoader {
     if (!seg || seg->size() == 0)
       return Status::error(path_ + ": kernels[" + std::to_string(index) + "] '" + k->key()->str() + "' has no " +
                            (st_.arch.jit_ptx ? "PTX" : "cubin") + " (" + where + ")");
+    MINFER_RETURN_IF_ERROR(verifyImage(*seg));
     const uint8_t* data = st_.artifact->segmentData(*seg);
     if (st_.arch.jit_ptx && data[seg->size() - 1] != 0)
       return Status::error(path_ + ": kernels[" + std::to_string(index) + "].ptx is not NUL-terminated");
@@ -219,12 +241,11 @@ class BackendLoader {
   const std::string path_;
   uint32_t arch_index_ = 0;
   std::vector<int> slot_;  // kernel index → index into st_.images, −1 before loading
+  std::vector<bool> verified_;  // per entry of the artifact's segments(): hashed already
 };
 
-// Weights: every plane into one allocation (256-byte aligned each), staged through pinned buffers.
-// Planes → device addresses, then the bytes as chunks spread over worker threads: each worker owns
-// two pinned staging buffers and a stream, memcpy-ing one chunk from the mapping while the DMA engine
-// drains the other (page faults and copies of the mapped file run on several cores).
+// Weights: every plane into one allocation (256-byte aligned each), staged through pinned buffers
+// (uploadSegments), each plane's XXH64 streamed over its bytes as they are staged.
 Status BackendLoader::uploadWeights() {
   const auto start = std::chrono::steady_clock::now();
   uint64_t total = 0;
@@ -237,7 +258,8 @@ Status BackendLoader::uploadWeights() {
   st_.weights = std::move(*weights);
   st_.weight_bytes = total;
 
-  std::vector<UploadChunk> chunks;
+  std::vector<UploadSegment> segments;
+  std::vector<const fb::Segment*> sources;  // parallel to segments
   uint64_t offset = 0;
   if (m_->tensors())
     for (const fb::Tensor* t : *m_->tensors()) {
@@ -246,56 +268,133 @@ Status BackendLoader::uploadWeights() {
       if (t->planes())
         for (const fb::Plane* p : *t->planes()) {
           DevicePlane dp{toStrideTable(*p->layout()), st_.weights.ptr() + offset};
-          const uint8_t* src = st_.artifact->segmentData(*p->data());
-          const uint64_t size = p->data()->size();
-          for (uint64_t done = 0; done < size; done += kUploadChunkBytes)
-            chunks.push_back({src + done, dp.ptr + done, std::min(kUploadChunkBytes, size - done)});
-          offset += (size + 255) / 256 * 256;
+          segments.push_back({st_.artifact->segmentData(*p->data()), dp.ptr, p->data()->size()});
+          sources.push_back(p->data());
+          offset += (p->data()->size() + 255) / 256 * 256;
           dt.planes.push_back(dp);
         }
       st_.tensors.push_back(std::move(dt));
     }
-  MINFER_RETURN_IF_ERROR(uploadChunks(*st_.dev, chunks));
+  const bool verify = st_.options.verify_checksums;
+  std::vector<uint64_t> hashes;
+  MINFER_RETURN_IF_ERROR(uploadSegments(*st_.dev, segments, verify ? &hashes : nullptr));
   st_.upload_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!verify) return Status::ok();
+  const ArtifactFile::SegmentRef* damaged = nullptr;  // the one with the lowest offset
+  uint64_t damaged_hash = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const ArtifactFile::SegmentRef* ref = st_.artifact->findSegment(*sources[i]);
+    if (!ref) continue;  // empty
+    markVerified(ref);
+    if (hashes[i] != ref->segment->xxh64() && (!damaged || ref->segment->offset() < damaged->segment->offset())) {
+      damaged = ref;
+      damaged_hash = hashes[i];
+    }
+  }
+  if (damaged) return st_.artifact->checksumMismatch(*damaged, damaged_hash, kChecksumHint);
   return Status::ok();
+}
+
+// Segments neither uploaded nor loaded (kernel images of other archs, images no launch uses): small,
+// hashed in one pass so that every data segment of the artifact has been checked.
+Status BackendLoader::verifyRest() const {
+  if (!st_.options.verify_checksums) return Status::ok();
+  const ArtifactFile::SegmentRef* first = st_.artifact->segments().data();
+  return st_.artifact->verifySegments([&](const ArtifactFile::SegmentRef& ref) {
+    return verified_.empty() || !verified_[static_cast<size_t>(&ref - first)];
+  });
 }
 
 }  // namespace
 
-Status uploadChunks(const CudaDevice& dev, const std::vector<UploadChunk>& chunks) {
+namespace {
+
+// One upload worker: a stream, two pinned staging buffers and their events.
+class StagingWorker {
+ public:
+  explicit StagingWorker(const CudaDevice& dev) : dev_(dev) {}
+  // After a failed send() copies may still read the staging buffers: wait before freeing them.
+  ~StagingWorker() {
+    if (stream_.get()) dev_.cu().cuStreamSynchronize(stream_.get());
+  }
+  StagingWorker(const StagingWorker&) = delete;
+  StagingWorker& operator=(const StagingWorker&) = delete;
+
+  Status init() {
+    MINFER_RETURN_IF_ERROR(dev_.makeCurrent());
+    Result<Stream> stream = dev_.createStream();
+    if (!stream) return stream.takeStatus();
+    stream_ = std::move(*stream);
+    for (int i = 0; i < 2; ++i) {
+      Result<PinnedBuffer> b = dev_.allocPinned(kUploadChunkBytes, "weight staging");
+      if (!b) return b.takeStatus();
+      staging_[i] = std::move(*b);
+      Result<Event> e = dev_.createEvent();
+      if (!e) return e.takeStatus();
+      done_[i] = std::move(*e);
+    }
+    return Status::ok();
+  }
+
+  // Sends `seg` chunk by chunk, in order; with `state`, XXH64_update over each staged piece.
+  Status send(const UploadSegment& seg, XXH64_state_t* state) {
+    const CudaDriver& cu = dev_.cu();
+    for (uint64_t done = 0; done < seg.bytes; done += kUploadChunkBytes) {
+      const uint64_t bytes = std::min(kUploadChunkBytes, seg.bytes - done);
+      if (busy_[slot_])
+        MINFER_RETURN_IF_ERROR(dev_.check(cu.cuEventSynchronize(done_[slot_].get()), "weight upload: cuEventSynchronize"));
+      uint8_t* staged = static_cast<uint8_t*>(staging_[slot_].data());
+      for (uint64_t at = 0; at < bytes; at += kHashPieceBytes) {
+        const uint64_t n = std::min(kHashPieceBytes, bytes - at);
+        std::memcpy(staged + at, seg.src + done + at, n);
+        if (state) XXH64_update(state, staged + at, n);  // the bytes the DMA sends, still in L2
+      }
+      MINFER_RETURN_IF_ERROR(dev_.check(cu.cuMemcpyHtoDAsync(seg.dst + done, staged, bytes, stream_.get()),
+                                        "weight upload: cuMemcpyHtoDAsync of " + std::to_string(bytes) + " bytes"));
+      MINFER_RETURN_IF_ERROR(dev_.check(cu.cuEventRecord(done_[slot_].get(), stream_.get()), "weight upload: cuEventRecord"));
+      busy_[slot_] = true;
+      slot_ ^= 1;
+    }
+    return Status::ok();
+  }
+
+  Status finish() { return dev_.check(dev_.cu().cuStreamSynchronize(stream_.get()), "weight upload: cuStreamSynchronize"); }
+
+ private:
+  const CudaDevice& dev_;
+  Stream stream_;
+  PinnedBuffer staging_[2];
+  Event done_[2];
+  bool busy_[2] = {false, false};
+  int slot_ = 0;
+};
+
+}  // namespace
+
+Status uploadSegments(const CudaDevice& dev, const std::vector<UploadSegment>& segments, std::vector<uint64_t>* hashes) {
+  std::vector<size_t> order(segments.size());  // largest first, so the workers finish together
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return segments[a].bytes > segments[b].bytes; });
+  if (hashes) hashes->assign(segments.size(), 0);
+  // Hashing is CPU work beside the memcpy: twice the workers hide it (measured on an H200 host, 12.7 GB
+  // of planes: 4 workers 0.66 s without hashing, 1.06 s with; 8 workers with hashing 0.72 s).
+  const size_t max_workers = hashes ? 8 : 4;
   const unsigned n_workers =
-      static_cast<unsigned>(std::min<size_t>({4, chunks.size(), std::max(1u, std::thread::hardware_concurrency())}));
+      static_cast<unsigned>(std::min<size_t>({max_workers, segments.size(), std::max(1u, std::thread::hardware_concurrency())}));
   std::atomic<size_t> next{0};
   std::vector<Status> worker_status(n_workers);
   auto worker = [&]() -> Status {
-    const CudaDriver& cu = dev.cu();
-    MINFER_RETURN_IF_ERROR(dev.makeCurrent());
-    Result<Stream> stream = dev.createStream();
-    if (!stream) return stream.takeStatus();
-    PinnedBuffer staging[2];
-    Event done[2];
-    bool busy[2] = {false, false};
-    for (int i = 0; i < 2; ++i) {
-      Result<PinnedBuffer> b = dev.allocPinned(kUploadChunkBytes, "weight staging");
-      if (!b) return b.takeStatus();
-      staging[i] = std::move(*b);
-      Result<Event> e = dev.createEvent();
-      if (!e) return e.takeStatus();
-      done[i] = std::move(*e);
+    StagingWorker w(dev);
+    MINFER_RETURN_IF_ERROR(w.init());
+    std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> state(hashes ? XXH64_createState() : nullptr,
+                                                                           XXH64_freeState);
+    if (hashes && !state) return Status::error("weight upload: cannot allocate an XXH64 state");
+    for (size_t k = next++; k < order.size(); k = next++) {
+      if (state) XXH64_reset(state.get(), 0);
+      MINFER_RETURN_IF_ERROR(w.send(segments[order[k]], state.get()));
+      if (state) (*hashes)[order[k]] = XXH64_digest(state.get());
     }
-    int slot = 0;
-    for (size_t i = next++; i < chunks.size(); i = next++) {
-      const UploadChunk& c = chunks[i];
-      if (busy[slot])
-        MINFER_RETURN_IF_ERROR(dev.check(cu.cuEventSynchronize(done[slot].get()), "weight upload: cuEventSynchronize"));
-      std::memcpy(staging[slot].data(), c.src, c.bytes);
-      MINFER_RETURN_IF_ERROR(dev.check(cu.cuMemcpyHtoDAsync(c.dst, staging[slot].data(), c.bytes, stream->get()),
-                                       "weight upload: cuMemcpyHtoDAsync of " + std::to_string(c.bytes) + " bytes"));
-      MINFER_RETURN_IF_ERROR(dev.check(cu.cuEventRecord(done[slot].get(), stream->get()), "weight upload: cuEventRecord"));
-      busy[slot] = true;
-      slot ^= 1;
-    }
-    return dev.check(cu.cuStreamSynchronize(stream->get()), "weight upload: cuStreamSynchronize");
+    return w.finish();
   };
   {
     std::vector<std::thread> threads;
@@ -319,6 +418,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& art
   MINFER_RETURN_IF_ERROR(loader.chooseArch());
   MINFER_RETURN_IF_ERROR(loader.bindPlans());
   MINFER_RETURN_IF_ERROR(loader.uploadWeights());
+  MINFER_RETURN_IF_ERROR(loader.verifyRest());
 
   const DeviceInfo& info = st->dev->info();
   char line[512];

@@ -7,7 +7,8 @@
 //     each image the plans use once (cuModuleLoadData); check every plan step's kernels against its op;
 //     upload every weight plane from the mapping into one device allocation through pinned staging
 //     buffers: up to 4 threads, each with two 32 MiB buffers and a stream, memcpy into one buffer while
-//     the DMA engine drains the other.
+//     the DMA engine drains the other; with verify_checksums, 8 threads, each taking whole planes and
+//     streaming XXH64 over the bytes it stages, so checking costs no second read of the file.
 //   createSession (allocate): activation buffers (memory plan, max_batch rows; q8 buffers as
 //     kernels/common.cuh lays them out), the f16 KV cache for n_ctx positions, decode-attention
 //     partials, the position word; launch records with every argument resolved; the decode plan
@@ -33,6 +34,9 @@ namespace minfer {
 struct CudaBackendOptions {
   int device = -1;          // GPU ordinal; −1: $MINFER_CUDA_DEVICE, else 0
   bool decode_graph = true; // capture the decode plan in a CUDA graph
+  // Check every data segment's XXH64: planes while they are staged for upload, kernel images before
+  // cuModuleLoadData, the images not loaded at the end. Error names segment, tensor/kernel, hashes.
+  bool verify_checksums = true;
 };
 
 // The CUDA backend as the runtime sees it. `artifact` must outlive the backend and its sessions.

@@ -20,7 +20,8 @@ constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // U+2581 "▁", Sent
 // "\xEF\xBD\x9C" is U+FF5C "｜" as DeepSeek spells it.
 const std::vector<std::string_view>& controlTexts() {
   static const std::vector<std::string_view> kTexts = {
-      "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
+      "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
+      "_<EOT>", "[EOT]", "<end_of_utterance>",
       "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>", "<|eom_id|>",
       "<|fim_prefix|>", "<fim-prefix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>", "<PRE>",
       "<|fim_suffix|>", "<fim-suffix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "hole\xEF\xBD\x9C>", "<SUF>",
@@ -31,11 +32,14 @@ const std::vector<std::string_view>& controlTexts() {
 }
 const std::vector<std::string_view>& endOfGenerationTexts() {
   static const std::vector<std::string_view> kTexts = {
-      "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
-      "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>", "<|fim_pad|>", "<fim-pad>",
-      "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<|file_sep|>"};
+      "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<|eom_id|>",
+      "<EOT>", "_<EOT>", "[EOT]", "<end_of_utterance>", "<|fim_pad|>", "<fim-pad>", "<PAD>", "<|fim_repo|>",
+      "<|repo_name|>", "<fim-repo>", "<REPO>", "<|file_sep|>"};
   return kTexts;
 }
+// DeepSeek's end of sentence: llama.cpp's EOT auto-detection takes it when the GGUF names no EOT token.
+constexpr std::string_view kDeepSeekEndOfSentence =
+    "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>";
 
 std::string quoted(std::string_view s) {
   std::string out = "'";
@@ -116,6 +120,26 @@ void partitionSpecial(const Tokenizer::Impl& impl, std::string_view text, bool p
   }
 }
 
+// llama.cpp's fix-ups at load: end-of-turn / FIM marker texts become control tokens; the
+// end-of-generation set (Tokenizer::isEndOfGeneration). Needs impl.types and impl.token_to_id.
+void markControlAndEndOfGeneration(const Vocabulary& vocab, Tokenizer::Impl& impl) {
+  impl.eog.assign(impl.types.size(), 0);
+  for (const std::string_view t : controlTexts()) {
+    const int32_t id = impl.lookup(t);
+    if (id >= 0) impl.types[id] = TokenType::kControl;
+  }
+  for (const std::string_view t : endOfGenerationTexts()) {
+    const int32_t id = impl.lookup(t);
+    if (id >= 0) impl.eog[id] = 1;
+  }
+  if (vocab.eot_id < 0) {
+    const int32_t id = impl.lookup(kDeepSeekEndOfSentence);
+    if (id >= 0) impl.eog[id] = 1;
+  }
+  for (const int32_t id : {vocab.eos_id, vocab.eot_id, vocab.eom_id})
+    if (id >= 0) impl.eog[id] = 1;
+}
+
 }  // namespace
 
 Vocabulary Vocabulary::withDefaults(std::string model, std::string pre) {
@@ -159,7 +183,8 @@ Result<Tokenizer> Tokenizer::create(Vocabulary vocab) {
 
   const int32_t n_vocab = static_cast<int32_t>(n);
   const std::pair<const char*, int32_t> ids[] = {
-      {"bos_id", vocab.bos_id}, {"eos_id", vocab.eos_id}, {"unk_id", vocab.unk_id}, {"pad_id", vocab.pad_id}};
+      {"bos_id", vocab.bos_id}, {"eos_id", vocab.eos_id}, {"unk_id", vocab.unk_id}, {"pad_id", vocab.pad_id},
+      {"eot_id", vocab.eot_id}, {"eom_id", vocab.eom_id}};
   for (const auto& [name, id] : ids)
     if (id < -1 || id >= n_vocab)
       return fieldError(std::string(name) + " = " + std::to_string(id) + " is out of range [0, " +
@@ -188,17 +213,7 @@ Result<Tokenizer> Tokenizer::create(Vocabulary vocab) {
                         " has type byte (6) but is not of the form <0xXX>");
   }
 
-  // llama.cpp's fix-ups: end-of-turn / FIM marker texts are control tokens; end-of-generation set.
-  impl->eog.assign(n, 0);
-  for (const std::string_view t : controlTexts()) {
-    const int32_t id = impl->lookup(t);
-    if (id >= 0) impl->types[id] = TokenType::kControl;
-  }
-  for (const std::string_view t : endOfGenerationTexts()) {
-    const int32_t id = impl->lookup(t);
-    if (id >= 0) impl->eog[id] = 1;
-  }
-  if (vocab.eos_id >= 0) impl->eog[vocab.eos_id] = 1;
+  markControlAndEndOfGeneration(vocab, *impl);
 
   for (size_t i = 0; i < vocab.merges.size(); ++i) {
     const std::string& merge = vocab.merges[i];
@@ -357,5 +372,12 @@ TokenType Tokenizer::tokenType(int32_t id) const {
 int32_t Tokenizer::findToken(std::string_view text) const { return impl_->lookup(text); }
 
 bool Tokenizer::isEndOfGeneration(int32_t id) const { return id >= 0 && id < nTokens() && impl_->eog[id]; }
+
+std::vector<int32_t> Tokenizer::endOfGenerationIds() const {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < nTokens(); ++id)
+    if (impl_->eog[id]) ids.push_back(id);
+  return ids;
+}
 
 }  // namespace minfer

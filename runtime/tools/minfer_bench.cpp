@@ -40,13 +40,16 @@ llvm::cl::opt<int> kReps("r", llvm::cl::desc("Repetitions of each test (default 
 llvm::cl::opt<std::string> kDevice("device",
                                    llvm::cl::desc("Backend: auto, cuda or cpu (default auto: cuda when usable)"),
                                    llvm::cl::init("auto"), llvm::cl::cat(kCategory));
-llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads (default: all cores)"), llvm::cl::init(0),
+llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads (default: the physical cores, as llama.cpp)"), llvm::cl::init(0),
                             llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kJson("json", llvm::cl::desc("Print results as JSON"), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kCsv("csv", llvm::cl::desc("Print results as CSV"), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kProfile("profile", llvm::cl::desc("Also time every plan step with CUDA events (cuda only)"),
                              llvm::cl::cat(kCategory));
 llvm::cl::opt<unsigned> kSeed("seed", llvm::cl::desc("Seed of the random tokens (default 1)"), llvm::cl::init(1),
+                              llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kNoVerify("no-verify",
+                              llvm::cl::desc("Skip the data segments' checksums (checked by default while loading)"),
                               llvm::cl::cat(kCategory));
 
 struct Result {
@@ -143,7 +146,9 @@ int main(int argc, char** argv) {
     std::string fallback;
     if (kDevice != "cpu") {
 #if MINFER_HAVE_CUDA_BACKEND
-      auto b = minfer::cuda::CudaBackend::create(**file, {});
+      minfer::CudaBackendOptions options;
+      options.verify_checksums = !kNoVerify;  // hashed while staging the upload
+      auto b = minfer::cuda::CudaBackend::create(**file, options);
       if (b) {
         cuda = true;
         note = (*b)->note();
@@ -164,6 +169,8 @@ int main(int argc, char** argv) {
     }
     if (kProfile && !cuda) die("--profile needs the cuda backend: " + fallback);
     if (!cuda) {
+      if (!kNoVerify)  // as Model::open: the CPU reads the mapping directly, so one pass first
+        if (minfer::Status s = (*file)->verifySegments(); !s) die(s.message());
       auto b = minfer::createCpuBackend(**file);
       if (!b) die(b.status().message());
       auto s = (*b)->createSession({n_ctx, kThreads});

@@ -1,7 +1,10 @@
 // minfer-perplexity: perplexity of a model over a text file, with llama-perplexity's definition.
 //
-// Definition (llama.cpp examples/perplexity): the text is tokenized with BOS (when the vocabulary adds
-// one) and cut into consecutive non-overlapping windows of n_ctx tokens; the first token of each
+// Definition (llama.cpp tools/perplexity): the text is read as llama.cpp reads -f (one trailing newline
+// dropped, backslash escapes processed unless --no-escape), tokenized with BOS (when the vocabulary
+// adds one) and no special-token parsing; fewer than 2·n_ctx tokens are refused with llama-perplexity's
+// message; the rest is cut into n_tokens / n_ctx consecutive non-overlapping windows of n_ctx tokens
+// (the tail that does not fill a window is not scored); the first token of each
 // window is replaced by BOS; only the second half of each window is scored: logits at window
 // positions n_ctx/2 … n_ctx−2 predict the tokens at n_ctx/2+1 … n_ctx−1. PPL = exp(mean NLL) over all
 // scored tokens; ± is PPL · sqrt((mean(NLL²) − mean(NLL)²) / (count − 1)).
@@ -25,16 +28,25 @@ namespace {
 llvm::cl::OptionCategory kCategory("minfer-perplexity options");
 llvm::cl::opt<std::string> kModel(llvm::cl::Positional, llvm::cl::desc("<model.mfb>"), llvm::cl::Required,
                                   llvm::cl::cat(kCategory));
-llvm::cl::opt<std::string> kText("f", llvm::cl::desc("Text file to score"), llvm::cl::value_desc("file"),
+llvm::cl::opt<std::string> kText("f", llvm::cl::desc("Text file to score (also --file)"), llvm::cl::value_desc("file"),
                                  llvm::cl::Required, llvm::cl::cat(kCategory));
-llvm::cl::opt<int> kCtx("c", llvm::cl::desc("Window length in tokens (default 512)"), llvm::cl::init(512),
+llvm::cl::opt<int> kCtx("c", llvm::cl::desc("Window length in tokens (default 512; also --ctx-size)"), llvm::cl::init(512),
                         llvm::cl::cat(kCategory));
+llvm::cl::alias kCtxAlias("ctx-size", llvm::cl::desc("Alias for -c"), llvm::cl::aliasopt(kCtx), llvm::cl::cat(kCategory));
+llvm::cl::alias kTextAlias("file", llvm::cl::desc("Alias for -f"), llvm::cl::aliasopt(kText), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kNoEscape("no-escape",
+                              llvm::cl::desc("Take the text literally (default: process backslash escapes as "
+                                             "llama-perplexity does)"),
+                              llvm::cl::cat(kCategory));
 llvm::cl::opt<int> kChunks("chunks", llvm::cl::desc("Score at most this many windows (default: all)"),
                            llvm::cl::init(-1), llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kDevice("device", llvm::cl::desc("Backend: auto, cpu or cuda (default auto)"),
                                    llvm::cl::init("auto"), llvm::cl::cat(kCategory));
-llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads (default: all cores)"), llvm::cl::init(0),
+llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads (default: the physical cores, as llama.cpp)"), llvm::cl::init(0),
                             llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kNoVerify("no-verify",
+                              llvm::cl::desc("Skip the data segments' checksums (checked by default while loading)"),
+                              llvm::cl::cat(kCategory));
 
 int fail(const std::string& message) {
   llvm::errs() << "minfer-perplexity: " << message << "\n";
@@ -69,12 +81,21 @@ int main(int argc, char** argv) {
   std::stringstream ss;
   ss << in.rdbuf();
 
-  auto model = minfer::Model::open(kModel, *kind);
+  minfer::ModelOptions model_options;
+  model_options.verify_checksums = !kNoVerify;
+  auto model = minfer::Model::open(kModel, *kind, model_options);
   if (!model) return fail(model.status().message());
   const int n_vocab = (*model)->info().n_vocab;
-  auto tokens = (*model)->tokenize(ss.str(), /*add_special=*/true);
+  std::string text = minfer::dropOneTrailingNewline(ss.str());  // llama.cpp's -f
+  if (!kNoEscape) text = minfer::processEscapes(text);           // llama.cpp's --escape, its default
+  auto tokens = (*model)->tokenize(text, /*add_special=*/true, /*parse_special=*/false);
   if (!tokens) return fail(tokens.status().message());
   const int n_ctx = kCtx;
+  if (tokens->size() < 2 * static_cast<size_t>(n_ctx))  // llama-perplexity's refusal, word for word
+    return fail(llvm::formatv("{0}: you need at least {1} tokens to evaluate perplexity with a context of {2}\n"
+                              "minfer-perplexity: {0}: the data file you provided tokenizes to only {3} tokens",
+                              kText, 2 * n_ctx, n_ctx, tokens->size())
+                    .str());
   int n_chunks = static_cast<int>(tokens->size() / n_ctx);
   if (kChunks >= 0) n_chunks = std::min(n_chunks, kChunks.getValue());
   if (n_chunks == 0)

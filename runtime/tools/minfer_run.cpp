@@ -2,6 +2,7 @@
 #include <atomic>
 #include <chrono>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -17,23 +18,62 @@
 #include "llvm/Support/raw_ostream.h"
 #include "minfer/version.h"
 #include "minfer/runtime.h"
+#include "runtime/util/output_file.h"
+#include "runtime/util/terminal_text.h"
 
 namespace {
 
 llvm::cl::OptionCategory kCategory("minfer-run options");
-llvm::cl::opt<std::string> kModel(llvm::cl::Positional, llvm::cl::desc("<model.mfb>"), llvm::cl::Required,
+// llama.cpp's spellings (common/arg.cpp) are accepted as aliases: -m/--model, --prompt, --file,
+// --n-predict/--predict, --ctx-size, --threads, -s.
+llvm::cl::opt<std::string> kModel(llvm::cl::Positional, llvm::cl::desc("<model.mfb>"), llvm::cl::Optional,
                                   llvm::cl::cat(kCategory));
-llvm::cl::opt<std::string> kPrompt("p", llvm::cl::desc("Prompt text"), llvm::cl::value_desc("text"),
+llvm::cl::opt<std::string> kModelFlag("m", llvm::cl::desc("The artifact, instead of the positional argument (also --model)"),
+                                      llvm::cl::value_desc("model.mfb"), llvm::cl::cat(kCategory));
+llvm::cl::alias kModelAlias("model", llvm::cl::desc("Alias for -m"), llvm::cl::aliasopt(kModelFlag),
+                            llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kPrompt("p", llvm::cl::desc("Prompt text (also --prompt)"), llvm::cl::value_desc("text"),
                                    llvm::cl::cat(kCategory));
-llvm::cl::opt<std::string> kPromptFile("f", llvm::cl::desc("Read the prompt from a file"),
+llvm::cl::alias kPromptAlias("prompt", llvm::cl::desc("Alias for -p"), llvm::cl::aliasopt(kPrompt),
+                             llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kPromptFile("f", llvm::cl::desc("Read the prompt from a file, one trailing newline dropped (also --file)"),
                                        llvm::cl::value_desc("file"), llvm::cl::cat(kCategory));
-llvm::cl::opt<int> kNPredict("n", llvm::cl::desc("Tokens to generate (default -1: until end of text or a full context)"),
+llvm::cl::alias kPromptFileAlias("file", llvm::cl::desc("Alias for -f"), llvm::cl::aliasopt(kPromptFile),
+                                 llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kNoEscape("no-escape",
+                              llvm::cl::desc("Take -p / -f text literally (default: process \\n \\t \\\\ \\\" \\' \\r \\xHH "
+                                             "as llama.cpp's --escape does)"),
+                              llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kEscape("escape", llvm::cl::desc("Process escapes in the prompt (the default; also -e)"),
+                            llvm::cl::cat(kCategory));
+llvm::cl::alias kEscapeAlias("e", llvm::cl::desc("Alias for --escape"), llvm::cl::aliasopt(kEscape),
+                             llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kNoParseSpecial(
+    "no-parse-special",
+    llvm::cl::desc("Tokenize control-token text in the prompt (\"</s>\", \"<|user|>\") as plain text (default: it "
+                   "becomes that token, as in llama-completion)"),
+    llvm::cl::cat(kCategory));
+llvm::cl::opt<int> kNPredict("n",
+                             llvm::cl::desc("Tokens to generate (default -1: until end of text or a full context; -2 "
+                                            "is the same; also --n-predict, --predict)"),
                              llvm::cl::init(-1), llvm::cl::cat(kCategory));
-llvm::cl::opt<int> kCtx("c", llvm::cl::desc("Context length in tokens; 0 = the model's, at most 4096 (default 0)"),
+llvm::cl::alias kNPredictAlias("n-predict", llvm::cl::desc("Alias for -n"), llvm::cl::aliasopt(kNPredict),
+                               llvm::cl::cat(kCategory));
+llvm::cl::alias kPredictAlias("predict", llvm::cl::desc("Alias for -n"), llvm::cl::aliasopt(kNPredict),
+                              llvm::cl::cat(kCategory));
+llvm::cl::opt<int> kCtx("c", llvm::cl::desc("Context length in tokens; 0 = the model's, at most 4096 (default 0; also --ctx-size)"),
                         llvm::cl::init(0), llvm::cl::cat(kCategory));
-llvm::cl::opt<float> kTemp("temp", llvm::cl::desc("Temperature; 0 = greedy (default 0.8)"), llvm::cl::init(0.8f),
+llvm::cl::alias kCtxAlias("ctx-size", llvm::cl::desc("Alias for -c"), llvm::cl::aliasopt(kCtx),
+                          llvm::cl::cat(kCategory));
+llvm::cl::opt<int> kGpuLayers("ngl",
+                              llvm::cl::desc("Accepted for llama.cpp compatibility and ignored: every layer runs on "
+                                             "the backend --device picks (all on the GPU with cuda; also --n-gpu-layers)"),
+                              llvm::cl::value_desc("N"), llvm::cl::cat(kCategory));
+llvm::cl::alias kGpuLayersAlias("n-gpu-layers", llvm::cl::desc("Alias for -ngl"), llvm::cl::aliasopt(kGpuLayers),
+                                llvm::cl::cat(kCategory));
+llvm::cl::opt<float> kTemp("temp", llvm::cl::desc("Temperature; <= 0 = greedy (default 0.8)"), llvm::cl::init(0.8f),
                            llvm::cl::cat(kCategory));
-llvm::cl::opt<int> kTopK("top-k", llvm::cl::desc("Top-k sampling; 0 = off (default 40)"), llvm::cl::init(40),
+llvm::cl::opt<int> kTopK("top-k", llvm::cl::desc("Top-k sampling; <= 0 = off (default 40)"), llvm::cl::init(40),
                          llvm::cl::cat(kCategory));
 llvm::cl::opt<float> kTopP("top-p", llvm::cl::desc("Top-p sampling; 1 = off (default 0.95)"), llvm::cl::init(0.95f),
                            llvm::cl::cat(kCategory));
@@ -43,14 +83,20 @@ llvm::cl::opt<float> kRepeatPenalty("repeat-penalty", llvm::cl::desc("Repetition
                                     llvm::cl::init(1.0f), llvm::cl::cat(kCategory));
 llvm::cl::opt<int> kRepeatLastN("repeat-last-n", llvm::cl::desc("Tokens the repetition penalty looks back (default 64)"),
                                 llvm::cl::init(64), llvm::cl::cat(kCategory));
-llvm::cl::opt<long long> kSeed("seed", llvm::cl::desc("Sampling seed; -1 = random (default -1)"), llvm::cl::init(-1),
+llvm::cl::opt<long long> kSeed("seed", llvm::cl::desc("Sampling seed; -1 = random (default -1; also -s)"), llvm::cl::init(-1),
                                llvm::cl::cat(kCategory));
+llvm::cl::alias kSeedAlias("s", llvm::cl::desc("Alias for --seed"), llvm::cl::aliasopt(kSeed), llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kDevice("device", llvm::cl::desc("Backend: auto, cpu or cuda (default auto)"),
                                    llvm::cl::init("auto"), llvm::cl::cat(kCategory));
-llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads (default: all cores)"), llvm::cl::init(0),
+llvm::cl::opt<int> kThreads("t",
+                            llvm::cl::desc("CPU threads (default: the physical cores, as llama.cpp; also --threads)"),
+                            llvm::cl::init(0),
                             llvm::cl::cat(kCategory));
-llvm::cl::opt<bool> kVerify("verify", llvm::cl::desc("Check every checksum of the artifact before running"),
-                            llvm::cl::cat(kCategory));
+llvm::cl::alias kThreadsAlias("threads", llvm::cl::desc("Alias for -t"), llvm::cl::aliasopt(kThreads),
+                              llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kNoVerify("no-verify",
+                              llvm::cl::desc("Skip the data segments' checksums (checked by default while loading)"),
+                              llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kVerbose("verbose", llvm::cl::desc("Print model facts and token ids to stderr"),
                              llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kNoEcho("no-display-prompt", llvm::cl::desc("Do not print the prompt before the generated text"),
@@ -59,15 +105,19 @@ llvm::cl::opt<std::string> kLogitsOut(
     "logits-out",
     llvm::cl::desc("Write logits as raw little-endian float32, shape (n_prompt + n_fed) x n_vocab, row-major: row r "
                    "holds the logits after the r-th token of prompt + generated text (the prompt's rows, then one row "
-                   "per generated token that was fed back)"),
+                   "per generated token that was fed back). Written through a temporary file renamed over it at the "
+                   "end; a symbolic link is written through (its target is replaced, the link stays). Refused: the "
+                   "model or prompt file itself, a directory, a device, FIFO or socket"),
     llvm::cl::value_desc("file"), llvm::cl::cat(kCategory));
 
 std::atomic<bool> g_interrupted{false};
 
 void onSigint(int) { g_interrupted = true; }
 
+// Messages may quote the artifact (names, token texts): shown with control characters escaped.
 int fail(const std::string& message) {
-  llvm::errs() << "minfer-run: " << message << "\n";
+  llvm::errs() << "minfer-run: " << minfer::util::escapeForTerminal(message, std::string::npos, /*keep_newlines=*/true)
+               << "\n";
   return 1;
 }
 
@@ -78,6 +128,13 @@ int main(int argc, char** argv) {
   llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-run (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-run: generate text with a minfer artifact\n");
 
+  if (!kModelFlag.empty()) {
+    if (!kModel.empty() && kModel != kModelFlag) return fail("-m " + kModelFlag + " and the positional " + kModel + " differ");
+    kModel.setValue(kModelFlag.getValue());
+  }
+  if (kModel.empty()) return fail("no model: give the artifact as the first argument or with -m (see --help)");
+  if (kGpuLayers.getNumOccurrences())
+    llvm::errs() << "minfer-run: note: -ngl is ignored: every layer runs on the backend --device picks\n";
   std::string prompt = kPrompt;
   if (!kPromptFile.empty()) {
     if (!kPrompt.empty()) return fail("-p and -f are mutually exclusive");
@@ -87,36 +144,40 @@ int main(int argc, char** argv) {
     if (!in) return fail(kPromptFile + ": cannot open the prompt file: " + std::strerror(errno));
     std::stringstream ss;
     ss << in.rdbuf();
-    prompt = ss.str();
-    // Like llama.cpp's -f: one trailing newline (as `echo text > file` writes) is not part of the prompt.
-    if (!prompt.empty() && prompt.back() == '\n') prompt.pop_back();
+    prompt = minfer::dropOneTrailingNewline(ss.str());  // llama.cpp's -f
   }
+  if (!kNoEscape) prompt = minfer::processEscapes(prompt);  // llama.cpp's --escape (its default), -p and -f alike
   if (kCtx < 0 || kCtx > minfer::Model::kMaxContext)
     return fail(llvm::formatv("-c {0} is out of range 0..{1} (0 = the model's context length)", kCtx.getValue(),
                               minfer::Model::kMaxContext)
                     .str());
-  if (kNPredict < -1) return fail(llvm::formatv("-n {0} must be -1 (unlimited) or ≥ 0", kNPredict.getValue()).str());
+  if (kNPredict < -2)
+    return fail(llvm::formatv("-n {0} must be -1 or -2 (until end of text or a full context) or ≥ 0", kNPredict.getValue()).str());
   if (kThreads < 0 || kThreads > 4096) return fail(llvm::formatv("-t {0} is out of range 0..4096", kThreads.getValue()).str());
-  if (!(kTemp >= 0) || !(kTopP >= 0 && kTopP <= 1) || !(kMinP >= 0 && kMinP <= 1) || !(kRepeatPenalty > 0) ||
-      kTopK < 0 || kRepeatLastN < 0)
-    return fail(llvm::formatv("sampling options out of range: --temp {0} (≥ 0), --top-p {1} and --min-p {2} (0..1), "
-                              "--top-k {3} and --repeat-last-n {4} (≥ 0), --repeat-penalty {5} (> 0)",
+  // As in llama.cpp: --temp ≤ 0 is greedy, --top-k ≤ 0 turns top-k off.
+  if (std::isnan(kTemp) || !(kTopP >= 0 && kTopP <= 1) || !(kMinP >= 0 && kMinP <= 1) || !(kRepeatPenalty > 0) ||
+      kRepeatLastN < 0)
+    return fail(llvm::formatv("sampling options out of range: --temp {0} (a number), --top-p {1} and --min-p {2} (0..1), "
+                              "--top-k {3} (any), --repeat-last-n {4} (≥ 0), --repeat-penalty {5} (> 0)",
                               kTemp.getValue(), kTopP.getValue(), kMinP.getValue(), kTopK.getValue(),
                               kRepeatLastN.getValue(), kRepeatPenalty.getValue())
                     .str());
   auto kind = minfer::parseBackendKind(kDevice.getValue());
   if (!kind) return fail("--device: " + kind.status().message());
 
-  // Opened before the model loads, so a bad path fails at once.
-  std::unique_ptr<std::ofstream> logits_out;
+  // Checked and created before the model loads, so a bad path fails at once (output_file.h).
+  std::unique_ptr<minfer::util::OutputFile> logits_out;
   if (!kLogitsOut.empty()) {
-    logits_out = std::make_unique<std::ofstream>(kLogitsOut, std::ios::binary | std::ios::trunc);
-    if (!*logits_out) return fail(kLogitsOut + ": cannot open for writing: " + std::strerror(errno));
+    auto target = minfer::util::resolveOutputPath(kLogitsOut, {kModel, kPromptFile});
+    if (!target) return fail("--logits-out " + target.status().message());
+    auto file = minfer::util::OutputFile::create(*target);
+    if (!file) return fail("--logits-out " + file.status().message());
+    logits_out = std::move(*file);
   }
 
   const auto t_start = std::chrono::steady_clock::now();
   minfer::ModelOptions model_options;
-  model_options.verify_checksums = kVerify;
+  model_options.verify_checksums = !kNoVerify;
   auto model = minfer::Model::open(kModel, *kind, model_options);
   if (!model) return fail(model.status().message());
   const minfer::ModelInfo& info = (*model)->info();
@@ -133,12 +194,13 @@ int main(int argc, char** argv) {
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
   llvm::errs() << llvm::formatv("minfer-run: {0} ({1}, {2} layers), backend {3}{4}, context {5}, loaded in {6:f3} s\n",
-                                kModel, info.architecture, info.n_layer, (*model)->backendName(),
+                                kModel, minfer::util::escapeForTerminal(info.architecture), info.n_layer, (*model)->backendName(),
                                 (*model)->backendNote().empty() ? "" : " (" + (*model)->backendNote() + ")",
                                 session_options.n_ctx, load_seconds);
 
   minfer::GenerateParams params;
   params.n_predict = kNPredict;
+  params.parse_special = !kNoParseSpecial;  // llama-completion tokenizes its prompt with parse_special
   params.sampling.temperature = kTemp;
   params.sampling.top_k = kTopK;
   params.sampling.top_p = kTopP;
@@ -150,19 +212,24 @@ int main(int argc, char** argv) {
 
   if (logits_out) {
     params.on_logits = [&](std::span<const float> logits, int) {
-      logits_out->write(reinterpret_cast<const char*>(logits.data()),
-                        static_cast<std::streamsize>(logits.size_bytes()));
+      (void)logits_out->write(logits.data(), logits.size_bytes());  // a failure is kept; commit() reports it
     };
   }
 
   // A prompt that cannot fit is refused before anything is printed.
-  auto prompt_ids = (*model)->tokenize(prompt, params.add_special);
+  auto prompt_ids = (*model)->tokenize(prompt, params.add_special, params.parse_special);
   if (!prompt_ids) return fail(prompt_ids.status().message());
   if (static_cast<int>(prompt_ids->size()) >= session_options.n_ctx)
     return fail(llvm::formatv("prompt of {0} tokens does not fit the context of {1} (-c); at least one position "
                               "must remain for generation",
                               prompt_ids->size(), session_options.n_ctx)
                     .str());
+  // llama-completion (no context shift, its default) samples at most n_ctx − n_prompt tokens: it stops
+  // before evaluating the token that would take the last position. Capping n_predict there gives the
+  // same tokens; context_full says the cap, not the user's -n, ended the run.
+  const int room = session_options.n_ctx - static_cast<int>(prompt_ids->size());
+  const bool context_capped = params.n_predict < 0 || params.n_predict > room;
+  if (context_capped) params.n_predict = room;
 
   std::signal(SIGINT, onSigint);
   if (!kNoEcho) {
@@ -175,12 +242,16 @@ int main(int argc, char** argv) {
     if (kVerbose && token >= 0) llvm::errs() << "[" << token << "]";
     return !g_interrupted.load();
   });
-  std::fputc('\n', stdout);
+  // What llama-completion prints when it stops: " [end of text]" at an end-of-generation token
+  // (stdout), a warning on stderr at a full context.
+  const bool eog = result && result->stop == minfer::StopReason::kEndOfGeneration;
+  const bool context_full = result && context_capped && result->stop == minfer::StopReason::kMaxTokens;
+  std::fputs(eog ? " [end of text]\n" : "\n", stdout);
   std::fflush(stdout);
+  if (context_full) llvm::errs() << "minfer-run: context full and context shift is disabled => stopping\n";
   if (!result) return fail(result.status().message());
   if (logits_out) {
-    logits_out->close();
-    if (!*logits_out) return fail(kLogitsOut + ": write failed");
+    if (minfer::Status s = logits_out->commit(); !s) return fail("--logits-out " + s.message());
   }
   const minfer::GenerateResult& r = *result;
   llvm::errs() << llvm::formatv(
@@ -188,6 +259,6 @@ int main(int argc, char** argv) {
       "tokens/s); stop: {6}\n",
       r.n_prompt, r.prompt_seconds, r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0, r.n_generated,
       r.generate_seconds, r.generate_seconds > 0 ? r.n_generated / r.generate_seconds : 0.0,
-      g_interrupted ? "interrupted" : minfer::stopReasonName(r.stop));
+      g_interrupted ? "interrupted" : context_full ? "context full" : minfer::stopReasonName(r.stop));
   return g_interrupted ? 130 : 0;
 }

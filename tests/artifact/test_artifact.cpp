@@ -109,6 +109,7 @@ struct Spec {
   std::vector<int32_t> token_types = {2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 6};
   std::vector<std::string> merges = {"a b", "c d"};
   int32_t bos = 1, eos = 2, unk = 0, pad = -1;
+  int32_t eot = 9, eom = 10;  // format 1.2; any in-range ids (the tokenizer only marks them end of generation)
   bool add_bos = true, add_eos = false, add_space_prefix = false;
   // Ends in an invalid UTF-8 sequence: artifact strings are bytes, and tools must cope (JSON).
   std::string chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}\xc3(";
@@ -265,7 +266,7 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
     auto merges = strings(s.merges);
     tokenizer = fb::CreateTokenizerDirect(b, s.tok_model, s.tok_model_name.c_str(), s.tok_pre.c_str(), &tokens,
                                           &s.scores, &s.token_types, &merges, s.bos, s.eos, s.unk, s.pad, s.add_bos,
-                                          s.add_eos, s.add_space_prefix, s.chat_template.c_str());
+                                          s.add_eos, s.add_space_prefix, s.chat_template.c_str(), s.eot, s.eom);
   }
   size_t k = 0;
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
@@ -464,8 +465,8 @@ uint64_t walkManifest(const ArtifactFile& f) {
       for (float x : *t->scores()) acc += static_cast<uint64_t>(x != 0);
     if (t->token_types())
       for (int32_t x : *t->token_types()) acc += x;
-    acc += t->bos_id() + t->eos_id() + t->unk_id() + t->pad_id() + t->add_bos() + t->add_eos() +
-           t->add_space_prefix() + static_cast<int>(t->model());
+    acc += t->bos_id() + t->eos_id() + t->unk_id() + t->pad_id() + t->eot_id() + t->eom_id() + t->add_bos() +
+           t->add_eos() + t->add_space_prefix() + static_cast<int>(t->model());
   }
   if (m->tensors())
     for (const fb::Tensor* t : *m->tensors()) {
@@ -590,6 +591,8 @@ TEST_CASE("writer + loader: every field round-trips, segments are aligned and ch
   CHECK(t->eos_id() == s.eos);
   CHECK(t->unk_id() == s.unk);
   CHECK(t->pad_id() == s.pad);
+  CHECK(t->eot_id() == 9);
+  CHECK(t->eom_id() == 10);
   CHECK(t->add_bos() == s.add_bos);
   CHECK(t->add_eos() == s.add_eos);
   CHECK(t->add_space_prefix() == s.add_space_prefix);
@@ -1223,12 +1226,12 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     Spec spec = g.spec;
     spec.major = 2;
     spec.minor = 0;
-    refused(spec, g.segs, {"artifact format 2.0, this runtime reads 1.1 up to 1.1"});
+    refused(spec, g.segs, {"artifact format 2.0, this runtime reads 1.1 up to 1.2"});
     spec.major = 1;
     spec.minor = 5;
-    refused(spec, g.segs, {"artifact format 1.5, this runtime reads 1.1 up to 1.1"});
+    refused(spec, g.segs, {"artifact format 1.5, this runtime reads 1.1 up to 1.2"});
     spec.minor = 0;
-    refused(spec, g.segs, {"artifact format 1.0, this runtime reads 1.1 up to 1.1",
+    refused(spec, g.segs, {"artifact format 1.0, this runtime reads 1.1 up to 1.2",
                            "format 1.0 artifacts carry no launch records: recompile the GGUF with minfer-compile"});
   }
   SUBCASE("config: heads, zero dims, vocab vs tokenizer, bad floats, RoPE dims") {
@@ -1255,6 +1258,25 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec = g.spec;
     spec.eos = 11;
     refused(spec, g.segs, {"tokenizer.eos_id", "token id 11 is out of range"});
+    spec = g.spec;
+    spec.eot = 11;
+    refused(spec, g.segs, {"tokenizer.eot_id", "token id 11 is out of range (-1 = none, or 0..10)"});
+    spec = g.spec;
+    spec.eom = -2;
+    refused(spec, g.segs, {"tokenizer.eom_id", "token id -2 is out of range"});
+  }
+  SUBCASE("format 1.1 (no eot_id / eom_id) is still read: both are -1") {
+    Spec spec = g.spec;
+    spec.minor = 1;
+    spec.eot = -1;  // the schema default: not stored, as a 1.1 compiler wrote it
+    spec.eom = -1;
+    writeVariant(g, spec, g.segs, path);
+    REQUIRE(openError(path) == "");
+    auto f = ArtifactFile::open(path);
+    REQUIRE(f);
+    CHECK((*f)->manifest()->format_minor() == 1);
+    CHECK((*f)->manifest()->tokenizer()->eot_id() == -1);
+    CHECK((*f)->manifest()->tokenizer()->eom_id() == -1);
   }
   SUBCASE("kernel with neither cubin nor PTX") {
     auto segs = g.segs;
@@ -1441,7 +1463,7 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
 
   const ToolRun text = runInspect("--verify " + g.path, g.dir);
   CHECK_MESSAGE(text.rc == 0, text.err);
-  CHECK(contains(text.out, g.path + ": minfer artifact format 1.1, " + std::to_string(g.bytes.size()) + " bytes"));
+  CHECK(contains(text.out, g.path + ": minfer artifact format 1.2, " + std::to_string(g.bytes.size()) + " bytes"));
   CHECK(contains(text.out, "n_embd 96, n_layer 2, n_head 6, n_head_kv 2, head_dim 16, n_ff 160, n_vocab 11"));
   CHECK(contains(text.out, "rms_norm_eps 9.99999997e-07"));  // all digits of the float 1e-6
   CHECK(contains(text.out, "11 tokens, 2 merges"));
@@ -1469,7 +1491,7 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
   REQUIRE_MESSAGE(parsed, llvm::toString(parsed.takeError()));
   const llvm::json::Object* root = parsed->getAsObject();
   REQUIRE(root);
-  CHECK(root->getString("version") == llvm::StringRef("1.1"));
+  CHECK(root->getString("version") == llvm::StringRef("1.2"));
   CHECK(root->getString("checksums") == llvm::StringRef("ok"));
   CHECK(root->getObject("tokenizer")->getString("chat_template")->startswith("{% for m in messages %}"));
   CHECK(root->getObject("config")->getInteger("n_head_kv") == int64_t{2});

@@ -7,12 +7,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+
+#include <xxhash.h>
 
 #include "compiler/compile_model.h"
 #include "minfer/artifact.h"
 #include "minfer/runtime.h"
 #include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/cuda_internal.h"
 #include "tests/cuda/gpu_harness.h"
 #include "tests/e2e/golden_support.h"
 #include "tests/test_support.h"
@@ -34,6 +38,11 @@ constexpr double kBf16GoldenRel = 5e-3;
 //   Measured: vs llama.cpp 1.6e-2 max, 1.3e-2 RMS; vs CPU 1.3e-2 max, 7.9e-3 RMS.
 constexpr double kQuantRel = 3e-2;
 constexpr double kQuantRms = 2e-2;
+// - tiny-llama31 quantized (arch/, rope_freqs): README §8.5 measures llama.cpp 2.0e-2 max / 1.4e-2 RMS
+//   from float64 (this model amplifies activation rounding ~2x tiny-llama's) and suggests 5e-2; RMS
+//   bound scaled alike. Not yet measured on a GPU.
+constexpr double kQuantRelLlama31 = 5e-2;
+constexpr double kQuantRmsLlama31 = 3e-2;
 
 enum class Kind { kF32, kF16, kBF16, kQuant };
 Kind kindOf(const std::string& model) {
@@ -43,13 +52,13 @@ Kind kindOf(const std::string& model) {
   return Kind::kQuant;
 }
 
-// The fixture compiled with kernel images for this GPU (once per process), max batch 64 so the
+// The fixture fixtures/<dir>/<model> compiled with kernel images for this GPU (once per process), max batch 64 so the
 // 72-token goldens prefill in several batches (pos0 > 0 on the GPU prefill path too).
-std::string compiled(const std::string& model) {
+std::string compiled(const std::string& model, const std::string& dir = "models") {
   static std::map<std::string, std::string> done;
   if (auto it = done.find(model); it != done.end()) return it->second;
   CompileOptions o;
-  o.input = fixturesDir() + "/models/" + model;
+  o.input = fixturesDir() + "/" + dir + "/" + model;
   o.output = scratchDir() + "/" + model + ".gpu.mfb";
   o.max_batch = 64;
   o.targets = {get()->arch};
@@ -110,7 +119,7 @@ TEST_CASE("GPU logits match the CPU backend and llama.cpp on every golden case")
     if (filter && *filter && name.find(filter) == std::string::npos) continue;
     CAPTURE(name);
     const GoldenCase g = loadGolden(name);
-    const std::string path = compiled(g.model);
+    const std::string path = compiled(g.model, g.model_dir);
     REQUIRE(!path.empty());
     auto gpu = Model::open(path, BackendKind::kCuda);
     REQUIRE_MESSAGE(gpu.isOk(), gpu.status().message());
@@ -119,8 +128,9 @@ TEST_CASE("GPU logits match the CPU backend and llama.cpp on every golden case")
     REQUIRE_MESSAGE(cpu.isOk(), cpu.status().message());
     const Logits lg = run(**gpu, g), lc = run(**cpu, g);
     const Kind kind = kindOf(g.model);
-    const double rel = kind == Kind::kQuant ? kQuantRel : kFloatRel;
-    const double rms = kind == Kind::kQuant ? kQuantRms : kFloatRel;
+    const bool llama31 = g.model.rfind("tiny-llama31-", 0) == 0;
+    const double rel = kind == Kind::kQuant ? (llama31 ? kQuantRelLlama31 : kQuantRel) : kFloatRel;
+    const double rms = kind == Kind::kQuant ? (llama31 ? kQuantRmsLlama31 : kQuantRms) : kFloatRel;
     const double golden_rel = kind == Kind::kBF16 ? kBf16GoldenRel : rel;
     const double golden_rms = kind == Kind::kBF16 ? kBf16GoldenRel : rms;
     check(name + " prefill vs llama.cpp", lg.prefill.data(), g.prefill, g.nPrompt(), g.n_vocab, g.prefill_margin,
@@ -241,6 +251,72 @@ TEST_CASE("a session that does not fit the GPU fails with the bytes needed and f
   CHECK_MESSAGE(msg.find("needs") != std::string::npos, msg);
   CHECK_MESSAGE(msg.find("free") != std::string::npos, msg);
   CHECK_MESSAGE(msg.find("n_ctx 1073741824") != std::string::npos, msg);
+}
+
+TEST_CASE("checksums while staging: each segment's XXH64 over chunk boundaries; damage refused before it runs") {
+  MINFER_REQUIRE_GPU(G);
+  // uploadSegments: sizes across the 32 MiB chunk and 256 KiB hash-piece boundaries; the digests
+  // must equal XXH64 of the host bytes and the device must hold the bytes.
+  const std::vector<uint64_t> sizes = {cuda::kUploadChunkBytes * 2 + 12345, 1, cuda::kHashPieceBytes + 3,
+                                       cuda::kUploadChunkBytes};
+  uint64_t total = 0;
+  for (uint64_t n : sizes) total += n;
+  std::vector<uint8_t> host(total);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  DeviceArray dev(total);
+  std::vector<cuda::UploadSegment> segs;
+  for (uint64_t at = 0, k = 0; k < sizes.size(); at += sizes[k++]) segs.push_back({host.data() + at, dev.ptr() + at, sizes[k]});
+  std::vector<uint64_t> hashes;
+  Status s = cuda::uploadSegments(*G->dev, segs, &hashes);
+  REQUIRE_MESSAGE(s.isOk(), s.message());
+  REQUIRE(hashes.size() == sizes.size());
+  for (size_t k = 0; k < segs.size(); ++k) CHECK(hashes[k] == XXH64(segs[k].src, segs[k].bytes, 0));
+  std::vector<uint8_t> back(total);
+  dev.downloadBytes(back.data(), total, 0);
+  CHECK(back == host);
+
+  // A damaged stories260K: a plane (refused after staging), the cubin the GPU loads (refused before
+  // cuModuleLoadData) and a PTX it does not load (hashed at the end); --no-verify loads the plane's.
+  if (!haveFixtures()) return;
+  const std::string path = compiled("stories260K.gguf");
+  REQUIRE(!path.empty());
+  const std::vector<uint8_t> bytes = readFile(path);
+  const fb::Artifact* m = fb::GetSizePrefixedArtifact(bytes.data());
+  const uint32_t last = m->kernels()->size() - 1;
+  struct Case {
+    std::string field, owner;
+    const fb::Segment* seg;
+    bool loads_without_check;
+  } cases[] = {{"tensors[1].planes[0].data", "tensor \"" + m->tensors()->Get(1)->name()->str() + "\"",
+                m->tensors()->Get(1)->planes()->Get(0)->data(), true},
+               {"kernels[0].cubin", "kernel \"" + m->kernels()->Get(0)->key()->str() + "\"", m->kernels()->Get(0)->cubin(),
+                false},
+               {"kernels[" + std::to_string(last) + "].ptx", "kernel \"" + m->kernels()->Get(last)->key()->str() + "\"",
+                m->kernels()->Get(last)->ptx(), true}};
+  for (const Case& c : cases) {
+    CAPTURE(c.field);
+    std::vector<uint8_t> damaged = bytes;
+    damaged[c.seg->offset() + c.seg->size() - 1] ^= 0x01;
+    const std::string out = scratchDir() + "/stories260K.damaged.mfb";
+    std::ofstream(out, std::ios::binary).write(reinterpret_cast<const char*>(damaged.data()), damaged.size());
+    auto file = ArtifactFile::open(out);
+    REQUIRE_MESSAGE(file.isOk(), file.status().message());
+    auto refused = cuda::CudaBackend::create(**file, {});
+    REQUIRE_FALSE(refused.isOk());
+    const std::string msg = refused.status().message();
+    INFO(msg);
+    CHECK(msg.find(out + ": " + c.field + " [" + std::to_string(c.seg->offset()) + ", +") != std::string::npos);
+    CHECK(msg.find("(" + c.owner + ")") != std::string::npos);
+    CHECK(msg.find("damaged data") != std::string::npos);
+    CHECK(msg.find("--no-verify") != std::string::npos);
+    auto model = Model::open(out, BackendKind::kCuda);  // the library's default: the same refusal
+    REQUIRE_FALSE(model.isOk());
+    CHECK(model.status().message().find(c.field + " [") != std::string::npos);
+    if (c.loads_without_check) {
+      auto loaded = cuda::CudaBackend::create(**file, {.verify_checksums = false});
+      CHECK_MESSAGE(loaded.isOk(), loaded.status().message());
+    }
+  }
 }
 
 }  // namespace

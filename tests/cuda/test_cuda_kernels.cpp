@@ -412,38 +412,51 @@ TEST_CASE("dense_mm and dense_gemv: F32, F16, BF16") {
       }
 }
 
-TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions") {
+TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions, frequency factors") {
   MINFER_REQUIRE_GPU(G);
   struct Case {
     bool neox;
     int n_rot;
     float base, scale;
+    bool ff;  // ROPE_FREQ_FACTORS: per-pair divisors of θ (Llama 3.1 rope_freqs)
   };
-  const Case cases[] = {{false, 64, 10000.0f, 1.0f}, {true, 64, 1000000.0f, 1.0f}, {false, 32, 10000.0f, 0.25f},
-                        {true, 48, 500000.0f, 0.5f}};
+  const Case cases[] = {{false, 64, 10000.0f, 1.0f, false}, {true, 64, 1000000.0f, 1.0f, false},
+                        {false, 32, 10000.0f, 0.25f, false}, {true, 48, 500000.0f, 0.5f, false},
+                        {false, 64, 500000.0f, 1.0f, true},  {true, 48, 10000.0f, 0.5f, true}};
+  constexpr size_t kCases = sizeof(cases) / sizeof(cases[0]);
   const int h = 10, hkv = 2, d = 64;  // 12 heads: from 64 tokens on, groups of 8 (the second partial)
   std::vector<codegen::KernelSpec> specs;
   for (const Case& c : cases)
-    specs.push_back(spec(std::string("rope_test_") + (c.neox ? "neox" : "norm") + str(c.n_rot), "kernels/rope.cuh",
-                         "minfer_rope",
+    specs.push_back(spec(std::string("rope_test_") + (c.neox ? "neox" : "norm") + str(c.n_rot) + (c.ff ? "_ff" : ""),
+                         "kernels/rope.cuh", "minfer_rope",
                          {{"ROPE_NHEAD", str(h)}, {"ROPE_NHEAD_KV", str(hkv)}, {"ROPE_HEAD_DIM", str(d)},
                           {"ROPE_NROT", str(c.n_rot)}, {"ROPE_NEOX", c.neox ? "1" : "0"},
-                          {"ROPE_BASE", codegen::floatLiteral(c.base)}, {"ROPE_SCALE", codegen::floatLiteral(c.scale)}},
+                          {"ROPE_BASE", codegen::floatLiteral(c.base)}, {"ROPE_SCALE", codegen::floatLiteral(c.scale)},
+                          {"ROPE_FREQ_FACTORS", c.ff ? "1" : "0"}},
                          {"--fmad=false"}));
   std::vector<Kernel> k = compile(specs);
-  for (size_t ci = 0; ci < 4; ++ci)
+  for (size_t ci = 0; ci < kCases; ++ci)
     for (int pos0 : {0, 1000})
       for (int n : kTokenCounts) {
         CAPTURE(ci);
         CAPTURE(pos0);
         CAPTURE(n);
+        const Case& c = cases[ci];
+        // Llama 3.1's profile over n_rot/2 pairs: 1 for the fast pairs, a ramp, then 8.
+        std::vector<float> ff(c.n_rot / 2);
+        for (int i = 0; i < c.n_rot / 2; ++i) {
+          const float v = 1.0f + 0.7f * static_cast<float>(i - c.n_rot / 4);
+          ff[i] = v < 1.0f ? 1.0f : v > 8.0f ? 8.0f : v;
+        }
         std::vector<float> q = activations(n, h * d), kk = activations(n, hkv * d);
         DeviceArray d_q = DeviceArray::of(q), d_k = DeviceArray::of(kk), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
-        CUdeviceptr a = d_q.ptr(), b = d_k.ptr(), p = d_pos.ptr();
-        launch(k[ci], kern::ropeLaunch(n, h, hkv), {&a, &b, &p, &n});
-        const cpu::RopeStyle style = cases[ci].neox ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kNorm;
-        cpu::rope(q.data(), n, h, d, cases[ci].n_rot, style, cases[ci].base, cases[ci].scale, pos0);
-        cpu::rope(kk.data(), n, hkv, d, cases[ci].n_rot, style, cases[ci].base, cases[ci].scale, pos0);
+        DeviceArray d_ff = DeviceArray::of(ff);
+        CUdeviceptr a = d_q.ptr(), b = d_k.ptr(), f = c.ff ? d_ff.ptr() : CUdeviceptr{0}, p = d_pos.ptr();
+        launch(k[ci], kern::ropeLaunch(n, h, hkv), {&a, &b, &f, &p, &n});
+        const cpu::RopeStyle style = c.neox ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kNorm;
+        const float* ffp = c.ff ? ff.data() : nullptr;
+        cpu::rope(q.data(), n, h, d, c.n_rot, style, c.base, c.scale, pos0, ffp);
+        cpu::rope(kk.data(), n, hkv, d, c.n_rot, style, c.base, c.scale, pos0, ffp);
         std::vector<float> gq = d_q.download<float>(q.size()), gk = d_k.download<float>(kk.size());
         CHECK(track("rope", relError(gq.data(), q.data(), q.size())) <= kRopeTol);
         CHECK(track("rope", relError(gk.data(), kk.data(), kk.size())) <= kRopeTol);

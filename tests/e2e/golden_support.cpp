@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,22 +16,41 @@
 
 namespace minfer::test {
 
-std::vector<std::string> goldenCaseNames() {
+namespace {
+
+// Case-name prefixes of fixtures/arch/goldens whose architecture minfer compiles (README §8).
+constexpr const char* kSupportedArchCases[] = {"tiny-llama31-"};
+constexpr const char* kArchPrefix = "arch/";
+
+std::vector<std::string> jsonStems(const std::string& dir) {
   std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(fixturesDir() + "/goldens"))
+  if (!std::filesystem::is_directory(dir)) return names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
     if (entry.path().extension() == ".json") names.push_back(entry.path().stem().string());
   std::sort(names.begin(), names.end());
   return names;
 }
 
+}  // namespace
+
+std::vector<std::string> goldenCaseNames() {
+  std::vector<std::string> names = jsonStems(fixturesDir() + "/goldens");
+  for (const std::string& stem : jsonStems(fixturesDir() + "/arch/goldens"))
+    for (const char* prefix : kSupportedArchCases)
+      if (stem.rfind(prefix, 0) == 0) names.push_back(kArchPrefix + stem);
+  return names;
+}
+
 GoldenCase loadGolden(const std::string& name) {
-  const std::string base = fixturesDir() + "/goldens/" + name;
+  const bool arch = name.rfind(kArchPrefix, 0) == 0;
+  const std::string base = fixturesDir() + (arch ? "/arch/goldens/" + name.substr(std::strlen(kArchPrefix)) : "/goldens/" + name);
   std::ifstream in(base + ".json");
   REQUIRE_MESSAGE(bool(in), "cannot open " << base << ".json");
   const nlohmann::json j = nlohmann::json::parse(in);
   GoldenCase g;
   g.name = name;
   g.model = j.at("model").get<std::string>();
+  if (arch) g.model_dir = "arch/models";
   g.prompt_ids = j.at("prompt_ids").get<std::vector<int32_t>>();
   g.generated_ids = j.at("generated_ids").get<std::vector<int32_t>>();
   g.n_vocab = j.at("n_vocab").get<int>();
@@ -50,11 +70,11 @@ GoldenCase loadGolden(const std::string& name) {
   return g;
 }
 
-std::string compiledFixture(const std::string& model) {
+std::string compiledFixture(const std::string& model, const std::string& dir) {
   static std::map<std::string, std::string> compiled;
   if (auto it = compiled.find(model); it != compiled.end()) return it->second;
   CompileOptions options;
-  options.input = fixturesDir() + "/models/" + model;
+  options.input = fixturesDir() + "/" + dir + "/" + model;
   options.output = scratchDir() + "/" + model + ".mfb";
   options.max_batch = 64;  // < 72 tokens of the longest golden: prefill must span several batches
   auto summary = compileModel(options);

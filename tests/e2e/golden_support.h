@@ -1,4 +1,4 @@
-// Golden cases of ../shared/fixtures/goldens (llama.cpp logits + float64 reference), fixture models
+// Golden cases of ../shared/fixtures/goldens and arch/goldens (llama.cpp logits + float64 reference), fixture models
 // compiled at test time with the real compiler, and the logit comparisons every backend's tests use.
 #pragma once
 
@@ -10,7 +10,8 @@ namespace minfer::test {
 
 struct GoldenCase {
   std::string name;                  // e.g. "tiny-llama-Q4_K_M_ids48"
-  std::string model;                 // file in fixtures/models
+  std::string model;                 // file in fixtures/<model_dir>
+  std::string model_dir = "models";  // "models", or "arch/models" for the arch/ cases (README §8)
   std::vector<int32_t> prompt_ids;   // (n_prompt)
   std::vector<int32_t> generated_ids;  // (n_generate) greedy continuation, teacher-forced in decode
   int n_vocab = 0;
@@ -24,13 +25,16 @@ struct GoldenCase {
   int nGenerate() const { return static_cast<int>(generated_ids.size()); }
 };
 
-// Names of every case with a JSON in fixtures/goldens, sorted.
+// Names of every case with a JSON in fixtures/goldens, then "arch/<case>" for each case in
+// fixtures/arch/goldens of an architecture minfer supports (tiny-llama31 only: gemma2, gemma3, phi3
+// and qwen3moe are not supported yet), each group sorted.
 std::vector<std::string> goldenCaseNames();
+// A case by name ("tiny-llama-F32_ids48" or "arch/tiny-llama31-F32_ids48").
 GoldenCase loadGolden(const std::string& name);
 
-// Path of an artifact compiled from fixtures/models/<model> (compiled once per process, into the
+// Path of an artifact compiled from fixtures/<dir>/<model> (compiled once per process, into the
 // test's scratch directory). Fails the test (empty result) on a compile error.
-std::string compiledFixture(const std::string& model);
+std::string compiledFixture(const std::string& model, const std::string& dir = "models");
 
 // Comparison of rows × n_vocab logits with a reference, as the fixtures README §4 measures it.
 struct LogitDiff {

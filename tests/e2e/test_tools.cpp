@@ -12,6 +12,9 @@
 #include <regex>
 #include <string>
 
+#include "compiler/gguf/gguf_reader.h"
+#include "compiler/gguf/gguf_writer.h"
+#include "minfer/runtime.h"
 #include "tests/test_support.h"
 
 namespace {
@@ -117,7 +120,7 @@ TEST_CASE("tools refuse bad inputs with a message and exit code 1, leaving no ou
 
   if (!minfer::test::haveFixtures()) return;
   const std::string artifact = compileStories();
-  for (const char* bad : {"-c -5", "-n -7", "--device tpu", "--temp -1"}) {
+  for (const char* bad : {"-c -5", "-n -7", "--device tpu", "--top-p 2"}) {
     CAPTURE(bad);
     r = run(tool("minfer-run") + " " + artifact + " -p hi " + bad);
     CHECK(r.status == 1);
@@ -168,4 +171,183 @@ TEST_CASE("examples/generate.cpp: the runtime embedded in a program continues th
   const RunResult r = run(tool("minfer-example") + " " + artifact + " 'Once upon a time' 20", /*stdout_only=*/true);
   CHECK(r.status == 0);
   CHECK(r.output == "Once upon a time, there was a little girl named Lily. She loved to play outsid\n");
+}
+
+namespace {
+
+// fixtures README §5: llama-completion's greedy continuation of "Once upon a time" (64 tokens).
+const char kStory[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw "
+    "a big, red ball. She wanted to play with it, but it was too high.\nLily's mom said\n";
+
+// stderr only (run() adds "2>&1" after the group).
+std::string stderrOf(const std::string& command) { return run("{ " + command + " 2>&1 >/dev/null; }").output; }
+
+// stories260K.gguf copied with `key` = `id` added, compiled by minfer-compile; returns the artifact.
+std::string storiesWithTokenKey(const std::string& key, uint32_t id) {
+  auto file = minfer::gguf::GgufFile::open(minfer::test::fixturesDir() + "/models/stories260K.gguf");
+  REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+  minfer::gguf::GgufWriter w(3);
+  for (const auto& kv : (*file)->metadata()) w.set(kv.key, minfer::gguf::MetaValue::fromParsed(kv.value));
+  for (const auto& t : (*file)->tensors()) {
+    const llvm::ArrayRef<uint8_t> data = (*file)->tensorData(t);
+    w.addTensor(t.name, t.type, std::vector<uint64_t>(t.ne, t.ne + t.n_dims), std::vector<uint8_t>(data.begin(), data.end()));
+  }
+  w.setU32(key, id);
+  const std::string base = minfer::test::scratchDir() + "/stories260K-" + key.substr(key.rfind('.') + 1);
+  llvm::Error written = w.write(base + ".gguf");
+  REQUIRE_MESSAGE(!written, llvm::toString(std::move(written)));
+  const RunResult r = run(tool("minfer-compile") + " " + base + ".gguf -o " + base + ".mfb");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  return base + ".mfb";
+}
+
+}  // namespace
+
+TEST_CASE("minfer-run: llama.cpp's flag spellings, --temp < 0 greedy, --top-k <= 0 off, -ngl accepted") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string artifact = compileStories();
+  RunResult r = run(tool("minfer-run") + " --model " + artifact +
+                        " --prompt 'Once upon a time' --n-predict 64 --temp -1 --top-k -3 --ctx-size 256 --threads 1 "
+                        "-ngl 99 --device cpu",
+                    /*stdout_only=*/true);
+  CHECK(r.status == 0);
+  CHECK(r.output == kStory);
+  r = run(tool("minfer-run") + " -m " + artifact + " -p 'Once upon a time' -n 64 --temp 0 --top-k 0 --device cpu",
+          /*stdout_only=*/true);
+  CHECK(r.output == kStory);
+  CHECK(stderrOf(tool("minfer-run") + " -m " + artifact + " -p hi -n 1 --temp 0 -ngl 99 --device cpu")
+            .find("-ngl is ignored") != std::string::npos);
+  const std::string help = run(tool("minfer-run") + " --help", true).output;
+  for (const char* flag : {"--no-parse-special", "--no-escape", "--prompt", "--file", "--ctx-size", "--n-predict",
+                           "--threads", "--model", "-ngl"}) {
+    CAPTURE(flag);
+    CHECK(help.find(flag) != std::string::npos);
+  }
+  r = run(tool("minfer-run") + " -p hi");
+  CHECK(r.status == 1);
+  CHECK(r.output.find("no model") != std::string::npos);
+}
+
+TEST_CASE("minfer-run: escapes in -p and -f (llama.cpp's --escape), one trailing newline of -f dropped") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string artifact = compileStories();
+  // -n 0 prints the prompt as it was read, then a newline.
+  RunResult r = run(tool("minfer-run") + " " + artifact + " -p 'a\\tb\\x41\\\\n\\q' -n 0 --device cpu", true);
+  CHECK(r.output == "a\tbA\\n\\q\n");
+  r = run(tool("minfer-run") + " " + artifact + " -p 'a\\tb' -n 0 --no-escape --device cpu", true);
+  CHECK(r.output == "a\\tb\n");
+  // "Once upon a\x20time" + newline in a file reads as "Once upon a time": the golden story follows.
+  const std::string file = minfer::test::scratchDir() + "/prompt-escaped.txt";
+  std::ofstream(file, std::ios::binary) << "Once upon a\\x20time\n";
+  r = run(tool("minfer-run") + " " + artifact + " --file " + file + " -n 64 --temp 0 --device cpu", true);
+  CHECK(r.output == kStory);
+  r = run(tool("minfer-run") + " " + artifact + " -f " + file + " -n 0 --no-escape --device cpu", true);
+  CHECK(r.output == "Once upon a\\x20time\n");
+}
+
+TEST_CASE("minfer-run: control-token text in the prompt is that token (Hello</s>world: 8 tokens, 11 without)") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string artifact = compileStories();
+  const std::regex prompt_re("prompt ([0-9]+) tokens");
+  std::smatch m;
+  std::string err = stderrOf(tool("minfer-run") + " " + artifact + " -p 'Hello</s>world' -n 1 --temp 0 --device cpu");
+  REQUIRE(std::regex_search(err, m, prompt_re));
+  CHECK(m[1] == "8");
+  err = stderrOf(tool("minfer-run") + " " + artifact + " -p 'Hello</s>world' -n 1 --temp 0 --no-parse-special --device cpu");
+  REQUIRE(std::regex_search(err, m, prompt_re));
+  CHECK(m[1] == "11");
+}
+
+TEST_CASE("minfer-run: ' [end of text]' at an end-of-generation token (eot/eom ids from the GGUF), context full") {
+  if (!minfer::test::haveFixtures()) return;
+  // The greedy continuation's first token is 432 "," (fixtures README §5). Declared as the EOT or EOM
+  // token, it ends generation at once: llama-completion prints the prompt, then " [end of text]".
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+    CAPTURE(key);
+    const std::string artifact = storiesWithTokenKey(key, 432);
+    const RunResult r = run(tool("minfer-run") + " " + artifact + " -p 'Once upon a time' --temp 0 --device cpu", true);
+    CHECK(r.status == 0);
+    CHECK(r.output == "Once upon a time [end of text]\n");
+  }
+  // A full context: llama-completion samples n_ctx − n_prompt tokens (5 prompt tokens, -c 12: 7), then
+  // warns on stderr. The 7 tokens are the golden's first 7.
+  const std::string artifact = compileStories();
+  const std::string cmd = tool("minfer-run") + " " + artifact + " -p 'Once upon a time' -c 12 --temp 0 --device cpu";
+  const std::string out = run(cmd, true).output;
+  REQUIRE(out.size() > 17);
+  CHECK(out.back() == '\n');
+  CHECK(std::string(kStory).compare(0, out.size() - 1, out, 0, out.size() - 1) == 0);  // the golden's start
+  const std::string err = stderrOf(cmd);
+  CHECK(err.find("context full and context shift is disabled => stopping") != std::string::npos);
+  CHECK(err.find("generated 7 tokens") != std::string::npos);
+}
+
+TEST_CASE("minfer-perplexity: llama-perplexity's tokens, windows, refusal and PPL at several -c") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string artifact = compileStories();
+  const std::string text_path = minfer::test::fixturesDir() + "/text/story.txt";
+  std::ifstream in(text_path, std::ios::binary);
+  const std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(raw.back() == '\n');
+  auto model = minfer::Model::open(artifact, minfer::BackendKind::kCpu);
+  REQUIRE_MESSAGE(model.isOk(), model.status().message());
+  // llama-perplexity: -f drops one trailing newline; tokens with BOS, no special parsing.
+  const std::vector<int32_t> tokens = *(*model)->tokenize(raw.substr(0, raw.size() - 1), true, false);
+  const size_t with_newline = (*model)->tokenize(raw, true, false)->size();
+  REQUIRE(with_newline > tokens.size());
+  const int n = static_cast<int>(tokens.size());
+  const int n_vocab = (*model)->info().n_vocab;
+  // A -c where keeping the newline would make one more window, plus ordinary ones and 128 (README §7).
+  int c_edge = 0;
+  for (int c = 8; c <= n / 2 && !c_edge; ++c)
+    if (with_newline / c != tokens.size() / c) c_edge = c;
+  if (c_edge == 0) c_edge = 100;  // no divisor of the count in range: nothing at the edge to check
+  MESSAGE("story.txt: " << n << " tokens (" << with_newline << " with the trailing newline); edge -c " << c_edge);
+  for (const int c : {c_edge, 64, 128, 300, n / 2}) {
+    CAPTURE(c);
+    const RunResult r = run(tool("minfer-perplexity") + " " + artifact + " -f " + text_path + " --ctx-size " +
+                            std::to_string(c) + " --device cpu");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    const int windows = n / c;
+    CHECK(r.output.find(std::to_string(n) + " tokens, " + std::to_string(windows) + " windows of " + std::to_string(c)) !=
+          std::string::npos);
+    CHECK(r.output.find("[" + std::to_string(windows) + "]") != std::string::npos);
+    CHECK(r.output.find("[" + std::to_string(windows + 1) + "]") == std::string::npos);
+    // The definition, summed here from the CPU backend's logits: BOS first in each window, positions
+    // c/2 … c−2 predict the next token.
+    auto session = (*model)->createSession({.n_ctx = c, .n_threads = 2});
+    REQUIRE(session.isOk());
+    double nll = 0;
+    long count = 0;
+    std::vector<float> logits(static_cast<size_t>(c) * n_vocab);
+    for (int w = 0; w < windows; ++w) {
+      std::vector<int32_t> window(tokens.begin() + w * c, tokens.begin() + (w + 1) * c);
+      window[0] = 1;  // BOS
+      (*session)->reset();
+      REQUIRE((*session)->prefill(window, logits).isOk());
+      for (int p = c / 2; p < c - 1; ++p) {
+        const float* row = &logits[static_cast<size_t>(p) * n_vocab];
+        long double sum = 0;
+        for (int v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<long double>(row[v]));
+        nll += static_cast<double>(std::log(sum) - row[window[p + 1]]);
+        ++count;
+      }
+    }
+    std::smatch m;
+    const std::regex final_re("Final estimate: PPL = ([0-9.]+)");
+    REQUIRE(std::regex_search(r.output, m, final_re));
+    CHECK(std::stod(m[1]) == doctest::Approx(std::exp(nll / count)).epsilon(1e-4));
+  }
+  // Fewer than 2·n_ctx tokens: llama-perplexity's refusal.
+  const int c = n / 2 + 1;
+  const RunResult r = run(tool("minfer-perplexity") + " " + artifact + " -f " + text_path + " -c " + std::to_string(c) +
+                          " --device cpu");
+  CHECK(r.status == 1);
+  CHECK(r.output.find("you need at least " + std::to_string(2 * c) + " tokens to evaluate perplexity with a context of " +
+                      std::to_string(c)) != std::string::npos);
+  CHECK(r.output.find("the data file you provided tokenizes to only " + std::to_string(n) + " tokens") !=
+        std::string::npos);
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "tests/test_support.h"
 
@@ -22,7 +23,7 @@ std::string ChildResult::describe() const {
   return "killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
 }
 
-ChildResult runChild(const std::vector<std::string>& argv, const ChildLimits& limits) {
+ChildResult runChild(const std::vector<std::string>& argv, const ChildLimits& limits, const WhileRunning& while_running) {
   ChildResult r;
   int pipefd[2];
   REQUIRE(::pipe2(pipefd, O_CLOEXEC) == 0);
@@ -36,6 +37,7 @@ ChildResult runChild(const std::vector<std::string>& argv, const ChildLimits& li
     ::dup2(pipefd[1], 1);
     ::dup2(pipefd[1], 2);
     if (limits.ignore_sigxfsz) ::signal(SIGXFSZ, SIG_IGN);
+    for (const int sig : limits.ignored_signals) ::signal(sig, SIG_IGN);
     if (limits.file_size != RLIM_INFINITY) {
       const struct rlimit rl = {limits.file_size, limits.file_size};
       if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) ::_exit(120);
@@ -47,6 +49,9 @@ ChildResult runChild(const std::vector<std::string>& argv, const ChildLimits& li
     ::_exit(122);
   }
   ::close(pipefd[1]);
+  std::atomic<bool> done{false};
+  std::thread watcher;
+  if (while_running) watcher = std::thread([&] { while_running(pid, done); });
   char buf[4096];
   ssize_t n;
   while ((n = ::read(pipefd[0], buf, sizeof(buf))) != 0) {
@@ -57,6 +62,8 @@ ChildResult runChild(const std::vector<std::string>& argv, const ChildLimits& li
     r.output.append(buf, static_cast<size_t>(n));
   }
   ::close(pipefd[0]);
+  done = true;
+  if (watcher.joinable()) watcher.join();
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <sys/resource.h>
+#include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +19,7 @@ struct ChildLimits {
   rlim_t file_size = RLIM_INFINITY;  // RLIMIT_FSIZE in bytes
   bool ignore_sigxfsz = false;       // exceeding file_size: EFBIG from the call instead of death by SIGXFSZ
   bool as_nobody = false;            // when root: run as uid/gid 65534 (so permission bits apply)
+  std::vector<int> ignored_signals;  // set to SIG_IGN before exec (as a shell starts a background job)
 };
 
 struct ChildResult {
@@ -27,8 +31,13 @@ struct ChildResult {
   std::string describe() const;  // "exit 1" / "killed by signal 25 (File size limit exceeded)"
 };
 
+// Called on another thread while the child runs; `done` turns true once the child has closed its
+// output (it exited; the pid stays valid, not yet reaped, until the callback returns).
+using WhileRunning = std::function<void(pid_t pid, const std::atomic<bool>& done)>;
+
 // Runs argv[0] (a path) with the given arguments and limits; waits for it.
-ChildResult runChild(const std::vector<std::string>& argv, const ChildLimits& limits = {});
+ChildResult runChild(const std::vector<std::string>& argv, const ChildLimits& limits = {},
+                     const WhileRunning& while_running = {});
 
 // Path of a minfer tool in the build's bin directory.
 std::string toolPath(const std::string& name);

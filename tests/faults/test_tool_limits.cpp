@@ -76,7 +76,8 @@ TEST_CASE("minfer-run: -c and -n at 0, negative and huge") {
                {{"-c", "1048576", "-n", "2"}, 0, "context 1048576"},  // the largest context, tiny model: fits
                {{"-n", "0"}, 0, "generated 0 tokens"},
                {{"-n", "-1", "-c", "12"}, 0, "stop: "},  // unlimited: until end of generation or a full context
-               {{"-n", "-2"}, 1, "-n -2 must be -1 (unlimited) or"},
+               {{"-n", "-2", "-c", "12"}, 0, "stop: context full"},  // llama.cpp's -2: until the context is full
+               {{"-n", "-3"}, 1, "-n -3 must be -1 or -2"},
                {{"-n", "2147483647", "-c", "12"}, 0, "stop: "},
                {{"-n", "99999999999"}, 1, "minfer-run"},
            });
@@ -92,7 +93,8 @@ TEST_CASE("minfer-perplexity: -c at 0, negative, below the minimum and huge") {
                {{"-c", "3"}, 1, "-c 3 is out of range"},
                {{"-c", "1048577"}, 1, "out of range"},
                {{"-c", "99999999999"}, 1, "minfer-perplexity"},
-               {{"-c", "1048576"}, 1, "fewer than one window of -c 1048576"},  // refused before any allocation
+               // llama-perplexity's refusal (2·n_ctx tokens needed), before any allocation
+               {{"-c", "1048576"}, 1, "you need at least 2097152 tokens to evaluate perplexity with a context of 1048576"},
                {{"-c", "8"}, 0, "Final estimate: PPL = "},
            });
 }

@@ -692,10 +692,41 @@ TEST_CASE("tensor infos: duplicates, unknown types, dims, block multiples") {
     expectError("n-dims-5-patched.gguf", c, {"'blk.0.ffn_down.weight'", "n_dims = 5"}, t.n_dims);
   }
   {
+    // A dim of 0 is an empty tensor, valid GGUF as in ggml's gguf.cpp: parsed, with no data; the model
+    // code refuses it where a block would use it (tests/model).
     std::vector<uint8_t> c = b.bytes;
     const auto& t = tensorAt("blk.0.ffn_gate_exps.weight");
     patchU64(c, t.ne[1], 0);
-    expectError("zero-dim.gguf", c, {"'blk.0.ffn_gate_exps.weight'", "ne[1]", "is 0"}, t.ne[1]);
+    auto file = parseBytes(c, "zero-dim.gguf");
+    REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+    const minfer::gguf::TensorInfo* info = (*file)->findTensor("blk.0.ffn_gate_exps.weight");
+    REQUIRE(info);
+    CHECK(info->ne[1] == 0);
+    CHECK(info->elements() == 0);
+    CHECK(info->size == 0);
+    CHECK((*file)->tensorData(*info).empty());
+  }
+  {
+    // Empty tensors share offsets with their neighbours without overlapping them.
+    const auto bytes = buildInvalid([&](GgufWriter& w) {
+      w.addTensor("empty.weight", GgmlType::F32, {0, 4}, std::vector<uint8_t>{});
+      w.addTensor("after.weight", GgmlType::F32, {2}, randomBytes(8, 3));
+    });
+    auto file = parseBytes(bytes, "empty-tensor.gguf");
+    REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+    const minfer::gguf::TensorInfo* empty = (*file)->findTensor("empty.weight");
+    const minfer::gguf::TensorInfo* after = (*file)->findTensor("after.weight");
+    REQUIRE((empty && after));
+    CHECK(empty->elements() == 0);
+    CHECK(empty->ne[1] == 4);
+    CHECK(after->size == 8);
+  }
+  {
+    // The non-zero dims of an empty tensor are still bounded.
+    const auto bytes = buildInvalid([&](GgufWriter& w) {
+      w.addTensor("huge-empty.weight", GgmlType::F32, {0, uint64_t{1} << 40, uint64_t{1} << 40}, std::vector<uint8_t>{});
+    });
+    expectError("huge-empty.gguf", bytes, {"'huge-empty.weight'", "ne[2]", "overflow"});
   }
   {
     // 2^32 * 2^32 elements overflow u64 (ne[0] stays a multiple of the Q8_0 block).

@@ -2,6 +2,8 @@
 // writer-made GGUFs (qwen3, tied embeddings, error cases).
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstring>
 #include <set>
 
 #include "compiler/gguf/gguf_writer.h"
@@ -37,9 +39,13 @@ struct TinySpec {
   uint32_t key_length = 0;    // 0: no attention.key_length key (head_dim = n_embd / n_head)
   uint32_t n_rot = 0;         // 0: no rope.dimension_count key
   float rope_scale = 0;       // > 0: rope.scaling.type linear with this factor
+  std::string scaling_type;   // non-empty: rope.scaling.type
+  float scaling_factor = NAN, scale_linear = NAN;  // not NaN: rope.scaling.factor / rope.scale_linear
   bool tied = false, bias = false, qk_norm = false;
   std::set<std::string> skip;
   std::vector<std::pair<std::string, uint64_t>> extra;
+  std::vector<std::pair<std::string, std::vector<float>>> extra_values;  // F32 vectors with these values
+  bool validate = true;       // false: the writer also writes what GGUF writers refuse (a dim of 0)
 };
 
 gguf::GgufWriter makeWriter(const TinySpec& s) {
@@ -59,6 +65,9 @@ gguf::GgufWriter makeWriter(const TinySpec& s) {
     w.setString(a + "rope.scaling.type", "linear");
     w.setF32(a + "rope.scaling.factor", s.rope_scale);
   }
+  if (!s.scaling_type.empty()) w.setString(a + "rope.scaling.type", s.scaling_type);
+  if (!std::isnan(s.scaling_factor)) w.setF32(a + "rope.scaling.factor", s.scaling_factor);
+  if (!std::isnan(s.scale_linear)) w.setF32(a + "rope.scale_linear", s.scale_linear);
   auto add = [&](const std::string& name, std::vector<uint64_t> ne) {
     uint64_t n = 1;
     for (uint64_t d : ne) n *= d;
@@ -94,11 +103,18 @@ gguf::GgufWriter makeWriter(const TinySpec& s) {
   tensor("output_norm.weight", {s.n_embd});
   if (!s.tied) tensor("output.weight", {s.n_embd, s.n_vocab});
   for (const auto& [name, n] : s.extra) add(name, {n});
+  for (const auto& [name, v] : s.extra_values) {
+    std::vector<uint8_t> bytes(v.size() * 4);
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    w.addTensor(name, GgmlType::F32, {v.size()}, std::move(bytes));
+  }
   return w;
 }
 
 std::unique_ptr<gguf::GgufFile> makeGguf(const TinySpec& s) {
-  auto bytes = makeWriter(s).toBytes();
+  gguf::GgufWriter writer = makeWriter(s);
+  writer.setValidate(s.validate);
+  auto bytes = writer.toBytes();
   REQUIRE_MESSAGE(bool(bytes), llvm::toString(bytes.takeError()));
   auto buffer = llvm::MemoryBuffer::getMemBufferCopy(
       llvm::StringRef(reinterpret_cast<const char*>(bytes->data()), bytes->size()), "tiny-" + s.arch + ".gguf");
@@ -282,4 +298,136 @@ TEST_CASE("max batch out of range is refused") {
     CHECK(msg == "max batch " + std::to_string(bad) + " is out of range 1..65536");
   }
   CHECK(bool(describeTiny(s, 65536)));
+}
+
+TEST_CASE("tiny-llama31: rope_freqs.weight is one weight shared by every layer's RoPE step") {
+  if (!test::haveFixtures()) return;
+  const auto d = describe("../arch/models/tiny-llama31-Q4_K_M.gguf");
+  CHECK(d.config.rope_freq_base == doctest::Approx(5e5));
+  CHECK(d.config.rope_scaling == fb::RopeScaling::None);  // Llama 3.1 scaling lives only in the tensor
+  CHECK(d.config.n_rot == 64);
+  int ropes = 0;
+  for (const auto& s : d.plan.prefill) {
+    if (s.op != fb::OpKind::Rope) continue;
+    ++ropes;
+    REQUIRE(s.weights.size() == 1);
+    const auto& w = d.weights[s.weights[0]];
+    CHECK(w.name == "rope_freqs.weight");
+    CHECK(w.role == planes::TensorRole::kVector);
+    CHECK(w.info->ne[0] == 32);
+  }
+  CHECK(ropes == 2);
+  int registered = 0;
+  for (const auto& w : d.weights) registered += w.name == "rope_freqs.weight";
+  CHECK(registered == 1);  // every GGUF tensor once
+}
+
+TEST_CASE("rope_freqs: optional for llama, shape [n_rot/2], F32 values > 0, unknown to qwen3") {
+  const std::vector<float> ff = {1.0f, 1.5f, 4.0f, 8.0f};  // n_rot/2 = 4 (head_dim 8)
+  TinySpec plain;
+  auto d0 = describeTiny(plain);
+  REQUIRE_MESSAGE(bool(d0), llvm::toString(d0.takeError()));
+  for (const auto& s : d0->plan.prefill)
+    if (s.op == fb::OpKind::Rope) CHECK(s.weights.empty());
+  TinySpec with;
+  with.extra_values = {{"rope_freqs.weight", ff}};
+  auto d1 = describeTiny(with);
+  REQUIRE_MESSAGE(bool(d1), llvm::toString(d1.takeError()));
+  std::set<uint32_t> ids;
+  for (const auto& s : d1->plan.prefill)
+    if (s.op == fb::OpKind::Rope) {
+      REQUIRE(s.weights.size() == 1);
+      ids.insert(s.weights[0]);
+    }
+  REQUIRE(ids.size() == 1);
+  CHECK(d1->weights[*ids.begin()].name == "rope_freqs.weight");
+  for (const auto& s : d1->plan.decode)
+    if (s.op == fb::OpKind::Rope) CHECK(s.weights == std::vector<uint32_t>{*ids.begin()});
+
+  TinySpec wrong = with;
+  wrong.extra_values = {{"rope_freqs.weight", {1, 1, 1, 1, 1, 1, 1, 1}}};
+  CHECK(describeTinyError(wrong) ==
+        "tiny-llama.gguf: tensor 'rope_freqs.weight' has shape [8], expected [4] from the hyperparameters");
+  TinySpec zero = with;
+  zero.extra_values = {{"rope_freqs.weight", {1, 1, 0, 1}}};
+  CHECK(describeTinyError(zero) == "tiny-llama.gguf: tensor 'rope_freqs.weight' value 2 = 0 must be finite and > 0");
+  TinySpec qwen3 = with;
+  qwen3.arch = "qwen3", qwen3.qk_norm = true;
+  CHECK(describeTinyError(qwen3) ==
+        "tiny-qwen3.gguf: tensor 'rope_freqs.weight' is not used by the qwen3 architecture as minfer knows it");
+}
+
+TEST_CASE("llama refuses n_rot != head_dim with llama.cpp's reason; qwen3 rotates part of the head") {
+  TinySpec llama;
+  llama.n_rot = 4;  // head_dim 8
+  CHECK(describeTinyError(llama) ==
+        "tiny-llama.gguf: invalid n_rot: 4, expected 8 (llama.rope.dimension_count must equal the head dimension "
+        "for llama, as in llama.cpp)");
+  TinySpec qwen3;
+  qwen3.arch = "qwen3", qwen3.qk_norm = true, qwen3.n_rot = 4;
+  auto d = describeTiny(qwen3);
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  CHECK(d->config.n_rot == 4);
+}
+
+TEST_CASE("RoPE scaling keys read as llama.cpp reads them") {
+  struct Case {
+    const char* what;
+    std::string type;
+    float factor, legacy;
+    fb::RopeScaling scaling;
+    float freq_scale;
+  };
+  const Case cases[] = {
+      {"no keys", "", NAN, NAN, fb::RopeScaling::None, 1.0f},
+      {"linear x4", "linear", 4.0f, NAN, fb::RopeScaling::Linear, 0.25f},
+      {"legacy scale_linear alone", "", NAN, 4.0f, fb::RopeScaling::Linear, 0.25f},
+      {"factor without type (type defaults to linear)", "", 2.0f, NAN, fb::RopeScaling::Linear, 0.5f},
+      {"factor wins over legacy", "", 4.0f, 2.0f, fb::RopeScaling::Linear, 0.25f},
+      {"linear with factor 0", "linear", 0.0f, NAN, fb::RopeScaling::None, 1.0f},
+      {"legacy 0", "", NAN, 0.0f, fb::RopeScaling::None, 1.0f},
+      {"linear without factor", "linear", NAN, NAN, fb::RopeScaling::None, 1.0f},
+      {"type none never scales", "none", 4.0f, NAN, fb::RopeScaling::None, 1.0f},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    TinySpec s;
+    s.scaling_type = c.type, s.scaling_factor = c.factor, s.scale_linear = c.legacy;
+    auto d = describeTiny(s);
+    REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+    CHECK(d->config.rope_scaling == c.scaling);
+    CHECK(d->config.rope_freq_scale == c.freq_scale);
+    for (const auto& st : d->plan.prefill)
+      if (st.op == fb::OpKind::Rope) CHECK(st.rope_freq_scale == c.freq_scale);
+  }
+  const std::pair<std::string, std::string> refused[] = {
+      {"yarn", "tiny-llama.gguf: llama.rope.scaling.type = 'yarn': yarn RoPE scaling is not implemented in minfer "
+               "(supported: none, linear)"},
+      {"longrope", "tiny-llama.gguf: llama.rope.scaling.type = 'longrope': longrope RoPE scaling is not implemented "
+                   "in minfer (supported: none, linear)"},
+      {"dynamic", "tiny-llama.gguf: llama.rope.scaling.type = 'dynamic' is not a RoPE scaling type (supported: none, "
+                  "linear)"},
+  };
+  for (const auto& [type, message] : refused) {
+    TinySpec s;
+    s.scaling_type = type, s.scaling_factor = 4.0f;
+    CHECK(describeTinyError(s) == message);
+  }
+  TinySpec negative;
+  negative.scale_linear = -2.0f;
+  CHECK(describeTinyError(negative) ==
+        "tiny-llama.gguf: llama.rope.scale_linear = -2 must be finite and ≥ 0 (0: no scaling)");
+}
+
+TEST_CASE("an empty tensor (a dim of 0) parses and is refused by the block that uses it") {
+  TinySpec s;
+  s.validate = false;
+  s.skip = {"blk.1.ffn_norm.weight"};
+  s.extra = {{"blk.1.ffn_norm.weight", 0}};
+  CHECK(describeTinyError(s) ==
+        "tiny-llama.gguf: tensor 'blk.1.ffn_norm.weight' has no elements (ne[0] = 0); architecture llama uses it");
+  TinySpec ff = s;
+  ff.skip = {}, ff.extra = {{"rope_freqs.weight", 0}};  // optional, but present and empty
+  CHECK(describeTinyError(ff) ==
+        "tiny-llama.gguf: tensor 'rope_freqs.weight' has no elements (ne[0] = 0); architecture llama uses it");
 }

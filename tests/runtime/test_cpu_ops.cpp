@@ -64,12 +64,13 @@ TEST_CASE("rmsNorm and headRmsNorm match float64") {
 }
 
 std::vector<double> ropeRef(const std::vector<float>& x, int rows, int n_head, int hd, int n_rot, RopeStyle style,
-                            double base, double scale, int pos0) {
+                            double base, double scale, int pos0, const std::vector<double>& ff = {}) {
   std::vector<double> out(x.begin(), x.end());
   for (int t = 0; t < rows; ++t)
     for (int h = 0; h < n_head; ++h)
       for (int i = 0; i < n_rot / 2; ++i) {
-        const double theta = (pos0 + t) * scale * std::pow(base, -2.0 * i / n_rot);
+        // fixtures README §8: θ_i = freq_scale·pos·base^(−2i/n_rot) / ff_i
+        const double theta = scale * (pos0 + t) * std::pow(base, -2.0 * i / n_rot) / (ff.empty() ? 1.0 : ff[i]);
         const int a = style == RopeStyle::kNorm ? 2 * i : i, b = style == RopeStyle::kNorm ? 2 * i + 1 : i + n_rot / 2;
         double* e = out.data() + (t * n_head + h) * hd;
         const double va = e[a], vb = e[b];
@@ -102,6 +103,37 @@ TEST_CASE("rope: both styles, partial rotation, positions and frequency scaling 
   // The two styles really differ (a swapped style must be caught).
   CHECK(maxRelError(results[0].data(), std::vector<double>(results[1].begin(), results[1].end()).data(),
                     results[0].size()) > 1e-2);
+}
+
+TEST_CASE("rope with frequency factors (Llama 3.1 rope_freqs) matches float64, both styles") {
+  std::mt19937_64 rng(21);
+  const int rows = 5, n_head = 3, hd = 20, n_rot = 16, pos0 = 1000;  // 8 pairs, head not all rotated
+  const std::vector<float> x = randomFloats(rows * n_head * hd, rng);
+  // Llama 3.1's shape of factors: 1 for the fast pairs, rising to 8 for the slow ones.
+  const std::vector<float> ff = {1.0f, 1.0f, 1.0f, 1.5534146f, 2.69453f, 5.257327f, 8.0f, 8.0f};
+  const std::vector<double> ff64(ff.begin(), ff.end());
+  for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox})
+    for (auto [base, scale] : {std::pair{500000.0f, 1.0f}, std::pair{10000.0f, 0.5f}}) {
+      CAPTURE(static_cast<int>(style));
+      CAPTURE(base);
+      std::vector<float> y = x;
+      rope(y.data(), rows, n_head, hd, n_rot, style, base, scale, pos0, ff.data());
+      const std::vector<double> ref = ropeRef(x, rows, n_head, hd, n_rot, style, base, scale, pos0, ff64);
+      const double err = maxRelError(y.data(), ref.data(), y.size());
+      MESSAGE("rope with factors max rel error " << err);
+      CHECK(err < 5e-7);
+      for (int t = 0; t < rows * n_head; ++t)
+        for (int d = n_rot; d < hd; ++d) CHECK(y[t * hd + d] == x[t * hd + d]);
+      // Ignoring the factors is caught (fixtures README §8.6: 1.6% on the logits of tiny-llama31).
+      const std::vector<double> plain = ropeRef(x, rows, n_head, hd, n_rot, style, base, scale, pos0);
+      CHECK(maxRelError(y.data(), plain.data(), y.size()) > 1e-2);
+    }
+  // Factors of 1 are the plain rotation, bit for bit.
+  const std::vector<float> ones(n_rot / 2, 1.0f);
+  std::vector<float> a = x, b = x;
+  rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, 7, ones.data());
+  rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, 7);
+  CHECK(a == b);
 }
 
 TEST_CASE("swiGlu and add match float64, in place too") {

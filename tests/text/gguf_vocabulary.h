@@ -46,7 +46,9 @@ inline Result<Vocabulary> vocabularyFromGguf(const gguf::GgufFile& f) {
   const std::pair<const char*, int32_t*> ids[] = {{"tokenizer.ggml.bos_token_id", &v.bos_id},
                                                   {"tokenizer.ggml.eos_token_id", &v.eos_id},
                                                   {"tokenizer.ggml.unknown_token_id", &v.unk_id},
-                                                  {"tokenizer.ggml.padding_token_id", &v.pad_id}};
+                                                  {"tokenizer.ggml.padding_token_id", &v.pad_id},
+                                                  {"tokenizer.ggml.eot_token_id", &v.eot_id},
+                                                  {"tokenizer.ggml.eom_token_id", &v.eom_id}};
   for (const auto& [key, field] : ids) {
     if (!f.find(key)) continue;
     auto id = f.getI64(key);

@@ -630,3 +630,123 @@ TEST_CASE("Tokenizer is safe to share between threads (const encode from several
   for (auto& t : threads) t.join();
   for (const auto& r : results) CHECK(r == reference);
 }
+
+TEST_CASE("prompt special tokens on fixture vocabularies: llama.cpp's partition, ids from the .out files") {
+  if (!minfer::test::haveFixtures()) return;
+  // llama-spm: .out gives "Hello" → 15043 and "Hello world" → 15043 3186 ("▁world" = 3186); "</s>" is
+  // control id 2. llama.cpp (parse_special) cuts "</s>" out, and the fragment after it gets its own "▁".
+  auto spm = loadTokenizer(vocabPath("llama-spm"));
+  REQUIRE(spm);
+  CHECK(spm->encode("Hello</s>world", false, true) == std::vector<int32_t>{15043, 2, 3186});
+  CHECK(spm->encode("Hello</s>world", true, true) == std::vector<int32_t>{1, 15043, 2, 3186});
+  const std::vector<int32_t> spm_literal = spm->encode("Hello</s>world", false, false);
+  CHECK(std::find(spm_literal.begin(), spm_literal.end(), 2) == spm_literal.end());
+  // gpt-2: "Hello" → 15496, " world" → 995 (.out #12, #13); "<|endoftext|>" is 50256. No space prefix.
+  auto gpt2 = loadTokenizer(vocabPath("gpt-2"));
+  REQUIRE(gpt2);
+  CHECK(gpt2->encode("Hello<|endoftext|> world", false, true) == std::vector<int32_t>{15496, 50256, 995});
+  const std::vector<int32_t> bpe_literal = gpt2->encode("Hello<|endoftext|> world", false, false);
+  CHECK(std::find(bpe_literal.begin(), bpe_literal.end(), 50256) == bpe_literal.end());
+  // phi-3: "<|user|>hi" with BOS is 3 tokens: <s>, <|user|>, "▁hi".
+  auto phi3 = loadTokenizer(vocabPath("phi-3"));
+  REQUIRE(phi3);
+  const int32_t user = phi3->findToken("<|user|>");
+  const int32_t hi = phi3->findToken("\xE2\x96\x81hi");
+  REQUIRE(user >= 0);
+  REQUIRE(hi >= 0);
+  CHECK(phi3->encode("<|user|>hi", true, true) == std::vector<int32_t>{1, user, hi});
+  CHECK(phi3->encode("<|user|>hi", true, false).size() > 3);
+}
+
+TEST_CASE("stories260K: Hello</s>world is 8 tokens with parse_special (</s> = 2), 11 without") {
+  if (!minfer::test::haveFixtures()) return;
+  auto tok = loadTokenizer(minfer::test::fixturesDir() + "/models/stories260K.gguf");
+  REQUIRE(tok);
+  // Expected from llama.cpp's rule: BOS, "Hello" as its own input, </s>, "world" as its own input.
+  const std::vector<int32_t> hello = tok->encode("Hello", false, false);
+  const std::vector<int32_t> world = tok->encode("world", false, false);
+  std::vector<int32_t> expected = {1};
+  expected.insert(expected.end(), hello.begin(), hello.end());
+  expected.push_back(2);
+  expected.insert(expected.end(), world.begin(), world.end());
+  const std::vector<int32_t> parsed = tok->encode("Hello</s>world", true, true);
+  CHECK(parsed == expected);
+  CHECK(parsed.size() == 8);
+  CHECK(tok->encode("Hello</s>world", true, false).size() == 11);
+}
+
+TEST_CASE("end of generation: EOS, eot_id, eom_id and llama.cpp's texts") {
+  Vocabulary v = spmVocab({{"a", -1}, {"b", -1}, {"c", -1}}, true);
+  for (const char* text : {"<|im_end|>", "<end_of_turn>", "_<EOT>", "<|end_of_text|>",
+                           "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>", "<unrelated>"}) {
+    v.tokens.push_back(text);
+    v.token_types.push_back(1);  // normal in the file: llama.cpp makes the known ones control
+    v.scores.push_back(0.0f);
+  }
+  const int32_t a = spmId(v, "a"), b = spmId(v, "b"), c = spmId(v, "c");
+  const int32_t deepseek = indexOf(v, "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>");
+  {
+    auto tok = makeTokenizer(v);
+    REQUIRE(tok);
+    CHECK(tok->isEndOfGeneration(2));  // EOS
+    for (const char* text : {"<|im_end|>", "<end_of_turn>", "_<EOT>", "<|end_of_text|>"}) {
+      CAPTURE(text);
+      CHECK(tok->isEndOfGeneration(indexOf(v, text)));
+      CHECK(tok->tokenType(indexOf(v, text)) == TokenType::kControl);
+    }
+    CHECK(tok->isEndOfGeneration(deepseek));  // llama.cpp's EOT guess when the GGUF names none
+    CHECK(!tok->isEndOfGeneration(indexOf(v, "<unrelated>")));
+    CHECK(!tok->isEndOfGeneration(a));
+    CHECK(!tok->isEndOfGeneration(1));  // BOS
+  }
+  v.eot_id = a;  // tokenizer.ggml.eot_token_id / eom_token_id: end of generation whatever their text
+  v.eom_id = b;
+  auto tok = makeTokenizer(v);
+  REQUIRE(tok);
+  CHECK(tok->isEndOfGeneration(a));
+  CHECK(tok->isEndOfGeneration(b));
+  CHECK(!tok->isEndOfGeneration(c));
+  CHECK(!tok->isEndOfGeneration(deepseek));  // an explicit eot_id: no guess by text
+  const std::vector<int32_t> eog = tok->endOfGenerationIds();
+  CHECK(std::is_sorted(eog.begin(), eog.end()));
+  CHECK(std::count_if(eog.begin(), eog.end(), [&](int32_t id) { return id == a || id == b || id == 2; }) == 3);
+  v.eot_id = static_cast<int32_t>(v.tokens.size());
+  auto bad = Tokenizer::create(v);
+  REQUIRE(!bad);
+  CHECK(bad.status().message().find("eot_id = " + std::to_string(v.tokens.size()) + " is out of range") !=
+        std::string::npos);
+}
+
+TEST_CASE("fixture vocabularies: end-of-generation ids as llama.cpp lists them") {
+  if (!minfer::test::haveFixtures()) return;
+  // phi-3: EOS 32000 "<|endoftext|>" and 32007 "<|end|>" (llama.cpp prints both under "EOG tokens").
+  auto phi3 = loadTokenizer(vocabPath("phi-3"));
+  REQUIRE(phi3);
+  CHECK(phi3->findToken("<|end|>") == 32007);
+  CHECK(phi3->isEndOfGeneration(32000));
+  CHECK(phi3->isEndOfGeneration(32007));
+  CHECK(!phi3->isEndOfGeneration(phi3->findToken("<|user|>")));
+  CHECK(!phi3->isEndOfGeneration(1));
+  // gpt-2: only "<|endoftext|>" 50256.
+  auto gpt2 = loadTokenizer(vocabPath("gpt-2"));
+  REQUIRE(gpt2);
+  CHECK(gpt2->endOfGenerationIds() == std::vector<int32_t>{50256});
+}
+
+TEST_CASE("processEscapes: llama.cpp's string_process_escapes") {
+  using minfer::processEscapes;
+  CHECK(processEscapes("a\\nb") == "a\nb");
+  CHECK(processEscapes("\\t\\r\\\\\\\"\\'") == "\t\r\\\"'");
+  CHECK(processEscapes("\\x41\\x7a") == "Az");
+  CHECK(processEscapes("\\x0a") == "\n");
+  CHECK(processEscapes("\\xZZ") == "\\xZZ");  // strtol reads no hex digit: kept
+  CHECK(processEscapes("\\x4") == "\\x4");    // fewer than two characters after x: kept
+  CHECK(processEscapes("\\x4g") == "\\x4g");  // strtol stops after one digit: kept
+  CHECK(processEscapes("\\q\\a\\v") == "\\q\\a\\v");  // not in llama.cpp's list: kept as written
+  CHECK(processEscapes("end\\") == "end\\");  // a lone trailing backslash stays
+  CHECK(processEscapes("\\\\n") == "\\n");    // an escaped backslash, then a plain n
+  CHECK(processEscapes(std::string("a\\x00b", 6)) == std::string("a\0b", 3));
+  CHECK(minfer::dropOneTrailingNewline("a\n\n") == "a\n");
+  CHECK(minfer::dropOneTrailingNewline("a") == "a");
+  CHECK(minfer::dropOneTrailingNewline("") == "");
+}

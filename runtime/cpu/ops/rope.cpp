@@ -1,4 +1,7 @@
-// CPU op family Rope: RoPE of q and k in place at the batch's positions (cpu::rope).
+// CPU op family Rope: RoPE of q and k in place at the batch's positions (cpu::rope), with the
+// optional per-pair frequency factors (weight 0: rope_freqs, n_rot/2 f32 values) for q and k alike.
+#include <cmath>
+
 #include "runtime/cpu/cpu_step.h"
 
 namespace minfer::cpu {
@@ -25,14 +28,25 @@ Status ropePrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
   info.rope_style = s.rope_style() == fb::RopeStyle::Neox ? RopeStyle::kNeox : RopeStyle::kNorm;
   info.rope_base = s.rope_freq_base();
   info.rope_scale = s.rope_freq_scale();
+  if (count(s.weights()) == 1) {  // info.vec: the frequency factors (null without them)
+    Result<const float*> ff = c.vectorWeight(s.weights()->Get(0), s.n_rot() / 2, info.label);
+    if (!ff) return ff.takeStatus();
+    for (uint32_t i = 0; i < s.n_rot() / 2; ++i)
+      if (!((*ff)[i] > 0) || !std::isfinite((*ff)[i]))
+        return Status::error(info.label + ": frequency factor " + std::to_string(i) + " = " +
+                             std::to_string((*ff)[i]) + " must be finite and > 0");
+    info.vec = *ff;
+  }
   MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[0], uint64_t{s.n_head()} * s.head_dim(), "q"));
   MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[1], uint64_t{s.n_head_kv()} * s.head_dim(), "k"));
   return Status::ok();
 }
 
 void ropeRun(RunContext& c, const StepInfo& s) {
-  rope(c.buf(s.in[0]), c.n, s.n_head, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0);
-  rope(c.buf(s.in[1]), c.n, s.n_head_kv, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0);
+  rope(c.buf(s.in[0]), c.n, s.n_head, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0,
+       s.vec);
+  rope(c.buf(s.in[1]), c.n, s.n_head_kv, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0,
+       s.vec);
 }
 
 }  // namespace minfer::cpu

@@ -42,8 +42,12 @@ const char* backendKindName(BackendKind kind);
 Result<BackendKind> parseBackendKind(std::string_view name);
 
 struct ModelOptions {
-  // Recompute the XXH64 of the manifest and of every data segment before use (reads the whole file).
-  bool verify_checksums = false;
+  // Check every data segment's XXH64 against the manifest before the first forward (the manifest's
+  // own checksum is always checked). The CUDA backend hashes each plane while staging its upload and
+  // each kernel image before loading it (no second read); the CPU backend hashes all segments once
+  // in parallel at open (ArtifactFile::verifySegments). A mismatch fails open() naming the segment,
+  // its tensor or kernel and both hashes. false (--no-verify) skips the data segments.
+  bool verify_checksums = true;
 };
 
 // Facts about the opened model (from the artifact's config and memory plan).
@@ -68,9 +72,9 @@ class Model {
  public:
   // Maps and verifies `path`, builds the tokenizer (when the artifact has one) and creates the
   // backend. kAuto picks CUDA when this build has a CUDA backend and a usable GPU exists, else the
-  // CPU; backendNote() says which and why. kCuda fails with "CUDA backend not available in this
-  // build" until issue 5 adds it. Errors: everything ArtifactFile::open reports, a checksum
-  // mismatch (with verify_checksums), an invalid tokenizer, a plan the backend cannot run.
+  // CPU; backendNote() says which and why. kCuda fails when this build has no CUDA backend or no
+  // usable GPU (the message says which). Errors: everything ArtifactFile::open reports, a checksum
+  // mismatch (unless verify_checksums is false), an invalid tokenizer, a plan the backend cannot run.
   static Result<std::unique_ptr<Model>> open(const std::string& path, BackendKind kind = BackendKind::kAuto,
                                              const ModelOptions& options = {});
   ~Model();
@@ -96,7 +100,7 @@ class Model {
 
   struct SessionOptions {
     int n_ctx = 2048;    // KV cache positions; 1 ≤ n_ctx ≤ kMaxContext (may exceed n_ctx_train, like llama.cpp)
-    int n_threads = 0;   // CPU threads; 0 = hardware concurrency
+    int n_threads = 0;   // CPU threads; 0 = the physical cores available (llama.cpp's default)
   };
   static constexpr int kMaxContext = 1 << 20;
   // Allocates a session (activations, KV cache, scratch). Errors: n_ctx out of range, not enough

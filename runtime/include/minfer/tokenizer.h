@@ -68,6 +68,8 @@ struct Vocabulary {
   int32_t eos_id = -1;              // [tokenizer.ggml.eos_token_id]
   int32_t unk_id = -1;              // [tokenizer.ggml.unknown_token_id]
   int32_t pad_id = -1;              // [tokenizer.ggml.padding_token_id]
+  int32_t eot_id = -1;              // end of turn, -1 = none [tokenizer.ggml.eot_token_id]
+  int32_t eom_id = -1;              // end of message, -1 = none [tokenizer.ggml.eom_token_id]
   bool add_bos = false;             // prepend bos_id when encode(add_special = true) [tokenizer.ggml.add_bos_token]
   bool add_eos = false;             // append eos_id when encode(add_special = true) [tokenizer.ggml.add_eos_token]
   bool add_space_prefix = false;    // "llama": prepend "▁" to text fragments [tokenizer.ggml.add_space_prefix]
@@ -86,7 +88,7 @@ class Tokenizer {
   // Validates `vocab` and builds the lookup tables (O(n_vocab + n_merges)). Errors name the field,
   // the index and the numbers: unknown model or pre-tokenizer, empty token list, scores/token_types
   // sizes ≠ n_vocab, token type outside 0..6, duplicate token text, byte token ("llama") whose text is
-  // not "<0xXX>", special id outside [0, n_vocab), add_bos/add_eos without the id, merge without a
+  // not "<0xXX>", special id (bos/eos/unk/pad/eot/eom) outside [0, n_vocab), add_bos/add_eos without the id, merge without a
   // " " separator or whose halves are not tokens. Empty token texts are renamed "[EMPTY_<id>]" as in
   // llama.cpp.
   static Result<Tokenizer> create(Vocabulary vocab);
@@ -115,9 +117,14 @@ class Tokenizer {
   TokenType tokenType(int32_t id) const;
   // Id of the token whose text is exactly `text`, or -1.
   int32_t findToken(std::string_view text) const;
-  // End-of-generation: EOS, and the tokens llama.cpp treats as such by their text ("<|eot_id|>",
-  // "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", …).
+  // End of generation, llama.cpp's special_eog_ids (src/llama-vocab.cpp, load): eos_id, eot_id,
+  // eom_id, and the tokens it recognises by their text: "<|eot_id|>", "<|im_end|>", "<|end|>",
+  // "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]",
+  // "<end_of_utterance>", the FIM pad / repo / file-separator markers, and DeepSeek's
+  // "<｜end▁of▁sentence｜>" when the vocabulary has no eot_id (llama.cpp takes it as the EOT token then).
   bool isEndOfGeneration(int32_t id) const;
+  // The end-of-generation ids, ascending.
+  std::vector<int32_t> endOfGenerationIds() const;
 
   struct Impl;
 
@@ -125,6 +132,17 @@ class Tokenizer {
   explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const Impl> impl_;
 };
+
+// Prompt text as llama.cpp's tools read it (common/common.cpp, common/arg.cpp).
+//
+// processEscapes: llama.cpp's string_process_escapes, applied to -p / -f text unless --no-escape:
+// "\n" "\r" "\t" "\'" "\"" "\\" become that character; "\xHH" becomes the byte 0xHH when strtol
+// reads both characters after the x as hex (so "\x4" at the end, or "\xZZ", stay as written);
+// any other backslash sequence (including "\a", "\b", "\f", "\v", which llama.cpp does not
+// handle) and a trailing lone backslash stay as written. Never fails.
+std::string processEscapes(std::string_view text);
+// llama.cpp's -f / --file: one trailing "\n" (as `echo text > file` writes) is not part of the text.
+std::string dropOneTrailingNewline(std::string text);
 
 // Streaming detokenizer: turns generated ids into text that is always valid UTF-8.
 // push() returns the bytes that are complete so far: a trailing incomplete UTF-8 sequence is held
