@@ -34,7 +34,16 @@ int main(int argc, char** argv) {
   }
 
   minfer::GenerateParams params;
-  params.n_predict = argc > 3 ? std::atoi(argv[3]) : 32;
+  params.n_predict = 32;
+  if (argc > 3) {
+    char* end = nullptr;
+    const long n = std::strtol(argv[3], &end, 10);
+    if (*argv[3] == '\0' || *end != '\0' || n < 0 || n > 1000000) {
+      std::fprintf(stderr, "minfer-example: n_tokens '%s' is not a number in 0..1000000\n", argv[3]);
+      return 2;
+    }
+    params.n_predict = static_cast<int>(n);
+  }
   params.sampling.temperature = 0;  // greedy
   std::fputs(argv[2], stdout);
   auto result = (*session)->generate(argv[2], params, [](std::string_view piece, int32_t) {
@@ -43,6 +52,7 @@ int main(int argc, char** argv) {
     return true;  // false would stop the generation
   });
   std::fputc('\n', stdout);
+  std::fflush(stdout);  // the text ends before the summary on stderr starts, also on a terminal
   if (!result) {
     std::fprintf(stderr, "%s\n", result.status().message().c_str());
     return 1;

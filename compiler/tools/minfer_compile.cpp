@@ -4,6 +4,9 @@
 
 #include "compiler/artifact/temp_file_signals.h"
 #include "compiler/compile_model.h"
+#if defined(MINFER_HAVE_CUDA)
+#include "runtime/cuda/cuda_device.h"
+#endif
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Error.h"
@@ -28,14 +31,35 @@ llvm::cl::opt<unsigned> kMaxBatch("max-batch", llvm::cl::desc("Largest number of
                                   llvm::cl::init(512), llvm::cl::cat(kCategory));
 llvm::cl::opt<unsigned> kJobs("j", llvm::cl::desc("Worker threads for the plane transforms (default: all cores)"),
                               llvm::cl::init(0), llvm::cl::cat(kCategory));
-llvm::cl::opt<std::string> kTarget("target",
-                                   llvm::cl::desc("GPU architectures for kernel images, comma-separated (default sm_90)"),
-                                   llvm::cl::init("sm_90"), llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kTarget(
+    "target",
+    llvm::cl::desc("GPU architectures for kernel images, comma-separated (sm_80,sm_90a); '' = none (CPU only); "
+                   "auto (default) = this machine's GPU if it has one, else sm_80,sm_86,sm_89,sm_90 (each image "
+                   "also carries PTX, which newer GPUs compile at load)"),
+    llvm::cl::init("auto"), llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kKernelCache(
     "kernel-cache", llvm::cl::desc("NVRTC kernel image cache directory, or 'off' (default: $MINFER_CACHE_DIR, "
                                    "$XDG_CACHE_HOME/minfer/kernels or ~/.cache/minfer/kernels)"),
     llvm::cl::value_desc("dir"), llvm::cl::init(""), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kVerbose("v", llvm::cl::desc("Print a progress line after every tensor"), llvm::cl::cat(kCategory));
+
+// The portable default: cubins for Ampere (sm_80, sm_86), Ada (sm_89) and Hopper (sm_90); a newer GPU
+// JIT-compiles the sm_90 PTX every image carries (minfer-run says so).
+constexpr const char* kPortableTargets = "sm_80,sm_86,sm_89,sm_90";
+
+// --target auto: this machine's GPU (sm_80 or newer) when the driver finds one, else the portable set.
+// `why` says which, for the summary line.
+std::string autoTargets(std::string* why) {
+#if defined(MINFER_HAVE_CUDA)
+  auto dev = minfer::cuda::CudaDevice::open(0);
+  if (dev && (*dev)->info().cc_major >= 8) {
+    *why = "this machine's " + (*dev)->info().name;
+    return (*dev)->info().arch();
+  }
+#endif
+  *why = "no usable GPU here: the portable set";
+  return kPortableTargets;
+}
 
 // Accepts sm_XY or sm_XYa with XY ≥ 50, e.g. sm_80, sm_90a.
 bool validArch(llvm::StringRef arch) {
@@ -65,8 +89,10 @@ int main(int argc, char** argv) {
   options.max_batch = kMaxBatch;
   options.jobs = kJobs;
   options.kernel_cache_dir = kKernelCache;
+  std::string target_list = kTarget, target_why;
+  if (target_list == "auto") target_list = autoTargets(&target_why);
   llvm::SmallVector<llvm::StringRef, 8> archs;
-  llvm::StringRef(kTarget).split(archs, ',', -1, /*KeepEmpty=*/false);
+  llvm::StringRef(target_list).split(archs, ',', -1, /*KeepEmpty=*/false);
   for (llvm::StringRef arch : archs) {
     if (!validArch(arch.trim())) {
       llvm::errs() << "minfer-compile: --target: '" << arch << "' is not a GPU architecture like sm_80 or sm_90a\n";
@@ -114,9 +140,9 @@ int main(int argc, char** argv) {
       s.artifact_bytes / 1e6, seconds);
   if (s.kernel_images)
     llvm::errs() << llvm::formatv(
-        "minfer-compile: kernels: {0} images ({1} specializations × {2} targets), {3:f1} MB, {4} from cache, "
-        "{5:f2} s\n",
+        "minfer-compile: kernels: {0} images ({1} specializations × {2} targets: {6}{7}), {3:f1} MB, {4} from "
+        "cache, {5:f2} s\n",
         s.kernel_images, s.kernel_specs, options.targets.size(), s.kernel_bytes / 1e6, s.kernel_cache_hits,
-        s.kernel_seconds);
+        s.kernel_seconds, target_list, target_why.empty() ? "" : " (--target auto: " + target_why + ")");
   return 0;
 }

@@ -46,6 +46,12 @@ std::string compileStories() {
   const RunResult r = run(tool("minfer-compile") + " " + minfer::test::fixturesDir() + "/models/stories260K.gguf -o " + out);
   INFO(r.output);
   REQUIRE(r.status == 0);
+  // The default --target (auto): this machine's GPU, or without one the portable set with PTX.
+  const bool gpu = std::filesystem::exists("/dev/nvidia0");
+  if (r.output.find("kernels:") != std::string::npos) {  // a build without NVRTC writes no images
+    CHECK(r.output.find("(--target auto: ") != std::string::npos);
+    if (!gpu) CHECK(r.output.find("4 targets: sm_80,sm_86,sm_89,sm_90 (--target auto: no usable GPU here") != std::string::npos);
+  }
   path = out;
   return path;
 }
@@ -171,6 +177,14 @@ TEST_CASE("examples/generate.cpp: the runtime embedded in a program continues th
   const RunResult r = run(tool("minfer-example") + " " + artifact + " 'Once upon a time' 20", /*stdout_only=*/true);
   CHECK(r.status == 0);
   CHECK(r.output == "Once upon a time, there was a little girl named Lily. She loved to play outsid\n");
+  // Both streams to one pipe: the text and its newline come out before the summary on stderr.
+  const RunResult both = run(tool("minfer-example") + " " + artifact + " 'Once upon a time' 20");
+  CHECK_MESSAGE(both.output.find("outsid\n5 prompt tokens, 20 generated (token limit)\n") != std::string::npos,
+                both.output);
+  // n_tokens that is not a number: usage error, nothing generated.
+  const RunResult bad = run(tool("minfer-example") + " " + artifact + " 'Once upon a time' 20x");
+  CHECK(bad.status == 2);
+  CHECK(bad.output.find("n_tokens '20x' is not a number") != std::string::npos);
 }
 
 namespace {
