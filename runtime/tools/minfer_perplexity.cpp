@@ -106,8 +106,8 @@ int main(int argc, char** argv) {
   session_options.n_threads = kThreads;
   auto session = (*model)->createSession(session_options);
   if (!session) return fail(session.status().message());
-  llvm::errs() << llvm::formatv("minfer-perplexity: {0} tokens, {1} windows of {2}, backend {3}\n", tokens->size(),
-                                n_chunks, n_ctx, (*model)->backendName());
+  llvm::errs() << llvm::formatv("minfer-perplexity: {0} tokens, {1} window{4} of {2}, backend {3}\n", tokens->size(),
+                                n_chunks, n_ctx, (*model)->backendName(), n_chunks == 1 ? "" : "s");
 
   const int bos = (*model)->tokenizer().vocabulary().bos_id;
   const bool add_bos = (*model)->tokenizer().vocabulary().add_bos && bos >= 0;
