@@ -18,10 +18,12 @@
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 #include "minfer/artifact.h"
 #include "minfer/version.h"
 #include "runtime/backend.h"
+#include "runtime/util/terminal_text.h"
 #if MINFER_HAVE_CUDA_BACKEND
 #include "runtime/cuda/cuda_backend.h"
 #endif
@@ -72,7 +74,7 @@ struct Result {
 };
 
 [[noreturn]] void die(const std::string& msg) {
-  llvm::errs() << "minfer-bench: " << msg << "\n";
+  llvm::errs() << "minfer-bench: " << minfer::util::escapeForTerminal(msg, std::string::npos, /*keep_newlines=*/true) << "\n";
   std::exit(1);
 }
 
@@ -259,23 +261,29 @@ int main(int argc, char** argv) {
       const Result& r = results[i];
       std::string samples;
       for (double v : r.ts) samples += (samples.empty() ? "" : ", ") + llvm::formatv("{0:f3}", v).str();
+      // The model name comes from the file: quoted by the JSON writer, then made terminal-safe.
+      std::string model;
+      llvm::raw_string_ostream(model) << llvm::json::Value(r.model);
       llvm::outs() << llvm::formatv(
-          "  {{\"model\": \"{0}\", \"backend\": \"{1}\", \"test\": \"{2}\", \"n_prompt\": {3}, \"n_gen\": {4}, "
+          "  {{\"model\": {0}, \"backend\": \"{1}\", \"test\": \"{2}\", \"n_prompt\": {3}, \"n_gen\": {4}, "
           "\"model_size\": {5:f0}, \"model_n_params\": {6:f0}, \"load_s\": {7:f3}, \"avg_ts\": {8:f3}, "
           "\"stddev_ts\": {9:f3}, \"samples_ts\": [{10}]}{11}\n",
-          r.model, r.backend, r.test, r.n_prompt, r.n_gen, r.size_bytes, r.params, r.load_s, r.mean(), r.sd(), samples,
+          minfer::util::escapeJsonForTerminal(model), r.backend, r.test, r.n_prompt, r.n_gen, r.size_bytes, r.params,
+          r.load_s, r.mean(), r.sd(), samples,
           i + 1 < results.size() ? "," : "");
     }
     llvm::outs() << "]\n";
   } else if (kCsv) {
     llvm::outs() << "model,backend,test,n_prompt,n_gen,model_size,model_n_params,load_s,avg_ts,stddev_ts\n";
     for (const Result& r : results)
-      llvm::outs() << llvm::formatv("{0},{1},{2},{3},{4},{5:f0},{6:f0},{7:f3},{8:f3},{9:f3}\n", r.model, r.backend,
+      llvm::outs() << llvm::formatv("{0},{1},{2},{3},{4},{5:f0},{6:f0},{7:f3},{8:f3},{9:f3}\n",
+                                    minfer::util::escapeForTerminal(r.model), r.backend,
                                     r.test, r.n_prompt, r.n_gen, r.size_bytes, r.params, r.load_s, r.mean(), r.sd());
   } else {
     llvm::outs() << "| model | size | params | backend | test | t/s |\n| --- | ---: | ---: | --- | ---: | ---: |\n";
     for (const Result& r : results)
-      llvm::outs() << llvm::formatv("| {0} | {1} | {2} | {3} | {4} | {5:f2} ± {6:f2} |\n", r.model,
+      llvm::outs() << llvm::formatv("| {0} | {1} | {2} | {3} | {4} | {5:f2} ± {6:f2} |\n",
+                                    minfer::util::escapeForTerminal(r.model),
                                     human(r.size_bytes), humanCount(r.params), r.backend, r.test, r.mean(), r.sd());
   }
   for (const std::string& p : profiles) llvm::outs() << p;

@@ -22,6 +22,7 @@
 #include "llvm/Support/raw_ostream.h"
 #include "minfer/version.h"
 #include "minfer/runtime.h"
+#include "runtime/util/terminal_text.h"
 
 namespace {
 
@@ -49,7 +50,8 @@ llvm::cl::opt<bool> kNoVerify("no-verify",
                               llvm::cl::cat(kCategory));
 
 int fail(const std::string& message) {
-  llvm::errs() << "minfer-perplexity: " << message << "\n";
+  llvm::errs() << "minfer-perplexity: " << minfer::util::escapeForTerminal(message, std::string::npos, /*keep_newlines=*/true)
+               << "\n";
   return 1;
 }
 

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "llvm/Support/JSON.h"
 #include "runtime/util/terminal_text.h"
 #include "tests/faults/fault_support.h"
 #include "tests/test_support.h"
@@ -146,4 +147,29 @@ TEST_CASE("minfer-inspect on an artifact whose model name and token texts carry 
   const ChildResult json = inspect({mfb, "--json"});
   CHECK(json.describe() == "exit 0");
   CHECK_MESSAGE(firstControl(json.output) == "", escapeForTerminal(json.output));
+}
+
+TEST_CASE("minfer-bench shows a model file name with escape sequences escaped, and its --json still parses") {
+  // The bench's model column is the source GGUF's file name, recorded in the artifact.
+  const std::string gguf = scratch("bench\x1b[31m\"q\".gguf"), mfb = scratch("bench-evil.mfb");
+  minfer::test::writeTinyGguf(TinyGgufSpec{}, gguf);
+  minfer::test::compileWithTool(gguf, mfb);
+  const std::string bench = minfer::test::toolPath("minfer-bench");
+  for (const std::vector<std::string>& format : {std::vector<std::string>{}, {"--csv"}, {"--json"}}) {
+    std::vector<std::string> argv = {bench, mfb, "-p", "4", "-n", "2", "-r", "1", "--device", "cpu"};
+    argv.insert(argv.end(), format.begin(), format.end());
+    const ChildResult r = minfer::test::runChild(argv);
+    INFO(escapeForTerminal(r.output));
+    CHECK(r.describe() == "exit 0");
+    CHECK(firstControl(r.output) == "");
+    if (format.empty()) CHECK(r.output.find("| bench\\x1b[31m\"q\".gguf |") != std::string::npos);
+    if (!format.empty() && format[0] == "--json") {
+      const size_t begin = r.output.find('['), end = r.output.rfind(']');
+      REQUIRE(begin != std::string::npos);
+      auto parsed = llvm::json::parse(r.output.substr(begin, end - begin + 1));
+      REQUIRE_MESSAGE(static_cast<bool>(parsed), llvm::toString(parsed.takeError()));
+      CHECK((*parsed->getAsArray())[0].getAsObject()->getString("model") ==
+            llvm::StringRef("bench\x1b[31m\"q\".gguf"));
+    }
+  }
 }
