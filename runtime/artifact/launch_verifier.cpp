@@ -4,11 +4,17 @@
 
 #include "kernels/common.cuh"
 #include "runtime/artifact/artifact_file.h"
+#include "runtime/util/terminal_text.h"
 
 namespace minfer::artifact {
 namespace {
 
 using artifact_detail::cat;
+
+// A string of the manifest as a message shows it: control characters and ill-formed UTF-8 escaped.
+std::string shown(const flatbuffers::String* s) {
+  return s ? util::escapeForTerminal(std::string_view(s->c_str(), s->size()), 128) : std::string();
+}
 
 class LaunchChecker {
  public:
@@ -28,7 +34,7 @@ class LaunchChecker {
     const auto* k = m_.kernels();
     if (!l_.images() || l_.images()->size() == 0 || !k || l_.images()->Get(0) >= k->size()) return "kernel ?";
     const fb::KernelImage* img = k->Get(l_.images()->Get(0));
-    return cat("kernel '", img->key()->str(), "' (", img->entry()->str(), ")");
+    return cat("kernel '", shown(img->key()), "' (", shown(img->entry()), ")");
   }
 
   bool images() {
@@ -44,12 +50,12 @@ class LaunchChecker {
       const fb::KernelImage* k = m_.kernels()->Get(i);
       if (k->arch()->str() != m_.target_archs()->Get(a)->str())
         return fail(cat("images[", a, "]"), &l_,
-                    cat("kernels[", i, "] is for ", k->arch()->str(), " but target_archs[", a, "] is ",
-                        m_.target_archs()->Get(a)->str()));
+                    cat("kernels[", i, "] is for ", shown(k->arch()), " but target_archs[", a, "] is ",
+                        shown(m_.target_archs()->Get(a))));
       if (first && k->entry()->str() != first->entry()->str())
         return fail(cat("images[", a, "]"), &l_,
-                    cat("kernels[", i, "] has entry ", k->entry()->str(), ", the launch's other images ",
-                        first->entry()->str()));
+                    cat("kernels[", i, "] has entry ", shown(k->entry()), ", the launch's other images ",
+                        shown(first->entry())));
       first = first ? first : k;
     }
     return true;
@@ -94,13 +100,13 @@ class LaunchChecker {
     const fb::Buffer* b = bufs->Get(a.buffer());
     const bool q8 = a.kind() != fb::ArgKind::Activation;
     if (q8 != (b->type() == fb::BufferType::I8))
-      return fail(f + ".kind", &a, cat(fb::EnumNameArgKind(a.kind()), " argument on buffer '", b->name()->str(), "' of type ",
+      return fail(f + ".kind", &a, cat(fb::EnumNameArgKind(a.kind()), " argument on buffer '", shown(b->name()), "' of type ",
                                        fb::EnumNameBufferType(b->type()), " (", kernel(), ")"));
     if (a.width() != b->width() || (q8 && a.width() % kern::kQ8Block != 0))
-      return fail(f + ".width", &a, cat(kernel(), " was specialized for rows of ", a.width(), " but buffer '", b->name()->str(),
+      return fail(f + ".width", &a, cat(kernel(), " was specialized for rows of ", a.width(), " but buffer '", shown(b->name()),
                                         "' is ", b->width(), " wide", q8 ? " (q8 widths are multiples of 32)" : ""));
     if (tail_ && a.access() == fb::Access::ReadWrite)
-      return fail(f + ".access", &a, cat("a last-token tail step may not update buffer '", b->name()->str(), "' in place (", kernel(), ")"));
+      return fail(f + ".access", &a, cat("a last-token tail step may not update buffer '", shown(b->name()), "' in place (", kernel(), ")"));
     return true;
   }
 
@@ -123,9 +129,9 @@ class LaunchChecker {
     if (t->planes())
       for (const fb::Plane* p : *t->planes())
         if (p->layout()->kind() == want->kind()) have = p->layout();
-    const std::string who = cat(kernel(), ", argument '", a.name() ? a.name()->str() : "", "'");
+    const std::string who = cat(kernel(), ", argument '", a.name() ? shown(a.name()) : "", "'");
     if (!have)
-      return fail(f + ".plane.kind", want, cat(who, " reads plane kind ", int(want->kind()), " of tensor '", t->name()->str(), "', which has no such plane"));
+      return fail(f + ".plane.kind", want, cat(who, " reads plane kind ", int(want->kind()), " of tensor '", shown(t->name()), "', which has no such plane"));
     const std::pair<const char*, std::pair<uint64_t, uint64_t>> fields[] = {
         {"elem", {want->elem(), have->elem()}},
         {"rows", {want->rows(), have->rows()}},
@@ -141,7 +147,7 @@ class LaunchChecker {
         const bool is_signed = std::string(name) == "q_offset";
         const auto show = [&](uint64_t x) { return is_signed ? cat(static_cast<int32_t>(x)) : cat(x); };
         return fail(cat(f, ".plane.", name), want,
-                    cat(who, " was specialized for ", name, " ", show(v.first), " of tensor '", t->name()->str(),
+                    cat(who, " was specialized for ", name, " ", show(v.first), " of tensor '", shown(t->name()),
                         "' plane kind ", int(want->kind()), ", but that plane's stride table has ", name, " ",
                         show(v.second), ": the kernel would address the plane's bytes with the wrong stride"));
       }
