@@ -121,6 +121,82 @@ int fail(const std::string& message) {
   return 1;
 }
 
+// The prompt text: -p, or -f's file without one trailing newline (llama.cpp's -f); escapes processed
+// unless --no-escape (llama.cpp's default --escape), for both.
+minfer::Result<std::string> promptText() {
+  std::string prompt = kPrompt;
+  if (!kPromptFile.empty()) {
+    if (!kPrompt.empty()) return minfer::Status::error("-p and -f are mutually exclusive");
+    std::error_code ec;
+    if (std::filesystem::is_directory(kPromptFile.getValue(), ec))
+      return minfer::Status::error(kPromptFile + ": is a directory, not a prompt file");
+    std::ifstream in(kPromptFile, std::ios::binary);
+    if (!in) return minfer::Status::error(kPromptFile + ": cannot open the prompt file: " + std::strerror(errno));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    prompt = minfer::dropOneTrailingNewline(ss.str());
+  }
+  if (!kNoEscape) prompt = minfer::processEscapes(prompt);
+  return prompt;
+}
+
+// "" when the numeric options are in range, else the message.
+std::string optionProblem() {
+  if (kCtx < 0 || kCtx > minfer::Model::kMaxContext)
+    return llvm::formatv("-c {0} is out of range 0..{1} (0 = the model's context length)", kCtx.getValue(),
+                         minfer::Model::kMaxContext);
+  if (kNPredict < -2)
+    return llvm::formatv("-n {0} must be -1 or -2 (until end of text or a full context) or ≥ 0", kNPredict.getValue());
+  if (kThreads < 0 || kThreads > 4096) return llvm::formatv("-t {0} is out of range 0..4096", kThreads.getValue());
+  // As in llama.cpp: --temp ≤ 0 is greedy, --top-k ≤ 0 turns top-k off.
+  if (std::isnan(kTemp) || !(kTopP >= 0 && kTopP <= 1) || !(kMinP >= 0 && kMinP <= 1) || !(kRepeatPenalty > 0) ||
+      kRepeatLastN < 0)
+    return llvm::formatv("sampling options out of range: --temp {0} (a number), --top-p {1} and --min-p {2} (0..1), "
+                         "--top-k {3} (any), --repeat-last-n {4} (≥ 0), --repeat-penalty {5} (> 0)",
+                         kTemp.getValue(), kTopP.getValue(), kMinP.getValue(), kTopK.getValue(), kRepeatLastN.getValue(),
+                         kRepeatPenalty.getValue());
+  return "";
+}
+
+minfer::GenerateParams generateParams() {
+  minfer::GenerateParams params;
+  params.n_predict = kNPredict;
+  params.parse_special = !kNoParseSpecial;  // llama-completion tokenizes its prompt with parse_special
+  params.sampling.temperature = kTemp;
+  params.sampling.top_k = kTopK;
+  params.sampling.top_p = kTopP;
+  params.sampling.min_p = kMinP;
+  params.sampling.repeat_penalty = kRepeatPenalty;
+  params.sampling.repeat_last_n = kRepeatLastN;
+  params.sampling.seed = kSeed >= 0 ? static_cast<uint64_t>(kSeed.getValue()) : std::random_device{}();
+  if (kSeed < 0 && kTemp > 0) llvm::errs() << "minfer-run: seed " << params.sampling.seed << "\n";
+  return params;
+}
+
+// The load line, and with --verbose the model's facts.
+void printLoaded(const minfer::Model& model, int n_ctx, double load_seconds) {
+  const minfer::ModelInfo& info = model.info();
+  llvm::errs() << llvm::formatv("minfer-run: {0} ({1}, {2} layers), backend {3}{4}, context {5}, loaded in {6:f3} s\n",
+                                kModel, minfer::util::escapeForTerminal(info.architecture), info.n_layer,
+                                model.backendName(), model.backendNote().empty() ? "" : " (" + model.backendNote() + ")",
+                                n_ctx, load_seconds);
+  if (kVerbose)
+    llvm::errs() << llvm::formatv("minfer-run: model \"{0}\" from {1}: n_vocab {2}, n_embd {3}, n_head {4}, n_head_kv "
+                                  "{5}, head_dim {6}, n_ctx_train {7}, max batch {8}, {9} bytes\n",
+                                  minfer::util::escapeForTerminal(info.name), minfer::util::escapeForTerminal(info.source),
+                                  info.n_vocab, info.n_embd, info.n_head, info.n_head_kv, info.head_dim,
+                                  info.n_ctx_train, info.max_batch, info.file_bytes);
+}
+
+void printSummary(const minfer::GenerateResult& r, bool context_full) {
+  llvm::errs() << llvm::formatv(
+      "minfer-run: prompt {0} tokens in {1:f3} s ({2:f1} tokens/s); generated {3} tokens in {4:f3} s ({5:f1} "
+      "tokens/s); stop: {6}\n",
+      r.n_prompt, r.prompt_seconds, r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0, r.n_generated,
+      r.generate_seconds, r.generate_seconds > 0 ? r.n_generated / r.generate_seconds : 0.0,
+      g_interrupted ? "interrupted" : context_full ? "context full" : minfer::stopReasonName(r.stop));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,33 +211,10 @@ int main(int argc, char** argv) {
   if (kModel.empty()) return fail("no model: give the artifact as the first argument or with -m (see --help)");
   if (kGpuLayers.getNumOccurrences())
     llvm::errs() << "minfer-run: note: -ngl is ignored: every layer runs on the backend --device picks\n";
-  std::string prompt = kPrompt;
-  if (!kPromptFile.empty()) {
-    if (!kPrompt.empty()) return fail("-p and -f are mutually exclusive");
-    std::error_code ec;
-    if (std::filesystem::is_directory(kPromptFile.getValue(), ec)) return fail(kPromptFile + ": is a directory, not a prompt file");
-    std::ifstream in(kPromptFile, std::ios::binary);
-    if (!in) return fail(kPromptFile + ": cannot open the prompt file: " + std::strerror(errno));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    prompt = minfer::dropOneTrailingNewline(ss.str());  // llama.cpp's -f
-  }
-  if (!kNoEscape) prompt = minfer::processEscapes(prompt);  // llama.cpp's --escape (its default), -p and -f alike
-  if (kCtx < 0 || kCtx > minfer::Model::kMaxContext)
-    return fail(llvm::formatv("-c {0} is out of range 0..{1} (0 = the model's context length)", kCtx.getValue(),
-                              minfer::Model::kMaxContext)
-                    .str());
-  if (kNPredict < -2)
-    return fail(llvm::formatv("-n {0} must be -1 or -2 (until end of text or a full context) or ≥ 0", kNPredict.getValue()).str());
-  if (kThreads < 0 || kThreads > 4096) return fail(llvm::formatv("-t {0} is out of range 0..4096", kThreads.getValue()).str());
-  // As in llama.cpp: --temp ≤ 0 is greedy, --top-k ≤ 0 turns top-k off.
-  if (std::isnan(kTemp) || !(kTopP >= 0 && kTopP <= 1) || !(kMinP >= 0 && kMinP <= 1) || !(kRepeatPenalty > 0) ||
-      kRepeatLastN < 0)
-    return fail(llvm::formatv("sampling options out of range: --temp {0} (a number), --top-p {1} and --min-p {2} (0..1), "
-                              "--top-k {3} (any), --repeat-last-n {4} (≥ 0), --repeat-penalty {5} (> 0)",
-                              kTemp.getValue(), kTopP.getValue(), kMinP.getValue(), kTopK.getValue(),
-                              kRepeatLastN.getValue(), kRepeatPenalty.getValue())
-                    .str());
+  auto prompt_text = promptText();
+  if (!prompt_text) return fail(prompt_text.status().message());
+  const std::string& prompt = *prompt_text;
+  if (const std::string problem = optionProblem(); !problem.empty()) return fail(problem);
   auto kind = minfer::parseBackendKind(kDevice.getValue());
   if (!kind) return fail("--device: " + kind.status().message());
 
@@ -191,25 +244,10 @@ int main(int argc, char** argv) {
                                   session_options.n_ctx, info.n_ctx_train);
   auto session = (*model)->createSession(session_options);
   if (!session) return fail(session.status().message());
-  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  printLoaded(**model, session_options.n_ctx,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
 
-  llvm::errs() << llvm::formatv("minfer-run: {0} ({1}, {2} layers), backend {3}{4}, context {5}, loaded in {6:f3} s\n",
-                                kModel, minfer::util::escapeForTerminal(info.architecture), info.n_layer, (*model)->backendName(),
-                                (*model)->backendNote().empty() ? "" : " (" + (*model)->backendNote() + ")",
-                                session_options.n_ctx, load_seconds);
-
-  minfer::GenerateParams params;
-  params.n_predict = kNPredict;
-  params.parse_special = !kNoParseSpecial;  // llama-completion tokenizes its prompt with parse_special
-  params.sampling.temperature = kTemp;
-  params.sampling.top_k = kTopK;
-  params.sampling.top_p = kTopP;
-  params.sampling.min_p = kMinP;
-  params.sampling.repeat_penalty = kRepeatPenalty;
-  params.sampling.repeat_last_n = kRepeatLastN;
-  params.sampling.seed = kSeed >= 0 ? static_cast<uint64_t>(kSeed.getValue()) : std::random_device{}();
-  if (kSeed < 0 && kTemp > 0) llvm::errs() << "minfer-run: seed " << params.sampling.seed << "\n";
-
+  minfer::GenerateParams params = generateParams();
   if (logits_out) {
     params.on_logits = [&](std::span<const float> logits, int) {
       (void)logits_out->write(logits.data(), logits.size_bytes());  // a failure is kept; commit() reports it
@@ -248,17 +286,12 @@ int main(int argc, char** argv) {
   const bool context_full = result && context_capped && result->stop == minfer::StopReason::kMaxTokens;
   std::fputs(eog ? " [end of text]\n" : "\n", stdout);
   std::fflush(stdout);
+  if (kVerbose) llvm::errs() << "\n";  // ends the line of token ids before the summary
   if (context_full) llvm::errs() << "minfer-run: context full and context shift is disabled => stopping\n";
   if (!result) return fail(result.status().message());
   if (logits_out) {
     if (minfer::Status s = logits_out->commit(); !s) return fail("--logits-out " + s.message());
   }
-  const minfer::GenerateResult& r = *result;
-  llvm::errs() << llvm::formatv(
-      "minfer-run: prompt {0} tokens in {1:f3} s ({2:f1} tokens/s); generated {3} tokens in {4:f3} s ({5:f1} "
-      "tokens/s); stop: {6}\n",
-      r.n_prompt, r.prompt_seconds, r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0, r.n_generated,
-      r.generate_seconds, r.generate_seconds > 0 ? r.n_generated / r.generate_seconds : 0.0,
-      g_interrupted ? "interrupted" : context_full ? "context full" : minfer::stopReasonName(r.stop));
+  printSummary(*result, context_full);
   return g_interrupted ? 130 : 0;
 }

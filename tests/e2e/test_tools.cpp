@@ -71,6 +71,23 @@ TEST_CASE("minfer-run prints llama.cpp's stories260K story") {
   CHECK(r.output == story);
 }
 
+TEST_CASE("minfer-run --verbose: the model's facts, then each token's id, a line ended before the summary") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string artifact = compileStories();
+  const std::string err = minfer::test::scratchDir() + "/verbose.err";
+  const RunResult r = run("(" + tool("minfer-run") + " " + artifact + " -p 'Once upon a time' -n 4 --temp 0 " +
+                              "--device cpu --verbose 2>" + err + ")", /*stdout_only=*/true);
+  CHECK(r.status == 0);
+  std::ifstream in(err);
+  const std::string e((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  INFO(e);
+  // stories260K (fixtures README): 512 tokens, 64-wide embedding, 8 heads, 4 KV heads.
+  CHECK(e.find("n_vocab 512, n_embd 64, n_head 8, n_head_kv 4") != std::string::npos);
+  // The first generated token of the golden story is 432 (" ,"); ids on one line, ended before the summary.
+  CHECK(e.find("[432]") != std::string::npos);
+  CHECK(std::regex_search(e, std::regex("(\\[[0-9]+\\]){4}\nminfer-run: prompt 5 tokens")));
+}
+
 TEST_CASE("minfer-run --logits-out writes (n_prompt + n_fed) × n_vocab floats") {
   if (!minfer::test::haveFixtures()) return;
   const std::string artifact = compileStories();
