@@ -89,7 +89,8 @@ flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, cons
     out.push_back(fb::CreateStep(b, s.op, b.CreateVector(s.inputs), b.CreateVector(s.outputs),
                                  b.CreateVector(s.weights), s.layer, s.eps, s.n_head, s.n_head_kv, s.head_dim, s.n_rot,
                                  s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rows, s.cols,
-                                 b.CreateString(s.name), b.CreateVector(records), i >= tail_begin));
+                                 b.CreateString(s.name), b.CreateVector(records), i >= tail_begin, s.scale, s.softcap,
+                                 s.window));
   }
   return fb::CreatePlan(b, b.CreateVector(out));
 }

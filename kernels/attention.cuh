@@ -3,7 +3,9 @@
 // KV cache of one layer: K and V, each (n_ctx, n_head_kv, head_dim) f16, position-major (position p of
 // kv head g at element (p·NHEAD_KV + g)·HEAD_DIM), the CPU reference's KvLayer layout in f16.
 // For token t at position p = pos0 + t and query head j (kv head g = j / (NHEAD / NHEAD_KV)):
-//   s_i = q[t, j]·K[i, g] / sqrt(HEAD_DIM) for i = 0..p;  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g].
+//   s_i = q[t, j]·K[i, g]·scale for i = lo..p;  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g],
+// scale = ATT_SCALE (default 1/sqrt(HEAD_DIM)); with ATT_SOFTCAP = c > 0 (gemma2) s_i = c·tanh(s_i / c)
+// before the softmax; lo = 0, or with ATT_WINDOW = W > 0 (sliding window) lo = max(0, p − W + 1).
 //
 // kv_store (ATT_KV_STORE):  K, V rows of the batch (f32) → f16 cache at positions pos0 + t.
 //   minfer_kv_store(const float* k, const float* v, uint16_t* kc, uint16_t* vc, const int* pos, int n_tokens)
@@ -34,7 +36,9 @@
 //   minfer_attn_combine(const float* part, float* out)       launch: attnCombineLaunch()
 //
 // Compile-time constants: ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, ATT_SPLITS (decode/combine) and one of
-// ATT_KV_STORE / ATT_PREFILL / ATT_DECODE / ATT_COMBINE = 1.
+// ATT_KV_STORE / ATT_PREFILL / ATT_DECODE / ATT_COMBINE = 1; optional ATT_SCALE, ATT_SOFTCAP (float
+// literals) and ATT_WINDOW (positions) for prefill and decode. A window skips the keys before it (whole
+// tiles in prefill; decode splits only the window's positions); the f32 reference is cpu::attention.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -109,6 +113,35 @@ constexpr int kGroup = kH / kHkv;             // query heads per kv head
 constexpr int kDL = (kD + 31) / 32;           // output dimensions per lane
 static_assert(kH % kHkv == 0, "ATT_NHEAD must be a multiple of ATT_NHEAD_KV");
 static_assert(kD <= 256, "ATT_HEAD_DIM must be at most 256");
+#ifdef ATT_SOFTCAP
+constexpr float kCap = ATT_SOFTCAP;
+#else
+constexpr float kCap = 0.0f;
+#endif
+#ifdef ATT_WINDOW
+constexpr int kWindow = ATT_WINDOW;
+#else
+constexpr int kWindow = 0;
+#endif
+static_assert(kCap >= 0.0f && kWindow >= 0, "ATT_SOFTCAP and ATT_WINDOW must be ≥ 0");
+// The query scale: ATT_SCALE, else 1/sqrt(HEAD_DIM).
+__device__ __forceinline__ float qkScale() {
+#ifdef ATT_SCALE
+  return ATT_SCALE;
+#else
+  return 1.0f / sqrtf(static_cast<float>(kD));
+#endif
+}
+// A scaled score s (in units of `unit`: 1, or log2(e) in the tensor-core form) soft-capped:
+// c·tanh(s / c) in the same units; s itself without ATT_SOFTCAP.
+__device__ __forceinline__ float capScore(float s, float unit) {
+  if constexpr (kCap > 0.0f) return (kCap * unit) * tanhf(s * (1.0f / (kCap * unit)));
+  return s;
+}
+// True when the key at position key is inside the window of the query at position qp (≤ qp assumed).
+__device__ __forceinline__ bool inWindow(int qp, int key) { return kWindow == 0 || qp - key < kWindow; }
+// First key position any query at positions ≥ qp0 can see.
+__device__ __forceinline__ int windowStart(int qp0) { return kWindow == 0 ? 0 : max(0, qp0 - kWindow + 1); }
 }  // namespace minfer::kern::attn
 // Which prefill form this compilation holds (preprocessor form of attnPrefillUsesMma, checked equal).
 #define MINFER_ATT_PREFILL_MMA (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 128)
@@ -144,7 +177,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   const int qt0 = blockIdx.x * kBQ, j = blockIdx.y, g = j / kGroup;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pos0 = pos[0];
-  const float scale = 1.0f / sqrtf(static_cast<float>(kD));
+  const float scale = qkScale();
 
   for (int e = threadIdx.x; e < kBQ * kD; e += blockDim.x) {
     const int r = e / kD, d = e % kD, t = qt0 + r;
@@ -162,7 +195,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     for (int i = 0; i < kDL; ++i) o[r][i] = 0.0f;
   }
 
-  for (int kv0 = 0; kv0 < kv_end; kv0 += kBKV) {
+  for (int kv0 = windowStart(pos0 + qt0); kv0 < kv_end; kv0 += kBKV) {
     __syncthreads();  // previous tile fully consumed (and sq written, first time)
     for (int e = threadIdx.x; e < kBKV * kD; e += blockDim.x) {
       const int i = e / kD, d = e % kD, p = kv0 + i;
@@ -185,8 +218,8 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int t = qt0 + warp * kRows + r;
-      const bool valid = t < n_tokens && key <= pos0 + t;
-      const float sc = valid ? s[r] * scale : -MINFER_INF;
+      const bool valid = t < n_tokens && key <= pos0 + t && inWindow(pos0 + t, key);
+      const float sc = valid ? capScore(s[r] * scale, 1.0f) : -MINFER_INF;
       const float m_new = fmaxf(m[r], warpMax(sc));
       const float m_use = m_new == -MINFER_INF ? 0.0f : m_new;  // row without any visible key yet
       const float p = valid ? expf(sc - m_use) : 0.0f;
@@ -285,12 +318,14 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   const int last_t = min(qt0 + kBQ, n_tokens) - 1;
   const int kv_end = pos0 + last_t + 1;  // keys [0, kv_end) are visible to some query of this block
   const int n_tiles = (kv_end + kBKV - 1) / kBKV;
+  const int first_tile = windowStart(pos0 + qt0) / kBKV;  // tiles wholly before every query's window: skipped
 
-  loadKvTile(smem_h, smem_h + kTileH, kc, vc, 0, kv_end, g);
+  loadKvTile(smem_h, smem_h + kTileH, kc, vc, first_tile * kBKV, kv_end, g);
   cpAsyncCommit();
 
-  // Q fragments of this warp's 16 tokens (rows gr and gr + 8), scaled by log2(e)/sqrt(D), as f16.
-  const float qscale = 1.4426950408889634f / sqrtf(static_cast<float>(kD));
+  // Q fragments of this warp's 16 tokens (rows gr and gr + 8), scaled by log2(e)·scale, as f16.
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float qscale = kLog2e * qkScale();
   const int t_lo = qt0 + warp * 16 + gr, t_hi = t_lo + 8;  // this thread's two query tokens
   unsigned qf[kKS][4];
 #pragma unroll
@@ -312,16 +347,16 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   const int qpos[2] = {pos0 + t_lo, pos0 + t_hi};  // last visible key position of each row
   const int mq = lane / 8, r8 = lane % 8;        // ldmatrix: matrix and row of this lane's address
 
-  for (int it = 0; it < n_tiles; ++it) {
-    const int kv0 = it * kBKV;
+  for (int it = first_tile; it < n_tiles; ++it) {
+    const int kv0 = it * kBKV, stage = (it - first_tile) & 1;
     if (it + 1 < n_tiles) {
-      uint16_t* nb = smem_h + ((it + 1) & 1) * 2 * kTileH;
+      uint16_t* nb = smem_h + (stage ^ 1) * 2 * kTileH;
       loadKvTile(nb, nb + kTileH, kc, vc, kv0 + kBKV, kv_end, g);
     }
     cpAsyncCommit();
     cpAsyncWait<1>();
     __syncthreads();
-    const uint16_t* sk = smem_h + (it & 1) * 2 * kTileH;
+    const uint16_t* sk = smem_h + stage * 2 * kTileH;
     const uint16_t* sv = sk + kTileH;
 
     // S = Q·Kᵀ: 16 × BKV per warp. K fragments: x4 = (positions nt·8.., dims ks·16 + 0/8/16/24).
@@ -346,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 
     // Causal mask (only tiles that reach past the first query's position need it) and online softmax
     // per row (the 4 lanes of a row group hold its 2·BKV/4 scores).
-    const bool needs_mask = kv0 + kBKV - 1 > pos0 + qt0 + warp * 16 || kv0 + kBKV > kv_end;
+    const bool needs_mask = kv0 + kBKV - 1 > pos0 + qt0 + warp * 16 || kv0 + kBKV > kv_end || kWindow > 0;
     float corr[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -356,7 +391,9 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           float& v = s[nt][h * 2 + c];
-          if (needs_mask && kv0 + nt * 8 + 2 * t4 + c > qpos[h]) v = -MINFER_INF;
+          v = capScore(v, kLog2e);
+          const int key = kv0 + nt * 8 + 2 * t4 + c;
+          if (needs_mask && (key > qpos[h] || !inWindow(qpos[h], key))) v = -MINFER_INF;
           mx = fmaxf(mx, v);
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -429,10 +466,10 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 
   const int j = blockIdx.x, split = blockIdx.y, g = j / kGroup;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kv_len = pos[0] + 1;
-  const int chunk = (kv_len + kSplits - 1) / kSplits;
-  const int begin = split * chunk, end = min(kv_len, begin + chunk);
-  const float scale = 1.0f / sqrtf(static_cast<float>(kD));
+  const int kv_len = pos[0] + 1, lo = windowStart(kv_len - 1);  // keys [lo, kv_len)
+  const int chunk = (kv_len - lo + kSplits - 1) / kSplits;
+  const int begin = lo + split * chunk, end = min(kv_len, begin + chunk);
+  const float scale = qkScale();
 
   for (int d = threadIdx.x; d < kD; d += blockDim.x) sq[d] = q[static_cast<uint64_t>(j) * kD + d];
   __syncthreads();
@@ -448,7 +485,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       const uint16_t* kr = kc + static_cast<uint64_t>(key) * kKvW + g * kD;
       for (int d = 0; d < kD; ++d) s = fmaf(sq[d], h2f(kr[d]), s);
     }
-    const float sc = valid ? s * scale : -MINFER_INF;
+    const float sc = valid ? capScore(s * scale, 1.0f) : -MINFER_INF;
     const float m_new = fmaxf(m, warpMax(sc));  // finite: key `base` < end is valid
     const float p = valid ? expf(sc - m_new) : 0.0f;
     const float corr = expf(m - m_new);

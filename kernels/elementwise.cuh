@@ -1,9 +1,13 @@
-// Elementwise ops: SwiGLU (OpKind SwiGlu; Shazeer 2020) and the residual add (OpKind Add).
+// Elementwise ops: SwiGLU (OpKind SwiGlu; Shazeer 2020), GeGLU (OpKind GeGlu) and the residual add
+// (OpKind Add).
 //
 //   swiglu: out = silu(gate) ⊙ up, silu(g) = g / (1 + e^(−g)) (expf, not the fast approximation)
+//   geglu:  out = gelu(gate) ⊙ up, gelu(g) = 0.5·g·(1 + tanh(√(2/π)·g·(1 + 0.044715·g²))) (tanhf; the
+//           exact tanh form, as cpu::geGlu, not llama.cpp's CPU fp16 table)
 //   add:    out = a + b
-// Compile-time constants: EW_WIDTH (row width of the buffers), EW_OP (1 swiglu, 2 add).
+// Compile-time constants: EW_WIDTH (row width of the buffers), EW_OP (1 swiglu, 2 add, 3 geglu).
 // Launch ABI:  minfer_swiglu(const float* gate, const float* up, float* out, int n_tokens)
+//              minfer_geglu(const float* gate, const float* up, float* out, int n_tokens)
 //              minfer_add(const float* a, const float* b, float* out, int n_tokens)
 //   all buffers n_tokens × EW_WIDTH f32; out may alias an input.
 // Launch shape: elementwiseLaunch(): 256 threads, 4 elements per thread (float4 when aligned).
@@ -35,14 +39,18 @@ __device__ __forceinline__ float apply(float a, float b) {
   return a / (1.0f + expf(-a)) * b;
 #elif EW_OP == 2
   return a + b;
+#elif EW_OP == 3
+  return 0.5f * a * (1.0f + tanhf(0.79788456080286535588f * a * (1.0f + 0.044715f * a * a))) * b;
 #else
-#error "EW_OP must be 1 (swiglu) or 2 (add)"
+#error "EW_OP must be 1 (swiglu), 2 (add) or 3 (geglu)"
 #endif
 }
 }  // namespace minfer::kern::ew
 
 #if EW_OP == 1
 #define MINFER_EW_ENTRY minfer_swiglu
+#elif EW_OP == 3
+#define MINFER_EW_ENTRY minfer_geglu
 #else
 #define MINFER_EW_ENTRY minfer_add
 #endif

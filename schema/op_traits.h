@@ -45,6 +45,8 @@ struct OpTraits {
 //   SwiGlu       gate, up → out              Add  a, b → out
 //   HeadRmsNorm  x → x                       weights: w (head_dim)
 //   QuantizeAct  x → q8                      (GPU only)
+//   Scale        x → out                     (scale, softcap; out may equal x)
+//   GeGlu        gate, up → out
 #define MINFER_OPS(X)                                                                                      \
   X(Embed, embed, 1, 1, 1, 1, 1, 0, true, false, false)                                                     \
   X(RmsNorm, rmsNorm, 1, 1, 1, 1, 1, kFieldEps, true, false, false)                                         \
@@ -55,7 +57,9 @@ struct OpTraits {
   X(SwiGlu, swiglu, 2, 2, 1, 0, 0, 0, true, false, false)                                                   \
   X(Add, add, 2, 2, 1, 0, 0, 0, true, false, false)                                                         \
   X(HeadRmsNorm, headRmsNorm, 1, 1, 1, 1, 1, kFieldEps | kFieldHeads | kFieldHeadDim, true, true, false)     \
-  X(QuantizeAct, quantizeAct, 1, 1, 1, 0, 0, 0, true, false, true)
+  X(QuantizeAct, quantizeAct, 1, 1, 1, 0, 0, 0, true, false, true)                                         \
+  X(Scale, scale, 1, 1, 1, 0, 0, 0, true, false, false)                                                     \
+  X(GeGlu, geglu, 2, 2, 1, 0, 0, 0, true, false, false)
 
 #define MINFER_OP_TRAITS_ROW(kind, family, in0, in1, out, w0, w1, fields, row_wise, in_place, gpu_only) \
   {#kind, in0, in1, out, w0, w1, fields, row_wise, in_place, gpu_only},

@@ -20,9 +20,11 @@ rm -rf "$stage"
 fixtures=${MINFER_FIXTURES:-../shared/fixtures}
 if [ -d "$fixtures/models" ]; then
   rm -rf .fixtures && mkdir -p .fixtures && cp -r "$fixtures/models" "$fixtures/goldens" .fixtures/
-  # The arch/ cases minfer compiles (tests/e2e/golden_support.cpp): Llama 3.1 RoPE only, for now.
+  # The arch/ cases minfer compiles (tests/e2e/golden_support.cpp): Llama 3.1 RoPE and gemma2.
   mkdir -p .fixtures/arch/models .fixtures/arch/goldens
-  cp "$fixtures"/arch/models/tiny-llama31* .fixtures/arch/models/
-  cp "$fixtures"/arch/goldens/tiny-llama31* .fixtures/arch/goldens/
+  for a in tiny-llama31 tiny-gemma2; do
+    cp "$fixtures"/arch/models/$a* .fixtures/arch/models/
+    cp "$fixtures"/arch/goldens/$a* .fixtures/arch/goldens/
+  done
 fi
 du -sh .bin/minfer-gpu.tar.xz .fixtures 2>/dev/null

@@ -188,26 +188,33 @@ llvm::Error GraphBuilder::rope(uint32_t layer, RopeOptions options) {
   return llvm::Error::success();
 }
 
-llvm::Error GraphBuilder::attention(uint32_t layer, uint32_t out) {
+llvm::Error GraphBuilder::attention(uint32_t layer, uint32_t out, AttentionOptions options) {
   const ModelConfig& c = desc_.config;
   const std::string p = layerPrefix(layer);
   desc_.plan.prefill.push_back({.op = fb::OpKind::Attention, .inputs = {act_.q, act_.k, act_.v},
                                 .outputs = {act_.attn}, .layer = static_cast<int32_t>(layer), .n_head = c.n_head,
-                                .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .name = p + "attention"});
+                                .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .name = p + "attention",
+                                .scale = options.scale, .softcap = options.softcap, .window = options.window});
   return matmul(p + "attn_output", act_.attn, out, c.n_embd, c.n_head * c.head_dim);
+}
+
+void GraphBuilder::scale(const std::string& name, uint32_t in, uint32_t out, float scale, float softcap) {
+  desc_.plan.prefill.push_back(
+      {.op = fb::OpKind::Scale, .inputs = {in}, .outputs = {out}, .name = name, .scale = scale, .softcap = softcap});
 }
 
 void GraphBuilder::residualAdd(const std::string& name, uint32_t acc, uint32_t in) {
   desc_.plan.prefill.push_back({.op = fb::OpKind::Add, .inputs = {acc, in}, .outputs = {acc}, .name = name});
 }
 
-llvm::Error GraphBuilder::gatedFfn(uint32_t layer, uint32_t in, uint32_t out) {
+llvm::Error GraphBuilder::gatedFfn(uint32_t layer, uint32_t in, uint32_t out, FfnActivation act) {
   const ModelConfig& c = desc_.config;
   const std::string p = layerPrefix(layer);
   if (auto e = matmul(p + "ffn_gate", in, act_.gate, c.n_ff, c.n_embd)) return e;
   if (auto e = matmul(p + "ffn_up", in, act_.up, c.n_ff, c.n_embd)) return e;
-  desc_.plan.prefill.push_back({.op = fb::OpKind::SwiGlu, .inputs = {act_.gate, act_.up}, .outputs = {act_.gate},
-                                .name = p + "swiglu"});
+  const bool gelu = act == FfnActivation::kGeluTanh;
+  desc_.plan.prefill.push_back({.op = gelu ? fb::OpKind::GeGlu : fb::OpKind::SwiGlu, .inputs = {act_.gate, act_.up},
+                                .outputs = {act_.gate}, .name = p + (gelu ? "geglu" : "swiglu")});
   return matmul(p + "ffn_down", act_.gate, out, c.n_embd, c.n_ff);
 }
 

@@ -40,6 +40,16 @@ struct RopeOptions {
   bool freq_factors = false;
 };
 
+// Options of the attention block (gemma2): schema Step.scale / softcap / window of the Attention step.
+struct AttentionOptions {
+  float scale = 0;      // query scale; 0: 1/sqrt(head_dim)
+  float softcap = 0;    // scores s → softcap·tanh(s / softcap) before the mask and softmax; 0: none
+  uint32_t window = 0;  // sliding window: key at pk visible from pq iff pq − pk < window; 0: none
+};
+
+// The activation of the gated FFN: SwiGLU (llama) or GELU-tanh (GeGLU, gemma).
+enum class FfnActivation { kSilu, kGeluTanh };
+
 class GraphBuilder {
  public:
   // `desc.config` must be read already (hyperparameters, rope style); blocks append to desc.plan and
@@ -47,6 +57,8 @@ class GraphBuilder {
   GraphBuilder(const gguf::GgufFile& file, ModelDescription& desc) : file_(file), desc_(desc) {}
 
   const ModelConfig& config() const { return desc_.config; }
+  // The GGUF, for an architecture's own keys (the forward pass reads them as llama.cpp does).
+  const gguf::GgufFile& file() const { return file_; }
   const Activations& act() const { return act_; }
   // Prefix of layer `layer`'s tensor and step names: "blk.<layer>.".
   static std::string layerPrefix(uint32_t layer);
@@ -76,11 +88,13 @@ class GraphBuilder {
   llvm::Error rope(uint32_t layer, RopeOptions options = {});
   // Causal GQA attention of q over the layer's KV cache (k, v appended) into attn, then
   // out = attn_output · attn.
-  llvm::Error attention(uint32_t layer, uint32_t out);
+  llvm::Error attention(uint32_t layer, uint32_t out, AttentionOptions options = {});
+  // out = in·scale, then with softcap > 0 out = softcap·tanh(out / softcap) (out may equal in). Step `name`.
+  void scale(const std::string& name, uint32_t in, uint32_t out, float scale, float softcap = 0);
   // acc += in. Step `name`.
   void residualAdd(const std::string& name, uint32_t acc, uint32_t in);
-  // out = ffn_down · (silu(ffn_gate · in) ⊙ (ffn_up · in)).
-  llvm::Error gatedFfn(uint32_t layer, uint32_t in, uint32_t out);
+  // out = ffn_down · (act(ffn_gate · in) ⊙ (ffn_up · in)), act = silu (SwiGlu step) or GELU-tanh (GeGlu).
+  llvm::Error gatedFfn(uint32_t layer, uint32_t in, uint32_t out, FfnActivation act = FfnActivation::kSilu);
   // One llama-style decoder layer on the residual stream x: x += attention(RoPE(qkv(RMSNorm(x))))
   // then x += gatedFfn(RMSNorm(x)) (attn_norm, ffn_norm), the block llama, qwen2 and qwen3 share.
   llvm::Error llamaLayer(uint32_t layer, QkvOptions qkv, RopeOptions rope = {});

@@ -2,7 +2,7 @@
 // the lowering of its architecture into the flat execution plan of DESIGN.md §4.
 //
 // Supported architectures: the registry in architectures.h, one forward pass per arch/<name>.cpp
-// (llama, qwen2, qwen3). Architecture facts (q/k/v biases, q/k head norms) live in the plan's steps,
+// (llama, qwen2, qwen3, gemma2). Architecture facts (q/k/v biases, q/k head norms) live in the plan's steps,
 // not in ModelConfig. The math each plan step computes is documented in schema/artifact.fbs (OpKind)
 // and, as formulas, in ../shared/fixtures/README.md §3.
 #pragma once
@@ -60,6 +60,10 @@ struct StepDesc {
   float rope_freq_base = 10000.0f, rope_freq_scale = 1.0f;
   uint32_t rows = 0, cols = 0;
   std::string name;
+  // Scale: factor and cap; Attention: query scale (0: 1/sqrt(head_dim)), logit cap (0: none) and
+  // sliding window in positions (0: none). Schema Step.scale / softcap / window (1.3).
+  float scale = 0, softcap = 0;
+  uint32_t window = 0;
 };
 
 struct ExecutionPlan {
@@ -98,7 +102,7 @@ struct ModelDescription {
 // architectures and tensor types list what is supported; max_batch must be in 1..kArtifactMaxBatch.
 llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch);
 
-// The registry's names, comma-separated: "llama, qwen2, qwen3".
+// The registry's names, comma-separated: "llama, qwen2, qwen3, gemma2".
 const char* supportedArchitectures();
 
 }  // namespace minfer::model

@@ -418,6 +418,9 @@ class SemanticVerifier {
     if (!std::isfinite(s->rope_freq_base()) || !std::isfinite(s->rope_freq_scale()))
       return fail(field + ".rope_freq_base", s,
                   cat("RoPE base ", s->rope_freq_base(), " / scale ", s->rope_freq_scale(), " not finite"));
+    if (!std::isfinite(s->scale()) || !std::isfinite(s->softcap()) || s->softcap() < 0)
+      return fail(field + ".softcap", s,
+                  cat("scale ", s->scale(), " / softcap ", s->softcap(), " must be finite (softcap ≥ 0)"));
     if (s->n_head_kv() > 0 && s->n_head() % s->n_head_kv() != 0)
       return fail(field + ".n_head_kv", s,
                   cat("n_head ", s->n_head(), " is not a multiple of n_head_kv ", s->n_head_kv()));

@@ -278,32 +278,36 @@ void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, i
 }
 
 void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n_head, float* out, ThreadPool* pool,
-               float* scratch) {
+               float* scratch, const AttentionOptions& options) {
   const int hd = cache.head_dim;
   const int64_t kv_width = static_cast<int64_t>(cache.n_head_kv) * hd;
   const int group = n_head / cache.n_head_kv;  // query heads per kv head
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  const float cap = options.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.0f;
   auto body = [&](int64_t begin, int64_t end, int thread) {
     float* scores = scratch + static_cast<int64_t>(thread) * cache.n_ctx;
     for (int64_t task = begin; task < end; ++task) {
       const int t = static_cast<int>(task / n_head), j = static_cast<int>(task % n_head);
       const int g = j / group;
       const int n_keys = pos0 + t + 1;  // causal: positions 0 .. pos0 + t
+      const int lo = options.window > 0 ? std::max(0, n_keys - options.window) : 0;  // sliding window
       const float* qh = q + (static_cast<int64_t>(t) * n_head + j) * hd;
       float max_s = -INFINITY;
-      for (int i = 0; i < n_keys; ++i) {
-        scores[i] = dot(qh, cache.k + i * kv_width + g * hd, hd) * scale;
-        max_s = std::max(max_s, scores[i]);
+      for (int i = lo; i < n_keys; ++i) {
+        float s = dot(qh, cache.k + i * kv_width + g * hd, hd) * scale;
+        if (cap > 0) s = cap * std::tanh(s * inv_cap);
+        scores[i] = s;
+        max_s = std::max(max_s, s);
       }
       float sum = 0;
-      for (int i = 0; i < n_keys; ++i) {
+      for (int i = lo; i < n_keys; ++i) {
         scores[i] = std::exp(scores[i] - max_s);
         sum += scores[i];
       }
       const float inv_sum = 1.0f / sum;
       float* oh = out + (static_cast<int64_t>(t) * n_head + j) * hd;
       std::fill(oh, oh + hd, 0.0f);
-      for (int i = 0; i < n_keys; ++i) {
+      for (int i = lo; i < n_keys; ++i) {
         const float a = scores[i] * inv_sum;
         const float* vh = cache.v + i * kv_width + g * hd;
         for (int d = 0; d < hd; ++d) oh[d] += a * vh[d];
@@ -321,6 +325,23 @@ void swiGlu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void geGlu(const float* gate, const float* up, int64_t n, float* out) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f, kCoefA = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + kCoefA * g * g))) * up[i];
+  }
+}
+
+void scale(const float* x, int64_t n, float scale, float softcap, float* out) {
+  if (softcap > 0) {
+    const float inv = 1.0f / softcap;
+    for (int64_t i = 0; i < n; ++i) out[i] = softcap * std::tanh(x[i] * scale * inv);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
   }
 }
 

@@ -114,18 +114,36 @@ struct KvLayer {
 // n_ctx). k, v: n_rows × (n_head_kv·head_dim).
 void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, int pos0);
 
+// Options of attention (schema Step.scale / softcap / window; gemma2 as llama.cpp computes it).
+struct AttentionOptions {
+  float scale = 0;    // query scale; 0: 1/sqrt(head_dim)
+  float softcap = 0;  // s → softcap·tanh(s·(1/softcap)) before the softmax; 0: none
+  int window = 0;     // sliding window: keys at positions > p − window only; 0: none
+};
+
 // Causal grouped-query attention over the cache (keys/values already stored by kvStore):
 // for token t (position p = pos0 + t) and query head j, kv head g = j / (n_head / n_head_kv):
-//   s_i = q[t, j]·K[i, g] / sqrt(head_dim) for i = 0..p;  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g].
+//   s_i = q[t, j]·K[i, g]·scale for i = lo..p (lo = 0, or max(0, p − window + 1) with a window),
+//   then with a softcap s_i = softcap·tanh(s_i / softcap);  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g].
 // q, out: n_rows × (n_head·head_dim), must not overlap. Requires n_head % n_head_kv == 0.
 // scratch: (pool ? pool->threads() : 1) × cache.n_ctx floats. Parallel over (token, head).
-// Tolerance 1e-6 (measured 1.7e-7).
+// Tolerance 1e-6 (measured 1.7e-7; with softcap and window the same).
 void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n_head, float* out,
-               ThreadPool* pool, float* scratch);
+               ThreadPool* pool, float* scratch, const AttentionOptions& options = {});
 
 // SwiGLU (Shazeer 2020): out = silu(gate) ⊙ up, silu(g) = g / (1 + e^(−g)). n elements; out may
 // equal gate or up. Tolerance 5e-7 (measured 8.7e-8).
 void swiGlu(const float* gate, const float* up, int64_t n, float* out);
+
+// GeGLU (Shazeer 2020) with the tanh form of GELU (Hendrycks & Gimpel 2016), as ggml_gelu writes it:
+// out = 0.5·g·(1 + tanh(√(2/π)·g·(1 + 0.044715·g²))) ⊙ up, in f32 with tanhf. llama.cpp's CPU backend
+// instead looks GELU up in an fp16 table (fixtures README §8): this is the exact form, ~4e-4 of it on
+// the gemma goldens. n elements; out may equal gate or up. Tolerance 5e-7 (measured 1.2e-7).
+void geGlu(const float* gate, const float* up, int64_t n, float* out);
+
+// Scale (gemma): out = x·scale, then with softcap > 0 out = softcap·tanh(out·(1/softcap)) (llama.cpp's
+// scale, tanh, scale). n elements; out may equal x. Tolerance 5e-7 (measured 6e-8).
+void scale(const float* x, int64_t n, float scale, float softcap, float* out);
 
 // Elementwise out = a + b over n elements; out may equal a or b. Exact.
 void add(const float* a, const float* b, int64_t n, float* out);

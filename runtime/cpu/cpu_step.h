@@ -39,6 +39,8 @@ struct StepInfo {
   RopeStyle rope_style = RopeStyle::kNorm;
   float rope_base = 10000, rope_scale = 1;
   int rows = 0, cols = 0;         // MatMul; width of elementwise ops in `cols`
+  AttentionOptions attn;          // Attention: query scale, softcap, window
+  float scale = 1, softcap = 0;   // Scale
   bool skip = false;              // GPU-only step
   bool logits = false;            // writes memory.logits
 };
@@ -111,7 +113,7 @@ struct RunContext {
 // Runs a prepared, not skipped step (its op is in OpKind: prepareStep checked).
 void runStep(RunContext& c, const StepInfo& s);
 
-// The families, one per op of MINFER_OPS, defined in ops/<family>.cpp (SwiGlu and Add share
+// The families, one per op of MINFER_OPS, defined in ops/<family>.cpp (SwiGlu, GeGlu and Add share
 // ops/elementwise.cpp, RmsNorm and HeadRmsNorm ops/norm.cpp).
 #define MINFER_CPU_DECLARE_FAMILY(kind, family, ...)                         \
   Status family##Prepare(PrepareContext& c, const fb::Step& s, StepInfo& info); \

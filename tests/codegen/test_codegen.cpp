@@ -89,6 +89,8 @@ std::vector<std::string> expectedEntries(const Loaded& l, const model::StepDesc&
       return {"minfer_kv_store", "minfer_attn_decode", "minfer_attn_combine"};
     case fb::OpKind::SwiGlu: return {"minfer_swiglu"};
     case fb::OpKind::Add: return {"minfer_add"};
+    case fb::OpKind::GeGlu: return {"minfer_geglu"};
+    case fb::OpKind::Scale: return {"minfer_scale"};
   }
   return {};
 }

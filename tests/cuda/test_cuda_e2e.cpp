@@ -43,6 +43,14 @@ constexpr double kQuantRms = 2e-2;
 //   bound scaled alike. Not yet measured on a GPU.
 constexpr double kQuantRelLlama31 = 5e-2;
 constexpr double kQuantRmsLlama31 = 3e-2;
+// - tiny-gemma2 (arch/): exact tanh-GELU (not llama.cpp's fp16 table: README §8.5, 2e-3 on the CPU) and
+//   the f16 KV cache (llama.cpp's own f16 KV + FA on this model: 1.9e-3, README §8.5): F32 bound 5e-3.
+//   Quantized: int8 activations amplified by the post-norms (README: 2.5-3.5% logit change for 5e-3
+//   activation noise; llama.cpp vs float64 4e-2): README's gemma bound 1e-1 max, RMS 5e-2, against
+//   llama.cpp and the CPU backend alike. Not yet measured on a GPU.
+constexpr double kGemmaFloatRel = 5e-3;
+constexpr double kGemmaQuantRel = 1e-1;
+constexpr double kGemmaQuantRms = 5e-2;
 
 enum class Kind { kF32, kF16, kBF16, kQuant };
 Kind kindOf(const std::string& model) {
@@ -129,8 +137,13 @@ TEST_CASE("GPU logits match the CPU backend and llama.cpp on every golden case")
     const Logits lg = run(**gpu, g), lc = run(**cpu, g);
     const Kind kind = kindOf(g.model);
     const bool llama31 = g.model.rfind("tiny-llama31-", 0) == 0;
-    const double rel = kind == Kind::kQuant ? (llama31 ? kQuantRelLlama31 : kQuantRel) : kFloatRel;
-    const double rms = kind == Kind::kQuant ? (llama31 ? kQuantRmsLlama31 : kQuantRms) : kFloatRel;
+    const bool gemma = g.model.rfind("tiny-gemma", 0) == 0;
+    const double rel = gemma ? (kind == Kind::kQuant ? kGemmaQuantRel : kGemmaFloatRel)
+                       : kind == Kind::kQuant ? (llama31 ? kQuantRelLlama31 : kQuantRel)
+                                              : kFloatRel;
+    const double rms = gemma ? (kind == Kind::kQuant ? kGemmaQuantRms : kGemmaFloatRel)
+                       : kind == Kind::kQuant ? (llama31 ? kQuantRmsLlama31 : kQuantRms)
+                                              : kFloatRel;
     const double golden_rel = kind == Kind::kBF16 ? kBf16GoldenRel : rel;
     const double golden_rms = kind == Kind::kBF16 ? kBf16GoldenRel : rms;
     check(name + " prefill vs llama.cpp", lg.prefill.data(), g.prefill, g.nPrompt(), g.n_vocab, g.prefill_margin,

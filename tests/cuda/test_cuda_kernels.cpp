@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "compiler/planes/layout_planner.h"
 #include "compiler/planes/plane_transforms.h"
@@ -26,6 +27,7 @@
 #include "kernels/quantize_act.cuh"
 #include "kernels/rms_norm.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/scale.cuh"
 #include "runtime/cpu/cpu_ops.h"
 #include "tests/cuda/gpu_harness.h"
 #include "tests/runtime/weight_builder.h"
@@ -48,6 +50,8 @@ constexpr double kAttnMmaTol = 2e-3;     // tensor-core prefill (head sizes 16k 
                                          // too, unit roundoff 2^-11 = 4.9e-4 each; measured 8.3e-4 (H200)
 constexpr double kSwiGluTol = 1e-6;      // expf vs std::exp; measured 1.4e-7
 constexpr double kAddTol = 0.0;          // measured 0
+constexpr double kGeGluTol = 1e-6;       // device tanhf vs std::tanh; measured (pending)
+constexpr double kScaleTol = 1e-6;       // x·s exact; soft-capped: device tanhf vs std::tanh; measured (pending)
 
 const int kTokenCounts[] = {1, 7, 33, 512, 513};
 
@@ -586,6 +590,122 @@ TEST_CASE("swiglu and add") {
       launch(k[2 * wi + 1], kern::elementwiseLaunch(n, w), {&pa, &pb, &pa, &n});
       got = da.download<float>(a.size());
       CHECK(relError(got.data(), ref.data(), ref.size()) <= kAddTol);
+    }
+}
+
+TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2) vs the CPU") {
+  MINFER_REQUIRE_GPU(G);
+  // Odd shapes: 5 query heads over 1 kv head; head sizes for both prefill forms (64, 128: tensor cores;
+  // 72, 256: SIMT); windows shorter and longer than a key tile; the query scale and cap of gemma2.
+  const int h = 5, hkv = 1, n_ctx = 1300;
+  const float q_scale = 0.0625f, cap = 3.0f;
+  for (int d : {64, 72, 128, 256})
+    for (int window : {16, 100}) {
+      CAPTURE(d);
+      CAPTURE(window);
+      auto att = [&](const char* name, const char* which) {
+        std::vector<std::pair<std::string, std::string>> defs = {
+            {"ATT_NHEAD", str(h)},        {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)},
+            {"ATT_SCALE", "0.0625f"},     {"ATT_SOFTCAP", "3.0f"},    {"ATT_WINDOW", str(window)},
+            {which, "1"}};
+        if (std::string(which) == "ATT_DECODE" || std::string(which) == "ATT_COMBINE") defs.push_back({"ATT_SPLITS", "32"});
+        return spec(std::string(name) + "_gemma_test_d" + str(d) + "_w" + str(window), "kernels/attention.cuh", name,
+                    defs);
+      };
+      std::vector<Kernel> k = compile({att("minfer_attn_prefill", "ATT_PREFILL"), att("minfer_attn_decode", "ATT_DECODE"),
+                                       att("minfer_attn_combine", "ATT_COMBINE")});
+      const int kvw = hkv * d;
+      // The whole cache random (f16 values on both sides); positions past a query are never read.
+      std::vector<uint16_t> kh(static_cast<size_t>(n_ctx) * kvw), vh(kh.size());
+      std::vector<float> ck(kh.size()), cv(kh.size());
+      const std::vector<float> kr = activations(n_ctx, kvw), vr = activations(n_ctx, kvw);
+      for (size_t i = 0; i < kh.size(); ++i) {
+        kh[i] = floatToHalf(kr[i]);
+        vh[i] = floatToHalf(vr[i]);
+        ck[i] = halfToFloat(kh[i]);
+        cv[i] = halfToFloat(vh[i]);
+      }
+      DeviceArray kc = DeviceArray::of(kh), vc = DeviceArray::of(vh);
+      DeviceArray out(kMaxBatch * h * d * 4), part(kern::attnDecodePartFloats(h, d, 32) * 4);
+      cpu::KvLayer layer{ck.data(), cv.data(), n_ctx, hkv, d};
+      const cpu::AttentionOptions options{.scale = q_scale, .softcap = cap, .window = window};
+      std::vector<float> scratch(n_ctx);
+      for (int pos0 : {0, 37, 700})
+        for (int n : {1, 7, 33, 200, 513}) {
+          if (pos0 + n > n_ctx) continue;
+          CAPTURE(pos0);
+          CAPTURE(n);
+          // Queries 4× larger than unit scale so that the cap bends the scores.
+          std::vector<float> q = activations(n, h * d);
+          for (float& v : q) v *= 4.0f;
+          DeviceArray d_q = DeviceArray::of(q), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
+          out.poison();
+          CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr();
+          launch(k[0], kern::attnPrefillLaunch(n, h, d), {&a, &c, &e, &o, &p, &n});
+          std::vector<float> got = out.download<float>(q.size()), ref(q.size());
+          cpu::attention(q.data(), layer, n, pos0, h, ref.data(), nullptr, scratch.data(), options);
+          const double err = relError(got.data(), ref.data(), ref.size());
+          if (kern::attnPrefillUsesMma(static_cast<unsigned>(d)))
+            CHECK(track("attn_prefill softcap+window (tensor cores)", err) <= kAttnMmaTol);
+          else
+            CHECK(track("attn_prefill softcap+window", err) <= kAttnTol);
+        }
+      for (int pos0 : {0, 1, 15, 16, 17, 99, 100, 101, 600, 1299}) {
+        CAPTURE(pos0);
+        std::vector<float> q = activations(1, h * d);
+        for (float& v : q) v *= 4.0f;
+        DeviceArray d_q = DeviceArray::of(q), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
+        out.poison();
+        part.poison();
+        CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr();
+        launch(k[1], kern::attnDecodeLaunch(h, 32), {&a, &c, &e, &pt, &p});
+        launch(k[2], kern::attnCombineLaunch(h), {&pt, &o});
+        std::vector<float> got = out.download<float>(q.size()), ref(q.size());
+        cpu::attention(q.data(), layer, 1, pos0, h, ref.data(), nullptr, scratch.data(), options);
+        CHECK(track("attn_decode softcap+window", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
+      }
+    }
+}
+
+TEST_CASE("geglu and scale (plain and soft-capped, in place)") {
+  MINFER_REQUIRE_GPU(G);
+  const int widths[] = {130, 2304};  // 130: rows not a multiple of 4 floats
+  std::vector<codegen::KernelSpec> specs;
+  for (int w : widths) {
+    specs.push_back(spec("geglu_test_w" + str(w), "kernels/elementwise.cuh", "minfer_geglu",
+                         {{"EW_WIDTH", str(w)}, {"EW_OP", "3"}}));
+    specs.push_back(spec("scale_test_w" + str(w), "kernels/scale.cuh", "minfer_scale",
+                         {{"SC_WIDTH", str(w)}, {"SC_SCALE", "48.0f"}, {"SC_SOFTCAP", "0.0f"}}));
+    specs.push_back(spec("softcap_test_w" + str(w), "kernels/scale.cuh", "minfer_scale",
+                         {{"SC_WIDTH", str(w)}, {"SC_SCALE", "1.5f"}, {"SC_SOFTCAP", "2.0f"}}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t wi = 0; wi < 2; ++wi)
+    for (int n : kTokenCounts) {
+      const int w = widths[wi];
+      CAPTURE(w);
+      CAPTURE(n);
+      std::vector<float> a = activations(n, w), b = activations(n, w);
+      for (float& v : a) v *= 3.0f;  // GELU's negative tail and tanh's saturation both reached
+      DeviceArray da = DeviceArray::of(a), db = DeviceArray::of(b), out(kMaxBatch * w * 4);
+      CUdeviceptr pa = da.ptr(), pb = db.ptr(), po = out.ptr();
+      std::vector<float> ref(a.size());
+      out.poison();
+      launch(k[3 * wi], kern::elementwiseLaunch(n, w), {&pa, &pb, &po, &n});
+      cpu::geGlu(a.data(), b.data(), static_cast<int64_t>(a.size()), ref.data());
+      std::vector<float> got = out.download<float>(a.size());
+      CHECK(track("geglu", relError(got.data(), ref.data(), ref.size())) <= kGeGluTol);
+      for (const auto& [ki, s, c] : {std::tuple{3 * wi + 1, 48.0f, 0.0f}, std::tuple{3 * wi + 2, 1.5f, 2.0f}}) {
+        out.poison();
+        launch(k[ki], kern::scaleLaunchRule(w).at(n), {&pa, &po, &n});
+        cpu::scale(a.data(), static_cast<int64_t>(a.size()), s, c, ref.data());
+        got = out.download<float>(a.size());
+        CHECK(track("scale", relError(got.data(), ref.data(), ref.size())) <= kScaleTol);
+      }
+      // In place (out = x), as the plan scales the embeddings and caps the logits.
+      launch(k[3 * wi + 2], kern::scaleLaunchRule(w).at(n), {&pa, &pa, &n});
+      got = da.download<float>(a.size());
+      CHECK(track("scale", relError(got.data(), ref.data(), ref.size())) <= kScaleTol);
     }
 }
 

@@ -35,6 +35,18 @@ constexpr double kGoldenRmsQuant = 2e-2;
 // - llama.cpp, tiny-llama31 quantized (arch/, README §8.5): the same rounding, amplified more by this
 //   model (sharper attention): llama.cpp vs float64 2.0e-2 max, 1.4e-2 RMS; suggested bound 5e-2.
 constexpr double kGoldenRelQuantLlama31 = 5e-2;
+// - tiny-gemma2 (arch/, README §8.5): minfer computes GELU exactly (tanh form in f32, cpu::geGlu), not
+//   through llama.cpp's fp16 table, so the F32 cases are held to README's exact-GELU bound 2e-3
+//   (README measured ≤ 6e-4) against llama.cpp and against the float64 reference (which uses the
+//   table); quantized cases to README's 1e-1 vs llama.cpp (its activation rounding, amplified by the
+//   post-norms: README 3.7e-2 … 4e-2 max, 2.6e-2 RMS). Measured here (prefill / decode): F32 vs llama.cpp
+//   4.4e-4 / 3.9e-4, vs float64 4.4e-4 / 3.9e-4; Q8_0 vs llama.cpp 3.7e-2 / 2.8e-2 (RMS 2.1e-2), vs
+//   float64 5.5e-4 / 4.0e-4; Q4_K_M vs llama.cpp 4.1e-2 / 3.5e-2 (RMS 2.6e-2), vs float64 5.0e-4 / 4.7e-4.
+constexpr double kGemmaRelF32 = 2e-3;
+constexpr double kGemmaRelQuant = 1e-1;
+constexpr double kGemmaRmsQuant = 5e-2;
+constexpr double kGemmaRef64Rel = 2e-3;
+
 
 bool isF32Model(const std::string& model) { return model.find("F32") != std::string::npos || model == "stories260K.gguf"; }
 
@@ -132,7 +144,7 @@ TEST_CASE("RoPE scaling forms as llama.cpp reads them: legacy scale_linear, fact
 TEST_CASE("CPU backend matches llama.cpp and the float64 reference on every golden case") {
   if (!minfer::test::haveFixtures()) return;
   const auto names = minfer::test::goldenCaseNames();
-  CHECK(names.size() >= 20 + 3);  // + arch/tiny-llama31-{F32,Q8_0,Q4_K_M}_ids48 (rope_freqs)
+  CHECK(names.size() >= 20 + 3 + 3);  // + arch/tiny-llama31-*, arch/tiny-gemma2-* {F32,Q8_0,Q4_K_M}_ids48
   for (const std::string& name : names) {
     CAPTURE(name);
     const GoldenCase g = minfer::test::loadGolden(name);
@@ -158,8 +170,13 @@ TEST_CASE("CPU backend matches llama.cpp and the float64 reference on every gold
 
     const bool f32 = isF32Model(g.model);
     const bool llama31 = g.model.rfind("tiny-llama31-", 0) == 0;
-    const double golden_rel = f32 ? kGoldenRelF32 : llama31 ? kGoldenRelQuantLlama31 : kGoldenRelQuant;
-    const double golden_rms = f32 ? kGoldenRelF32 : kGoldenRmsQuant;
+    const bool gemma = g.model.rfind("tiny-gemma", 0) == 0;
+    const double golden_rel = gemma ? (f32 ? kGemmaRelF32 : kGemmaRelQuant)
+                              : f32 ? kGoldenRelF32
+                              : llama31 ? kGoldenRelQuantLlama31
+                                        : kGoldenRelQuant;
+    const double golden_rms = gemma ? (f32 ? kGemmaRelF32 : kGemmaRmsQuant) : f32 ? kGoldenRelF32 : kGoldenRmsQuant;
+    const double ref64_rel = gemma ? kGemmaRef64Rel : kRef64Rel;
     auto golden_abs = [&](const std::vector<float>& ref) {
       return golden_rel * std::fabs(*std::max_element(ref.begin(), ref.end(),
                                                       [](float a, float b) { return std::fabs(a) < std::fabs(b); }));
@@ -173,11 +190,11 @@ TEST_CASE("CPU backend matches llama.cpp and the float64 reference on every gold
                                              golden_abs(g.decode)),
                  golden_rel, golden_rms);
     checkAgainst("prefill vs float64",
-                 minfer::test::compareLogits(prefill.data(), g.ref64.data(), g.nPrompt(), g.n_vocab, {}, 0), kRef64Rel,
-                 kRef64Rel);
+                 minfer::test::compareLogits(prefill.data(), g.ref64.data(), g.nPrompt(), g.n_vocab, {}, 0), ref64_rel,
+                 ref64_rel);
     checkAgainst("decode vs float64",
                  minfer::test::compareLogits(decode.data(), g.decode_ref64.data(), g.nGenerate(), g.n_vocab, {}, 0),
-                 kRef64Rel, kRef64Rel);
+                 ref64_rel, ref64_rel);
   }
 }
 

@@ -213,6 +213,86 @@ TEST_CASE("tiny-qwen2: neox RoPE, q/k/v biases, base 1e6") {
   CHECK(d.config.n_head_kv == 2);
 }
 
+TEST_CASE("gemma2: post-norms, GeGLU, soft-caps, every other layer local; llama.cpp's defaults for absent keys") {
+  TinySpec s;
+  s.arch = "gemma2", s.tied = true, s.n_layer = 3, s.key_length = 16;  // head_dim 16 ≠ n_embd / n_head = 8
+  for (uint32_t l = 0; l < s.n_layer; ++l)
+    for (const char* n : {"post_attention_norm.weight", "post_ffw_norm.weight"})
+      s.extra.push_back({"blk." + std::to_string(l) + "." + n, s.n_embd});
+  auto d = describeTiny(s);
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  CHECK(d->config.rope_style == fb::RopeStyle::Neox);
+  const auto& steps = d->plan.prefill;
+  REQUIRE(steps.size() >= 2);
+  CHECK(steps[1].op == fb::OpKind::Scale);  // x · sqrt(n_embd)
+  CHECK(steps[1].scale == doctest::Approx(std::sqrt(32.0)));
+  CHECK(steps[1].softcap == 0);
+  CHECK(steps[1].inputs == steps[1].outputs);
+  const std::vector<std::pair<fb::OpKind, std::string>> layer0 = {
+      {fb::OpKind::RmsNorm, "blk.0.attn_norm"},           {fb::OpKind::MatMul, "blk.0.attn_q"},
+      {fb::OpKind::MatMul, "blk.0.attn_k"},               {fb::OpKind::MatMul, "blk.0.attn_v"},
+      {fb::OpKind::Rope, "blk.0.rope"},                   {fb::OpKind::Attention, "blk.0.attention"},
+      {fb::OpKind::MatMul, "blk.0.attn_output"},          {fb::OpKind::RmsNorm, "blk.0.post_attention_norm"},
+      {fb::OpKind::Add, "blk.0.attn_residual"},           {fb::OpKind::RmsNorm, "blk.0.ffn_norm"},
+      {fb::OpKind::MatMul, "blk.0.ffn_gate"},             {fb::OpKind::MatMul, "blk.0.ffn_up"},
+      {fb::OpKind::GeGlu, "blk.0.geglu"},                 {fb::OpKind::MatMul, "blk.0.ffn_down"},
+      {fb::OpKind::RmsNorm, "blk.0.post_ffw_norm"},       {fb::OpKind::Add, "blk.0.ffn_residual"}};
+  REQUIRE(steps.size() == 2 + 3 * layer0.size() + 3);
+  for (size_t i = 0; i < layer0.size(); ++i) {
+    CHECK(steps[2 + i].op == layer0[i].first);
+    CHECK(steps[2 + i].name == layer0[i].second);
+  }
+  // Absent keys: window 4096, attention cap 50, final cap 30 (llama.cpp's hparams defaults); local
+  // layers 0 and 2 (period 2); query scale 1/sqrt(head_dim).
+  std::vector<uint32_t> windows;
+  for (const auto& st : steps)
+    if (st.op == fb::OpKind::Attention) {
+      windows.push_back(st.window);
+      CHECK(st.softcap == 50.0f);
+      CHECK(st.scale == doctest::Approx(0.25));
+    }
+  CHECK(windows == std::vector<uint32_t>{4096, 0, 4096});
+  CHECK(steps.back().op == fb::OpKind::Scale);
+  CHECK(steps.back().name == "output.softcap");
+  CHECK(steps.back().softcap == 30.0f);
+  CHECK(steps.back().scale == 1.0f);
+  CHECK(steps.back().outputs == std::vector<uint32_t>{d->plan.logits});
+  // The 46-layer 27B: 1/sqrt(n_embd / n_head) (llama.cpp picks it by model type).
+  s.n_layer = 46;
+  s.extra.clear();
+  for (uint32_t l = 0; l < s.n_layer; ++l)
+    for (const char* n : {"post_attention_norm.weight", "post_ffw_norm.weight"})
+      s.extra.push_back({"blk." + std::to_string(l) + "." + n, s.n_embd});
+  auto d46 = describeTiny(s);
+  REQUIRE_MESSAGE(bool(d46), llvm::toString(d46.takeError()));
+  for (const auto& st : d46->plan.prefill)
+    if (st.op == fb::OpKind::Attention) CHECK(st.scale == doctest::Approx(1 / std::sqrt(8.0)));
+  // A missing post-norm is refused by name.
+  s.n_layer = 3;
+  s.extra.resize(5);
+  auto missing = describeTiny(s);
+  REQUIRE(!missing);
+  CHECK(llvm::toString(missing.takeError()).find("blk.2.post_ffw_norm.weight") != std::string::npos);
+}
+
+TEST_CASE("gemma2 fixture: window, caps and query scale from its keys") {
+  if (!test::haveFixtures()) return;
+  auto file = gguf::GgufFile::open(test::fixturesDir() + "/arch/models/tiny-gemma2-F32.gguf");
+  REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+  auto d = model::describeModel(**file, 64);
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  std::vector<uint32_t> windows;
+  for (const auto& st : d->plan.prefill)
+    if (st.op == fb::OpKind::Attention) {
+      windows.push_back(st.window);
+      CHECK(st.softcap == 5.0f);
+      CHECK(st.scale == 0.125f);
+    }
+  CHECK(windows == std::vector<uint32_t>{16, 0});
+  CHECK(d->plan.prefill.back().softcap == 15.0f);
+  CHECK(d->config.rope_freq_base == 10000.0f);
+}
+
 TEST_CASE("qwen3: per-head q/k RMSNorm between the projections and RoPE") {
   TinySpec s;
   s.arch = "qwen3", s.qk_norm = true, s.tied = true, s.key_length = 16;  // head_dim ≠ n_embd / n_head
@@ -258,12 +338,12 @@ TEST_CASE("qwen3: per-head q/k RMSNorm between the projections and RoPE") {
 }
 
 TEST_CASE("the architecture list is written once and named in the refusal") {
-  CHECK(std::string(model::supportedArchitectures()) == "llama, qwen2, qwen3");
+  CHECK(std::string(model::supportedArchitectures()) == "llama, qwen2, qwen3, gemma2");
   TinySpec s;
   s.arch = "gpt2";
   const std::string msg = describeTinyError(s);
   CHECK(msg == "tiny-gpt2.gguf: unsupported architecture 'gpt2' (general.architecture); supported: llama, qwen2, "
-               "qwen3");
+               "qwen3, gemma2");
 }
 
 TEST_CASE("architecture facts are checked against the tensors") {

@@ -254,19 +254,22 @@ TEST_CASE("embed gathers exact rows from blocks and dense planes") {
 
 // Float64 attention for one batch, given the full K/V history (positions 0 .. pos0+n−1).
 std::vector<double> attentionRef(const std::vector<float>& q, const std::vector<float>& k_all,
-                                 const std::vector<float>& v_all, int n, int pos0, int n_head, int n_head_kv, int hd) {
+                                 const std::vector<float>& v_all, int n, int pos0, int n_head, int n_head_kv, int hd,
+                                 double scale = 0, double cap = 0, int window = 0) {
   std::vector<double> out(size_t(n) * n_head * hd, 0.0);
   const int kvw = n_head_kv * hd;
   for (int t = 0; t < n; ++t)
     for (int j = 0; j < n_head; ++j) {
       const int g = j / (n_head / n_head_kv);
       const int n_keys = pos0 + t + 1;
-      std::vector<double> s(n_keys);
+      std::vector<double> s(n_keys, -INFINITY);
       double mx = -INFINITY;
       for (int i = 0; i < n_keys; ++i) {
+        if (window > 0 && pos0 + t - i >= window) continue;  // outside the sliding window
         double acc = 0;
         for (int d = 0; d < hd; ++d) acc += double(q[(t * n_head + j) * hd + d]) * k_all[i * kvw + g * hd + d];
-        s[i] = acc / std::sqrt(double(hd));
+        s[i] = scale != 0 ? acc * scale : acc / std::sqrt(double(hd));
+        if (cap > 0) s[i] = cap * std::tanh(s[i] / cap);
         mx = std::max(mx, s[i]);
       }
       double sum = 0;
@@ -305,6 +308,73 @@ TEST_CASE("attention with GQA over several calls at increasing positions matches
     // use kv head 0 and 1 respectively, so their outputs differ.
     CHECK(std::memcmp(out.data() + 1 * hd, out.data() + 3 * hd, hd * 4) != 0);
     pos += n;
+  }
+}
+
+TEST_CASE("attention with a query scale, soft-capping and a sliding window (gemma2) matches float64") {
+  std::mt19937_64 rng(19);
+  const int n_head = 4, n_head_kv = 1, hd = 24, n_ctx = 48, kvw = n_head_kv * hd;
+  ThreadPool pool(2);
+  std::vector<float> kv(2 * n_ctx * kvw, 0.0f);
+  const KvLayer cache{kv.data(), kv.data() + n_ctx * kvw, n_ctx, n_head_kv, hd};
+  std::vector<float> scratch(2 * n_ctx);
+  for (int window : {1, 5, 100}) {
+    CAPTURE(window);
+    const AttentionOptions options{.scale = 0.3f, .softcap = 2.5f, .window = window};
+    std::vector<float> k_all, v_all;
+    int pos = 0;
+    for (int n : {11, 1, 20, 1}) {
+      CAPTURE(pos);
+      const std::vector<float> q = randomFloats(n * n_head * hd, rng, -2, 2);
+      const std::vector<float> k = randomFloats(n * kvw, rng, -2, 2), v = randomFloats(n * kvw, rng);
+      k_all.insert(k_all.end(), k.begin(), k.end());
+      v_all.insert(v_all.end(), v.begin(), v.end());
+      kvStore(cache, k.data(), v.data(), n, pos);
+      std::vector<float> out(n * n_head * hd), out1(out.size());
+      attention(q.data(), cache, n, pos, n_head, out.data(), &pool, scratch.data(), options);
+      attention(q.data(), cache, n, pos, n_head, out1.data(), nullptr, scratch.data(), options);
+      const std::vector<double> ref = attentionRef(q, k_all, v_all, n, pos, n_head, n_head_kv, hd, 0.3, 2.5, window);
+      const double err = maxRelError(out.data(), ref.data(), out.size());
+      MESSAGE("attention window " << window << " (" << n << " tokens at " << pos << ") max rel error " << err);
+      CHECK(err < 1e-6);
+      CHECK(std::memcmp(out.data(), out1.data(), out.size() * 4) == 0);
+      // The window and the cap both change the result (so the check above is not vacuous).
+      const std::vector<double> no_window = attentionRef(q, k_all, v_all, n, pos, n_head, n_head_kv, hd, 0.3, 2.5);
+      const std::vector<double> no_cap = attentionRef(q, k_all, v_all, n, pos, n_head, n_head_kv, hd, 0.3, 0, window);
+      if (window < pos + n) CHECK(maxRelError(out.data(), no_window.data(), out.size()) > 1e-3);
+      if (window > 1) CHECK(maxRelError(out.data(), no_cap.data(), out.size()) > 1e-3);  // 1 key: a = 1 whatever s
+      pos += n;
+    }
+  }
+}
+
+TEST_CASE("geGlu and scale (plain and soft-capped) match float64, in place too") {
+  std::mt19937_64 rng(23);
+  const int n = 5 * 61;
+  std::vector<float> g = randomFloats(n, rng, -8, 8), u = randomFloats(n, rng, -2, 2), out(n);
+  geGlu(g.data(), u.data(), n, out.data());
+  std::vector<double> ref(n);
+  for (int i = 0; i < n; ++i) {
+    const double x = g[i];
+    ref[i] = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * x * (1 + 0.044715 * x * x))) * u[i];
+  }
+  double err = maxRelError(out.data(), ref.data(), n);
+  MESSAGE("geGlu max rel error " << err);
+  CHECK(err < 5e-7);
+  std::vector<float> inplace = g;
+  geGlu(inplace.data(), u.data(), n, inplace.data());
+  CHECK(std::memcmp(inplace.data(), out.data(), n * 4) == 0);
+  for (const auto& [s, cap] : {std::pair{16.0, 0.0}, std::pair{1.0, 15.0}, std::pair{0.7, 2.0}}) {
+    CAPTURE(s);
+    CAPTURE(cap);
+    scale(g.data(), n, static_cast<float>(s), static_cast<float>(cap), out.data());
+    for (int i = 0; i < n; ++i) ref[i] = cap > 0 ? cap * std::tanh(g[i] * s / cap) : g[i] * s;
+    err = maxRelError(out.data(), ref.data(), n);
+    MESSAGE("scale max rel error " << err);
+    CHECK(err < 5e-7);
+    inplace = g;
+    scale(inplace.data(), n, static_cast<float>(s), static_cast<float>(cap), inplace.data());
+    CHECK(std::memcmp(inplace.data(), out.data(), n * 4) == 0);
   }
 }
 

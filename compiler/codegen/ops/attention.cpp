@@ -1,6 +1,8 @@
 // Op family Attention → kernels/attention.cuh: the batch's K/V into the f16 cache, then causal GQA:
 // prefill kv_store + attn_prefill; decode kv_store + split-KV attn_decode + attn_combine (the split
 // partials in step-local scratch).
+#include <cmath>
+
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/attention.cuh"
 
@@ -40,6 +42,20 @@ Launches attentionLaunches(const StepContext& c) {
   if (s.layer < 0) return c.error("attention step without a KV cache layer");
   const uint32_t h = s.n_head, hkv = s.n_head_kv, d = s.head_dim, layer = static_cast<uint32_t>(s.layer);
   const uint32_t q_width = h * d, kv_width = hkv * d;
+  if (!(s.scale >= 0) || !std::isfinite(s.scale) || !(s.softcap >= 0) || !std::isfinite(s.softcap))
+    return c.error(llvm::formatv("query scale {0} and softcap {1} must be finite and ≥ 0", s.scale, s.softcap));
+  // Query scale, logit soft-cap and sliding window (gemma2): in the key and as constants only when set,
+  // so that plain attention keeps its kernels.
+  std::string opts;
+  if (s.scale != 0) opts += "_sc" + keyNumber(s.scale);
+  if (s.softcap != 0) opts += "_cap" + keyNumber(s.softcap);
+  if (s.window != 0) opts += "_win" + std::to_string(s.window);
+  auto options = [&](SpecBuilder& b) -> SpecBuilder& {
+    if (s.scale != 0) b.define("ATT_SCALE", floatLiteral(s.scale));
+    if (s.softcap != 0) b.define("ATT_SOFTCAP", floatLiteral(s.softcap));
+    if (s.window != 0) b.define("ATT_WINDOW", static_cast<uint64_t>(s.window));
+    return b;
+  };
   auto heads = [&](SpecBuilder& b) -> SpecBuilder& {
     return b.define("ATT_NHEAD", static_cast<uint64_t>(h))
         .define("ATT_NHEAD_KV", static_cast<uint64_t>(hkv))
@@ -59,18 +75,18 @@ Launches attentionLaunches(const StepContext& c) {
                        activationArg("v", c.inputId(2), kv_width, fb::Access::Read), kc, vc, pos, ntok},
                       kern::kvStoreLaunchRule(hkv, d)});
   if (c.prefill()) {
-    SpecBuilder b(llvm::formatv("attn_prefill_h{0}_hkv{1}_d{2}", h, hkv, d), "kernels/attention.cuh",
+    SpecBuilder b(llvm::formatv("attn_prefill_h{0}_hkv{1}_d{2}{3}", h, hkv, d, opts), "kernels/attention.cuh",
                   "minfer_attn_prefill");
-    heads(b).define("ATT_PREFILL", uint64_t{1});
+    options(heads(b)).define("ATT_PREFILL", uint64_t{1});
     launches.push_back({b.spec, {q_in, kc, vc, o, pos, ntok}, kern::attnPrefillLaunchRule(h, d)});
     return launches;
   }
   const unsigned splits = kAttnDecodeSplits;
   const KernelArgDesc part{.kind = fb::ArgKind::Scratch, .name = "part",
                            .bytes = kern::attnDecodePartFloats(h, d, splits) * sizeof(float)};
-  SpecBuilder b(llvm::formatv("attn_decode_h{0}_hkv{1}_d{2}_s{3}", h, hkv, d, splits), "kernels/attention.cuh",
+  SpecBuilder b(llvm::formatv("attn_decode_h{0}_hkv{1}_d{2}_s{3}{4}", h, hkv, d, splits, opts), "kernels/attention.cuh",
                 "minfer_attn_decode");
-  heads(b).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_DECODE", uint64_t{1});
+  options(heads(b)).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_DECODE", uint64_t{1});
   launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(h, splits)});
   SpecBuilder comb(llvm::formatv("attn_combine_h{0}_d{1}_s{2}", h, d, splits), "kernels/attention.cuh",
                    "minfer_attn_combine");

@@ -1,4 +1,5 @@
-// Op families SwiGlu and Add → kernels/elementwise.cuh: out = silu(gate) ⊙ up, out = a + b.
+// Op families SwiGlu, GeGlu and Add → kernels/elementwise.cuh: out = silu(gate) ⊙ up,
+// out = gelu_tanh(gate) ⊙ up, out = a + b.
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/elementwise.cuh"
 
@@ -26,6 +27,7 @@ Launches elementwise(const StepContext& c, int op, const char* name, const char*
 }  // namespace
 
 Launches swigluLaunches(const StepContext& c) { return elementwise(c, 1, "swiglu", "minfer_swiglu"); }
+Launches gegluLaunches(const StepContext& c) { return elementwise(c, 3, "geglu", "minfer_geglu"); }
 Launches addLaunches(const StepContext& c) { return elementwise(c, 2, "add", "minfer_add"); }
 
 }  // namespace minfer::codegen

@@ -17,6 +17,11 @@ Status attentionPrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
   info.n_head = static_cast<int>(s.n_head());
   info.n_head_kv = static_cast<int>(s.n_head_kv());
   info.head_dim = static_cast<int>(s.head_dim());
+  if (!(s.scale() >= 0) || !(s.softcap() >= 0) || s.window() > (1u << 30))
+    return Status::error(info.label + ": scale " + std::to_string(s.scale()) + ", softcap " +
+                         std::to_string(s.softcap()) + " must be ≥ 0 and window " + std::to_string(s.window()) +
+                         " at most 2^30");
+  info.attn = {.scale = s.scale(), .softcap = s.softcap(), .window = static_cast<int>(s.window())};
   const uint64_t q_width = uint64_t{s.n_head()} * s.head_dim(), kv_width = uint64_t{s.n_head_kv()} * s.head_dim();
   MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[0], q_width, "q"));
   MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[1], kv_width, "k"));
@@ -33,7 +38,7 @@ Status attentionPrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
 void attentionRun(RunContext& c, const StepInfo& s) {
   const KvLayer& cache = c.kv_views.at(s.layer);
   kvStore(cache, c.buf(s.in[1]), c.buf(s.in[2]), c.n, c.pos0);
-  attention(c.buf(s.in[0]), cache, c.n, c.pos0, s.n_head, c.buf(s.out[0]), &c.pool, c.attn_scratch.data());
+  attention(c.buf(s.in[0]), cache, c.n, c.pos0, s.n_head, c.buf(s.out[0]), &c.pool, c.attn_scratch.data(), s.attn);
 }
 
 }  // namespace minfer::cpu

@@ -1,4 +1,5 @@
-// CPU op families SwiGlu and Add: two inputs and an output of one width (cpu::swiGlu, cpu::add).
+// CPU op families SwiGlu, GeGlu and Add: two inputs and an output of one width (cpu::swiGlu, cpu::geGlu,
+// cpu::add).
 #include "runtime/cpu/cpu_step.h"
 
 namespace minfer::cpu {
@@ -20,6 +21,12 @@ Status swigluPrepare(PrepareContext& c, const fb::Step&, StepInfo& info) { retur
 
 void swigluRun(RunContext& c, const StepInfo& s) {
   swiGlu(c.buf(s.in[0]), c.buf(s.in[1]), int64_t(c.n) * s.cols, c.buf(s.out[0]));
+}
+
+Status gegluPrepare(PrepareContext& c, const fb::Step&, StepInfo& info) { return prepareElementwise(c, info); }
+
+void gegluRun(RunContext& c, const StepInfo& s) {
+  geGlu(c.buf(s.in[0]), c.buf(s.in[1]), int64_t(c.n) * s.cols, c.buf(s.out[0]));
 }
 
 Status addPrepare(PrepareContext& c, const fb::Step&, StepInfo& info) { return prepareElementwise(c, info); }
