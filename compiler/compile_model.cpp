@@ -90,7 +90,8 @@ flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, cons
                                  b.CreateVector(s.weights), s.layer, s.eps, s.n_head, s.n_head_kv, s.head_dim, s.n_rot,
                                  s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rows, s.cols,
                                  b.CreateString(s.name), b.CreateVector(records), i >= tail_begin, s.scale, s.softcap,
-                                 s.window));
+                                 s.window, s.rope_ext_factor, s.rope_attn_factor, s.rope_beta_fast, s.rope_beta_slow,
+                                 s.rope_n_ctx_orig));
   }
   return fb::CreatePlan(b, b.CreateVector(out));
 }

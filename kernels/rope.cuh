@@ -7,8 +7,18 @@
 // (a·cosθ − b·sinθ, a·sinθ + b·cosθ). Norm style rotates (2i, 2i+1), NeoX style (i, i + n_rot/2);
 // elements ≥ n_rot of a head are untouched. Compiled with --fmad=false (matches the CPU rounding).
 //
+// YaRN (Peng et al. 2023; llama.cpp's ggml_rope_ext with ext_factor ≠ 0, ggml-cpu rope_yarn): with
+// ROPE_YARN = 1, θ_i mixes extrapolation and interpolation per pair: θ_extrap = p·base^(−2i/n_rot) / ff_i
+// (p unscaled), θ_interp = freq_scale·θ_extrap, θ_i = θ_interp·(1 − γ_i) + θ_extrap·γ_i (double), with
+// γ_i = ext_factor·ramp(i), ramp(i) = 1 − clamp((i − lo) / max(0.001, hi − lo), 0, 1) (float, as ggml):
+// pairs below lo keep their original rotation, pairs above hi are interpolated. cos and sin are then
+// multiplied by ROPE_MSCALE (absent: 1), which is llama.cpp's attn_factor, times 1 + 0.1·ln(1/freq_scale)
+// under YaRN. lo, hi and the scale come from ropeYarn() on the host, for the kernel and the CPU alike.
+//
 // Compile-time constants: ROPE_NHEAD, ROPE_NHEAD_KV, ROPE_HEAD_DIM, ROPE_NROT (even, ≤ HEAD_DIM),
-//   ROPE_NEOX (0 norm, 1 neox), ROPE_BASE, ROPE_SCALE (float literals), ROPE_FREQ_FACTORS (0 or 1).
+//   ROPE_NEOX (0 norm, 1 neox), ROPE_BASE, ROPE_SCALE (float literals), ROPE_FREQ_FACTORS (0 or 1);
+//   optional: ROPE_YARN (0 or 1) with ROPE_EXT_FACTOR, ROPE_CORR_LO, ROPE_CORR_HI, and ROPE_MSCALE
+//   (float literals; absent: no YaRN, scale 1).
 // Launch ABI:  minfer_rope(float* q, float* k, const float* freq_factors, const int* pos, int n_tokens)
 //   q: n_tokens × NHEAD·HEAD_DIM, k: n_tokens × NHEAD_KV·HEAD_DIM (f32, rotated in place);
 //   freq_factors: NROT/2 f32 values > 0 with ROPE_FREQ_FACTORS = 1, else null (not read); pos[0] = pos0.
@@ -21,7 +31,49 @@
 
 #include "kernels/common.cuh"
 
+#if !defined(MINFER_DEVICE_CODE)
+#include <cmath>
+#endif
+
 namespace minfer::kern {
+
+// The per-step YaRN constants (see above). Defaults: no YaRN, scale 1 (plain RoPE).
+struct RopeYarn {
+  float ext_factor = 0;        // γ's weight: 0 = no YaRN mix
+  float corr_lo = 0, corr_hi = 0;  // the ramp's ends, in pairs
+  float mscale = 1;            // multiplies cos and sin
+};
+
+// ramp(i) of YaRN: 1 for pairs i ≤ lo, 0 for i ≥ hi, linear between (llama.cpp's rope_yarn_ramp).
+MINFER_HD float ropeYarnRamp(float lo, float hi, int i) {
+  const float d = hi - lo > 0.001f ? hi - lo : 0.001f;
+  const float y = (static_cast<float>(i) - lo) / d;
+  return 1.0f - (y < 0.0f ? 0.0f : y > 1.0f ? 1.0f : y);
+}
+
+#if !defined(MINFER_DEVICE_CODE)
+// The constants of a Rope step from llama.cpp's ggml_rope_ext parameters, in float as ggml computes them
+// (ggml_rope_yarn_corr_dims; the mscale of rope_yarn): the pair whose wavelength fits β times into
+// n_ctx_orig positions is corr(β) = n_rot·ln(n_ctx_orig / (2π·β)) / (2·ln base); lo = max(0, ⌊corr(beta_fast)⌋),
+// hi = min(n_rot − 1, ⌈corr(beta_slow)⌉); mscale = attn_factor, times 1 + 0.1·ln(1/freq_scale) when
+// ext_factor ≠ 0. The ramp ends are only computed when ext_factor ≠ 0 (they are unused otherwise).
+inline RopeYarn ropeYarn(int n_rot, float freq_base, float freq_scale, float ext_factor, float attn_factor,
+                         float beta_fast, float beta_slow, unsigned n_ctx_orig) {
+  RopeYarn y;
+  y.ext_factor = ext_factor;
+  y.mscale = attn_factor;
+  if (ext_factor == 0.0f) return y;
+  const float pi = 3.14159265358979323846f;
+  auto corr = [&](float beta) {
+    return static_cast<float>(n_rot) * std::log(static_cast<float>(n_ctx_orig) / (beta * 2.0f * pi)) /
+           (2.0f * std::log(freq_base));
+  };
+  y.corr_lo = std::fmax(0.0f, std::floor(corr(beta_fast)));
+  y.corr_hi = std::fmin(static_cast<float>(n_rot - 1), std::ceil(corr(beta_slow)));
+  y.mscale *= 1.0f + 0.1f * std::log(1.0f / freq_scale);
+  return y;
+}
+#endif
 
 constexpr unsigned kRopeThreads = 64;
 constexpr unsigned kRopeHeadsPerBlock = 8;  // head group size for batches of ≥ kRopeGroupMinTokens
@@ -43,6 +95,12 @@ MINFER_HD LaunchShape ropeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_
 }  // namespace minfer::kern
 
 #if defined(MINFER_DEVICE_CODE) && defined(ROPE_NROT)
+#ifndef ROPE_YARN
+#define ROPE_YARN 0
+#endif
+#ifndef ROPE_MSCALE
+#define ROPE_MSCALE 1.0f
+#endif
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
     minfer_rope(float* q, float* k, const float* __restrict__ freq_factors, const int* __restrict__ pos,
                 int n_tokens) {
@@ -51,7 +109,11 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
   const int per_block = (kHeads + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
   const int t = blockIdx.x, h0 = blockIdx.y * per_block;
   if (t >= n_tokens) return;
+#if ROPE_YARN
+  const double p = static_cast<double>(pos[0] + t);
+#else
   const double p = static_cast<double>(pos[0] + t) * static_cast<double>(ROPE_SCALE);
+#endif
   for (int i = threadIdx.x; i < ROPE_NROT / 2; i += blockDim.x) {
     double theta = p * pow(static_cast<double>(ROPE_BASE), -2.0 * i / ROPE_NROT);
 #if ROPE_FREQ_FACTORS
@@ -59,7 +121,11 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
 #else
     (void)freq_factors;
 #endif
-    const float c = static_cast<float>(cos(theta)), s = static_cast<float>(sin(theta));
+#if ROPE_YARN  // same operations as cpu::rope
+    const double mix = static_cast<double>(minfer::kern::ropeYarnRamp(ROPE_CORR_LO, ROPE_CORR_HI, i) * ROPE_EXT_FACTOR);
+    theta = theta * static_cast<double>(ROPE_SCALE) * (1.0 - mix) + theta * mix;
+#endif
+    const float c = static_cast<float>(cos(theta)) * ROPE_MSCALE, s = static_cast<float>(sin(theta)) * ROPE_MSCALE;
     const int i0 = ROPE_NEOX ? i : 2 * i;
     const int i1 = ROPE_NEOX ? i + ROPE_NROT / 2 : 2 * i + 1;
     for (int hh = 0; hh < per_block; ++hh) {

@@ -72,10 +72,16 @@ llvm::Error readSizes(const gguf::GgufFile& file, ModelConfig& c) {
   return llvm::Error::success();
 }
 
-// <arch>.rope.scaling.type and its factor, read as llama.cpp's llama_model::load_hparams does: the
-// type defaults to "linear"; the factor is rope.scaling.factor, else the legacy rope.scale_linear,
-// else 0; freq_scale = 1 / factor, and a factor of 0 means no scaling; type "none" never scales
-// (llama_context). yarn and longrope are refused (not implemented), as is any other type.
+// <arch>.rope.scaling.*, read as llama.cpp's llama_model::load_hparams reads them and llama_context
+// derives ggml_rope_ext's parameters: the type defaults to "linear"; the factor is rope.scaling.factor,
+// else the legacy rope.scale_linear, else 0; freq_scale = 1 / factor, and a factor of 0 means no
+// scaling; type "none" never scales. attn_factor (rope.scaling.attn_factor, default 1) scales cos and
+// sin whatever the type. Type "yarn" sets ext_factor = 1 and attn_factor = get_mscale(factor) /
+// (1 + 0.1·ln factor) times the key's value, where get_mscale(s) = 1 + 0.1·ln s for s > 1, else 1 (the
+// rope op multiplies by 1 + 0.1·ln(1/freq_scale) again: net 1 + 0.1·ln factor for factor > 1); its ramp
+// uses rope.scaling.original_context_length (0 or absent: context_length) and beta_fast 32, beta_slow 1.
+// llama.cpp reads rope.scaling.yarn_* and yarn_log_multiplier only for other architectures, so minfer
+// does not read them either. longrope (phi3) is refused (not implemented), as is any other type.
 llvm::Error readRopeScaling(const gguf::GgufFile& file, ModelConfig& c) {
   const std::string p = c.architecture + ".";
   const std::string type_key = p + "rope.scaling.type";
@@ -85,12 +91,12 @@ llvm::Error readRopeScaling(const gguf::GgufFile& file, ModelConfig& c) {
     if (!t) return t.takeError();
     type = std::string(*t);
   }
-  if (type == "yarn" || type == "longrope")
-    return makeError(llvm::formatv("{0}: {1} = '{2}': {2} RoPE scaling is not implemented in minfer (supported: "
-                                   "none, linear)",
+  if (type == "longrope")
+    return makeError(llvm::formatv("{0}: {1} = '{2}': LongRoPE scaling (phi3's rope_factors_long/short) is not "
+                                   "implemented in minfer (supported: none, linear, yarn)",
                                    file.fileName(), type_key, type));
-  if (type != "none" && type != "linear")
-    return makeError(llvm::formatv("{0}: {1} = '{2}' is not a RoPE scaling type (supported: none, linear)",
+  if (type != "none" && type != "linear" && type != "yarn")
+    return makeError(llvm::formatv("{0}: {1} = '{2}' is not a RoPE scaling type (supported: none, linear, yarn)",
                                    file.fileName(), type_key, type));
   std::string factor_key = p + "rope.scaling.factor";
   if (!file.find(factor_key) && file.find(p + "rope.scale_linear")) factor_key = p + "rope.scale_linear";
@@ -99,8 +105,32 @@ llvm::Error readRopeScaling(const gguf::GgufFile& file, ModelConfig& c) {
   if (!(*factor >= 0) || !std::isfinite(*factor))
     return makeError(llvm::formatv("{0}: {1} = {2} must be finite and ≥ 0 (0: no scaling)", file.fileName(),
                                    factor_key, llvm::format("%g", *factor)));
+  const std::string attn_key = p + "rope.scaling.attn_factor";
+  auto attn = file.getF32Or(attn_key, 1.0f);
+  if (!attn) return attn.takeError();
+  if (!(*attn > 0) || !std::isfinite(*attn))
+    return makeError(llvm::formatv("{0}: {1} = {2} must be finite and > 0", file.fileName(), attn_key,
+                                   llvm::format("%g", *attn)));
+  c.rope_attn_factor = *attn;
   c.rope_scaling = fb::RopeScaling::None;
   c.rope_freq_scale = 1.0f;
+  if (type == "yarn") {
+    c.rope_scaling = fb::RopeScaling::Yarn;
+    if (*factor != 0.0f) c.rope_freq_scale = 1.0f / *factor;
+    const std::string orig_key = p + "rope.scaling.original_context_length";
+    auto orig = file.getU32Or(orig_key, 0);
+    if (!orig) return orig.takeError();
+    c.rope_n_ctx_orig = *orig != 0 ? *orig : c.n_ctx_train;
+    if (c.rope_n_ctx_orig == 0)
+      return makeError(llvm::formatv("{0}: YaRN RoPE scaling needs the original context length, but {1} and "
+                                     "{2}context_length are both 0",
+                                     file.fileName(), orig_key, p));
+    c.rope_ext_factor = 1.0f;
+    const float s = 1.0f / c.rope_freq_scale;  // float, in llama_context's order
+    const float mscale = s <= 1.0f ? 1.0f : 0.1f * std::log(s) + 1.0f;
+    c.rope_attn_factor = mscale * (1.0f / (1.0f + 0.1f * std::log(s))) * *attn;
+    return llvm::Error::success();
+  }
   if (type == "none" || *factor == 0.0f) return llvm::Error::success();
   c.rope_scaling = fb::RopeScaling::Linear;
   c.rope_freq_scale = 1.0f / *factor;

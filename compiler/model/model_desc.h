@@ -34,6 +34,9 @@ struct ModelConfig {
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / rope.scaling.factor (linear scaling)
   fb::RopeScaling rope_scaling = fb::RopeScaling::None;
+  // ggml_rope_ext's YaRN parameters as llama.cpp derives them (model_desc.cpp readRopeScaling; schema Step).
+  float rope_ext_factor = 0.0f, rope_attn_factor = 1.0f, rope_beta_fast = 32.0f, rope_beta_slow = 1.0f;
+  uint32_t rope_n_ctx_orig = 0;
   float rms_norm_eps = 1e-5f;
   bool tied_embeddings = false;
 };
@@ -58,6 +61,8 @@ struct StepDesc {
   uint32_t n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
   fb::RopeStyle rope_style = fb::RopeStyle::Norm;
   float rope_freq_base = 10000.0f, rope_freq_scale = 1.0f;
+  float rope_ext_factor = 0.0f, rope_attn_factor = 1.0f, rope_beta_fast = 32.0f, rope_beta_slow = 1.0f;  // YaRN
+  uint32_t rope_n_ctx_orig = 0;
   uint32_t rows = 0, cols = 0;
   std::string name;
   // Scale: factor and cap; Attention: query scale (0: 1/sqrt(head_dim)), logit cap (0: none) and

@@ -128,6 +128,11 @@ std::string stepText(const fb::Step& s, const fb::Artifact& m) {
                             s.head_dim(), s.n_rot(), fb::EnumNameRopeStyle(s.rope_style()), num(s.rope_freq_base()),
                             num(s.rope_freq_scale()))
                   .str();
+      if (s.rope_ext_factor() != 0)
+        line += llvm::formatv(" yarn ext {0} beta {1}/{2} n_ctx_orig {3}", num(s.rope_ext_factor()),
+                              num(s.rope_beta_fast()), num(s.rope_beta_slow()), s.rope_n_ctx_orig())
+                    .str();
+      if (s.rope_attn_factor() != 1) line += " attn_factor " + num(s.rope_attn_factor());
       break;
     case fb::OpKind::Attention:
       line += llvm::formatv(" layer {0} heads {1}/{2} head_dim {3}", s.layer(), s.n_head(), s.n_head_kv(), s.head_dim())
@@ -210,6 +215,11 @@ llvm::json::Object stepJson(const fb::Step& s, const fb::Artifact& m) {
                             {"rope_style", fb::EnumNameRopeStyle(s.rope_style())},
                             {"rope_freq_base", s.rope_freq_base()},
                             {"rope_freq_scale", s.rope_freq_scale()},
+                            {"rope_ext_factor", s.rope_ext_factor()},
+                            {"rope_attn_factor", s.rope_attn_factor()},
+                            {"rope_beta_fast", s.rope_beta_fast()},
+                            {"rope_beta_slow", s.rope_beta_slow()},
+                            {"rope_n_ctx_orig", int64_t{s.rope_n_ctx_orig()}},
                             {"rows", int64_t{s.rows()}},
                             {"cols", int64_t{s.cols()}},
                             {"tail", s.tail()},

@@ -421,6 +421,18 @@ class SemanticVerifier {
     if (!std::isfinite(s->scale()) || !std::isfinite(s->softcap()) || s->softcap() < 0)
       return fail(field + ".softcap", s,
                   cat("scale ", s->scale(), " / softcap ", s->softcap(), " must be finite (softcap ≥ 0)"));
+    // 1.3, YaRN (kernels/rope.cuh; 1.1 and 1.2 artifacts read the defaults 0, 1, 32, 1, 0: none).
+    if (!(s->rope_ext_factor() >= 0 && s->rope_ext_factor() <= 1))
+      return fail(field + ".rope_ext_factor", s, cat(s->rope_ext_factor(), " is not in [0, 1] (0: no YaRN)"));
+    if (!std::isfinite(s->rope_attn_factor()) || !(s->rope_attn_factor() > 0))
+      return fail(field + ".rope_attn_factor", s, cat(s->rope_attn_factor(), " is not a finite number > 0"));
+    if (!std::isfinite(s->rope_beta_fast()) || !(s->rope_beta_fast() > 0) || !std::isfinite(s->rope_beta_slow()) ||
+        !(s->rope_beta_slow() > 0))
+      return fail(field + ".rope_beta_fast", s,
+                  cat("YaRN beta_fast ", s->rope_beta_fast(), " / beta_slow ", s->rope_beta_slow(),
+                      " must be finite and > 0"));
+    if (s->rope_ext_factor() != 0 && s->rope_n_ctx_orig() == 0)
+      return fail(field + ".rope_n_ctx_orig", s, "is 0, but YaRN (rope_ext_factor ≠ 0) needs the original context");
     if (s->n_head_kv() > 0 && s->n_head() % s->n_head_kv() != 0)
       return fail(field + ".n_head_kv", s,
                   cat("n_head ", s->n_head(), " is not a multiple of n_head_kv ", s->n_head_kv()));

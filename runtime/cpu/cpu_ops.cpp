@@ -247,16 +247,22 @@ void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float
 }
 
 void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle style, float freq_base,
-          float freq_scale, int pos0, const float* freq_factors) {
+          float freq_scale, int pos0, const float* freq_factors, const kern::RopeYarn& yarn) {
   const int half = n_rot / 2;
+  const bool mix = yarn.ext_factor != 0.0f;
   float cos_t[kMaxRot / 2], sin_t[kMaxRot / 2];
   for (int t = 0; t < n_rows; ++t) {
-    const double pos = static_cast<double>(pos0 + t) * static_cast<double>(freq_scale);
+    // YaRN scales per pair (below), plain RoPE the position: the same order as kernels/rope.cuh.
+    const double pos = static_cast<double>(pos0 + t) * (mix ? 1.0 : static_cast<double>(freq_scale));
     for (int i = 0; i < half; ++i) {
       double theta = pos * std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
       if (freq_factors) theta /= static_cast<double>(freq_factors[i]);  // same order as kernels/rope.cuh
-      cos_t[i] = static_cast<float>(std::cos(theta));
-      sin_t[i] = static_cast<float>(std::sin(theta));
+      if (mix) {
+        const double g = static_cast<double>(kern::ropeYarnRamp(yarn.corr_lo, yarn.corr_hi, i) * yarn.ext_factor);
+        theta = theta * static_cast<double>(freq_scale) * (1.0 - g) + theta * g;
+      }
+      cos_t[i] = static_cast<float>(std::cos(theta)) * yarn.mscale;
+      sin_t[i] = static_cast<float>(std::sin(theta)) * yarn.mscale;
     }
     for (int h = 0; h < n_head; ++h) {
       float* e = x + (static_cast<int64_t>(t) * n_head + h) * head_dim;

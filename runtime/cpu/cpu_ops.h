@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/rope.cuh"
 #include "kernels/stride_table.h"
 #include "minfer/status.h"
 
@@ -96,10 +97,14 @@ void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float
 // (a, b) → (a·cosθ − b·sinθ, a·sinθ + b·cosθ). Elements ≥ n_rot of a head are untouched.
 // Requires n_rot even, n_rot ≤ head_dim, n_rot ≤ kMaxRot; freq_factors: null or n_rot/2 finite
 // values > 0. Tolerance 5e-7 (measured 7e-8).
+// With yarn (kern::ropeYarn(), kernels/rope.cuh: llama.cpp's YaRN): for ext_factor ≠ 0 the angle is
+// θ_i = θ_e·freq_scale·(1 − γ_i) + θ_e·γ_i with θ_e = pos·freq_base^(−2i/n_rot) / ff_i and γ_i =
+// ext_factor·ramp(i); cos and sin are multiplied by yarn.mscale (1 by default: no change). γ_i is
+// rounded to f32 as in ggml, which adds up to θ_e·(1 − freq_scale)·2^−24 to the angle's error.
 enum class RopeStyle : uint8_t { kNorm = 0, kNeox = 1 };
 constexpr int kMaxRot = 1024;
 void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle style, float freq_base,
-          float freq_scale, int pos0, const float* freq_factors = nullptr);
+          float freq_scale, int pos0, const float* freq_factors = nullptr, const kern::RopeYarn& yarn = {});
 
 // One layer's KV cache in float32: k and v are each (n_ctx, n_head_kv, head_dim), position-major.
 struct KvLayer {

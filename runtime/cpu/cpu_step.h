@@ -38,6 +38,7 @@ struct StepInfo {
   int n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
   RopeStyle rope_style = RopeStyle::kNorm;
   float rope_base = 10000, rope_scale = 1;
+  kern::RopeYarn rope_yarn;        // Rope: YaRN constants and the cos/sin scale (default: none, 1)
   int rows = 0, cols = 0;         // MatMul; width of elementwise ops in `cols`
   AttentionOptions attn;          // Attention: query scale, softcap, window
   float scale = 1, softcap = 0;   // Scale

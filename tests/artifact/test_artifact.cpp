@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +81,8 @@ struct TestStep {
   float rope_freq_base = 10000, rope_freq_scale = 1;
   uint32_t rows = 0, cols = 0;
   std::string name;
+  float rope_ext_factor = 0, rope_attn_factor = 1, rope_beta_fast = 32, rope_beta_slow = 1;  // 1.3: YaRN
+  uint32_t rope_n_ctx_orig = 0;
 };
 struct TestBuffer {
   std::string name;
@@ -312,7 +315,8 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
       out.push_back(fb::CreateStepDirect(b, st.op, &st.inputs, &st.outputs, &st.weights, st.layer, st.eps, st.n_head,
                                          st.n_head_kv, st.head_dim, st.n_rot, st.rope_style, st.rope_freq_base,
                                          st.rope_freq_scale, st.rows, st.cols, st.name.empty() ? nullptr : st.name.c_str(),
-                                         &launches, st.tail));
+                                         &launches, st.tail, 0, 0, 0, st.rope_ext_factor, st.rope_attn_factor,
+                                         st.rope_beta_fast, st.rope_beta_slow, st.rope_n_ctx_orig));
     }
     return fb::CreatePlanDirect(b, &out);
   };
@@ -1205,6 +1209,23 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec = g.spec;
     spec.decode[2].weights = {1, 2, 3};
     refused(spec, g.segs, {"decode.steps[2]", "MatMul step has 2 inputs, 1 outputs, 3 weights; expected 1..2 inputs"});
+  }
+  SUBCASE("YaRN fields of a Rope step (1.3) out of range") {
+    Spec spec = g.spec;
+    spec.prefill[4].rope_ext_factor = 1.5f;
+    refused(spec, g.segs, {"prefill.steps[4].rope_ext_factor", "1.5 is not in [0, 1] (0: no YaRN)"});
+    spec = g.spec;
+    spec.prefill[4].rope_ext_factor = NAN;
+    refused(spec, g.segs, {"prefill.steps[4].rope_ext_factor", "is not in [0, 1]"});
+    spec = g.spec;
+    spec.prefill[4].rope_attn_factor = 0;
+    refused(spec, g.segs, {"prefill.steps[4].rope_attn_factor", "0 is not a finite number > 0"});
+    spec = g.spec;
+    spec.prefill[4].rope_beta_slow = INFINITY;
+    refused(spec, g.segs, {"prefill.steps[4].rope_beta_fast", "YaRN beta_fast 32 / beta_slow inf must be finite and > 0"});
+    spec = g.spec;
+    spec.prefill[4].rope_ext_factor = 1;
+    refused(spec, g.segs, {"prefill.steps[4].rope_n_ctx_orig", "is 0, but YaRN (rope_ext_factor ≠ 0) needs the original"});
   }
   SUBCASE("attention layer out of range, op out of range") {
     Spec spec = g.spec;

@@ -416,28 +416,47 @@ TEST_CASE("dense_mm and dense_gemv: F32, F16, BF16") {
       }
 }
 
-TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions, frequency factors") {
+TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions, frequency factors, YaRN") {
   MINFER_REQUIRE_GPU(G);
   struct Case {
     bool neox;
     int n_rot;
     float base, scale;
     bool ff;  // ROPE_FREQ_FACTORS: per-pair divisors of θ (Llama 3.1 rope_freqs)
+    float ext_factor = 0, attn_factor = 1;  // YaRN (kernels/rope.cuh ropeYarn): ext 0 = none
+    unsigned n_ctx_orig = 0;
   };
   const Case cases[] = {{false, 64, 10000.0f, 1.0f, false}, {true, 64, 1000000.0f, 1.0f, false},
                         {false, 32, 10000.0f, 0.25f, false}, {true, 48, 500000.0f, 0.5f, false},
-                        {false, 64, 500000.0f, 1.0f, true},  {true, 48, 10000.0f, 0.5f, true}};
+                        {false, 64, 500000.0f, 1.0f, true},  {true, 48, 10000.0f, 0.5f, true},
+                        // YaRN x4 (ramp over pairs 10..23), x8 with factors and attn_factor, scale alone
+                        {false, 64, 10000.0f, 0.25f, false, 1.0f, 1.0f, 4096},
+                        {true, 64, 500000.0f, 0.125f, true, 1.0f, 0.9f, 8192},
+                        {true, 48, 1000000.0f, 0.25f, false, 1.0f, 1.0f, 32768},
+                        {false, 64, 10000.0f, 1.0f, false, 0.0f, 2.0f, 0}};
   constexpr size_t kCases = sizeof(cases) / sizeof(cases[0]);
   const int h = 10, hkv = 2, d = 64;  // 12 heads: from 64 tokens on, groups of 8 (the second partial)
   std::vector<codegen::KernelSpec> specs;
-  for (const Case& c : cases)
-    specs.push_back(spec(std::string("rope_test_") + (c.neox ? "neox" : "norm") + str(c.n_rot) + (c.ff ? "_ff" : ""),
-                         "kernels/rope.cuh", "minfer_rope",
-                         {{"ROPE_NHEAD", str(h)}, {"ROPE_NHEAD_KV", str(hkv)}, {"ROPE_HEAD_DIM", str(d)},
-                          {"ROPE_NROT", str(c.n_rot)}, {"ROPE_NEOX", c.neox ? "1" : "0"},
-                          {"ROPE_BASE", codegen::floatLiteral(c.base)}, {"ROPE_SCALE", codegen::floatLiteral(c.scale)},
-                          {"ROPE_FREQ_FACTORS", c.ff ? "1" : "0"}},
-                         {"--fmad=false"}));
+  std::vector<kern::RopeYarn> yarns;
+  for (size_t ci = 0; ci < kCases; ++ci) {
+    const Case& c = cases[ci];
+    const kern::RopeYarn y = kern::ropeYarn(c.n_rot, c.base, c.scale, c.ext_factor, c.attn_factor, 32.0f, 1.0f,
+                                            c.n_ctx_orig);
+    yarns.push_back(y);
+    std::vector<std::pair<std::string, std::string>> defs = {
+        {"ROPE_NHEAD", str(h)}, {"ROPE_NHEAD_KV", str(hkv)}, {"ROPE_HEAD_DIM", str(d)},
+        {"ROPE_NROT", str(c.n_rot)}, {"ROPE_NEOX", c.neox ? "1" : "0"},
+        {"ROPE_BASE", codegen::floatLiteral(c.base)}, {"ROPE_SCALE", codegen::floatLiteral(c.scale)},
+        {"ROPE_FREQ_FACTORS", c.ff ? "1" : "0"}};
+    if (y.ext_factor != 0)  // as compiler/codegen/ops/rope.cpp defines them
+      defs.insert(defs.end(), {{"ROPE_YARN", "1"}, {"ROPE_EXT_FACTOR", codegen::floatLiteral(y.ext_factor)},
+                               {"ROPE_CORR_LO", codegen::floatLiteral(y.corr_lo)},
+                               {"ROPE_CORR_HI", codegen::floatLiteral(y.corr_hi)}});
+    if (y.mscale != 1.0f) defs.push_back({"ROPE_MSCALE", codegen::floatLiteral(y.mscale)});
+    specs.push_back(spec(std::string("rope_test_") + str(ci) + (c.neox ? "_neox" : "_norm") + str(c.n_rot) +
+                             (c.ff ? "_ff" : ""),
+                         "kernels/rope.cuh", "minfer_rope", defs, {"--fmad=false"}));
+  }
   std::vector<Kernel> k = compile(specs);
   for (size_t ci = 0; ci < kCases; ++ci)
     for (int pos0 : {0, 1000})
@@ -459,8 +478,8 @@ TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions, fre
         launch(k[ci], kern::ropeLaunch(n, h, hkv), {&a, &b, &f, &p, &n});
         const cpu::RopeStyle style = c.neox ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kNorm;
         const float* ffp = c.ff ? ff.data() : nullptr;
-        cpu::rope(q.data(), n, h, d, c.n_rot, style, c.base, c.scale, pos0, ffp);
-        cpu::rope(kk.data(), n, hkv, d, c.n_rot, style, c.base, c.scale, pos0, ffp);
+        cpu::rope(q.data(), n, h, d, c.n_rot, style, c.base, c.scale, pos0, ffp, yarns[ci]);
+        cpu::rope(kk.data(), n, hkv, d, c.n_rot, style, c.base, c.scale, pos0, ffp, yarns[ci]);
         std::vector<float> gq = d_q.download<float>(q.size()), gk = d_k.download<float>(kk.size());
         CHECK(track("rope", relError(gq.data(), q.data(), q.size())) <= kRopeTol);
         CHECK(track("rope", relError(gk.data(), kk.data(), kk.size())) <= kRopeTol);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "compiler/compile_model.h"
@@ -139,6 +140,77 @@ TEST_CASE("RoPE scaling forms as llama.cpp reads them: legacy scale_linear, fact
                                                   static_cast<int>(none.size() / ids.size()), {}, 0);
   MESSAGE("linear x4 vs none: rel " << d.rel());
   CHECK(d.rel() > 1e-2);
+}
+
+TEST_CASE("YaRN (rope.scaling.type yarn) compiles and runs: linear scaling mixed per pair by llama.cpp's ramp") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::vector<int32_t> ids = minfer::test::loadGolden("stories260K-F32_long").prompt_ids;
+  const std::string p = "llama.";
+  auto file = gguf::GgufFile::open(minfer::test::fixturesDir() + "/models/stories260K.gguf");
+  REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+  auto base = (*file)->getF32Or(p + "rope.freq_base", 10000.0f);
+  auto n_embd = (*file)->getU32Or(p + "embedding_length", 0), n_head = (*file)->getU32Or(p + "attention.head_count", 0);
+  REQUIRE((base && n_embd && n_head));
+  const uint32_t n_rot = *n_embd / *n_head;  // stories260K has no rope.dimension_count
+  const uint32_t n_ctx_orig = 1000;
+  const float factor = 4.0f, s = 1.0f / factor;
+  const auto none = cpuLogits(stories260KVariant("none", [](gguf::GgufWriter&) {}), ids);
+
+  // Without a factor YaRN leaves the angles alone (freq_scale 1, llama.cpp's scale 1).
+  const auto yarn1 = cpuLogits(stories260KVariant("yarn1", [&](gguf::GgufWriter& w) {
+                                 w.setString(p + "rope.scaling.type", "yarn");
+                               }), ids);
+  const int n_vocab = static_cast<int>(none.size() / ids.size());
+  const LogitDiff d1 = minfer::test::compareLogits(yarn1.data(), none.data(), static_cast<int>(ids.size()), n_vocab, {}, 0);
+  MESSAGE("yarn without factor vs none: rel " << d1.rel());
+  CHECK(d1.rel() <= 1e-6);
+
+  // YaRN x4 with rope.scaling.attn_factor = 1 / (1 + 0.1·ln 4), which cancels llama.cpp's cos/sin scale,
+  // equals linear x4 with the frequency factors ff_i = s / (s·(1 − γ_i) + γ_i): both give pair i the
+  // angle θ_i·(s·(1 − γ_i) + γ_i). γ_i is YaRN's ramp, restated here in float64 (kernels/rope.cuh).
+  auto corr = [&](double beta) { return n_rot * std::log(n_ctx_orig / (2 * M_PI * beta)) / (2 * std::log(double(*base))); };
+  const double lo = std::max(0.0, std::floor(corr(32))), hi = std::min(n_rot - 1.0, std::ceil(corr(1)));
+  std::vector<float> ff(n_rot / 2);
+  int ramp_inside = 0;
+  for (uint32_t i = 0; i < n_rot / 2; ++i) {
+    const double g = 1 - std::clamp((i - lo) / std::max(0.001, hi - lo), 0.0, 1.0);
+    ramp_inside += g > 0 && g < 1;
+    ff[i] = static_cast<float>(s / (s * (1 - g) + g));
+  }
+  CHECK(ramp_inside >= 1);  // the test covers pairs inside the ramp, not only its ends
+  const float cancel = 1.0f / (1.0f + 0.1f * std::log(factor));
+  const auto yarn4 = cpuLogits(stories260KVariant("yarn4", [&](gguf::GgufWriter& w) {
+                                 w.setString(p + "rope.scaling.type", "yarn");
+                                 w.setF32(p + "rope.scaling.factor", factor);
+                                 w.setU32(p + "rope.scaling.original_context_length", n_ctx_orig);
+                                 w.setF32(p + "rope.scaling.attn_factor", cancel);
+                               }), ids);
+  const auto emulated = cpuLogits(stories260KVariant("linear4_ff", [&](gguf::GgufWriter& w) {
+                                    w.setString(p + "rope.scaling.type", "linear");
+                                    w.setF32(p + "rope.scaling.factor", factor);
+                                    std::vector<uint8_t> bytes(ff.size() * 4);
+                                    std::memcpy(bytes.data(), ff.data(), bytes.size());
+                                    w.addTensor("rope_freqs.weight", GgmlType::F32, {ff.size()}, bytes);
+                                  }), ids);
+  const LogitDiff d4 =
+      minfer::test::compareLogits(yarn4.data(), emulated.data(), static_cast<int>(ids.size()), n_vocab, {}, 0);
+  MESSAGE("yarn x4 vs linear x4 with the ramp as frequency factors: rel " << d4.rel());
+  CHECK(d4.rel() <= 1e-5);
+
+  // The plain YaRN x4 file: scale 1 + 0.1·ln 4 on cos and sin, so unlike both of the above.
+  const auto yarn4_plain = cpuLogits(stories260KVariant("yarn4_plain", [&](gguf::GgufWriter& w) {
+                                       w.setString(p + "rope.scaling.type", "yarn");
+                                       w.setF32(p + "rope.scaling.factor", factor);
+                                       w.setU32(p + "rope.scaling.original_context_length", n_ctx_orig);
+                                     }), ids);
+  for (const float v : yarn4_plain) REQUIRE(std::isfinite(v));
+  const LogitDiff ds =
+      minfer::test::compareLogits(yarn4_plain.data(), yarn4.data(), static_cast<int>(ids.size()), n_vocab, {}, 0);
+  const LogitDiff dn =
+      minfer::test::compareLogits(yarn4.data(), none.data(), static_cast<int>(ids.size()), n_vocab, {}, 0);
+  MESSAGE("yarn x4 with vs without llama.cpp's scale: rel " << ds.rel() << "; yarn x4 vs none: rel " << dn.rel());
+  CHECK(ds.rel() > 1e-3);
+  CHECK(dn.rel() > 1e-2);
 }
 
 TEST_CASE("CPU backend matches llama.cpp and the float64 reference on every golden case") {

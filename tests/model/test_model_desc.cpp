@@ -8,6 +8,7 @@
 
 #include "compiler/gguf/gguf_writer.h"
 #include "compiler/model/model_desc.h"
+#include "kernels/rope.cuh"
 #include "llvm/Support/MemoryBuffer.h"
 #include "tests/test_support.h"
 
@@ -41,6 +42,8 @@ struct TinySpec {
   float rope_scale = 0;       // > 0: rope.scaling.type linear with this factor
   std::string scaling_type;   // non-empty: rope.scaling.type
   float scaling_factor = NAN, scale_linear = NAN;  // not NaN: rope.scaling.factor / rope.scale_linear
+  float attn_factor = NAN;    // not NaN: rope.scaling.attn_factor
+  int64_t orig_ctx = -1;      // ≥ 0: rope.scaling.original_context_length (no context_length key: 2048)
   bool tied = false, bias = false, qk_norm = false;
   std::set<std::string> skip;
   std::vector<std::pair<std::string, uint64_t>> extra;
@@ -68,6 +71,8 @@ gguf::GgufWriter makeWriter(const TinySpec& s) {
   if (!s.scaling_type.empty()) w.setString(a + "rope.scaling.type", s.scaling_type);
   if (!std::isnan(s.scaling_factor)) w.setF32(a + "rope.scaling.factor", s.scaling_factor);
   if (!std::isnan(s.scale_linear)) w.setF32(a + "rope.scale_linear", s.scale_linear);
+  if (!std::isnan(s.attn_factor)) w.setF32(a + "rope.scaling.attn_factor", s.attn_factor);
+  if (s.orig_ctx >= 0) w.setU32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(s.orig_ctx));
   auto add = [&](const std::string& name, std::vector<uint64_t> ne) {
     uint64_t n = 1;
     for (uint64_t d : ne) n *= d;
@@ -481,12 +486,10 @@ TEST_CASE("RoPE scaling keys read as llama.cpp reads them") {
       if (st.op == fb::OpKind::Rope) CHECK(st.rope_freq_scale == c.freq_scale);
   }
   const std::pair<std::string, std::string> refused[] = {
-      {"yarn", "tiny-llama.gguf: llama.rope.scaling.type = 'yarn': yarn RoPE scaling is not implemented in minfer "
-               "(supported: none, linear)"},
-      {"longrope", "tiny-llama.gguf: llama.rope.scaling.type = 'longrope': longrope RoPE scaling is not implemented "
-                   "in minfer (supported: none, linear)"},
+      {"longrope", "tiny-llama.gguf: llama.rope.scaling.type = 'longrope': LongRoPE scaling (phi3's "
+                   "rope_factors_long/short) is not implemented in minfer (supported: none, linear, yarn)"},
       {"dynamic", "tiny-llama.gguf: llama.rope.scaling.type = 'dynamic' is not a RoPE scaling type (supported: none, "
-                  "linear)"},
+                  "linear, yarn)"},
   };
   for (const auto& [type, message] : refused) {
     TinySpec s;
@@ -497,6 +500,68 @@ TEST_CASE("RoPE scaling keys read as llama.cpp reads them") {
   negative.scale_linear = -2.0f;
   CHECK(describeTinyError(negative) ==
         "tiny-llama.gguf: llama.rope.scale_linear = -2 must be finite and ≥ 0 (0: no scaling)");
+}
+
+TEST_CASE("YaRN RoPE scaling: llama.cpp's ggml_rope_ext parameters from the rope.scaling keys") {
+  struct Case {
+    const char* what;
+    std::string type;
+    float factor, attn;
+    int64_t orig;
+    fb::RopeScaling scaling;
+    float freq_scale, ext_factor;
+    uint32_t n_ctx_orig;
+    double attn_factor;  // llama_context: get_mscale(factor) / (1 + 0.1·ln factor) · rope.scaling.attn_factor
+  };
+  const double ln4 = std::log(4.0);
+  const Case cases[] = {
+      {"yarn x4, original context 512", "yarn", 4.0f, NAN, 512, fb::RopeScaling::Yarn, 0.25f, 1.0f, 512, 1.0},
+      {"yarn x8 without original context: context_length", "yarn", 8.0f, NAN, -1, fb::RopeScaling::Yarn, 0.125f,
+       1.0f, 2048, 1.0},
+      {"yarn original context 0: context_length", "yarn", 4.0f, NAN, 0, fb::RopeScaling::Yarn, 0.25f, 1.0f, 2048, 1.0},
+      {"yarn with attn_factor", "yarn", 4.0f, 0.5f, 1024, fb::RopeScaling::Yarn, 0.25f, 1.0f, 1024, 0.5},
+      {"yarn without factor: freq_scale 1", "yarn", NAN, NAN, -1, fb::RopeScaling::Yarn, 1.0f, 1.0f, 2048, 1.0},
+      {"yarn factor 0.5 (< 1): no get_mscale", "yarn", 0.5f, NAN, 64, fb::RopeScaling::Yarn, 2.0f, 1.0f, 64,
+       1.0 / (1 + 0.1 * std::log(0.5))},
+      {"linear with attn_factor", "linear", 8.0f, 2.0f, 100, fb::RopeScaling::Linear, 0.125f, 0.0f, 0, 2.0},
+      {"none with attn_factor", "none", 8.0f, 3.0f, -1, fb::RopeScaling::None, 1.0f, 0.0f, 0, 3.0},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    TinySpec s;
+    s.scaling_type = c.type, s.scaling_factor = c.factor, s.attn_factor = c.attn, s.orig_ctx = c.orig;
+    auto d = describeTiny(s);
+    REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+    CHECK(d->config.rope_scaling == c.scaling);
+    CHECK(d->config.rope_freq_scale == c.freq_scale);
+    int n_rope = 0;
+    for (const auto* plan : {&d->plan.prefill, &d->plan.decode})
+      for (const auto& st : *plan)
+        if (st.op == fb::OpKind::Rope) {
+          ++n_rope;
+          CHECK(st.rope_freq_scale == c.freq_scale);
+          CHECK(st.rope_ext_factor == c.ext_factor);
+          CHECK(st.rope_n_ctx_orig == c.n_ctx_orig);
+          CHECK(std::abs(st.rope_attn_factor - c.attn_factor) < 1e-6);
+          CHECK(st.rope_beta_fast == 32.0f);  // llama.cpp's defaults (its yarn_* keys are for other archs)
+          CHECK(st.rope_beta_slow == 1.0f);
+        }
+    CHECK(n_rope >= 2);
+  }
+  // What the rope op then applies to cos and sin: 1 + 0.1·ln 4 for x4 (llama.cpp's net YaRN scale).
+  TinySpec x4;
+  x4.scaling_type = "yarn", x4.scaling_factor = 4.0f, x4.orig_ctx = 512;
+  auto d = describeTiny(x4);
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  const model::ModelConfig& c = d->config;
+  const kern::RopeYarn y = kern::ropeYarn(static_cast<int>(c.n_rot), c.rope_freq_base, c.rope_freq_scale,
+                                          c.rope_ext_factor, c.rope_attn_factor, c.rope_beta_fast, c.rope_beta_slow,
+                                          c.rope_n_ctx_orig);
+  CHECK(std::abs(y.mscale - (1 + 0.1 * ln4)) < 1e-6);
+
+  TinySpec bad_attn;
+  bad_attn.scaling_type = "yarn", bad_attn.scaling_factor = 4.0f, bad_attn.attn_factor = 0.0f;
+  CHECK(describeTinyError(bad_attn) == "tiny-llama.gguf: llama.rope.scaling.attn_factor = 0 must be finite and > 0");
 }
 
 TEST_CASE("an empty tensor (a dim of 0) parses and is refused by the block that uses it") {

@@ -5,6 +5,7 @@
 // group pitches are padded with garbage, so a reader that bypasses the table fails.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -134,6 +135,118 @@ TEST_CASE("rope with frequency factors (Llama 3.1 rope_freqs) matches float64, b
   rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, 7, ones.data());
   rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, 7);
   CHECK(a == b);
+}
+
+// YaRN restated in float64 from the paper's definitions, as llama.cpp parameterizes them (ggml_rope_ext):
+// the pair whose wavelength 2π·base^(2i/n_rot) fits β times into n_ctx_orig is
+// i(β) = n_rot·ln(n_ctx_orig / (2πβ)) / (2·ln base); the ramp runs from ⌊i(beta_fast)⌋ (γ = 1: the
+// original angle) to ⌈i(beta_slow)⌉ (γ = 0: the angle times freq_scale); mscale = attn_factor·(1 + 0.1·ln(1/s)).
+struct Yarn64 {
+  double lo, hi, mscale;
+  Yarn64(int n_rot, double base, double s, double attn, double beta_fast, double beta_slow, double n_ctx_orig) {
+    auto pair = [&](double beta) { return n_rot * std::log(n_ctx_orig / (2 * M_PI * beta)) / (2 * std::log(base)); };
+    lo = std::max(0.0, std::floor(pair(beta_fast)));
+    hi = std::min(n_rot - 1.0, std::ceil(pair(beta_slow)));
+    mscale = attn * (1 + 0.1 * std::log(1 / s));
+  }
+  double gamma(int i) const { return 1 - std::clamp((i - lo) / std::max(0.001, hi - lo), 0.0, 1.0); }
+  double theta(int i, int n_rot, double base, double s, double pos) const {
+    const double extrap = pos * std::pow(base, -2.0 * i / n_rot);
+    return extrap * s * (1 - gamma(i)) + extrap * gamma(i);
+  }
+};
+
+TEST_CASE("YaRN: ramp ends, mscale and angles match a float64 restatement, both styles") {
+  const int n_rot = 64, hd = 72, n_head = 2;
+  const float base = 10000.0f, s = 0.25f, attn = 1.0f;  // factor 4 over an original context of 4096
+  const kern::RopeYarn y = kern::ropeYarn(n_rot, base, s, 1.0f, attn, 32.0f, 1.0f, 4096);
+  const Yarn64 y64(n_rot, base, s, attn, 32, 1, 4096);
+  // i(32) = 10.47, i(1) = 22.51: the ramp runs over pairs 10..23.
+  CHECK(y.corr_lo == 10.0f);
+  CHECK(y.corr_hi == 23.0f);
+  CHECK(y64.lo == 10.0);
+  CHECK(y64.hi == 23.0);
+  CHECK(std::abs(y.mscale - y64.mscale) < 1e-6);
+  CHECK(std::abs(y64.mscale - (1 + 0.1 * std::log(4.0))) < 1e-15);
+  // The ramp: both ends and the middle.
+  CHECK(kern::ropeYarnRamp(y.corr_lo, y.corr_hi, 0) == 1.0f);
+  CHECK(kern::ropeYarnRamp(y.corr_lo, y.corr_hi, 10) == 1.0f);
+  CHECK(std::abs(kern::ropeYarnRamp(y.corr_lo, y.corr_hi, 16) - (1 - 6.0 / 13)) < 1e-7);
+  CHECK(kern::ropeYarnRamp(y.corr_lo, y.corr_hi, 23) == 0.0f);
+  CHECK(kern::ropeYarnRamp(y.corr_lo, y.corr_hi, 31) == 0.0f);
+  CHECK(y64.gamma(10) == 1.0);
+  CHECK(y64.gamma(23) == 0.0);
+
+  // Angles: a unit vector (1, 0) in every pair comes out as mscale·(cos θ_i, sin θ_i).
+  for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox})
+    for (int pos0 : {0, 3000}) {
+      CAPTURE(static_cast<int>(style));
+      CAPTURE(pos0);
+      const int rows = 3;
+      std::vector<float> x(rows * n_head * hd, 0.0f);
+      for (int r = 0; r < rows * n_head; ++r)
+        for (int i = 0; i < n_rot / 2; ++i) x[r * hd + (style == RopeStyle::kNorm ? 2 * i : i)] = 1.0f;
+      rope(x.data(), rows, n_head, hd, n_rot, style, base, s, pos0, nullptr, y);
+      // Error allowed: cos/sin and mscale rounded to f32 (3e-7), plus γ_i rounded to f32 as ggml's
+      // rope_yarn_ramp does, which moves θ_i by up to θ_extrap·(1 − s)·2^−24.
+      double worst = 0;  // in units of the allowance
+      for (int t = 0; t < rows; ++t)
+        for (int i : {0, 5, 10, 11, 16, 22, 23, 31}) {
+          const double th = y64.theta(i, n_rot, base, s, pos0 + t);
+          const double allowed = 3e-7 + (pos0 + t) * std::pow(double(base), -2.0 * i / n_rot) * (1 - s) * 0x1p-24;
+          const float* e = x.data() + (t * n_head + 1) * hd;
+          const int a = style == RopeStyle::kNorm ? 2 * i : i, b = style == RopeStyle::kNorm ? 2 * i + 1 : i + n_rot / 2;
+          worst = std::max({worst, std::abs(e[a] - y64.mscale * std::cos(th)) / allowed,
+                            std::abs(e[b] - y64.mscale * std::sin(th)) / allowed});
+        }
+      MESSAGE("YaRN angles: max error " << worst << " of the allowance");
+      CHECK(worst <= 1.0);
+    }
+
+  // Random vectors with frequency factors: the whole rotation against float64 (tolerance of cpu::rope).
+  std::mt19937_64 rng(31);
+  const int rows = 4, pos0 = 2000;
+  const std::vector<float> x = randomFloats(rows * n_head * hd, rng);
+  std::vector<float> ff(n_rot / 2);
+  for (int i = 0; i < n_rot / 2; ++i) ff[i] = 1.0f + 0.25f * static_cast<float>(i % 5);
+  const kern::RopeYarn y2 = kern::ropeYarn(n_rot, 500000.0f, 0.125f, 1.0f, 0.9f, 32.0f, 1.0f, 8192);
+  const Yarn64 y2_64(n_rot, 500000.0, 0.125, 0.9, 32, 1, 8192);
+  CHECK(y2.corr_lo == y2_64.lo);
+  CHECK(y2.corr_hi == y2_64.hi);
+  CHECK(y2_64.lo > 0);
+  CHECK(y2_64.hi < n_rot / 2 - 1);  // both ends inside: pairs on each side of the ramp
+  for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox}) {
+    std::vector<float> got = x;
+    rope(got.data(), rows, n_head, hd, n_rot, style, 500000.0f, 0.125f, pos0, ff.data(), y2);
+    std::vector<double> ref(x.begin(), x.end());
+    for (int t = 0; t < rows; ++t)
+      for (int h = 0; h < n_head; ++h)
+        for (int i = 0; i < n_rot / 2; ++i) {
+          const double th = y2_64.theta(i, n_rot, 500000.0, 0.125, pos0 + t) / ff[i];
+          const int a = style == RopeStyle::kNorm ? 2 * i : i, b = style == RopeStyle::kNorm ? 2 * i + 1 : i + n_rot / 2;
+          double* e = ref.data() + (t * n_head + h) * hd;
+          const double va = e[a], vb = e[b];
+          e[a] = y2_64.mscale * (va * std::cos(th) - vb * std::sin(th));
+          e[b] = y2_64.mscale * (va * std::sin(th) + vb * std::cos(th));
+        }
+    const double err = maxRelError(got.data(), ref.data(), got.size());
+    MESSAGE("YaRN rope max rel error " << err);
+    CHECK(err < 5e-7);
+    for (int r = 0; r < rows * n_head; ++r)
+      for (int d = n_rot; d < hd; ++d) CHECK(got[r * hd + d] == x[r * hd + d]);
+    // Plain linear scaling is a different rotation (the ramp matters).
+    std::vector<float> linear = x;
+    rope(linear.data(), rows, n_head, hd, n_rot, style, 500000.0f, 0.125f, pos0, ff.data());
+    CHECK(maxRelError(linear.data(), ref.data(), ref.size()) > 1e-2);
+  }
+
+  // attn_factor alone (no YaRN mix) scales cos and sin: 2x the plain rotation, bit for bit.
+  const kern::RopeYarn scaled = kern::ropeYarn(n_rot, base, 0.5f, 0.0f, 2.0f, 32.0f, 1.0f, 0);
+  CHECK(scaled.mscale == 2.0f);
+  std::vector<float> a = x, b = x;
+  rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, base, 0.5f, 9, nullptr, scaled);
+  rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, base, 0.5f, 9);
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == (i % hd < size_t(n_rot) ? 2.0f * b[i] : b[i]));
 }
 
 TEST_CASE("swiGlu and add match float64, in place too") {

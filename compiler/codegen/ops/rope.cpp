@@ -1,5 +1,6 @@
 // Op family Rope → kernels/rope.cuh: rotary position embedding of q and k, in place, with the
-// optional per-pair frequency factors (weight 0, rope_freqs: n_rot/2 f32 values) of Llama 3.1+.
+// optional per-pair frequency factors (weight 0, rope_freqs: n_rot/2 f32 values) of Llama 3.1+ and
+// YaRN scaling (its ramp ends and cos/sin scale baked in as constants).
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/rope.cuh"
 
@@ -26,6 +27,14 @@ Launches ropeLaunches(const StepContext& c) {
     ff = *plane;
     key += "_ff";  // the values are a runtime operand; only their presence is compiled in
   }
+  // YaRN and the cos/sin scale (format 1.3): constants derived once, as the CPU reference derives them.
+  const kern::RopeYarn yarn = kern::ropeYarn(static_cast<int>(s.n_rot), s.rope_freq_base, s.rope_freq_scale,
+                                             s.rope_ext_factor, s.rope_attn_factor, s.rope_beta_fast,
+                                             s.rope_beta_slow, s.rope_n_ctx_orig);
+  const bool mix = yarn.ext_factor != 0.0f;
+  if (mix)
+    key += "_yarn" + keyNumber(yarn.ext_factor) + "_lo" + keyNumber(yarn.corr_lo) + "_hi" + keyNumber(yarn.corr_hi);
+  if (yarn.mscale != 1.0f) key += "_m" + keyNumber(yarn.mscale);
   SpecBuilder b(key, "kernels/rope.cuh", "minfer_rope");
   b.define("ROPE_NHEAD", static_cast<uint64_t>(s.n_head))
       .define("ROPE_NHEAD_KV", static_cast<uint64_t>(s.n_head_kv))
@@ -34,8 +43,14 @@ Launches ropeLaunches(const StepContext& c) {
       .define("ROPE_NEOX", static_cast<uint64_t>(neox))
       .define("ROPE_BASE", floatLiteral(s.rope_freq_base))
       .define("ROPE_SCALE", floatLiteral(s.rope_freq_scale))
-      .define("ROPE_FREQ_FACTORS", static_cast<uint64_t>(freq_factors))
-      .flag("--fmad=false");  // rotation rounded like the CPU reference
+      .define("ROPE_FREQ_FACTORS", static_cast<uint64_t>(freq_factors));
+  if (mix)
+    b.define("ROPE_YARN", uint64_t{1})
+        .define("ROPE_EXT_FACTOR", floatLiteral(yarn.ext_factor))
+        .define("ROPE_CORR_LO", floatLiteral(yarn.corr_lo))
+        .define("ROPE_CORR_HI", floatLiteral(yarn.corr_hi));
+  if (yarn.mscale != 1.0f) b.define("ROPE_MSCALE", floatLiteral(yarn.mscale));
+  b.flag("--fmad=false");  // rotation rounded like the CPU reference
   KernelLaunch l{b.spec, {}, kern::ropeLaunchRule(s.n_head, s.n_head_kv)};
   l.args = {activationArg("q", c.inputId(0), (*q)->width, fb::Access::ReadWrite),
             activationArg("k", c.inputId(1), (*k)->width, fb::Access::ReadWrite),

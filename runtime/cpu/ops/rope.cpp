@@ -1,5 +1,6 @@
 // CPU op family Rope: RoPE of q and k in place at the batch's positions (cpu::rope), with the
-// optional per-pair frequency factors (weight 0: rope_freqs, n_rot/2 f32 values) for q and k alike.
+// optional per-pair frequency factors (weight 0: rope_freqs, n_rot/2 f32 values) for q and k alike, and
+// YaRN (format 1.3's Step.rope_ext_factor … rope_n_ctx_orig, llama.cpp's ggml_rope_ext parameters).
 #include <cmath>
 
 #include "runtime/cpu/cpu_step.h"
@@ -28,6 +29,19 @@ Status ropePrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
   info.rope_style = s.rope_style() == fb::RopeStyle::Neox ? RopeStyle::kNeox : RopeStyle::kNorm;
   info.rope_base = s.rope_freq_base();
   info.rope_scale = s.rope_freq_scale();
+  // 1.3: YaRN and the cos/sin scale (an older artifact reads the defaults: none, 1).
+  const bool yarn = s.rope_ext_factor() != 0.0f;
+  if (!(s.rope_ext_factor() >= 0 && s.rope_ext_factor() <= 1) || !(s.rope_attn_factor() > 0) ||
+      !std::isfinite(s.rope_attn_factor()) || !(s.rope_beta_fast() > 0) || !std::isfinite(s.rope_beta_fast()) ||
+      !(s.rope_beta_slow() > 0) || !std::isfinite(s.rope_beta_slow()) || (yarn && s.rope_n_ctx_orig() == 0))
+    return Status::error(info.label + ": YaRN parameters rope_ext_factor = " + std::to_string(s.rope_ext_factor()) +
+                         ", rope_attn_factor = " + std::to_string(s.rope_attn_factor()) + ", rope_beta_fast = " +
+                         std::to_string(s.rope_beta_fast()) + ", rope_beta_slow = " + std::to_string(s.rope_beta_slow()) +
+                         ", rope_n_ctx_orig = " + std::to_string(s.rope_n_ctx_orig()) +
+                         " (need ext_factor in [0, 1], finite factors and betas > 0, n_ctx_orig ≥ 1 with YaRN)");
+  info.rope_yarn = kern::ropeYarn(static_cast<int>(s.n_rot()), s.rope_freq_base(), s.rope_freq_scale(),
+                                  s.rope_ext_factor(), s.rope_attn_factor(), s.rope_beta_fast(), s.rope_beta_slow(),
+                                  s.rope_n_ctx_orig());
   if (count(s.weights()) == 1) {  // info.vec: the frequency factors (null without them)
     Result<const float*> ff = c.vectorWeight(s.weights()->Get(0), s.n_rot() / 2, info.label);
     if (!ff) return ff.takeStatus();
@@ -44,9 +58,9 @@ Status ropePrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
 
 void ropeRun(RunContext& c, const StepInfo& s) {
   rope(c.buf(s.in[0]), c.n, s.n_head, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0,
-       s.vec);
+       s.vec, s.rope_yarn);
   rope(c.buf(s.in[1]), c.n, s.n_head_kv, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0,
-       s.vec);
+       s.vec, s.rope_yarn);
 }
 
 }  // namespace minfer::cpu
