@@ -23,6 +23,7 @@
 #include "kernels/elementwise.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
 #include "kernels/quantize_act.cuh"
 #include "kernels/rms_norm.cuh"
@@ -41,6 +42,7 @@ constexpr double kEmbedTol = 0.0;        // bit-identical (same dequantizeBlock,
 constexpr double kRmsNormTol = 2e-6;     // f32 tree vs sequential sum of squares; measured 3.0e-7 (head 2.1e-7)
 constexpr double kMmqTol = 2e-5;         // vs W·dequant(q8(x)) in f32, summation order only; measured 5.7e-7
 constexpr double kGemvTol = 2e-5;        // same definition as MMQ; measured 3.8e-7
+constexpr double kGemvBlocksTol = 1e-5;  // GEMV's definition on GGUF blocks, K ≤ 18944; measured 1.4e-6–1.6e-6
 constexpr double kQ8ActTol = 2.5e-2;     // vs W·x: int8 activation rounding (README §4: 3e-2); measured 6.4e-3
 constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums; measured 1.0e-6 (GEMV 2.2e-7)
 constexpr double kRopeTol = 1e-6;        // same double θ, f32 rotation without FMA; measured 0
@@ -368,6 +370,103 @@ TEST_CASE("mmq and gemv: padded row pitches (offset gate)") {
   MINFER_REQUIRE_GPU(G);
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_1, GgmlType::Q2_K})
     checkQuantizedMatmul(t, 136, 512, true, true, 64);
+}
+
+// The kBlocks plane of a quantized matmul weight as the layout planner makes it for the decode GEMV: the
+// GGUF blocks unchanged, each at a 16-byte aligned group pitch (Q4_K 144; Q6_K 224: the 210-byte block
+// then 14 zero bytes). `padded`: 32 more bytes per row and every pad byte 0xCD instead of 0, so a kernel
+// that ignores either pitch, or reads a pad byte, gives wrong sums.
+BuiltPlane alignedBlocksPlane(const RandomWeight& w, bool padded) {
+  const GgmlTypeTraits tr = ggmlTypeTraits(w.type);
+  const uint64_t blocks = w.cols / tr.block_size;
+  BuiltPlane p;
+  p.table.kind = PlaneKind::kBlocks;
+  p.table.elem = ElemType::kU8;
+  p.table.rows = w.rows;
+  p.table.cols = w.cols;
+  p.table.group_size = tr.block_size;
+  p.table.group_pitch = static_cast<uint32_t>(alignUp(tr.type_size, 16));
+  p.table.row_pitch = blocks * p.table.group_pitch + (padded ? 32 : 0);
+  p.table.ggml_type = static_cast<uint32_t>(w.type);
+  p.bytes.assign(p.table.bytes(), padded ? 0xCD : 0);
+  for (uint64_t r = 0; r < w.rows; ++r)
+    for (uint64_t b = 0; b < blocks; ++b)
+      std::memcpy(p.bytes.data() + elementOffset(p.table, r, b * tr.block_size),
+                  w.source.data() + (r * blocks + b) * tr.type_size, tr.type_size);
+  return p;
+}
+
+// minfer_gemv_blocks against the CPU matmul (dense f32 view of the reference values, dequantizeBlock of
+// the same blocks) on the dequantized q8 activations: W·(d·q) as for GEMV. Rows 7 … 4100 and K = 256·k,
+// k = 1, 3, 14, 40, 74 (one block; fewer blocks than a warp covers in one step; the 7B's K = 3584 and
+// 18944), both types, with and without bias and padding, each case with one of six work shapes (rows per
+// warp 1, 2, 4, so row counts not divisible by them; 1 or 2 warps per row; unroll 1 or 2) besides
+// the codegen's gemvBlocksShape.
+TEST_CASE("gemv_blocks: Q4_K and Q6_K kBlocks planes vs the CPU") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded;
+    kern::GemvBlocksShape shape;
+  };
+  const kern::GemvBlocksShape shapes[] = {{1, 1, 1}, {2, 1, 1}, {4, 1, 2}, {2, 2, 1}, {1, 2, 2}, {4, 2, 1}};
+  std::vector<Case> cases;
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K})
+    for (uint64_t rows : {7, 33, 257, 4100})
+      for (uint64_t kb : {1, 3, 14, 40, 74}) {
+        if (rows == 4100 && kb == 40) continue;
+        const size_t i = cases.size();
+        cases.push_back({t, rows, 256 * kb, i % 2 == 0, i % 3 == 1, shapes[i % 6]});
+        cases.push_back({t, rows, 256 * kb, i % 2 == 1, i % 3 == 2,
+                         kern::gemvBlocksShape(static_cast<unsigned>(rows), static_cast<unsigned>(256 * kb))});
+      }
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(c.type).type_size, 16));
+    const uint64_t pitch = c.cols / 256 * gp + (c.padded ? 32 : 0);
+    specs.push_back(spec("gemv_blocks_test_" + codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) +
+                             "_k" + str(c.cols) + (c.bias ? "_bias" : "") + (c.padded ? "_pad" : "") + "_r" +
+                             str(c.shape.rows) + "w" + str(c.shape.warps) + "u" + str(c.shape.unroll),
+                         "kernels/gemv_blocks.cuh", "minfer_gemv_blocks",
+                         {{"GEMVB_N", str(c.rows)}, {"GEMVB_K", str(c.cols)},
+                          {"GEMVB_TYPE", str(static_cast<unsigned>(c.type))}, {"GEMVB_PITCH", str(pitch)},
+                          {"GEMVB_GROUP_PITCH", str(gp)},
+                          {"GEMVB_ROWS", str(c.shape.rows)}, {"GEMVB_ROW_WARPS", str(c.shape.warps)},
+                          {"GEMVB_UNROLL", str(c.shape.unroll)},
+                          {"GEMVB_HAS_BIAS", c.bias ? "1" : "0"}}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    CAPTURE(k[i].key);  // type, rows, cols, bias, padding, work shape
+    const RandomWeight w = makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f);
+    const BuiltPlane plane = alignedBlocksPlane(w, c.padded);
+    REQUIRE(plane.table.row_pitch % 16 == 0);
+    const std::vector<float> x = activations(1, static_cast<int>(c.cols));
+    const HostQ8 hq = quantizeHost(x, 1, static_cast<int>(c.cols));
+    const std::vector<float> bias_v = randomFloats(c.rows, rng());
+    cpu::WeightPlanes view;
+    view.name = "test weight";
+    view.rows = c.rows;
+    view.cols = c.cols;
+    StrideTable dense;
+    dense.kind = PlaneKind::kF32;
+    dense.rows = c.rows;
+    dense.cols = c.cols;
+    dense.row_pitch = c.cols * 4;
+    view.dense = {dense, reinterpret_cast<const uint8_t*>(w.values.data()), w.values.size() * 4};
+    std::vector<float> ref(c.rows), scratch(c.cols);
+    cpu::matmul(view, cpu::RowSource::kDense, c.bias ? bias_v.data() : nullptr, hq.deq.data(), 1, ref.data(), nullptr,
+                scratch.data());
+    DeviceArray d_w = DeviceArray::of(plane.bytes), d_bias = DeviceArray::of(bias_v), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), out(c.rows * 4);
+    out.poison();
+    CUdeviceptr pw = d_w.ptr(), pb = c.bias ? d_bias.ptr() : 0, a = xq.ptr(), b = xm.ptr(), o = out.ptr();
+    launch(k[i], kern::gemvBlocksLaunch(static_cast<unsigned>(c.rows), c.shape), {&pw, &pb, &a, &b, &o});
+    const std::vector<float> got = out.download<float>(c.rows);
+    CHECK(track("gemv_blocks", relError(got.data(), ref.data(), c.rows)) <= kGemvBlocksTol);
+  }
 }
 
 TEST_CASE("dense_mm and dense_gemv: F32, F16, BF16") {

@@ -1,0 +1,264 @@
+// Decode matmul straight from GGUF blocks (OpKind MatMul, one token): GEMV over a kBlocks plane of Q4_K
+// or Q6_K with q8 activations, so the weight bytes streamed per token are the GGUF's own (Q4_K 144 B,
+// Q6_K 210 B + 14 B of padding per 256 weights) instead of the 4-bit kPacked plane plus f32 scale and
+// min planes (Q4_K: 0.75 B/weight) or the kI8 plane plus scales (Q6_K: 1.25 B/weight) of gemv.cuh.
+//
+//   out[r] = Σ_g [ s(r,g) · d(b) · Σ_{c∈g} q(r,c)·xq(c)  +  m(r,g) · d(b) · Σ_{c∈g} xq(c) ] (+ bias[r])
+// with the decomposed values of block_formats.h: Q4_K groups of 32, s = d·sc, m = −(dmin·m), q = 0..15;
+// Q6_K groups of 16, s = d·sc, q = 6-bit − 32, no m: gemv.cuh's and mmq.cuh's definition, so decode and
+// prefill agree up to f32 rounding. The order differs only in where the exact integer factors go: the
+// 6-bit scale multiplies the integer dot product (sc·Σq·x, exact in int32) before the one conversion to
+// f32, and d (dmin) multiplies the block's sum at the end. The Q6_K offset is applied to the integer
+// dot: Σ(q−32)·x = Σq·x − 32·Σx, with Σx the activation block's half sum (Q8Meta).
+//
+// Work split: four lanes share one GGUF block, each taking 64 of its weights ("part" p = 0..3):
+//   Q4_K part p: qs bytes [32p, 32p+32) (two 16-byte loads) = sub-blocks 2p (low nibbles) and 2p+1 (high
+//                nibbles), plus the 16-byte block head (d, dmin, the 12 packed scale/min bytes).
+//   Q6_K part p = 2n + h: weights 128n + 32k + 16h + i (k = 0..3, i = 0..15): ql bytes [64n+16h, +16) and
+//                [64n+32+16h, +16) (low nibbles k = 0, 1; high nibbles k = 2, 3), qh bytes
+//                [128+32n+16h, +16) (bit pair 2k), the 8 scale bytes of half n, and d.
+// so every weight byte is read by exactly one 16-byte load (block heads, Q6_K scales and d are read by
+// the block's four lanes together: one L1 line). A warp covers 8 consecutive blocks per step, of
+// GEMVB_ROWS rows at once: the activations of a step (64 bytes and 2 or 4 Q8Meta per lane, 16-byte loads)
+// are loaded once and used for every row, so the instructions and L1 traffic per weight byte fall with
+// the rows. GEMVB_ROW_WARPS warps (1 or 2) share the rows (each takes every other step), summed through
+// shared memory. GEMVB_UNROLL steps of loads are in flight per lane (all issued before the first is used).
+//
+// Compile-time constants (-D):
+//   GEMVB_N, GEMVB_K        weight rows and cols (K % 256 == 0)
+//   GEMVB_TYPE              12 (Q4_K) or 14 (Q6_K): the plane's ggml_type
+//   GEMVB_PITCH             the kBlocks plane's row pitch (bytes, multiple of 16)
+//   GEMVB_GROUP_PITCH       its group pitch: bytes from one block to the next (multiple of 16, ≥ the block)
+//   GEMVB_ROWS              rows per warp: gemvBlocksShape(N, K).rows
+//   GEMVB_ROW_WARPS         warps sharing those rows: gemvBlocksShape(N, K).warps
+//   GEMVB_UNROLL            steps in flight per lane: gemvBlocksShape(N, K).unroll
+//   GEMVB_HAS_BIAS          bias vector (N f32)
+// Launch ABI:  minfer_gemv_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
+//                                 float* out)
+//   w: the kBlocks plane; xq, xmeta: the q8 input buffer, row 0 (xmeta 16-byte aligned: it starts
+//   max_batch·K bytes into a 256-byte aligned buffer); out: N f32.
+// Launch shape: gemvBlocksLaunchRule(): 4 warps per block, 4 / GEMVB_ROW_WARPS · GEMVB_ROWS rows per block.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace minfer::kern {
+
+constexpr unsigned kGemvBlocksWarps = 4;
+
+// The kernel's work shape for n rows of k weights (its -D constants GEMVB_ROWS, _ROW_WARPS, _UNROLL).
+struct GemvBlocksShape {
+  unsigned rows = 1;    // rows per warp
+  unsigned warps = 1;   // warps per group of rows (1 or 2)
+  unsigned unroll = 1;  // steps of 8 blocks in flight per lane
+};
+// Measured on an H200 (bench/gemv_bench.cpp --variants, BENCHMARKS.md): 2 rows per warp, 2 warps per
+// group, 1 step in flight was the best of 12 shapes (or within 1%) on the 7B's 3584- and 18944-row
+// matrices; on the 152064-row output head 4 rows per warp are 16% faster than 2. 1 row: 4–13% slower.
+MINFER_HD GemvBlocksShape gemvBlocksShape(unsigned n, unsigned k) {
+  (void)k;
+  return {n >= 65536 ? 4u : 2u, 2, 1};
+}
+
+MINFER_HD LaunchRule gemvBlocksLaunchRule(unsigned n, GemvBlocksShape s) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(ceilDiv(n, kGemvBlocksWarps / s.warps * s.rows));
+  r.block.x = 32 * kGemvBlocksWarps;
+  return r;
+}
+MINFER_HD LaunchShape gemvBlocksLaunch(unsigned n, GemvBlocksShape s) { return gemvBlocksLaunchRule(n, s).at(1); }
+
+}  // namespace minfer::kern
+
+#if defined(MINFER_DEVICE_CODE) && defined(GEMVB_N)
+namespace minfer::kern::gemvb {
+
+constexpr int kN = GEMVB_N, kK = GEMVB_K, kType = GEMVB_TYPE;
+constexpr int kRows = GEMVB_ROWS, kRowWarps = GEMVB_ROW_WARPS, kUnroll = GEMVB_UNROLL;
+constexpr int kBlocksPerRow = kK / 256;
+constexpr int kGroupsPerCta = static_cast<int>(kGemvBlocksWarps) / kRowWarps;
+constexpr int kStep = 8 * kRowWarps;  // blocks one group's lanes cover per step
+constexpr bool kQ4K = kType == 12;
+static_assert(kK % 256 == 0, "GEMVB_K must be a multiple of 256");
+static_assert(kType == 12 || kType == 14, "GEMVB_TYPE must be Q4_K (12) or Q6_K (14)");
+static_assert(kRowWarps == 1 || kRowWarps == 2, "GEMVB_ROW_WARPS must be 1 or 2");
+static_assert(kRows >= 1 && kRows <= 4 && kUnroll >= 1 && kUnroll <= 4, "GEMVB_ROWS, GEMVB_UNROLL: 1 … 4");
+static_assert(GEMVB_PITCH % 16 == 0 && GEMVB_GROUP_PITCH % 16 == 0, "blocks must start 16-byte aligned");
+static_assert(GEMVB_GROUP_PITCH >= (kQ4K ? 144 : 210), "group pitch smaller than the block");
+static_assert(GEMVB_PITCH >= static_cast<unsigned long long>(kBlocksPerRow) * GEMVB_GROUP_PITCH,
+              "row pitch smaller than a row of blocks");
+
+// One lane's weight bytes of one block (see the header comment), loaded before use.
+struct Part {
+  uint4 a, b, c;  // Q4_K: head, qs[32p..], qs[32p+16..];  Q6_K: ql (k 0, 2), ql (k 1, 3), qh
+  uint2 sc;       // Q6_K: scales 8n .. 8n+7
+  uint16_t d;     // Q6_K: d
+};
+
+__device__ __forceinline__ Part load(const uint8_t* blk, int p) {
+  Part w;
+  if (kQ4K) {
+    w.a = *reinterpret_cast<const uint4*>(blk);
+    w.b = *reinterpret_cast<const uint4*>(blk + 16 + 32 * p);
+    w.c = *reinterpret_cast<const uint4*>(blk + 32 + 32 * p);
+  } else {
+    const int n = p >> 1, h = p & 1;
+    w.a = *reinterpret_cast<const uint4*>(blk + 64 * n + 16 * h);
+    w.b = *reinterpret_cast<const uint4*>(blk + 64 * n + 32 + 16 * h);
+    w.c = *reinterpret_cast<const uint4*>(blk + 128 + 32 * n + 16 * h);
+    w.sc = *reinterpret_cast<const uint2*>(blk + 192 + 8 * n);
+    w.d = *reinterpret_cast<const uint16_t*>(blk + 208);
+  }
+  return w;
+}
+
+// One lane's activations for its part of one block, shared by the rows: the 64 int8 its weights meet,
+// and per activation block met (Q4_K: 2 whole blocks; Q6_K: one half of 4) the scale d and the sum term
+// (Q4_K: d·Σx of the block, for the min; Q6_K: 32·Σx of the half, the q − 32 offset).
+struct Act {
+  int4 x[4];
+  float d[4];
+  float ds[2];
+  int s32[4];
+};
+
+__device__ __forceinline__ int sumLo(int w) { return static_cast<short>(w & 0xFFFF); }
+__device__ __forceinline__ int sumHi(int w) { return w >> 16; }
+
+__device__ __forceinline__ Act loadAct(const int8_t* xq, const Q8Meta* xm, int p) {
+  Act a;
+  if (kQ4K) {
+    const int4* x = reinterpret_cast<const int4*>(xq + 64 * p);
+    const int4 m = *reinterpret_cast<const int4*>(xm + 2 * p);  // Q8Meta 2p, 2p+1: {d, sum_lo | sum_hi << 16}
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.x[i] = x[i];
+    a.d[0] = __int_as_float(m.x);
+    a.d[1] = __int_as_float(m.z);
+    a.ds[0] = a.d[0] * static_cast<float>(sumLo(m.y) + sumHi(m.y));
+    a.ds[1] = a.d[1] * static_cast<float>(sumLo(m.w) + sumHi(m.w));
+  } else {
+    const int n = p >> 1, h = p & 1;
+    const int4* m = reinterpret_cast<const int4*>(xm + 4 * n);  // Q8Meta 4n … 4n+3
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int4 mm = m[j];
+      a.d[2 * j] = __int_as_float(mm.x);
+      a.d[2 * j + 1] = __int_as_float(mm.z);
+      a.s32[2 * j] = 32 * (h ? sumHi(mm.y) : sumLo(mm.y));
+      a.s32[2 * j + 1] = 32 * (h ? sumHi(mm.w) : sumLo(mm.w));
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) a.x[k] = *reinterpret_cast<const int4*>(xq + 128 * n + 32 * k + 16 * h);
+  }
+  return a;
+}
+
+__device__ __forceinline__ int dot16(uint4 q, int4 x) {
+  int s = dp4a(static_cast<int>(q.x), x.x, 0);
+  s = dp4a(static_cast<int>(q.y), x.y, s);
+  s = dp4a(static_cast<int>(q.z), x.z, s);
+  return dp4a(static_cast<int>(q.w), x.w, s);
+}
+__device__ __forceinline__ uint4 mask4(uint4 v, int shift, unsigned m) {
+  return {(v.x >> shift) & m, (v.y >> shift) & m, (v.z >> shift) & m, (v.w >> shift) & m};
+}
+
+// Contribution of part p of one block of one row.
+__device__ __forceinline__ float partDot(const Part& w, const Act& a, int p) {
+  if (kQ4K) {
+    // Sub-blocks 2p and 2p+1. The 6-bit scale/min pairs (block_formats.h kScaleMin) of all eight
+    // sub-blocks, one byte each: head word 1 = scale bytes 0..3, word 2 = bytes 4..7, word 3 = bytes 8..11.
+    const unsigned s03 = w.a.y & 0x3F3F3F3Fu, m03 = w.a.z & 0x3F3F3F3Fu;
+    const unsigned s47 = (w.a.w & 0x0F0F0F0Fu) | ((w.a.y >> 2) & 0x30303030u);
+    const unsigned m47 = ((w.a.w >> 4) & 0x0F0F0F0Fu) | ((w.a.z >> 2) & 0x30303030u);
+    const int sh = 16 * (p & 1);  // byte 2p % 4
+    const unsigned sw = (p < 2 ? s03 : s47) >> sh, mw = (p < 2 ? m03 : m47) >> sh;
+    const int dot0 = dot16(mask4(w.b, 0, 0x0F0F0F0Fu), a.x[0]) + dot16(mask4(w.c, 0, 0x0F0F0F0Fu), a.x[1]);
+    const int dot1 = dot16(mask4(w.b, 4, 0x0F0F0F0Fu), a.x[2]) + dot16(mask4(w.c, 4, 0x0F0F0F0Fu), a.x[3]);
+    const float dots = fmaf(a.d[1], static_cast<float>(static_cast<int>((sw >> 8) & 0xFF) * dot1),
+                            a.d[0] * static_cast<float>(static_cast<int>(sw & 0xFF) * dot0));
+    const float mins = fmaf(static_cast<float>((mw >> 8) & 0xFF), a.ds[1], static_cast<float>(mw & 0xFF) * a.ds[0]);
+    const float d = h2f(static_cast<uint16_t>(w.a.x)), dmin = h2f(static_cast<uint16_t>(w.a.x >> 16));
+    return fmaf(d, dots, -(dmin * mins));
+  } else {
+    const int h = p & 1;
+    float v = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint4 lo = mask4(k & 1 ? w.b : w.a, 4 * (k >> 1), 0x0F0F0F0Fu);
+      const uint4 hi = mask4(w.c, 2 * k, 0x03030303u);
+      const uint4 q = {lo.x | (hi.x << 4), lo.y | (hi.y << 4), lo.z | (hi.z << 4), lo.w | (hi.w << 4)};
+      // Scale 8n + 2k + h: byte 2k + h of the lane's 8 scale bytes (signed).
+      const unsigned word = k < 2 ? w.sc.x : w.sc.y;
+      const int sc = static_cast<int>(static_cast<signed char>((word >> (8 * (2 * (k & 1) + h))) & 0xFF));
+      v = fmaf(a.d[k], static_cast<float>(sc * (dot16(q, a.x[k]) - a.s32[k])), v);
+    }
+    return h2f(w.d) * v;
+  }
+}
+
+}  // namespace minfer::kern::gemvb
+
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
+    minfer_gemv_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
+                       const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::gemvb;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = (blockIdx.x * kGroupsPerCta + warp / kRowWarps) * kRows;
+  const int t = (warp % kRowWarps) * 32 + lane;  // this lane's index in its group
+  const int p = t % 4;
+  float acc[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) acc[i] = 0.0f;
+  if (row0 < kN) {
+    const uint8_t* wr[kRows];  // rows past the end read the last row (their sums are not written)
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) wr[i] = w + static_cast<uint64_t>(row0 + i < kN ? row0 + i : kN - 1) * GEMVB_PITCH;
+    int b = t / 4;
+    for (; b + kStep * (kUnroll - 1) < kBlocksPerRow; b += kStep * kUnroll) {
+      Part part[kUnroll][kRows];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int i = 0; i < kRows; ++i)
+          part[u][i] = load(wr[i] + static_cast<uint64_t>(b + kStep * u) * GEMVB_GROUP_PITCH, p);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const Act a = loadAct(xq + 256 * (b + kStep * u), xmeta + 8 * (b + kStep * u), p);
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) acc[i] += partDot(part[u][i], a, p);
+      }
+    }
+    for (; b < kBlocksPerRow; b += kStep) {
+      Part part[kRows];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) part[i] = load(wr[i] + static_cast<uint64_t>(b) * GEMVB_GROUP_PITCH, p);
+      const Act a = loadAct(xq + 256 * b, xmeta + 8 * b, p);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) acc[i] += partDot(part[i], a, p);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) acc[i] = warpSum(acc[i]);
+  if (kRowWarps > 1) {
+    __shared__ float partial[kGemvBlocksWarps][kRows];
+    if (lane == 0)
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) partial[warp][i] = acc[i];
+    __syncthreads();
+    if (warp % kRowWarps != 0) return;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) acc[i] += partial[warp + 1][i];
+  }
+  // Lane i writes row row0 + i.
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+    if (lane == i && row0 + i < kN) {
+#if GEMVB_HAS_BIAS
+      acc[i] += bias[row0 + i];
+#endif
+      out[row0 + i] = acc[i];
+    }
+}
+#endif
