@@ -9,10 +9,12 @@
 #include <set>
 
 #include "compiler/codegen/codegen.h"
+#include "compiler/codegen/kernel_spec.h"
 #include "compiler/codegen/kernel_cache.h"
 #include "compiler/codegen/nvrtc_compiler.h"
 #include "compiler/codegen/plan_rewrite.h"
 #include "compiler/gguf/gguf_reader.h"
+#include "kernels/gemv_blocks.cuh"
 #include "tests/test_support.h"
 
 namespace minfer::codegen {
@@ -66,6 +68,18 @@ bool isQuantizedMatMul(const Loaded& l, const model::StepDesc& s) {
   return s.op == fb::OpKind::MatMul && l.layouts[s.weights[0]].find(PlaneKind::kI8) >= 0;
 }
 
+// The decode GEMV reads GGUF blocks (minfer_gemv_blocks) for a kBlocks plane of Q4_K or Q6_K whose blocks
+// start 16-byte aligned (restated from matmul.cpp's rule; today only tied Q4_K embeddings have one).
+bool readsBlocksInDecode(const Loaded& l, const model::StepDesc& s) {
+  const planes::TensorLayout& w = l.layouts[s.weights[0]];
+  const int b = w.find(PlaneKind::kBlocks);
+  if (b < 0) return false;
+  const StrideTable& t = w.planes[static_cast<size_t>(b)];
+  const bool k_quant = t.ggml_type == static_cast<uint32_t>(GgmlType::Q4_K) ||
+                       t.ggml_type == static_cast<uint32_t>(GgmlType::Q6_K);
+  return k_quant && t.group_pitch % 16 == 0 && t.row_pitch % 16 == 0;
+}
+
 std::string optionValue(const KernelImageData& img, const std::string& name) {
   const std::string prefix = "-D" + name + "=";
   for (const std::string& o : img.options)
@@ -81,7 +95,8 @@ std::vector<std::string> expectedEntries(const Loaded& l, const model::StepDesc&
     case fb::OpKind::HeadRmsNorm: return {"minfer_head_rms_norm"};
     case fb::OpKind::QuantizeAct: return {"minfer_quantize_act"};
     case fb::OpKind::MatMul:
-      if (isQuantizedMatMul(l, s)) return {prefill ? "minfer_mmq" : "minfer_gemv"};
+      if (isQuantizedMatMul(l, s))
+        return {prefill ? "minfer_mmq" : readsBlocksInDecode(l, s) ? "minfer_gemv_blocks" : "minfer_gemv"};
       return {prefill ? "minfer_dense_mm" : "minfer_dense_gemv"};
     case fb::OpKind::Rope: return {"minfer_rope"};
     case fb::OpKind::Attention:
@@ -103,7 +118,7 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
   static const std::pair<const char*, const char*> kPitchArgs[] = {
       {"MMQ_Q_PITCH", "wq"},   {"MMQ_S_PITCH", "wscale"},  {"MMQ_M_PITCH", "wmin"}, {"GEMV_PITCH", "wq"},
       {"GEMV_S_PITCH", "wscale"}, {"GEMV_M_PITCH", "wmin"}, {"DMM_PITCH", "w"},     {"DGEMV_PITCH", "w"},
-      {"EMBED_ROW_PITCH", "table"}};
+      {"EMBED_ROW_PITCH", "table"}, {"GEMVB_PITCH", "w"}};
   auto arg = [&](const std::string& name) -> const KernelArgDesc* {
     for (const KernelArgDesc& a : r.args)
       if (a.name == name) return &a;
@@ -214,7 +229,8 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
         checkRecord(l, lists[i][k], set.images[lists[i][k].images[0]]);
       }
       // Decode GEMV on a 4-bit-packable weight reads the packed plane.
-      if (!prefill && steps[i].op == fb::OpKind::MatMul && isQuantizedMatMul(l, steps[i])) {
+      if (!prefill && steps[i].op == fb::OpKind::MatMul && isQuantizedMatMul(l, steps[i]) &&
+          !readsBlocksInDecode(l, steps[i])) {
         const planes::TensorLayout& w = l.layouts[steps[i].weights[0]];
         const bool packed = w.find(PlaneKind::kPacked) >= 0;
         CHECK(optionValue(set.images[lists[i][0].images[0]], "GEMV_BITS") == (packed ? "4" : "8"));
@@ -329,6 +345,92 @@ TEST_CASE("an NVRTC failure reports the key, the arch and the compiler log") {
   llvm::Error bad = checkArch("gfx90a");
   CHECK(static_cast<bool>(bad));
   llvm::consumeError(std::move(bad));
+}
+
+// A Q4_K or Q6_K matmul weight given a kBlocks plane with 16-byte aligned blocks (the table the planner
+// is to write: group pitch alignUp(block bytes, 16), row pitch blocks · group pitch) is read from it by the
+// decode GEMV: minfer_gemv_blocks, whose Weight argument is that plane and whose -D constants are its
+// table's; prefill keeps MMQ on the kI8 plane. A kBlocks plane with 210-byte Q6_K blocks (unaligned) keeps
+// the packed/i8 GEMV.
+TEST_CASE("decode matmul on a Q4_K/Q6_K weight with an aligned kBlocks plane uses gemv_blocks") {
+  if (!test::haveFixtures()) return;
+  Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf");
+  auto addBlocks = [&](bool aligned) {
+    for (planes::TensorLayout& w : l.layouts) {
+      const GgmlType t = w.desc.type;
+      if (w.desc.role != planes::TensorRole::kMatMul || (t != GgmlType::Q4_K && t != GgmlType::Q6_K)) continue;
+      const int old = w.find(PlaneKind::kBlocks);
+      if (old >= 0) w.planes.erase(w.planes.begin() + old);
+      StrideTable b;
+      b.kind = PlaneKind::kBlocks;
+      b.elem = ElemType::kU8;
+      b.rows = w.desc.rows;
+      b.cols = w.desc.cols;
+      b.group_size = 256;
+      const uint32_t bytes = ggmlTypeTraits(t).type_size;
+      b.group_pitch = aligned ? static_cast<uint32_t>(alignUp(bytes, 16)) : bytes;
+      b.row_pitch = w.desc.cols / 256 * b.group_pitch;
+      b.ggml_type = static_cast<uint32_t>(t);
+      w.planes.push_back(b);
+    }
+  };
+  for (bool aligned : {true, false}) {
+    CAPTURE(aligned);
+    addBlocks(aligned);
+    std::set<GgmlType> seen;
+    for (PlanVariant v : {PlanVariant::kPrefill, PlanVariant::kDecode}) {
+      const auto& steps = v == PlanVariant::kPrefill ? l.desc.plan.prefill : l.desc.plan.decode;
+      for (size_t i = 0; i < steps.size(); ++i) {
+        if (steps[i].op != fb::OpKind::MatMul) continue;
+        const planes::TensorLayout& w = l.layouts[steps[i].weights[0]];
+        if (w.desc.role != planes::TensorRole::kMatMul) continue;
+        CAPTURE(steps[i].name);
+        auto launches = launchesForStep(l.desc, l.layouts, v, i);
+        REQUIRE_MESSAGE(static_cast<bool>(launches), llvm::toString(launches.takeError()));
+        REQUIRE(launches->size() == 1);
+        const KernelLaunch& k = (*launches)[0];
+        const int b = w.find(PlaneKind::kBlocks);
+        if (v == PlanVariant::kPrefill || b < 0) {
+          CHECK(k.spec.entry == (v == PlanVariant::kPrefill ? "minfer_mmq" : "minfer_gemv"));
+          continue;
+        }
+        const StrideTable& t = w.planes[static_cast<size_t>(b)];
+        if (!aligned && w.desc.type == GgmlType::Q6_K) {
+          CHECK(k.spec.entry == "minfer_gemv");
+          continue;
+        }
+        seen.insert(w.desc.type);  // (unaligned Q4_K blocks are 144 bytes: aligned anyway)
+        CHECK(k.spec.entry == "minfer_gemv_blocks");
+        CHECK(k.spec.source == "kernels/gemv_blocks.cuh");
+        REQUIRE(!k.args.empty());
+        CHECK(k.args[0].name == "w");
+        CHECK(k.args[0].kind == fb::ArgKind::Weight);
+        CHECK(k.args[0].plane.kind == PlaneKind::kBlocks);
+        CHECK(k.args[0].plane.row_pitch == t.row_pitch);
+        CHECK(k.args[0].plane.group_pitch == t.group_pitch);
+        CHECK(k.spec.define("GEMVB_PITCH") == std::to_string(t.row_pitch));
+        CHECK(k.spec.define("GEMVB_GROUP_PITCH") == std::to_string(t.group_pitch));
+        CHECK(k.spec.define("GEMVB_TYPE") == std::to_string(t.ggml_type));
+        CHECK(k.spec.define("GEMVB_N") == std::to_string(w.desc.rows));
+        CHECK(k.spec.define("GEMVB_K") == std::to_string(w.desc.cols));
+        const kern::GemvBlocksShape shape =
+            kern::gemvBlocksShape(static_cast<unsigned>(w.desc.rows), static_cast<unsigned>(w.desc.cols));
+        CHECK(k.spec.define("GEMVB_ROWS") == std::to_string(shape.rows));
+        CHECK(k.spec.define("GEMVB_ROW_WARPS") == std::to_string(shape.warps));
+        CHECK(k.spec.define("GEMVB_UNROLL") == std::to_string(shape.unroll));
+        // w, bias, xq, xmeta, out; CTAs of 4 warps, each 4 / warps · rows rows.
+        REQUIRE(k.args.size() == 5);
+        CHECK(k.args[2].kind == fb::ArgKind::Q8Values);
+        CHECK(k.args[3].kind == fb::ArgKind::Q8Meta);
+        CHECK(k.args[4].kind == fb::ArgKind::Activation);
+        const uint64_t per_cta = 4 / shape.warps * shape.rows;
+        CHECK(k.rule.at(1).grid.x == (w.desc.rows + per_cta - 1) / per_cta);
+        CHECK(k.rule.at(1).block.x == 128);
+      }
+    }
+    CHECK(seen.count(GgmlType::Q4_K) == 1);
+    if (aligned) CHECK(seen.count(GgmlType::Q6_K) == 1);
+  }
 }
 
 // Removing the QuantizeAct steps and the extra MatMul inputs gives back the original plan, and every

@@ -1,6 +1,8 @@
 // Op family MatMul → three kernels by weight format and plan:
 //   quantized weights (kI8 + kScale [+ kMin] planes), q8 activations: prefill kernels/mmq.cuh (int8
-//   tensor-core MMA on kI8), decode kernels/gemv.cuh (the 4-bit kPacked plane where there is one, else kI8);
+//   tensor-core MMA on kI8), decode kernels/gemv.cuh (the 4-bit kPacked plane where there is one, else kI8),
+//   or kernels/gemv_blocks.cuh on the GGUF blocks themselves when the weight has a kBlocks plane of Q4_K or
+//   Q6_K whose blocks start 16-byte aligned (decodeBlocksPlane);
 //   float weights (dense F32 / F16 / BF16 plane), f32 activations: kernels/dense_matmul.cuh
 //   (dense_mm in prefill, dense_gemv in decode).
 // Every plane constant the kernel is compiled with (-D…_PITCH) is taken from the stride table that the
@@ -8,6 +10,7 @@
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/dense_matmul.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
 
 namespace minfer::codegen {
@@ -79,6 +82,40 @@ std::vector<KernelArgDesc> quantizedArgs(const StepContext& c, const MatMulOpera
   return args;
 }
 
+// The kBlocks plane the decode GEMV can read directly: Q4_K or Q6_K blocks of 256 weights, each starting
+// 16-byte aligned (group and row pitch multiples of 16); null when there is none.
+const StrideTable* decodeBlocksPlane(const planes::TensorLayout& l) {
+  const StrideTable* b = findPlane(l, PlaneKind::kBlocks);
+  const auto type = b ? static_cast<GgmlType>(b->ggml_type) : GgmlType::F32;
+  if (type != GgmlType::Q4_K && type != GgmlType::Q6_K) return nullptr;
+  const bool aligned = b->group_pitch % 16 == 0 && b->row_pitch % 16 == 0;
+  const bool fits = b->group_pitch >= ggmlTypeTraits(b->ggml_type).type_size &&
+                    b->row_pitch >= b->cols / kQK_K * b->group_pitch;
+  return b->group_size == kQK_K && b->cols % kQK_K == 0 && aligned && fits ? b : nullptr;
+}
+
+// Decode GEMV on a kBlocks plane (kernels/gemv_blocks.cuh); the q8 input was checked by the caller.
+Launches blocksGemv(const StepContext& c, const MatMulOperands& m, const StrideTable& blk) {
+  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
+  const kern::GemvBlocksShape shape = kern::gemvBlocksShape(n, k);
+  SpecBuilder b(llvm::formatv("gemv_blocks_{0}_g{1}_n{2}_k{3}{4}", typeTag(blk.ggml_type), blk.group_pitch, n, k,
+                              m.bias_tag),
+                "kernels/gemv_blocks.cuh", "minfer_gemv_blocks");
+  b.define("GEMVB_N", m.n)
+      .define("GEMVB_K", m.k)
+      .define("GEMVB_TYPE", static_cast<uint64_t>(blk.ggml_type))
+      .define("GEMVB_PITCH", blk.row_pitch)
+      .define("GEMVB_GROUP_PITCH", static_cast<uint64_t>(blk.group_pitch))
+      .define("GEMVB_ROWS", static_cast<uint64_t>(shape.rows))
+      .define("GEMVB_ROW_WARPS", static_cast<uint64_t>(shape.warps))
+      .define("GEMVB_UNROLL", static_cast<uint64_t>(shape.unroll))
+      .define("GEMVB_HAS_BIAS", static_cast<uint64_t>(m.bias != nullptr));
+  std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), blk), biasArg(c, m)};
+  pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
+  args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
+  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvBlocksLaunchRule(n, shape)}};
+}
+
 Launches quantized(const StepContext& c, const MatMulOperands& m, const StrideTable& q) {
   const planes::TensorLayout& l = *m.w;
   const uint64_t n = m.n, k = m.k;
@@ -114,6 +151,7 @@ Launches quantized(const StepContext& c, const MatMulOperands& m, const StrideTa
     launch.args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
     return std::vector<KernelLaunch>{std::move(launch)};
   }
+  if (const StrideTable* blocks = decodeBlocksPlane(l)) return blocksGemv(c, m, *blocks);
   const StrideTable* packed = findPlane(l, PlaneKind::kPacked);
   const bool four = packed && packed->bits == 4 && s->group_size == 32 && packed->row_pitch % 16 == 0;
   const StrideTable& read = four ? *packed : q;
