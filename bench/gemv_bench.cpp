@@ -1,0 +1,395 @@
+// minfer-bench-gemv: memory bandwidth of the decode GEMVs on a 7B's (Qwen2-7B) matmul shapes. Not a test:
+// run it on a GPU machine (needs the NVIDIA driver and NVRTC); H200 numbers are in BENCHMARKS.md.
+//
+// Usage: minfer-bench-gemv [--reps R] [--variants] [--shapes q,gate,down,output]
+// For each shape: random GGUF blocks (random bits, finite f16 d and dmin as in tests/runtime/weight_builder),
+// laid out
+//   blocks: as a kBlocks plane with 16-byte aligned blocks (Q4_K 144 B, Q6_K 224 B), read by
+//           kernels/gemv_blocks.cuh;
+//   planes: by the layout planner and plane transforms as today's decode planes (Q4_K: kPacked + kScale +
+//           kMin; Q6_K: kI8 + kScale), read by kernels/gemv.cuh.
+// Both kernels are compiled by NVRTC from the same -D constants as the codegen gives them. One CUDA graph
+// of L launches rotates over enough copies of the weights (≥ 512 MB) that every launch streams from HBM,
+// not L2; R timed replays (CUDA events, after one warm-up replay) give mean ± sd of GB/s = plane bytes
+// read per launch / time per launch. The ceiling printed first is a device-to-device copy of 1 GiB
+// (bytes read + written). --variants also times a grid of gemv_blocks work shapes (rows per warp, warps
+// per row, unroll). The two
+// kernels' outputs on the same weights are compared (max |a − b| / max |b|) as a sanity check.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "compiler/codegen/kernel_spec.h"
+#include "compiler/codegen/nvrtc_compiler.h"
+#include "compiler/planes/layout_planner.h"
+#include "compiler/planes/plane_transforms.h"
+#include "compiler/planes/plane_workers.h"
+#include "kernels/gemv.cuh"
+#include "kernels/gemv_blocks.cuh"
+#include "llvm/Support/CommandLine.h"
+#include "runtime/cuda/cuda_device.h"
+
+namespace {
+
+using namespace minfer;
+
+llvm::cl::OptionCategory kCategory("minfer-bench-gemv options");
+llvm::cl::opt<unsigned> kReps("reps", llvm::cl::desc("timed graph replays per kernel"), llvm::cl::init(10),
+                              llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kVariants("variants", llvm::cl::desc("also time every unroll × warps-per-row of gemv_blocks"),
+                              llvm::cl::init(false), llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kShapes("shapes", llvm::cl::desc("comma-separated subset of q,gate,down,output"),
+                                   llvm::cl::init("q,gate,down,output"), llvm::cl::cat(kCategory));
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "minfer-bench-gemv: %s\n", what.c_str());
+  std::exit(1);
+}
+void ok(const Status& s) {
+  if (!s.isOk()) die(s.message());
+}
+template <typename T>
+T take(Result<T> r) {
+  if (!r.isOk()) die(r.status().message());
+  return std::move(*r);
+}
+
+struct Shape {
+  const char* name;
+  GgmlType type;
+  uint64_t n, k;
+};
+const Shape kAllShapes[] = {{"q", GgmlType::Q4_K, 3584, 3584},
+                            {"gate", GgmlType::Q4_K, 18944, 3584},
+                            {"down", GgmlType::Q6_K, 3584, 18944},
+                            {"output", GgmlType::Q6_K, 152064, 3584}};
+
+std::vector<uint8_t> randomBlocks(GgmlType type, uint64_t rows, uint64_t cols, std::mt19937_64& rng) {
+  const GgmlTypeTraits tr = ggmlTypeTraits(type);
+  const uint64_t blocks = rows * cols / tr.block_size;
+  std::vector<uint8_t> data(blocks * tr.type_size);
+  for (size_t i = 0; i + 8 <= data.size(); i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(&data[i], &v, 8);
+  }
+  std::uniform_real_distribution<float> mag(0.3f, 1.0f), mn(-0.5f, 0.5f);
+  auto put = [](uint8_t* p, float v) {
+    const uint16_t h = floatToHalf(v);
+    std::memcpy(p, &h, 2);
+  };
+  for (uint64_t b = 0; b < blocks; ++b) {
+    uint8_t* blk = data.data() + b * tr.type_size;
+    const float d = mag(rng) * 0.5f / (63.0f * 16.0f) * (rng() % 2 ? 1.0f : -1.0f);
+    if (type == GgmlType::Q4_K) {
+      put(blk, d);
+      put(blk + 2, mn(rng) * 0.5f / 63.0f);
+    } else {
+      put(blk + 208, d);
+    }
+  }
+  return data;
+}
+
+// The kBlocks table of the planner's decode layout: group pitch alignUp(block bytes, 16), row pitch
+// blocks · group pitch.
+StrideTable blocksTable(GgmlType type, uint64_t rows, uint64_t cols) {
+  StrideTable t;
+  t.kind = PlaneKind::kBlocks;
+  t.elem = ElemType::kU8;
+  t.rows = rows;
+  t.cols = cols;
+  t.group_size = kQK_K;
+  t.group_pitch = static_cast<uint32_t>(alignUp(ggmlTypeTraits(type).type_size, 16));
+  t.row_pitch = cols / kQK_K * t.group_pitch;
+  t.ggml_type = static_cast<uint32_t>(type);
+  return t;
+}
+
+struct Gpu {
+  std::shared_ptr<cuda::CudaDevice> dev;
+  cuda::Stream stream;
+  const cuda::CudaDriver& cu() const { return dev->cu(); }
+  void sync() const { ok(dev->check(cu().cuStreamSynchronize(stream.get()), "synchronize")); }
+};
+
+struct Kernel {
+  cuda::Module module;
+  CUfunction fn = nullptr;
+  std::string key;
+};
+
+Kernel compile(const Gpu& g, const std::string& key, const char* source, const char* entry,
+               std::vector<std::pair<std::string, std::string>> defines) {
+  codegen::KernelSpec spec;
+  spec.key = key;
+  spec.source = source;
+  spec.entry = entry;
+  spec.defines = std::move(defines);
+  auto compiled = codegen::compileKernel(spec, g.dev->info().arch());
+  if (!compiled) die(llvm::toString(compiled.takeError()));
+  Kernel k;
+  k.module = take(g.dev->loadModule(compiled->cubin.data(), key));
+  k.key = key;
+  ok(g.dev->check(g.cu().cuModuleGetFunction(&k.fn, k.module.get(), entry), "cuModuleGetFunction " + key));
+  return k;
+}
+
+// Device copies of a set of planes (one buffer per plane per copy).
+struct Copies {
+  std::vector<std::vector<cuda::DeviceBuffer>> sets;  // [copy][plane]
+  uint64_t bytes = 0;                                 // per copy
+};
+Copies upload(const Gpu& g, const std::vector<const std::vector<uint8_t>*>& planes, uint64_t min_total) {
+  Copies c;
+  for (const auto* p : planes) c.bytes += p->size();
+  const uint64_t n = std::max<uint64_t>(2, (min_total + c.bytes - 1) / c.bytes);
+  for (uint64_t i = 0; i < n; ++i) {
+    std::vector<cuda::DeviceBuffer> set;
+    for (size_t j = 0; j < planes.size(); ++j) {
+      set.push_back(take(g.dev->alloc(planes[j]->size(), "weights")));
+      if (i == 0)
+        ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(set[j].ptr(), planes[j]->data(), planes[j]->size(), g.stream.get()),
+                        "upload"));
+      else
+        ok(g.dev->check(
+            g.cu().cuMemcpyDtoDAsync(set[j].ptr(), c.sets[0][j].ptr(), planes[j]->size(), g.stream.get()), "copy"));
+    }
+    c.sets.push_back(std::move(set));
+  }
+  g.sync();
+  return c;
+}
+
+struct Timing {
+  double mean_gbs = 0, sd_gbs = 0, us = 0;
+};
+
+// Times `launches` launches of k (argument list per launch from args(i)), captured in one graph.
+template <typename ArgsFn>
+Timing timeGraph(const Gpu& g, const Kernel& k, const kern::LaunchShape& sh, unsigned launches, uint64_t bytes,
+                 ArgsFn args) {
+  const cuda::CudaDriver& cu = g.cu();
+  ok(g.dev->check(cu.cuStreamBeginCapture(g.stream.get(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture"));
+  for (unsigned i = 0; i < launches; ++i) {
+    std::vector<void*> a = args(i);
+    ok(g.dev->check(cu.cuLaunchKernel(k.fn, sh.grid.x, sh.grid.y, sh.grid.z, sh.block.x, sh.block.y, sh.block.z,
+                                      sh.smem, g.stream.get(), a.data(), nullptr),
+                    "launch " + k.key));
+  }
+  CUgraph graph = nullptr;
+  ok(g.dev->check(cu.cuStreamEndCapture(g.stream.get(), &graph), "end capture"));
+  CUgraphExec exec = nullptr;
+  ok(g.dev->check(cu.cuGraphInstantiateWithFlags(&exec, graph, 0), "instantiate"));
+  cuda::Event e0 = take(g.dev->createEvent(true)), e1 = take(g.dev->createEvent(true));
+  ok(g.dev->check(cu.cuGraphLaunch(exec, g.stream.get()), "warm-up " + k.key));
+  g.sync();
+  std::vector<double> gbs;
+  double total_ms = 0;
+  for (unsigned r = 0; r < kReps; ++r) {
+    ok(g.dev->check(cu.cuEventRecord(e0.get(), g.stream.get()), "event"));
+    ok(g.dev->check(cu.cuGraphLaunch(exec, g.stream.get()), "replay " + k.key));
+    ok(g.dev->check(cu.cuEventRecord(e1.get(), g.stream.get()), "event"));
+    ok(g.dev->check(cu.cuEventSynchronize(e1.get()), "run " + k.key));
+    float ms = 0;
+    ok(g.dev->check(cu.cuEventElapsedTime(&ms, e0.get(), e1.get()), "elapsed"));
+    total_ms += ms;
+    gbs.push_back(static_cast<double>(bytes) * launches / (ms * 1e-3) / 1e9);
+  }
+  cu.cuGraphExecDestroy(exec);
+  cu.cuGraphDestroy(graph);
+  Timing t;
+  for (double v : gbs) t.mean_gbs += v / gbs.size();
+  for (double v : gbs) t.sd_gbs += (v - t.mean_gbs) * (v - t.mean_gbs) / std::max<size_t>(1, gbs.size() - 1);
+  t.sd_gbs = std::sqrt(t.sd_gbs);
+  t.us = total_ms * 1e3 / kReps / launches;
+  return t;
+}
+
+double copyCeiling(const Gpu& g) {
+  const uint64_t bytes = uint64_t{1} << 30;
+  cuda::DeviceBuffer a = take(g.dev->alloc(bytes, "copy source")), b = take(g.dev->alloc(bytes, "copy target"));
+  ok(g.dev->check(g.cu().cuMemsetD8Async(a.ptr(), 0x5A, bytes, g.stream.get()), "memset"));
+  cuda::Event e0 = take(g.dev->createEvent(true)), e1 = take(g.dev->createEvent(true));
+  ok(g.dev->check(g.cu().cuMemcpyDtoDAsync(b.ptr(), a.ptr(), bytes, g.stream.get()), "copy"));
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    ok(g.dev->check(g.cu().cuEventRecord(e0.get(), g.stream.get()), "event"));
+    ok(g.dev->check(g.cu().cuMemcpyDtoDAsync(b.ptr(), a.ptr(), bytes, g.stream.get()), "copy"));
+    ok(g.dev->check(g.cu().cuEventRecord(e1.get(), g.stream.get()), "event"));
+    ok(g.dev->check(g.cu().cuEventSynchronize(e1.get()), "copy"));
+    float ms = 0;
+    ok(g.dev->check(g.cu().cuEventElapsedTime(&ms, e0.get(), e1.get()), "elapsed"));
+    best = std::max(best, 2.0 * bytes / (ms * 1e-3) / 1e9);
+  }
+  return best;
+}
+
+std::string str(uint64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  llvm::cl::HideUnrelatedOptions(kCategory);
+  llvm::cl::ParseCommandLineOptions(argc, argv, "decode GEMV bandwidth on 7B shapes\n");
+  Gpu g;
+  g.dev = take(cuda::CudaDevice::open());
+  g.stream = take(g.dev->createStream());
+  const double ceiling = copyCeiling(g);
+  std::printf("%s (%s), device-to-device copy of 1 GiB: %.0f GB/s (read + write, best of 5)\n",
+              g.dev->info().name.c_str(), g.dev->info().arch().c_str(), ceiling);
+  std::printf("%-7s %-5s %7s %6s  %-34s %9s %8s %9s %18s %7s\n", "shape", "type", "N", "K", "kernel", "MB/launch",
+              "B/weight", "us/launch", "GB/s (mean ± sd)", "% copy");
+  std::mt19937_64 rng(20261130);
+  planes::PlaneWorkers workers(0);
+  for (const Shape& s : kAllShapes) {
+    if (("," + kShapes + ",").find(std::string(",") + s.name + ",") == std::string::npos) continue;
+    const std::string tag = codegen::typeTag(static_cast<uint32_t>(s.type));
+    const std::vector<uint8_t> source = randomBlocks(s.type, s.n, s.k, rng);
+    // (a) the kBlocks plane.
+    const StrideTable bt = blocksTable(s.type, s.n, s.k);
+    std::vector<uint8_t> blocks(bt.bytes(), 0);
+    const uint32_t type_size = ggmlTypeTraits(s.type).type_size;
+    for (uint64_t b = 0; b < s.n * s.k / kQK_K; ++b)
+      std::memcpy(blocks.data() + b * bt.group_pitch, source.data() + b * type_size, type_size);
+    // (b) today's decode planes, by the planner and the transforms.
+    auto layout = planes::planLayout({std::string("bench.") + s.name, s.type, s.n, s.k, planes::TensorRole::kMatMul});
+    if (!layout) die(llvm::toString(layout.takeError()));
+    auto planes_bytes = planes::transformTensor(*layout, source, workers);
+    if (!planes_bytes) die(llvm::toString(planes_bytes.takeError()));
+    const int qi = layout->find(PlaneKind::kI8), si = layout->find(PlaneKind::kScale), mi = layout->find(PlaneKind::kMin),
+              pi = layout->find(PlaneKind::kPacked);
+    const bool four = pi >= 0;
+    const int wi = four ? pi : qi;
+    const StrideTable& wt = layout->planes[wi];
+    const StrideTable& st = layout->planes[si];
+    std::vector<const std::vector<uint8_t>*> gemv_planes = {&(*planes_bytes)[wi], &(*planes_bytes)[si]};
+    if (mi >= 0) gemv_planes.push_back(&(*planes_bytes)[mi]);
+
+    // q8 activations (random q, per-block d, consistent half sums), one copy: decode reads them from L2.
+    std::vector<int8_t> xq(s.k);
+    std::vector<kern::Q8Meta> xm(s.k / 32);
+    for (uint64_t b = 0; b < s.k / 32; ++b) {
+      int lo = 0, hi = 0;
+      for (int i = 0; i < 32; ++i) {
+        xq[b * 32 + i] = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+        (i < 16 ? lo : hi) += xq[b * 32 + i];
+      }
+      xm[b] = {0.01f + static_cast<float>(rng() % 100) * 1e-4f, static_cast<short>(lo), static_cast<short>(hi)};
+    }
+    cuda::DeviceBuffer d_xq = take(g.dev->alloc(xq.size(), "xq")), d_xm = take(g.dev->alloc(xm.size() * 8, "xmeta"));
+    cuda::DeviceBuffer d_out_a = take(g.dev->alloc(s.n * 4, "out")), d_out_b = take(g.dev->alloc(s.n * 4, "out"));
+    ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(d_xq.ptr(), xq.data(), xq.size(), g.stream.get()), "upload"));
+    ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(d_xm.ptr(), xm.data(), xm.size() * 8, g.stream.get()), "upload"));
+
+    const uint64_t kMinTotal = uint64_t{512} << 20;
+    Copies cb = upload(g, {&blocks}, kMinTotal);
+    Copies cg = upload(g, gemv_planes, kMinTotal);
+    const double weights = static_cast<double>(s.n) * s.k;
+    auto launchesFor = [&](const Copies& c) {
+      const uint64_t want = std::max<uint64_t>(c.sets.size(), (uint64_t{2} << 30) / c.bytes);
+      return static_cast<unsigned>(std::min<uint64_t>(2000, (want + c.sets.size() - 1) / c.sets.size() * c.sets.size()));
+    };
+    auto row = [&](const std::string& name, uint64_t bytes, const Timing& t) {
+      std::printf("%-7s %-5s %7llu %6llu  %-34s %9.1f %8.3f %9.2f %10.0f ± %-5.0f %6.1f%%\n", s.name,
+                  ggmlTypeTraits(s.type).name, static_cast<unsigned long long>(s.n), static_cast<unsigned long long>(s.k),
+                  name.c_str(), bytes / 1e6, bytes / weights, t.us, t.mean_gbs, t.sd_gbs, 100.0 * t.mean_gbs / ceiling);
+      std::fflush(stdout);
+    };
+
+    // Today's GEMV (the codegen's defines for this layout).
+    const std::string gkey = std::string("gemv_") + (four ? "packed4_" : "i8_") + tag + "_n" + str(s.n) + "_k" + str(s.k);
+    const Kernel kg = compile(g, gkey, "kernels/gemv.cuh", "minfer_gemv",
+                              {{"GEMV_N", str(s.n)}, {"GEMV_K", str(s.k)}, {"GEMV_BITS", four ? "4" : "8"},
+                               {"GEMV_PITCH", str(wt.row_pitch)},
+                               {"GEMV_Q_OFFSET", std::to_string(four ? wt.q_offset : 0)},
+                               {"GEMV_GROUP", str(st.group_size)}, {"GEMV_S_PITCH", str(st.row_pitch)},
+                               {"GEMV_HAS_MIN", mi >= 0 ? "1" : "0"},
+                               {"GEMV_M_PITCH", mi >= 0 ? str(layout->planes[mi].row_pitch) : "0"},
+                               {"GEMV_HAS_BIAS", "0"}});
+    CUdeviceptr null_ptr = 0, xqp = d_xq.ptr(), xmp = d_xm.ptr(), outb = d_out_b.ptr();
+    std::vector<CUdeviceptr> gw(cg.sets.size()), gs(cg.sets.size()), gm(cg.sets.size());
+    for (size_t i = 0; i < cg.sets.size(); ++i) {
+      gw[i] = cg.sets[i][0].ptr();
+      gs[i] = cg.sets[i][1].ptr();
+      gm[i] = mi >= 0 ? cg.sets[i][2].ptr() : 0;
+    }
+    const Timing tg = timeGraph(g, kg, kern::gemvLaunch(static_cast<unsigned>(s.n)), launchesFor(cg), cg.bytes, [&](unsigned i) {
+      const size_t c = i % cg.sets.size();
+      return std::vector<void*>{&gw[c], &gs[c], &gm[c], &null_ptr, &xqp, &xmp, &outb};
+    });
+    row(four ? "gemv (packed4+scale+min)" : "gemv (i8+scale)", cg.bytes, tg);
+
+    // gemv_blocks: the codegen's shape, then (--variants) the grid of rows per warp × warps per row ×
+    // unroll, compiled in parallel.
+    struct Config {
+      kern::GemvBlocksShape shape;
+    };
+    std::vector<Config> configs = {{kern::gemvBlocksShape(static_cast<unsigned>(s.n), static_cast<unsigned>(s.k))}};
+    if (kVariants)
+      for (unsigned r : {1u, 2u, 4u})
+        for (unsigned wp : {1u, 2u})
+          for (unsigned u : {1u, 2u}) configs.push_back({{r, wp, u}});
+    auto name = [](const Config& c) {
+      return "r" + str(c.shape.rows) + " w" + str(c.shape.warps) + " u" + str(c.shape.unroll);
+    };
+    std::vector<Kernel> kernels(configs.size());
+    {
+      std::vector<std::thread> threads;
+      std::atomic<size_t> next{0};
+      for (unsigned th = 0; th < std::max(1u, std::thread::hardware_concurrency()); ++th)
+        threads.emplace_back([&] {
+          for (size_t ci = next++; ci < configs.size(); ci = next++) {
+            const Config& c = configs[ci];
+            const std::string key = "gemv_blocks_" + tag + "_n" + str(s.n) + "_k" + str(s.k) + "_r" + str(c.shape.rows) +
+                                    "w" + str(c.shape.warps) + "u" + str(c.shape.unroll);
+            kernels[ci] = compile(g, key, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks",
+                                  {{"GEMVB_N", str(s.n)}, {"GEMVB_K", str(s.k)},
+                                   {"GEMVB_TYPE", str(static_cast<unsigned>(s.type))}, {"GEMVB_PITCH", str(bt.row_pitch)},
+                                   {"GEMVB_GROUP_PITCH", str(bt.group_pitch)}, {"GEMVB_ROWS", str(c.shape.rows)},
+                                   {"GEMVB_ROW_WARPS", str(c.shape.warps)}, {"GEMVB_UNROLL", str(c.shape.unroll)},
+                                   {"GEMVB_HAS_BIAS", "0"}});
+          }
+        });
+      for (std::thread& th : threads) th.join();
+    }
+    std::vector<CUdeviceptr> bw(cb.sets.size());
+    for (size_t i = 0; i < cb.sets.size(); ++i) bw[i] = cb.sets[i][0].ptr();
+    CUdeviceptr outa = d_out_a.ptr();
+    for (size_t ci = 0; ci < configs.size(); ++ci) {
+      const Kernel& kb = kernels[ci];
+      const kern::LaunchShape sh = kern::gemvBlocksLaunch(static_cast<unsigned>(s.n), configs[ci].shape);
+      const Timing tb = timeGraph(g, kb, sh, launchesFor(cb), cb.bytes, [&](unsigned i) {
+        return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xqp, &xmp, &outa};
+      });
+      row("gemv_blocks " + name(configs[ci]) + (ci == 0 ? " (codegen)" : ""), cb.bytes, tb);
+      if (ci == 0) {  // sanity: both kernels on copy 0 of the same weights (the graphs' last launches differ)
+        std::vector<void*> a = {&bw[0], &null_ptr, &xqp, &xmp, &outa};
+        ok(g.dev->check(g.cu().cuLaunchKernel(kb.fn, sh.grid.x, 1, 1, sh.block.x, 1, 1, 0, g.stream.get(), a.data(), nullptr),
+                        "launch"));
+        const kern::LaunchShape gsh = kern::gemvLaunch(static_cast<unsigned>(s.n));
+        std::vector<void*> b = {&gw[0], &gs[0], &gm[0], &null_ptr, &xqp, &xmp, &outb};
+        ok(g.dev->check(g.cu().cuLaunchKernel(kg.fn, gsh.grid.x, 1, 1, gsh.block.x, 1, 1, 0, g.stream.get(), b.data(), nullptr),
+                        "launch"));
+        std::vector<float> ra(s.n), rb(s.n);
+        ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(ra.data(), outa, s.n * 4, g.stream.get()), "download"));
+        ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(rb.data(), outb, s.n * 4, g.stream.get()), "download"));
+        g.sync();
+        double diff = 0, ref = 0;
+        for (uint64_t i = 0; i < s.n; ++i) {
+          diff = std::max(diff, std::fabs(static_cast<double>(ra[i]) - rb[i]));
+          ref = std::max(ref, std::fabs(static_cast<double>(rb[i])));
+        }
+        std::printf("        gemv_blocks vs gemv on the same weights: max |a - b| / max |b| = %.2e\n", diff / ref);
+      }
+    }
+  }
+  return 0;
+}
