@@ -25,8 +25,9 @@ constexpr const char* kProducerVersion = "0.1.0";
 
 struct TensorPlanes {
   planes::TensorLayout layout;
-  std::vector<artifact::SegmentId> segments;  // one per layout.planes[i]
+  std::vector<artifact::SegmentId> segments;  // one per layout.planes[i]; kDerived for a derived plane
 };
+constexpr artifact::SegmentId kDerived = ~artifact::SegmentId{0};
 
 // Kernel images and the segments of their cubin and PTX (PTX stored with a terminating NUL, so the
 // runtime can hand the mapped bytes to cuModuleLoadData directly).
@@ -119,8 +120,9 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
     std::vector<flatbuffers::Offset<fb::Plane>> plane_offsets;
     for (size_t p = 0; p < tp.layout.planes.size(); ++p) {
       auto table = createStrideTable(b, tp.layout.planes[p]);
-      const fb::Segment seg = writer.segment(tp.segments[p]);
-      plane_offsets.push_back(fb::CreatePlane(b, table, &seg));
+      const bool derived = tp.segments[p] == kDerived;
+      const fb::Segment seg = derived ? fb::Segment(0, 0, 0) : writer.segment(tp.segments[p]);
+      plane_offsets.push_back(fb::CreatePlane(b, table, &seg, derived));
     }
     std::vector<uint64_t> ne(info.ne, info.ne + info.n_dims);
     tensor_offsets.push_back(fb::CreateTensor(b, b.CreateString(desc.weights[i].name),
@@ -131,6 +133,7 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
   auto prefill = createPlan(b, desc.plan.prefill, kernels.set.prefill,
                             codegen::lastTokenTailBegin(desc.plan.prefill, desc.plan.logits));
   auto decode = createPlan(b, desc.plan.decode, kernels.set.decode, desc.plan.decode.size());
+  auto load = createPlan(b, desc.plan.load, kernels.set.load, desc.plan.load.size());
 
   std::vector<flatbuffers::Offset<fb::KernelImage>> images;
   for (size_t i = 0; i < kernels.set.images.size(); ++i) {
@@ -159,7 +162,7 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
   auto root = fb::CreateArtifact(b, kArtifactFormatMajor, kArtifactFormatMinor, b.CreateString(kProducer),
                                  b.CreateString(kProducerVersion), source_info, config, tokenizer,
                                  b.CreateVector(tensor_offsets), b.CreateVector(images), prefill, decode, memory,
-                                 b.CreateVector(archs), &manifest_check, argmax);
+                                 b.CreateVector(archs), &manifest_check, argmax, load);
   fb::FinishSizePrefixedArtifactBuffer(b, root);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -192,12 +195,18 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
   tensors.reserve(desc->weights.size());
   for (const model::WeightDesc& w : desc->weights) {
     planes::TensorDesc td{w.name, w.info->type, w.info->rows(), w.info->cols(), w.role};
-    auto layout = planes::planLayout(td);
+    auto layout = planes::planLayout(td, options.plane_form);
     if (!layout) return layout.takeError();
     TensorPlanes tp{std::move(*layout), {}};
-    for (const StrideTable& st : tp.layout.planes) tp.segments.push_back((*writer)->reserveSegment(st.bytes()));
+    for (size_t p = 0; p < tp.layout.planes.size(); ++p)
+      tp.segments.push_back(tp.layout.derived[p] ? kDerived : (*writer)->reserveSegment(tp.layout.planes[p].bytes()));
+    if (tp.layout.storedBytes() != tp.layout.planeBytes())  // derived planes: expanded at load
+      desc->plan.load.push_back({.op = fb::OpKind::ExpandBlocks,
+                                 .weights = {static_cast<uint32_t>(tensors.size())},
+                                 .name = w.name + ".expand"});
     summary.planes += tp.layout.planes.size();
-    summary.plane_bytes += tp.layout.planeBytes();
+    summary.plane_bytes += tp.layout.storedBytes();
+    summary.derived_bytes += tp.layout.planeBytes() - tp.layout.storedBytes();
     summary.source_bytes += tp.layout.source_bytes;
     tensors.push_back(std::move(tp));
   }
@@ -237,10 +246,17 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
   uint64_t bytes_done = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorPlanes& tp = tensors[i];
-    auto planes_bytes = planes::transformTensor(tp.layout, gguf.tensorData(*desc->weights[i].info), workers);
-    if (!planes_bytes) return planes_bytes.takeError();
+    std::vector<std::vector<uint8_t>> stored(tp.layout.planes.size());  // derived planes stay empty
+    std::vector<llvm::MutableArrayRef<uint8_t>> views;
+    for (size_t p = 0; p < stored.size(); ++p) {
+      if (!tp.layout.derived[p]) stored[p].resize(tp.layout.planes[p].bytes());
+      views.emplace_back(stored[p]);
+    }
+    if (auto err = planes::transformTensor(tp.layout, gguf.tensorData(*desc->weights[i].info), views, workers))
+      return err;
     for (size_t p = 0; p < tp.segments.size(); ++p)
-      if (auto err = (*writer)->writeSegment(tp.segments[p], (*planes_bytes)[p])) return err;
+      if (tp.segments[p] != kDerived)
+        if (auto err = (*writer)->writeSegment(tp.segments[p], stored[p])) return err;
     bytes_done += tp.layout.source_bytes;
     if (options.progress) options.progress(i + 1, tensors.size(), bytes_done, summary.source_bytes);
   }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/planes/layout_planner.h"
 #include "llvm/Support/Error.h"
 
 namespace minfer {
@@ -24,6 +25,9 @@ struct CompileOptions {
   std::vector<std::string> targets;  // GPU archs for kernel images, e.g. {"sm_90"}; stored in the artifact
                                      // (empty: no kernel images, a CPU-only artifact)
   std::string kernel_cache_dir;      // NVRTC image cache: "" = default (codegen/kernel_cache.h), "off" = none
+  // Compact (default): quantized matmul weights store only their GGUF blocks, the other planes are
+  // derived at load; expanded: every plane stored (compiler/planes/layout_planner.h).
+  planes::PlaneForm plane_form = planes::PlaneForm::kCompact;
   // Called after each tensor: (tensors done, tensors total, source bytes done, source bytes total).
   std::function<void(size_t, size_t, uint64_t, uint64_t)> progress;
 };
@@ -32,7 +36,8 @@ struct CompileSummary {
   size_t tensors = 0;
   size_t planes = 0;
   uint64_t source_bytes = 0;    // GGUF tensor data read
-  uint64_t plane_bytes = 0;     // bytes of all planes written
+  uint64_t plane_bytes = 0;     // bytes of all planes written (the stored ones)
+  uint64_t derived_bytes = 0;   // bytes of the derived planes the runtime materializes at load
   uint64_t artifact_bytes = 0;  // final file size
   size_t steps = 0;             // prefill plan steps
   size_t kernel_images = 0;     // kernel images (specializations × targets)

@@ -47,6 +47,8 @@ struct OpTraits {
 //   QuantizeAct  x → q8                      (GPU only)
 //   Scale        x → out                     (scale, softcap; out may equal x)
 //   GeGlu        gate, up → out
+//   ExpandBlocks (no buffers)                weights: W (its kBlocks plane → its derived planes; load plan,
+//                                            GPU only: the CPU reads the kBlocks plane itself)
 #define MINFER_OPS(X)                                                                                      \
   X(Embed, embed, 1, 1, 1, 1, 1, 0, true, false, false)                                                     \
   X(RmsNorm, rmsNorm, 1, 1, 1, 1, 1, kFieldEps, true, false, false)                                         \
@@ -59,7 +61,8 @@ struct OpTraits {
   X(HeadRmsNorm, headRmsNorm, 1, 1, 1, 1, 1, kFieldEps | kFieldHeads | kFieldHeadDim, true, true, false)     \
   X(QuantizeAct, quantizeAct, 1, 1, 1, 0, 0, 0, true, false, true)                                         \
   X(Scale, scale, 1, 1, 1, 0, 0, 0, true, false, false)                                                     \
-  X(GeGlu, geglu, 2, 2, 1, 0, 0, 0, true, false, false)
+  X(GeGlu, geglu, 2, 2, 1, 0, 0, 0, true, false, false)                                                    \
+  X(ExpandBlocks, expandBlocks, 0, 0, 0, 1, 1, 0, false, false, true)
 
 #define MINFER_OP_TRAITS_ROW(kind, family, in0, in1, out, w0, w1, fields, row_wise, in_place, gpu_only) \
   {#kind, in0, in1, out, w0, w1, fields, row_wise, in_place, gpu_only},

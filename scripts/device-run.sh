@@ -31,5 +31,12 @@ if [ "${MINFER_DEVICE_BENCH:-1}" = 1 ]; then
     { time timeout 60 "$B/minfer-run" /tmp/q7.mfb -p "Once upon a time" -n 16 --temp 0 --device cuda; } &&
     timeout 200 "$B/minfer-bench" /tmp/q7.mfb -p 512,2048 -n 128 -r 5; } > "$OUT/bench.log" 2>&1
   echo "rc=$?" >> "$OUT/bench.log"
+  # Deployment figures (issue 13): process start -> first token (-n 1) with the page cache warm, three
+  # runs, each with its peak resident set (GNU time's "Maximum resident set size", KiB).
+  for i in 1 2 3; do
+    /usr/bin/time -f "wall %e s, peak RSS %M KiB" "$B/minfer-run" /tmp/q7.mfb -p "Once upon a time" -n 1 \
+      --temp 0 --device cuda > /dev/null
+  done > "$OUT/deploy.log" 2>&1
+  echo "rc=$?" >> "$OUT/deploy.log"
 fi
 grep -H "rc=" "$OUT"/*.log

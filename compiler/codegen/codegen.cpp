@@ -59,9 +59,9 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
     ++set.stats.kernel_uses;
     return r;
   };
-  for (PlanVariant v : {PlanVariant::kPrefill, PlanVariant::kDecode}) {
-    const size_t n = (v == PlanVariant::kPrefill ? desc.plan.prefill : desc.plan.decode).size();
-    auto& out = v == PlanVariant::kPrefill ? set.prefill : set.decode;
+  for (PlanVariant v : {PlanVariant::kPrefill, PlanVariant::kDecode, PlanVariant::kLoad}) {
+    const size_t n = planSteps(desc.plan, v).size();
+    auto& out = v == PlanVariant::kPrefill ? set.prefill : v == PlanVariant::kDecode ? set.decode : set.load;
     for (size_t i = 0; i < n; ++i) {
       auto launches = launchesForStep(desc, layouts, v, i);
       if (!launches) return launches.takeError();

@@ -4,7 +4,7 @@
 // spec + launch record); identical specs (layers share shapes) are compiled once per arch; each
 // (spec, arch) is looked up in the on-disk cache (kernel_cache.h) or compiled, in parallel on `jobs`
 // threads. The result is deterministic whatever the thread count or cache state: images are ordered by
-// first use (prefill steps, then decode steps, then argmax), archs in the requested order.
+// first use (prefill steps, then decode steps, then load steps, then argmax), archs in the requested order.
 //
 // Launch records (Step.launches in the artifact): per kernel use, its arguments and launch rule and the
 // image index of every target arch, in target order; a runtime takes the one of its chosen arch.
@@ -59,6 +59,7 @@ struct KernelSet {
   std::vector<KernelImageData> images;
   std::vector<std::vector<LaunchRecord>> prefill;  // per prefill step: its kernel uses in launch order
   std::vector<std::vector<LaunchRecord>> decode;   // per decode step
+  std::vector<std::vector<LaunchRecord>> load;     // per load step (ExpandBlocks)
   LaunchRecord argmax;
   CodegenStats stats;
 };

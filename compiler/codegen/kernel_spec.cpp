@@ -26,16 +26,34 @@ static_assert(std::size(kFamilies) == std::size(kOpTraits), "one op family per O
 
 }  // namespace
 
+const std::vector<model::StepDesc>& planSteps(const model::ExecutionPlan& plan, PlanVariant variant) {
+  switch (variant) {
+    case PlanVariant::kPrefill: return plan.prefill;
+    case PlanVariant::kDecode: return plan.decode;
+    case PlanVariant::kLoad: return plan.load;
+  }
+  return plan.decode;
+}
+
+const char* planName(PlanVariant variant) {
+  switch (variant) {
+    case PlanVariant::kPrefill: return "prefill";
+    case PlanVariant::kDecode: return "decode";
+    case PlanVariant::kLoad: return "load";
+  }
+  return "unknown";
+}
+
 StepContext::StepContext(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                          PlanVariant variant, size_t index)
     : desc_(desc),
       layouts_(layouts),
       variant_(variant),
       index_(index),
-      step_((variant == PlanVariant::kPrefill ? desc.plan.prefill : desc.plan.decode)[index]) {}
+      step_(planSteps(desc.plan, variant)[index]) {}
 
 llvm::Error StepContext::error(const llvm::Twine& what) const {
-  return makeError(llvm::formatv("{0} plan step {1} ('{2}'): ", prefill() ? "prefill" : "decode", index_, step_.name) +
+  return makeError(llvm::formatv("{0} plan step {1} ('{2}'): ", planName(variant_), index_, step_.name) +
                    what);
 }
 
@@ -144,7 +162,7 @@ std::string KernelSpec::define(const std::string& name) const {
 llvm::Expected<std::vector<KernelLaunch>> launchesForStep(const model::ModelDescription& desc,
                                                           llvm::ArrayRef<planes::TensorLayout> layouts,
                                                           PlanVariant variant, size_t step_index) {
-  const auto& steps = variant == PlanVariant::kPrefill ? desc.plan.prefill : desc.plan.decode;
+  const auto& steps = planSteps(desc.plan, variant);
   if (step_index >= steps.size())
     return makeError(llvm::formatv("plan step {0} out of range ({1} steps)", step_index, steps.size()));
   const StepContext c(desc, layouts, variant, step_index);

@@ -62,7 +62,13 @@ struct KernelLaunch {
   kern::LaunchRule rule;
 };
 
-enum class PlanVariant { kPrefill, kDecode };
+// Which plan a step belongs to: prefill, decode, or the load plan (run once after the upload).
+enum class PlanVariant { kPrefill, kDecode, kLoad };
+
+// The steps of `variant` in `plan`.
+const std::vector<model::StepDesc>& planSteps(const model::ExecutionPlan& plan, PlanVariant variant);
+// "prefill", "decode" or "load".
+const char* planName(PlanVariant variant);
 
 // The kernel uses of one plan step, in launch order. `layouts[i]` is the TensorLayout of desc.weights[i].
 // Errors (naming the step index, its name and the numbers): a weight without the planes its kernel

@@ -75,6 +75,7 @@ struct ExecutionPlan {
   std::vector<BufferDesc> buffers;
   std::vector<StepDesc> prefill;
   std::vector<StepDesc> decode;
+  std::vector<StepDesc> load;  // run once after the upload: ExpandBlocks per tensor with derived planes
   uint32_t input_ids = 0;
   uint32_t logits = 0;
   uint32_t max_batch = 0;

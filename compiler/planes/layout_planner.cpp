@@ -11,9 +11,25 @@ constexpr uint64_t kMaxPlaneBytes = uint64_t{1} << 62;
 
 bool isFloat(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
-// 4-bit formats whose q fits a nibble: they get a 4-bit packed plane for the decode GEMV.
-bool hasPacked4(GgmlType t) {
-  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q4_K;
+// 4-bit formats whose decode GEMV reads a 4-bit packed plane (Q4_K's reads its kBlocks plane).
+bool hasPacked4(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q4_1; }
+
+// Types whose decode GEMV reads the kBlocks plane (kernels/gemv_blocks.cuh): their block slots are
+// padded to 16 bytes so that every block starts 16-byte aligned (Q4_K: 144, unchanged; Q6_K: 210 → 224).
+bool blocksReadByGemv(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_K; }
+
+StrideTable blocksTable(GgmlType type, uint64_t rows, uint64_t cols, bool padded) {
+  const GgmlTypeTraits traits = ggmlTypeTraits(type);
+  StrideTable b;
+  b.kind = PlaneKind::kBlocks;
+  b.elem = ElemType::kU8;
+  b.rows = rows;
+  b.cols = cols;
+  b.group_size = traits.block_size;
+  b.group_pitch = padded ? static_cast<uint32_t>(alignUp(traits.type_size, kPlaneRowAlign)) : traits.type_size;
+  b.row_pitch = cols / traits.block_size * b.group_pitch;
+  b.ggml_type = static_cast<uint32_t>(type);
+  return b;
 }
 
 StrideTable denseTable(GgmlType source, PlaneKind kind, ElemType elem, uint64_t rows, uint64_t cols) {
@@ -49,7 +65,8 @@ StrideTable groupTable(GgmlType type, PlaneKind kind, uint64_t rows, uint64_t co
   return t;
 }
 
-void addMatMulPlanes(GgmlType type, uint64_t rows, uint64_t cols, std::vector<StrideTable>& out) {
+// The planes derived from the kBlocks plane: kI8, kScale, [kMin], [kPacked].
+void addDerivedPlanes(GgmlType type, uint64_t rows, uint64_t cols, std::vector<StrideTable>& out) {
   out.push_back(denseTable(type, PlaneKind::kI8, ElemType::kI8, rows, cols));
   out.push_back(groupTable(type, PlaneKind::kScale, rows, cols));
   if (hasMin(type)) out.push_back(groupTable(type, PlaneKind::kMin, rows, cols));
@@ -91,7 +108,16 @@ uint64_t TensorLayout::planeBytes() const {
   return sum;
 }
 
-llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc) {
+const char* planeFormName(PlaneForm form) { return form == PlaneForm::kCompact ? "compact" : "expanded"; }
+
+uint64_t TensorLayout::storedBytes() const {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < planes.size(); ++i)
+    if (!derived[i]) sum += planes[i].bytes();
+  return sum;
+}
+
+llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc, PlaneForm form) {
   const GgmlTypeTraits traits = ggmlTypeTraits(desc.type);
   const auto fail = [&](const llvm::Twine& what) {
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
@@ -121,39 +147,28 @@ llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc) {
 
   const uint64_t rows = desc.rows, cols = desc.cols;
   const bool floating = isFloat(desc.type);
+  const bool matmul = desc.role == TensorRole::kMatMul || desc.role == TensorRole::kEmbeddingMatMul;
   switch (desc.role) {
     case TensorRole::kVector:
       layout.planes.push_back(denseTable(desc.type, PlaneKind::kF32, ElemType::kF32, rows, cols));
       break;
     case TensorRole::kMatMul:
-      if (floating)
-        layout.planes.push_back(floatTable(desc.type, rows, cols));
-      else
-        addMatMulPlanes(desc.type, rows, cols, layout.planes);
-      break;
     case TensorRole::kEmbedding:
     case TensorRole::kEmbeddingMatMul:
       if (floating) {
         layout.planes.push_back(floatTable(desc.type, rows, cols));
         break;
       }
-      {
-        StrideTable b;
-        b.kind = PlaneKind::kBlocks;
-        b.elem = ElemType::kU8;
-        b.rows = rows;
-        b.cols = cols;
-        b.row_pitch = layout.source_row_bytes;
-        b.group_size = traits.block_size;
-        b.group_pitch = traits.type_size;
-        b.ggml_type = static_cast<uint32_t>(desc.type);
-        layout.planes.push_back(b);
-      }
-      if (desc.role == TensorRole::kEmbeddingMatMul) addMatMulPlanes(desc.type, rows, cols, layout.planes);
+      layout.planes.push_back(blocksTable(desc.type, rows, cols, matmul && blocksReadByGemv(desc.type)));
+      if (matmul) addDerivedPlanes(desc.type, rows, cols, layout.planes);
       break;
     default:
       return fail(llvm::formatv("unknown role {0}", static_cast<unsigned>(desc.role)));
   }
+  // Every plane after a quantized tensor's kBlocks plane is derived from it.
+  layout.derived.assign(layout.planes.size(), false);
+  if (form == PlaneForm::kCompact)
+    for (size_t i = 1; i < layout.planes.size(); ++i) layout.derived[i] = layout.planes[0].kind == PlaneKind::kBlocks;
   return layout;
 }
 

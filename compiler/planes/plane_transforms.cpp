@@ -30,6 +30,7 @@ struct RowContext {
   uint8_t* out[kKinds] = {};
   uint64_t pitch[kKinds] = {};
   int q_offset = 0;  // of the packed plane
+  uint32_t block_slot = 0;  // group_pitch of the kBlocks plane (≥ the block's bytes)
 
   uint8_t* row(PlaneKind k, uint64_t r) const {
     const int i = static_cast<int>(k);
@@ -43,7 +44,21 @@ void zeroTail(uint8_t* row, uint64_t used, uint64_t pitch) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Byte copies: kBlocks (the source row as is) and a dense plane in the source's own precision.
+// Byte copies: kBlocks (the source blocks, each in a slot of group_pitch bytes) and a dense plane in
+// the source's own precision.
+
+void copyBlockRows(const RowContext& x, uint64_t r0, uint64_t r1) {
+  const uint32_t block_bytes = ggmlTypeTraits(x.type).type_size;
+  for (uint64_t r = r0; r < r1; ++r) {
+    uint8_t* dst = x.row(PlaneKind::kBlocks, r);
+    const uint8_t* src = x.src + r * x.src_row_bytes;
+    for (uint64_t b = 0; b < x.blocks_per_row; ++b) {
+      std::memcpy(dst + b * x.block_slot, src + b * block_bytes, block_bytes);
+      zeroTail(dst + b * x.block_slot, block_bytes, x.block_slot);
+    }
+    zeroTail(dst, x.blocks_per_row * x.block_slot, x.rowPitch(PlaneKind::kBlocks));
+  }
+}
 
 void copyRows(const RowContext& x, PlaneKind kind, uint64_t r0, uint64_t r1) {
   for (uint64_t r = r0; r < r1; ++r) {
@@ -367,6 +382,12 @@ llvm::Error transformTensor(const TensorLayout& layout, llvm::ArrayRef<uint8_t> 
     x.out[k] = outputs[i].data();
     x.pitch[k] = t.row_pitch;
     if (t.kind == PlaneKind::kPacked) x.q_offset = t.q_offset;
+    if (t.kind == PlaneKind::kBlocks) {
+      if (t.group_pitch < ggmlTypeTraits(d.type).type_size || t.row_pitch < x.blocks_per_row * t.group_pitch)
+        return fail(llvm::formatv("kBlocks plane: block slots of {0} bytes in rows of {1} cannot hold {2} blocks of {3}",
+                                  t.group_pitch, t.row_pitch, x.blocks_per_row, ggmlTypeTraits(d.type).type_size));
+      x.block_slot = t.group_pitch;
+    }
     any = true;
   }
   if (!any) return llvm::Error::success();
@@ -375,7 +396,7 @@ llvm::Error transformTensor(const TensorLayout& layout, llvm::ArrayRef<uint8_t> 
   // About 64 KiB of source per chunk: large enough to amortize the claim, small enough to balance.
   const uint64_t grain = std::max<uint64_t>(1, (uint64_t{64} << 10) / std::max<uint64_t>(1, x.src_row_bytes));
   workers.parallelFor(d.rows, grain, [&](uint64_t r0, uint64_t r1) {
-    if (x.out[static_cast<int>(PlaneKind::kBlocks)]) copyRows(x, PlaneKind::kBlocks, r0, r1);
+    if (x.out[static_cast<int>(PlaneKind::kBlocks)]) copyBlockRows(x, r0, r1);
     for (int k = 0; k < kKinds; ++k)
       if (x.out[k] && isDenseSourceKind(static_cast<PlaneKind>(k))) copyRows(x, static_cast<PlaneKind>(k), r0, r1);
     if (x.out[static_cast<int>(PlaneKind::kF32)]) toF32Rows(x, r0, r1);

@@ -271,10 +271,17 @@ void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
   }
 
   const uint32_t n_tensors = m.tensors() ? m.tensors()->size() : 0;
-  uint64_t plane_bytes = 0, n_planes = 0;
+  uint64_t plane_bytes = 0, n_planes = 0, n_derived = 0, derived_bytes = 0;
   for (uint32_t i = 0; i < n_tensors; ++i)
-    for (const fb::Plane* p : *m.tensors()->Get(i)->planes()) plane_bytes += p->data()->size(), ++n_planes;
-  os << llvm::formatv("\ntensors ({0}, {1} planes, {2} bytes):\n", n_tensors, n_planes, plane_bytes);
+    for (const fb::Plane* p : *m.tensors()->Get(i)->planes()) {
+      plane_bytes += p->data()->size(), ++n_planes;
+      if (p->derived()) ++n_derived, derived_bytes += p->layout()->rows() * p->layout()->row_pitch();
+    }
+  // Compact: quantized matmul weights store their GGUF blocks only, the rest is expanded at load.
+  os << llvm::formatv("\ntensors ({0}, {1} planes, {2} bytes stored; planes: {3}", n_tensors, n_planes, plane_bytes,
+                      n_derived ? "compact" : "expanded");
+  if (n_derived) os << llvm::formatv(", {0} derived at load ({1} bytes)", n_derived, derived_bytes);
+  os << "):\n";
   for (uint32_t i = 0; i < n_tensors; ++i) {
     const fb::Tensor& t = *m.tensors()->Get(i);
     std::string ne;
@@ -282,7 +289,8 @@ void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
       for (flatbuffers::uoffset_t d = 0; d < t.ne()->size(); ++d) ne += (d ? ", " : "") + std::to_string(t.ne()->Get(d));
     os << llvm::formatv("  {0,3} {1,-32} {2,-5} [{3}]\n", i, str(t.name()), ggmlTypeTraits(t.ggml_type()).name, ne);
     for (const fb::Plane* p : *t.planes())
-      os << llvm::formatv("        {0,-62} {1}\n", strideText(*p->layout()), segmentText(p->data()));
+      os << llvm::formatv("        {0,-62} {1}\n", strideText(*p->layout()),
+                          p->derived() ? std::string("derived at load") : segmentText(p->data()));
   }
 
   if (const fb::MemoryPlan* mem = m.memory()) {
@@ -303,7 +311,8 @@ void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
     os << "\nmemory plan: (none)\n";
   }
 
-  for (const auto& [name, plan] : {std::pair{"prefill", m.prefill()}, std::pair{"decode", m.decode()}}) {
+  for (const auto& [name, plan] :
+       {std::pair{"prefill", m.prefill()}, std::pair{"decode", m.decode()}, std::pair{"load", m.load()}}) {
     const uint32_t n = plan && plan->steps() ? plan->steps()->size() : 0;
     os << llvm::formatv("\n{0} plan ({1} steps):\n", name, n);
     for (uint32_t i = 0; i < n; ++i) os << llvm::formatv("  {0,4} {1}\n", i, stepText(*plan->steps()->Get(i), m));
@@ -375,7 +384,8 @@ llvm::json::Object toJson(const ArtifactFile& f) {
       if (t->ne())
         for (uint64_t d : *t->ne()) ne.push_back(i64(d));
       for (const fb::Plane* p : *t->planes())
-        planes.push_back(llvm::json::Object{{"layout", strideJson(*p->layout())}, {"data", segmentJson(p->data())}});
+        planes.push_back(llvm::json::Object{
+            {"layout", strideJson(*p->layout())}, {"data", segmentJson(p->data())}, {"derived", p->derived()}});
       tensors.push_back(llvm::json::Object{{"name", jstr(t->name())},
                                            {"type", ggmlTypeTraits(t->ggml_type()).name},
                                            {"ne", std::move(ne)},
@@ -394,7 +404,8 @@ llvm::json::Object toJson(const ArtifactFile& f) {
                                         {"kv_bytes_per_token", i64(mem->kv_bytes_per_token())},
                                         {"buffers", std::move(buffers)}};
   }
-  for (const auto& [name, plan] : {std::pair{"prefill", m.prefill()}, std::pair{"decode", m.decode()}}) {
+  for (const auto& [name, plan] :
+       {std::pair{"prefill", m.prefill()}, std::pair{"decode", m.decode()}, std::pair{"load", m.load()}}) {
     llvm::json::Array steps;
     if (plan && plan->steps())
       for (const fb::Step* s : *plan->steps()) steps.push_back(stepJson(*s, m));

@@ -41,6 +41,14 @@ llvm::cl::opt<std::string> kKernelCache(
     "kernel-cache", llvm::cl::desc("NVRTC kernel image cache directory, or 'off' (default: $MINFER_CACHE_DIR, "
                                    "$XDG_CACHE_HOME/minfer/kernels or ~/.cache/minfer/kernels)"),
     llvm::cl::value_desc("dir"), llvm::cl::init(""), llvm::cl::cat(kCategory));
+llvm::cl::opt<minfer::planes::PlaneForm> kPlanes(
+    "planes",
+    llvm::cl::desc("How quantized weights are stored (default compact)"),
+    llvm::cl::values(clEnumValN(minfer::planes::PlaneForm::kCompact, "compact",
+                                "the GGUF blocks only; the GPU expands the prefill planes at load (file ~ GGUF size)"),
+                     clEnumValN(minfer::planes::PlaneForm::kExpanded, "expanded",
+                                "every plane stored, nothing expanded at load (file ~2.5x the GGUF)")),
+    llvm::cl::init(minfer::planes::PlaneForm::kCompact), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kVerbose("v", llvm::cl::desc("Print a progress line after every tensor"), llvm::cl::cat(kCategory));
 
 // The portable default: cubins for Ampere (sm_80, sm_86), Ada (sm_89) and Hopper (sm_90); a newer GPU
@@ -89,6 +97,7 @@ int main(int argc, char** argv) {
   options.max_batch = kMaxBatch;
   options.jobs = kJobs;
   options.kernel_cache_dir = kKernelCache;
+  options.plane_form = kPlanes;
   std::string target_list = kTarget, target_why;
   if (target_list == "auto") target_list = autoTargets(&target_why);
   llvm::SmallVector<llvm::StringRef, 8> archs;
@@ -134,10 +143,11 @@ int main(int argc, char** argv) {
   const minfer::CompileSummary& s = *summary;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   llvm::errs() << llvm::formatv(
-      "minfer-compile: wrote {0}: {1} tensors, {2} planes, {3:f1} MB of planes from {4:f1} MB of GGUF tensor data, "
-      "{5} plan steps, {6:f1} MB in all, {7:f2} s\n",
-      target->through_link ? options.output + " (through the link, to " + target->path + ")" : options.output, s.tensors, s.planes, s.plane_bytes / 1e6, s.source_bytes / 1e6, s.steps,
-      s.artifact_bytes / 1e6, seconds);
+      "minfer-compile: wrote {0}: {1} tensors, {2} planes ({8}: {3:f1} MB stored, {9:f1} MB derived at load) from "
+      "{4:f1} MB of GGUF tensor data, {5} plan steps, {6:f1} MB in all, {7:f2} s\n",
+      target->through_link ? options.output + " (through the link, to " + target->path + ")" : options.output,
+      s.tensors, s.planes, s.plane_bytes / 1e6, s.source_bytes / 1e6, s.steps, s.artifact_bytes / 1e6, seconds,
+      minfer::planes::planeFormName(options.plane_form), s.derived_bytes / 1e6);
   if (s.kernel_images)
     llvm::errs() << llvm::formatv(
         "minfer-compile: kernels: {0} images ({1} specializations × {2} targets: {6}{7}), {3:f1} MB, {4} from "

@@ -49,7 +49,10 @@ struct LaunchProblem {
 // the table of the plane it binds (the offset gate at load: a kernel specialized for one pitch never
 // runs on a plane of another); grid extents in CUDA's limits for 1..memory.max_batch tokens; block
 // and dynamic shared memory in range. In a `tail` step (schema Plan): no in-place buffer, KV cache,
-// positions or scratch argument. Returns false and fills *problem on the first failure.
-bool checkLaunch(const fb::Artifact& m, const fb::Launch& launch, bool tail, LaunchProblem* problem);
+// positions or scratch argument. Weight arguments are read, except in the load plan, whose launches
+// write derived planes (Plane.derived) and read only stored ones. Returns false and fills *problem on
+// the first failure.
+enum class LaunchPlace { kStep, kTailStep, kLoadStep };  // kStep also for Artifact.argmax
+bool checkLaunch(const fb::Artifact& m, const fb::Launch& launch, LaunchPlace place, LaunchProblem* problem);
 
 }  // namespace minfer::artifact

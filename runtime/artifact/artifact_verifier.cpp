@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 #include "runtime/artifact/artifact_file.h"
@@ -73,6 +74,8 @@ class StructureLocator {
     where = plan(t, A::VT_PREFILL, [&] { return root_->prefill(); }, "prefill");
     if (!where.empty()) return where;
     where = plan(t, A::VT_DECODE, [&] { return root_->decode(); }, "decode");
+    if (!where.empty()) return where;
+    where = plan(t, A::VT_LOAD, [&] { return root_->load(); }, "load");
     if (!where.empty()) return where;
     if (!table(t, A::VT_MEMORY, [&] { return root_->memory(); })) return "memory";
     if (!field(t, A::VT_TARGET_ARCHS, [&](flatbuffers::Verifier& v) {
@@ -163,7 +166,9 @@ class SemanticVerifier {
     MINFER_RETURN_IF_ERROR(checkMemory());
     MINFER_RETURN_IF_ERROR(checkPlan(m_->prefill(), "prefill"));
     MINFER_RETURN_IF_ERROR(checkPlan(m_->decode(), "decode"));
-    if (m_->argmax()) MINFER_RETURN_IF_ERROR(checkLaunchAt(*m_->argmax(), "argmax", "the argmax", false));
+    MINFER_RETURN_IF_ERROR(checkPlan(m_->load(), "load"));
+    MINFER_RETURN_IF_ERROR(checkDerivedWrites());
+    if (m_->argmax()) MINFER_RETURN_IF_ERROR(checkLaunchAt(*m_->argmax(), "argmax", "the argmax", LaunchPlace::kStep));
     MINFER_RETURN_IF_ERROR(checkOverlaps());
     *segments = std::move(segments_);
     return Status::ok();
@@ -284,6 +289,17 @@ class SemanticVerifier {
         if (static_cast<PlaneKind>(l->kind()) == PlaneKind::kBlocks && l->ggml_type() != t->ggml_type())
           return fail(pf + ".layout.ggml_type", l,
                       cat("blocks plane of type ", l->ggml_type(), " in a tensor of type ", t->ggml_type(), who));
+        if (p->derived()) {  // 1.3: no bytes in the file; materialized at load from the tensor's kBlocks plane
+          if (static_cast<PlaneKind>(l->kind()) == PlaneKind::kBlocks || !hasBlocks(t))
+            return fail(pf + ".derived", p, cat("plane kind ", int(l->kind()),
+                                                " is marked derived, but only a tensor's non-kBlocks planes derive from its "
+                                                "stored kBlocks plane", who));
+          const fb::Segment* d = p->data();
+          if (d->offset() != 0 || d->size() != 0 || d->xxh64() != 0)
+            return fail(pf + ".data", d, cat("a derived plane stores no bytes, but its segment is [", d->offset(), ", +",
+                                             d->size(), ")", who));
+          continue;
+        }
         const uint64_t bytes = l->rows() * l->row_pitch();  // no overflow: strideTableProblem checked it
         if (p->data()->size() != bytes)
           return fail(pf + ".data", p->data(),
@@ -293,6 +309,13 @@ class SemanticVerifier {
       }
     }
     return Status::ok();
+  }
+
+  // The tensor has a stored kBlocks plane (what its derived planes are expanded from).
+  static bool hasBlocks(const fb::Tensor* t) {
+    for (const fb::Plane* p : *t->planes())
+      if (static_cast<PlaneKind>(p->layout()->kind()) == PlaneKind::kBlocks && !p->derived()) return true;
+    return false;
   }
 
   Status checkKernels() {
@@ -346,9 +369,9 @@ class SemanticVerifier {
     return Status::ok();
   }
 
-  Status checkLaunchAt(const fb::Launch& l, const std::string& field, const std::string& who, bool tail) const {
+  Status checkLaunchAt(const fb::Launch& l, const std::string& field, const std::string& who, LaunchPlace place) const {
     LaunchProblem p;
-    if (checkLaunch(*m_, l, tail, &p)) return Status::ok();
+    if (checkLaunch(*m_, l, place, &p)) return Status::ok();
     return fail(field + "." + p.field, p.at, p.what + " (" + who + ")");
   }
 
@@ -377,8 +400,36 @@ class SemanticVerifier {
     return Status::ok();
   }
 
+  // With kernel images, every derived plane is written by exactly one launch of the load plan (a
+  // CPU-only artifact has no launches: the CPU reads the kBlocks plane and ignores derived planes).
+  Status checkDerivedWrites() const {
+    if (!m_->tensors() || !m_->kernels() || m_->kernels()->size() == 0) return Status::ok();
+    std::map<std::pair<uint32_t, uint8_t>, int> writes;  // (tensor, plane kind) → launches writing it
+    if (m_->load() && m_->load()->steps())
+      for (const fb::Step* s : *m_->load()->steps())
+        if (s->launches())
+          for (const fb::Launch* l : *s->launches())
+            if (l->args())
+              for (const fb::KernelArg* a : *l->args())
+                if (a->kind() == fb::ArgKind::Weight && a->access() != fb::Access::Read && a->plane())
+                  ++writes[{a->tensor(), a->plane()->kind()}];
+    for (flatbuffers::uoffset_t i = 0; i < m_->tensors()->size(); ++i) {
+      const fb::Tensor* t = m_->tensors()->Get(i);
+      for (flatbuffers::uoffset_t j = 0; j < t->planes()->size(); ++j) {
+        const fb::Plane* p = t->planes()->Get(j);
+        const int n = writes[{i, p->layout()->kind()}];
+        if (p->derived() && n != 1)
+          return fail(cat("tensors[", i, "].planes[", j, "].derived"), p,
+                      cat("derived plane kind ", int(p->layout()->kind()), " of tensor ", quoted(t->name()), " is written by ", n,
+                          " load-plan launches (exactly 1 expected)"));
+      }
+    }
+    return Status::ok();
+  }
+
   Status checkPlan(const fb::Plan* plan, const char* name) {
     if (!plan || !plan->steps()) return Status::ok();
+    const bool load = std::string(name) == "load";
     const uint64_t n_buffers = m_->memory() && m_->memory()->buffers() ? m_->memory()->buffers()->size() : 0;
     const uint64_t n_tensors = m_->tensors() ? m_->tensors()->size() : 0;
     const uint32_t n_steps = plan->steps()->size();
@@ -396,10 +447,14 @@ class SemanticVerifier {
       MINFER_RETURN_IF_ERROR(checkStepShape(s, *traits, field));
       MINFER_RETURN_IF_ERROR(checkStepFields(s, *traits, field));
       MINFER_RETURN_IF_ERROR(checkTail(s, *traits, field, i + 1 == n_steps, &in_tail));
+      if (load != (s->op() == fb::OpKind::ExpandBlocks))
+        return fail(field + ".op", s, cat(traits->name, load ? " step in the load plan, which holds ExpandBlocks steps only"
+                                                             : " step outside the load plan"));
       const std::string who = cat("step '", s->name() ? s->name()->str() : "", "', ", traits->name);
+      const LaunchPlace place = load ? LaunchPlace::kLoadStep : s->tail() ? LaunchPlace::kTailStep : LaunchPlace::kStep;
       if (s->launches())
         for (flatbuffers::uoffset_t k = 0; k < s->launches()->size(); ++k)
-          MINFER_RETURN_IF_ERROR(checkLaunchAt(*s->launches()->Get(k), cat(field, ".launches[", k, "]"), who, s->tail()));
+          MINFER_RETURN_IF_ERROR(checkLaunchAt(*s->launches()->Get(k), cat(field, ".launches[", k, "]"), who, place));
     }
     return Status::ok();
   }
@@ -605,12 +660,15 @@ std::string strideTableProblem(const fb::StrideTable& t) {
       if (auto why = expectElem(ElemType::kU8); !why.empty()) return why;
       const GgmlTypeTraits traits = ggmlTypeTraits(t.ggml_type());
       if (!traits.known) return cat("ggml_type ", t.ggml_type(), " of a blocks plane is not a ggml type id");
-      if (t.group_size() != traits.block_size || t.group_pitch() != traits.type_size)
+      // group_pitch: the block's bytes, or a slot padded to 16 bytes (layout_planner.h).
+      const uint64_t padded = alignUp(traits.type_size, kPlaneRowAlign);
+      if (t.group_size() != traits.block_size || (t.group_pitch() != traits.type_size && t.group_pitch() != padded))
         return cat("group_size ", t.group_size(), " / group_pitch ", t.group_pitch(), " differ from ", traits.name,
-                   " blocks (", traits.block_size, " weights in ", traits.type_size, " bytes)");
+                   " blocks (", traits.block_size, " weights in ", traits.type_size, " bytes, in slots of ",
+                   traits.type_size, " or ", padded, " bytes)");
       if (t.cols() % traits.block_size != 0)
         return cat("cols ", t.cols(), " is not a multiple of the ", traits.name, " block size ", traits.block_size);
-      if (__builtin_mul_overflow(t.cols() / traits.block_size, uint64_t{traits.type_size}, &need))
+      if (__builtin_mul_overflow(t.cols() / traits.block_size, uint64_t{t.group_pitch()}, &need))
         return cat("row of ", t.cols(), " ", traits.name, " weights overflows 64 bits");
       break;
     }

@@ -18,8 +18,8 @@ std::string shown(const flatbuffers::String* s) {
 
 class LaunchChecker {
  public:
-  LaunchChecker(const fb::Artifact& m, const fb::Launch& l, bool tail, LaunchProblem* p)
-      : m_(m), l_(l), tail_(tail), p_(p) {}
+  LaunchChecker(const fb::Artifact& m, const fb::Launch& l, LaunchPlace place, LaunchProblem* p)
+      : m_(m), l_(l), tail_(place == LaunchPlace::kTailStep), load_(place == LaunchPlace::kLoadStep), p_(p) {}
 
   bool run() { return images() && args() && shape(); }
 
@@ -125,13 +125,23 @@ class LaunchChecker {
     const fb::StrideTable* want = a.plane();
     if (!want) return fail(f + ".plane", &a, cat("a Weight argument without the stride table it was specialized for (", kernel(), ")"));
     const fb::Tensor* t = tensors->Get(a.tensor());
-    const fb::StrideTable* have = nullptr;
+    const fb::Plane* plane = nullptr;
     if (t->planes())
       for (const fb::Plane* p : *t->planes())
-        if (p->layout()->kind() == want->kind()) have = p->layout();
+        if (p->layout()->kind() == want->kind()) plane = p;
     const std::string who = cat(kernel(), ", argument '", a.name() ? shown(a.name()) : "", "'");
-    if (!have)
+    if (!plane)
       return fail(f + ".plane.kind", want, cat(who, " reads plane kind ", int(want->kind()), " of tensor '", shown(t->name()), "', which has no such plane"));
+    // Derived planes (1.3) are written by the load plan, once, and read afterwards; stored planes are
+    // never written. Within the load plan a derived plane is not read (nothing has written it yet).
+    const bool writes = a.access() != fb::Access::Read;
+    if (writes && !(load_ && plane->derived()))
+      return fail(f + ".access", &a, cat(who, " writes plane kind ", int(want->kind()), " of tensor '", shown(t->name()), "': ",
+                                         load_ ? "a stored plane is never written" : "only the load plan writes weight planes"));
+    if (!writes && load_ && plane->derived())
+      return fail(f + ".access", &a, cat(who, " reads derived plane kind ", int(want->kind()), " of tensor '", shown(t->name()),
+                                         "' in the load plan, which is what writes it"));
+    const fb::StrideTable* have = plane->layout();
     const std::pair<const char*, std::pair<uint64_t, uint64_t>> fields[] = {
         {"elem", {want->elem(), have->elem()}},
         {"rows", {want->rows(), have->rows()}},
@@ -188,13 +198,14 @@ class LaunchChecker {
   const fb::Artifact& m_;
   const fb::Launch& l_;
   bool tail_;
+  bool load_;
   LaunchProblem* p_;
 };
 
 }  // namespace
 
-bool checkLaunch(const fb::Artifact& m, const fb::Launch& launch, bool tail, LaunchProblem* problem) {
-  return LaunchChecker(m, launch, tail, problem).run();
+bool checkLaunch(const fb::Artifact& m, const fb::Launch& launch, LaunchPlace place, LaunchProblem* problem) {
+  return LaunchChecker(m, launch, place, problem).run();
 }
 
 }  // namespace minfer::artifact

@@ -80,7 +80,9 @@ Status checkPlane(const WeightPlanes& w, const PlaneView& p) {
           !dequantizeBlock(static_cast<GgmlType>(t.ggml_type), zeros, probe))
         return Status::error(planeError(w, p, "ggml_type " + std::to_string(t.ggml_type) + " (" + tr.name +
                                                   ") has no CPU dequantization"));
-      if (t.group_size != tr.block_size || t.group_pitch != tr.type_size)
+      // Block slots of the block's bytes or padded to 16 (layout_planner.h).
+      if (t.group_size != tr.block_size ||
+          (t.group_pitch != tr.type_size && t.group_pitch != alignUp(tr.type_size, kPlaneRowAlign)))
         return Status::error(planeError(w, p, "group_size " + std::to_string(t.group_size) + ", group_pitch " +
                                                   std::to_string(t.group_pitch) + " differ from " + tr.name +
                                                   "'s block of " + std::to_string(tr.block_size) + " weights in " +
@@ -88,7 +90,7 @@ Status checkPlane(const WeightPlanes& w, const PlaneView& p) {
       if (t.cols % tr.block_size != 0)
         return Status::error(planeError(w, p, "cols " + std::to_string(t.cols) + " is not a multiple of " +
                                                   tr.name + "'s block size " + std::to_string(tr.block_size)));
-      row_bytes = t.cols / tr.block_size * tr.type_size;
+      row_bytes = t.cols / tr.block_size * t.group_pitch;
       break;
     }
     case PlaneKind::kPacked: return Status::ok();  // GPU only

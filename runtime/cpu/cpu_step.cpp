@@ -69,6 +69,7 @@ Status PrepareContext::resolveTensor(uint32_t index, const std::string& label) {
   if (!t->planes() || t->planes()->size() == 0)
     return Status::error(label + ": tensor '" + w.name + "' has no planes");
   for (const fb::Plane* p : *t->planes()) {
+    if (p->derived()) continue;  // materialized on the GPU at load; the CPU reads the kBlocks plane
     const fb::StrideTable* l = p->layout();
     PlaneView v;
     v.table = toStrideTable(*l);

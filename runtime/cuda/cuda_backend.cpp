@@ -9,6 +9,8 @@
 #include <atomic>
 #include <thread>
 
+#include <sys/mman.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "schema/op_traits.h"
@@ -118,15 +120,17 @@ class BackendLoader {
 
   // Every step's launch records → the images of the chosen arch, loaded once each.
   Status bindPlans() {
-    for (bool prefill : {true, false}) {
-      const fb::Plan* plan = prefill ? m_->prefill() : m_->decode();
-      std::vector<StepKernels>& out = prefill ? st_.prefill : st_.decode;
+    const std::pair<const char*, std::pair<const fb::Plan*, std::vector<StepKernels>*>> plans[] = {
+        {"prefill", {m_->prefill(), &st_.prefill}}, {"decode", {m_->decode(), &st_.decode}}, {"load", {m_->load(), &st_.load}}};
+    for (const auto& [name, which] : plans) {
+      const auto [plan, out_ptr] = which;
+      std::vector<StepKernels>& out = *out_ptr;
       if (!plan || !plan->steps()) continue;
       for (uint32_t i = 0; i < plan->steps()->size(); ++i) {
         const fb::Step* step = plan->steps()->Get(i);
         StepKernels sk;
         sk.step = step;
-        sk.label = std::string(prefill ? "prefill" : "decode") + " step " + std::to_string(i) + " '" +
+        sk.label = std::string(name) + " step " + std::to_string(i) + " '" +
                    (step->name() ? step->name()->str() : "") + "' (" + opName(step->op()) + ")";
         if (!step->launches() || step->launches()->size() == 0)
           return Status::error(path_ + ": " + sk.label + " has no launch records");
@@ -147,6 +151,7 @@ class BackendLoader {
   }
 
   Status uploadWeights();
+  Status runLoadPlan();
   Status verifyRest() const;
 
  private:
@@ -244,15 +249,23 @@ class BackendLoader {
   std::vector<bool> verified_;  // per entry of the artifact's segments(): hashed already
 };
 
+// Device bytes of a plane (256-byte aligned): its stride table's size (stored planes: = the segment's,
+// the verifier checked; derived planes have no segment).
+uint64_t deviceBytes(const fb::Plane& p) { return (p.layout()->rows() * p.layout()->row_pitch() + 255) / 256 * 256; }
+
 // Weights: every plane into one allocation (256-byte aligned each), staged through pinned buffers
-// (uploadSegments), each plane's XXH64 streamed over its bytes as they are staged.
+// (uploadSegments), each plane's XXH64 streamed over its bytes as they are staged. Derived planes get
+// their device memory here, zeroed (their row padding), and are written by runLoadPlan.
 Status BackendLoader::uploadWeights() {
   const auto start = std::chrono::steady_clock::now();
   uint64_t total = 0;
   if (m_->tensors())
     for (const fb::Tensor* t : *m_->tensors())
       if (t->planes())
-        for (const fb::Plane* p : *t->planes()) total += (p->data()->size() + 255) / 256 * 256;
+        for (const fb::Plane* p : *t->planes()) {
+          total += deviceBytes(*p);
+          if (p->derived()) st_.derived_bytes += deviceBytes(*p);
+        }
   Result<DeviceBuffer> weights = st_.dev->alloc(total, path_ + ": weights");
   if (!weights) return weights.takeStatus();
   st_.weights = std::move(*weights);
@@ -268,9 +281,14 @@ Status BackendLoader::uploadWeights() {
       if (t->planes())
         for (const fb::Plane* p : *t->planes()) {
           DevicePlane dp{toStrideTable(*p->layout()), st_.weights.ptr() + offset};
-          segments.push_back({st_.artifact->segmentData(*p->data()), dp.ptr, p->data()->size()});
-          sources.push_back(p->data());
-          offset += (p->data()->size() + 255) / 256 * 256;
+          if (p->derived()) {
+            MINFER_RETURN_IF_ERROR(st_.dev->check(
+                st_.dev->cu().cuMemsetD8Async(dp.ptr, 0, deviceBytes(*p), nullptr), path_ + ": zeroing a derived plane"));
+          } else {
+            segments.push_back({st_.artifact->segmentData(*p->data()), dp.ptr, p->data()->size(), /*release=*/true});
+            sources.push_back(p->data());
+          }
+          offset += deviceBytes(*p);
           dt.planes.push_back(dp);
         }
       st_.tensors.push_back(std::move(dt));
@@ -295,6 +313,39 @@ Status BackendLoader::uploadWeights() {
   return Status::ok();
 }
 
+// The load plan (ExpandBlocks steps): each launch reads a stored kBlocks plane and writes derived
+// planes (the verifier checked which planes each argument binds and that every derived plane is
+// written once). Runs after uploadWeights, which zeroed the derived planes on the same (null) stream.
+Status BackendLoader::runLoadPlan() {
+  if (st_.load.empty()) return Status::ok();
+  const auto start = std::chrono::steady_clock::now();
+  const CudaDriver& cu = st_.dev->cu();
+  for (const StepKernels& sk : st_.load)
+    for (const BoundLaunch& b : sk.launches) {
+      const fb::Launch& l = *b.record;
+      CUdeviceptr args[kArtifactMaxKernelArgs] = {};
+      void* argp[kArtifactMaxKernelArgs] = {};
+      const uint32_t n = l.args() ? l.args()->size() : 0;
+      for (uint32_t i = 0; i < n; ++i) {
+        const fb::KernelArg* a = l.args()->Get(i);
+        if (a->kind() == fb::ArgKind::Weight)
+          args[i] = st_.tensors[a->tensor()].plane(static_cast<PlaneKind>(a->plane()->kind()));
+        else if (a->kind() != fb::ArgKind::Null)
+          return Status::error(path_ + ": " + sk.label + ": argument " + std::to_string(i) + " is a " +
+                               fb::EnumNameArgKind(a->kind()) + "; load-plan kernels take weight planes only");
+        argp[i] = &args[i];
+      }
+      const kern::LaunchShape s = launchRule(l).at(1);
+      MINFER_RETURN_IF_ERROR(st_.dev->check(cu.cuLaunchKernel(st_.images[b.image].fn, s.grid.x, s.grid.y, s.grid.z,
+                                                              s.block.x, s.block.y, s.block.z, s.smem, nullptr, argp,
+                                                              nullptr),
+                                            path_ + ": " + sk.label + ": launch of " + st_.images[b.image].entry));
+    }
+  MINFER_RETURN_IF_ERROR(st_.dev->check(cu.cuCtxSynchronize(), path_ + ": the load plan (plane expansion)"));
+  st_.expand_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::ok();
+}
+
 // Segments neither uploaded nor loaded (kernel images of other archs, images no launch uses): small,
 // hashed in one pass so that every data segment of the artifact has been checked.
 Status BackendLoader::verifyRest() const {
@@ -308,6 +359,15 @@ Status BackendLoader::verifyRest() const {
 }  // namespace
 
 namespace {
+
+// Drops the whole pages inside [p, p + n) of a private read-only file mapping from the resident set
+// (UploadSegment::release). A hint: errors are ignored.
+void releasePages(const uint8_t* p, uint64_t n) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
 
 // One upload worker: a stream, two pinned staging buffers and their events.
 class StagingWorker {
@@ -349,6 +409,7 @@ class StagingWorker {
         std::memcpy(staged + at, seg.src + done + at, n);
         if (state) XXH64_update(state, staged + at, n);  // the bytes the DMA sends, still in L2
       }
+      if (seg.release) releasePages(seg.src + done, bytes);
       MINFER_RETURN_IF_ERROR(dev_.check(cu.cuMemcpyHtoDAsync(seg.dst + done, staged, bytes, stream_.get()),
                                         "weight upload: cuMemcpyHtoDAsync of " + std::to_string(bytes) + " bytes"));
       MINFER_RETURN_IF_ERROR(dev_.check(cu.cuEventRecord(done_[slot_].get(), stream_.get()), "weight upload: cuEventRecord"));
@@ -418,6 +479,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& art
   MINFER_RETURN_IF_ERROR(loader.chooseArch());
   MINFER_RETURN_IF_ERROR(loader.bindPlans());
   MINFER_RETURN_IF_ERROR(loader.uploadWeights());
+  MINFER_RETURN_IF_ERROR(loader.runLoadPlan());
   MINFER_RETURN_IF_ERROR(loader.verifyRest());
 
   const DeviceInfo& info = st->dev->info();
@@ -426,7 +488,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const ArtifactFile& art
                 "weights uploaded in %.2f s",
                 info.name.c_str(), info.arch().c_str(), info.sm_count, info.total_bytes / 1e9,
                 info.driver_version / 1000, info.driver_version % 1000 / 10, st->images.size(),
-                st->arch.note.c_str(), st->weight_bytes / 1e9, st->upload_seconds);
+                st->arch.note.c_str(), (st->weight_bytes - st->derived_bytes) / 1e9, st->upload_seconds);
+  if (st->derived_bytes > 0)
+    std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line), ", %.2f GB expanded from them in %.3f s",
+                  st->derived_bytes / 1e9, st->expand_seconds);
   st->note = line;
   return std::make_unique<CudaBackend>(std::move(st));
 }

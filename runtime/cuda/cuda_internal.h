@@ -59,12 +59,15 @@ struct CudaBackend::State {
   ArchChoice arch;
   std::vector<LoadedImage> images;
   std::vector<StepKernels> prefill, decode;
+  std::vector<StepKernels> load;  // run once by CudaBackend::create, after the upload
   BoundLaunch argmax;     // image −1 when the artifact has none
   DeviceBuffer weights;   // every plane, 256-byte aligned, one allocation
   std::vector<DeviceTensor> tensors;
   std::string note;
-  uint64_t weight_bytes = 0;
+  uint64_t weight_bytes = 0;    // device bytes of all planes (stored and derived)
+  uint64_t derived_bytes = 0;   // of which derived planes, written by the load plan
   double upload_seconds = 0;
+  double expand_seconds = 0;    // the load plan
 };
 
 // One kernel launch with every argument resolved (by the session's binder, from a launch record);
@@ -104,10 +107,13 @@ struct Launch {
 };
 
 // One segment of the weight upload: `bytes` from the mapping at `src` to device address `dst`.
+// `release`: src lies in a private read-only file mapping whose pages may be dropped from the
+// process's resident set once staged (madvise MADV_DONTNEED: a later read maps them from the file again).
 struct UploadSegment {
   const uint8_t* src;
   CUdeviceptr dst;
   uint64_t bytes;
+  bool release = false;
 };
 inline constexpr uint64_t kUploadChunkBytes = 32ull << 20;  // one pinned staging buffer
 inline constexpr uint64_t kHashPieceBytes = 256ull << 10;   // memcpy then XXH64 while it is in L2
@@ -117,7 +123,9 @@ inline constexpr uint64_t kHashPieceBytes = 256ull << 10;   // memcpy then XXH64
 // the other). A worker takes whole segments, largest first, and sends each one's chunks in order, so
 // that with `hashes` non-null it can stream XXH64 (seed 0) over the staged bytes, kHashPieceBytes at
 // a time right after copying them (the hash reads L2, not memory: the bytes are read from the
-// mapping once), and store the segment's digest in (*hashes)[i]. Errors: pinned allocation, the
+// mapping once), and store the segment's digest in (*hashes)[i]. Pages of a `release` segment leave
+// the resident set chunk by chunk as they are staged, so peak host memory stays about one chunk per
+// worker above the manifest (not the whole model). Errors: pinned allocation, the
 // driver's copy/stream errors (with the byte counts).
 Status uploadSegments(const CudaDevice& dev, const std::vector<UploadSegment>& segments, std::vector<uint64_t>* hashes);
 

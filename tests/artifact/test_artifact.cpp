@@ -1086,7 +1086,7 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     refused(spec, g.segs, {"tensors[1].planes[3].layout", "bits 5"});
     spec = g.spec;
     spec.tensors[0].planes[0].t.group_pitch = 36;
-    refused(spec, g.segs, {"tensors[0].planes[0].layout", "differ from Q8_0 blocks (32 weights in 34 bytes)"});
+    refused(spec, g.segs, {"tensors[0].planes[0].layout", "differ from Q8_0 blocks (32 weights in 34 bytes, in slots of 34 or 48 bytes)"});
   }
   SUBCASE("plane shape differs from the tensor's") {
     Spec spec = g.spec;

@@ -22,6 +22,7 @@
 #include "kernels/dense_matmul.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/embed.cuh"
+#include "kernels/expand_blocks.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
@@ -212,6 +213,72 @@ TEST_CASE("embed: every type, gathered rows bit-identical to the CPU") {
       cpu::embed(g.view, src, ids.data(), n, ref.data());
       CHECK(track("embed", relError(got.data(), ref.data(), got.size())) <= kEmbedTol);
       CHECK(std::memcmp(got.data(), ref.data(), got.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("expand_blocks: derived planes bit-identical to the compiler's, every quantized type, odd shapes") {
+  // The load plan (compact artifacts) writes kI8 / kScale / kMin / kPacked from the stored kBlocks
+  // plane on the GPU; the result must equal the compiler's expanded planes byte for byte (padding
+  // included: the runtime zeroes the planes first, as here).
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+  };
+  std::vector<Case> cases;
+  for (GgmlType t : kQuantTypes) {
+    const uint64_t bs = ggmlTypeTraits(t).block_size;
+    cases.push_back({t, 37, 3 * bs});
+    cases.push_back({t, 5, 7 * bs});
+  }
+  std::vector<GpuWeight> weights;
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    weights.push_back(makeWeight(c.type, c.rows, c.cols, planes::TensorRole::kMatMul));
+    const GpuWeight& g = weights.back();
+    const StrideTable *b = g.table(PlaneKind::kBlocks), *q = g.table(PlaneKind::kI8), *sc = g.table(PlaneKind::kScale),
+                      *mn = g.table(PlaneKind::kMin), *pk = g.table(PlaneKind::kPacked);
+    REQUIRE((b && q && sc));
+    specs.push_back(spec("expand_test_" + codegen::typeTag(static_cast<uint32_t>(c.type)) + "_r" + str(c.rows) + "_k" +
+                             str(c.cols),
+                         "kernels/expand_blocks.cuh", "minfer_expand_blocks",
+                         {{"EXPAND_TYPE", str(static_cast<unsigned>(c.type))},
+                          {"EXPAND_ROWS", str(c.rows)},
+                          {"EXPAND_BLOCKS", str(c.cols / b->group_size)},
+                          {"EXPAND_SRC_PITCH", str(b->row_pitch)},
+                          {"EXPAND_SRC_GROUP_PITCH", str(b->group_pitch)},
+                          {"EXPAND_I8_PITCH", str(q->row_pitch)},
+                          {"EXPAND_S_PITCH", str(sc->row_pitch)},
+                          {"EXPAND_HAS_MIN", mn ? "1" : "0"},
+                          {"EXPAND_M_PITCH", str(mn ? mn->row_pitch : 0)},
+                          {"EXPAND_HAS_PACKED", pk ? "1" : "0"},
+                          {"EXPAND_P_PITCH", str(pk ? pk->row_pitch : 0)},
+                          {"EXPAND_Q_OFFSET", std::to_string(pk ? pk->q_offset : 0)}},
+                         {"--fmad=false"}));
+  }
+  std::vector<Kernel> kernels = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const GpuWeight& g = weights[i];
+    CAPTURE(ggmlTypeTraits(cases[i].type).name);
+    CAPTURE(cases[i].rows);
+    std::vector<DeviceArray> out;
+    std::vector<const BuiltPlane*> want;
+    CUdeviceptr ptrs[4] = {0, 0, 0, 0};
+    const PlaneKind kinds[4] = {PlaneKind::kI8, PlaneKind::kScale, PlaneKind::kMin, PlaneKind::kPacked};
+    for (int k = 0; k < 4; ++k)
+      for (const BuiltPlane& p : g.planes)
+        if (p.table.kind == kinds[k]) {
+          out.push_back(DeviceArray::of(std::vector<uint8_t>(p.bytes.size(), 0)));
+          want.push_back(&p);
+          ptrs[k] = out.back().ptr();
+        }
+    CUdeviceptr blocks = g.ptr(PlaneKind::kBlocks);
+    const uint64_t total = cases[i].rows * (cases[i].cols / g.table(PlaneKind::kBlocks)->group_size);
+    launch(kernels[i], kern::expandBlocksLaunchRule(total).at(1), {&blocks, &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3]});
+    for (size_t k = 0; k < out.size(); ++k) {
+      CAPTURE(planeKindName(want[k]->table.kind));
+      CHECK(out[k].download<uint8_t>(want[k]->bytes.size()) == want[k]->bytes);
     }
   }
 }

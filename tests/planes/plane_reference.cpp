@@ -212,9 +212,12 @@ std::vector<uint8_t> expectedPlane(GgmlType type, const StrideTable& t, const ui
     const uint8_t* srow = src + r * src_row_bytes;
     uint8_t* drow = img.data() + r * t.row_pitch;
     switch (t.kind) {
-      case PlaneKind::kBlocks:
-        std::memcpy(drow, srow, src_row_bytes);
+      case PlaneKind::kBlocks: {  // each GGUF block at the start of its slot of group_pitch bytes
+        const uint32_t block_bytes = ggmlTypeTraits(type).type_size;
+        for (uint64_t b = 0; b < src_row_bytes / block_bytes; ++b)
+          std::memcpy(drow + b * t.group_pitch, srow + b * block_bytes, block_bytes);
         break;
+      }
       case PlaneKind::kF16:
       case PlaneKind::kBF16:
         std::memcpy(drow, srow, t.cols * 2);

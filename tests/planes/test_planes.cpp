@@ -16,6 +16,7 @@
 
 #include "compiler/gguf/gguf_reader.h"
 #include "compiler/planes/plane_transforms.h"
+#include "kernels/expand_blocks.cuh"
 #include "tests/planes/plane_reference.h"
 #include "tests/test_support.h"
 
@@ -100,14 +101,13 @@ std::vector<PlaneKind> expectedKinds(GgmlType t, TensorRole role) {
   const PlaneKind dense = t == GgmlType::F16 ? PlaneKind::kF16 : t == GgmlType::BF16 ? PlaneKind::kBF16 : PlaneKind::kF32;
   if (role == TensorRole::kVector) return {PlaneKind::kF32};
   if (isFloat(t)) return {dense};
-  std::vector<PlaneKind> k;
-  if (role != TensorRole::kMatMul) k.push_back(PlaneKind::kBlocks);
+  std::vector<PlaneKind> k{PlaneKind::kBlocks};
   if (role == TensorRole::kEmbedding) return k;
   k.push_back(PlaneKind::kI8);
   k.push_back(PlaneKind::kScale);
   if (t == GgmlType::Q4_1 || t == GgmlType::Q5_1 || t == GgmlType::Q2_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K)
     k.push_back(PlaneKind::kMin);
-  if (t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q4_K) k.push_back(PlaneKind::kPacked);
+  if (t == GgmlType::Q4_0 || t == GgmlType::Q4_1) k.push_back(PlaneKind::kPacked);
   return k;
 }
 
@@ -146,12 +146,16 @@ void checkTableRules(const TensorLayout& L) {
         CHECK(t.q_offset == (d.type == GgmlType::Q4_0 ? -8 : 0));
         CHECK(t.row_pitch == round16(d.cols / 2));
         break;
-      case PlaneKind::kBlocks:
+      case PlaneKind::kBlocks: {
+        // Matmul weights of Q4_K / Q6_K (read by the blocks GEMV): 16-byte block slots; else the GGUF row.
+        const bool padded = d.role != TensorRole::kEmbedding && (d.type == GgmlType::Q4_K || d.type == GgmlType::Q6_K);
         CHECK(t.elem == ElemType::kU8);
         CHECK(t.group_size == tr.block_size);
-        CHECK(t.group_pitch == tr.type_size);
-        CHECK(t.row_pitch == L.source_row_bytes);
+        CHECK(t.group_pitch == (padded ? round16(tr.type_size) : tr.type_size));
+        CHECK(t.row_pitch == d.cols / tr.block_size * t.group_pitch);
+        if (!padded) CHECK(t.row_pitch == L.source_row_bytes);
         break;
+      }
       case PlaneKind::kF32:
         CHECK(t.elem == ElemType::kF32);
         CHECK(t.row_pitch == round16(d.cols * 4));
@@ -163,6 +167,9 @@ void checkTableRules(const TensorLayout& L) {
         break;
     }
     CHECK(t.row_pitch % (kinds[i] == PlaneKind::kBlocks ? 1 : 16) == 0);
+    // Compact form: everything after a quantized tensor's kBlocks plane is derived at load.
+    REQUIRE(L.derived.size() == L.planes.size());
+    CHECK(L.derived[i] == (i > 0 && kinds[0] == PlaneKind::kBlocks));
   }
 }
 
@@ -528,7 +535,7 @@ TEST_CASE("errors name the tensor, the field and the numbers") {
   planes[1].pop_back();
   views[1] = planes[1];
   m = llvm::toString(transformTensor(L, src, views, w));
-  CHECK(m.find("plane 1 (scale)") != std::string::npos);
+  CHECK(m.find("plane 1 (i8)") != std::string::npos);
   CHECK(m.find(std::to_string(L.planes[1].bytes())) != std::string::npos);
 }
 
@@ -581,5 +588,74 @@ TEST_CASE("gates on every tensor of every fixture model (real GGUF data), and ag
   for (GgmlType t : kAllTypes) {
     INFO("fixture coverage of " << typeName(t));
     CHECK(seen.count(t) == 1);
+  }
+}
+
+TEST_CASE("plane forms: compact derives every plane after kBlocks at load, expanded stores them all") {
+  for (GgmlType type : kAllTypes)
+    for (TensorRole role : kAllRoles) {
+      INFO(typeName(type) << " " << roleName(role));
+      const TensorDesc d{"w", type, 24, 5 * uint64_t{ggmlTypeTraits(type).block_size}, role};
+      const TensorLayout compact = plan(d);
+      llvm::Expected<TensorLayout> expanded = planLayout(d, PlaneForm::kExpanded);
+      REQUIRE(static_cast<bool>(expanded));
+      REQUIRE(expanded->planes.size() == compact.planes.size());
+      uint64_t derived = 0;
+      for (size_t i = 0; i < compact.planes.size(); ++i) {
+        CHECK(expanded->planes[i].kind == compact.planes[i].kind);
+        CHECK(expanded->planes[i].row_pitch == compact.planes[i].row_pitch);
+        CHECK_FALSE(expanded->derived[i]);
+        if (compact.derived[i]) derived += compact.planes[i].bytes();
+      }
+      CHECK(expanded->storedBytes() == expanded->planeBytes());
+      CHECK(compact.storedBytes() + derived == compact.planeBytes());
+      // A quantized matmul weight stores its GGUF blocks only: at most 16-byte slots per block more.
+      if (!isFloat(type) && role != TensorRole::kVector) {
+        const GgmlTypeTraits tr = ggmlTypeTraits(type);
+        CHECK(compact.storedBytes() <= compact.source_bytes / tr.type_size * round16(tr.type_size));
+        CHECK(compact.storedBytes() >= compact.source_bytes);
+      }
+    }
+}
+
+TEST_CASE("load-time expansion (expand_blocks.cuh expandBlock) writes the compiler's derived planes byte for byte") {
+  // The runtime's load plan runs expandBlock on the GPU over the stored kBlocks plane; here the same
+  // header function runs on the host and must reproduce what the compiler writes into an expanded
+  // artifact (which passed the content and offset gates above), padding included (zeroed buffers, as
+  // the runtime zeroes derived planes before the launch).
+  for (GgmlType type : kAllTypes) {
+    if (isFloat(type)) continue;
+    for (const Shape& s : shapesFor(type)) {
+      INFO(typeName(type) << " " << s.rows << "x" << s.cols);
+      const TensorLayout L = plan({"w", type, s.rows, s.cols, TensorRole::kMatMul});
+      const std::vector<uint8_t> src = randomTensor(type, s.rows, s.cols, 11 + s.rows);
+      const std::vector<std::vector<uint8_t>> want = transformAll(L, src, 2);
+      std::vector<std::vector<uint8_t>> got(L.planes.size());
+      for (size_t i = 0; i < L.planes.size(); ++i) got[i].assign(L.derived[i] ? L.planes[i].bytes() : 0, 0);
+      const auto at = [&](PlaneKind k) -> std::pair<uint8_t*, uint64_t> {
+        const int i = L.find(k);
+        return i < 0 ? std::pair<uint8_t*, uint64_t>{nullptr, 0} : std::pair{got[i].data(), L.planes[i].row_pitch};
+      };
+      kern::ExpandTargets x;
+      x.q = reinterpret_cast<int8_t*>(at(PlaneKind::kI8).first);
+      x.q_pitch = at(PlaneKind::kI8).second;
+      x.scale = reinterpret_cast<float*>(at(PlaneKind::kScale).first);
+      x.s_pitch = at(PlaneKind::kScale).second;
+      x.min = reinterpret_cast<float*>(at(PlaneKind::kMin).first);
+      x.m_pitch = at(PlaneKind::kMin).second;
+      x.packed = at(PlaneKind::kPacked).first;
+      x.p_pitch = at(PlaneKind::kPacked).second;
+      if (L.find(PlaneKind::kPacked) >= 0) x.q_offset = L.planes[L.find(PlaneKind::kPacked)].q_offset;
+      const StrideTable& blocks = L.planes[L.find(PlaneKind::kBlocks)];
+      const uint8_t* stored = want[L.find(PlaneKind::kBlocks)].data();
+      for (uint64_t r = 0; r < s.rows; ++r)
+        for (uint64_t b = 0; b < s.cols / blocks.group_size; ++b)
+          kern::expandBlock(type, stored + elementOffset(blocks, r, b * blocks.group_size), r, b, x);
+      for (size_t i = 0; i < L.planes.size(); ++i) {
+        if (!L.derived[i]) continue;
+        INFO("plane " << planeKindName(L.planes[i].kind));
+        CHECK(got[i] == want[i]);
+      }
+    }
   }
 }

@@ -21,6 +21,7 @@ class StepContext {
 
   const model::StepDesc& step() const { return step_; }
   bool prefill() const { return variant_ == PlanVariant::kPrefill; }
+  bool load() const { return variant_ == PlanVariant::kLoad; }
   uint32_t maxBatch() const { return desc_.plan.max_batch; }
 
   llvm::Error error(const llvm::Twine& what) const;
