@@ -26,7 +26,7 @@ done
   "$B/minfer-run" /tmp/s.mfb -p "Once upon a time" -n 64 --temp 0 --device cuda; } > "$OUT/stories.log" 2>&1
 if [ "${MINFER_DEVICE_BENCH:-1}" = 1 ]; then
   { timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf &&
-    { time timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb; } &&
+    /usr/bin/time -f "compile: wall %e s, peak RSS %M KiB" timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb &&
     ls -la /tmp/q7.gguf /tmp/q7.mfb &&
     { time timeout 60 "$B/minfer-run" /tmp/q7.mfb -p "Once upon a time" -n 16 --temp 0 --device cuda; } &&
     timeout 200 "$B/minfer-bench" /tmp/q7.mfb -p 512,2048 -n 128 -r 5; } > "$OUT/bench.log" 2>&1
