@@ -12,6 +12,13 @@ NV=$(dirname "$(find /usr/local -name 'libnvrtc.so.1*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH=$NV:$W/lib:${LD_LIBRARY_PATH:-}
 export MINFER_FIXTURES=$R/.fixtures MINFER_CACHE_DIR=/tmp/minfer-kc MINFER_TEST_KERNEL_CACHE=/tmp/minfer-kc TMPDIR=/tmp
 B=$W/bin
+# measure LABEL CMD…: runs CMD, then prints its wall time and peak resident set (getrusage of the child).
+measure() {
+  python3 -c 'import resource, subprocess, sys, time
+t = time.time(); rc = subprocess.run(sys.argv[2:]).returncode
+print(f"{sys.argv[1]}: wall {time.time() - t:.3f} s, peak RSS {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} KiB, rc {rc}", file=sys.stderr)
+sys.exit(rc)' "$@"
+}
 { nvidia-smi -L; git -C "$R" rev-parse HEAD 2>/dev/null || true; } > "$OUT/env.log" 2>&1
 timeout 60 "$B/test_cuda_arch" > "$OUT/arch.log" 2>&1; echo "rc=$?" >> "$OUT/arch.log"
 timeout 200 "$B/test_cuda_kernels" > "$OUT/kernels.log" 2>&1; echo "rc=$?" >> "$OUT/kernels.log"
@@ -26,7 +33,7 @@ done
   "$B/minfer-run" /tmp/s.mfb -p "Once upon a time" -n 64 --temp 0 --device cuda; } > "$OUT/stories.log" 2>&1
 if [ "${MINFER_DEVICE_BENCH:-1}" = 1 ]; then
   { timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf &&
-    /usr/bin/time -f "compile: wall %e s, peak RSS %M KiB" timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb &&
+    measure compile timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb &&
     ls -la /tmp/q7.gguf /tmp/q7.mfb &&
     { time timeout 60 "$B/minfer-run" /tmp/q7.mfb -p "Once upon a time" -n 16 --temp 0 --device cuda; } &&
     timeout 200 "$B/minfer-bench" /tmp/q7.mfb -p 512,2048 -n 128 -r 5; } > "$OUT/bench.log" 2>&1
@@ -34,8 +41,7 @@ if [ "${MINFER_DEVICE_BENCH:-1}" = 1 ]; then
   # Deployment figures (issue 13): process start -> first token (-n 1) with the page cache warm, three
   # runs, each with its peak resident set (GNU time's "Maximum resident set size", KiB).
   for i in 1 2 3; do
-    /usr/bin/time -f "wall %e s, peak RSS %M KiB" "$B/minfer-run" /tmp/q7.mfb -p "Once upon a time" -n 1 \
-      --temp 0 --device cuda > /dev/null
+    measure first-token "$B/minfer-run" /tmp/q7.mfb -p "Once upon a time" -n 1 --temp 0 --device cuda > /dev/null
   done > "$OUT/deploy.log" 2>&1
   echo "rc=$?" >> "$OUT/deploy.log"
 fi
