@@ -4,6 +4,8 @@
 //        max batch, as llama.cpp splits into ubatches); t/s = P / seconds.
 //   tgN  N single-token decode steps from an empty KV cache, each fed a random token, one logits row
 //        copied back per step (no sampling); t/s = N / seconds.
+//   "@ dD" (-d D, llama-bench's --n-depth): the same test with D random tokens already in the KV cache
+//        (prefilled, untimed, before every repetition); the test's tokens go to positions D, D+1, ….
 // Each test runs once as warm-up, then -r times; the table shows mean ± standard deviation of the
 // per-repetition t/s (llama-bench's avg_ts ± stddev_ts). --profile adds GPU time per plan step (CUDA
 // events around every step; the decode graph is bypassed while profiling, so profiled tg is slower).
@@ -37,6 +39,10 @@ llvm::cl::list<int> kPrompt("p", llvm::cl::desc("Prompt lengths to test, comma-s
                             llvm::cl::CommaSeparated, llvm::cl::cat(kCategory));
 llvm::cl::list<int> kGen("n", llvm::cl::desc("Generation lengths to test, comma-separated (default 128)"),
                          llvm::cl::CommaSeparated, llvm::cl::cat(kCategory));
+llvm::cl::list<int> kDepth("d",
+                           llvm::cl::desc("Depths to test: tokens already in the KV cache before each test, "
+                                          "comma-separated (default 0; llama-bench's -d)"),
+                           llvm::cl::CommaSeparated, llvm::cl::cat(kCategory));
 llvm::cl::opt<int> kReps("r", llvm::cl::desc("Repetitions of each test (default 5)"), llvm::cl::init(5),
                          llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kDevice("device",
@@ -56,7 +62,7 @@ llvm::cl::opt<bool> kNoVerify("no-verify",
 
 struct Result {
   std::string model, backend, test;
-  int n_prompt = 0, n_gen = 0;
+  int n_prompt = 0, n_gen = 0, n_depth = 0;
   double size_bytes = 0, params = 0, load_s = 0;
   std::vector<double> ts;  // tokens per second, one per repetition
   double mean() const {
@@ -116,6 +122,10 @@ int main(int argc, char** argv) {
   std::vector<int> prompts(kPrompt.begin(), kPrompt.end()), gens(kGen.begin(), kGen.end());
   if (prompts.empty()) prompts = {512};
   if (gens.empty()) gens = {128};
+  std::vector<int> depths(kDepth.begin(), kDepth.end());
+  if (depths.empty()) depths = {0};
+  for (int d : depths)
+    if (d < 0 || d > (1 << 24)) die("-d values must be in 0..2^24");
   if (kReps < 1) die("-r must be at least 1");
   for (int p : prompts)
     if (p < 0) die("-p values must be ≥ 0");
@@ -135,7 +145,7 @@ int main(int argc, char** argv) {
     const int n_vocab = static_cast<int>(m.config()->n_vocab());
     const int max_p = *std::max_element(prompts.begin(), prompts.end());
     const int max_n = *std::max_element(gens.begin(), gens.end());
-    const int n_ctx = std::max({max_p, max_n, 1});
+    const int n_ctx = std::max({max_p, max_n, 1}) + *std::max_element(depths.begin(), depths.end());
 
     std::unique_ptr<minfer::Backend> backend;
     std::unique_ptr<minfer::BackendSession> session;
@@ -187,48 +197,57 @@ int main(int argc, char** argv) {
     const int max_batch = session->maxBatch();
     std::vector<float> logits(n_vocab);
     std::uniform_int_distribution<int32_t> token(0, n_vocab - 1);
-    auto runPp = [&](int p) {
+    // p random tokens at positions from..from+p-1, in batches of max_batch.
+    auto prompt = [&](int p, int from) {
       std::vector<int32_t> ids(p);
       for (int32_t& t : ids) t = token(rng);
-      const double start = now();
       for (int pos = 0; pos < p; pos += max_batch) {
         const int n = std::min(max_batch, p - pos);
-        minfer::Status s = session->forward({ids.data() + pos, static_cast<size_t>(n)}, pos, logits.data(), false);
+        minfer::Status s = session->forward({ids.data() + pos, static_cast<size_t>(n)}, from + pos, logits.data(), false);
+        if (!s) die(s.message());
+      }
+    };
+    // The timed part of a test (a prompt of `count` tokens, or `count` decode steps) at `depth`;
+    // seconds.
+    auto timed = [&](bool pp, int count, int depth) {
+      const double start = now();
+      if (pp) prompt(count, depth);
+      for (int i = 0; !pp && i < count; ++i) {
+        const int32_t t = token(rng);
+        minfer::Status s = session->forward({&t, 1}, depth + i, logits.data(), false);
         if (!s) die(s.message());
       }
       return now() - start;
     };
-    auto runTg = [&](int n) {
-      const double start = now();
-      for (int i = 0; i < n; ++i) {
-        const int32_t t = token(rng);
-        minfer::Status s = session->forward({&t, 1}, i, logits.data(), false);
-        if (!s) die(s.message());
-      }
-      return now() - start;
+    // One repetition: the depth's tokens prefilled (untimed), then the timed part.
+    auto run = [&](bool pp, int count, int depth) {
+      prompt(depth, 0);
+      return timed(pp, count, depth);
     };
 
     std::string name = m.config()->architecture()->str();
     if (m.source() && m.source()->name()) name = m.source()->name()->str();
-    auto bench = [&](bool pp, int count) {
+    auto bench = [&](bool pp, int count, int depth) {
       if (count == 0) return;
       Result r;
       r.model = name;
       r.backend = cuda ? "CUDA" : "CPU";
-      r.test = (pp ? "pp" : "tg") + std::to_string(count);
+      r.test = (pp ? "pp" : "tg") + std::to_string(count) + (depth ? " @ d" + std::to_string(depth) : "");
       r.n_prompt = pp ? count : 0;
       r.n_gen = pp ? 0 : count;
+      r.n_depth = depth;
       r.size_bytes = static_cast<double>((*file)->fileSize());
       r.params = paramCount(m);
       r.load_s = load_s;
-      pp ? runPp(count) : runTg(count);  // warm-up
-      for (int i = 0; i < kReps; ++i) r.ts.push_back(count / (pp ? runPp(count) : runTg(count)));
+      run(pp, count, depth);  // warm-up
+      for (int i = 0; i < kReps; ++i) r.ts.push_back(count / run(pp, count, depth));
       results.push_back(r);
 #if MINFER_HAVE_CUDA_BACKEND
       if (kProfile && cuda_session) {
+        prompt(depth, 0);  // not profiled: not part of the test
         cuda_session->resetProfile();
         cuda_session->setProfiling(true);
-        pp ? runPp(count) : runTg(count);
+        timed(pp, count, depth);
         cuda_session->setProfiling(false);
         // Per step: ms per run of the test; summed by op kind as well.
         std::vector<minfer::cuda::StepTime> steps = cuda_session->profile();
@@ -251,8 +270,10 @@ int main(int argc, char** argv) {
       }
 #endif
     };
-    for (int p : prompts) bench(true, p);
-    for (int n : gens) bench(false, n);
+    for (int d : depths) {
+      for (int p : prompts) bench(true, p, d);
+      for (int n : gens) bench(false, n, d);
+    }
   }
 
   if (kJson) {
@@ -266,19 +287,18 @@ int main(int argc, char** argv) {
       llvm::raw_string_ostream(model) << llvm::json::Value(r.model);
       llvm::outs() << llvm::formatv(
           "  {{\"model\": {0}, \"backend\": \"{1}\", \"test\": \"{2}\", \"n_prompt\": {3}, \"n_gen\": {4}, "
-          "\"model_size\": {5:f0}, \"model_n_params\": {6:f0}, \"load_s\": {7:f3}, \"avg_ts\": {8:f3}, "
-          "\"stddev_ts\": {9:f3}, \"samples_ts\": [{10}]}{11}\n",
+          "\"n_depth\": {12}, \"model_size\": {5:f0}, \"model_n_params\": {6:f0}, \"load_s\": {7:f3}, "
+          "\"avg_ts\": {8:f3}, \"stddev_ts\": {9:f3}, \"samples_ts\": [{10}]}{11}\n",
           minfer::util::escapeJsonForTerminal(model), r.backend, r.test, r.n_prompt, r.n_gen, r.size_bytes, r.params,
-          r.load_s, r.mean(), r.sd(), samples,
-          i + 1 < results.size() ? "," : "");
+          r.load_s, r.mean(), r.sd(), samples, i + 1 < results.size() ? "," : "", r.n_depth);
     }
     llvm::outs() << "]\n";
   } else if (kCsv) {
-    llvm::outs() << "model,backend,test,n_prompt,n_gen,model_size,model_n_params,load_s,avg_ts,stddev_ts\n";
+    llvm::outs() << "model,backend,test,n_prompt,n_gen,n_depth,model_size,model_n_params,load_s,avg_ts,stddev_ts\n";
     for (const Result& r : results)
-      llvm::outs() << llvm::formatv("{0},{1},{2},{3},{4},{5:f0},{6:f0},{7:f3},{8:f3},{9:f3}\n",
-                                    minfer::util::escapeForTerminal(r.model), r.backend,
-                                    r.test, r.n_prompt, r.n_gen, r.size_bytes, r.params, r.load_s, r.mean(), r.sd());
+      llvm::outs() << llvm::formatv("{0},{1},{2},{3},{4},{10},{5:f0},{6:f0},{7:f3},{8:f3},{9:f3}\n",
+                                    minfer::util::escapeForTerminal(r.model), r.backend, r.test, r.n_prompt, r.n_gen,
+                                    r.size_bytes, r.params, r.load_s, r.mean(), r.sd(), r.n_depth);
   } else {
     llvm::outs() << "| model | size | params | backend | test | t/s |\n| --- | ---: | ---: | --- | ---: | ---: |\n";
     for (const Result& r : results)

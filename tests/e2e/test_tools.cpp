@@ -106,6 +106,30 @@ TEST_CASE("minfer-run --logits-out writes (n_prompt + n_fed) × n_vocab floats")
   CHECK(max_diff < 1e-4);  // F32 model, max |logit| ≈ 19: the 1e-5 relative bound of test_goldens_cpu
 }
 
+TEST_CASE("minfer-bench -d: tests at a depth (llama-bench's -d), named and reported with it; bad depths refused") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string mfb = compileStories();
+  const RunResult r = run(tool("minfer-bench") + " " + mfb + " -p 8 -n 4 -d 0,16 -r 2 --device cpu --json", true);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  REQUIRE(j.size() == 4);  // per depth: pp8, tg4
+  const std::pair<const char*, int> want[] = {{"pp8", 0}, {"tg4", 0}, {"pp8 @ d16", 16}, {"tg4 @ d16", 16}};
+  for (size_t i = 0; i < 4; ++i) {
+    CHECK(j[i]["test"] == want[i].first);
+    CHECK(j[i]["n_depth"] == want[i].second);
+    CHECK(j[i]["avg_ts"].get<double>() > 0);
+    CHECK(j[i]["samples_ts"].size() == 2);
+  }
+  // A depth plus the test beyond the artifact's context is the session's refusal, not a crash.
+  for (const char* bad : {"-1", "99999999"}) {
+    const RunResult e = run(tool("minfer-bench") + " " + mfb + " -p 8 -n 0 -r 1 --device cpu -d " + bad);
+    INFO(e.output);
+    CHECK(e.status == 1);
+    CHECK(e.output.find("-d values must be in 0..2^24") != std::string::npos);
+  }
+}
+
 TEST_CASE("minfer-perplexity reproduces llama-perplexity on story.txt") {
   if (!minfer::test::haveFixtures()) return;
   const std::string artifact = compileStories();
