@@ -36,7 +36,8 @@ if [ "${MINFER_DEVICE_BENCH:-1}" = 1 ]; then
     measure compile timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb &&
     ls -la /tmp/q7.gguf /tmp/q7.mfb &&
     { time timeout 60 "$B/minfer-run" /tmp/q7.mfb -p "Once upon a time" -n 16 --temp 0 --device cuda; } &&
-    timeout 200 "$B/minfer-bench" /tmp/q7.mfb -p 512,2048 -n 128 -r 5; } > "$OUT/bench.log" 2>&1
+    timeout 200 "$B/minfer-bench" /tmp/q7.mfb -p 512,2048 -n 128 -r 5 &&
+    timeout 150 "$B/minfer-bench" /tmp/q7.mfb -p 0 -n 128 -d 4096 -r 3; } > "$OUT/bench.log" 2>&1
   echo "rc=$?" >> "$OUT/bench.log"
   # Deployment figures (issue 13): process start -> first token (-n 1) with the page cache warm, three
   # runs, each with its peak resident set (GNU time's "Maximum resident set size", KiB).
