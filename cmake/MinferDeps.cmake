@@ -22,6 +22,15 @@ add_library(minfer_xxhash INTERFACE)
 target_include_directories(minfer_xxhash SYSTEM INTERFACE ${XXHASH_INCLUDE_DIR})
 target_link_libraries(minfer_xxhash INTERFACE ${XXHASH_LIBRARY})
 
+# OpenSSL's libcrypto: SHA-256 of the source GGUF recorded in the artifact (SHA-NI accelerated: ~1.5 GB/s
+# per core here, against ~0.24 GB/s for LLVM's portable SHA256, which made hashing a 7B GGUF the longest
+# part of a compile).
+find_path(CRYPTO_INCLUDE_DIR openssl/evp.h REQUIRED)
+find_library(CRYPTO_LIBRARY NAMES libcrypto.a crypto REQUIRED)
+add_library(minfer_crypto INTERFACE)
+target_include_directories(minfer_crypto SYSTEM INTERFACE ${CRYPTO_INCLUDE_DIR})
+target_link_libraries(minfer_crypto INTERFACE ${CRYPTO_LIBRARY} ${CMAKE_DL_LIBS} Threads::Threads)
+
 # PCRE2 with Unicode properties (BPE pre-tokenizer regexes).
 find_path(PCRE2_INCLUDE_DIR pcre2.h REQUIRED)
 find_library(PCRE2_LIBRARY NAMES libpcre2-8.a pcre2-8 REQUIRED)

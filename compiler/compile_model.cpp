@@ -15,7 +15,7 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
-#include "llvm/Support/SHA256.h"
+#include "openssl/evp.h"
 
 namespace minfer {
 namespace {
@@ -41,6 +41,15 @@ struct SourceFacts {
   uint64_t size = 0;
   std::string sha256;
 };
+
+// SHA-256 of `bytes` in lowercase hex (OpenSSL's EVP digest: SHA-NI where the CPU has it), or "" if
+// OpenSSL fails (compileModel then fails).
+std::string sha256Hex(llvm::ArrayRef<uint8_t> bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (EVP_Digest(bytes.data(), bytes.size(), digest, &n, EVP_sha256(), nullptr) != 1 || n != 32) return "";
+  return llvm::toHex(llvm::ArrayRef<uint8_t>(digest, n), /*LowerCase=*/true);
+}
 
 flatbuffers::Offset<fb::StrideTable> createStrideTable(flatbuffers::FlatBufferBuilder& b, const StrideTable& st) {
   return fb::CreateStrideTable(b, static_cast<uint8_t>(st.kind), static_cast<uint8_t>(st.elem), st.rows, st.cols,
@@ -178,7 +187,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
   // Until it is known, a placeholder of the same length stands in (the manifest size must not change).
   SourceFacts source{llvm::sys::path::filename(options.input).str(), gguf.fileSize(), std::string(64, '0')};
   std::string sha256;
-  std::thread hasher([&] { sha256 = llvm::toHex(llvm::SHA256::hash(gguf.bytes()), /*LowerCase=*/true); });
+  std::thread hasher([&] { sha256 = sha256Hex(gguf.bytes()); });
   struct JoinOnExit {
     std::thread& t;
     ~JoinOnExit() { if (t.joinable()) t.join(); }
@@ -270,6 +279,8 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
   }
 
   hasher.join();
+  if (sha256.size() != 64)
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "SHA-256 of " + options.input + " failed (OpenSSL)");
   source.sha256 = sha256;
   const std::vector<uint8_t> manifest = buildManifest(*desc, tensors, kernels, **writer, source, options);
   if (manifest.size() != manifest_size)

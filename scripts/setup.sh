@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config libflatbuffers-dev flatbuffers-compiler doctest-dev llvm-dev
-          libpcre2-dev libxxhash-dev nlohmann-json3-dev zlib1g-dev libtinfo-dev libzstd-dev
+          libpcre2-dev libxxhash-dev nlohmann-json3-dev zlib1g-dev libtinfo-dev libzstd-dev libssl-dev
           clang libclang-rt-14-dev)  # clang + libFuzzer: scripts/fuzz.sh
 missing=()
 for p in "${packages[@]}"; do
