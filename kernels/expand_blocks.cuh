@@ -56,12 +56,17 @@ struct ExpandTargets {
 // Expands block `b` of row `r` (its bytes at `block`) of a tensor of type `t` into the targets.
 // Block size and group size are the type's (ggmlTypeTraits, groupSize).
 MINFER_HD void expandBlock(GgmlType t, const uint8_t* block, uint64_t r, uint64_t b, const ExpandTargets& x) {
-  int8_t q[kQK_K];
+  alignas(16) int8_t q[kQK_K];
   float scale[kQK_K / 16], min[kQK_K / 16];
   decomposeBlock(t, block, q, scale, min);
   const int bs = static_cast<int>(ggmlTypeTraits(t).block_size), gs = groupSize(t);
   int8_t* qd = x.q + r * x.q_pitch + b * bs;
+#if defined(__CUDA_ARCH__)
+  // 16-byte stores: kI8 rows start 16-byte aligned (kPlaneRowAlign) and every block size is a multiple of 16.
+  for (int j = 0; j < bs; j += 16) *reinterpret_cast<uint4*>(qd + j) = *reinterpret_cast<const uint4*>(q + j);
+#else
   for (int j = 0; j < bs; ++j) qd[j] = q[j];
+#endif
   float* sd = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(x.scale) + r * x.s_pitch) + b * (bs / gs);
   for (int g = 0; g < bs / gs; ++g) sd[g] = scale[g];
   if (x.min) {
