@@ -26,7 +26,8 @@
 //   minfer_attn_prefill(const float* q, const uint16_t* kc, const uint16_t* vc, float* out, const int* pos,
 //                       int n_tokens)
 //   q, out: n_tokens × NHEAD·HEAD_DIM f32. launch: attnPrefillLaunch(), dynamic shared memory.
-// attn_decode (ATT_DECODE): one token, split-KV (flash-decoding): block (head j, split s) reduces the
+// attn_decode (ATT_DECODE): one token, split-KV (flash-decoding): block (kv head g, split s) reduces,
+//   for each query head j of g's group (GQA: each K/V row read once for the group), the
 //   positions [s·chunk, (s+1)·chunk) ∩ [0, kv_len), chunk = ⌈kv_len / SPLITS⌉, kv_len = pos0 + 1 read
 //   from device memory, so the grid is fixed and a captured graph stays valid. Writes the partial
 //   (max, sum, unnormalized output) to `part`.
@@ -86,14 +87,17 @@ MINFER_HD unsigned long long attnDecodePartFloats(unsigned n_head, unsigned head
   return static_cast<unsigned long long>(n_head) * splits * (head_dim + 2);
 }
 
-MINFER_HD LaunchRule attnDecodeLaunchRule(unsigned n_head, unsigned splits) {
+// One block per (kv head, split): the query heads sharing a kv head are done together.
+MINFER_HD LaunchRule attnDecodeLaunchRule(unsigned n_head_kv, unsigned splits) {
   LaunchRule r;
-  r.grid[0] = fixedExtent(n_head);
+  r.grid[0] = fixedExtent(n_head_kv);
   r.grid[1] = fixedExtent(splits);
   r.block.x = 32 * kAttnWarps;
   return r;
 }
-MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head, unsigned splits) { return attnDecodeLaunchRule(n_head, splits).at(1); }
+MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head_kv, unsigned splits) {
+  return attnDecodeLaunchRule(n_head_kv, splits).at(1);
+}
 
 MINFER_HD LaunchRule attnCombineLaunchRule(unsigned n_head) {
   LaunchRule r;
@@ -454,84 +458,125 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 #endif
 
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE)
+// Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys, so
+// each K and V row is read once for all of them (GQA). Lane = key for the scores (its K row read with
+// 16-byte loads), lane = output dimension for P·V (each V row read once, coalesced).
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
                        float* __restrict__ part, const int* __restrict__ pos) {
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
   constexpr int kSplits = ATT_SPLITS;
-  __shared__ float sq[kD];
-  __shared__ float wm[kAttnWarps], wl[kAttnWarps];
-  __shared__ float wo[kAttnWarps][kD];
+  constexpr int kVec = kD % 8 == 0 ? kD : 0;  // dimensions read 8 halves (16 bytes) at a time
+  __shared__ float sq[kGroup][kD];
+  __shared__ float wm[kAttnWarps][kGroup], wl[kAttnWarps][kGroup];
+  __shared__ float wo[kAttnWarps][kGroup][kD];
 
-  const int j = blockIdx.x, split = blockIdx.y, g = j / kGroup;
+  const int g = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kv_len = pos[0] + 1, lo = windowStart(kv_len - 1);  // keys [lo, kv_len)
   const int chunk = (kv_len - lo + kSplits - 1) / kSplits;
   const int begin = lo + split * chunk, end = min(kv_len, begin + chunk);
   const float scale = qkScale();
 
-  for (int d = threadIdx.x; d < kD; d += blockDim.x) sq[d] = q[static_cast<uint64_t>(j) * kD + d];
+  for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x)
+    sq[i / kD][i % kD] = q[(static_cast<uint64_t>(g) * kGroup + i / kD) * kD + i % kD];
   __syncthreads();
 
-  float m = -MINFER_INF, l = 0.0f, o[kDL];
+  float m[kGroup], l[kGroup], o[kGroup][kDL];
 #pragma unroll
-  for (int i = 0; i < kDL; ++i) o[i] = 0.0f;
+  for (int h = 0; h < kGroup; ++h) {
+    m[h] = -MINFER_INF;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDL; ++i) o[h][i] = 0.0f;
+  }
   for (int base = begin + warp * 32; base < end; base += 32 * kAttnWarps) {
     const int key = base + lane;
     const bool valid = key < end;
-    float s = 0.0f;
+    float s[kGroup];
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) s[h] = 0.0f;
     if (valid) {
       const uint16_t* kr = kc + static_cast<uint64_t>(key) * kKvW + g * kD;
-      for (int d = 0; d < kD; ++d) s = fmaf(sq[d], h2f(kr[d]), s);
-    }
-    const float sc = valid ? capScore(s * scale, 1.0f) : -MINFER_INF;
-    const float m_new = fmaxf(m, warpMax(sc));  // finite: key `base` < end is valid
-    const float p = valid ? expf(sc - m_new) : 0.0f;
-    const float corr = expf(m - m_new);
-    l = l * corr + warpSum(p);
+      for (int d0 = 0; d0 < kVec; d0 += 8) {
+        const uint4 w = *reinterpret_cast<const uint4*>(kr + d0);
+        const unsigned words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-    for (int i = 0; i < kDL; ++i) o[i] *= corr;
+        for (int e = 0; e < 8; ++e) {
+          const float kv = h2f(static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2))));
+#pragma unroll
+          for (int h = 0; h < kGroup; ++h) s[h] = fmaf(sq[h][d0 + e], kv, s[h]);
+        }
+      }
+      for (int d = kVec; d < kD; ++d) {
+        const float kv = h2f(kr[d]);
+#pragma unroll
+        for (int h = 0; h < kGroup; ++h) s[h] = fmaf(sq[h][d], kv, s[h]);
+      }
+    }
+    float p[kGroup];
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      const float sc = valid ? capScore(s[h] * scale, 1.0f) : -MINFER_INF;
+      const float m_new = fmaxf(m[h], warpMax(sc));  // finite: key `base` < end is valid
+      p[h] = valid ? expf(sc - m_new) : 0.0f;
+      const float corr = expf(m[h] - m_new);
+      l[h] = l[h] * corr + warpSum(p[h]);
+#pragma unroll
+      for (int i = 0; i < kDL; ++i) o[h][i] *= corr;
+      m[h] = m_new;
+    }
     const int n_keys = min(32, end - base);
     for (int jj = 0; jj < n_keys; ++jj) {
-      const float pj = __shfl_sync(0xffffffffu, p, jj);
       const uint16_t* vr = vc + static_cast<uint64_t>(base + jj) * kKvW + g * kD;
+      float v[kDL];
 #pragma unroll
       for (int i = 0; i < kDL; ++i) {
         const int d = lane + 32 * i;
-        if (d < kD) o[i] = fmaf(pj, h2f(vr[d]), o[i]);
+        v[i] = d < kD ? h2f(vr[d]) : 0.0f;
+      }
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        const float pj = __shfl_sync(0xffffffffu, p[h], jj);
+#pragma unroll
+        for (int i = 0; i < kDL; ++i) o[h][i] = fmaf(pj, v[i], o[h][i]);
       }
     }
-    m = m_new;
-  }
-  if (lane == 0) {
-    wm[warp] = m;
-    wl[warp] = l;
   }
 #pragma unroll
-  for (int i = 0; i < kDL; ++i) {
-    const int d = lane + 32 * i;
-    if (d < kD) wo[warp][d] = o[i];
+  for (int h = 0; h < kGroup; ++h) {
+    if (lane == 0) {
+      wm[warp][h] = m[h];
+      wl[warp][h] = l[h];
+    }
+#pragma unroll
+    for (int i = 0; i < kDL; ++i) {
+      const int d = lane + 32 * i;
+      if (d < kD) wo[warp][h][d] = o[h][i];
+    }
   }
   __syncthreads();
-  float mb = -MINFER_INF;
+  for (int h = 0; h < kGroup; ++h) {
+    float mb = -MINFER_INF;
 #pragma unroll
-  for (int w = 0; w < static_cast<int>(kAttnWarps); ++w) mb = fmaxf(mb, wm[w]);
-  float* dst = part + (static_cast<uint64_t>(j) * kSplits + split) * (kD + 2);
-  for (int d = threadIdx.x; d < kD; d += blockDim.x) {
-    float acc = 0.0f;
+    for (int w = 0; w < static_cast<int>(kAttnWarps); ++w) mb = fmaxf(mb, wm[w][h]);
+    float* dst = part + ((static_cast<uint64_t>(g) * kGroup + h) * kSplits + split) * (kD + 2);
+    for (int d = threadIdx.x; d < kD; d += blockDim.x) {
+      float acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < static_cast<int>(kAttnWarps); ++w)
-      if (wm[w] != -MINFER_INF) acc += wo[w][d] * expf(wm[w] - mb);
-    dst[2 + d] = acc;
-  }
-  if (threadIdx.x == 0) {
-    float lb = 0.0f;
+      for (int w = 0; w < static_cast<int>(kAttnWarps); ++w)
+        if (wm[w][h] != -MINFER_INF) acc += wo[w][h][d] * expf(wm[w][h] - mb);
+      dst[2 + d] = acc;
+    }
+    if (threadIdx.x == 0) {
+      float lb = 0.0f;
 #pragma unroll
-    for (int w = 0; w < static_cast<int>(kAttnWarps); ++w)
-      if (wm[w] != -MINFER_INF) lb += wl[w] * expf(wm[w] - mb);
-    dst[0] = mb;  // −inf for an empty split
-    dst[1] = lb;
+      for (int w = 0; w < static_cast<int>(kAttnWarps); ++w)
+        if (wm[w][h] != -MINFER_INF) lb += wl[w][h] * expf(wm[w][h] - mb);
+      dst[0] = mb;  // −inf for an empty split
+      dst[1] = lb;
+    }
   }
 }
 #endif

@@ -171,6 +171,12 @@ llvm::Expected<std::vector<KernelLaunch>> launchesForStep(const model::ModelDesc
   return kFamilies[static_cast<size_t>(c.step().op)](c);
 }
 
+unsigned attnDecodeSplits(unsigned n_head_kv) {
+  unsigned splits = 16;
+  while (splits < 128 && splits * n_head_kv < 256) splits *= 2;
+  return splits;
+}
+
 std::pair<unsigned, unsigned> chooseMmqTile(uint64_t n, uint64_t /*k*/) {
   const unsigned tm = n >= 1024 ? 128 : 64, tn = 64;
   static_assert(kern::kMmqThreads == 256, "tile choice assumes 8 warps");

@@ -85,8 +85,10 @@ KernelLaunch argmaxLaunch(const model::ExecutionPlan& plan, uint32_t n_vocab);
 // 128 × 64 for n ≥ 1024, else 64 × 64.
 std::pair<unsigned, unsigned> chooseMmqTile(uint64_t n, uint64_t k);
 
-// Splits of the decode attention over the KV length (kernels/attention.cuh ATT_SPLITS).
-constexpr unsigned kAttnDecodeSplits = 32;
+// Splits of the decode attention over the KV length (kernels/attention.cuh ATT_SPLITS): one block per
+// (kv head, split), about 256 blocks in all so that every SM of a large GPU has work at long contexts
+// (16..128 splits, a power of two: 64 for 4 kv heads, 32 for 8).
+unsigned attnDecodeSplits(unsigned n_head_kv);
 
 // Short readable tag of a ggml type for keys: Q4_K → "q4k", Q8_0 → "q80", BF16 → "bf16".
 std::string typeTag(uint32_t ggml_type);

@@ -81,13 +81,13 @@ Launches attentionLaunches(const StepContext& c) {
     launches.push_back({b.spec, {q_in, kc, vc, o, pos, ntok}, kern::attnPrefillLaunchRule(h, d)});
     return launches;
   }
-  const unsigned splits = kAttnDecodeSplits;
+  const unsigned splits = attnDecodeSplits(hkv);
   const KernelArgDesc part{.kind = fb::ArgKind::Scratch, .name = "part",
                            .bytes = kern::attnDecodePartFloats(h, d, splits) * sizeof(float)};
   SpecBuilder b(llvm::formatv("attn_decode_h{0}_hkv{1}_d{2}_s{3}{4}", h, hkv, d, splits, opts), "kernels/attention.cuh",
                 "minfer_attn_decode");
   options(heads(b)).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_DECODE", uint64_t{1});
-  launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(h, splits)});
+  launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(hkv, splits)});
   SpecBuilder comb(llvm::formatv("attn_combine_h{0}_d{1}_s{2}", h, d, splits), "kernels/attention.cuh",
                    "minfer_attn_combine");
   heads(comb).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_COMBINE", uint64_t{1});
