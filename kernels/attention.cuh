@@ -475,9 +475,15 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   const int g = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kv_len = pos[0] + 1, lo = windowStart(kv_len - 1);  // keys [lo, kv_len)
-  const int chunk = (kv_len - lo + kSplits - 1) / kSplits;
+  // Whole warps of keys per split (at least 32): a short context uses few splits, the rest exit.
+  const int chunk = ((kv_len - lo + kSplits - 1) / kSplits + 31) / 32 * 32;
   const int begin = lo + split * chunk, end = min(kv_len, begin + chunk);
   const float scale = qkScale();
+  if (begin >= end) {  // an empty split: only its maxima (−inf), which the combine skips
+    for (int h = threadIdx.x; h < kGroup; h += blockDim.x)
+      part[((static_cast<uint64_t>(g) * kGroup + h) * kSplits + split) * (kD + 2)] = -MINFER_INF;
+    return;
+  }
 
   for (int i = threadIdx.x; i < kGroup * kD; i += blockDim.x)
     sq[i / kD][i % kD] = q[(static_cast<uint64_t>(g) * kGroup + i / kD) * kD + i % kD];
@@ -584,24 +590,30 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_COMBINE)
 extern "C" __global__ void __launch_bounds__(128)
     minfer_attn_combine(const float* __restrict__ part, float* __restrict__ out) {
+  using namespace minfer::kern;
   using namespace minfer::kern::attn;
   constexpr int kSplits = ATT_SPLITS;
+  __shared__ float w[kSplits];  // e^{m_s − M}, 0 for an empty split (whose sums and outputs are not read)
   const int j = blockIdx.x;
   const float* src = part + static_cast<uint64_t>(j) * kSplits * (kD + 2);
-  float mb = -MINFER_INF;
-  for (int s = 0; s < kSplits; ++s) mb = fmaxf(mb, src[s * (kD + 2)]);
-  float lb = 0.0f;
-  for (int s = 0; s < kSplits; ++s) {
-    const float ms = src[s * (kD + 2)];
-    if (ms != -MINFER_INF) lb += src[s * (kD + 2) + 1] * expf(ms - mb);
+  if (threadIdx.x < 32) {  // M = max_s m_s, then the weights, by the first warp
+    float m = -MINFER_INF;
+    for (int s = threadIdx.x; s < kSplits; s += 32) m = fmaxf(m, src[s * (kD + 2)]);
+    m = warpMax(m);
+    for (int s = threadIdx.x; s < kSplits; s += 32) {
+      const float ms = src[s * (kD + 2)];
+      w[s] = ms != -MINFER_INF ? expf(ms - m) : 0.0f;
+    }
   }
+  __syncthreads();
+  float lb = 0.0f;  // L = Σ_s e^{m_s − M}·l_s, in split order (every thread the same sum)
+  for (int s = 0; s < kSplits; ++s)
+    if (w[s] != 0.0f) lb += src[s * (kD + 2) + 1] * w[s];
   const float inv = 1.0f / lb;
   for (int d = threadIdx.x; d < kD; d += blockDim.x) {
     float acc = 0.0f;
-    for (int s = 0; s < kSplits; ++s) {
-      const float ms = src[s * (kD + 2)];
-      if (ms != -MINFER_INF) acc += src[s * (kD + 2) + 2 + d] * expf(ms - mb);
-    }
+    for (int s = 0; s < kSplits; ++s)
+      if (w[s] != 0.0f) acc += src[s * (kD + 2) + 2 + d] * w[s];
     out[static_cast<uint64_t>(j) * kD + d] = acc * inv;
   }
 }
