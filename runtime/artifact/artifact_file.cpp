@@ -62,7 +62,7 @@ Result<std::unique_ptr<ArtifactFile>> ArtifactFile::open(const std::string& path
     }
     file->data_ = static_cast<const uint8_t*>(p);
   }
-  ::close(fd);  // the mapping keeps the file open
+  file->fd_ = fd;  // kept for pread (fd()): the same file as the mapping, whatever happens to the path
 
   static const uint8_t kEmpty[1] = {0};
   const uint8_t* bytes = file->data_ ? file->data_ : kEmpty;
@@ -78,6 +78,7 @@ Result<std::unique_ptr<ArtifactFile>> ArtifactFile::open(const std::string& path
 
 ArtifactFile::~ArtifactFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 const uint8_t* ArtifactFile::segmentData(const fb::Segment& segment) const {

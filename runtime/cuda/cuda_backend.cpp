@@ -9,9 +9,10 @@
 #include <atomic>
 #include <thread>
 
-#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+#include <cerrno>
 
 #include "schema/op_traits.h"
 #include "runtime/cuda/cuda_internal.h"
@@ -285,7 +286,8 @@ Status BackendLoader::uploadWeights() {
             MINFER_RETURN_IF_ERROR(st_.dev->check(
                 st_.dev->cu().cuMemsetD8Async(dp.ptr, 0, deviceBytes(*p), nullptr), path_ + ": zeroing a derived plane"));
           } else {
-            segments.push_back({st_.artifact->segmentData(*p->data()), dp.ptr, p->data()->size(), /*release=*/true});
+            segments.push_back({st_.artifact->segmentData(*p->data()), dp.ptr, p->data()->size(), st_.artifact->fd(),
+                                p->data()->offset()});
             sources.push_back(p->data());
           }
           offset += deviceBytes(*p);
@@ -360,13 +362,18 @@ Status BackendLoader::verifyRest() const {
 
 namespace {
 
-// Drops the whole pages inside [p, p + n) of a private read-only file mapping from the resident set
-// (UploadSegment::release). A hint: errors are ignored.
-void releasePages(const uint8_t* p, uint64_t n) {
-  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+// Reads exactly n bytes of fd at `offset` into dst (pread, retried on EINTR and short reads).
+Status readFull(int fd, uint8_t* dst, uint64_t n, uint64_t offset) {
+  for (uint64_t done = 0; done < n;) {
+    const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      return Status::error("weight upload: reading " + std::to_string(n - done) + " bytes at file offset " +
+                           std::to_string(offset + done) + " failed: " +
+                           (r < 0 ? std::string(std::strerror(errno)) : std::string("end of file")));
+    done += static_cast<uint64_t>(r);
+  }
+  return Status::ok();
 }
 
 // One upload worker: a stream, two pinned staging buffers and their events.
@@ -406,10 +413,12 @@ class StagingWorker {
       uint8_t* staged = static_cast<uint8_t*>(staging_[slot_].data());
       for (uint64_t at = 0; at < bytes; at += kHashPieceBytes) {
         const uint64_t n = std::min(kHashPieceBytes, bytes - at);
-        std::memcpy(staged + at, seg.src + done + at, n);
+        if (seg.fd >= 0)
+          MINFER_RETURN_IF_ERROR(readFull(seg.fd, staged + at, n, seg.file_offset + done + at));
+        else
+          std::memcpy(staged + at, seg.src + done + at, n);
         if (state) XXH64_update(state, staged + at, n);  // the bytes the DMA sends, still in L2
       }
-      if (seg.release) releasePages(seg.src + done, bytes);
       MINFER_RETURN_IF_ERROR(dev_.check(cu.cuMemcpyHtoDAsync(seg.dst + done, staged, bytes, stream_.get()),
                                         "weight upload: cuMemcpyHtoDAsync of " + std::to_string(bytes) + " bytes"));
       MINFER_RETURN_IF_ERROR(dev_.check(cu.cuEventRecord(done_[slot_].get(), stream_.get()), "weight upload: cuEventRecord"));

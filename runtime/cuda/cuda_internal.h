@@ -106,14 +106,16 @@ struct Launch {
   }
 };
 
-// One segment of the weight upload: `bytes` from the mapping at `src` to device address `dst`.
-// `release`: src lies in a private read-only file mapping whose pages may be dropped from the
-// process's resident set once staged (madvise MADV_DONTNEED: a later read maps them from the file again).
+// One segment of the weight upload: `bytes` to device address `dst`, read with pread from `fd` at
+// `file_offset` when fd ≥ 0 (the artifact's file: the kernel copies from its page cache straight into
+// the pinned staging buffer, and no page of the mapping enters the process's resident set), else
+// copied from `src`.
 struct UploadSegment {
   const uint8_t* src;
   CUdeviceptr dst;
   uint64_t bytes;
-  bool release = false;
+  int fd = -1;
+  uint64_t file_offset = 0;
 };
 inline constexpr uint64_t kUploadChunkBytes = 32ull << 20;  // one pinned staging buffer
 inline constexpr uint64_t kHashPieceBytes = 256ull << 10;   // memcpy then XXH64 while it is in L2
@@ -123,9 +125,8 @@ inline constexpr uint64_t kHashPieceBytes = 256ull << 10;   // memcpy then XXH64
 // the other). A worker takes whole segments, largest first, and sends each one's chunks in order, so
 // that with `hashes` non-null it can stream XXH64 (seed 0) over the staged bytes, kHashPieceBytes at
 // a time right after copying them (the hash reads L2, not memory: the bytes are read from the
-// mapping once), and store the segment's digest in (*hashes)[i]. Pages of a `release` segment leave
-// the resident set chunk by chunk as they are staged, so peak host memory stays about one chunk per
-// worker above the manifest (not the whole model). Errors: pinned allocation, the
+// mapping once), and store the segment's digest in (*hashes)[i]. Errors: pinned allocation, a failed
+// or short pread (with the offset and errno), the
 // driver's copy/stream errors (with the byte counts).
 Status uploadSegments(const CudaDevice& dev, const std::vector<UploadSegment>& segments, std::vector<uint64_t>* hashes);
 

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <map>
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "compiler/compile_model.h"
@@ -287,6 +289,32 @@ TEST_CASE("checksums while staging: each segment's XXH64 over chunk boundaries; 
   std::vector<uint8_t> back(total);
   dev.downloadBytes(back.data(), total, 0);
   CHECK(back == host);
+
+  // The same bytes read from a file with pread (how the backend uploads an artifact's planes): the
+  // same digests and device bytes; a segment past the end of the file is an error naming the offset.
+  {
+    const std::string file = scratchDir() + "/upload-pread.bin";
+    std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(host.data()), static_cast<long>(total));
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    DeviceArray dev2(total);
+    std::vector<cuda::UploadSegment> from_file;
+    for (uint64_t at = 0, k = 0; k < sizes.size(); at += sizes[k++])
+      from_file.push_back({nullptr, dev2.ptr() + at, sizes[k], fd, at});
+    std::vector<uint64_t> file_hashes;
+    Status fs = cuda::uploadSegments(*G->dev, from_file, &file_hashes);
+    REQUIRE_MESSAGE(fs.isOk(), fs.message());
+    CHECK(file_hashes == hashes);
+    std::vector<uint8_t> back2(total);
+    dev2.downloadBytes(back2.data(), total, 0);
+    CHECK(back2 == host);
+    const std::vector<cuda::UploadSegment> past_end = {{nullptr, dev2.ptr(), 4096, fd, total - 100}};
+    Status bad = cuda::uploadSegments(*G->dev, past_end, nullptr);
+    CHECK_FALSE(bad.isOk());
+    CHECK_MESSAGE(bad.message().find("at file offset " + std::to_string(total)) != std::string::npos, bad.message());
+    CHECK_MESSAGE(bad.message().find("end of file") != std::string::npos, bad.message());
+    ::close(fd);
+  }
 
   // A damaged stories260K: a plane (refused after staging), the cubin the GPU loads (refused before
   // cuModuleLoadData) and a PTX it does not load (hashed at the end); --no-verify loads the plane's.

@@ -108,6 +108,9 @@ class ArtifactFile {
   const std::vector<SegmentRef>& segments() const { return segments_; }
 
   const std::string& path() const { return path_; }
+  // The open file behind the mapping (read-only, close-on-exec), for reading segment bytes with pread
+  // without faulting the mapping's pages into the process (the CUDA upload does): -1 for none.
+  int fd() const { return fd_; }
   uint64_t fileSize() const { return size_; }
   // N: bytes of the size-prefixed manifest at the start of the file (prefix included).
   uint64_t manifestSize() const { return manifest_size_; }
@@ -116,6 +119,7 @@ class ArtifactFile {
   ArtifactFile() = default;
 
   std::string path_;
+  int fd_ = -1;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   uint64_t manifest_size_ = 0;
