@@ -475,8 +475,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   const int g = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kv_len = pos[0] + 1, lo = windowStart(kv_len - 1);  // keys [lo, kv_len)
-  // Whole warps of keys per split (at least 32): a short context uses few splits, the rest exit.
-  const int chunk = ((kv_len - lo + kSplits - 1) / kSplits + 31) / 32 * 32;
+  const int chunk = (kv_len - lo + kSplits - 1) / kSplits;  // splits past the context exit at once
   const int begin = lo + split * chunk, end = min(kv_len, begin + chunk);
   const float scale = qkScale();
   if (begin >= end) {  // an empty split: only its maxima (−inf), which the combine skips
@@ -533,21 +532,29 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       for (int i = 0; i < kDL; ++i) o[h][i] *= corr;
       m[h] = m_new;
     }
+    // P·V, kVKeys V rows loaded before they are used (their loads in flight together); a key past
+    // n_keys has p = 0 on its lane and v = 0, so it adds nothing.
+    constexpr int kVKeys = 4;
     const int n_keys = min(32, end - base);
-    for (int jj = 0; jj < n_keys; ++jj) {
-      const uint16_t* vr = vc + static_cast<uint64_t>(base + jj) * kKvW + g * kD;
-      float v[kDL];
+    for (int j0 = 0; j0 < n_keys; j0 += kVKeys) {
+      float v[kVKeys][kDL];
 #pragma unroll
-      for (int i = 0; i < kDL; ++i) {
-        const int d = lane + 32 * i;
-        v[i] = d < kD ? h2f(vr[d]) : 0.0f;
+      for (int u = 0; u < kVKeys; ++u) {
+        const uint16_t* vr = vc + static_cast<uint64_t>(base + j0 + u) * kKvW + g * kD;
+#pragma unroll
+        for (int i = 0; i < kDL; ++i) {
+          const int d = lane + 32 * i;
+          v[u][i] = d < kD && j0 + u < n_keys ? h2f(vr[d]) : 0.0f;
+        }
       }
 #pragma unroll
-      for (int h = 0; h < kGroup; ++h) {
-        const float pj = __shfl_sync(0xffffffffu, p[h], jj);
+      for (int u = 0; u < kVKeys; ++u)
 #pragma unroll
-        for (int i = 0; i < kDL; ++i) o[h][i] = fmaf(pj, v[i], o[h][i]);
-      }
+        for (int h = 0; h < kGroup; ++h) {
+          const float pj = __shfl_sync(0xffffffffu, p[h], (j0 + u) & 31);
+#pragma unroll
+          for (int i = 0; i < kDL; ++i) o[h][i] = fmaf(pj, v[u][i], o[h][i]);
+        }
     }
   }
 #pragma unroll
