@@ -534,7 +534,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     }
     // P·V, kVKeys V rows loaded before they are used (their loads in flight together); a key past
     // n_keys has p = 0 on its lane and v = 0, so it adds nothing.
-    constexpr int kVKeys = 4;
+    constexpr int kVKeys = 8;
     const int n_keys = min(32, end - base);
     for (int j0 = 0; j0 < n_keys; j0 += kVKeys) {
       float v[kVKeys][kDL];

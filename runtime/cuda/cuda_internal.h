@@ -117,10 +117,10 @@ struct UploadSegment {
   int fd = -1;
   uint64_t file_offset = 0;
 };
-inline constexpr uint64_t kUploadChunkBytes = 32ull << 20;  // one pinned staging buffer
+inline constexpr uint64_t kUploadChunkBytes = 4ull << 20;  // one pinned staging buffer
 inline constexpr uint64_t kHashPieceBytes = 256ull << 10;   // memcpy then XXH64 while it is in L2
 
-// Copies every segment to the device on up to 4 threads (8 when hashing), each with two pinned
+// Copies every segment to the device on up to 8 threads, each with two pinned
 // staging buffers of kUploadChunkBytes and its own stream (the memcpy from the mapping of one chunk overlaps the DMA of
 // the other). A worker takes whole segments, largest first, and sends each one's chunks in order, so
 // that with `hashes` non-null it can stream XXH64 (seed 0) over the staged bytes, kHashPieceBytes at
