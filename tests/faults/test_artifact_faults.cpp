@@ -31,6 +31,23 @@ const std::string& tinyArtifact() {
   return path;
 }
 
+// The tiny model compiled with sm_90 kernel images, once per process; "" (after a SKIPPED message) when
+// this build has no NVRTC, so minfer-compile writes no kernel images.
+std::string sm90Artifact() {
+  static const std::string path = [] {
+    const std::string dir = fs::path(tinyArtifact()).parent_path().string();
+    const std::string out = minfer::test::compileWithTool(
+        dir + "/tiny.gguf", dir + "/sm90.mfb", {"--target=sm_90", "--kernel-cache=" + dir + "/kernel-cache"});
+    const std::vector<uint8_t> bytes = minfer::test::fileBytes(dir + "/sm90.mfb");
+    const minfer::fb::Artifact* m = minfer::fb::GetSizePrefixedArtifact(bytes.data());
+    if (m->kernels() && m->kernels()->size() > 0) return dir + "/sm90.mfb";
+    MESSAGE("SKIPPED: this build has no NVRTC, so minfer-compile wrote no kernel images: " << out);
+    return std::string();
+  }();
+  if (path.empty()) MESSAGE("SKIPPED: no kernel images in this build (see above)");
+  return path;
+}
+
 // The generated table's private flatbuffers::Table base (a C-style cast may name it).
 const flatbuffers::Table* asTable(const void* t) { return (const flatbuffers::Table*)t; }
 
@@ -140,15 +157,10 @@ TEST_CASE("kernels for sm_80 only, --device cuda on a machine without a GPU: the
 
 TEST_CASE("a launch record specialized for another row pitch than the plane it binds: refused at load, every backend") {
   const std::string dir = fs::path(tinyArtifact()).parent_path().string();
-  const std::string path = dir + "/sm90.mfb";
-  const std::string out = minfer::test::compileWithTool(
-      dir + "/tiny.gguf", path, {"--target=sm_90", "--kernel-cache=" + dir + "/kernel-cache"});
+  const std::string path = sm90Artifact();
+  if (path.empty()) return;
   std::vector<uint8_t> bytes = minfer::test::fileBytes(path);
   const minfer::fb::Artifact* m = minfer::fb::GetSizePrefixedArtifact(bytes.data());
-  if (!m->kernels() || m->kernels()->size() == 0) {
-    MESSAGE("SKIPPED: this build has no NVRTC, so minfer-compile wrote no kernel images: " << out);
-    return;
-  }
   // The first Weight argument of a quantized matmul (mmq) of the prefill plan: its kI8 plane.
   const minfer::fb::Step* step = nullptr;
   const minfer::fb::KernelArg* arg = nullptr;
@@ -333,15 +345,10 @@ TEST_CASE("compact artifact (1.3): derived planes and the load plan are checked 
 
 TEST_CASE("compact artifact (1.3): only the load plan writes weight planes, and only derived ones") {
   const std::string dir = fs::path(tinyArtifact()).parent_path().string();
-  const std::string path = dir + "/sm90.mfb";
-  const std::string out = minfer::test::compileWithTool(
-      dir + "/tiny.gguf", path, {"--target=sm_90", "--kernel-cache=" + dir + "/kernel-cache"});
+  const std::string path = sm90Artifact();
+  if (path.empty()) return;
   const std::vector<uint8_t> bytes = minfer::test::fileBytes(path);
   const minfer::fb::Artifact* m = minfer::fb::GetSizePrefixedArtifact(bytes.data());
-  if (!m->kernels() || m->kernels()->size() == 0) {
-    MESSAGE("SKIPPED: this build has no NVRTC, so minfer-compile wrote no kernel images: " << out);
-    return;
-  }
   using minfer::fb::KernelArg;
   // The load plan's first launch: args[0] reads the kBlocks plane, args[1] writes the kI8 plane.
   const auto loadArg = [](const minfer::fb::Artifact* c, int i) {
