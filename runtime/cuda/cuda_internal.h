@@ -120,14 +120,13 @@ struct UploadSegment {
 inline constexpr uint64_t kUploadChunkBytes = 4ull << 20;  // one pinned staging buffer
 inline constexpr uint64_t kHashPieceBytes = 256ull << 10;   // memcpy then XXH64 while it is in L2
 
-// Copies every segment to the device on up to 8 threads, each with two pinned
-// staging buffers of kUploadChunkBytes and its own stream (the memcpy from the mapping of one chunk overlaps the DMA of
-// the other). A worker takes whole segments, largest first, and sends each one's chunks in order, so
-// that with `hashes` non-null it can stream XXH64 (seed 0) over the staged bytes, kHashPieceBytes at
-// a time right after copying them (the hash reads L2, not memory: the bytes are read from the
-// mapping once), and store the segment's digest in (*hashes)[i]. Errors: pinned allocation, a failed
-// or short pread (with the offset and errno), the
-// driver's copy/stream errors (with the byte counts).
+// Copies every segment to the device on up to 8 threads, each with two pinned staging buffers of
+// kUploadChunkBytes and its own stream (reading one chunk into a buffer overlaps the DMA of the other).
+// A worker takes whole segments, largest first, and sends each one's chunks in order, so that with
+// `hashes` non-null it can stream XXH64 (seed 0) over the staged bytes, kHashPieceBytes at a time right
+// after reading them (the hash reads L2, not memory: the bytes are read from the file once), and store
+// the segment's digest in (*hashes)[i]. Errors: pinned allocation, a failed or short pread (with the
+// offset and errno), the driver's copy/stream errors (with the byte counts).
 Status uploadSegments(const CudaDevice& dev, const std::vector<UploadSegment>& segments, std::vector<uint64_t>* hashes);
 
 // The LaunchRule (kernels/common.cuh) a launch record carries.
