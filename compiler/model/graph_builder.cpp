@@ -177,7 +177,8 @@ llvm::Error GraphBuilder::rope(uint32_t layer, RopeOptions options) {
   const ModelConfig& c = desc_.config;
   StepDesc s{.op = fb::OpKind::Rope, .inputs = {act_.q, act_.k}, .outputs = {act_.q, act_.k}, .n_head = c.n_head,
              .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .n_rot = c.n_rot, .rope_style = c.rope_style,
-             .rope_freq_base = c.rope_freq_base, .rope_freq_scale = c.rope_freq_scale,
+             .rope_freq_base = options.freq_base > 0 ? options.freq_base : c.rope_freq_base,
+             .rope_freq_scale = options.freq_scale > 0 ? options.freq_scale : c.rope_freq_scale,
              .rope_ext_factor = c.rope_ext_factor, .rope_attn_factor = c.rope_attn_factor,
              .rope_beta_fast = c.rope_beta_fast, .rope_beta_slow = c.rope_beta_slow,
              .rope_n_ctx_orig = c.rope_n_ctx_orig, .name = layerPrefix(layer) + "rope"};

@@ -38,6 +38,8 @@ struct RopeOptions {
   // rope_freqs.weight [n_rot/2], f32, optional: per-pair frequency factors ff_i dividing θ_i (Llama
   // 3.1+ scaling as llama.cpp's converter writes it), shared by q and k of every layer.
   bool freq_factors = false;
+  // This layer's freq base and freq scale instead of the config's (gemma3's local layers); 0: the config's.
+  float freq_base = 0, freq_scale = 0;
 };
 
 // Options of the attention block (gemma2): schema Step.scale / softcap / window of the Attention step.
@@ -82,7 +84,7 @@ class GraphBuilder {
                      bool bias = false);
   // q, k, v = attn_q/k/v · in (+ biases), then, with head_norm, HeadRmsNorm of q and k in place.
   llvm::Error qkvProjection(uint32_t layer, uint32_t in, QkvOptions options);
-  // RoPE of q and k in place: config's rope style, n_rot, freq base and scale, and with
+  // RoPE of q and k in place: config's rope style, n_rot, freq base and scale (or options'), and with
   // options.freq_factors the rope_freqs.weight tensor when the GGUF has one (registered once; its
   // values must be finite and > 0). Errors: its shape, type or values.
   llvm::Error rope(uint32_t layer, RopeOptions options = {});

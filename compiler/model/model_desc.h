@@ -2,9 +2,9 @@
 // the lowering of its architecture into the flat execution plan of DESIGN.md §4.
 //
 // Supported architectures: the registry in architectures.h, one forward pass per arch/<name>.cpp
-// (llama, qwen2, qwen3, gemma2). Architecture facts (q/k/v biases, q/k head norms) live in the plan's steps,
-// not in ModelConfig. The math each plan step computes is documented in schema/artifact.fbs (OpKind)
-// and, as formulas, in ../shared/fixtures/README.md §3.
+// (llama, qwen2, qwen3, gemma2, gemma3). Architecture facts (q/k/v biases, q/k head norms) live in the
+// plan's steps, not in ModelConfig. The math each plan step computes is documented in
+// schema/artifact.fbs (OpKind) and, as formulas, in ../shared/fixtures/README.md §3.
 #pragma once
 
 #include <cstdint>
@@ -108,7 +108,7 @@ struct ModelDescription {
 // architectures and tensor types list what is supported; max_batch must be in 1..kArtifactMaxBatch.
 llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch);
 
-// The registry's names, comma-separated: "llama, qwen2, qwen3, gemma2".
+// The registry's names, comma-separated: "llama, qwen2, qwen3, gemma2, gemma3".
 const char* supportedArchitectures();
 
 }  // namespace minfer::model

@@ -52,6 +52,9 @@ constexpr double kQuantRmsLlama31 = 3e-2;
 //   activation noise; llama.cpp vs float64 4e-2): README's gemma bound 1e-1 max, RMS 5e-2, against
 //   llama.cpp and the CPU backend alike. Measured on the H200 (2026-11-30), vs llama.cpp: F32 1.1e-3 max /
 //   6.3e-4 RMS (0 of 55 checked argmax rows differ), Q8_0 2.2e-2 / 1.7e-2, Q4_K_M 4.6e-2 / 3.1e-2.
+// - tiny-gemma3 (arch/; goldenCaseNames lists them, the "tiny-gemma" prefix below gives them these
+//   bounds): the same GELU, KV cache and post-norm arguments (README §8.5: llama.cpp's own f16 KV + FA
+//   1.6e-3, quantized vs float64 2.9e-2 … 3.7e-2, like gemma2's). Not yet run on a GPU.
 constexpr double kGemmaFloatRel = 5e-3;
 constexpr double kGemmaQuantRel = 1e-1;
 constexpr double kGemmaQuantRms = 5e-2;

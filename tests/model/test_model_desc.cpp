@@ -49,6 +49,8 @@ struct TinySpec {
   std::vector<std::pair<std::string, uint64_t>> extra;
   std::vector<std::pair<std::string, std::vector<float>>> extra_values;  // F32 vectors with these values
   bool validate = true;       // false: the writer also writes what GGUF writers refuse (a dim of 0)
+  std::vector<std::pair<std::string, uint32_t>> u32_keys;  // <arch>.<key> = value, written as u32
+  std::vector<std::pair<std::string, float>> f32_keys;     // <arch>.<key> = value, written as f32
 };
 
 gguf::GgufWriter makeWriter(const TinySpec& s) {
@@ -73,6 +75,8 @@ gguf::GgufWriter makeWriter(const TinySpec& s) {
   if (!std::isnan(s.scale_linear)) w.setF32(a + "rope.scale_linear", s.scale_linear);
   if (!std::isnan(s.attn_factor)) w.setF32(a + "rope.scaling.attn_factor", s.attn_factor);
   if (s.orig_ctx >= 0) w.setU32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(s.orig_ctx));
+  for (const auto& [key, v] : s.u32_keys) w.setU32(a + key, v);
+  for (const auto& [key, v] : s.f32_keys) w.setF32(a + key, v);
   auto add = [&](const std::string& name, std::vector<uint64_t> ne) {
     uint64_t n = 1;
     for (uint64_t d : ne) n *= d;
@@ -298,6 +302,124 @@ TEST_CASE("gemma2 fixture: window, caps and query scale from its keys") {
   CHECK(d->config.rope_freq_base == 10000.0f);
 }
 
+namespace {
+
+// A gemma3 TinySpec: gemma2's post-norms plus per-head q/k norms, head_dim 16 ≠ n_embd / n_head = 8.
+TinySpec gemma3Spec(uint32_t n_layer) {
+  TinySpec s;
+  s.arch = "gemma3", s.tied = true, s.qk_norm = true, s.n_layer = n_layer, s.key_length = 16;
+  for (uint32_t l = 0; l < s.n_layer; ++l)
+    for (const char* n : {"post_attention_norm.weight", "post_ffw_norm.weight"})
+      s.extra.push_back({"blk." + std::to_string(l) + "." + n, s.n_embd});
+  return s;
+}
+
+// Per layer: the attention window and the RoPE base and scale of a gemma3 plan.
+struct Gemma3Layers {
+  std::vector<uint32_t> windows;
+  std::vector<float> bases, scales;
+};
+Gemma3Layers gemma3Layers(const model::ModelDescription& d) {
+  Gemma3Layers r;
+  for (const auto& st : d.plan.prefill) {
+    if (st.op == fb::OpKind::Attention) {
+      r.windows.push_back(st.window);
+      CHECK(st.softcap == 0);  // gemma3 has no attention soft-cap
+    }
+    if (st.op == fb::OpKind::Rope) r.bases.push_back(st.rope_freq_base), r.scales.push_back(st.rope_freq_scale);
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("gemma3: q/k head norms, post-norms, GeGLU, no soft-caps; llama.cpp's defaults for absent keys") {
+  // sliding_window present, pattern and freq_base_swa absent: period 6 (layers 0-4 local, 5 global,
+  // 6 local), local RoPE base 10000 and scale 1; rope.scaling (x8 linear) only on the global layer.
+  TinySpec s = gemma3Spec(7);
+  s.rope_scale = 8;
+  s.u32_keys = {{"attention.sliding_window", 32}};
+  auto d = describeTiny(s);
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  CHECK(d->config.rope_style == fb::RopeStyle::Neox);
+  const auto& steps = d->plan.prefill;
+  REQUIRE(steps.size() >= 2);
+  CHECK(steps[1].op == fb::OpKind::Scale);  // x · sqrt(n_embd)
+  CHECK(steps[1].scale == doctest::Approx(std::sqrt(32.0)));
+  const std::vector<std::pair<fb::OpKind, std::string>> layer0 = {
+      {fb::OpKind::RmsNorm, "blk.0.attn_norm"},           {fb::OpKind::MatMul, "blk.0.attn_q"},
+      {fb::OpKind::MatMul, "blk.0.attn_k"},               {fb::OpKind::MatMul, "blk.0.attn_v"},
+      {fb::OpKind::HeadRmsNorm, "blk.0.attn_q_norm"},     {fb::OpKind::HeadRmsNorm, "blk.0.attn_k_norm"},
+      {fb::OpKind::Rope, "blk.0.rope"},                   {fb::OpKind::Attention, "blk.0.attention"},
+      {fb::OpKind::MatMul, "blk.0.attn_output"},          {fb::OpKind::RmsNorm, "blk.0.post_attention_norm"},
+      {fb::OpKind::Add, "blk.0.attn_residual"},           {fb::OpKind::RmsNorm, "blk.0.ffn_norm"},
+      {fb::OpKind::MatMul, "blk.0.ffn_gate"},             {fb::OpKind::MatMul, "blk.0.ffn_up"},
+      {fb::OpKind::GeGlu, "blk.0.geglu"},                 {fb::OpKind::MatMul, "blk.0.ffn_down"},
+      {fb::OpKind::RmsNorm, "blk.0.post_ffw_norm"},       {fb::OpKind::Add, "blk.0.ffn_residual"}};
+  // Embed, scale, the layers, output_norm and the output matmul: no final soft-cap (default 0).
+  REQUIRE(steps.size() == 2 + 7 * layer0.size() + 2);
+  for (size_t i = 0; i < layer0.size(); ++i) {
+    CHECK(steps[2 + i].op == layer0[i].first);
+    CHECK(steps[2 + i].name == layer0[i].second);
+  }
+  CHECK(steps.back().op == fb::OpKind::MatMul);
+  for (const auto& st : steps)
+    if (st.op == fb::OpKind::Attention) CHECK(st.scale == doctest::Approx(0.25));  // 1/sqrt(head_dim)
+  Gemma3Layers l = gemma3Layers(*d);
+  CHECK(l.windows == std::vector<uint32_t>{32, 32, 32, 32, 32, 0, 32});
+  CHECK(l.bases == std::vector<float>{1e4f, 1e4f, 1e4f, 1e4f, 1e4f, 1e6f, 1e4f});
+  CHECK(l.scales == std::vector<float>{1, 1, 1, 1, 1, 0.125f, 1});
+
+  // No sliding_window key: every layer global (llama.cpp's LLAMA_SWA_TYPE_NONE), base and scale the config's.
+  s.u32_keys.clear();
+  auto none = describeTiny(s);
+  REQUIRE_MESSAGE(bool(none), llvm::toString(none.takeError()));
+  l = gemma3Layers(*none);
+  CHECK(l.windows == std::vector<uint32_t>(7, 0));
+  CHECK(l.bases == std::vector<float>(7, 1e6f));
+  CHECK(l.scales == std::vector<float>(7, 0.125f));
+
+  // The keys when present: pattern 3 (layers 2 and 5 global), freq_base_swa, final_logit_softcapping.
+  s.u32_keys = {{"attention.sliding_window", 16}, {"attention.sliding_window_pattern", 3}};
+  s.f32_keys = {{"rope.freq_base_swa", 5e4f}, {"final_logit_softcapping", 30.0f}};
+  auto keyed = describeTiny(s);
+  REQUIRE_MESSAGE(bool(keyed), llvm::toString(keyed.takeError()));
+  l = gemma3Layers(*keyed);
+  CHECK(l.windows == std::vector<uint32_t>{16, 16, 0, 16, 16, 0, 16});
+  CHECK(l.bases == std::vector<float>{5e4f, 5e4f, 1e6f, 5e4f, 5e4f, 1e6f, 5e4f});
+  CHECK(keyed->plan.prefill.back().name == "output.softcap");
+  CHECK(keyed->plan.prefill.back().softcap == 30.0f);
+
+  // A missing q/k head norm is refused by name.
+  s.skip = {"blk.1.attn_k_norm.weight"};
+  auto missing = describeTiny(s);
+  REQUIRE(!missing);
+  CHECK(llvm::toString(missing.takeError()).find("blk.1.attn_k_norm.weight") != std::string::npos);
+}
+
+TEST_CASE("gemma3: the 62-layer 27B's query scale 1/sqrt(n_embd / n_head)") {
+  auto d = describeTiny(gemma3Spec(62));
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  for (const auto& st : d->plan.prefill)
+    if (st.op == fb::OpKind::Attention) CHECK(st.scale == doctest::Approx(1 / std::sqrt(8.0)));
+}
+
+TEST_CASE("gemma3 fixture: pattern 3, window 16, local base 1e4, x8 linear scaling on the global layer only") {
+  if (!test::haveFixtures()) return;
+  auto file = gguf::GgufFile::open(test::fixturesDir() + "/arch/models/tiny-gemma3-F32.gguf");
+  REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+  auto d = model::describeModel(**file, 64);
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  const Gemma3Layers l = gemma3Layers(*d);
+  CHECK(l.windows == std::vector<uint32_t>{16, 16, 0});
+  CHECK(l.bases == std::vector<float>{1e4f, 1e4f, 1e6f});
+  CHECK(l.scales == std::vector<float>{1, 1, 0.125f});
+  for (const auto& st : d->plan.prefill)
+    if (st.op == fb::OpKind::Attention) CHECK(st.scale == 0.125f);
+  CHECK(d->plan.prefill.back().op == fb::OpKind::MatMul);  // no final soft-cap
+  CHECK(countOps(d->plan.prefill, fb::OpKind::HeadRmsNorm) == 6);
+}
+
 TEST_CASE("qwen3: per-head q/k RMSNorm between the projections and RoPE") {
   TinySpec s;
   s.arch = "qwen3", s.qk_norm = true, s.tied = true, s.key_length = 16;  // head_dim ≠ n_embd / n_head
@@ -343,12 +465,12 @@ TEST_CASE("qwen3: per-head q/k RMSNorm between the projections and RoPE") {
 }
 
 TEST_CASE("the architecture list is written once and named in the refusal") {
-  CHECK(std::string(model::supportedArchitectures()) == "llama, qwen2, qwen3, gemma2");
+  CHECK(std::string(model::supportedArchitectures()) == "llama, qwen2, qwen3, gemma2, gemma3");
   TinySpec s;
   s.arch = "gpt2";
   const std::string msg = describeTinyError(s);
   CHECK(msg == "tiny-gpt2.gguf: unsupported architecture 'gpt2' (general.architecture); supported: llama, qwen2, "
-               "qwen3, gemma2");
+               "qwen3, gemma2, gemma3");
 }
 
 TEST_CASE("architecture facts are checked against the tensors") {

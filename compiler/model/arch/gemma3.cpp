@@ -1,0 +1,74 @@
+// gemma3 (Gemma 3): gemma2's block (embedding x sqrt(n_embd), post-attention and post-FFN RMSNorms,
+// GELU-tanh gated FFN, neox RoPE, tied output) with a per-head RMSNorm of q and k before RoPE (as
+// qwen3), no attention soft-cap, and local (sliding-window) layers whose RoPE has its own base and no
+// scaling.
+// Hyperparameters as llama.cpp's load_hparams reads them for LLM_ARCH_GEMMA3 (fixtures README §8.1,
+// §8.7): attention.sliding_window absent or 0 → every layer global; otherwise layer il is local iff
+// il % P < P - 1, P = attention.sliding_window_pattern (default 6; set_swa_pattern), and local layers
+// rotate with rope.freq_base_swa (default 10000) and freq scale 1, while rope.freq_base and
+// rope.scaling apply to the global layers only. final_logit_softcapping: default 0 (none). The query
+// scale is 1/sqrt(head_dim), except 1/sqrt(n_embd / n_head) for the 62-layer 27B.
+#include <cmath>
+
+#include "compiler/model/architectures.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+
+namespace minfer::model {
+namespace {
+
+llvm::Error forward(GraphBuilder& g) {
+  const ModelConfig& c = g.config();
+  const std::string p = c.architecture + ".";
+  auto window = g.file().getU32Or(p + "attention.sliding_window", 0);
+  if (!window) return window.takeError();
+  uint32_t period = 1;  // layer il is local iff il % period < period - 1: none
+  float base_swa = 10000.0f;
+  if (*window > 0) {
+    auto pattern = g.file().getU32Or(p + "attention.sliding_window_pattern", 6);
+    if (!pattern) return pattern.takeError();
+    period = *pattern;  // 0: every layer local (as set_swa_pattern(0))
+    auto base = g.file().getF32Or(p + "rope.freq_base_swa", base_swa);
+    if (!base) return base.takeError();
+    if (!(*base > 0) || !std::isfinite(*base))
+      return g.error(llvm::formatv("{0}rope.freq_base_swa = {1} must be finite and > 0", p, llvm::format("%g", *base)));
+    base_swa = *base;
+  }
+  auto final_cap = g.file().getF32Or(p + "final_logit_softcapping", 0.0f);
+  if (!final_cap) return final_cap.takeError();
+  if (!(*final_cap >= 0) || !std::isfinite(*final_cap))
+    return g.error(llvm::formatv("{0}final_logit_softcapping = {1} must be finite and >= 0", p,
+                                 llvm::format("%g", *final_cap)));
+  // gemma_pytorch's query_pre_attn_scalar, which llama.cpp picks by model size (no GGUF key).
+  const bool is_27b = c.n_layer == 62;
+  const float q_scale = is_27b ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head))
+                               : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  if (auto e = g.embedding()) return e;
+  const Activations& a = g.act();
+  g.scale("token_embd.scale", a.x, a.x, std::sqrt(static_cast<float>(c.n_embd)));
+  for (uint32_t l = 0; l < c.n_layer; ++l) {
+    const std::string b = GraphBuilder::layerPrefix(l);
+    const bool local = *window > 0 && (period == 0 || l % period < period - 1);
+    if (auto e = g.norm(b + "attn_norm", a.x, a.h)) return e;
+    if (auto e = g.qkvProjection(l, a.h, {.head_norm = true})) return e;
+    const RopeOptions rope = local ? RopeOptions{.freq_base = base_swa, .freq_scale = 1.0f} : RopeOptions{};
+    if (auto e = g.rope(l, rope)) return e;
+    if (auto e = g.attention(l, a.h, {.scale = q_scale, .window = local ? *window : 0})) return e;
+    if (auto e = g.norm(b + "post_attention_norm", a.h, a.h)) return e;
+    g.residualAdd(b + "attn_residual", a.x, a.h);
+    if (auto e = g.norm(b + "ffn_norm", a.x, a.h)) return e;
+    if (auto e = g.gatedFfn(l, a.h, a.h, FfnActivation::kGeluTanh)) return e;
+    if (auto e = g.norm(b + "post_ffw_norm", a.h, a.h)) return e;
+    g.residualAdd(b + "ffn_residual", a.x, a.h);
+  }
+  if (auto e = g.outputHead(a.x)) return e;
+  if (*final_cap > 0) g.scale("output.softcap", a.logits, a.logits, 1.0f, *final_cap);
+  return llvm::Error::success();
+}
+
+}  // namespace
+
+extern const Architecture kGemma3 = {"gemma3", {.rope_style = fb::RopeStyle::Neox}, forward};
+
+}  // namespace minfer::model
