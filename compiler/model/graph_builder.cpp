@@ -221,16 +221,20 @@ llvm::Error GraphBuilder::gatedFfn(uint32_t layer, uint32_t in, uint32_t out, Ff
   return matmul(p + "ffn_down", act_.gate, out, c.n_embd, c.n_ff);
 }
 
-llvm::Error GraphBuilder::llamaLayer(uint32_t layer, QkvOptions qkv, RopeOptions rope_options) {
+llvm::Error GraphBuilder::decoderLayer(uint32_t layer, const LayerOptions& o) {
   const Activations& a = act_;
   const std::string p = layerPrefix(layer);
   if (auto e = norm(p + "attn_norm", a.x, a.h)) return e;
-  if (auto e = qkvProjection(layer, a.h, qkv)) return e;
-  if (auto e = rope(layer, rope_options)) return e;
-  if (auto e = attention(layer, a.h)) return e;
+  if (auto e = qkvProjection(layer, a.h, o.qkv)) return e;
+  if (auto e = rope(layer, o.rope)) return e;
+  if (auto e = attention(layer, a.h, o.attention)) return e;
+  if (o.post_norms)
+    if (auto e = norm(p + "post_attention_norm", a.h, a.h)) return e;
   residualAdd(p + "attn_residual", a.x, a.h);
   if (auto e = norm(p + "ffn_norm", a.x, a.h)) return e;
-  if (auto e = gatedFfn(layer, a.h, a.h)) return e;
+  if (auto e = gatedFfn(layer, a.h, a.h, o.activation)) return e;
+  if (o.post_norms)
+    if (auto e = norm(p + "post_ffw_norm", a.h, a.h)) return e;
   residualAdd(p + "ffn_residual", a.x, a.h);
   return llvm::Error::success();
 }

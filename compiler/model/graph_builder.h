@@ -52,6 +52,15 @@ struct AttentionOptions {
 // The activation of the gated FFN: SwiGLU (llama) or GELU-tanh (GeGLU, gemma).
 enum class FfnActivation { kSilu, kGeluTanh };
 
+// Options of one decoder layer (decoderLayer): its blocks' options and the gemma sandwich norms.
+struct LayerOptions {
+  QkvOptions qkv;
+  RopeOptions rope;
+  AttentionOptions attention;
+  bool post_norms = false;  // post_attention_norm and post_ffw_norm on the branch outputs (gemma)
+  FfnActivation activation = FfnActivation::kSilu;
+};
+
 class GraphBuilder {
  public:
   // `desc.config` must be read already (hyperparameters, rope style); blocks append to desc.plan and
@@ -97,9 +106,11 @@ class GraphBuilder {
   void residualAdd(const std::string& name, uint32_t acc, uint32_t in);
   // out = ffn_down · (act(ffn_gate · in) ⊙ (ffn_up · in)), act = silu (SwiGlu step) or GELU-tanh (GeGlu).
   llvm::Error gatedFfn(uint32_t layer, uint32_t in, uint32_t out, FfnActivation act = FfnActivation::kSilu);
-  // One llama-style decoder layer on the residual stream x: x += attention(RoPE(qkv(RMSNorm(x))))
-  // then x += gatedFfn(RMSNorm(x)) (attn_norm, ffn_norm), the block llama, qwen2 and qwen3 share.
-  llvm::Error llamaLayer(uint32_t layer, QkvOptions qkv, RopeOptions rope = {});
+  // One decoder layer on the residual stream x: x += attention(RoPE(qkv(RMSNorm(x)))) then
+  // x += gatedFfn(RMSNorm(x)) (attn_norm, ffn_norm), the block llama, qwen2 and qwen3 share; with
+  // options.post_norms each branch's output is RMS-normed before it is added (post_attention_norm,
+  // post_ffw_norm: gemma2, gemma3).
+  llvm::Error decoderLayer(uint32_t layer, const LayerOptions& options);
   // h = RMSNorm(in; output_norm), logits = output · h; output tied to token_embd when output.weight is
   // absent (the Embed step's weight, planned for both uses).
   llvm::Error outputHead(uint32_t in);

@@ -45,19 +45,11 @@ llvm::Error forward(GraphBuilder& g) {
   const Activations& a = g.act();
   g.scale("token_embd.scale", a.x, a.x, std::sqrt(static_cast<float>(c.n_embd)));
   for (uint32_t l = 0; l < c.n_layer; ++l) {
-    const std::string b = GraphBuilder::layerPrefix(l);
     const bool local = l % kSwaPeriod < kSwaPeriod - 1;
-    if (auto e = g.norm(b + "attn_norm", a.x, a.h)) return e;
-    if (auto e = g.qkvProjection(l, a.h, {})) return e;
-    if (auto e = g.rope(l)) return e;
-    if (auto e = g.attention(l, a.h, {.scale = q_scale, .softcap = *attn_cap, .window = local ? *window : 0}))
+    if (auto e = g.decoderLayer(l, {.attention = {.scale = q_scale, .softcap = *attn_cap, .window = local ? *window : 0},
+                                    .post_norms = true,
+                                    .activation = FfnActivation::kGeluTanh}))
       return e;
-    if (auto e = g.norm(b + "post_attention_norm", a.h, a.h)) return e;
-    g.residualAdd(b + "attn_residual", a.x, a.h);
-    if (auto e = g.norm(b + "ffn_norm", a.x, a.h)) return e;
-    if (auto e = g.gatedFfn(l, a.h, a.h, FfnActivation::kGeluTanh)) return e;
-    if (auto e = g.norm(b + "post_ffw_norm", a.h, a.h)) return e;
-    g.residualAdd(b + "ffn_residual", a.x, a.h);
   }
   if (auto e = g.outputHead(a.x)) return e;
   g.scale("output.softcap", a.logits, a.logits, 1.0f, *final_cap);

@@ -48,19 +48,14 @@ llvm::Error forward(GraphBuilder& g) {
   const Activations& a = g.act();
   g.scale("token_embd.scale", a.x, a.x, std::sqrt(static_cast<float>(c.n_embd)));
   for (uint32_t l = 0; l < c.n_layer; ++l) {
-    const std::string b = GraphBuilder::layerPrefix(l);
     const bool local = *window > 0 && (period == 0 || l % period < period - 1);
-    if (auto e = g.norm(b + "attn_norm", a.x, a.h)) return e;
-    if (auto e = g.qkvProjection(l, a.h, {.head_norm = true})) return e;
-    const RopeOptions rope = local ? RopeOptions{.freq_base = base_swa, .freq_scale = 1.0f} : RopeOptions{};
-    if (auto e = g.rope(l, rope)) return e;
-    if (auto e = g.attention(l, a.h, {.scale = q_scale, .window = local ? *window : 0})) return e;
-    if (auto e = g.norm(b + "post_attention_norm", a.h, a.h)) return e;
-    g.residualAdd(b + "attn_residual", a.x, a.h);
-    if (auto e = g.norm(b + "ffn_norm", a.x, a.h)) return e;
-    if (auto e = g.gatedFfn(l, a.h, a.h, FfnActivation::kGeluTanh)) return e;
-    if (auto e = g.norm(b + "post_ffw_norm", a.h, a.h)) return e;
-    g.residualAdd(b + "ffn_residual", a.x, a.h);
+    if (auto e = g.decoderLayer(
+            l, {.qkv = {.head_norm = true},
+                .rope = local ? RopeOptions{.freq_base = base_swa, .freq_scale = 1.0f} : RopeOptions{},
+                .attention = {.scale = q_scale, .window = local ? *window : 0},
+                .post_norms = true,
+                .activation = FfnActivation::kGeluTanh}))
+      return e;
   }
   if (auto e = g.outputHead(a.x)) return e;
   if (*final_cap > 0) g.scale("output.softcap", a.logits, a.logits, 1.0f, *final_cap);

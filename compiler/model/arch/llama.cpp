@@ -16,7 +16,7 @@ llvm::Error forward(GraphBuilder& g) {
                                  c.n_rot, c.head_dim, c.architecture));
   if (auto e = g.embedding()) return e;
   for (uint32_t l = 0; l < c.n_layer; ++l)
-    if (auto e = g.llamaLayer(l, {}, {.freq_factors = true})) return e;
+    if (auto e = g.decoderLayer(l, {.rope = {.freq_factors = true}})) return e;
   return g.outputHead(g.act().x);
 }
 
