@@ -209,10 +209,6 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     TensorPlanes tp{std::move(*layout), {}};
     for (size_t p = 0; p < tp.layout.planes.size(); ++p)
       tp.segments.push_back(tp.layout.derived[p] ? kDerived : (*writer)->reserveSegment(tp.layout.planes[p].bytes()));
-    if (tp.layout.storedBytes() != tp.layout.planeBytes())  // derived planes: expanded at load
-      desc->plan.load.push_back({.op = fb::OpKind::ExpandBlocks,
-                                 .weights = {static_cast<uint32_t>(tensors.size())},
-                                 .name = w.name + ".expand"});
     summary.planes += tp.layout.planes.size();
     summary.plane_bytes += tp.layout.storedBytes();
     summary.derived_bytes += tp.layout.planeBytes() - tp.layout.storedBytes();
@@ -220,13 +216,14 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     tensors.push_back(std::move(tp));
   }
   summary.tensors = tensors.size();
+  std::vector<planes::TensorLayout> layouts;
+  for (const TensorPlanes& tp : tensors) layouts.push_back(tp.layout);
+  codegen::buildLoadPlan(*desc, layouts);  // derived planes: expanded at load
 
   // GPU kernels: quantize activations before quantized matmuls, then one NVRTC image per
   // specialization and target arch (compiled before any data is written: their sizes go in the layout).
   Kernels kernels;
   if (!options.targets.empty()) {
-    std::vector<planes::TensorLayout> layouts;
-    for (const TensorPlanes& tp : tensors) layouts.push_back(tp.layout);
     if (auto err = codegen::insertActivationQuantization(*desc, layouts)) return err;
     codegen::CodegenOptions co;
     co.targets = options.targets;

@@ -52,6 +52,15 @@ llvm::Error insertActivationQuantization(model::ModelDescription& desc, llvm::Ar
   return llvm::Error::success();
 }
 
+void buildLoadPlan(model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts) {
+  desc.plan.load.clear();
+  for (size_t i = 0; i < layouts.size(); ++i)
+    if (std::find(layouts[i].derived.begin(), layouts[i].derived.end(), true) != layouts[i].derived.end())
+      desc.plan.load.push_back({.op = fb::OpKind::ExpandBlocks,
+                                .weights = {static_cast<uint32_t>(i)},
+                                .name = layouts[i].desc.name + ".expand"});
+}
+
 size_t lastTokenTailBegin(const std::vector<model::StepDesc>& steps, uint32_t logits) {
   size_t begin = steps.size();
   while (begin > 0) {

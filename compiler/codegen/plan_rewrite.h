@@ -19,6 +19,11 @@ namespace minfer::codegen {
 // second input is left alone. Errors: an input width not a multiple of 32 for a quantized weight.
 llvm::Error insertActivationQuantization(model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts);
 
+// The load plan: one ExpandBlocks step per tensor with derived planes (layouts[i].derived), named
+// "<tensor>.expand", in tensor order, replacing desc.plan.load. CPU-only artifacts get it too (the CPU
+// backend skips it: it reads the kBlocks planes).
+void buildLoadPlan(model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts);
+
 // The plan's last-token tail (schema Plan): the first step of the longest suffix of row-wise, not
 // in-place steps (op_traits.h), provided it ends by writing `logits` and does not cover the whole
 // plan; steps.size() when there is none. For a llama-like plan: everything after the last attention.

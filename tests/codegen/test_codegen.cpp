@@ -43,6 +43,7 @@ Loaded load(const std::string& path, bool rewrite = true) {
   if (rewrite) {
     llvm::Error e = insertActivationQuantization(l.desc, l.layouts);
     REQUIRE_MESSAGE(!e, llvm::toString(std::move(e)));
+    buildLoadPlan(l.desc, l.layouts);
   }
   return l;
 }
@@ -106,6 +107,7 @@ std::vector<std::string> expectedEntries(const Loaded& l, const model::StepDesc&
     case fb::OpKind::Add: return {"minfer_add"};
     case fb::OpKind::GeGlu: return {"minfer_geglu"};
     case fb::OpKind::Scale: return {"minfer_scale"};
+    case fb::OpKind::ExpandBlocks: return {"minfer_expand_blocks"};
   }
   return {};
 }
@@ -118,7 +120,9 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
   static const std::pair<const char*, const char*> kPitchArgs[] = {
       {"MMQ_Q_PITCH", "wq"},   {"MMQ_S_PITCH", "wscale"},  {"MMQ_M_PITCH", "wmin"}, {"GEMV_PITCH", "wq"},
       {"GEMV_S_PITCH", "wscale"}, {"GEMV_M_PITCH", "wmin"}, {"DMM_PITCH", "w"},     {"DGEMV_PITCH", "w"},
-      {"EMBED_ROW_PITCH", "table"}, {"GEMVB_PITCH", "w"}};
+      {"EMBED_ROW_PITCH", "table"}, {"GEMVB_PITCH", "w"}, {"EXPAND_SRC_PITCH", "blocks"},
+      {"EXPAND_I8_PITCH", "q"}, {"EXPAND_S_PITCH", "scale"}, {"EXPAND_M_PITCH", "min"},
+      {"EXPAND_P_PITCH", "packed"}};
   auto arg = [&](const std::string& name) -> const KernelArgDesc* {
     for (const KernelArgDesc& a : r.args)
       if (a.name == name) return &a;
@@ -211,9 +215,15 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
     CHECK(std::find(img.options.begin(), img.options.end(), "--gpu-architecture=" + img.arch) != img.options.end());
   }
   CHECK(set.images.size() == set.stats.unique_specs * targets.size());
-  for (bool prefill : {true, false}) {
-    const auto& steps = prefill ? l.desc.plan.prefill : l.desc.plan.decode;
-    const auto& lists = prefill ? set.prefill : set.decode;
+  // Every tensor with derived planes has its expansion in the load plan.
+  size_t with_derived = 0;
+  for (const planes::TensorLayout& w : l.layouts)
+    with_derived += std::find(w.derived.begin(), w.derived.end(), true) != w.derived.end();
+  CHECK(l.desc.plan.load.size() == with_derived);
+  for (PlanVariant v : {PlanVariant::kPrefill, PlanVariant::kDecode, PlanVariant::kLoad}) {
+    const bool prefill = v == PlanVariant::kPrefill;
+    const auto& steps = planSteps(l.desc.plan, v);
+    const auto& lists = prefill ? set.prefill : v == PlanVariant::kDecode ? set.decode : set.load;
     REQUIRE(lists.size() == steps.size());
     for (size_t i = 0; i < steps.size(); ++i) {
       const std::vector<std::string> want = expectedEntries(l, steps[i], prefill);
