@@ -164,9 +164,9 @@ class SemanticVerifier {
     MINFER_RETURN_IF_ERROR(checkTensors());
     MINFER_RETURN_IF_ERROR(checkKernels());
     MINFER_RETURN_IF_ERROR(checkMemory());
-    MINFER_RETURN_IF_ERROR(checkPlan(m_->prefill(), "prefill"));
-    MINFER_RETURN_IF_ERROR(checkPlan(m_->decode(), "decode"));
-    MINFER_RETURN_IF_ERROR(checkPlan(m_->load(), "load"));
+    MINFER_RETURN_IF_ERROR(checkPlan(m_->prefill(), "prefill", false));
+    MINFER_RETURN_IF_ERROR(checkPlan(m_->decode(), "decode", false));
+    MINFER_RETURN_IF_ERROR(checkPlan(m_->load(), "load", true));
     MINFER_RETURN_IF_ERROR(checkDerivedWrites());
     if (m_->argmax()) MINFER_RETURN_IF_ERROR(checkLaunchAt(*m_->argmax(), "argmax", "the argmax", LaunchPlace::kStep));
     MINFER_RETURN_IF_ERROR(checkOverlaps());
@@ -427,9 +427,9 @@ class SemanticVerifier {
     return Status::ok();
   }
 
-  Status checkPlan(const fb::Plan* plan, const char* name) {
+  // `load`: the load plan (ExpandBlocks steps only; its launches write derived planes).
+  Status checkPlan(const fb::Plan* plan, const char* name, bool load) {
     if (!plan || !plan->steps()) return Status::ok();
-    const bool load = std::string(name) == "load";
     const uint64_t n_buffers = m_->memory() && m_->memory()->buffers() ? m_->memory()->buffers()->size() : 0;
     const uint64_t n_tensors = m_->tensors() ? m_->tensors()->size() : 0;
     const uint32_t n_steps = plan->steps()->size();
