@@ -27,6 +27,7 @@ MINFER_HD LaunchShape argmaxLaunch(unsigned n_rows) { return argmaxLaunchRule().
 #if defined(MINFER_DEVICE_CODE) && defined(AM_N)
 extern "C" __global__ void __launch_bounds__(minfer::kern::kArgmaxThreads)
     minfer_argmax(const float* __restrict__ logits, int32_t* __restrict__ out, int n_rows) {
+  minfer::kern::overlapPrologue();
   using minfer::kern::kArgmaxThreads;
   const int row = blockIdx.x;
   if (row >= n_rows) return;

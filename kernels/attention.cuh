@@ -156,6 +156,7 @@ static_assert(minfer::kern::attnPrefillUsesMma(ATT_HEAD_DIM) == MINFER_ATT_PREFI
 extern "C" __global__ void __launch_bounds__(minfer::kern::kKvStoreThreads)
     minfer_kv_store(const float* __restrict__ k, const float* __restrict__ v, uint16_t* __restrict__ kc,
                     uint16_t* __restrict__ vc, const int* __restrict__ pos, int n_tokens) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   const uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<uint64_t>(n_tokens) * attn::kKvW) return;
@@ -170,6 +171,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     minfer_attn_prefill(const float* __restrict__ q, const uint16_t* __restrict__ kc,
                         const uint16_t* __restrict__ vc, float* __restrict__ out, const int* __restrict__ pos,
                         int n_tokens) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
   constexpr int kBQ = kAttnBQ, kBKV = kAttnBKV, kRows = kBQ / kAttnWarps;
@@ -311,6 +313,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     minfer_attn_prefill(const float* __restrict__ q, const uint16_t* __restrict__ kc,
                         const uint16_t* __restrict__ vc, float* __restrict__ out, const int* __restrict__ pos,
                         int n_tokens) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
   extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]
@@ -464,6 +467,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
                        float* __restrict__ part, const int* __restrict__ pos) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
   constexpr int kSplits = ATT_SPLITS;
@@ -597,6 +601,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_COMBINE)
 extern "C" __global__ void __launch_bounds__(128)
     minfer_attn_combine(const float* __restrict__ part, float* __restrict__ out) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
   constexpr int kSplits = ATT_SPLITS;

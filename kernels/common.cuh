@@ -177,5 +177,30 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
   return d;
 }
 
+// Programmatic dependent launch (schema Launch.overlap; sm_90 and later). The runtime may launch a
+// kernel while the previous kernel of its stream is still running. Every kernel entry therefore starts
+// with overlapPrologue() (or prefetches, then calls it): griddepcontrol.wait returns once the previous
+// kernel has completed and its writes are visible, so nothing before it may touch memory an earlier
+// kernel writes or this kernel writes (only weight planes, which no decode or prefill kernel writes,
+// may be read before it). griddepcontrol.launch_dependents then lets the next kernel start its own
+// prologue: once every block of this grid has passed this point, at most one kernel ahead. Launched
+// normally, or on older GPUs, both are no-ops. (PTX ISA: griddepcontrol; CUDA programming guide,
+// "Programmatic Dependent Launch and Synchronization".)
+__device__ __forceinline__ void overlapPrologue() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Starts moving [p, p + bytes) from HBM into L2 without waiting (sm_90 bulk prefetch; p 16-byte aligned,
+// bytes a multiple of 16); a no-op before sm_90. For weight rows a kernel will read after overlapPrologue().
+__device__ __forceinline__ void prefetchL2(const void* p, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 }  // namespace minfer::kern
+
 #endif  // MINFER_DEVICE_CODE

@@ -65,6 +65,7 @@ __device__ __forceinline__ float loadWeight(const uint8_t* row, int c) {
 extern "C" __global__ void __launch_bounds__(256)
     minfer_dense_mm(const uint8_t* __restrict__ w, const float* __restrict__ bias, const float* __restrict__ x,
                     float* __restrict__ out, int n_tokens) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   constexpr int kT = kDenseTile, kBK = kDenseBK;
   __shared__ float sw[kBK][kT + 1];  // [k][row], padded: the k-major stores hit distinct banks
@@ -125,6 +126,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kDenseGemvWarps)
     minfer_dense_gemv(const uint8_t* __restrict__ w, const float* __restrict__ bias, const float* __restrict__ x,
                       float* __restrict__ out) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   static_assert(DGEMV_PITCH % 16 == 0, "plane rows must be 16-byte aligned");
   constexpr int kElemBytes = DGEMV_PLANE == 4 ? 4 : 2;

@@ -57,6 +57,7 @@ __device__ __forceinline__ float apply(float a, float b) {
 
 extern "C" __global__ void __launch_bounds__(minfer::kern::kEwThreads)
     MINFER_EW_ENTRY(const float* a, const float* b, float* out, int n_tokens) {
+  minfer::kern::overlapPrologue();
   const uint64_t n = static_cast<uint64_t>(n_tokens) * EW_WIDTH;
   const uint64_t i = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (i + 4 <= n) {

@@ -35,6 +35,7 @@ MINFER_HD LaunchShape embedLaunch(unsigned n_tokens) { return embedLaunchRule().
 extern "C" __global__ void __launch_bounds__(minfer::kern::kEmbedThreads)
     minfer_embed(const int32_t* __restrict__ ids, const uint8_t* __restrict__ table, float* __restrict__ out,
                  int n_tokens) {
+  minfer::kern::overlapPrologue();
   using namespace minfer;
   const int t = blockIdx.x;
   if (t >= n_tokens) return;

@@ -89,6 +89,7 @@ MINFER_HD void expandBlock(GgmlType t, const uint8_t* block, uint64_t r, uint64_
 extern "C" __global__ void __launch_bounds__(minfer::kern::kExpandThreads)
     minfer_expand_blocks(const uint8_t* __restrict__ blocks, int8_t* __restrict__ q, float* __restrict__ scale,
                          float* __restrict__ min, uint8_t* __restrict__ packed) {
+  minfer::kern::overlapPrologue();
   using namespace minfer;
   using namespace minfer::kern;
   const uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

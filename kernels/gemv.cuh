@@ -103,6 +103,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvWarps)
     minfer_gemv(const uint8_t* __restrict__ w, const float* __restrict__ wscale, const float* __restrict__ wmin,
                 const float* __restrict__ bias, const int8_t* __restrict__ xq,
                 const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::gemv;
   const int row = blockIdx.x * kGemvWarps + threadIdx.x / 32;

@@ -206,6 +206,14 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
   using namespace minfer::kern::gemvb;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = (blockIdx.x * kGroupsPerCta + warp / kRowWarps) * kRows;
+  // While the previous kernel still runs (programmatic launch), this block's weight rows start moving
+  // to L2: they are consecutive, kGroupsPerCta · kRows rows of GEMVB_PITCH bytes.
+  if (threadIdx.x == 0) {
+    const int first = blockIdx.x * kGroupsPerCta * kRows;
+    const int rows = min(kGroupsPerCta * kRows, kN - first);
+    prefetchL2(w + static_cast<uint64_t>(first) * GEMVB_PITCH, static_cast<unsigned>(rows) * GEMVB_PITCH);
+  }
+  overlapPrologue();
   const int t = (warp % kRowWarps) * 32 + lane;  // this lane's index in its group
   const int p = t % 4;
   float acc[kRows];

@@ -205,6 +205,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqThreads, 2)
     minfer_mmq(const int8_t* __restrict__ wq, const float* __restrict__ wscale, const float* __restrict__ wmin,
                const float* __restrict__ bias, const int8_t* __restrict__ xq,
                const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out, int n_tokens) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::mmq;
   extern __shared__ __align__(16) uint8_t smem[];

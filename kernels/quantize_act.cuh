@@ -34,6 +34,7 @@ MINFER_HD LaunchShape quantizeActLaunch(unsigned n_tokens, unsigned k) { return 
 extern "C" __global__ void __launch_bounds__(minfer::kern::kQuantizeActThreads)
     minfer_quantize_act(const float* __restrict__ x, int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
                         int n_tokens) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   static_assert(QA_K % 32 == 0, "QA_K must be a multiple of 32");
   constexpr int kBlocksPerRow = QA_K / 32;

@@ -44,6 +44,7 @@ MINFER_HD LaunchShape headRmsNormLaunch(unsigned n_tokens, unsigned n_head) {
 #if defined(MINFER_DEVICE_CODE) && defined(RMS_WIDTH)
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
     minfer_rms_norm(const float* x, const float* __restrict__ w, float* out, int n_tokens) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   const int t = blockIdx.x;
   if (t >= n_tokens) return;
@@ -66,6 +67,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
 #if defined(MINFER_DEVICE_CODE) && defined(HRMS_HEAD_DIM)
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kHeadRmsWarps)
     minfer_head_rms_norm(float* x, const float* __restrict__ w, int n_tokens) {
+  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   const int item = blockIdx.x * kHeadRmsWarps + threadIdx.x / 32;  // (token, head)
   if (item >= n_tokens * HRMS_NHEAD) return;

@@ -104,6 +104,7 @@ MINFER_HD LaunchShape ropeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
     minfer_rope(float* q, float* k, const float* __restrict__ freq_factors, const int* __restrict__ pos,
                 int n_tokens) {
+  minfer::kern::overlapPrologue();
   static_assert(ROPE_NROT % 2 == 0 && ROPE_NROT <= ROPE_HEAD_DIM, "ROPE_NROT must be even and <= ROPE_HEAD_DIM");
   constexpr int kHeads = ROPE_NHEAD + ROPE_NHEAD_KV;
   const int per_block = (kHeads + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);

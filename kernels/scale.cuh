@@ -33,6 +33,7 @@ __device__ __forceinline__ float apply(float x) {
 
 extern "C" __global__ void __launch_bounds__(minfer::kern::kScaleThreads)
     minfer_scale(const float* x, float* out, int n_tokens) {
+  minfer::kern::overlapPrologue();
   using minfer::kern::sc::apply;
   const uint64_t n = static_cast<uint64_t>(n_tokens) * SC_WIDTH;
   const uint64_t i = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;

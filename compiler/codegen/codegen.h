@@ -53,6 +53,9 @@ struct LaunchRecord {
   std::vector<KernelArgDesc> args;
   kern::LaunchRule rule;
   std::vector<uint32_t> images;  // index into KernelSet::images, one per target arch, in target order
+  // Schema Launch.overlap: every kernel family starts with overlapPrologue() (kernels/common.cuh), so
+  // every kernel may be launched while its predecessor still runs.
+  bool overlap = true;
 };
 
 struct KernelSet {

@@ -34,6 +34,9 @@ namespace minfer {
 struct CudaBackendOptions {
   int device = -1;          // GPU ordinal; −1: $MINFER_CUDA_DEVICE, else 0
   bool decode_graph = true; // capture the decode plan in a CUDA graph
+  // Launch the records marked `overlap` with programmatic dependent launch on sm_90+ GPUs: a kernel's
+  // launch and prologue (e.g. a GEMV's weight prefetch) overlap the previous kernel's tail.
+  bool overlap_launches = true;
   // Check every data segment's XXH64: planes while they are staged for upload, kernel images before
   // cuModuleLoadData, the images not loaded at the end. Error names segment, tensor/kernel, hashes.
   bool verify_checksums = true;
@@ -59,14 +62,19 @@ struct ArchChoice {
 };
 Result<ArchChoice> chooseImageArch(int cc_major, int cc_minor, const std::vector<std::string>& artifact_archs);
 
-// Per-step GPU time, accumulated over forward() calls while profiling is on (CUDA events around each
-// step; the decode graph is bypassed while profiling so every step can be timed).
+// Per-step GPU time, accumulated over forward() calls while profiling is on: CUDA events around each
+// step, recorded inside the decode graph (a second graph with event nodes, so decode runs as a graph
+// while profiled; without programmatic overlap, so a step's time is its kernels' alone).
 struct StepTime {
   std::string name;   // plan step name, e.g. "blk.3.attn_q"
   std::string op;     // OpKind name
   bool prefill = true;
   double ms = 0;      // total milliseconds
   uint64_t calls = 0;
+  // Bytes the step's kernels moved over those calls: whole weight planes read, K/V cache positions read
+  // by decode attention (prefill attention's re-reads of K/V tiles are not counted) and written by the
+  // store. Activations are not counted (≤ a few KB per decode step).
+  double bytes = 0;
 };
 
 class CudaSession final : public BackendSession {
@@ -84,6 +92,7 @@ class CudaSession final : public BackendSession {
   std::vector<StepTime> profile() const;  // steps with calls > 0, plan order (prefill then decode)
   void resetProfile();
   bool usesDecodeGraph() const;
+  double peakBytesPerSecond() const;  // the GPU's DRAM bandwidth from its attributes (0: unknown)
 
   struct State;
   explicit CudaSession(std::unique_ptr<State> state);

@@ -90,6 +90,10 @@ Result<std::shared_ptr<CudaDevice>> CudaDevice::open(int ordinal) {
   d.cuDeviceGetAttribute(&info.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev->dev_);
   d.cuDeviceGetAttribute(&info.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev->dev_);
   d.cuDeviceGetAttribute(&info.max_smem_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev->dev_);
+  int mem_khz = 0, bus_bits = 0;
+  if (d.cuDeviceGetAttribute(&mem_khz, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, dev->dev_) == CUDA_SUCCESS &&
+      d.cuDeviceGetAttribute(&bus_bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, dev->dev_) == CUDA_SUCCESS)
+    info.peak_bytes_per_s = 2.0 * mem_khz * 1e3 * bus_bits / 8;
   size_t total = 0;
   d.cuDeviceTotalMem(&total, dev->dev_);
   info.total_bytes = total;

@@ -22,6 +22,7 @@ struct DeviceInfo {
   int sm_count = 0;
   uint64_t total_bytes = 0;
   int max_smem_optin = 0;      // bytes of shared memory a block may opt in to
+  double peak_bytes_per_s = 0; // DRAM: 2 (double data rate) × memory clock × bus width / 8; 0 if unknown
   int driver_version = 0;      // e.g. 13000
   std::string arch() const { return "sm_" + std::to_string(cc_major * 10 + cc_minor); }
 };

@@ -49,6 +49,7 @@ namespace minfer::cuda {
   X(cuEventCreate) \
   X(cuEventDestroy) \
   X(cuEventRecord) \
+  X(cuEventRecordWithFlags) \
   X(cuEventSynchronize) \
   X(cuEventElapsedTime) \
   X(cuModuleLoadDataEx) \
@@ -58,6 +59,7 @@ namespace minfer::cuda {
   X(cuFuncGetAttribute) \
   X(cuFuncGetParamInfo) \
   X(cuLaunchKernel) \
+  X(cuLaunchKernelEx) \
   X(cuStreamBeginCapture) \
   X(cuStreamEndCapture) \
   X(cuGraphInstantiateWithFlags) \

@@ -83,6 +83,11 @@ struct Launch {
   int n_args = 0;
   int ntok = -1;
   int step = -1;  // index into the plan's steps (profiling)
+  bool overlap = false;  // schema Launch.overlap: may start before the previous kernel ends (sm_90+)
+  // Bytes this launch moves, for profiles: weight planes read (whole planes), K/V cache bytes per
+  // cached position read (attention) and per token written (the store).
+  uint64_t weight_bytes = 0, kv_read_per_pos = 0, kv_write_per_token = 0;
+  uint32_t window = 0;  // the step's attention window (0: none): positions read ≤ window
   const char* entry = "";
   // Arguments that address rows of an activation buffer (row t at p + t·row_bytes), for running the
   // plan's tail on the last token only (CudaSession::State::runPlan).

@@ -38,17 +38,26 @@ struct CudaSession::State {
   bool have_argmax = false;
   CUgraph graph = nullptr;
   CUgraphExec graph_exec = nullptr;
+  // Programmatic dependent launch for records marked `overlap` (sm_90+ GPUs, CudaBackendOptions).
+  bool overlap = false;
   uint64_t allocated = 0;
   // Profiling: one event pair per plan step, accumulated milliseconds and calls.
   bool profiling = false;
+  bool capturing = false;                    // inside captureDecodeGraph: events become graph nodes
+  CUgraph profile_graph = nullptr;           // the decode graph with an event pair around every step
+  CUgraphExec profile_exec = nullptr;
   std::vector<Event> ev_prefill, ev_decode;  // 2 per step
   std::vector<double> ms_prefill, ms_decode;
   std::vector<uint64_t> calls_prefill, calls_decode;
+  std::vector<double> bytes_prefill, bytes_decode;
+  int last_pos0 = 0, last_n = 0;  // the forward pass being profiled
 
   ~State() {
     if (dev) (void)dev->makeCurrent();
     if (graph_exec) dev->cu().cuGraphExecDestroy(graph_exec);
     if (graph) dev->cu().cuGraphDestroy(graph);
+    if (profile_exec) dev->cu().cuGraphExecDestroy(profile_exec);
+    if (profile_graph) dev->cu().cuGraphDestroy(profile_graph);
   }
 
   const CudaDriver& cu() const { return dev->cu(); }
@@ -65,8 +74,25 @@ struct CudaSession::State {
     if (l.ntok >= 0) args[l.ntok].i = static_cast<int32_t>(n_tokens);
     for (int i = 0; i < l.n_args; ++i) argp[i] = &args[i];
     const kern::LaunchShape s = l.rule.at(n_tokens);
-    const CUresult r = cu().cuLaunchKernel(l.fn, s.grid.x, s.grid.y, s.grid.z, s.block.x, s.block.y, s.block.z, s.smem,
-                                           stream.get(), argp, nullptr);
+    CUresult r;
+    if (overlap && l.overlap && !profiling) {
+      // The kernel may start while the previous one of the stream runs; it waits for it itself
+      // (kernels/common.cuh overlapPrologue). Under stream capture this becomes a programmatic edge.
+      CUlaunchAttribute attr = {};
+      attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attr.value.programmaticStreamSerializationAllowed = 1;
+      CUlaunchConfig config = {};
+      config.gridDimX = s.grid.x, config.gridDimY = s.grid.y, config.gridDimZ = s.grid.z;
+      config.blockDimX = s.block.x, config.blockDimY = s.block.y, config.blockDimZ = s.block.z;
+      config.sharedMemBytes = s.smem;
+      config.hStream = stream.get();
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      r = cu().cuLaunchKernelEx(&config, l.fn, argp, nullptr);
+    } else {
+      r = cu().cuLaunchKernel(l.fn, s.grid.x, s.grid.y, s.grid.z, s.block.x, s.block.y, s.block.z, s.smem,
+                              stream.get(), argp, nullptr);
+    }
     if (r != CUDA_SUCCESS) return dev->check(r, std::string("CUDA: launch of ") + l.entry);
     return Status::ok();
   }
@@ -81,9 +107,9 @@ struct CudaSession::State {
     for (size_t i = 0; i < ls.size(); ++i) {
       const Launch& l = ls[i];
       if (profiling && l.step != current) {
-        if (current >= 0) cu().cuEventRecord(ev[2 * current + 1].get(), stream.get());
+        if (current >= 0) record(ev[2 * current + 1]);
         current = l.step;
-        cu().cuEventRecord(ev[2 * current].get(), stream.get());
+        record(ev[2 * current]);
       }
       if (i < tail_begin) {
         MINFER_RETURN_IF_ERROR(launch(l, n));
@@ -93,8 +119,32 @@ struct CudaSession::State {
           if (l.rows[r].written) fresh[l.rows[r].buffer] = true;
       }
     }
-    if (profiling && current >= 0) cu().cuEventRecord(ev[2 * current + 1].get(), stream.get());
+    if (profiling && current >= 0) record(ev[2 * current + 1]);
     return Status::ok();
+  }
+
+  // A profiling event on the stream; while capturing, an event-record node of the graph.
+  void record(Event& e) {
+    if (capturing)
+      cu().cuEventRecordWithFlags(e.get(), stream.get(), CU_EVENT_RECORD_EXTERNAL);
+    else
+      cu().cuEventRecord(e.get(), stream.get());
+  }
+
+  // Captures the decode plan (n_tokens = 1, positions read from device memory) as a graph; with
+  // `profiling` on, an event pair around every step is part of it.
+  Status capture(CUgraph* graph, CUgraphExec* exec) {
+    CUstream s = stream.get();
+    MINFER_RETURN_IF_ERROR(dev->check(cu().cuStreamSynchronize(s), "CUDA session: cuStreamSynchronize"));
+    MINFER_RETURN_IF_ERROR(
+        dev->check(cu().cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "CUDA session: begin capture"));
+    capturing = true;
+    Status launched = runPlan(/*prefill=*/false, 1);
+    capturing = false;
+    const CUresult end = cu().cuStreamEndCapture(s, graph);
+    MINFER_RETURN_IF_ERROR(launched);
+    MINFER_RETURN_IF_ERROR(dev->check(end, "CUDA session: end capture"));
+    return dev->check(cu().cuGraphInstantiateWithFlags(exec, *graph, 0), "CUDA session: graph instantiate");
   }
 
   void collectProfile(bool prefill) {
@@ -102,6 +152,13 @@ struct CudaSession::State {
     std::vector<Event>& ev = prefill ? ev_prefill : ev_decode;
     std::vector<double>& ms = prefill ? ms_prefill : ms_decode;
     std::vector<uint64_t>& calls = prefill ? calls_prefill : calls_decode;
+    std::vector<double>& bytes = prefill ? bytes_prefill : bytes_decode;
+    for (const Launch& l : ls) {
+      uint64_t kv_positions = static_cast<uint64_t>(last_pos0 + last_n);
+      if (l.window > 0) kv_positions = std::min<uint64_t>(kv_positions, l.window);
+      bytes[l.step] += static_cast<double>(l.weight_bytes) + static_cast<double>(l.kv_write_per_token) * last_n +
+                       (prefill ? 0.0 : static_cast<double>(l.kv_read_per_pos) * kv_positions);
+    }
     int last = -1;
     for (const Launch& l : ls) {
       if (l.step == last) continue;
@@ -127,13 +184,18 @@ struct CudaSession::State {
     MINFER_RETURN_IF_ERROR(dev->makeCurrent());
     std::memcpy(h_ids, tokens.data(), static_cast<size_t>(n) * sizeof(int32_t));
     *h_pos = pos0;
+    last_pos0 = pos0;
+    last_n = n;
     CUstream s = stream.get();
     MINFER_RETURN_IF_ERROR(dev->check(cu().cuMemcpyHtoDAsync(buf[ids_buffer], h_ids, n * sizeof(int32_t), s),
                                       "CUDA forward: token upload"));
     MINFER_RETURN_IF_ERROR(dev->check(cu().cuMemcpyHtoDAsync(pos, h_pos, sizeof(int32_t), s), "CUDA forward: pos upload"));
     const bool prefill_plan = n > 1;
-    if (!prefill_plan && graph_exec && !profiling)
-      MINFER_RETURN_IF_ERROR(dev->check(cu().cuGraphLaunch(graph_exec, s), "CUDA forward: decode graph launch"));
+    if (!prefill_plan && graph_exec && profiling && !profile_exec)
+      MINFER_RETURN_IF_ERROR(capture(&profile_graph, &profile_exec));
+    if (!prefill_plan && graph_exec)
+      MINFER_RETURN_IF_ERROR(
+          dev->check(cu().cuGraphLaunch(profiling ? profile_exec : graph_exec, s), "CUDA forward: decode graph launch"));
     else
       MINFER_RETURN_IF_ERROR(runPlan(prefill_plan, static_cast<unsigned>(n), last_only));
     return Status::ok();
@@ -152,6 +214,7 @@ int CudaSession::maxBatch() const { return s_->max_batch; }
 int CudaSession::contextLength() const { return s_->n_ctx; }
 uint64_t CudaSession::allocatedBytes() const { return s_->allocated; }
 bool CudaSession::usesDecodeGraph() const { return s_->graph_exec != nullptr; }
+double CudaSession::peakBytesPerSecond() const { return s_->dev->info().peak_bytes_per_s; }
 
 Status CudaSession::forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) {
   State& st = *s_;
@@ -197,6 +260,8 @@ void CudaSession::setProfiling(bool on) {
     st.ms_decode.assign(st.be->decode.size(), 0);
     st.calls_prefill.assign(st.be->prefill.size(), 0);
     st.calls_decode.assign(st.be->decode.size(), 0);
+    st.bytes_prefill.assign(st.be->prefill.size(), 0);
+    st.bytes_decode.assign(st.be->decode.size(), 0);
   }
   st.profiling = on;
 }
@@ -206,6 +271,8 @@ void CudaSession::resetProfile() {
   std::fill(s_->ms_decode.begin(), s_->ms_decode.end(), 0.0);
   std::fill(s_->calls_prefill.begin(), s_->calls_prefill.end(), 0);
   std::fill(s_->calls_decode.begin(), s_->calls_decode.end(), 0);
+  std::fill(s_->bytes_prefill.begin(), s_->bytes_prefill.end(), 0.0);
+  std::fill(s_->bytes_decode.begin(), s_->bytes_decode.end(), 0.0);
 }
 
 std::vector<StepTime> CudaSession::profile() const {
@@ -214,10 +281,11 @@ std::vector<StepTime> CudaSession::profile() const {
     const auto& steps = prefill ? s_->be->prefill : s_->be->decode;
     const auto& ms = prefill ? s_->ms_prefill : s_->ms_decode;
     const auto& calls = prefill ? s_->calls_prefill : s_->calls_decode;
+    const auto& bytes = prefill ? s_->bytes_prefill : s_->bytes_decode;
     for (size_t i = 0; i < ms.size(); ++i)
       if (calls[i] > 0)
         out.push_back({steps[i].step->name() ? steps[i].step->name()->str() : "", opName(steps[i].step->op()), prefill,
-                       ms[i], calls[i]});
+                       ms[i], calls[i], bytes[i]});
   }
   return out;
 }
@@ -296,6 +364,7 @@ class SessionBuilder {
     Result<Stream> stream = be_.dev->createStream();
     if (!stream) return stream.takeStatus();
     st_.stream = std::move(*stream);
+    st_.overlap = be_.options.overlap_launches && be_.dev->info().cc_major >= 9;
     // Poison the activations (NaN bit pattern) so a kernel that reads an unwritten element shows it.
     const CudaDriver& cu = be_.dev->cu();
     MINFER_RETURN_IF_ERROR(be_.dev->check(cu.cuMemsetD32Async(base_, 0x7FC00000u, act_bytes_ / 4, st_.stream.get()),
@@ -311,13 +380,17 @@ class SessionBuilder {
       std::vector<Launch>& out = prefill ? st_.prefill : st_.decode;
       for (size_t si = 0; si < steps.size(); ++si) {
         if (prefill && steps[si].step->tail() && st_.tail == SIZE_MAX) st_.tail = out.size();
-        for (const BoundLaunch& bl : steps[si].launches) out.push_back(bindLaunch(bl, static_cast<int>(si)));
+        for (const BoundLaunch& bl : steps[si].launches) {
+          out.push_back(bindLaunch(bl, static_cast<int>(si)));
+          out.back().window = steps[si].step->window();
+        }
       }
     }
     if (st_.tail == SIZE_MAX) st_.tail = st_.prefill.size();
     st_.fresh.assign(st_.buf.size(), false);
     if (be_.argmax.record) {
       st_.argmax = bindLaunch(be_.argmax, -1);
+      st_.argmax.overlap = false;  // launched after a graph or a download, not after a kernel of the plan
       st_.have_argmax = true;
     }
   }
@@ -326,18 +399,7 @@ class SessionBuilder {
   // device memory by the kernels).
   Status captureDecodeGraph() {
     if (!be_.options.decode_graph || st_.decode.empty()) return Status::ok();
-    const CudaDriver& cu = be_.dev->cu();
-    CUstream s = st_.stream.get();
-    MINFER_RETURN_IF_ERROR(be_.dev->check(cu.cuStreamSynchronize(s), "CUDA session: cuStreamSynchronize"));
-    MINFER_RETURN_IF_ERROR(
-        be_.dev->check(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "CUDA session: begin capture"));
-    Status launched = st_.runPlan(/*prefill=*/false, 1);
-    CUgraph graph = nullptr;
-    const CUresult end = cu.cuStreamEndCapture(s, &graph);
-    MINFER_RETURN_IF_ERROR(launched);
-    MINFER_RETURN_IF_ERROR(be_.dev->check(end, "CUDA session: end capture"));
-    st_.graph = graph;
-    return be_.dev->check(cu.cuGraphInstantiateWithFlags(&st_.graph_exec, graph, 0), "CUDA session: graph instantiate");
+    return st_.capture(&st_.graph, &st_.graph_exec);
   }
 
  private:
@@ -385,6 +447,7 @@ class SessionBuilder {
     Launch l;
     l.fn = img.fn;
     l.step = step;
+    l.overlap = bl.record->overlap();
     l.entry = img.entry.c_str();
     l.rule = launchRule(*bl.record);
     const unsigned mb = static_cast<unsigned>(st_.max_batch);
@@ -402,9 +465,12 @@ class SessionBuilder {
             break;
           case fb::ArgKind::Weight:  // the verifier checked that the tensor has this plane, with this table
             l.push(be_.tensors[a->tensor()].plane(static_cast<PlaneKind>(a->plane()->kind())));
+            l.weight_bytes += static_cast<uint64_t>(a->plane()->rows()) * a->plane()->row_pitch();
             break;
-          case fb::ArgKind::KCache: l.push(base_ + kv_.at(a->layer()).first); break;
-          case fb::ArgKind::VCache: l.push(base_ + kv_.at(a->layer()).second); break;
+          case fb::ArgKind::KCache: case fb::ArgKind::VCache:
+            l.push(base_ + (a->kind() == fb::ArgKind::KCache ? kv_.at(a->layer()).first : kv_.at(a->layer()).second));
+            (a->access() == fb::Access::Read ? l.kv_read_per_pos : l.kv_write_per_token) += 2ull * a->width();
+            break;
           case fb::ArgKind::Scratch: l.push(base_ + scratch_offset_); break;
           case fb::ArgKind::Positions: l.push(st_.pos); break;
           case fb::ArgKind::TokenCount: l.pushTokens(); break;

@@ -7,8 +7,11 @@
 //   "@ dD" (-d D, llama-bench's --n-depth): the same test with D random tokens already in the KV cache
 //        (prefilled, untimed, before every repetition); the test's tokens go to positions D, D+1, ….
 // Each test runs once as warm-up, then -r times; the table shows mean ± standard deviation of the
-// per-repetition t/s (llama-bench's avg_ts ± stddev_ts). --profile adds GPU time per plan step (CUDA
-// events around every step; the decode graph is bypassed while profiling, so profiled tg is slower).
+// per-repetition t/s (llama-bench's avg_ts ± stddev_ts). --profile adds one more run of each test with
+// GPU time per plan step (CUDA events around every step, inside the decode graph; kernels do not
+// overlap while profiled, so profiled tg is slower), the bytes each step moved (weight planes, K/V
+// cache) and the bandwidth that gives, against the GPU's DRAM peak.
+// --no-overlap launches every kernel after the previous one has ended (no programmatic dependent launch).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -56,6 +59,9 @@ llvm::cl::opt<bool> kProfile("profile", llvm::cl::desc("Also time every plan ste
                              llvm::cl::cat(kCategory));
 llvm::cl::opt<unsigned> kSeed("seed", llvm::cl::desc("Seed of the random tokens (default 1)"), llvm::cl::init(1),
                               llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kNoOverlap("no-overlap",
+                               llvm::cl::desc("Launch each kernel after the previous one ends (no programmatic dependent launch)"),
+                               llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kNoVerify("no-verify",
                               llvm::cl::desc("Skip the data segments' checksums (checked by default while loading)"),
                               llvm::cl::cat(kCategory));
@@ -113,6 +119,44 @@ std::string humanCount(double n) {
   return llvm::formatv("{0:f2} K", n / 1e3).str();
 }
 
+#if MINFER_HAVE_CUDA_BACKEND
+// The --profile tables of one test run of `tokens` tokens: time, bytes and bandwidth by op kind, then the
+// 40 most expensive steps. `peak`: the GPU's DRAM bytes per second (0: not shown).
+std::string profileTable(const std::string& model, const std::string& test, int tokens,
+                         std::vector<minfer::cuda::StepTime> steps, double peak) {
+  struct Sum {
+    double ms = 0, bytes = 0;
+  };
+  Sum total;
+  std::map<std::string, Sum> by_op;
+  for (const auto& s : steps) {
+    Sum& o = by_op[s.op + (s.prefill ? " (prefill)" : " (decode)")];
+    o.ms += s.ms, o.bytes += s.bytes, total.ms += s.ms, total.bytes += s.bytes;
+  }
+  auto rate = [&](const Sum& x) {
+    const double bps = x.ms > 0 ? x.bytes / (x.ms * 1e-3) : 0;
+    return llvm::formatv("{0:f1} | {1}", bps / 1e9, peak > 0 ? llvm::formatv("{0:f1}%", 100 * bps / peak).str() : "–").str();
+  };
+  std::string out = llvm::formatv("\n### profile: {0} {1} (one run; GPU time {2:f3} ms; {3:f3} GB moved, {4:f3} GB "
+                                  "per token; DRAM peak {5:f0} GB/s)\n\n",
+                                  model, test, total.ms, total.bytes / 1e9, total.bytes / 1e9 / tokens, peak / 1e9);
+  out += "| op | ms | share | GB | GB/s | % of peak |\n|---|---:|---:|---:|---:|---:|\n";
+  std::vector<std::pair<std::string, Sum>> ops(by_op.begin(), by_op.end());
+  std::sort(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.second.ms > b.second.ms; });
+  for (const auto& [op, x] : ops)
+    out += llvm::formatv("| {0} | {1:f3} | {2:f1}% | {3:f3} | {4} |\n", op, x.ms, 100 * x.ms / total.ms, x.bytes / 1e9,
+                         rate(x));
+  out += llvm::formatv("| all | {0:f3} | 100% | {1:f3} | {2} |\n", total.ms, total.bytes / 1e9, rate(total));
+  std::sort(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.ms > b.ms; });
+  out += "\n| step | op | calls | ms | share | GB/s | % of peak |\n|---|---|---:|---:|---:|---:|---:|\n";
+  for (size_t i = 0; i < steps.size() && i < 40; ++i)
+    out += llvm::formatv("| {0} | {1} | {2} | {3:f3} | {4:f1}% | {5} |\n", steps[i].name, steps[i].op, steps[i].calls,
+                         steps[i].ms, 100 * steps[i].ms / total.ms, rate({steps[i].ms, steps[i].bytes}));
+  if (steps.size() > 40) out += llvm::formatv("| … {0} more steps | | | | | | |\n", steps.size() - 40);
+  return out;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,6 +204,7 @@ int main(int argc, char** argv) {
 #if MINFER_HAVE_CUDA_BACKEND
       minfer::CudaBackendOptions options;
       options.verify_checksums = !kNoVerify;  // hashed while staging the upload
+      options.overlap_launches = !kNoOverlap;
       auto b = minfer::cuda::CudaBackend::create(**file, options);
       if (b) {
         cuda = true;
@@ -250,23 +295,7 @@ int main(int argc, char** argv) {
         timed(pp, count, depth);
         cuda_session->setProfiling(false);
         // Per step: ms per run of the test; summed by op kind as well.
-        std::vector<minfer::cuda::StepTime> steps = cuda_session->profile();
-        double total = 0;
-        for (const auto& s : steps) total += s.ms;
-        std::map<std::string, double> by_op;
-        for (const auto& s : steps) by_op[s.op + (s.prefill ? " (prefill)" : " (decode)")] += s.ms;
-        std::string out = llvm::formatv("\n### profile: {0} {1} (one run; GPU time {2:f3} ms)\n\n", name, r.test, total);
-        out += "| op | ms | share |\n|---|---:|---:|\n";
-        std::vector<std::pair<std::string, double>> ops(by_op.begin(), by_op.end());
-        std::sort(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.second > b.second; });
-        for (const auto& [op, ms] : ops) out += llvm::formatv("| {0} | {1:f3} | {2:f1}% |\n", op, ms, 100 * ms / total);
-        std::sort(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.ms > b.ms; });
-        out += "\n| step | op | calls | ms | share |\n|---|---|---:|---:|---:|\n";
-        for (size_t i = 0; i < steps.size() && i < 40; ++i)
-          out += llvm::formatv("| {0} | {1} | {2} | {3:f3} | {4:f1}% |\n", steps[i].name, steps[i].op, steps[i].calls,
-                               steps[i].ms, 100 * steps[i].ms / total);
-        if (steps.size() > 40) out += llvm::formatv("| … {0} more steps | | | | |\n", steps.size() - 40);
-        profiles.push_back(out);
+        profiles.push_back(profileTable(name, r.test, count, cuda_session->profile(), cuda_session->peakBytesPerSecond()));
       }
 #endif
     };

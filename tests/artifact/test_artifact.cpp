@@ -37,6 +37,9 @@ using minfer::artifact::SegmentId;
 
 namespace {
 
+// The newest format this runtime reads, as its messages spell it.
+const std::string kUpTo = "1." + std::to_string(minfer::kArtifactFormatMinor);
+
 // ---------------------------------------------------------------------------------------------
 // A small artifact described as plain data; the same description builds the manifest for the writer
 // and, with deliberate damage, for hand-made files.
@@ -1243,16 +1246,16 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec.logits = 6;
     refused(spec, g.segs, {"memory.logits", "buffer id 6 is out of range (6 buffers)"});
   }
-  SUBCASE("format versions 2.0, 1.5 and 1.0") {
+  SUBCASE("format versions 2.0, one minor past this runtime's and 1.0") {
     Spec spec = g.spec;
     spec.major = 2;
     spec.minor = 0;
-    refused(spec, g.segs, {"artifact format 2.0, this runtime reads 1.1 up to 1.3"});
+    refused(spec, g.segs, {"artifact format 2.0, this runtime reads 1.1 up to " + kUpTo});
     spec.major = 1;
-    spec.minor = 5;
-    refused(spec, g.segs, {"artifact format 1.5, this runtime reads 1.1 up to 1.3"});
+    spec.minor = minfer::kArtifactFormatMinor + 1;
+    refused(spec, g.segs, {"artifact format 1." + std::to_string(spec.minor) + ", this runtime reads 1.1 up to " + kUpTo});
     spec.minor = 0;
-    refused(spec, g.segs, {"artifact format 1.0, this runtime reads 1.1 up to 1.3",
+    refused(spec, g.segs, {"artifact format 1.0, this runtime reads 1.1 up to " + kUpTo,
                            "format 1.0 artifacts carry no launch records: recompile the GGUF with minfer-compile"});
   }
   SUBCASE("config: heads, zero dims, vocab vs tokenizer, bad floats, RoPE dims") {
@@ -1484,7 +1487,7 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
 
   const ToolRun text = runInspect("--verify " + g.path, g.dir);
   CHECK_MESSAGE(text.rc == 0, text.err);
-  CHECK(contains(text.out, g.path + ": minfer artifact format 1.3, " + std::to_string(g.bytes.size()) + " bytes"));
+  CHECK(contains(text.out, g.path + ": minfer artifact format " + kUpTo + ", " + std::to_string(g.bytes.size()) + " bytes"));
   CHECK(contains(text.out, "n_embd 96, n_layer 2, n_head 6, n_head_kv 2, head_dim 16, n_ff 160, n_vocab 11"));
   CHECK(contains(text.out, "rms_norm_eps 9.99999997e-07"));  // all digits of the float 1e-6
   CHECK(contains(text.out, "11 tokens, 2 merges"));
@@ -1512,7 +1515,7 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
   REQUIRE_MESSAGE(parsed, llvm::toString(parsed.takeError()));
   const llvm::json::Object* root = parsed->getAsObject();
   REQUIRE(root);
-  CHECK(root->getString("version") == llvm::StringRef("1.3"));
+  CHECK(root->getString("version") == llvm::StringRef(kUpTo));
   CHECK(root->getString("checksums") == llvm::StringRef("ok"));
   CHECK(root->getObject("tokenizer")->getString("chat_template")->startswith("{% for m in messages %}"));
   CHECK(root->getObject("config")->getInteger("n_head_kv") == int64_t{2});

@@ -189,43 +189,78 @@ TEST_CASE("stories260K greedy text on the GPU is llama.cpp's, token for token") 
   }
 }
 
-TEST_CASE("the decode graph gives the same logits as direct launches; profiling covers every step") {
+TEST_CASE("decode graph, overlapped launches and direct launches give the same logits; profiles cover every step") {
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;
   const GoldenCase g = loadGolden("tiny-qwen2-Q4_K_M_ids48");
   auto file = ArtifactFile::open(compiled(g.model));
   REQUIRE_MESSAGE(file.isOk(), file.status().message());
-  std::vector<std::vector<float>> rows[2];
-  for (bool graph : {true, false}) {
-    auto backend = cuda::CudaBackend::create(**file, {.device = -1, .decode_graph = graph});
+  const auto* m = (*file)->manifest();
+  struct Mode {
+    bool graph, overlap;
+  };
+  const Mode modes[] = {{true, true}, {true, false}, {false, true}};
+  std::vector<std::vector<float>> rows[3];
+  for (int mi = 0; mi < 3; ++mi) {
+    const Mode mode = modes[mi];
+    CAPTURE(mode.graph);
+    CAPTURE(mode.overlap);
+    auto backend = cuda::CudaBackend::create(**file, {.device = -1, .decode_graph = mode.graph, .overlap_launches = mode.overlap});
     REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
     MESSAGE((*backend)->note());
     auto session = (*backend)->createCudaSession({.n_ctx = 128, .n_threads = 1});
     REQUIRE_MESSAGE(session.isOk(), session.status().message());
-    CHECK((*session)->usesDecodeGraph() == graph);
+    CHECK((*session)->usesDecodeGraph() == mode.graph);
     std::vector<float> logits(g.n_vocab);
     REQUIRE((*session)->forward(g.prompt_ids, 0, logits.data(), false).isOk());
     for (int i = 0; i < 8; ++i) {
       REQUIRE((*session)->forward({&g.generated_ids[i], 1}, g.nPrompt() + i, logits.data(), false).isOk());
-      rows[graph].push_back(logits);
+      rows[mi].push_back(logits);
       auto id = (*session)->forwardArgmax({&g.generated_ids[i], 1}, g.nPrompt() + i);  // same position again
       REQUIRE(id.isOk());
       CHECK(*id == std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
-    if (!graph) {
+    if (mode.overlap) {
+      // Profiled: the prompt (direct launches) and two decode steps (inside the graph when there is one).
       (*session)->setProfiling(true);
       REQUIRE((*session)->forward(g.prompt_ids, 0, logits.data(), false).isOk());
-      REQUIRE((*session)->forward({&g.generated_ids[0], 1}, g.nPrompt(), logits.data(), false).isOk());
+      for (int i = 0; i < 2; ++i)
+        REQUIRE((*session)->forward({&g.generated_ids[i], 1}, g.nPrompt() + i, logits.data(), false).isOk());
+      (*session)->setProfiling(false);
+      CHECK(rows[mi][1] == logits);  // profiled decode step = the same step unprofiled
       const auto prof = (*session)->profile();
-      const auto* m = (*file)->manifest();
       CHECK(prof.size() == m->prefill()->steps()->size() + m->decode()->steps()->size());
       double total = 0;
-      for (const auto& t : prof) total += t.ms;
+      for (const auto& t : prof) {
+        CAPTURE(t.name);
+        total += t.ms;
+        CHECK(t.calls == (t.prefill ? 1u : 2u));
+        if (t.prefill || (t.op != "MatMul" && t.op != "Attention")) continue;
+        // Decode bytes: a MatMul reads its weight plane once per call; attention reads K and V of every
+        // cached position (f16) and writes one.
+        const fb::Step* step = nullptr;
+        for (const fb::Step* s : *m->decode()->steps())
+          if (s->name()->str() == t.name) step = s;
+        REQUIRE(step != nullptr);
+        double expected = 0;
+        if (t.op == "Attention") {
+          const double row = 2.0 * step->n_head_kv() * step->head_dim();  // f16 bytes per position, K or V
+          expected = 2 * row * ((g.nPrompt() + 1) + (g.nPrompt() + 2)) + 2 * 2 * row;
+        } else {
+          for (const fb::Launch* l : *step->launches())
+            for (const fb::KernelArg* a : *l->args())
+              if (a->kind() == fb::ArgKind::Weight) expected += 2.0 * a->plane()->rows() * a->plane()->row_pitch();
+        }
+        CHECK(t.bytes == doctest::Approx(expected));
+        CHECK(t.bytes > 0);
+      }
       CHECK(total > 0);
     }
   }
-  REQUIRE(rows[0].size() == rows[1].size());
-  for (size_t i = 0; i < rows[0].size(); ++i) CHECK(rows[0][i] == rows[1][i]);  // same kernels, bit for bit
+  for (int mi = 1; mi < 3; ++mi) {
+    REQUIRE(rows[0].size() == rows[mi].size());
+    for (size_t i = 0; i < rows[0].size(); ++i) CHECK(rows[0][i] == rows[mi][i]);  // same kernels, bit for bit
+  }
 }
 
 TEST_CASE("last-token prefill (the tail after the last attention on one row) = the last row of the full prefill") {

@@ -19,8 +19,9 @@ llvm::Error checkHeads(const StepContext& c, uint32_t q_width, uint32_t kv_width
 
 namespace {
 
-KernelArgDesc cacheArg(fb::ArgKind kind, const char* name, uint32_t layer, uint32_t width) {
-  return {.kind = kind, .name = name, .width = width, .layer = layer};
+KernelArgDesc cacheArg(fb::ArgKind kind, const char* name, uint32_t layer, uint32_t width,
+                       fb::Access access = fb::Access::Read) {
+  return {.kind = kind, .name = name, .access = access, .width = width, .layer = layer};
 }
 
 }  // namespace
@@ -72,7 +73,9 @@ Launches attentionLaunches(const StepContext& c) {
   heads(store).define("ATT_KV_STORE", uint64_t{1});
   launches.push_back({store.spec,
                       {activationArg("k", c.inputId(1), kv_width, fb::Access::Read),
-                       activationArg("v", c.inputId(2), kv_width, fb::Access::Read), kc, vc, pos, ntok},
+                       activationArg("v", c.inputId(2), kv_width, fb::Access::Read),
+                       cacheArg(fb::ArgKind::KCache, "kc", layer, kv_width, fb::Access::Write),
+                       cacheArg(fb::ArgKind::VCache, "vc", layer, kv_width, fb::Access::Write), pos, ntok},
                       kern::kvStoreLaunchRule(hkv, d)});
   if (c.prefill()) {
     SpecBuilder b(llvm::formatv("attn_prefill_h{0}_hkv{1}_d{2}{3}", h, hkv, d, opts), "kernels/attention.cuh",
