@@ -4,9 +4,14 @@
 //   head_rms_norm:  the same on each head_dim slice of each row, in place, with one weight vector w.
 // Sums of squares in f32 (tree reduction; the CPU sums sequentially, tolerance 2e-6 relative).
 //
-// rms_norm, compile-time constants: RMS_WIDTH (row width), RMS_EPS (float literal).
+// rms_norm, compile-time constants: RMS_WIDTH (row width), RMS_EPS (float literal), RMS_Q8 (optional).
 //   Launch ABI:   minfer_rms_norm(const float* x, const float* w, float* out, int n_tokens)
 //                 x, out: n_tokens × RMS_WIDTH (out may equal x); w: RMS_WIDTH f32.
+//   With RMS_Q8 = 1 (the QuantizeAct step that follows, fused into this launch; RMS_WIDTH % 32 == 0):
+//                 minfer_rms_norm(const float* x, const float* w, float* out, int8_t* qs, Q8Meta* meta,
+//                                 int n_tokens)
+//                 also writes out's q8 form (quantize_act.cuh's definition, bit for bit: each warp holds
+//                 one block of 32 consecutive values per pass) into the q8 buffer's qs / meta parts.
 //   Launch shape: rmsNormLaunch(): one block of 256 threads per row; x is read twice (L1/L2 hits).
 // head_rms_norm, compile-time constants: HRMS_NHEAD, HRMS_HEAD_DIM, HRMS_EPS.
 //   Launch ABI:   minfer_head_rms_norm(float* x, const float* w, int n_tokens)
@@ -42,8 +47,15 @@ MINFER_HD LaunchShape headRmsNormLaunch(unsigned n_tokens, unsigned n_head) {
 }  // namespace minfer::kern
 
 #if defined(MINFER_DEVICE_CODE) && defined(RMS_WIDTH)
+#if RMS_Q8
+static_assert(RMS_WIDTH % 32 == 0, "the q8 form needs whole blocks of 32");
+#endif
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
-    minfer_rms_norm(const float* x, const float* __restrict__ w, float* out, int n_tokens) {
+    minfer_rms_norm(const float* x, const float* __restrict__ w, float* out,
+#if RMS_Q8
+                    int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
+#endif
+                    int n_tokens) {
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   const int t = blockIdx.x;
@@ -60,7 +72,19 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
 #pragma unroll
   for (int i = 0; i < static_cast<int>(kRmsThreads / 32); ++i) total += partial[i];
   const float inv = 1.0f / sqrtf(total / static_cast<float>(RMS_WIDTH) + RMS_EPS);
+#if RMS_Q8
+  // A warp's 32 values of a pass are one q8 block (passes start at multiples of 256; whole warps are in
+  // or out of the row since RMS_WIDTH % 32 == 0).
+  int8_t* qr = qs + static_cast<uint64_t>(t) * RMS_WIDTH;
+  Q8Meta* mr = meta + static_cast<uint64_t>(t) * (RMS_WIDTH / 32);
+  for (int i = threadIdx.x; i < RMS_WIDTH; i += kRmsThreads) {
+    const float y = xr[i] * inv * w[i];
+    yr[i] = y;
+    warpQuantizeBlock(y, qr + (i & ~31), mr + i / 32);
+  }
+#else
   for (int i = threadIdx.x; i < RMS_WIDTH; i += kRmsThreads) yr[i] = xr[i] * inv * w[i];
+#endif
 }
 #endif
 
