@@ -247,9 +247,9 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
         CAPTURE(t.name);
         total += t.ms;
         CHECK(t.calls == (t.prefill ? 1u : 2u));
-        if (t.prefill || (t.op != "MatMul" && t.op != "Attention")) continue;
-        // Decode bytes: a MatMul reads its weight plane once per call; attention reads K and V of every
-        // cached position (f16) and writes one.
+        if (t.prefill || (t.op != "MatMul" && t.op != "Attention" && t.op != "Embed")) continue;
+        // Decode bytes: a MatMul reads its weight plane once per call, Embed one row of it; attention
+        // reads K and V of every cached position (f16) and writes one.
         const fb::Step* step = nullptr;
         for (const fb::Step* s : *m->decode()->steps())
           if (s->name()->str() == t.name) step = s;
@@ -261,7 +261,8 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
         } else {
           for (const fb::Launch* l : *step->launches())
             for (const fb::KernelArg* a : *l->args())
-              if (a->kind() == fb::ArgKind::Weight) expected += 2.0 * a->plane()->rows() * a->plane()->row_pitch();
+              if (a->kind() == fb::ArgKind::Weight)
+                expected += 2.0 * a->plane()->row_pitch() * (t.op == "Embed" ? 1 : a->plane()->rows());
         }
         CHECK(t.bytes == doctest::Approx(expected));
         CHECK(t.bytes > 0);
