@@ -87,9 +87,10 @@ flatbuffers::Offset<fb::Tokenizer> createTokenizer(flatbuffers::FlatBufferBuilde
 }
 
 // A plan: its steps with their launch records; steps from tail_begin on form the last-token tail.
+// fused[i] != 0: step i is fused into step i − 1's launches (empty when there are no kernels).
 flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, const std::vector<model::StepDesc>& steps,
                                          const std::vector<std::vector<codegen::LaunchRecord>>& launches,
-                                         size_t tail_begin) {
+                                         const std::vector<uint8_t>& fused, size_t tail_begin) {
   std::vector<flatbuffers::Offset<fb::Step>> out;
   for (size_t i = 0; i < steps.size(); ++i) {
     const model::StepDesc& s = steps[i];
@@ -101,7 +102,7 @@ flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, cons
                                  s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rows, s.cols,
                                  b.CreateString(s.name), b.CreateVector(records), i >= tail_begin, s.scale, s.softcap,
                                  s.window, s.rope_ext_factor, s.rope_attn_factor, s.rope_beta_fast, s.rope_beta_slow,
-                                 s.rope_n_ctx_orig));
+                                 s.rope_n_ctx_orig, i < fused.size() && fused[i] != 0));
   }
   return fb::CreatePlan(b, b.CreateVector(out));
 }
@@ -139,10 +140,10 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
                                               b.CreateVector(plane_offsets)));
   }
 
-  auto prefill = createPlan(b, desc.plan.prefill, kernels.set.prefill,
+  auto prefill = createPlan(b, desc.plan.prefill, kernels.set.prefill, kernels.set.prefill_fused,
                             codegen::lastTokenTailBegin(desc.plan.prefill, desc.plan.logits));
-  auto decode = createPlan(b, desc.plan.decode, kernels.set.decode, desc.plan.decode.size());
-  auto load = createPlan(b, desc.plan.load, kernels.set.load, desc.plan.load.size());
+  auto decode = createPlan(b, desc.plan.decode, kernels.set.decode, kernels.set.decode_fused, desc.plan.decode.size());
+  auto load = createPlan(b, desc.plan.load, kernels.set.load, {}, desc.plan.load.size());
 
   std::vector<flatbuffers::Offset<fb::KernelImage>> images;
   for (size_t i = 0; i < kernels.set.images.size(); ++i) {
@@ -229,6 +230,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     co.targets = options.targets;
     co.jobs = options.jobs;
     co.cache_dir = options.kernel_cache_dir;
+    co.fuse_launches = options.fuse_launches;
     auto set = codegen::generateKernels(*desc, layouts, co);
     if (!set) return set.takeError();
     kernels.set = std::move(*set);

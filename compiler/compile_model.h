@@ -28,6 +28,8 @@ struct CompileOptions {
   // Compact (default): quantized matmul weights store only their GGUF blocks, the other planes are
   // derived at load; expanded: every plane stored (compiler/planes/layout_planner.h).
   planes::PlaneForm plane_form = planes::PlaneForm::kCompact;
+  // Launch fusion (codegen::CodegenOptions::fuse_launches, schema Step.fused); false: one launch set per step.
+  bool fuse_launches = true;
   // Called after each tensor: (tensors done, tensors total, source bytes done, source bytes total).
   std::function<void(size_t, size_t, uint64_t, uint64_t)> progress;
 };

@@ -35,6 +35,9 @@
 //   launch: attnDecodeLaunch(); part: NHEAD × SPLITS × (HEAD_DIM + 2) f32 (attnDecodePartFloats).
 // attn_combine (ATT_COMBINE): merges the SPLITS partials of each head: out[j] = Σ_s e^{m_s−M}·o_s / L.
 //   minfer_attn_combine(const float* part, float* out)       launch: attnCombineLaunch()
+//   With ATT_Q8 = 1 (the QuantizeAct of the output fused into this launch; HEAD_DIM % 32 == 0):
+//   minfer_attn_combine(const float* part, float* out, int8_t* qs, Q8Meta* meta), also writing out's q8
+//   form (quantize_act.cuh's definition, bit for bit; a warp holds one block of 32 of a head).
 //
 // Compile-time constants: ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, ATT_SPLITS (decode/combine) and one of
 // ATT_KV_STORE / ATT_PREFILL / ATT_DECODE / ATT_COMBINE = 1; optional ATT_SCALE, ATT_SOFTCAP (float
@@ -600,7 +603,11 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_COMBINE)
 extern "C" __global__ void __launch_bounds__(128)
-    minfer_attn_combine(const float* __restrict__ part, float* __restrict__ out) {
+    minfer_attn_combine(const float* __restrict__ part, float* __restrict__ out
+#if ATT_Q8
+                        , int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta
+#endif
+    ) {
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
@@ -627,6 +634,11 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int s = 0; s < kSplits; ++s)
       if (w[s] != 0.0f) acc += src[s * (kD + 2) + 2 + d] * w[s];
     out[static_cast<uint64_t>(j) * kD + d] = acc * inv;
+#if ATT_Q8
+    static_assert(kD % 32 == 0, "the q8 form needs heads of whole blocks of 32");
+    const uint64_t at = static_cast<uint64_t>(j) * kD + (d & ~31);  // this warp's block
+    warpQuantizeBlock(acc * inv, qs + at, meta + at / 32);
+#endif
   }
 }
 #endif

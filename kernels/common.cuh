@@ -177,6 +177,29 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
   return d;
 }
 
+// The q8 form of 32 consecutive values held one per lane of a warp (quantize_act.cuh's definition, bit
+// for bit: d = max|y| / 127, q = rint(y / d) clamped to ±127, Σq of elements 0..15 and 16..31): lane i
+// writes qs[i], lane 0 writes *meta. Every lane of the warp must call it.
+__device__ __forceinline__ void warpQuantizeBlock(float y, int8_t* qs, Q8Meta* meta) {
+  const int lane = threadIdx.x & 31;
+  const float d = warpMax(fabsf(y)) / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  int q = static_cast<int>(rintf(y * id));
+  q = q > 127 ? 127 : (q < -127 ? -127 : q);
+  qs[lane] = static_cast<int8_t>(q);
+  int half = q;  // Σq over lanes 0..15 and 16..31
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
+  const int hi = __shfl_sync(0xffffffffu, half, 16);
+  if (lane == 0) {
+    Q8Meta m;
+    m.d = d;
+    m.sum_lo = static_cast<short>(half);
+    m.sum_hi = static_cast<short>(hi);
+    *meta = m;
+  }
+}
+
 // Programmatic dependent launch (schema Launch.overlap; sm_90 and later). The runtime may launch a
 // kernel while the previous kernel of its stream is still running. Every kernel entry therefore starts
 // with overlapPrologue() (or prefetches, then calls it): griddepcontrol.wait returns once the previous

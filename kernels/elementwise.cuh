@@ -10,6 +10,9 @@
 //              minfer_geglu(const float* gate, const float* up, float* out, int n_tokens)
 //              minfer_add(const float* a, const float* b, float* out, int n_tokens)
 //   all buffers n_tokens × EW_WIDTH f32; out may alias an input.
+//   With EW_Q8 = 1 (swiglu / geglu; the QuantizeAct step that follows, fused into this launch;
+//   EW_WIDTH % 32 == 0): (…, float* out, int8_t* qs, Q8Meta* meta, int n_tokens) also writes out's q8
+//   form (quantize_act.cuh's definition, bit for bit: eight consecutive threads hold one block of 32).
 // Launch shape: elementwiseLaunch(): 256 threads, 4 elements per thread (float4 when aligned).
 #pragma once
 
@@ -55,6 +58,58 @@ __device__ __forceinline__ float apply(float a, float b) {
 #define MINFER_EW_ENTRY minfer_add
 #endif
 
+#if EW_Q8
+static_assert(EW_WIDTH % 32 == 0 && EW_OP != 2, "the q8 form is for swiglu / geglu rows of whole blocks of 32");
+extern "C" __global__ void __launch_bounds__(minfer::kern::kEwThreads)
+    MINFER_EW_ENTRY(const float* a, const float* b, float* out, int8_t* __restrict__ qs,
+                    minfer::kern::Q8Meta* __restrict__ meta, int n_tokens) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  // Rows are whole blocks, so a group of 8 threads (one block) is entirely in or out of the n values;
+  // threads past the end still join the group's shuffles.
+  const uint64_t n = static_cast<uint64_t>(n_tokens) * EW_WIDTH;
+  const uint64_t i = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  const bool active = i < n;
+  float r[4] = {};
+  if (active) {
+    const float4 va = *reinterpret_cast<const float4*>(a + i);
+    const float4 vb = *reinterpret_cast<const float4*>(b + i);
+    r[0] = ew::apply(va.x, vb.x), r[1] = ew::apply(va.y, vb.y), r[2] = ew::apply(va.z, vb.z), r[3] = ew::apply(va.w, vb.w);
+    *reinterpret_cast<float4*>(out + i) = make_float4(r[0], r[1], r[2], r[3]);
+  }
+  float amax = fmaxf(fmaxf(fabsf(r[0]), fabsf(r[1])), fmaxf(fabsf(r[2]), fabsf(r[3])));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  unsigned packed = 0;
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    int q = static_cast<int>(rintf(r[j] * id));
+    q = q > 127 ? 127 : (q < -127 ? -127 : q);
+    sum += q;
+    packed |= (static_cast<unsigned>(q) & 0xffu) << (8 * j);
+  }
+  // Σq over elements 0..15 (threads 0..3 of the group) and 16..31 (threads 4..7).
+  const int sub = threadIdx.x % 8;
+  int lo = sub < 4 ? sum : 0, hi = sub < 4 ? 0 : sum;
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {
+    lo += __shfl_xor_sync(0xffffffffu, lo, o);
+    hi += __shfl_xor_sync(0xffffffffu, hi, o);
+  }
+  if (!active) return;
+  *reinterpret_cast<unsigned*>(qs + i) = packed;
+  if (sub == 0) {
+    Q8Meta m;
+    m.d = d;
+    m.sum_lo = static_cast<short>(lo);
+    m.sum_hi = static_cast<short>(hi);
+    meta[i / 32] = m;
+  }
+}
+#else
 extern "C" __global__ void __launch_bounds__(minfer::kern::kEwThreads)
     MINFER_EW_ENTRY(const float* a, const float* b, float* out, int n_tokens) {
   minfer::kern::overlapPrologue();
@@ -73,4 +128,5 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kEwThreads)
     for (uint64_t j = i; j < n; ++j) out[j] = minfer::kern::ew::apply(a[j], b[j]);
   }
 }
+#endif
 #endif

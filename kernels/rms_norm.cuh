@@ -4,10 +4,16 @@
 //   head_rms_norm:  the same on each head_dim slice of each row, in place, with one weight vector w.
 // Sums of squares in f32 (tree reduction; the CPU sums sequentially, tolerance 2e-6 relative).
 //
-// rms_norm, compile-time constants: RMS_WIDTH (row width), RMS_EPS (float literal).
+// rms_norm, compile-time constants: RMS_WIDTH (row width), RMS_EPS (float literal), RMS_Q8 (optional).
 //   Launch ABI:   minfer_rms_norm(const float* x, const float* w, float* out, int n_tokens)
 //                 x, out: n_tokens × RMS_WIDTH (out may equal x); w: RMS_WIDTH f32.
-//   Launch shape: rmsNormLaunch(): one block of 256 threads per row; x is read twice (L1/L2 hits).
+//   With RMS_Q8 = 1 (the QuantizeAct step that follows, fused into this launch; RMS_WIDTH % 32 == 0):
+//                 minfer_rms_norm(const float* x, const float* w, float* out, int8_t* qs, Q8Meta* meta,
+//                                 int n_tokens)
+//                 also writes out's q8 form (quantize_act.cuh's definition, bit for bit: each warp holds
+//                 one block of 32 consecutive values per pass) into the q8 buffer's qs / meta parts.
+//   Launch shape: rmsNormLaunch(): one block of 1024 threads per row; rows up to 8192 values are read once
+//                 (held in registers), longer ones twice; the weight is read before the previous kernel ends.
 // head_rms_norm, compile-time constants: HRMS_NHEAD, HRMS_HEAD_DIM, HRMS_EPS.
 //   Launch ABI:   minfer_head_rms_norm(float* x, const float* w, int n_tokens)
 //                 x: n_tokens × (NHEAD·HEAD_DIM), normalized in place; w: HEAD_DIM f32.
@@ -18,7 +24,7 @@
 
 namespace minfer::kern {
 
-constexpr unsigned kRmsThreads = 256;
+constexpr unsigned kRmsThreads = 1024;
 constexpr unsigned kHeadRmsWarps = 4;
 
 MINFER_HD LaunchRule rmsNormLaunchRule() {
@@ -42,16 +48,48 @@ MINFER_HD LaunchShape headRmsNormLaunch(unsigned n_tokens, unsigned n_head) {
 }  // namespace minfer::kern
 
 #if defined(MINFER_DEVICE_CODE) && defined(RMS_WIDTH)
+#if RMS_Q8
+static_assert(RMS_WIDTH % 32 == 0, "the q8 form needs whole blocks of 32");
+#endif
+namespace minfer::kern::rms {
+// Values per thread; rows up to kRmsThreads · 8 values are held in registers between the two passes.
+constexpr int kPasses = (RMS_WIDTH + static_cast<int>(kRmsThreads) - 1) / static_cast<int>(kRmsThreads);
+constexpr bool kHold = kPasses <= 8;
+}  // namespace minfer::kern::rms
+
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
-    minfer_rms_norm(const float* x, const float* __restrict__ w, float* out, int n_tokens) {
-  minfer::kern::overlapPrologue();
+    minfer_rms_norm(const float* x, const float* __restrict__ w, float* out,
+#if RMS_Q8
+                    int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
+#endif
+                    int n_tokens) {
   using namespace minfer::kern;
+  using namespace minfer::kern::rms;
+  // The weight (a plane no kernel writes) is read before waiting for the previous kernel.
+  float wv[kHold ? kPasses : 1];
+  if (kHold)
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int i = threadIdx.x + p * static_cast<int>(kRmsThreads);
+      wv[p] = i < RMS_WIDTH ? w[i] : 0.0f;
+    }
+  overlapPrologue();
   const int t = blockIdx.x;
   if (t >= n_tokens) return;
   const float* xr = x + static_cast<uint64_t>(t) * RMS_WIDTH;
   float* yr = out + static_cast<uint64_t>(t) * RMS_WIDTH;
+  float xv[kHold ? kPasses : 1];
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < RMS_WIDTH; i += kRmsThreads) ss += xr[i] * xr[i];
+  if (kHold) {
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int i = threadIdx.x + p * static_cast<int>(kRmsThreads);
+      xv[p] = i < RMS_WIDTH ? xr[i] : 0.0f;
+      ss += xv[p] * xv[p];
+    }
+  } else {
+    for (int i = threadIdx.x; i < RMS_WIDTH; i += kRmsThreads) ss += xr[i] * xr[i];
+  }
   __shared__ float partial[kRmsThreads / 32];
   ss = warpSum(ss);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;
@@ -60,7 +98,22 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
 #pragma unroll
   for (int i = 0; i < static_cast<int>(kRmsThreads / 32); ++i) total += partial[i];
   const float inv = 1.0f / sqrtf(total / static_cast<float>(RMS_WIDTH) + RMS_EPS);
-  for (int i = threadIdx.x; i < RMS_WIDTH; i += kRmsThreads) yr[i] = xr[i] * inv * w[i];
+#if RMS_Q8
+  // A warp's 32 values of a pass are one q8 block (passes start at multiples of kRmsThreads; whole warps
+  // are in or out of the row since RMS_WIDTH % 32 == 0).
+  int8_t* qr = qs + static_cast<uint64_t>(t) * RMS_WIDTH;
+  Q8Meta* mr = meta + static_cast<uint64_t>(t) * (RMS_WIDTH / 32);
+#endif
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int i = threadIdx.x + p * static_cast<int>(kRmsThreads);
+    if (i >= RMS_WIDTH) break;  // whole warps leave together (see above)
+    const float y = (kHold ? xv[p] : xr[i]) * inv * (kHold ? wv[p] : w[i]);
+    yr[i] = y;
+#if RMS_Q8
+    warpQuantizeBlock(y, qr + (i & ~31), mr + i / 32);
+#endif
+  }
 }
 #endif
 

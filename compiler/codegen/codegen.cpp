@@ -9,6 +9,8 @@
 
 #include "compiler/codegen/kernel_cache.h"
 #include "compiler/codegen/nvrtc_compiler.h"
+#include "compiler/codegen/ops/op_family.h"
+#include "compiler/codegen/plan_rewrite.h"
 #include "llvm/Support/FormatVariadic.h"
 
 namespace minfer::codegen {
@@ -60,15 +62,28 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
     return r;
   };
   for (PlanVariant v : {PlanVariant::kPrefill, PlanVariant::kDecode, PlanVariant::kLoad}) {
-    const size_t n = planSteps(desc.plan, v).size();
+    const std::vector<model::StepDesc>& steps = planSteps(desc.plan, v);
+    const size_t n = steps.size();
     auto& out = v == PlanVariant::kPrefill ? set.prefill : v == PlanVariant::kDecode ? set.decode : set.load;
+    std::vector<uint8_t> fused(n, 0);
+    // A fused pair stays on one side of the last-token tail (the tail runs whole launches on one row).
+    const size_t tail = v == PlanVariant::kPrefill ? lastTokenTailBegin(steps, desc.plan.logits) : n;
     for (size_t i = 0; i < n; ++i) {
-      auto launches = launchesForStep(desc, layouts, v, i);
+      const bool fuse = options.fuse_launches && v != PlanVariant::kLoad && i + 1 < n && i + 1 != tail &&
+                        fusesQuantize(steps[i], steps[i + 1], v);
+      auto launches = fuse ? fusedQuantizeLaunches(StepContext(desc, layouts, v, i), StepContext(desc, layouts, v, i + 1))
+                           : launchesForStep(desc, layouts, v, i);
       if (!launches) return launches.takeError();
       std::vector<LaunchRecord> records;
       for (KernelLaunch& l : *launches) records.push_back(record(std::move(l)));
       out.push_back(std::move(records));
+      if (fuse) {
+        out.emplace_back();  // the QuantizeAct step: done by the producer's launch
+        fused[++i] = 1;
+      }
     }
+    if (v == PlanVariant::kPrefill) set.prefill_fused = std::move(fused);
+    if (v == PlanVariant::kDecode) set.decode_fused = std::move(fused);
   }
   set.argmax = record(argmaxLaunch(desc.plan, desc.config.n_vocab));
 

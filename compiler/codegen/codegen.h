@@ -26,6 +26,10 @@ struct CodegenOptions {
   std::vector<std::string> targets;  // e.g. {"sm_90"} or {"sm_80", "sm_86", "sm_89", "sm_90"}
   unsigned jobs = 0;                 // parallel NVRTC compilations; 0 = hardware concurrency
   std::string cache_dir;             // "" = KernelCache::defaultDirectory(); "off" = no cache
+  // Launch fusion (schema Step.fused): a QuantizeAct that quantizes an RmsNorm's or a SwiGlu's / GeGlu's
+  // output runs inside that step's launch. Off: every step launches its own kernels (same results, bit
+  // for bit).
+  bool fuse_launches = true;
 };
 
 struct KernelImageData {
@@ -63,6 +67,9 @@ struct KernelSet {
   std::vector<std::vector<LaunchRecord>> prefill;  // per prefill step: its kernel uses in launch order
   std::vector<std::vector<LaunchRecord>> decode;   // per decode step
   std::vector<std::vector<LaunchRecord>> load;     // per load step (ExpandBlocks)
+  // Per step of prefill / decode: 1 when the step is fused into the previous step's launches (schema
+  // Step.fused; its launch list is empty).
+  std::vector<uint8_t> prefill_fused, decode_fused;
   LaunchRecord argmax;
   CodegenStats stats;
 };

@@ -143,6 +143,7 @@ std::string stepText(const fb::Step& s, const fb::Artifact& m) {
   if (s.op() != fb::OpKind::Attention && s.layer() >= 0) line += llvm::formatv(" layer {0}", s.layer()).str();
   if (s.launches())
     for (const fb::Launch* l : *s.launches()) line += " k" + plainIds(l->images());
+  if (s.fused()) line += " fused (done by the previous step's launch)";
   if (s.tail()) line += " tail";
   return line;
 }
@@ -223,6 +224,7 @@ llvm::json::Object stepJson(const fb::Step& s, const fb::Artifact& m) {
                             {"rows", int64_t{s.rows()}},
                             {"cols", int64_t{s.cols()}},
                             {"tail", s.tail()},
+                            {"fused", s.fused()},
                             {"launches", std::move(launches)}};
 }
 

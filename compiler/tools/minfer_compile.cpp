@@ -49,6 +49,10 @@ llvm::cl::opt<minfer::planes::PlaneForm> kPlanes(
                      clEnumValN(minfer::planes::PlaneForm::kExpanded, "expanded",
                                 "every plane stored, nothing expanded at load (file ~2.5x the GGUF)")),
     llvm::cl::init(minfer::planes::PlaneForm::kCompact), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kNoFuse("no-fuse",
+                            llvm::cl::desc("Give every plan step its own kernel launches (no activation quantization "
+                                           "fused into the kernel before it; same results)"),
+                            llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kVerbose("v", llvm::cl::desc("Print a progress line after every tensor"), llvm::cl::cat(kCategory));
 
 // The portable default: cubins for Ampere (sm_80, sm_86), Ada (sm_89) and Hopper (sm_90); a newer GPU
@@ -98,6 +102,7 @@ int main(int argc, char** argv) {
   options.jobs = kJobs;
   options.kernel_cache_dir = kKernelCache;
   options.plane_form = kPlanes;
+  options.fuse_launches = !kNoFuse;
   std::string target_list = kTarget, target_why;
   if (target_list == "auto") target_list = autoTargets(&target_why);
   llvm::SmallVector<llvm::StringRef, 8> archs;

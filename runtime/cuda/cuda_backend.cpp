@@ -133,10 +133,11 @@ class BackendLoader {
         sk.step = step;
         sk.label = std::string(name) + " step " + std::to_string(i) + " '" +
                    (step->name() ? step->name()->str() : "") + "' (" + opName(step->op()) + ")";
-        if (!step->launches() || step->launches()->size() == 0)
-          return Status::error(path_ + ": " + sk.label + " has no launch records");
-        for (const fb::Launch* l : *step->launches()) {
-          Result<BoundLaunch> b = bind(*l, sk.label);
+        // A fused step (schema Step.fused) has none: the previous step's launches do its work.
+        const bool none = !step->launches() || step->launches()->size() == 0;
+        if (none && !step->fused()) return Status::error(path_ + ": " + sk.label + " has no launch records");
+        for (uint32_t k = 0; !none && k < step->launches()->size(); ++k) {
+          Result<BoundLaunch> b = bind(*step->launches()->Get(k), sk.label);
           if (!b) return b.takeStatus();
           sk.launches.push_back(*b);
         }

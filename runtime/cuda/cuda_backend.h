@@ -71,7 +71,8 @@ struct StepTime {
   bool prefill = true;
   double ms = 0;      // total milliseconds
   uint64_t calls = 0;
-  // Bytes the step's kernels moved over those calls: whole weight planes read, K/V cache positions read
+  // Bytes the step's kernels moved over those calls: whole weight planes read (one row per token for
+  // Embed, which gathers), K/V cache positions read
   // by decode attention (prefill attention's re-reads of K/V tiles are not counted) and written by the
   // store. Activations are not counted (≤ a few KB per decode step).
   double bytes = 0;

@@ -87,6 +87,8 @@ struct Launch {
   // Bytes this launch moves, for profiles: weight planes read (whole planes), K/V cache bytes per
   // cached position read (attention) and per token written (the store).
   uint64_t weight_bytes = 0, kv_read_per_pos = 0, kv_write_per_token = 0;
+  uint64_t weight_row_bytes = 0;  // one row of each weight plane
+  bool gathers = false;           // reads one weight row per token (Embed), not whole planes
   uint32_t window = 0;  // the step's attention window (0: none): positions read ≤ window
   const char* entry = "";
   // Arguments that address rows of an activation buffer (row t at p + t·row_bytes), for running the

@@ -156,7 +156,8 @@ struct CudaSession::State {
     for (const Launch& l : ls) {
       uint64_t kv_positions = static_cast<uint64_t>(last_pos0 + last_n);
       if (l.window > 0) kv_positions = std::min<uint64_t>(kv_positions, l.window);
-      bytes[l.step] += static_cast<double>(l.weight_bytes) + static_cast<double>(l.kv_write_per_token) * last_n +
+      const double weights = l.gathers ? static_cast<double>(l.weight_row_bytes) * last_n : static_cast<double>(l.weight_bytes);
+      bytes[l.step] += weights + static_cast<double>(l.kv_write_per_token) * last_n +
                        (prefill ? 0.0 : static_cast<double>(l.kv_read_per_pos) * kv_positions);
     }
     int last = -1;
@@ -383,6 +384,7 @@ class SessionBuilder {
         for (const BoundLaunch& bl : steps[si].launches) {
           out.push_back(bindLaunch(bl, static_cast<int>(si)));
           out.back().window = steps[si].step->window();
+          out.back().gathers = steps[si].step->op() == fb::OpKind::Embed;
         }
       }
     }
@@ -466,6 +468,7 @@ class SessionBuilder {
           case fb::ArgKind::Weight:  // the verifier checked that the tensor has this plane, with this table
             l.push(be_.tensors[a->tensor()].plane(static_cast<PlaneKind>(a->plane()->kind())));
             l.weight_bytes += static_cast<uint64_t>(a->plane()->rows()) * a->plane()->row_pitch();
+            l.weight_row_bytes += a->plane()->row_pitch();
             break;
           case fb::ArgKind::KCache: case fb::ArgKind::VCache:
             l.push(base_ + (a->kind() == fb::ArgKind::KCache ? kv_.at(a->layer()).first : kv_.at(a->layer()).second));

@@ -225,8 +225,11 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
     const auto& steps = planSteps(l.desc.plan, v);
     const auto& lists = prefill ? set.prefill : v == PlanVariant::kDecode ? set.decode : set.load;
     REQUIRE(lists.size() == steps.size());
+    const std::vector<uint8_t>* fused = prefill ? &set.prefill_fused : v == PlanVariant::kDecode ? &set.decode_fused : nullptr;
     for (size_t i = 0; i < steps.size(); ++i) {
-      const std::vector<std::string> want = expectedEntries(l, steps[i], prefill);
+      // A fused step's work is in the previous step's launch (the fusion case below checks which).
+      const bool is_fused = fused && (*fused)[i] != 0;
+      const std::vector<std::string> want = is_fused ? std::vector<std::string>{} : expectedEntries(l, steps[i], prefill);
       REQUIRE_MESSAGE(lists[i].size() == want.size(), steps[i].name);
       for (size_t k = 0; k < want.size(); ++k) {
         REQUIRE(lists[i][k].images.size() == targets.size());
@@ -519,6 +522,60 @@ TEST_CASE("the last-token tail is everything after the last attention, for every
     CHECK(lastTokenTailBegin(steps, l.desc.plan.logits + 1) == steps.size());
     const std::vector<model::StepDesc> tail_only(steps.begin() + static_cast<long>(begin), steps.end());
     CHECK(lastTokenTailBegin(tail_only, l.desc.plan.logits) == tail_only.size());
+  }
+}
+
+TEST_CASE("launch fusion: a QuantizeAct of an RmsNorm's or SwiGlu's output runs in that launch (RMS_Q8, EW_Q8, decode ATT_Q8); off, none is fused") {
+  if (!test::haveFixtures()) return;
+  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf");
+  const std::string cache = test::scratchDir() + "/kernel-cache-fusion";
+  for (bool fuse : {true, false}) {
+    CAPTURE(fuse);
+    CodegenOptions o;
+    o.targets = {"sm_90"};
+    o.cache_dir = cache;
+    o.fuse_launches = fuse;
+    auto set = generateKernels(l.desc, l.layouts, o);
+    REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
+    for (bool prefill : {true, false}) {
+      CAPTURE(prefill);
+      const auto& steps = prefill ? l.desc.plan.prefill : l.desc.plan.decode;
+      const auto& launches = prefill ? set->prefill : set->decode;
+      const auto& fused = prefill ? set->prefill_fused : set->decode_fused;
+      REQUIRE(launches.size() == steps.size());
+      REQUIRE(fused.size() == steps.size());
+      const size_t tail = prefill ? lastTokenTailBegin(steps, l.desc.plan.logits) : steps.size();
+      size_t pairs = 0;
+      for (size_t i = 0; i < steps.size(); ++i) {
+        CAPTURE(steps[i].name);
+        const fb::OpKind producer = i > 0 ? steps[i - 1].op : fb::OpKind::Embed;
+        const bool carrier = producer == fb::OpKind::RmsNorm || producer == fb::OpKind::SwiGlu ||
+                             (producer == fb::OpKind::Attention && !prefill && steps[i - 1].head_dim % 32 == 0);
+        const bool pair = i > 0 && i != tail && carrier && steps[i].op == fb::OpKind::QuantizeAct &&
+                          steps[i].inputs[0] == steps[i - 1].outputs[0];
+        pairs += pair;
+        CHECK((fused[i] != 0) == (fuse && pair));
+        CHECK(launches[i].empty() == (fuse && pair));
+        if (!(fuse && pair)) continue;
+        // The producer's last launch writes the QuantizeAct's q8 buffer (values, then meta) and its
+        // kernel is the _q8 specialization.
+        REQUIRE(!launches[i - 1].empty());
+        const LaunchRecord& r = launches[i - 1].back();
+        int q8_args = 0;
+        for (size_t a = 0; a + 1 < r.args.size(); ++a)
+          if (r.args[a].kind == fb::ArgKind::Q8Values) {
+            CHECK(r.args[a + 1].kind == fb::ArgKind::Q8Meta);
+            CHECK(r.args[a].buffer == steps[i].outputs[0]);
+            CHECK(r.args[a + 1].buffer == steps[i].outputs[0]);
+            CHECK(r.args[a].access == fb::Access::Write);
+            ++q8_args;
+          }
+        CHECK(q8_args == 1);
+        CHECK(set->images[r.images[0]].key.find("_q8") != std::string::npos);
+      }
+      // attn_norm, ffn_norm and the SwiGLU of every layer; in decode the attention output too.
+      CHECK(pairs >= (prefill ? 3 : 4) * l.desc.config.n_layer);
+    }
   }
 }
 

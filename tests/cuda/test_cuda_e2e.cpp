@@ -69,12 +69,15 @@ Kind kindOf(const std::string& model) {
 
 // The fixture fixtures/<dir>/<model> compiled with kernel images for this GPU (once per process), max batch 64 so the
 // 72-token goldens prefill in several batches (pos0 > 0 on the GPU prefill path too).
-std::string compiled(const std::string& model, const std::string& dir = "models") {
+// `fuse`: launch fusion (CompileOptions::fuse_launches).
+std::string compiled(const std::string& model, const std::string& dir = "models", bool fuse = true) {
   static std::map<std::string, std::string> done;
-  if (auto it = done.find(model); it != done.end()) return it->second;
+  const std::string key = model + (fuse ? "" : ".unfused");
+  if (auto it = done.find(key); it != done.end()) return it->second;
   CompileOptions o;
   o.input = fixturesDir() + "/" + dir + "/" + model;
-  o.output = scratchDir() + "/" + model + ".gpu.mfb";
+  o.output = scratchDir() + "/" + key + ".gpu.mfb";
+  o.fuse_launches = fuse;
   o.max_batch = 64;
   o.targets = {get()->arch};
   const char* cache = std::getenv("MINFER_TEST_KERNEL_CACHE");
@@ -84,7 +87,7 @@ std::string compiled(const std::string& model, const std::string& dir = "models"
     FAIL_CHECK("compiling " << model << ": " << llvm::toString(s.takeError()));
     return {};
   }
-  done[model] = o.output;
+  done[key] = o.output;
   return o.output;
 }
 
@@ -189,7 +192,7 @@ TEST_CASE("stories260K greedy text on the GPU is llama.cpp's, token for token") 
   }
 }
 
-TEST_CASE("decode graph, overlapped launches and direct launches give the same logits; profiles cover every step") {
+TEST_CASE("decode graph, overlapped, direct and unfused launches give the same logits; profiles cover every step") {
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;
   const GoldenCase g = loadGolden("tiny-qwen2-Q4_K_M_ids48");
@@ -199,13 +202,18 @@ TEST_CASE("decode graph, overlapped launches and direct launches give the same l
   struct Mode {
     bool graph, overlap;
   };
-  const Mode modes[] = {{true, true}, {true, false}, {false, true}};
-  std::vector<std::vector<float>> rows[3];
-  for (int mi = 0; mi < 3; ++mi) {
+  // The last mode runs the artifact compiled without launch fusion (every QuantizeAct its own launch).
+  auto unfused = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/false));
+  REQUIRE_MESSAGE(unfused.isOk(), unfused.status().message());
+  const Mode modes[] = {{true, true}, {true, false}, {false, true}, {true, true}};
+  std::vector<std::vector<float>> rows[4];
+  for (int mi = 0; mi < 4; ++mi) {
     const Mode mode = modes[mi];
     CAPTURE(mode.graph);
     CAPTURE(mode.overlap);
-    auto backend = cuda::CudaBackend::create(**file, {.device = -1, .decode_graph = mode.graph, .overlap_launches = mode.overlap});
+    CAPTURE(mi);
+    auto backend = cuda::CudaBackend::create(mi < 3 ? **file : **unfused,
+                                             {.device = -1, .decode_graph = mode.graph, .overlap_launches = mode.overlap});
     REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
     MESSAGE((*backend)->note());
     auto session = (*backend)->createCudaSession({.n_ctx = 128, .n_threads = 1});
@@ -220,7 +228,7 @@ TEST_CASE("decode graph, overlapped launches and direct launches give the same l
       REQUIRE(id.isOk());
       CHECK(*id == std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
-    if (mode.overlap) {
+    if (mode.overlap && mi < 3) {
       // Profiled: the prompt (direct launches) and two decode steps (inside the graph when there is one).
       (*session)->setProfiling(true);
       REQUIRE((*session)->forward(g.prompt_ids, 0, logits.data(), false).isOk());
@@ -229,15 +237,19 @@ TEST_CASE("decode graph, overlapped launches and direct launches give the same l
       (*session)->setProfiling(false);
       CHECK(rows[mi][1] == logits);  // profiled decode step = the same step unprofiled
       const auto prof = (*session)->profile();
-      CHECK(prof.size() == m->prefill()->steps()->size() + m->decode()->steps()->size());
+      size_t launched = 0;  // steps with launches of their own (a fused step's time is its producer's)
+      for (const fb::Plan* plan : {m->prefill(), m->decode()})
+        for (const fb::Step* s : *plan->steps()) launched += !s->fused();
+      CHECK(launched < m->prefill()->steps()->size() + m->decode()->steps()->size());
+      CHECK(prof.size() == launched);
       double total = 0;
       for (const auto& t : prof) {
         CAPTURE(t.name);
         total += t.ms;
         CHECK(t.calls == (t.prefill ? 1u : 2u));
-        if (t.prefill || (t.op != "MatMul" && t.op != "Attention")) continue;
-        // Decode bytes: a MatMul reads its weight plane once per call; attention reads K and V of every
-        // cached position (f16) and writes one.
+        if (t.prefill || (t.op != "MatMul" && t.op != "Attention" && t.op != "Embed")) continue;
+        // Decode bytes: a MatMul reads its weight plane once per call, Embed one row of it; attention
+        // reads K and V of every cached position (f16) and writes one.
         const fb::Step* step = nullptr;
         for (const fb::Step* s : *m->decode()->steps())
           if (s->name()->str() == t.name) step = s;
@@ -249,7 +261,8 @@ TEST_CASE("decode graph, overlapped launches and direct launches give the same l
         } else {
           for (const fb::Launch* l : *step->launches())
             for (const fb::KernelArg* a : *l->args())
-              if (a->kind() == fb::ArgKind::Weight) expected += 2.0 * a->plane()->rows() * a->plane()->row_pitch();
+              if (a->kind() == fb::ArgKind::Weight)
+                expected += 2.0 * a->plane()->row_pitch() * (t.op == "Embed" ? 1 : a->plane()->rows());
         }
         CHECK(t.bytes == doctest::Approx(expected));
         CHECK(t.bytes > 0);
@@ -257,9 +270,10 @@ TEST_CASE("decode graph, overlapped launches and direct launches give the same l
       CHECK(total > 0);
     }
   }
-  for (int mi = 1; mi < 3; ++mi) {
+  // Same kernels, or the fused kernels' bit-identical outputs: the same logits, bit for bit.
+  for (int mi = 1; mi < 4; ++mi) {
     REQUIRE(rows[0].size() == rows[mi].size());
-    for (size_t i = 0; i < rows[0].size(); ++i) CHECK(rows[0][i] == rows[mi][i]);  // same kernels, bit for bit
+    for (size_t i = 0; i < rows[0].size(); ++i) CHECK(rows[0][i] == rows[mi][i]);
   }
 }
 

@@ -118,6 +118,21 @@ HostQ8 quantizeHost(const std::vector<float>& x, int n, int k) {
   return h;
 }
 
+// A kernel with a fused q8 output (RMS_Q8, EW_Q8) against its plain form: `fused` rows bit-identical to
+// `plain` rows, and qs / meta bit-identical to the host mirror of quantize_act on those rows.
+void checkFusedQ8(const DeviceArray& plain, const DeviceArray& fused, const DeviceArray& qs, const DeviceArray& meta,
+                  int n, int w) {
+  const size_t count = static_cast<size_t>(n) * w;
+  const std::vector<float> ref = plain.download<float>(count), got = fused.download<float>(count);
+  CHECK(std::memcmp(ref.data(), got.data(), count * sizeof(float)) == 0);
+  const HostQ8 hq = quantizeHost(ref, n, w);
+  CHECK(qs.download<int8_t>(hq.qs.size()) == hq.qs);
+  const std::vector<kern::Q8Meta> gm = meta.download<kern::Q8Meta>(hq.meta.size());
+  size_t bad = 0;
+  for (size_t j = 0; j < gm.size(); ++j) bad += std::memcmp(&gm[j], &hq.meta[j], sizeof(kern::Q8Meta)) != 0;
+  CHECK(bad == 0);
+}
+
 // A random weight on host and device. `padded`: planes from test::buildPlanes with 16 extra bytes per
 // row (no kPacked plane); otherwise the compiler's planner and transforms.
 struct GpuWeight {
@@ -326,6 +341,43 @@ TEST_CASE("rms_norm and head_rms_norm") {
       std::vector<float> got = d_x.download<float>(x.size());
       cpu::headRmsNorm(x.data(), weight.data(), n, 6, d, 1e-6f);
       CHECK(track("head_rms_norm", relError(got.data(), x.data(), x.size())) <= kRmsNormTol);
+    }
+  }
+}
+
+TEST_CASE("rms_norm with the fused q8 output (RMS_Q8): rows and q8 bit-identical to rms_norm, then quantize_act") {
+  MINFER_REQUIRE_GPU(G);
+  // Widths with a partial last pass of 256 (96, 288) and a whole one (4096).
+  const int widths[] = {96, 288, 4096};
+  std::vector<codegen::KernelSpec> specs;
+  for (int w : widths) {
+    const std::vector<std::pair<std::string, std::string>> defs = {{"RMS_WIDTH", str(w)},
+                                                                   {"RMS_EPS", codegen::floatLiteral(1e-6f)}};
+    specs.push_back(spec("rms_norm_test_plain_w" + str(w), "kernels/rms_norm.cuh", "minfer_rms_norm", defs));
+    auto fused = defs;
+    fused.push_back({"RMS_Q8", "1"});
+    specs.push_back(spec("rms_norm_test_q8_w" + str(w), "kernels/rms_norm.cuh", "minfer_rms_norm", fused));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t wi = 0; wi < 3; ++wi) {
+    const int w = widths[wi];
+    const std::vector<float> weight = randomFloats(w, rng(), 0.5f, 1.5f);
+    DeviceArray d_w = DeviceArray::of(weight), plain(kMaxBatch * w * 4), out(kMaxBatch * w * 4), qs(kMaxBatch * w),
+        meta(kMaxBatch * w / 32 * 8);
+    for (int n : kTokenCounts) {
+      CAPTURE(w);
+      CAPTURE(n);
+      std::vector<float> x = activations(n, w);
+      for (int j = 0; j < w; ++j) x[j] = 0.0f;  // an all-zero row: d = 0 in every block
+      DeviceArray d_x = DeviceArray::of(x);
+      plain.poison();
+      out.poison();
+      qs.poison();
+      meta.poison();
+      CUdeviceptr a = d_x.ptr(), b = d_w.ptr(), o = plain.ptr(), o2 = out.ptr(), q = qs.ptr(), m = meta.ptr();
+      launch(k[2 * wi], kern::rmsNormLaunch(n), {&a, &b, &o, &n});
+      launch(k[2 * wi + 1], kern::rmsNormLaunch(n), {&a, &b, &o2, &q, &m, &n});
+      checkFusedQ8(plain, out, qs, meta, n, w);
     }
   }
 }
@@ -740,6 +792,44 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
       CHECK(track("attn_decode", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
     }
   }
+}
+
+TEST_CASE("swiglu and geglu with the fused q8 output (EW_Q8): rows and q8 bit-identical to the plain kernel, then quantize_act") {
+  MINFER_REQUIRE_GPU(G);
+  // 160: a row ends inside a warp's 128 values; 18944: the 7B's FFN width.
+  const int widths[] = {160, 18944};
+  const char* ops[][2] = {{"1", "minfer_swiglu"}, {"3", "minfer_geglu"}};
+  std::vector<codegen::KernelSpec> specs;
+  for (int w : widths)
+    for (const auto& op : ops) {
+      const std::vector<std::pair<std::string, std::string>> defs = {{"EW_WIDTH", str(w)}, {"EW_OP", op[0]}};
+      specs.push_back(spec(std::string("glu_test_plain_") + op[0] + "_w" + str(w), "kernels/elementwise.cuh", op[1], defs));
+      auto fused = defs;
+      fused.push_back({"EW_Q8", "1"});
+      specs.push_back(spec(std::string("glu_test_q8_") + op[0] + "_w" + str(w), "kernels/elementwise.cuh", op[1], fused));
+    }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t wi = 0; wi < 2; ++wi)
+    for (size_t oi = 0; oi < 2; ++oi)
+      for (int n : kTokenCounts) {
+        const int w = widths[wi];
+        CAPTURE(w);
+        CAPTURE(ops[oi][1]);
+        CAPTURE(n);
+        std::vector<float> a = activations(n, w);
+        const std::vector<float> b = activations(n, w);
+        for (int j = 0; j < 32; ++j) a[j] = 0.0f;  // an all-zero block: d = 0
+        DeviceArray da = DeviceArray::of(a), db = DeviceArray::of(b), plain(kMaxBatch * w * 4), out(kMaxBatch * w * 4),
+            qs(kMaxBatch * w), meta(kMaxBatch * w / 32 * 8);
+        plain.poison();
+        out.poison();
+        qs.poison();
+        meta.poison();
+        CUdeviceptr pa = da.ptr(), pb = db.ptr(), po = plain.ptr(), po2 = out.ptr(), pq = qs.ptr(), pm = meta.ptr();
+        launch(k[2 * (wi * 2 + oi)], kern::elementwiseLaunch(n, w), {&pa, &pb, &po, &n});
+        launch(k[2 * (wi * 2 + oi) + 1], kern::elementwiseLaunch(n, w), {&pa, &pb, &po2, &pq, &pm, &n});
+        checkFusedQ8(plain, out, qs, meta, n, w);
+      }
 }
 
 TEST_CASE("swiglu and add") {

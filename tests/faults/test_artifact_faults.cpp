@@ -165,7 +165,7 @@ TEST_CASE("a launch record specialized for another row pitch than the plane it b
   const minfer::fb::Step* step = nullptr;
   const minfer::fb::KernelArg* arg = nullptr;
   for (const minfer::fb::Step* s : *m->prefill()->steps())
-    if (!arg && s->launches())
+    if (!arg && s->launches() && s->launches()->size() > 0)
       for (const minfer::fb::KernelArg* a : *s->launches()->Get(0)->args())
         if (!arg && a->kind() == minfer::fb::ArgKind::Weight &&
             a->plane()->kind() == static_cast<uint8_t>(minfer::PlaneKind::kI8)) {
@@ -374,7 +374,7 @@ TEST_CASE("compact artifact (1.3): only the load plan writes weight planes, and 
   // A prefill kernel writing a weight plane.
   const std::string prefill_writes = refusalAfter(bytes, forged, [&](std::vector<uint8_t>& o, const minfer::fb::Artifact* c) {
     for (const minfer::fb::Step* s : *c->prefill()->steps())
-      if (s->launches())
+      if (s->launches() && s->launches()->size() > 0)
         for (const KernelArg* a : *s->launches()->Get(0)->args())
           if (a->kind() == minfer::fb::ArgKind::Weight) {
             overwrite(o, a, KernelArg::VT_ACCESS, static_cast<uint8_t>(minfer::fb::Access::Write));
@@ -396,4 +396,46 @@ TEST_CASE("compact artifact (1.3): only the load plan writes weight planes, and 
     INFO(twice);
     CHECK(twice != "accepted");
   }
+}
+
+TEST_CASE("launch fusion (1.4): fused steps are checked at load") {
+  const std::string dir = fs::path(tinyArtifact()).parent_path().string();
+  const std::string path = sm90Artifact();
+  if (path.empty()) return;
+  const std::vector<uint8_t> bytes = minfer::test::fileBytes(path);
+  const minfer::fb::Artifact* m = minfer::fb::GetSizePrefixedArtifact(bytes.data());
+  using minfer::fb::Step;
+  // The first fused decode step (a QuantizeAct done by the RmsNorm before it) and a step with launches.
+  const auto fusedAt = [](const minfer::fb::Artifact* c) {
+    for (flatbuffers::uoffset_t i = 0; i < c->decode()->steps()->size(); ++i)
+      if (c->decode()->steps()->Get(i)->fused()) return i;
+    return flatbuffers::uoffset_t{0};
+  };
+  const flatbuffers::uoffset_t f = fusedAt(m);
+  REQUIRE(f > 0);
+  CHECK(m->decode()->steps()->Get(f)->op() == minfer::fb::OpKind::QuantizeAct);
+  CHECK(m->decode()->steps()->Get(f - 1)->op() == minfer::fb::OpKind::RmsNorm);
+  const std::string forged = dir + "/sm90-forged-fused.mfb";
+
+  const std::string with_launches = refusalAfter(bytes, forged, [&](std::vector<uint8_t>& o, const minfer::fb::Artifact* c) {
+    overwrite(o, c->decode()->steps()->Get(f - 1), Step::VT_FUSED, uint8_t{1});  // the RmsNorm has a launch
+  });
+  INFO(with_launches);
+  CHECK(with_launches.find("decode.steps[" + std::to_string(f - 1) + "].fused") != std::string::npos);
+  CHECK(with_launches.find("is fused into the step before it but has 1 launches") != std::string::npos);
+  // The RmsNorm's q8 arguments no longer written: the fused QuantizeAct's output would be stale.
+  const std::string unwritten = refusalAfter(bytes, forged, [&](std::vector<uint8_t>& o, const minfer::fb::Artifact* c) {
+    for (const minfer::fb::KernelArg* a : *c->decode()->steps()->Get(f - 1)->launches()->Get(0)->args())
+      if (a->kind() == minfer::fb::ArgKind::Q8Values || a->kind() == minfer::fb::ArgKind::Q8Meta)
+        overwrite(o, a, minfer::fb::KernelArg::VT_ACCESS, static_cast<uint8_t>(minfer::fb::Access::Read));
+  });
+  INFO(unwritten);
+  CHECK(unwritten.find("decode.steps[" + std::to_string(f) + "].fused") != std::string::npos);
+  CHECK(unwritten.find("whose launches do not write its output buffer") != std::string::npos);
+  // The first step of a plan cannot be fused.
+  const std::string first = refusalAfter(bytes, forged, [&](std::vector<uint8_t>& o, const minfer::fb::Artifact* c) {
+    overwrite(o, c->decode()->steps()->Get(0), Step::VT_FUSED, uint8_t{1});
+  });
+  INFO(first);
+  CHECK(first.find("decode.steps[0].fused") != std::string::npos);
 }

@@ -26,7 +26,10 @@ KernelArgDesc cacheArg(fb::ArgKind kind, const char* name, uint32_t layer, uint3
 
 }  // namespace
 
-Launches attentionLaunches(const StepContext& c) {
+namespace {
+
+// `quant` (decode only): the QuantizeAct of the output, fused into the combine launch (ATT_Q8).
+Launches attention(const StepContext& c, const StepContext* quant) {
   const model::StepDesc& s = c.step();
   auto q = c.input(0, "q");
   if (!q) return q.takeError();
@@ -41,6 +44,10 @@ Launches attentionLaunches(const StepContext& c) {
     return c.error(llvm::formatv("v width {0} must equal k width {1} and output width {2} q width {3}", (*v)->width,
                                  (*k)->width, (*out)->width, (*q)->width));
   if (s.layer < 0) return c.error("attention step without a KV cache layer");
+  if (quant && (c.prefill() || s.head_dim % 32 != 0))
+    return quant->error("only a decode attention with heads of whole blocks of 32 can carry the quantization");
+  if (quant)
+    if (llvm::Error e = checkFusedQuantize(*quant, (*out)->width)) return e;
   const uint32_t h = s.n_head, hkv = s.n_head_kv, d = s.head_dim, layer = static_cast<uint32_t>(s.layer);
   const uint32_t q_width = h * d, kv_width = hkv * d;
   if (!(s.scale >= 0) || !std::isfinite(s.scale) || !(s.softcap >= 0) || !std::isfinite(s.softcap))
@@ -91,11 +98,19 @@ Launches attentionLaunches(const StepContext& c) {
                 "minfer_attn_decode");
   options(heads(b)).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_DECODE", uint64_t{1});
   launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(hkv, splits)});
-  SpecBuilder comb(llvm::formatv("attn_combine_h{0}_d{1}_s{2}", h, d, splits), "kernels/attention.cuh",
-                   "minfer_attn_combine");
+  SpecBuilder comb(llvm::formatv("attn_combine_h{0}_d{1}_s{2}{3}", h, d, splits, quant ? "_q8" : ""),
+                   "kernels/attention.cuh", "minfer_attn_combine");
   heads(comb).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_COMBINE", uint64_t{1});
-  launches.push_back({comb.spec, {part, o}, kern::attnCombineLaunchRule(h)});
+  if (quant) comb.define("ATT_Q8", uint64_t{1});
+  KernelLaunch combine{comb.spec, {part, o}, kern::attnCombineLaunchRule(h)};
+  if (quant) pushQ8Args(combine.args, "qs", "meta", quant->outputId(0), q_width, fb::Access::Write);
+  launches.push_back(std::move(combine));
   return launches;
 }
+
+}  // namespace
+
+Launches attentionLaunches(const StepContext& c) { return attention(c, nullptr); }
+Launches attentionQuantizeLaunches(const StepContext& c, const StepContext& quant) { return attention(c, &quant); }
 
 }  // namespace minfer::codegen

@@ -5,7 +5,11 @@
 
 namespace minfer::codegen {
 
-Launches rmsNormLaunches(const StepContext& c) {
+namespace {
+
+// The RmsNorm kernel for step c; with `quant` (the QuantizeAct step fused into it), RMS_Q8 and the q8
+// outputs of that step.
+Launches rmsNorm(const StepContext& c, const StepContext* quant) {
   auto in = c.input(0, "input");
   if (!in) return in.takeError();
   auto out = c.output(0, "output");
@@ -15,16 +19,26 @@ Launches rmsNormLaunches(const StepContext& c) {
     return c.error(llvm::formatv("input width {0} != output width {1}", width, (*out)->width));
   auto w = c.vector(0, width);
   if (!w) return w.takeError();
+  if (quant)
+    if (llvm::Error e = checkFusedQuantize(*quant, width)) return e;
   const float eps = c.step().eps;
-  SpecBuilder b(llvm::formatv("rms_norm_w{0}_eps{1}", width, keyNumber(eps)), "kernels/rms_norm.cuh",
-                "minfer_rms_norm");
+  SpecBuilder b(llvm::formatv("rms_norm_w{0}_eps{1}{2}", width, keyNumber(eps), quant ? "_q8" : ""),
+                "kernels/rms_norm.cuh", "minfer_rms_norm");
   b.define("RMS_WIDTH", static_cast<uint64_t>(width)).define("RMS_EPS", floatLiteral(eps));
+  if (quant) b.define("RMS_Q8", uint64_t{1});
   KernelLaunch k{b.spec, {}, kern::rmsNormLaunchRule()};
   k.args = {activationArg("x", c.inputId(0), width, fb::Access::Read), weightArg("w", c.weightId(0), **w),
-            activationArg("out", c.outputId(0), width, fb::Access::Write),
-            kindArg(fb::ArgKind::TokenCount, "n_tokens")};
+            activationArg("out", c.outputId(0), width, fb::Access::Write)};
+  if (quant) pushQ8Args(k.args, "qs", "meta", quant->outputId(0), width, fb::Access::Write);
+  k.args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
   return std::vector<KernelLaunch>{std::move(k)};
 }
+
+}  // namespace
+
+Launches rmsNormLaunches(const StepContext& c) { return rmsNorm(c, nullptr); }
+
+Launches rmsNormQuantizeLaunches(const StepContext& norm, const StepContext& quant) { return rmsNorm(norm, &quant); }
 
 Launches headRmsNormLaunches(const StepContext& c) {
   const model::StepDesc& s = c.step();

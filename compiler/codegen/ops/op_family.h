@@ -82,4 +82,18 @@ using Launches = llvm::Expected<std::vector<KernelLaunch>>;
 MINFER_OPS(MINFER_DECLARE_FAMILY)
 #undef MINFER_DECLARE_FAMILY
 
+// Launch fusion (schema Step.fused, ops/fusion.cpp): the QuantizeAct step `quant` that quantizes the
+// output of the step before it, `producer`, runs inside the producer's launch: RmsNorm (rms_norm.cuh
+// RMS_Q8, ops/norm.cpp), SwiGlu and GeGlu (elementwise.cuh EW_Q8, ops/elementwise.cpp). The q8 values
+// are the QuantizeAct kernel's, bit for bit.
+// Also decode Attention with heads of whole blocks of 32 (attention.cuh ATT_Q8 in the combine launch,
+// ops/attention.cpp).
+bool fusesQuantize(const model::StepDesc& producer, const model::StepDesc& quant, PlanVariant variant);
+Launches fusedQuantizeLaunches(const StepContext& producer, const StepContext& quant);
+Launches rmsNormQuantizeLaunches(const StepContext& norm, const StepContext& quant);
+Launches gluQuantizeLaunches(const StepContext& glu, const StepContext& quant);
+Launches attentionQuantizeLaunches(const StepContext& attention, const StepContext& quant);
+// The check both make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
+llvm::Error checkFusedQuantize(const StepContext& quant, uint32_t width);
+
 }  // namespace minfer::codegen
