@@ -39,6 +39,9 @@ struct ModelConfig {
   uint32_t rope_n_ctx_orig = 0;
   float rms_norm_eps = 1e-5f;
   bool tied_embeddings = false;
+  // The context the artifact is compiled for (describeModel's n_ctx; 0: any): schema
+  // ModelConfig.n_ctx_max, the largest session context. LongRoPE chooses its factors from it.
+  uint32_t n_ctx_max = 0;
 };
 
 struct WeightDesc {
@@ -51,6 +54,12 @@ struct BufferDesc {
   std::string name;
   uint32_t width;            // elements per token row
   fb::BufferType type;
+};
+
+// A column range of a buffer (schema ColumnView, format 1.4): row t of the operand is elements
+// [offset, offset + width) of row t of the buffer.
+struct ColumnView {
+  uint32_t offset = 0, width = 0;
 };
 
 struct StepDesc {
@@ -69,6 +78,9 @@ struct StepDesc {
   // sliding window in positions (0: none). Schema Step.scale / softcap / window (1.3).
   float scale = 0, softcap = 0;
   uint32_t window = 0;
+  // Column views of the operands (format 1.4; only ops with takesColumnViews): empty = whole buffers,
+  // else one per inputs / outputs entry (a whole buffer as (0, its width)).
+  std::vector<ColumnView> input_views, output_views;
 };
 
 struct ExecutionPlan {
