@@ -199,7 +199,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     ~JoinOnExit() { if (t.joinable()) t.join(); }
   } join_hasher{hasher};
 
-  auto desc = model::describeModel(gguf, options.max_batch);
+  auto desc = model::describeModel(gguf, options.max_batch, options.n_ctx);
   if (!desc) return desc.takeError();
 
   auto writer = artifact::ArtifactWriter::create(options.output);

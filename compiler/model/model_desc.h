@@ -2,7 +2,7 @@
 // the lowering of its architecture into the flat execution plan of DESIGN.md §4.
 //
 // Supported architectures: the registry in architectures.h, one forward pass per arch/<name>.cpp
-// (llama, qwen2, qwen3, gemma2, gemma3). Architecture facts (q/k/v biases, q/k head norms) live in the
+// (llama, qwen2, qwen3, gemma2, gemma3, phi3). Architecture facts (q/k/v biases, q/k head norms) live in the
 // plan's steps, not in ModelConfig. The math each plan step computes is documented in
 // schema/artifact.fbs (OpKind) and, as formulas, in ../shared/fixtures/README.md §3.
 #pragma once
@@ -116,11 +116,14 @@ struct ModelDescription {
 
 // Reads hyperparameters and tokenizer, checks every expected tensor's presence, shape and type, and
 // lowers the architecture into prefill and decode plans for batches of up to `max_batch` tokens.
+// `n_ctx` is the context the artifact is compiled for (minfer-compile -c): 0 = the model's
+// context_length for choices that depend on it (LongRoPE's factor set) and no limit otherwise; else
+// the largest session context (config.n_ctx_max).
 // Errors name the file, the key or tensor, and the numbers (expected vs found); unsupported
 // architectures and tensor types list what is supported; max_batch must be in 1..kArtifactMaxBatch.
-llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch);
+llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch, uint32_t n_ctx = 0);
 
-// The registry's names, comma-separated: "llama, qwen2, qwen3, gemma2, gemma3".
+// The registry's names, comma-separated: "llama, qwen2, qwen3, gemma2, gemma3, phi3".
 const char* supportedArchitectures();
 
 }  // namespace minfer::model
