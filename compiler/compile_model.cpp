@@ -62,7 +62,7 @@ flatbuffers::Offset<fb::Launch> createLaunch(flatbuffers::FlatBufferBuilder& b, 
   for (const codegen::KernelArgDesc& a : r.args) {
     const auto plane = a.kind == fb::ArgKind::Weight ? createStrideTable(b, a.plane) : 0;
     args.push_back(fb::CreateKernelArg(b, a.kind, b.CreateString(a.name), a.buffer, a.access, a.width, a.tensor, plane,
-                                       a.layer, a.bytes, a.value));
+                                       a.layer, a.bytes, a.value, a.view_offset, a.view_width));
   }
   auto grid = [](const kern::GridExtent (&g)[3]) {
     auto e = [](const kern::GridExtent& x) { return fb::GridExtent(x.per_token, x.constant, x.divisor); };
@@ -92,6 +92,12 @@ flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, cons
                                          const std::vector<std::vector<codegen::LaunchRecord>>& launches,
                                          const std::vector<uint8_t>& fused, size_t tail_begin) {
   std::vector<flatbuffers::Offset<fb::Step>> out;
+  auto views = [&](const std::vector<model::ColumnView>& v) -> flatbuffers::Offset<flatbuffers::Vector<const fb::ColumnView*>> {
+    if (v.empty()) return 0;  // whole buffers (1.3 and older read the same)
+    std::vector<fb::ColumnView> cv;
+    for (const model::ColumnView& c : v) cv.emplace_back(c.offset, c.width);
+    return b.CreateVectorOfStructs(cv);
+  };
   for (size_t i = 0; i < steps.size(); ++i) {
     const model::StepDesc& s = steps[i];
     std::vector<flatbuffers::Offset<fb::Launch>> records;
@@ -102,7 +108,8 @@ flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, cons
                                  s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rows, s.cols,
                                  b.CreateString(s.name), b.CreateVector(records), i >= tail_begin, s.scale, s.softcap,
                                  s.window, s.rope_ext_factor, s.rope_attn_factor, s.rope_beta_fast, s.rope_beta_slow,
-                                 s.rope_n_ctx_orig, i < fused.size() && fused[i] != 0));
+                                 s.rope_n_ctx_orig, i < fused.size() && fused[i] != 0, views(s.input_views),
+                                 views(s.output_views)));
   }
   return fb::CreatePlan(b, b.CreateVector(out));
 }
@@ -119,7 +126,7 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
   auto config = fb::CreateModelConfig(
       b, b.CreateString(c.architecture), b.CreateString(c.name), c.n_embd, c.n_layer, c.n_head, c.n_head_kv,
       c.head_dim, c.n_ff, c.n_vocab, c.n_ctx_train, c.n_rot, c.rope_style, c.rope_freq_base, c.rope_freq_scale,
-      c.rope_scaling, c.rms_norm_eps, c.tied_embeddings);
+      c.rope_scaling, c.rms_norm_eps, c.tied_embeddings, c.n_ctx_max);
 
   const flatbuffers::Offset<fb::Tokenizer> tokenizer = desc.tokenizer.present ? createTokenizer(b, desc.tokenizer) : 0;
 
@@ -194,7 +201,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     ~JoinOnExit() { if (t.joinable()) t.join(); }
   } join_hasher{hasher};
 
-  auto desc = model::describeModel(gguf, options.max_batch);
+  auto desc = model::describeModel(gguf, options.max_batch, options.n_ctx);
   if (!desc) return desc.takeError();
 
   auto writer = artifact::ArtifactWriter::create(options.output);

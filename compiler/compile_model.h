@@ -21,6 +21,10 @@ struct CompileOptions {
   std::string input;                 // GGUF path
   std::string output;                // .mfb path (written to a temp file beside it, then renamed)
   uint32_t max_batch = 512;          // activation buffers are sized for this many tokens per step
+  // The context the artifact is compiled for (minfer-compile -c): 0 = the model's context_length where a
+  // choice depends on it (LongRoPE's long/short factors, model_desc.h) and no session limit; else the
+  // largest session context (schema ModelConfig.n_ctx_max), ≤ 2^20.
+  uint32_t n_ctx = 0;
   unsigned jobs = 0;                 // transform threads; 0 = all cores
   std::vector<std::string> targets;  // GPU archs for kernel images, e.g. {"sm_90"}; stored in the artifact
                                      // (empty: no kernel images, a CPU-only artifact)

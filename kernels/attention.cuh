@@ -39,6 +39,9 @@
 //   minfer_attn_combine(const float* part, float* out, int8_t* qs, Q8Meta* meta), also writing out's q8
 //   form (quantize_act.cuh's definition, bit for bit; a warp holds one block of 32 of a head).
 //
+// Column views (format 1.4, phi3's fused q|k|v rows): ATT_K_PITCH / ATT_V_PITCH (kv_store) and ATT_Q_PITCH
+// (prefill) are the floats between rows of k, v and q (absent: dense rows, NHEAD_KV·HEAD_DIM and
+// NHEAD·HEAD_DIM); the pointers address row 0's first element of the view. The decode kernels read one row.
 // Compile-time constants: ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, ATT_SPLITS (decode/combine) and one of
 // ATT_KV_STORE / ATT_PREFILL / ATT_DECODE / ATT_COMBINE = 1; optional ATT_SCALE, ATT_SOFTCAP (float
 // literals) and ATT_WINDOW (positions) for prefill and decode. A window skips the keys before it (whole
@@ -118,6 +121,11 @@ constexpr int kD = ATT_HEAD_DIM, kH = ATT_NHEAD, kHkv = ATT_NHEAD_KV;
 constexpr int kKvW = kHkv * kD;               // cache row: all kv heads of one position
 constexpr int kGroup = kH / kHkv;             // query heads per kv head
 constexpr int kDL = (kD + 31) / 32;           // output dimensions per lane
+#ifdef ATT_Q_PITCH
+constexpr uint64_t kQPitch = ATT_Q_PITCH;     // floats between rows of q (a column view)
+#else
+constexpr uint64_t kQPitch = kH * kD;
+#endif
 static_assert(kH % kHkv == 0, "ATT_NHEAD must be a multiple of ATT_NHEAD_KV");
 static_assert(kD <= 256, "ATT_HEAD_DIM must be at most 256");
 #ifdef ATT_SOFTCAP
@@ -161,11 +169,17 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kKvStoreThreads)
                     uint16_t* __restrict__ vc, const int* __restrict__ pos, int n_tokens) {
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
+#ifdef ATT_K_PITCH
+  constexpr uint64_t kKPitch = ATT_K_PITCH, kVPitch = ATT_V_PITCH;
+#else
+  constexpr uint64_t kKPitch = attn::kKvW, kVPitch = attn::kKvW;
+#endif
   const uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<uint64_t>(n_tokens) * attn::kKvW) return;
   const uint64_t dst = static_cast<uint64_t>(pos[0]) * attn::kKvW + i;  // row t lands at position pos0 + t
-  kc[dst] = f2h(k[i]);
-  vc[dst] = f2h(v[i]);
+  const uint64_t t = i / attn::kKvW, c = i % attn::kKvW;
+  kc[dst] = f2h(k[t * kKPitch + c]);
+  vc[dst] = f2h(v[t * kVPitch + c]);
 }
 #endif
 
@@ -190,7 +204,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 
   for (int e = threadIdx.x; e < kBQ * kD; e += blockDim.x) {
     const int r = e / kD, d = e % kD, t = qt0 + r;
-    sq[e] = t < n_tokens ? q[(static_cast<uint64_t>(t) * kH + j) * kD + d] : 0.0f;
+    sq[e] = t < n_tokens ? q[static_cast<uint64_t>(t) * kQPitch + j * kD + d] : 0.0f;
   }
   const int last_t = min(qt0 + kBQ, n_tokens) - 1;
   const int kv_end = pos0 + last_t + 1;  // keys [0, kv_end) are visible to some query of this block
@@ -344,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     for (int r = 0; r < 4; ++r) {
       const int tok = (r % 2) ? t_hi : t_lo, d = ks * 16 + (r / 2) * 8 + 2 * t4;
       float2 v = make_float2(0.0f, 0.0f);
-      if (tok < n_tokens) v = *reinterpret_cast<const float2*>(q + (static_cast<uint64_t>(tok) * kH + j) * kD + d);
+      if (tok < n_tokens) v = *reinterpret_cast<const float2*>(q + static_cast<uint64_t>(tok) * kQPitch + j * kD + d);
       qf[ks][r] = packHalf2(v.x * qscale, v.y * qscale);
     }
 

@@ -5,14 +5,17 @@
 //   geglu:  out = gelu(gate) ⊙ up, gelu(g) = 0.5·g·(1 + tanh(√(2/π)·g·(1 + 0.044715·g²))) (tanhf; the
 //           exact tanh form, as cpu::geGlu, not llama.cpp's CPU fp16 table)
 //   add:    out = a + b
-// Compile-time constants: EW_WIDTH (row width of the buffers), EW_OP (1 swiglu, 2 add, 3 geglu).
+// Compile-time constants: EW_WIDTH (row width of the buffers), EW_OP (1 swiglu, 2 add, 3 geglu);
+//   column views (format 1.4, phi3's gate|up rows): EW_A_PITCH, EW_B_PITCH, EW_OUT_PITCH (floats between
+//   rows of each operand, all three or none; the pointers address row 0's first element of the view)
+//   and EW_VEC4 (1 when the width, pitches and view offsets are multiples of 4: float4 accesses).
 // Launch ABI:  minfer_swiglu(const float* gate, const float* up, float* out, int n_tokens)
 //              minfer_geglu(const float* gate, const float* up, float* out, int n_tokens)
 //              minfer_add(const float* a, const float* b, float* out, int n_tokens)
-//   all buffers n_tokens × EW_WIDTH f32; out may alias an input.
-//   With EW_Q8 = 1 (swiglu / geglu; the QuantizeAct step that follows, fused into this launch;
-//   EW_WIDTH % 32 == 0): (…, float* out, int8_t* qs, Q8Meta* meta, int n_tokens) also writes out's q8
-//   form (quantize_act.cuh's definition, bit for bit: eight consecutive threads hold one block of 32).
+//   all operands n_tokens × EW_WIDTH f32 (rows EW_*_PITCH apart with views); out may alias an input.
+//   With EW_Q8 = 1 (swiglu / geglu, whole buffers; the QuantizeAct step that follows, fused into this
+//   launch; EW_WIDTH % 32 == 0): (…, float* out, int8_t* qs, Q8Meta* meta, int n_tokens) also writes
+//   out's q8 form (quantize_act.cuh's definition, bit for bit: eight consecutive threads hold one block).
 // Launch shape: elementwiseLaunch(): 256 threads, 4 elements per thread (float4 when aligned).
 #pragma once
 
@@ -60,6 +63,9 @@ __device__ __forceinline__ float apply(float a, float b) {
 
 #if EW_Q8
 static_assert(EW_WIDTH % 32 == 0 && EW_OP != 2, "the q8 form is for swiglu / geglu rows of whole blocks of 32");
+#if defined(EW_A_PITCH)
+#error "the q8 form takes whole buffers, not column views"
+#endif
 extern "C" __global__ void __launch_bounds__(minfer::kern::kEwThreads)
     MINFER_EW_ENTRY(const float* a, const float* b, float* out, int8_t* __restrict__ qs,
                     minfer::kern::Q8Meta* __restrict__ meta, int n_tokens) {
@@ -115,6 +121,28 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kEwThreads)
   minfer::kern::overlapPrologue();
   const uint64_t n = static_cast<uint64_t>(n_tokens) * EW_WIDTH;
   const uint64_t i = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+#if defined(EW_A_PITCH)  // column views: element (t, c) of each operand at t·pitch + c
+  if (i >= n) return;
+#if EW_VEC4  // the 4 elements lie in one row (EW_WIDTH % 4 == 0) and are 16-byte aligned
+  {
+    const uint64_t t = i / EW_WIDTH, c = i % EW_WIDTH;
+    const float4 va = *reinterpret_cast<const float4*>(a + t * EW_A_PITCH + c);
+    const float4 vb = *reinterpret_cast<const float4*>(b + t * EW_B_PITCH + c);
+    float4 r;
+    r.x = minfer::kern::ew::apply(va.x, vb.x);
+    r.y = minfer::kern::ew::apply(va.y, vb.y);
+    r.z = minfer::kern::ew::apply(va.z, vb.z);
+    r.w = minfer::kern::ew::apply(va.w, vb.w);
+    *reinterpret_cast<float4*>(out + t * EW_OUT_PITCH + c) = r;
+  }
+#else
+  for (uint64_t j = i; j < i + 4 && j < n; ++j) {
+    const uint64_t t = j / EW_WIDTH, c = j % EW_WIDTH;
+    out[t * EW_OUT_PITCH + c] = minfer::kern::ew::apply(a[t * EW_A_PITCH + c], b[t * EW_B_PITCH + c]);
+  }
+#endif
+  return;
+#endif
   if (i + 4 <= n) {
     const float4 va = *reinterpret_cast<const float4*>(a + i);
     const float4 vb = *reinterpret_cast<const float4*>(b + i);

@@ -18,7 +18,9 @@
 // Compile-time constants: ROPE_NHEAD, ROPE_NHEAD_KV, ROPE_HEAD_DIM, ROPE_NROT (even, ≤ HEAD_DIM),
 //   ROPE_NEOX (0 norm, 1 neox), ROPE_BASE, ROPE_SCALE (float literals), ROPE_FREQ_FACTORS (0 or 1);
 //   optional: ROPE_YARN (0 or 1) with ROPE_EXT_FACTOR, ROPE_CORR_LO, ROPE_CORR_HI, and ROPE_MSCALE
-//   (float literals; absent: no YaRN, scale 1).
+//   (float literals; absent: no YaRN, scale 1); ROPE_Q_PITCH, ROPE_K_PITCH (floats between rows of q and
+//   k; absent: NHEAD·HEAD_DIM and NHEAD_KV·HEAD_DIM): q and k as column views of a wider buffer
+//   (format 1.4, phi3's fused q|k|v rows; the pointers address row 0's first q / k element).
 // Launch ABI:  minfer_rope(float* q, float* k, const float* freq_factors, const int* pos, int n_tokens)
 //   q: n_tokens × NHEAD·HEAD_DIM, k: n_tokens × NHEAD_KV·HEAD_DIM (f32, rotated in place);
 //   freq_factors: NROT/2 f32 values > 0 with ROPE_FREQ_FACTORS = 1, else null (not read); pos[0] = pos0.
@@ -101,6 +103,12 @@ MINFER_HD LaunchShape ropeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_
 #ifndef ROPE_MSCALE
 #define ROPE_MSCALE 1.0f
 #endif
+#ifndef ROPE_Q_PITCH
+#define ROPE_Q_PITCH (ROPE_NHEAD * ROPE_HEAD_DIM)
+#endif
+#ifndef ROPE_K_PITCH
+#define ROPE_K_PITCH (ROPE_NHEAD_KV * ROPE_HEAD_DIM)
+#endif
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
     minfer_rope(float* q, float* k, const float* __restrict__ freq_factors, const int* __restrict__ pos,
                 int n_tokens) {
@@ -132,8 +140,8 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
     for (int hh = 0; hh < per_block; ++hh) {
       const int h = h0 + hh;
       if (h >= kHeads) break;
-      float* x = h < ROPE_NHEAD ? q + (static_cast<uint64_t>(t) * ROPE_NHEAD + h) * ROPE_HEAD_DIM
-                                : k + (static_cast<uint64_t>(t) * ROPE_NHEAD_KV + (h - ROPE_NHEAD)) * ROPE_HEAD_DIM;
+      float* x = h < ROPE_NHEAD ? q + static_cast<uint64_t>(t) * ROPE_Q_PITCH + h * ROPE_HEAD_DIM
+                                : k + static_cast<uint64_t>(t) * ROPE_K_PITCH + (h - ROPE_NHEAD) * ROPE_HEAD_DIM;
       const float a = x[i0], b = x[i1];
       x[i0] = a * c - b * s;
       x[i1] = a * s + b * c;

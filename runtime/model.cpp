@@ -82,6 +82,7 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, BackendKind 
   info.n_head_kv = static_cast<int>(c->n_head_kv());
   info.head_dim = static_cast<int>(c->head_dim());
   info.n_ctx_train = static_cast<int>(std::min<uint32_t>(c->n_ctx_train(), INT32_MAX));
+  info.n_ctx_max = static_cast<int>(std::min<uint32_t>(c->n_ctx_max(), INT32_MAX));  // 1.4; 0 in older artifacts
   info.max_batch = m->memory() ? static_cast<int>(m->memory()->max_batch()) : 0;
   info.file_bytes = model->file_->fileSize();
 
@@ -144,6 +145,10 @@ Result<std::unique_ptr<Session>> Model::createSession(const SessionOptions& opti
   if (options.n_ctx < 1 || options.n_ctx > kMaxContext)
     return Status::error(file_->path() + ": context length n_ctx = " + std::to_string(options.n_ctx) +
                          " is out of range 1.." + std::to_string(kMaxContext));
+  if (info_.n_ctx_max > 0 && options.n_ctx > info_.n_ctx_max)
+    return Status::error(file_->path() + ": context length n_ctx = " + std::to_string(options.n_ctx) +
+                         " is larger than the " + std::to_string(info_.n_ctx_max) +
+                         " the artifact was compiled for (config.n_ctx_max; recompile with a larger -c)");
   if (options.n_threads < 0)
     return Status::error("n_threads = " + std::to_string(options.n_threads) + " must be ≥ 0 (0: the physical cores)");
   Result<std::unique_ptr<BackendSession>> bs =

@@ -83,6 +83,14 @@ constexpr const OpTraits* opTraits(fb::OpKind op) {
   return i <= static_cast<size_t>(fb::OpKind::MAX) ? &kOpTraits[i] : nullptr;
 }
 
+// 1.4: whether steps of `op` may have column views (schema Step.input_views / output_views, ColumnView):
+// both backends honour them for these ops (their kernels and CPU ops take a row pitch); the compiler,
+// the verifier and the CPU backend refuse views on any other op.
+constexpr bool takesColumnViews(fb::OpKind op) {
+  return op == fb::OpKind::Rope || op == fb::OpKind::Attention || op == fb::OpKind::SwiGlu ||
+         op == fb::OpKind::GeGlu || op == fb::OpKind::Add;
+}
+
 // "MatMul", or "unknown" outside OpKind.
 constexpr const char* opName(fb::OpKind op) {
   const OpTraits* t = opTraits(op);

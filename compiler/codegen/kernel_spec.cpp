@@ -69,6 +69,16 @@ llvm::Expected<const model::BufferDesc*> StepContext::output(size_t i, const cha
   return &desc_.plan.buffers[step_.outputs[i]];
 }
 
+model::ColumnView StepContext::inputView(size_t i) const {
+  if (i < step_.input_views.size()) return step_.input_views[i];
+  return {0, desc_.plan.buffers[step_.inputs[i]].width};
+}
+
+model::ColumnView StepContext::outputView(size_t i) const {
+  if (i < step_.output_views.size()) return step_.output_views[i];
+  return {0, desc_.plan.buffers[step_.outputs[i]].width};
+}
+
 llvm::Expected<const planes::TensorLayout*> StepContext::weight(size_t i) const {
   if (i >= step_.weights.size() || step_.weights[i] >= layouts_.size())
     return error(llvm::formatv("weight #{0} is missing or out of range", i));
@@ -102,6 +112,12 @@ SpecBuilder& SpecBuilder::flag(const char* f) {
 
 KernelArgDesc activationArg(const char* name, uint32_t buffer, uint32_t width, fb::Access access) {
   return {.kind = fb::ArgKind::Activation, .name = name, .buffer = buffer, .access = access, .width = width};
+}
+
+KernelArgDesc viewArg(const char* name, uint32_t buffer, uint32_t pitch, model::ColumnView view, fb::Access access) {
+  KernelArgDesc a = activationArg(name, buffer, pitch, access);
+  if (view.offset != 0 || view.width != pitch) a.view_offset = view.offset, a.view_width = view.width;
+  return a;
 }
 
 KernelArgDesc weightArg(const char* name, uint32_t tensor, const StrideTable& plane) {
@@ -168,6 +184,21 @@ llvm::Expected<std::vector<KernelLaunch>> launchesForStep(const model::ModelDesc
   const StepContext c(desc, layouts, variant, step_index);
   if (!opTraits(c.step().op))
     return c.error(llvm::formatv("unknown op kind {0}", static_cast<unsigned>(c.step().op)));
+  const model::StepDesc& s = c.step();
+  if (!s.input_views.empty() || !s.output_views.empty()) {  // format 1.4 column views
+    if (!takesColumnViews(s.op)) return c.error(llvm::formatv("{0} steps take no column views", opName(s.op)));
+    if (s.input_views.size() != s.inputs.size() || s.output_views.size() != s.outputs.size())
+      return c.error("column views must be given for every operand or none");
+    for (size_t i = 0; i < s.inputs.size() + s.outputs.size(); ++i) {
+      const bool in = i < s.inputs.size();
+      const size_t j = in ? i : i - s.inputs.size();
+      const uint32_t id = in ? s.inputs[j] : s.outputs[j];
+      const model::ColumnView v = in ? s.input_views[j] : s.output_views[j];
+      if (id >= desc.plan.buffers.size() || v.width == 0 || uint64_t{v.offset} + v.width > desc.plan.buffers[id].width)
+        return c.error(llvm::formatv("column view {0} + {1} of operand {2} is empty or outside its buffer", v.offset,
+                                     v.width, i));
+    }
+  }
   return kFamilies[static_cast<size_t>(c.step().op)](c);
 }
 

@@ -54,6 +54,7 @@ struct KernelArgDesc {
   uint32_t layer = 0;
   uint64_t bytes = 0;
   int32_t value = 0;
+  uint32_t view_offset = 0, view_width = 0;  // Activation (1.4): a column view; width stays the row pitch
 };
 
 struct KernelLaunch {

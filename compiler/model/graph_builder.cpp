@@ -2,6 +2,7 @@
 #include "compiler/model/graph_builder.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <tuple>
 
@@ -34,12 +35,11 @@ llvm::Error GraphBuilder::error(const llvm::Twine& message) const {
 
 std::string GraphBuilder::layerPrefix(uint32_t layer) { return "blk." + std::to_string(layer) + "."; }
 
-llvm::Expected<uint32_t> GraphBuilder::weight(const std::string& name, planes::TensorRole role,
-                                              std::vector<uint64_t> ne, bool optional, bool* found) {
+llvm::Expected<const gguf::TensorInfo*> GraphBuilder::checkTensor(const std::string& name, planes::TensorRole role,
+                                                                 const std::vector<uint64_t>& ne, bool optional) {
   const gguf::TensorInfo* info = file_.findTensor(name);
-  if (found) *found = info != nullptr;
   if (!info) {
-    if (optional) return UINT32_MAX;
+    if (optional) return nullptr;
     return makeError(llvm::formatv("{0}: tensor '{1}' is missing (architecture {2} needs it)", file_.fileName(),
                                    name, desc_.config.architecture));
   }
@@ -63,10 +63,32 @@ llvm::Expected<uint32_t> GraphBuilder::weight(const std::string& name, planes::T
     return makeError(llvm::formatv("{0}: tensor '{1}' has type {2}, which minfer does not support (supported: {3})",
                                    file_.fileName(), name, traits.name, supportedTypes()));
   if (role == planes::TensorRole::kVector && info->type != GgmlType::F32)
-    return makeError(llvm::formatv("{0}: tensor '{1}' has type {2}; norm weights and biases must be F32",
+    return makeError(llvm::formatv("{0}: tensor '{1}' has type {2}; norm weights, biases and RoPE factors must be F32",
                                    file_.fileName(), name, traits.name));
-  desc_.weights.push_back({name, role, info});
+  return info;
+}
+
+llvm::Expected<uint32_t> GraphBuilder::weight(const std::string& name, planes::TensorRole role,
+                                              std::vector<uint64_t> ne, bool optional, bool* found) {
+  auto info = checkTensor(name, role, ne, optional);
+  if (found) *found = info && *info;
+  if (!info) return info.takeError();
+  if (!*info) return UINT32_MAX;
+  desc_.weights.push_back({name, role, *info});
   return static_cast<uint32_t>(desc_.weights.size() - 1);
+}
+
+void GraphBuilder::push(StepDesc step, std::initializer_list<Operand> inputs, std::initializer_list<Operand> outputs) {
+  bool views = false;
+  for (const Operand& o : inputs) views |= o.width != 0;
+  for (const Operand& o : outputs) views |= o.width != 0;
+  auto add = [&](const Operand& o, std::vector<uint32_t>& ids, std::vector<ColumnView>& vs) {
+    ids.push_back(o.buffer);
+    if (views) vs.push_back({o.offset, o.width != 0 ? o.width : desc_.plan.buffers[o.buffer].width});
+  };
+  for (const Operand& o : inputs) add(o, step.inputs, step.input_views);
+  for (const Operand& o : outputs) add(o, step.outputs, step.output_views);
+  desc_.plan.prefill.push_back(std::move(step));
 }
 
 uint32_t GraphBuilder::buffer(const char* name, uint32_t width, fb::BufferType type) {
@@ -74,7 +96,7 @@ uint32_t GraphBuilder::buffer(const char* name, uint32_t width, fb::BufferType t
   return static_cast<uint32_t>(desc_.plan.buffers.size() - 1);
 }
 
-llvm::Error GraphBuilder::embedding() {
+llvm::Error GraphBuilder::embedding(ActivationOptions options) {
   ModelConfig& c = desc_.config;
   ExecutionPlan& plan = desc_.plan;
   const gguf::TensorInfo* embd = file_.findTensor("token_embd.weight");
@@ -92,9 +114,16 @@ llvm::Error GraphBuilder::embedding() {
   Activations& a = act_;
   a.ids = buffer("ids", 1, fb::BufferType::I32);
   a.x = buffer("x", c.n_embd), a.h = buffer("h", c.n_embd);
-  a.q = buffer("q", q_width), a.k = buffer("k", kv_width), a.v = buffer("v", kv_width);
+  if (options.fused_qkv) {
+    a.qkv = buffer("qkv", q_width + 2 * kv_width);
+    a.q = {a.qkv, 0, q_width}, a.k = {a.qkv, q_width, kv_width}, a.v = {a.qkv, q_width + kv_width, kv_width};
+  } else {
+    a.q = {buffer("q", q_width)}, a.k = {buffer("k", kv_width)}, a.v = {buffer("v", kv_width)};
+  }
   a.attn = buffer("attn", q_width);
-  a.gate = buffer("gate", c.n_ff), a.up = buffer("up", c.n_ff);
+  a.gate = buffer("gate", c.n_ff);
+  if (options.fused_gate_up) a.gate_up = buffer("gate_up", 2 * c.n_ff);
+  else a.up = buffer("up", c.n_ff);
   a.logits = buffer("logits", c.n_vocab);
   plan.input_ids = a.ids;
   plan.logits = a.logits;
@@ -138,12 +167,17 @@ llvm::Error GraphBuilder::qkvProjection(uint32_t layer, uint32_t in, QkvOptions 
   const ModelConfig& c = desc_.config;
   const std::string p = layerPrefix(layer);
   const uint32_t q_width = c.n_head * c.head_dim, kv_width = c.n_head_kv * c.head_dim;
-  if (auto e = matmul(p + "attn_q", in, act_.q, q_width, c.n_embd, options.bias)) return e;
-  if (auto e = matmul(p + "attn_k", in, act_.k, kv_width, c.n_embd, options.bias)) return e;
-  if (auto e = matmul(p + "attn_v", in, act_.v, kv_width, c.n_embd, options.bias)) return e;
+  if (act_.qkv != Activations::kNone) {  // one matmul; q, k and v stay column views of its output
+    if (options.bias || options.head_norm)
+      return error("a fused attn_qkv projection with biases or q/k head norms is not supported");
+    return matmul(p + "attn_qkv", in, act_.qkv, q_width + 2 * kv_width, c.n_embd);
+  }
+  if (auto e = matmul(p + "attn_q", in, act_.q.buffer, q_width, c.n_embd, options.bias)) return e;
+  if (auto e = matmul(p + "attn_k", in, act_.k.buffer, kv_width, c.n_embd, options.bias)) return e;
+  if (auto e = matmul(p + "attn_v", in, act_.v.buffer, kv_width, c.n_embd, options.bias)) return e;
   if (!options.head_norm) return llvm::Error::success();
-  for (auto [which, buf, heads] : {std::tuple{"attn_q_norm", act_.q, c.n_head},
-                                   std::tuple{"attn_k_norm", act_.k, c.n_head_kv}}) {
+  for (auto [which, buf, heads] : {std::tuple{"attn_q_norm", act_.q.buffer, c.n_head},
+                                   std::tuple{"attn_k_norm", act_.k.buffer, c.n_head_kv}}) {
     auto w = weight(p + which + ".weight", planes::TensorRole::kVector, {c.head_dim});
     if (!w) return w.takeError();
     desc_.plan.prefill.push_back({.op = fb::OpKind::HeadRmsNorm, .inputs = {buf}, .outputs = {buf},
@@ -153,51 +187,85 @@ llvm::Error GraphBuilder::qkvProjection(uint32_t layer, uint32_t in, QkvOptions 
   return llvm::Error::success();
 }
 
+llvm::Error GraphBuilder::checkFactors(const gguf::TensorInfo& t) const {
+  // θ_i is divided by these (kernels/rope.cuh): refuse what would make it inf or NaN.
+  const llvm::ArrayRef<uint8_t> data = file_.tensorData(t);
+  for (uint64_t i = 0; i < t.elements(); ++i) {
+    float v;
+    std::memcpy(&v, data.data() + 4 * i, 4);
+    if (!(v > 0) || !std::isfinite(v))
+      return makeError(llvm::formatv("{0}: tensor '{1}' value {2} = {3} must be finite and > 0", file_.fileName(),
+                                     t.name, i, llvm::format("%g", v)));
+  }
+  return llvm::Error::success();
+}
+
 llvm::Expected<uint32_t> GraphBuilder::ropeFreqs() {
   if (rope_freqs_ != kNotLooked) return static_cast<uint32_t>(rope_freqs_);
   const uint32_t n = desc_.config.n_rot / 2;
   auto w = weight("rope_freqs.weight", planes::TensorRole::kVector, {n}, /*optional=*/true);
   if (!w) return w.takeError();
-  if (*w != UINT32_MAX) {
-    // θ_i is divided by these (kernels/rope.cuh): refuse what would make it inf or NaN.
-    const llvm::ArrayRef<uint8_t> data = file_.tensorData(*desc_.weights[*w].info);
-    for (uint32_t i = 0; i < n; ++i) {
-      float v;
-      std::memcpy(&v, data.data() + 4 * i, 4);
-      if (!(v > 0) || !std::isfinite(v))
-        return makeError(llvm::formatv("{0}: tensor 'rope_freqs.weight' value {1} = {2} must be finite and > 0",
-                                       file_.fileName(), i, llvm::format("%g", v)));
-    }
-  }
+  if (*w != UINT32_MAX)
+    if (auto e = checkFactors(*desc_.weights[*w].info)) return e;
   rope_freqs_ = *w;
   return *w;
 }
 
+llvm::Expected<uint32_t> GraphBuilder::longRopeFactors() {
+  if (long_rope_ != kNotLooked) return static_cast<uint32_t>(long_rope_);
+  ModelConfig& c = desc_.config;
+  // n_ctx_orig_yarn as llama_model::load_hparams reads it: context_length unless the key exists.
+  const std::string orig_key = c.architecture + ".rope.scaling.original_context_length";
+  auto orig = file_.getU32Or(orig_key, c.n_ctx_train);
+  if (!orig) return orig.takeError();
+  const uint64_t ctx = c.n_ctx_max != 0 ? c.n_ctx_max : c.n_ctx_train;  // llama.cpp's n_ctx_per_seq
+  const bool use_long = ctx > *orig;
+  const uint32_t n = c.n_rot / 2;
+  const char* names[2] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+  uint32_t chosen = UINT32_MAX;
+  for (int i = 0; i < 2; ++i) {
+    auto t = checkTensor(names[i], planes::TensorRole::kVector, {n}, /*optional=*/true);
+    if (!t) return t.takeError();
+    if (!*t) continue;
+    if (auto e = checkFactors(**t)) return e;
+    if (use_long == (i == 0)) {
+      desc_.weights.push_back({names[i], planes::TensorRole::kVector, *t});
+      chosen = static_cast<uint32_t>(desc_.weights.size() - 1);
+    } else {
+      left_out_.push_back(*t);
+    }
+  }
+  const bool any = chosen != UINT32_MAX || !left_out_.empty();
+  if (any && !use_long) c.n_ctx_max = c.n_ctx_max != 0 ? std::min(c.n_ctx_max, *orig) : *orig;
+  long_rope_ = chosen;
+  return chosen;
+}
+
 llvm::Error GraphBuilder::rope(uint32_t layer, RopeOptions options) {
   const ModelConfig& c = desc_.config;
-  StepDesc s{.op = fb::OpKind::Rope, .inputs = {act_.q, act_.k}, .outputs = {act_.q, act_.k}, .n_head = c.n_head,
+  StepDesc s{.op = fb::OpKind::Rope, .n_head = c.n_head,
              .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .n_rot = c.n_rot, .rope_style = c.rope_style,
              .rope_freq_base = options.freq_base > 0 ? options.freq_base : c.rope_freq_base,
              .rope_freq_scale = options.freq_scale > 0 ? options.freq_scale : c.rope_freq_scale,
              .rope_ext_factor = c.rope_ext_factor, .rope_attn_factor = c.rope_attn_factor,
              .rope_beta_fast = c.rope_beta_fast, .rope_beta_slow = c.rope_beta_slow,
              .rope_n_ctx_orig = c.rope_n_ctx_orig, .name = layerPrefix(layer) + "rope"};
-  if (options.freq_factors) {
-    auto ff = ropeFreqs();
+  if (options.freq_factors || options.long_rope) {
+    auto ff = options.long_rope ? longRopeFactors() : ropeFreqs();
     if (!ff) return ff.takeError();
     if (*ff != UINT32_MAX) s.weights.push_back(*ff);
   }
-  desc_.plan.prefill.push_back(std::move(s));
+  push(std::move(s), {act_.q, act_.k}, {act_.q, act_.k});
   return llvm::Error::success();
 }
 
 llvm::Error GraphBuilder::attention(uint32_t layer, uint32_t out, AttentionOptions options) {
   const ModelConfig& c = desc_.config;
   const std::string p = layerPrefix(layer);
-  desc_.plan.prefill.push_back({.op = fb::OpKind::Attention, .inputs = {act_.q, act_.k, act_.v},
-                                .outputs = {act_.attn}, .layer = static_cast<int32_t>(layer), .n_head = c.n_head,
-                                .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .name = p + "attention",
-                                .scale = options.scale, .softcap = options.softcap, .window = options.window});
+  push({.op = fb::OpKind::Attention, .layer = static_cast<int32_t>(layer), .n_head = c.n_head,
+        .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .name = p + "attention", .scale = options.scale,
+        .softcap = options.softcap, .window = options.window},
+       {act_.q, act_.k, act_.v}, {{act_.attn}});
   return matmul(p + "attn_output", act_.attn, out, c.n_embd, c.n_head * c.head_dim);
 }
 
@@ -213,11 +281,16 @@ void GraphBuilder::residualAdd(const std::string& name, uint32_t acc, uint32_t i
 llvm::Error GraphBuilder::gatedFfn(uint32_t layer, uint32_t in, uint32_t out, FfnActivation act) {
   const ModelConfig& c = desc_.config;
   const std::string p = layerPrefix(layer);
-  if (auto e = matmul(p + "ffn_gate", in, act_.gate, c.n_ff, c.n_embd)) return e;
-  if (auto e = matmul(p + "ffn_up", in, act_.up, c.n_ff, c.n_embd)) return e;
   const bool gelu = act == FfnActivation::kGeluTanh;
-  desc_.plan.prefill.push_back({.op = gelu ? fb::OpKind::GeGlu : fb::OpKind::SwiGlu, .inputs = {act_.gate, act_.up},
-                                .outputs = {act_.gate}, .name = p + (gelu ? "geglu" : "swiglu")});
+  const StepDesc glu{.op = gelu ? fb::OpKind::GeGlu : fb::OpKind::SwiGlu, .name = p + (gelu ? "geglu" : "swiglu")};
+  if (act_.gate_up != Activations::kNone) {  // one matmul; the GLU reads its two halves in place
+    if (auto e = matmul(p + "ffn_up", in, act_.gate_up, 2 * c.n_ff, c.n_embd)) return e;
+    push(glu, {{act_.gate_up, 0, c.n_ff}, {act_.gate_up, c.n_ff, c.n_ff}}, {{act_.gate}});
+  } else {
+    if (auto e = matmul(p + "ffn_gate", in, act_.gate, c.n_ff, c.n_embd)) return e;
+    if (auto e = matmul(p + "ffn_up", in, act_.up, c.n_ff, c.n_embd)) return e;
+    push(glu, {{act_.gate}, {act_.up}}, {{act_.gate}});
+  }
   return matmul(p + "ffn_down", act_.gate, out, c.n_embd, c.n_ff);
 }
 
@@ -252,10 +325,11 @@ llvm::Error GraphBuilder::outputHead(uint32_t in) {
 
 llvm::Error GraphBuilder::finish() {
   // Every GGUF tensor must be used: an unknown tensor means an architecture variant we do not handle.
-  if (desc_.weights.size() != file_.tensors().size()) {
+  if (desc_.weights.size() + left_out_.size() != file_.tensors().size()) {
     for (const gguf::TensorInfo& t : file_.tensors()) {
       bool used = false;
       for (const WeightDesc& w : desc_.weights) used |= w.info == &t;
+      for (const gguf::TensorInfo* l : left_out_) used |= l == &t;
       if (!used)
         return makeError(llvm::formatv("{0}: tensor '{1}' is not used by the {2} architecture as minfer knows it",
                                        file_.fileName(), t.name, desc_.config.architecture));

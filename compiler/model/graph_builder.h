@@ -16,14 +16,34 @@
 
 namespace minfer::model {
 
+// A step operand: a whole buffer, or (format 1.4) a column range of one (schema ColumnView).
+struct Operand {
+  uint32_t buffer = 0;
+  uint32_t offset = 0, width = 0;  // width 0: the whole buffer
+};
+
+// How embedding() lays out the q/k/v and FFN buffers.
+struct ActivationOptions {
+  // One (tokens, n_head·head_dim + 2·n_head_kv·head_dim) buffer `qkv` for the fused attn_qkv projection;
+  // q, k and v are its column ranges (phi3). Otherwise three buffers.
+  bool fused_qkv = false;
+  // One (tokens, 2·n_ff) buffer `gate_up` for the fused ffn_up projection (gate columns, then up); no
+  // separate up buffer (phi3).
+  bool fused_gate_up = false;
+};
+
 // The activation buffers of a llama-like forward pass (ids into plan.buffers), made by embedding().
 struct Activations {
+  static constexpr uint32_t kNone = UINT32_MAX;
   uint32_t ids = 0;           // (tokens), i32 token ids
   uint32_t x = 0, h = 0;      // (tokens, n_embd): the residual stream; a block's normed input or output
-  uint32_t q = 0;             // (tokens, n_head * head_dim)
-  uint32_t k = 0, v = 0;      // (tokens, n_head_kv * head_dim)
+  Operand q;                  // (tokens, n_head * head_dim)
+  Operand k, v;               // (tokens, n_head_kv * head_dim)
+  uint32_t qkv = kNone;       // fused_qkv: (tokens, q | k | v), the buffer q, k and v are views of
   uint32_t attn = 0;          // (tokens, n_head * head_dim): attention output before attn_output
-  uint32_t gate = 0, up = 0;  // (tokens, n_ff): FFN gate and up projections (SwiGLU writes gate)
+  uint32_t gate = 0;          // (tokens, n_ff): FFN gate projection; the GLU's output (ffn_down's input)
+  uint32_t up = kNone;        // (tokens, n_ff): FFN up projection (kNone with fused_gate_up)
+  uint32_t gate_up = kNone;   // fused_gate_up: (tokens, gate | up), 2·n_ff wide
   uint32_t logits = 0;        // (tokens, n_vocab)
 };
 
@@ -40,6 +60,8 @@ struct RopeOptions {
   bool freq_factors = false;
   // This layer's freq base and freq scale instead of the config's (gemma3's local layers); 0: the config's.
   float freq_base = 0, freq_scale = 0;
+  // LongRoPE (phi3): the per-pair factors of longRopeFactors() (rope_factors_long or _short.weight).
+  bool long_rope = false;
 };
 
 // Options of the attention block (gemma2): schema Step.scale / softcap / window of the Attention step.
@@ -83,15 +105,18 @@ class GraphBuilder {
   uint32_t buffer(const char* name, uint32_t width, fb::BufferType type = fb::BufferType::F32);
 
   // token_embd.weight [n_embd, n_vocab]: sets n_vocab (≤ 2^24, equal to the tokenizer's size) and
-  // tied_embeddings (no output.weight), makes the Activations buffers, and appends the Embed step
-  // ids → x. Call first.
-  llvm::Error embedding();
+  // tied_embeddings (no output.weight), makes the Activations buffers (laid out by `options`), and
+  // appends the Embed step ids → x. Call first.
+  llvm::Error embedding(ActivationOptions options = {});
   // RMSNorm of each row: out = in / sqrt(mean(in²) + eps) * <name>.weight [n_embd]. Step `name`.
   llvm::Error norm(const std::string& name, uint32_t in, uint32_t out);
   // out = <base>.weight · in (+ <base>.bias [rows]); <base>.weight is [cols, rows]. Step `base`.
   llvm::Error matmul(const std::string& base, uint32_t in, uint32_t out, uint32_t rows, uint32_t cols,
                      bool bias = false);
-  // q, k, v = attn_q/k/v · in (+ biases), then, with head_norm, HeadRmsNorm of q and k in place.
+  // q, k, v = attn_q/k/v · in (+ biases), then, with head_norm, HeadRmsNorm of q and k in place. With
+  // fused_qkv activations: one MatMul qkv = attn_qkv · in, attn_qkv.weight [n_embd, q + 2·kv] (rows q,
+  // then k, then v: llama.cpp's create_tensor_qkv / build_qkv views); q, k and v are read as column
+  // views of its output, never copied (no biases or head norms in this form).
   llvm::Error qkvProjection(uint32_t layer, uint32_t in, QkvOptions options);
   // RoPE of q and k in place: config's rope style, n_rot, freq base and scale (or options'), and with
   // options.freq_factors the rope_freqs.weight tensor when the GGUF has one (registered once; its
@@ -105,6 +130,9 @@ class GraphBuilder {
   // acc += in. Step `name`.
   void residualAdd(const std::string& name, uint32_t acc, uint32_t in);
   // out = ffn_down · (act(ffn_gate · in) ⊙ (ffn_up · in)), act = silu (SwiGlu step) or GELU-tanh (GeGlu).
+  // With fused_gate_up activations: gate_up = ffn_up · in, ffn_up.weight [n_embd, 2·n_ff] (rows gate,
+  // then up: llama.cpp's LLM_FFN_SWIGLU on one tensor, ggml_swiglu's halves), and the GLU step reads its
+  // two column views; no ffn_gate tensor.
   llvm::Error gatedFfn(uint32_t layer, uint32_t in, uint32_t out, FfnActivation act = FfnActivation::kSilu);
   // One decoder layer on the residual stream x: x += attention(RoPE(qkv(RMSNorm(x)))) then
   // x += gatedFfn(RMSNorm(x)) (attn_norm, ffn_norm), the block llama, qwen2 and qwen3 share; with
@@ -120,9 +148,26 @@ class GraphBuilder {
   // An error "<file>: <message>" for an architecture's own checks.
   llvm::Error error(const llvm::Twine& message) const;
 
+  // LongRoPE (Phi-3/3.5 128k): the frequency factors llama.cpp's llama_model::get_rope_factors picks,
+  // registered once: rope_factors_long.weight when the compiled context C (config.n_ctx_max, or
+  // context_length when 0) exceeds n_ctx_orig_yarn (rope.scaling.original_context_length when the key
+  // exists, else context_length), else rope_factors_short.weight. Each is optional, [n_rot/2] F32 with
+  // finite values > 0; both are checked, the other set is left out of the artifact. With the short set
+  // chosen, config.n_ctx_max becomes at most n_ctx_orig_yarn (a longer session would be llama.cpp's long
+  // set). Returns the chosen tensor's index, or UINT32_MAX when it is absent. The cos/sin scale is
+  // rope.scaling.attn_factor (config.rope_attn_factor), applied whichever set is chosen.
+  llvm::Expected<uint32_t> longRopeFactors();
+
  private:
   // rope_freqs.weight's index into desc.weights (UINT32_MAX when absent), registered on first use.
   llvm::Expected<uint32_t> ropeFreqs();
+  // weight()'s checks without registering: the tensor (nullptr for an absent optional one).
+  llvm::Expected<const gguf::TensorInfo*> checkTensor(const std::string& name, planes::TensorRole role,
+                                                      const std::vector<uint64_t>& ne, bool optional);
+  // A frequency-factor tensor's values must be finite and > 0 (θ_i is divided by them).
+  llvm::Error checkFactors(const gguf::TensorInfo& t) const;
+  // Appends a step with operands; views are written only when some operand is a column range.
+  void push(StepDesc step, std::initializer_list<Operand> inputs, std::initializer_list<Operand> outputs);
 
   const gguf::GgufFile& file_;
   ModelDescription& desc_;
@@ -131,6 +176,8 @@ class GraphBuilder {
   // rope_freqs' index into desc.weights once looked up: UINT32_MAX when absent; kNotLooked before.
   static constexpr uint64_t kNotLooked = UINT64_MAX;
   uint64_t rope_freqs_ = kNotLooked;
+  uint64_t long_rope_ = kNotLooked;  // longRopeFactors()'s answer once looked up
+  std::vector<const gguf::TensorInfo*> left_out_;  // read and checked, deliberately not in the artifact
 };
 
 }  // namespace minfer::model

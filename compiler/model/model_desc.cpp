@@ -81,7 +81,9 @@ llvm::Error readSizes(const gguf::GgufFile& file, ModelConfig& c) {
 // rope op multiplies by 1 + 0.1·ln(1/freq_scale) again: net 1 + 0.1·ln factor for factor > 1); its ramp
 // uses rope.scaling.original_context_length (0 or absent: context_length) and beta_fast 32, beta_slow 1.
 // llama.cpp reads rope.scaling.yarn_* and yarn_log_multiplier only for other architectures, so minfer
-// does not read them either. longrope (phi3) is refused (not implemented), as is any other type.
+// does not read them either. Type "longrope" scales like "linear" in llama.cpp (its per-pair factors
+// are tensors: GraphBuilder::longRopeFactors, phi3), and config.rope_scaling reads Linear or None for it.
+// Any other type is refused.
 llvm::Error readRopeScaling(const gguf::GgufFile& file, ModelConfig& c) {
   const std::string p = c.architecture + ".";
   const std::string type_key = p + "rope.scaling.type";
@@ -91,12 +93,9 @@ llvm::Error readRopeScaling(const gguf::GgufFile& file, ModelConfig& c) {
     if (!t) return t.takeError();
     type = std::string(*t);
   }
-  if (type == "longrope")
-    return makeError(llvm::formatv("{0}: {1} = '{2}': LongRoPE scaling (phi3's rope_factors_long/short) is not "
-                                   "implemented in minfer (supported: none, linear, yarn)",
-                                   file.fileName(), type_key, type));
-  if (type != "none" && type != "linear" && type != "yarn")
-    return makeError(llvm::formatv("{0}: {1} = '{2}' is not a RoPE scaling type (supported: none, linear, yarn)",
+  if (type != "none" && type != "linear" && type != "yarn" && type != "longrope")
+    return makeError(llvm::formatv("{0}: {1} = '{2}' is not a RoPE scaling type (supported: none, linear, yarn, "
+                                   "longrope)",
                                    file.fileName(), type_key, type));
   std::string factor_key = p + "rope.scaling.factor";
   if (!file.find(factor_key) && file.find(p + "rope.scale_linear")) factor_key = p + "rope.scale_linear";
@@ -259,9 +258,11 @@ llvm::Error readTokenizer(const gguf::GgufFile& file, TokenizerDesc& t) {
 
 }  // namespace
 
-llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch) {
+llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch, uint32_t n_ctx) {
   if (max_batch == 0 || max_batch > kArtifactMaxBatch)
     return makeError(llvm::formatv("max batch {0} is out of range 1..{1}", max_batch, kArtifactMaxBatch));
+  if (n_ctx > (1u << 20))
+    return makeError(llvm::formatv("context {0} is out of range 0..2^20 (0: the model's)", n_ctx));
   ModelDescription desc;
   auto arch = readArchitecture(file, desc.config);
   if (!arch) return arch.takeError();
@@ -269,6 +270,7 @@ llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint3
   if (auto e = readRopeAndNorm(file, (*arch)->facts, desc.config)) return e;
   if (auto e = readTokenizer(file, desc.tokenizer)) return e;
   desc.plan.max_batch = max_batch;
+  desc.config.n_ctx_max = n_ctx;
   GraphBuilder builder(file, desc);
   if (auto e = (*arch)->forward(builder)) return e;
   if (auto e = builder.finish()) return e;

@@ -2,7 +2,7 @@
 // the lowering of its architecture into the flat execution plan of DESIGN.md §4.
 //
 // Supported architectures: the registry in architectures.h, one forward pass per arch/<name>.cpp
-// (llama, qwen2, qwen3, gemma2, gemma3). Architecture facts (q/k/v biases, q/k head norms) live in the
+// (llama, qwen2, qwen3, gemma2, gemma3, phi3). Architecture facts (q/k/v biases, q/k head norms) live in the
 // plan's steps, not in ModelConfig. The math each plan step computes is documented in
 // schema/artifact.fbs (OpKind) and, as formulas, in ../shared/fixtures/README.md §3.
 #pragma once
@@ -39,6 +39,9 @@ struct ModelConfig {
   uint32_t rope_n_ctx_orig = 0;
   float rms_norm_eps = 1e-5f;
   bool tied_embeddings = false;
+  // The context the artifact is compiled for (describeModel's n_ctx; 0: any): schema
+  // ModelConfig.n_ctx_max, the largest session context. LongRoPE chooses its factors from it.
+  uint32_t n_ctx_max = 0;
 };
 
 struct WeightDesc {
@@ -51,6 +54,12 @@ struct BufferDesc {
   std::string name;
   uint32_t width;            // elements per token row
   fb::BufferType type;
+};
+
+// A column range of a buffer (schema ColumnView, format 1.4): row t of the operand is elements
+// [offset, offset + width) of row t of the buffer.
+struct ColumnView {
+  uint32_t offset = 0, width = 0;
 };
 
 struct StepDesc {
@@ -69,6 +78,9 @@ struct StepDesc {
   // sliding window in positions (0: none). Schema Step.scale / softcap / window (1.3).
   float scale = 0, softcap = 0;
   uint32_t window = 0;
+  // Column views of the operands (format 1.4; only ops with takesColumnViews): empty = whole buffers,
+  // else one per inputs / outputs entry (a whole buffer as (0, its width)).
+  std::vector<ColumnView> input_views, output_views;
 };
 
 struct ExecutionPlan {
@@ -104,11 +116,14 @@ struct ModelDescription {
 
 // Reads hyperparameters and tokenizer, checks every expected tensor's presence, shape and type, and
 // lowers the architecture into prefill and decode plans for batches of up to `max_batch` tokens.
+// `n_ctx` is the context the artifact is compiled for (minfer-compile -c): 0 = the model's
+// context_length for choices that depend on it (LongRoPE's factor set) and no limit otherwise; else
+// the largest session context (config.n_ctx_max).
 // Errors name the file, the key or tensor, and the numbers (expected vs found); unsupported
 // architectures and tensor types list what is supported; max_batch must be in 1..kArtifactMaxBatch.
-llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch);
+llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch, uint32_t n_ctx = 0);
 
-// The registry's names, comma-separated: "llama, qwen2, qwen3, gemma2, gemma3".
+// The registry's names, comma-separated: "llama, qwen2, qwen3, gemma2, gemma3, phi3".
 const char* supportedArchitectures();
 
 }  // namespace minfer::model

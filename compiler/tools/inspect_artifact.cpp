@@ -120,6 +120,12 @@ std::string stepText(const fb::Step& s, const fb::Artifact& m) {
                                    idList(s.inputs(), buffers), idList(s.outputs(), buffers))
                          .str();
   if (s.weights() && s.weights()->size()) line += " w " + idList(s.weights(), m.tensors());
+  // 1.4 column views: [offset+width] per operand.
+  for (const auto* views : {s.input_views(), s.output_views()})
+    if (views && views->size()) {
+      line += views == s.input_views() ? " in-views" : " out-views";
+      for (const fb::ColumnView* v : *views) line += llvm::formatv(" [{0}+{1}]", v->offset(), v->width()).str();
+    }
   switch (s.op()) {
     case fb::OpKind::RmsNorm: case fb::OpKind::HeadRmsNorm: line += " eps " + num(s.eps()); break;
     case fb::OpKind::MatMul: line += llvm::formatv(" {0}x{1}", s.rows(), s.cols()).str(); break;
@@ -163,6 +169,10 @@ llvm::json::Object argJson(const fb::KernelArg& a) {
       o["buffer"] = int64_t{a.buffer()};
       o["access"] = fb::EnumNameAccess(a.access());
       o["width"] = int64_t{a.width()};
+      if (a.view_width() != 0) {  // 1.4 column view
+        o["view_offset"] = int64_t{a.view_offset()};
+        o["view_width"] = int64_t{a.view_width()};
+      }
       break;
     case fb::ArgKind::Weight:
       o["tensor"] = int64_t{a.tensor()};
@@ -246,9 +256,9 @@ void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
   os << "\nconfig:\n";
   os << llvm::formatv("  architecture {0}, name \"{1}\"\n", str(c.architecture()), oneLine(raw(c.name())));
   os << llvm::formatv("  n_embd {0}, n_layer {1}, n_head {2}, n_head_kv {3}, head_dim {4}, n_ff {5}, n_vocab {6}, "
-                      "n_ctx_train {7}\n",
+                      "n_ctx_train {7}, n_ctx_max {8}\n",
                       c.n_embd(), c.n_layer(), c.n_head(), c.n_head_kv(), c.head_dim(), c.n_ff(), c.n_vocab(),
-                      c.n_ctx_train());
+                      c.n_ctx_train(), c.n_ctx_max());
   os << llvm::formatv("  RoPE {0}, n_rot {1}, base {2}, scale {3}, scaling {4}; rms_norm_eps {5}\n",
                       fb::EnumNameRopeStyle(c.rope_style()), c.n_rot(), num(c.rope_freq_base()),
                       num(c.rope_freq_scale()), fb::EnumNameRopeScaling(c.rope_scaling()), num(c.rms_norm_eps()));

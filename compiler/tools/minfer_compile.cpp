@@ -29,6 +29,14 @@ llvm::cl::opt<std::string> kOutput(
     llvm::cl::value_desc("file"), llvm::cl::Required, llvm::cl::cat(kCategory));
 llvm::cl::opt<unsigned> kMaxBatch("max-batch", llvm::cl::desc("Largest number of tokens per step (default 512)"),
                                   llvm::cl::init(512), llvm::cl::cat(kCategory));
+llvm::cl::opt<unsigned> kCtx(
+    "c",
+    llvm::cl::desc("Context the artifact is compiled for (llama.cpp's -c): sessions may use at most this many "
+                   "positions, and LongRoPE models (phi3 128k) take their long factors iff it exceeds "
+                   "rope.scaling.original_context_length. 0 (default): the model's context_length for that "
+                   "choice, and no limit"),
+    llvm::cl::value_desc("n"), llvm::cl::init(0), llvm::cl::cat(kCategory));
+llvm::cl::alias kCtxLong("ctx-size", llvm::cl::desc("Alias for -c"), llvm::cl::aliasopt(kCtx), llvm::cl::cat(kCategory));
 llvm::cl::opt<unsigned> kJobs("j", llvm::cl::desc("Worker threads for the plane transforms (default: all cores)"),
                               llvm::cl::init(0), llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kTarget(
@@ -99,6 +107,7 @@ int main(int argc, char** argv) {
   options.input = kInput;
   options.output = kOutput;
   options.max_batch = kMaxBatch;
+  options.n_ctx = kCtx;
   options.jobs = kJobs;
   options.kernel_cache_dir = kKernelCache;
   options.plane_form = kPlanes;
@@ -117,6 +126,11 @@ int main(int argc, char** argv) {
   if (options.max_batch == 0 || options.max_batch > minfer::kArtifactMaxBatch) {
     llvm::errs() << "minfer-compile: --max-batch " << options.max_batch << " is out of range 1.."
                  << minfer::kArtifactMaxBatch << "\n";
+    return 1;
+  }
+
+  if (options.n_ctx > (1u << 20)) {
+    llvm::errs() << "minfer-compile: -c " << options.n_ctx << " is out of range 0..1048576 (0: the model's)\n";
     return 1;
   }
 

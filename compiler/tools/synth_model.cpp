@@ -182,10 +182,16 @@ llvm::Expected<ModelShape> modelShape(llvm::StringRef name) {
     s.n_vocab = 128256, s.n_ctx = 8192, s.rope_freq_base = 500000.0f, s.rms_eps = 1e-5f;
     return s;
   }
-  return synthError(llvm::formatv("unknown model '{0}' (known: tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b)", name));
+  if (name == "phi3-mini") {  // Phi-3-mini-4k-instruct's shapes (neox RoPE is the phi3 architecture's fact)
+    s.arch = "phi3", s.n_embd = 3072, s.n_layer = 32, s.n_head = 32, s.n_head_kv = 32, s.n_ff = 8192;
+    s.n_vocab = 32064, s.n_ctx = 4096, s.rope_freq_base = 10000.0f, s.rms_eps = 1e-5f, s.fused = true;
+    return s;
+  }
+  return synthError(
+      llvm::formatv("unknown model '{0}' (known: tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini)", name));
 }
 
-std::vector<std::string> modelNames() { return {"tiny-llama", "tiny-qwen2", "qwen2-7b", "llama3-8b"}; }
+std::vector<std::string> modelNames() { return {"tiny-llama", "tiny-qwen2", "qwen2-7b", "llama3-8b", "phi3-mini"}; }
 
 llvm::Expected<TypeMix> parseTypeMix(llvm::StringRef name) {
   const std::string n = name.lower();
@@ -240,7 +246,8 @@ llvm::Expected<std::vector<TensorPlan>> planTensors(const ModelShape& shape, Typ
       case TypeMix::kQ4_0: return role == "output" ? GgmlType::Q6_K : GgmlType::Q4_0;
       case TypeMix::kQ4_K_M:
         if (role == "output") return GgmlType::Q6_K;
-        if ((role == "attn_v" || role == "ffn_down") && q4kmMoreBits(layer, shape.n_layer)) return GgmlType::Q6_K;
+        if ((role == "attn_v" || role == "attn_qkv" || role == "ffn_down") && q4kmMoreBits(layer, shape.n_layer))
+          return GgmlType::Q6_K;
         return GgmlType::Q4_K;
     }
     return GgmlType::F32;
@@ -256,9 +263,13 @@ llvm::Expected<std::vector<TensorPlan>> planTensors(const ModelShape& shape, Typ
   for (uint32_t i = 0; i < shape.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
     vec(p + "attn_norm.weight", TensorKind::kNorm, n_embd);
-    matrix(p + "attn_q.weight", "attn_q", i, n_embd, n_embd);
-    matrix(p + "attn_k.weight", "attn_k", i, n_embd, kv_dim);
-    matrix(p + "attn_v.weight", "attn_v", i, n_embd, kv_dim);
+    if (shape.fused) {
+      matrix(p + "attn_qkv.weight", "attn_qkv", i, n_embd, n_embd + 2 * kv_dim);
+    } else {
+      matrix(p + "attn_q.weight", "attn_q", i, n_embd, n_embd);
+      matrix(p + "attn_k.weight", "attn_k", i, n_embd, kv_dim);
+      matrix(p + "attn_v.weight", "attn_v", i, n_embd, kv_dim);
+    }
     if (shape.qkv_bias) {
       vec(p + "attn_q.bias", TensorKind::kBias, n_embd);
       vec(p + "attn_k.bias", TensorKind::kBias, kv_dim);
@@ -266,8 +277,8 @@ llvm::Expected<std::vector<TensorPlan>> planTensors(const ModelShape& shape, Typ
     }
     matrix(p + "attn_output.weight", "attn_output", i, n_embd, n_embd);
     vec(p + "ffn_norm.weight", TensorKind::kNorm, n_embd);
-    matrix(p + "ffn_gate.weight", "ffn_gate", i, n_embd, shape.n_ff);
-    matrix(p + "ffn_up.weight", "ffn_up", i, n_embd, shape.n_ff);
+    if (!shape.fused) matrix(p + "ffn_gate.weight", "ffn_gate", i, n_embd, shape.n_ff);
+    matrix(p + "ffn_up.weight", "ffn_up", i, n_embd, shape.fused ? 2 * uint64_t{shape.n_ff} : shape.n_ff);
     matrix(p + "ffn_down.weight", "ffn_down", i, shape.n_ff, n_embd);
   }
   vec("output_norm.weight", TensorKind::kNorm, n_embd);

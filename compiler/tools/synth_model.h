@@ -7,6 +7,8 @@
 //   blk.N.attn_output.weight [n_head*head_dim, n_embd]
 //   blk.N.ffn_gate/up.weight [n_embd, n_ff]        blk.N.ffn_down.weight [n_ff, n_embd]
 //   blk.N.attn_norm/ffn_norm.weight, output_norm.weight [n_embd]; qwen2: blk.N.attn_q/k/v.bias
+//   phi3 (fused): blk.N.attn_qkv.weight [n_embd, (n_head + 2·n_head_kv)·head_dim] instead of attn_q/k/v,
+//   blk.N.ffn_up.weight [n_embd, 2·n_ff] (gate rows, then up) and no ffn_gate
 //
 // Weight values: float matrices ~ N(0, 0.02) (Irwin–Hall sum of four uniforms); norm weights
 // 1 + N(0, 0.02); biases N(0, 0.02). Quantized blocks hold random quant bits with finite, normal
@@ -42,10 +44,12 @@ struct ModelShape {
   float rope_freq_base = 10000.0f;
   float rms_eps = 1e-5f;
   bool qkv_bias = false;     // qwen2: attn_q/k/v.bias
+  bool fused = false;        // phi3: fused attn_qkv and gate|up ffn_up (see the tensor list above)
   uint32_t headDim() const { return n_embd / n_head; }
 };
 
-// Named shapes: tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b. Error lists the known names.
+// Named shapes: tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini (Phi-3-mini-4k: 3072 wide, 32
+// layers, 32 heads of 96, n_ff 8192, vocab 32064). Error lists the known names.
 llvm::Expected<ModelShape> modelShape(llvm::StringRef name);
 std::vector<std::string> modelNames();
 
@@ -59,7 +63,8 @@ const char* typeMixName(TypeMix mix);
 uint32_t fileType(TypeMix mix);
 
 // llama.cpp's "use more bits" rule of Q4_K_M for attn_v and ffn_down of layer i of n:
-// i < n/8, or i >= 7n/8, or (i - n/8) % 3 == 2 (integer division). Those layers get Q6_K.
+// i < n/8, or i >= 7n/8, or (i - n/8) % 3 == 2 (integer division). Those layers get Q6_K. phi3's fused
+// attn_qkv follows attn_v's rule (llama-quantize treats it so).
 bool q4kmMoreBits(uint32_t layer, uint32_t n_layer);
 
 enum class TensorKind { kMatrix, kNorm, kBias };

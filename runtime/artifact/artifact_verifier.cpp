@@ -445,6 +445,8 @@ class SemanticVerifier {
       MINFER_RETURN_IF_ERROR(checkIndices(s->outputs(), n_buffers, field + ".outputs", s, "buffer id", "memory.buffers"));
       MINFER_RETURN_IF_ERROR(checkIndices(s->weights(), n_tensors, field + ".weights", s, "tensor index", "tensors"));
       MINFER_RETURN_IF_ERROR(checkStepShape(s, *traits, field));
+      MINFER_RETURN_IF_ERROR(checkViews(s, s->inputs(), s->input_views(), field + ".input_views"));
+      MINFER_RETURN_IF_ERROR(checkViews(s, s->outputs(), s->output_views(), field + ".output_views"));
       MINFER_RETURN_IF_ERROR(checkStepFields(s, *traits, field));
       MINFER_RETURN_IF_ERROR(checkTail(s, *traits, field, i + 1 == n_steps, &in_tail));
       if (load != (s->op() == fb::OpKind::ExpandBlocks))
@@ -482,6 +484,26 @@ class SemanticVerifier {
       if (!written)
         return fail(field + ".fused", s, cat(who, " is fused into the step before it, whose launches do not write its output buffer ",
                                              out));
+    }
+    return Status::ok();
+  }
+
+  // 1.4 column views: absent or one per operand, each non-empty and inside its buffer (ids checked
+  // before), and only on the ops that take them (op_traits.h takesColumnViews).
+  Status checkViews(const fb::Step* s, const flatbuffers::Vector<uint32_t>* ids,
+                    const flatbuffers::Vector<const fb::ColumnView*>* views, const std::string& field) const {
+    if (!views || views->size() == 0) return Status::ok();
+    const uint32_t n = ids ? ids->size() : 0;
+    if (!takesColumnViews(s->op()))
+      return fail(field, s, cat(opName(s->op()), " step with column views (only Rope, Attention, SwiGlu, GeGlu and Add take them)"));
+    if (views->size() != n) return fail(field, s, cat(views->size(), " views for ", n, " operands (one per operand)"));
+    for (uint32_t i = 0; i < n; ++i) {
+      const fb::ColumnView* v = views->Get(i);
+      const fb::Buffer* b = m_->memory()->buffers()->Get(ids->Get(i));
+      if (v->width() == 0 || uint64_t{v->offset()} + v->width() > b->width())
+        return fail(cat(field, "[", i, "]"), v,
+                    cat("columns ", v->offset(), " + ", v->width(), " are empty or outside buffer ", quoted(b->name()),
+                        " of width ", b->width()));
     }
     return Status::ok();
   }

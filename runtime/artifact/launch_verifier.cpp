@@ -105,6 +105,12 @@ class LaunchChecker {
     if (a.width() != b->width() || (q8 && a.width() % kern::kQ8Block != 0))
       return fail(f + ".width", &a, cat(kernel(), " was specialized for rows of ", a.width(), " but buffer '", shown(b->name()),
                                         "' is ", b->width(), " wide", q8 ? " (q8 widths are multiples of 32)" : ""));
+    // 1.4 column views: width is the buffer's (the kernel's row pitch); the view lies inside a row.
+    if (q8 && (a.view_offset() != 0 || a.view_width() != 0))
+      return fail(f + ".view_width", &a, cat("a ", fb::EnumNameArgKind(a.kind()), " argument with a column view (", kernel(), ")"));
+    if (a.view_width() == 0 ? a.view_offset() != 0 : uint64_t{a.view_offset()} + a.view_width() > a.width())
+      return fail(f + ".view_offset", &a, cat("column view ", a.view_offset(), " + ", a.view_width(), " is outside rows of ",
+                                              a.width(), " in buffer '", shown(b->name()), "' (", kernel(), ")"));
     if (tail_ && a.access() == fb::Access::ReadWrite)
       return fail(f + ".access", &a, cat("a last-token tail step may not update buffer '", shown(b->name()), "' in place (", kernel(), ")"));
     return true;

@@ -249,8 +249,9 @@ void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float
 }
 
 void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle style, float freq_base,
-          float freq_scale, int pos0, const float* freq_factors, const kern::RopeYarn& yarn) {
+          float freq_scale, int pos0, const float* freq_factors, const kern::RopeYarn& yarn, int64_t row_pitch) {
   const int half = n_rot / 2;
+  const int64_t pitch = row_pitch > 0 ? row_pitch : static_cast<int64_t>(n_head) * head_dim;
   const bool mix = yarn.ext_factor != 0.0f;
   float cos_t[kMaxRot / 2], sin_t[kMaxRot / 2];
   for (int t = 0; t < n_rows; ++t) {
@@ -267,7 +268,7 @@ void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle s
       sin_t[i] = static_cast<float>(std::sin(theta)) * yarn.mscale;
     }
     for (int h = 0; h < n_head; ++h) {
-      float* e = x + (static_cast<int64_t>(t) * n_head + h) * head_dim;
+      float* e = x + t * pitch + static_cast<int64_t>(h) * head_dim;
       for (int i = 0; i < half; ++i) {
         const int ia = style == RopeStyle::kNorm ? 2 * i : i;
         const int ib = style == RopeStyle::kNorm ? 2 * i + 1 : i + half;
@@ -279,15 +280,20 @@ void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle s
   }
 }
 
-void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, int pos0) {
+void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, int pos0, int64_t k_pitch,
+             int64_t v_pitch) {
   const int64_t width = static_cast<int64_t>(cache.n_head_kv) * cache.head_dim;
-  std::memcpy(cache.k + pos0 * width, k, sizeof(float) * n_rows * width);
-  std::memcpy(cache.v + pos0 * width, v, sizeof(float) * n_rows * width);
+  const int64_t kp = k_pitch > 0 ? k_pitch : width, vp = v_pitch > 0 ? v_pitch : width;
+  for (int t = 0; t < n_rows; ++t) {
+    std::memcpy(cache.k + (pos0 + t) * width, k + t * kp, sizeof(float) * width);
+    std::memcpy(cache.v + (pos0 + t) * width, v + t * vp, sizeof(float) * width);
+  }
 }
 
 void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n_head, float* out, ThreadPool* pool,
-               float* scratch, const AttentionOptions& options) {
+               float* scratch, const AttentionOptions& options, int64_t q_pitch) {
   const int hd = cache.head_dim;
+  const int64_t qp = q_pitch > 0 ? q_pitch : static_cast<int64_t>(n_head) * hd;
   const int64_t kv_width = static_cast<int64_t>(cache.n_head_kv) * hd;
   const int group = n_head / cache.n_head_kv;  // query heads per kv head
   const float scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(hd));
@@ -299,7 +305,7 @@ void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n
       const int g = j / group;
       const int n_keys = pos0 + t + 1;  // causal: positions 0 .. pos0 + t
       const int lo = options.window > 0 ? std::max(0, n_keys - options.window) : 0;  // sliding window
-      const float* qh = q + (static_cast<int64_t>(t) * n_head + j) * hd;
+      const float* qh = q + t * qp + static_cast<int64_t>(j) * hd;
       float max_s = -INFINITY;
       for (int i = lo; i < n_keys; ++i) {
         float s = dot(qh, cache.k + i * kv_width + g * hd, hd) * scale;

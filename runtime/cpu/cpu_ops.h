@@ -101,10 +101,13 @@ void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float
 // θ_i = θ_e·freq_scale·(1 − γ_i) + θ_e·γ_i with θ_e = pos·freq_base^(−2i/n_rot) / ff_i and γ_i =
 // ext_factor·ramp(i); cos and sin are multiplied by yarn.mscale (1 by default: no change). γ_i is
 // rounded to f32 as in ggml, which adds up to θ_e·(1 − freq_scale)·2^−24 to the angle's error.
+// row_pitch: floats from row t to row t + 1 of x (0: n_head·head_dim); a larger pitch makes x a column
+// view of a wider buffer (format 1.4, phi3's fused q|k|v rows).
 enum class RopeStyle : uint8_t { kNorm = 0, kNeox = 1 };
 constexpr int kMaxRot = 1024;
 void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle style, float freq_base,
-          float freq_scale, int pos0, const float* freq_factors = nullptr, const kern::RopeYarn& yarn = {});
+          float freq_scale, int pos0, const float* freq_factors = nullptr, const kern::RopeYarn& yarn = {},
+          int64_t row_pitch = 0);
 
 // One layer's KV cache in float32: k and v are each (n_ctx, n_head_kv, head_dim), position-major.
 struct KvLayer {
@@ -116,8 +119,10 @@ struct KvLayer {
 };
 
 // Stores the batch's keys and values at positions pos0 .. pos0+n_rows−1 (requires pos0 + n_rows ≤
-// n_ctx). k, v: n_rows × (n_head_kv·head_dim).
-void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, int pos0);
+// n_ctx). k, v: n_rows rows of n_head_kv·head_dim floats, row t at t·k_pitch (t·v_pitch); a pitch of 0
+// is the row width (dense rows).
+void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, int pos0, int64_t k_pitch = 0,
+             int64_t v_pitch = 0);
 
 // Options of attention (schema Step.scale / softcap / window; gemma2 as llama.cpp computes it).
 struct AttentionOptions {
@@ -130,11 +135,12 @@ struct AttentionOptions {
 // for token t (position p = pos0 + t) and query head j, kv head g = j / (n_head / n_head_kv):
 //   s_i = q[t, j]·K[i, g]·scale for i = lo..p (lo = 0, or max(0, p − window + 1) with a window),
 //   then with a softcap s_i = softcap·tanh(s_i / softcap);  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g].
-// q, out: n_rows × (n_head·head_dim), must not overlap. Requires n_head % n_head_kv == 0.
+// q, out: n_rows × (n_head·head_dim), must not overlap; q's row t at t·q_pitch (0: n_head·head_dim).
+// Requires n_head % n_head_kv == 0.
 // scratch: (pool ? pool->threads() : 1) × cache.n_ctx floats. Parallel over (token, head).
 // Tolerance 1e-6 (measured 1.7e-7; with softcap and window the same).
 void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n_head, float* out,
-               ThreadPool* pool, float* scratch, const AttentionOptions& options = {});
+               ThreadPool* pool, float* scratch, const AttentionOptions& options = {}, int64_t q_pitch = 0);
 
 // SwiGLU (Shazeer 2020): out = silu(gate) ⊙ up, silu(g) = g / (1 + e^(−g)). n elements; out may
 // equal gate or up. Tolerance 5e-7 (measured 8.7e-8).

@@ -44,6 +44,41 @@ Status checkArity(const fb::Step& s, const OpTraits& t, StepInfo& info) {
   return Status::ok();
 }
 
+// The operands' column views (format 1.4) into info: from Step.input_views / output_views when present
+// (only on ops that take them, one per operand, inside the buffer), else whole buffers. Buffer ids out
+// of range are left to the families' buffer checks.
+Status readViews(const PrepareContext& c, const fb::Step& s, StepInfo& info) {
+  const auto side = [&](const flatbuffers::Vector<uint32_t>* ids, const flatbuffers::Vector<const fb::ColumnView*>* views,
+                        uint32_t max, uint32_t* off, uint32_t* w, int64_t* pitch, const char* what) -> Status {
+    const uint32_t n = std::min(count(ids), max);
+    const bool has = views && views->size() > 0;
+    if (has && !takesColumnViews(s.op()))
+      return Status::error(info.label + ": has " + what + " column views, which the CPU backend takes on Rope, "
+                           "Attention, SwiGlu, GeGlu and Add only");
+    if (has && views->size() != count(ids))
+      return Status::error(info.label + ": " + std::to_string(views->size()) + " " + what + " views for " +
+                           std::to_string(count(ids)) + " " + what + "s");
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint64_t bw = c.bufferWidth(ids->Get(i));
+      pitch[i] = static_cast<int64_t>(bw);
+      off[i] = 0;
+      w[i] = static_cast<uint32_t>(bw);
+      if (!has) continue;
+      const fb::ColumnView* v = views->Get(i);
+      if (v->width() == 0 || uint64_t{v->offset()} + v->width() > bw)
+        return Status::error(info.label + ": " + what + " view " + std::to_string(i) + " (columns " +
+                             std::to_string(v->offset()) + " + " + std::to_string(v->width()) +
+                             ") is empty or outside its buffer of width " + std::to_string(bw));
+      off[i] = v->offset();
+      w[i] = v->width();
+      info.views |= v->width() != bw;
+    }
+    return Status::ok();
+  };
+  MINFER_RETURN_IF_ERROR(side(s.inputs(), s.input_views(), StepInfo::kMaxIn, info.in_off, info.in_w, info.in_pitch, "input"));
+  return side(s.outputs(), s.output_views(), StepInfo::kMaxOut, info.out_off, info.out_w, info.out_pitch, "output");
+}
+
 // The plane slot of `w` a plane of `kind` fills; nullptr for kPacked (skipped) and unknown kinds.
 PlaneView* planeSlot(WeightPlanes& w, PlaneKind kind) {
   switch (kind) {
@@ -140,6 +175,18 @@ Status PrepareContext::buffer(const StepInfo& info, uint32_t id, uint64_t width,
   return Status::ok();
 }
 
+Status PrepareContext::operand(const StepInfo& info, bool input, uint32_t i, uint64_t width, const char* role) {
+  const uint32_t id = input ? info.in[i] : info.out[i];
+  const uint64_t w = input ? info.in_w[i] : info.out_w[i];
+  if (w != bufferWidth(id) || (input ? info.in_off[i] : info.out_off[i]) != 0) {  // a proper view
+    if (w != width)
+      return Status::error(info.label + ": " + role + " view of buffer " + std::to_string(id) + " is " +
+                           std::to_string(w) + " wide, expected " + std::to_string(width));
+    return buffer(info, id, bufferWidth(id), role);
+  }
+  return buffer(info, id, width, role);
+}
+
 Status positive(const StepInfo& info, uint32_t v, const char* field) {
   if (v == 0 || v > (1u << 20))
     return Status::error(info.label + ": " + field + " = " + std::to_string(v) + " is out of range 1..2^20");
@@ -151,7 +198,10 @@ Status prepareStep(PrepareContext& c, const fb::Step& s, StepInfo& info) {
   if (!traits)
     return Status::error(info.label + ": op kind " + std::to_string(static_cast<int>(s.op())) +
                          " is not implemented by the CPU backend");
-  if (!traits->gpu_only) MINFER_RETURN_IF_ERROR(checkArity(s, *traits, info));
+  if (!traits->gpu_only) {
+    MINFER_RETURN_IF_ERROR(checkArity(s, *traits, info));
+    MINFER_RETURN_IF_ERROR(readViews(c, s, info));
+  }
   return kPrepare[static_cast<size_t>(s.op())](c, s, info);
 }
 

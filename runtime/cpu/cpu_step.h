@@ -30,6 +30,12 @@ struct StepInfo {
   static constexpr uint32_t kMaxIn = 3, kMaxOut = 2;
   uint32_t in[kMaxIn] = {0, 0, 0};
   uint32_t out[kMaxOut] = {0, 0};
+  // The operands as column views (format 1.4, schema ColumnView): the first column, the operand's width
+  // and the buffer's width (the row pitch). A whole buffer is (0, its width, its width).
+  uint32_t in_off[kMaxIn] = {}, out_off[kMaxOut] = {};
+  uint32_t in_w[kMaxIn] = {}, out_w[kMaxOut] = {};
+  int64_t in_pitch[kMaxIn] = {}, out_pitch[kMaxOut] = {};
+  bool views = false;             // some operand is a proper column range (not its whole buffer)
   int weight = -1;                // tensor index (Embed, MatMul)
   RowSource src = RowSource::kDense;
   const float* vec = nullptr;     // norm weight (RmsNorm, HeadRmsNorm), bias (MatMul) or RoPE frequency factors (Rope), else null
@@ -68,6 +74,10 @@ struct PrepareContext {
   // Checks that buffer `id` is F32 (I32 when `ids`) of `width` and marks it used; `role` names it
   // in the error ("input", "q").
   Status buffer(const StepInfo& info, uint32_t id, uint64_t width, const char* role, bool ids = false);
+  // For ops that take column views (schema/op_traits.h takesColumnViews): checks that operand i (an
+  // input, or an output) is F32 and `width` wide (a view's width, or the whole buffer's) and marks its
+  // buffer used.
+  Status operand(const StepInfo& info, bool input, uint32_t i, uint64_t width, const char* role);
 
   const ArtifactFile& file;
   const fb::Artifact* m;
@@ -97,6 +107,9 @@ Status prepareStep(PrepareContext& c, const fb::Step& s, StepInfo& info);
 struct RunContext {
   explicit RunContext(int n_threads) : pool(n_threads) {}
   float* buf(uint32_t id) { return f32[id].data(); }
+  // Row 0 of input / output operand i of step s (its view's first column; rows s.in_pitch[i] apart).
+  float* in(const StepInfo& s, int i) { return buf(s.in[i]) + s.in_off[i]; }
+  float* out(const StepInfo& s, int i) { return buf(s.out[i]) + s.out_off[i]; }
   const WeightPlanes& weight(int index) const { return (*weights)[static_cast<size_t>(index)]; }
 
   const std::vector<WeightPlanes>* weights = nullptr;  // PrepareContext::weights

@@ -459,7 +459,12 @@ class SessionBuilder {
         const bool written = a->access() != fb::Access::Read;
         switch (a->kind()) {
           case fb::ArgKind::Null: l.push(0); break;
-          case fb::ArgKind::Activation: case fb::ArgKind::Q8Values:
+          case fb::ArgKind::Activation: {  // a column view (1.4) starts view_offset elements into row 0
+            const uint64_t elem = st_.buf_type[b] == fb::BufferType::F16 ? 2 : 4;
+            l.pushRow(st_.buf[b] + a->view_offset() * elem, b, rowBytes(a->kind(), b), written);
+            break;
+          }
+          case fb::ArgKind::Q8Values:
             l.pushRow(st_.buf[b], b, rowBytes(a->kind(), b), written);
             break;
           case fb::ArgKind::Q8Meta:

@@ -61,7 +61,7 @@ llvm::cl::alias kNPredictAlias("n-predict", llvm::cl::desc("Alias for -n"), llvm
                                llvm::cl::cat(kCategory));
 llvm::cl::alias kPredictAlias("predict", llvm::cl::desc("Alias for -n"), llvm::cl::aliasopt(kNPredict),
                               llvm::cl::cat(kCategory));
-llvm::cl::opt<int> kCtx("c", llvm::cl::desc("Context length in tokens; 0 = the model's, at most 4096 (default 0; also --ctx-size)"),
+llvm::cl::opt<int> kCtx("c", llvm::cl::desc("Context length in tokens; 0 = the model's, at most 4096 and at most the context the artifact was compiled for (default 0; also --ctx-size)"),
                         llvm::cl::init(0), llvm::cl::cat(kCategory));
 llvm::cl::alias kCtxAlias("ctx-size", llvm::cl::desc("Alias for -c"), llvm::cl::aliasopt(kCtx),
                           llvm::cl::cat(kCategory));
@@ -238,6 +238,9 @@ int main(int argc, char** argv) {
 
   minfer::Model::SessionOptions session_options;
   session_options.n_ctx = kCtx > 0 ? kCtx.getValue() : (info.n_ctx_train > 0 ? std::min(info.n_ctx_train, 4096) : 4096);
+  // The default stays within the context the artifact was compiled for (minfer-compile -c); an explicit
+  // larger -c is refused by createSession with both numbers.
+  if (kCtx == 0 && info.n_ctx_max > 0) session_options.n_ctx = std::min(session_options.n_ctx, info.n_ctx_max);
   session_options.n_threads = kThreads;
   if (info.n_ctx_train > 0 && session_options.n_ctx > info.n_ctx_train)
     llvm::errs() << llvm::formatv("minfer-run: warning: -c {0} exceeds the {1} positions the model was trained with\n",

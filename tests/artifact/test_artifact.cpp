@@ -66,6 +66,7 @@ struct TestArg {
   uint32_t layer = 0;
   uint64_t bytes = 0;
   int32_t value = 0;
+  uint32_t view_offset = 0, view_width = 0;  // 1.4: Activation column view
 };
 struct TestLaunch {
   std::vector<uint32_t> images;
@@ -86,6 +87,7 @@ struct TestStep {
   std::string name;
   float rope_ext_factor = 0, rope_attn_factor = 1, rope_beta_fast = 32, rope_beta_slow = 1;  // 1.3: YaRN
   uint32_t rope_n_ctx_orig = 0;
+  std::vector<fb::ColumnView> input_views, output_views;  // 1.4
 };
 struct TestBuffer {
   std::string name;
@@ -304,7 +306,7 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
                                       a.plane->rows, a.plane->cols, a.plane->row_pitch, a.plane->group_size,
                                       a.plane->group_pitch, a.plane->bits, a.plane->q_offset, a.plane->ggml_type);
       args.push_back(fb::CreateKernelArgDirect(b, a.kind, a.name.c_str(), a.buffer, a.access, a.width, a.tensor, plane,
-                                               a.layer, a.bytes, a.value));
+                                               a.layer, a.bytes, a.value, a.view_offset, a.view_width));
     }
     const fb::Grid g = grid(l.rule.grid), g_large = grid(l.rule.grid_large);
     const fb::Dim3 block(l.rule.block.x, l.rule.block.y, l.rule.block.z);
@@ -319,7 +321,9 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
                                          st.n_head_kv, st.head_dim, st.n_rot, st.rope_style, st.rope_freq_base,
                                          st.rope_freq_scale, st.rows, st.cols, st.name.empty() ? nullptr : st.name.c_str(),
                                          &launches, st.tail, 0, 0, 0, st.rope_ext_factor, st.rope_attn_factor,
-                                         st.rope_beta_fast, st.rope_beta_slow, st.rope_n_ctx_orig));
+                                         st.rope_beta_fast, st.rope_beta_slow, st.rope_n_ctx_orig,
+                                         st.input_views.empty() ? nullptr : &st.input_views,
+                                         st.output_views.empty() ? nullptr : &st.output_views));
     }
     return fb::CreatePlanDirect(b, &out);
   };
@@ -1229,6 +1233,35 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec = g.spec;
     spec.prefill[4].rope_ext_factor = 1;
     refused(spec, g.segs, {"prefill.steps[4].rope_n_ctx_orig", "is 0, but YaRN (rope_ext_factor ≠ 0) needs the original"});
+  }
+  SUBCASE("column views (1.4): inside their buffer, one per operand, only on the ops that take them") {
+    Spec spec = g.spec;  // q = columns 0..31 and k = 32..47 of buffer 3: accepted
+    spec.prefill[4].input_views = spec.prefill[4].output_views = {fb::ColumnView(0, 32), fb::ColumnView(32, 16)};
+    writeVariant(g, spec, g.segs, path);
+    CHECK(openError(path) == "");
+    spec.prefill[4].input_views[1] = fb::ColumnView(40, 16);
+    refused(spec, g.segs, {"prefill.steps[4].input_views[1]", "columns 40 + 16 are empty or outside buffer \"q\" of width 48"});
+    spec.prefill[4].input_views[1] = fb::ColumnView(0, 0);
+    refused(spec, g.segs, {"prefill.steps[4].input_views[1]", "columns 0 + 0 are empty"});
+    spec.prefill[4].input_views = {fb::ColumnView(0, 32)};
+    refused(spec, g.segs, {"prefill.steps[4].input_views", "1 views for 2 operands"});
+    spec = g.spec;
+    spec.prefill[3].output_views = {fb::ColumnView(0, 48)};
+    refused(spec, g.segs, {"prefill.steps[3].output_views", "MatMul step with column views"});
+    // Launch arguments: the view lies inside a row of the buffer (width = the row pitch); none on q8.
+    spec = g.spec;
+    spec.prefill[3].launches[0].args[6].view_offset = 40;
+    spec.prefill[3].launches[0].args[6].view_width = 16;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[6].view_offset", "column view 40 + 16 is outside rows of 48"});
+    spec.prefill[3].launches[0].args[6].view_width = 0;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[6].view_offset", "column view 40 + 0"});
+    spec.prefill[3].launches[0].args[6].view_offset = 32;
+    spec.prefill[3].launches[0].args[6].view_width = 16;
+    writeVariant(g, spec, g.segs, path);
+    CHECK(openError(path) == "");
+    spec = g.spec;
+    spec.prefill[3].launches[0].args[4].view_width = 32;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[4].view_width", "a Q8Values argument with a column view"});
   }
   SUBCASE("attention layer out of range, op out of range") {
     Spec spec = g.spec;

@@ -156,6 +156,22 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
       CHECK_MESSAGE(std::to_string(a->plane.row_pitch) == v, img.key << " " << define);
     }
   }
+  // Column views (format 1.4): an activation row-pitch constant is the width of the argument it
+  // addresses (the buffer's width, which the verifier checks at load), and the view lies in the row.
+  static const std::pair<const char*, const char*> kActivationPitchArgs[] = {
+      {"ROPE_Q_PITCH", "q"}, {"ROPE_K_PITCH", "k"}, {"ATT_Q_PITCH", "q"},   {"ATT_K_PITCH", "k"},
+      {"ATT_V_PITCH", "v"},  {"EW_A_PITCH", "a"},   {"EW_B_PITCH", "b"},    {"EW_OUT_PITCH", "out"}};
+  for (const auto& [define, name] : kActivationPitchArgs) {
+    const std::string v = optionValue(img, define);
+    if (v.empty()) continue;
+    const KernelArgDesc* a = arg(name);
+    REQUIRE_MESSAGE(a, img.key << ": no argument '" << name << "' for " << define);
+    CHECK_MESSAGE(a->kind == fb::ArgKind::Activation, img.key << " " << define);
+    CHECK_MESSAGE(std::to_string(a->width) == v, img.key << " " << define);
+  }
+  for (const KernelArgDesc& a : r.args)
+    CHECK_MESSAGE((a.view_width == 0 ? a.view_offset == 0 : a.view_offset + a.view_width <= a.width),
+                  img.key << " " << a.name);
   const bool reads_weights = img.entry != "minfer_quantize_act" && img.entry.find("attn") == std::string::npos &&
                              img.entry != "minfer_kv_store" && img.entry != "minfer_rope" &&
                              img.entry != "minfer_swiglu" && img.entry != "minfer_add" &&
@@ -270,6 +286,25 @@ TEST_CASE("every fixture model gets kernel images for sm_90") {
     const KernelSet set = generate(l, {"sm_90"}, MINFER_TEST_KERNEL_CACHE);
     checkSet(l, set, {"sm_90"});
     CHECK(set.stats.unique_specs < set.stats.kernel_uses);  // layers share shapes
+  }
+}
+
+TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches equal to their buffers") {
+  if (!haveNvrtc()) {
+    MESSAGE("SKIPPED: built without NVRTC");
+    return;
+  }
+  if (!test::haveFixtures()) return;
+  for (const char* model : {"tiny-phi3-F32.gguf", "tiny-phi3-Q4_K_M.gguf"}) {
+    CAPTURE(model);
+    const Loaded l = load(test::fixturesDir() + "/arch/models/" + model);
+    const KernelSet set = generate(l, {"sm_90"}, MINFER_TEST_KERNEL_CACHE);
+    checkSet(l, set, {"sm_90"});
+    size_t views = 0;
+    for (const KernelImageData& img : set.images)
+      views += !optionValue(img, "ROPE_Q_PITCH").empty() + !optionValue(img, "ATT_K_PITCH").empty() +
+               !optionValue(img, "ATT_Q_PITCH").empty() + !optionValue(img, "EW_A_PITCH").empty();
+    CHECK(views == 4);  // rope, kv_store, the prefill attention and swiglu: one specialization each
   }
 }
 

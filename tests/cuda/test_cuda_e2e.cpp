@@ -55,6 +55,12 @@ constexpr double kQuantRmsLlama31 = 3e-2;
 // - tiny-gemma3 (arch/; goldenCaseNames lists them, the "tiny-gemma" prefix below gives them these
 //   bounds): the same GELU, KV cache and post-norm arguments (README §8.5: llama.cpp's own f16 KV + FA
 //   1.6e-3, quantized vs float64 2.9e-2 … 3.7e-2, like gemma2's). Not yet run on a GPU.
+// - tiny-phi3 (arch/; goldenCaseNames lists them): no new bound. Its fused attn_qkv and ffn_up outputs are
+//   read in place as column views (format 1.4): RoPE, the KV store, the prefill/decode attention and
+//   SwiGLU run with row pitches wider than their operands (ROPE_/ATT_/EW_*_PITCH), so these cases are
+//   the GPU test of those kernels. Expected like tiny-llama's: F32 within kFloatRel (f16 KV; README
+//   §8.5: llama.cpp's own f16 KV + FA 2.5e-4), quantized within kQuantRel / kQuantRms (README: llama.cpp
+//   vs float64 8.7e-3 … 1.4e-2). Not yet run on a GPU.
 constexpr double kGemmaFloatRel = 5e-3;
 constexpr double kGemmaQuantRel = 1e-1;
 constexpr double kGemmaQuantRms = 5e-2;

@@ -868,6 +868,86 @@ TEST_CASE("swiglu and add") {
     }
 }
 
+// Column views (format 1.4, phi3): one fused q|k|v row and one gate|up row per token, read in place with
+// the row pitch constants the codegen sets (ops/rope.cpp, attention.cpp, elementwise.cpp), against the
+// CPU reference on the same views (cpu::rope / kvStore / attention take the pitch, cpu::swiGlu one row
+// at a time). Tolerances: each family's own.
+TEST_CASE("column views: rope, kv_store, prefill attention and swiglu on rows wider than their operands") {
+  MINFER_REQUIRE_GPU(G);
+  const int h = 3, hkv = 1, d = 64, qw = h * d, kvw = hkv * d, pitch = qw + 2 * kvw, n_ctx = 600;
+  const float base = 10000.0f;
+  auto att = [&](const char* name, const char* which, std::vector<std::pair<std::string, std::string>> extra) {
+    std::vector<std::pair<std::string, std::string>> defs = {
+        {"ATT_NHEAD", str(h)}, {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)}, {which, "1"}};
+    defs.insert(defs.end(), extra.begin(), extra.end());
+    return spec(std::string(name) + "_view_test", "kernels/attention.cuh", name, defs);
+  };
+  const int widths[] = {20, 172};  // 20: not float4-aligned at column 20 (EW_VEC4 0); 172: vec4
+  std::vector<codegen::KernelSpec> specs = {
+      spec("rope_view_test", "kernels/rope.cuh", "minfer_rope",
+           {{"ROPE_NHEAD", str(h)}, {"ROPE_NHEAD_KV", str(hkv)}, {"ROPE_HEAD_DIM", str(d)}, {"ROPE_NROT", str(d)},
+            {"ROPE_NEOX", "1"}, {"ROPE_BASE", codegen::floatLiteral(base)}, {"ROPE_SCALE", codegen::floatLiteral(1.0f)},
+            {"ROPE_FREQ_FACTORS", "0"}, {"ROPE_Q_PITCH", str(pitch)}, {"ROPE_K_PITCH", str(pitch)}},
+           {"--fmad=false"}),
+      att("minfer_kv_store", "ATT_KV_STORE", {{"ATT_K_PITCH", str(pitch)}, {"ATT_V_PITCH", str(pitch)}}),
+      att("minfer_attn_prefill", "ATT_PREFILL", {{"ATT_Q_PITCH", str(pitch)}})};
+  for (int w : widths)
+    specs.push_back(spec("swiglu_view_test_w" + str(w), "kernels/elementwise.cuh", "minfer_swiglu",
+                         {{"EW_WIDTH", str(w)}, {"EW_OP", "1"}, {"EW_A_PITCH", str(2 * w)}, {"EW_B_PITCH", str(2 * w)},
+                          {"EW_OUT_PITCH", str(w)}, {"EW_VEC4", w % 4 == 0 ? "1" : "0"}}));
+  std::vector<Kernel> k = compile(specs);
+  DeviceArray kc(static_cast<uint64_t>(n_ctx) * kvw * 2), vc(static_cast<uint64_t>(n_ctx) * kvw * 2);
+  std::vector<float> ck(static_cast<size_t>(n_ctx) * kvw), cv(ck.size()), scratch(n_ctx);
+  cpu::KvLayer layer{ck.data(), cv.data(), n_ctx, hkv, d};
+  for (int n : kTokenCounts) {
+    CAPTURE(n);
+    const int pos0 = 0;
+    std::vector<float> qkv = activations(n, pitch);
+    DeviceArray d_qkv = DeviceArray::of(qkv), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
+    CUdeviceptr q = d_qkv.ptr(), kp = q + qw * 4, vp = q + (qw + kvw) * 4, none = 0, p = d_pos.ptr();
+    launch(k[0], kern::ropeLaunch(n, h, hkv), {&q, &kp, &none, &p, &n});
+    cpu::rope(qkv.data(), n, h, d, d, cpu::RopeStyle::kNeox, base, 1.0f, pos0, nullptr, {}, pitch);
+    cpu::rope(qkv.data() + qw, n, hkv, d, d, cpu::RopeStyle::kNeox, base, 1.0f, pos0, nullptr, {}, pitch);
+    const std::vector<float> got = d_qkv.download<float>(qkv.size());
+    CHECK(track("rope", relError(got.data(), qkv.data(), qkv.size())) <= kRopeTol);  // v columns untouched too
+    // K and V rows from the rotated buffer into the cache; the CPU stores the same f16-rounded values.
+    CUdeviceptr c = kc.ptr(), e = vc.ptr();
+    launch(k[1], kern::kvStoreLaunch(n, hkv, d), {&kp, &vp, &c, &e, &p, &n});
+    std::vector<float> rounded(got.begin(), got.end());
+    for (int t = 0; t < n; ++t)
+      for (int i = qw; i < pitch; ++i) rounded[static_cast<size_t>(t) * pitch + i] = roundHalf(got[static_cast<size_t>(t) * pitch + i]);
+    cpu::kvStore(layer, rounded.data() + qw, rounded.data() + qw + kvw, n, pos0, pitch, pitch);
+    const std::vector<uint16_t> kbits = kc.download<uint16_t>(static_cast<size_t>(n) * kvw);
+    size_t bad = 0;
+    for (int t = 0; t < n; ++t)
+      for (int i = 0; i < kvw; ++i) bad += kbits[static_cast<size_t>(t) * kvw + i] != floatToHalf(got[static_cast<size_t>(t) * pitch + qw + i]);
+    CHECK(bad == 0);
+    DeviceArray out(static_cast<uint64_t>(n) * qw * 4);
+    out.poison();
+    CUdeviceptr o = out.ptr();
+    launch(k[2], kern::attnPrefillLaunch(n, h, d), {&q, &c, &e, &o, &p, &n});
+    std::vector<float> ref(static_cast<size_t>(n) * qw);
+    cpu::attention(got.data(), layer, n, pos0, h, ref.data(), nullptr, scratch.data(), {}, pitch);
+    const std::vector<float> att_got = out.download<float>(ref.size());
+    CHECK(track("attn_prefill (tensor cores)", relError(att_got.data(), ref.data(), ref.size())) <= kAttnMmaTol);
+    for (size_t wi = 0; wi < 2; ++wi) {
+      const int w = widths[wi];
+      CAPTURE(w);
+      const std::vector<float> gu = activations(n, 2 * w);
+      DeviceArray d_gu = DeviceArray::of(gu), d_out(static_cast<uint64_t>(n) * w * 4);
+      d_out.poison();
+      CUdeviceptr a = d_gu.ptr(), b = a + static_cast<CUdeviceptr>(w) * 4, po = d_out.ptr();
+      launch(k[3 + wi], kern::elementwiseLaunch(n, w), {&a, &b, &po, &n});
+      std::vector<float> sref(static_cast<size_t>(n) * w);
+      for (int t = 0; t < n; ++t)
+        cpu::swiGlu(gu.data() + static_cast<size_t>(t) * 2 * w, gu.data() + static_cast<size_t>(t) * 2 * w + w, w,
+                    sref.data() + static_cast<size_t>(t) * w);
+      const std::vector<float> sg = d_out.download<float>(sref.size());
+      CHECK(track("swiglu", relError(sg.data(), sref.data(), sref.size())) <= kSwiGluTol);
+    }
+  }
+}
+
 TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2) vs the CPU") {
   MINFER_REQUIRE_GPU(G);
   // Odd shapes: 5 query heads over 1 kv head; head sizes for both prefill forms (64, 128: tensor cores;

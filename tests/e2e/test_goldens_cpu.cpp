@@ -47,6 +47,11 @@ constexpr double kGoldenRelQuantLlama31 = 5e-2;
 //   (prefill / decode): F32 vs llama.cpp 3.5e-4 / 2.9e-4, vs float64 3.7e-4 / 3.0e-4; Q8_0 vs llama.cpp
 //   2.9e-2 / 2.5e-2 (RMS 2.0e-2 / 2.3e-2), vs float64 3.4e-4 / 3.7e-4; Q4_K_M vs llama.cpp 3.7e-2 /
 //   3.5e-2 (RMS 2.4e-2 / 3.0e-2), vs float64 4.2e-4 / 4.1e-4.
+// - tiny-phi3 (arch/, README §8.5): exact math like tiny-llama (fused attn_qkv / ffn_up read as column
+//   views); README's bounds: F32 1e-5, quantized 3e-2 vs llama.cpp (its activation rounding: README
+//   8.7e-3 / 1.4e-2 max), 1e-5 vs float64 - the general bounds above. Measured here (prefill / decode):
+//   F32 vs llama.cpp 3.0e-7 / 2.3e-7, vs float64 2.1e-7 / 2.3e-7; Q8_0 vs llama.cpp 8.6e-3 / 8.2e-3 (RMS
+//   7.6e-3 / 7.4e-3), Q4_K_M 1.4e-2 / 8.0e-3 (RMS 9.8e-3 / 8.9e-3); quantized vs float64 ≤ 2.6e-7.
 constexpr double kGemmaRelF32 = 2e-3;
 constexpr double kGemmaRelQuant = 1e-1;
 constexpr double kGemmaRmsQuant = 5e-2;
@@ -65,28 +70,41 @@ void checkAgainst(const std::string& what, const LogitDiff& d, double rel_bound,
   MESSAGE(what << ": rel " << d.rel() << ", RMS rel " << d.rms_rel << ", argmax checked " << d.argmax_checked);
 }
 
-// stories260K.gguf copied key by key and tensor by tensor with the GGUF writer, then `edit` applied
-// (stories260K has no rope.scaling keys); compiled at test time. Returns the artifact's path.
-std::string stories260KVariant(const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit) {
-  auto file = gguf::GgufFile::open(minfer::test::fixturesDir() + "/models/stories260K.gguf");
+// Edits a tensor's bytes (by name) while a GGUF is copied.
+using TensorEdit = std::function<void(const std::string& name, std::vector<uint8_t>& data)>;
+
+// fixtures/<src> copied key by key and tensor by tensor with the GGUF writer (`tensor_edit` applied to
+// each tensor's bytes), then `edit` applied; compiled at test time for context `n_ctx` (0: the model's).
+// Returns the artifact's path.
+std::string ggufVariant(const std::string& src, const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit,
+                        const TensorEdit& tensor_edit = {}, uint32_t n_ctx = 0) {
+  auto file = gguf::GgufFile::open(minfer::test::fixturesDir() + "/" + src);
   REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
   gguf::GgufWriter w(3);
   for (const gguf::KeyValue& kv : (*file)->metadata()) w.set(kv.key, gguf::MetaValue::fromParsed(kv.value));
   for (const gguf::TensorInfo& t : (*file)->tensors()) {
     const llvm::ArrayRef<uint8_t> data = (*file)->tensorData(t);
-    w.addTensor(t.name, t.type, std::vector<uint64_t>(t.ne, t.ne + t.n_dims), std::vector<uint8_t>(data.begin(), data.end()));
+    std::vector<uint8_t> bytes(data.begin(), data.end());
+    if (tensor_edit) tensor_edit(std::string(t.name), bytes);
+    w.addTensor(t.name, t.type, std::vector<uint64_t>(t.ne, t.ne + t.n_dims), std::move(bytes));
   }
   edit(w);
-  const std::string base = minfer::test::scratchDir() + "/stories260K-" + name;
+  const std::string base = minfer::test::scratchDir() + "/" + name;
   llvm::Error written = w.write(base + ".gguf");
   REQUIRE_MESSAGE(!written, llvm::toString(std::move(written)));
   CompileOptions options;
   options.input = base + ".gguf";
   options.output = base + ".mfb";
   options.max_batch = 64;
+  options.n_ctx = n_ctx;
   auto summary = compileModel(options);
   REQUIRE_MESSAGE(bool(summary), llvm::toString(summary.takeError()));
   return options.output;
+}
+
+// stories260K.gguf with `edit` applied (stories260K has no rope.scaling keys).
+std::string stories260KVariant(const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit) {
+  return ggufVariant("models/stories260K.gguf", "stories260K-" + name, edit);
 }
 
 // Prefill logits of `ids` (every position) on the CPU backend.
@@ -217,10 +235,94 @@ TEST_CASE("YaRN (rope.scaling.type yarn) compiles and runs: linear scaling mixed
   CHECK(dn.rel() > 1e-2);
 }
 
+TEST_CASE("LongRoPE (phi3 128k): the factor set llama.cpp picks for the compiled context, cos/sin scaled by attn_factor") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string src = "arch/models/tiny-phi3-F32.gguf";
+  const std::vector<int32_t> ids = minfer::test::loadGolden("arch/tiny-phi3-F32_ids48").prompt_ids;
+  auto file = gguf::GgufFile::open(minfer::test::fixturesDir() + "/" + src);
+  REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+  auto n_embd = (*file)->getU32Or("phi3.embedding_length", 0), n_head = (*file)->getU32Or("phi3.attention.head_count", 0),
+       n_head_kv = (*file)->getU32Or("phi3.attention.head_count_kv", 0);
+  REQUIRE((n_embd && n_head && n_head_kv && *n_head > 0));
+  const uint32_t head_dim = *n_embd / *n_head, n_rot = head_dim;  // the fixture has n_rot = head_dim (README §8.1)
+  const uint32_t orig = 64;  // rope.scaling.original_context_length of the variants below
+  const float factor = 4.0f;
+  auto factors = [](float v, uint32_t n) {
+    std::vector<uint8_t> bytes(4 * n);
+    for (uint32_t i = 0; i < n; ++i) std::memcpy(bytes.data() + 4 * i, &v, 4);
+    return bytes;
+  };
+  // long = 4 everywhere (θ_i / 4: linear x4), short = 1 (θ_i unchanged).
+  auto longrope = [&](float attn_factor) {
+    return [=](gguf::GgufWriter& w) {
+      w.setU32("phi3.rope.scaling.original_context_length", orig);
+      w.setF32("phi3.rope.scaling.attn_factor", attn_factor);
+      w.addTensor("rope_factors_long.weight", GgmlType::F32, {n_rot / 2}, factors(factor, n_rot / 2));
+      w.addTensor("rope_factors_short.weight", GgmlType::F32, {n_rot / 2}, factors(1.0f, n_rot / 2));
+    };
+  };
+  const auto none = [](gguf::GgufWriter&) {};
+  const auto plain = cpuLogits(ggufVariant(src, "phi3-plain", none), ids);
+  const int n = static_cast<int>(ids.size()), n_vocab = static_cast<int>(plain.size() / ids.size());
+
+  // Compiled for a context ≤ the original one: the short set (all 1) and attn_factor 1 give the plain
+  // model's logits bit for bit; the artifact refuses sessions beyond the original context.
+  const std::string short_path = ggufVariant(src, "phi3-longrope-c64", longrope(1.0f), {}, orig);
+  CHECK(cpuLogits(short_path, ids) == plain);
+  {
+    auto model = Model::open(short_path, BackendKind::kCpu);
+    REQUIRE(model.isOk());
+    CHECK((*model)->info().n_ctx_max == static_cast<int>(orig));
+    auto big = (*model)->createSession({.n_ctx = static_cast<int>(orig) + 1, .n_threads = 1});
+    REQUIRE(!big.isOk());
+    CHECK(big.status().message().find("larger than the 64 the artifact was compiled for") != std::string::npos);
+  }
+  // Compiled for a longer context (and by default, context_length 4096 > 64): the long set, θ_i / 4 in
+  // every pair = linear x4 scaling of the same model (same angles up to the double rounding order).
+  const auto linear4 = cpuLogits(ggufVariant(src, "phi3-linear4", [&](gguf::GgufWriter& w) {
+                                   w.setString("phi3.rope.scaling.type", "linear");
+                                   w.setF32("phi3.rope.scaling.factor", factor);
+                                 }), ids);
+  for (uint32_t n_ctx : {orig + 1, 0u}) {
+    CAPTURE(n_ctx);
+    const auto long4 = cpuLogits(ggufVariant(src, "phi3-longrope-c" + std::to_string(n_ctx), longrope(1.0f), {}, n_ctx), ids);
+    const LogitDiff d = minfer::test::compareLogits(long4.data(), linear4.data(), n, n_vocab, {}, 0);
+    MESSAGE("LongRoPE long set (4) vs linear x4: rel " << d.rel());
+    CHECK(d.rel() <= 1e-5);
+  }
+  const LogitDiff dl = minfer::test::compareLogits(linear4.data(), plain.data(), n, n_vocab, {}, 0);
+  MESSAGE("linear x4 vs plain: rel " << dl.rel());
+  CHECK(dl.rel() > 1e-3);  // the choice is visible
+
+  // attn_factor m scales cos and sin (ggml_rope_ext's mscale), i.e. every rotated q and k element: with
+  // n_rot = head_dim that is q·m and k·m, the same as multiplying the q and k rows of attn_qkv by m
+  // (restated here on the weights, in float64 rounded once to f32).
+  const float m = 1.2f;
+  const auto scaled = cpuLogits(ggufVariant(src, "phi3-longrope-m", longrope(m), {}, orig), ids);
+  const uint64_t qk_rows = uint64_t{*n_head} * head_dim + uint64_t{*n_head_kv} * head_dim;
+  const auto restated = cpuLogits(
+      ggufVariant(src, "phi3-qk-scaled", none,
+                  [&](const std::string& name, std::vector<uint8_t>& data) {
+                    if (name.find("attn_qkv.weight") == std::string::npos) return;
+                    for (uint64_t i = 0; i < qk_rows * *n_embd; ++i) {  // rows are n_embd floats, q and k first
+                      float v;
+                      std::memcpy(&v, data.data() + 4 * i, 4);
+                      v = static_cast<float>(static_cast<double>(v) * m);
+                      std::memcpy(data.data() + 4 * i, &v, 4);
+                    }
+                  }),
+      ids);
+  const LogitDiff dm = minfer::test::compareLogits(scaled.data(), restated.data(), n, n_vocab, {}, 0);
+  const LogitDiff dp = minfer::test::compareLogits(scaled.data(), plain.data(), n, n_vocab, {}, 0);
+  MESSAGE("attn_factor 1.2 vs q, k rows x1.2: rel " << dm.rel() << "; vs attn_factor 1: rel " << dp.rel());
+  CHECK(dm.rel() <= 1e-5);
+  CHECK(dp.rel() > 1e-3);
+}
+
 TEST_CASE("CPU backend matches llama.cpp and the float64 reference on every golden case") {
   if (!minfer::test::haveFixtures()) return;
   const auto names = minfer::test::goldenCaseNames();
-  CHECK(names.size() >= 20 + 3 + 3 + 3);  // + arch/tiny-{llama31,gemma2,gemma3}-{F32,Q8_0,Q4_K_M}_ids48
+  CHECK(names.size() >= 20 + 4 * 3);  // + arch/tiny-{llama31,gemma2,gemma3,phi3}-{F32,Q8_0,Q4_K_M}_ids48
   for (const std::string& name : names) {
     CAPTURE(name);
     const GoldenCase g = minfer::test::loadGolden(name);

@@ -156,6 +156,22 @@ TEST_CASE("big model shapes follow llama.cpp's tensor names and ggml dims") {
     CHECK(find(plan, "blk.31.attn_v.weight")->ne == std::vector<uint64_t>{4096, 1024});  // 8 kv heads x 128
     CHECK(find(plan, "blk.31.ffn_up.weight")->ne == std::vector<uint64_t>{4096, 14336});
   }
+  {  // phi3-mini: fused attn_qkv (q 3072 + k 3072 + v 3072 rows) and gate|up ffn_up, no attn_q/k/v, ffn_gate
+    const auto shape = llvm::cantFail(modelShape("phi3-mini"));
+    CHECK(shape.arch == "phi3");
+    CHECK(shape.headDim() == 96);
+    const auto plan = llvm::cantFail(planTensors(shape, TypeMix::kQ4_K_M));
+    CHECK(plan.size() == 3 + 32 * 6);
+    CHECK(find(plan, "token_embd.weight")->ne == std::vector<uint64_t>{3072, 32064});
+    CHECK(find(plan, "blk.0.attn_qkv.weight")->ne == std::vector<uint64_t>{3072, 9216});
+    CHECK(find(plan, "blk.0.attn_output.weight")->ne == std::vector<uint64_t>{3072, 3072});
+    CHECK(find(plan, "blk.0.ffn_up.weight")->ne == std::vector<uint64_t>{3072, 16384});
+    CHECK(find(plan, "blk.0.ffn_down.weight")->ne == std::vector<uint64_t>{8192, 3072});
+    for (const TensorPlan& t : plan)
+      CHECK((t.name.find("attn_q.") == std::string::npos && t.name.find("ffn_gate") == std::string::npos));
+    CHECK(find(plan, "blk.0.attn_qkv.weight")->type == GgmlType::Q6_K);  // attn_v's more-bits rule (layer 0 < n/8)
+    CHECK(find(plan, "blk.8.attn_qkv.weight")->type == GgmlType::Q4_K);
+  }
   auto llama3 = llvm::cantFail(modelShape("llama3-8b"));
   CHECK(llama3.rope_freq_base == 500000.0f);
   CHECK(llama3.n_head == 32);
@@ -165,7 +181,7 @@ TEST_CASE("big model shapes follow llama.cpp's tensor names and ggml dims") {
   CHECK(qwen.arch == "qwen2");
   auto unknown = modelShape("gpt-5");
   REQUIRE(!unknown);
-  CHECK(llvm::toString(unknown.takeError()).find("tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b") != std::string::npos);
+  CHECK(llvm::toString(unknown.takeError()).find("tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini") != std::string::npos);
   auto bad_mix = parseTypeMix("q3_k");
   REQUIRE(!bad_mix);
   CHECK(llvm::toString(bad_mix.takeError()).find("'q3_k'") != std::string::npos);

@@ -45,6 +45,7 @@ struct TinySpec {
   float attn_factor = NAN;    // not NaN: rope.scaling.attn_factor
   int64_t orig_ctx = -1;      // ≥ 0: rope.scaling.original_context_length (no context_length key: 2048)
   bool tied = false, bias = false, qk_norm = false;
+  bool fused = false;         // phi3: attn_qkv [n_embd, q + 2 kv] and ffn_up [n_embd, 2 n_ff], no attn_q/k/v, ffn_gate
   std::set<std::string> skip;
   std::vector<std::pair<std::string, uint64_t>> extra;
   std::vector<std::pair<std::string, std::vector<float>>> extra_values;  // F32 vectors with these values
@@ -91,9 +92,13 @@ gguf::GgufWriter makeWriter(const TinySpec& s) {
   for (uint32_t l = 0; l < s.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     tensor(b + "attn_norm.weight", {s.n_embd});
-    tensor(b + "attn_q.weight", {s.n_embd, qw});
-    tensor(b + "attn_k.weight", {s.n_embd, kvw});
-    tensor(b + "attn_v.weight", {s.n_embd, kvw});
+    if (s.fused) {
+      tensor(b + "attn_qkv.weight", {s.n_embd, qw + 2 * kvw});
+    } else {
+      tensor(b + "attn_q.weight", {s.n_embd, qw});
+      tensor(b + "attn_k.weight", {s.n_embd, kvw});
+      tensor(b + "attn_v.weight", {s.n_embd, kvw});
+    }
     if (s.bias) {
       tensor(b + "attn_q.bias", {qw});
       tensor(b + "attn_k.bias", {kvw});
@@ -105,8 +110,8 @@ gguf::GgufWriter makeWriter(const TinySpec& s) {
     }
     tensor(b + "attn_output.weight", {qw, s.n_embd});
     tensor(b + "ffn_norm.weight", {s.n_embd});
-    tensor(b + "ffn_gate.weight", {s.n_embd, s.n_ff});
-    tensor(b + "ffn_up.weight", {s.n_embd, s.n_ff});
+    if (!s.fused) tensor(b + "ffn_gate.weight", {s.n_embd, s.n_ff});
+    tensor(b + "ffn_up.weight", {s.n_embd, s.fused ? 2 * uint64_t{s.n_ff} : s.n_ff});
     tensor(b + "ffn_down.weight", {s.n_ff, s.n_embd});
   }
   tensor("output_norm.weight", {s.n_embd});
@@ -133,10 +138,10 @@ std::unique_ptr<gguf::GgufFile> makeGguf(const TinySpec& s) {
 }
 
 // describeModel on a TinySpec GGUF; the file is kept alive for the description's TensorInfo pointers.
-llvm::Expected<model::ModelDescription> describeTiny(const TinySpec& s, uint32_t max_batch = 16) {
+llvm::Expected<model::ModelDescription> describeTiny(const TinySpec& s, uint32_t max_batch = 16, uint32_t n_ctx = 0) {
   static std::vector<std::unique_ptr<gguf::GgufFile>> keep;
   keep.push_back(makeGguf(s));
-  return model::describeModel(*keep.back(), max_batch);
+  return model::describeModel(*keep.back(), max_batch, n_ctx);
 }
 
 std::string describeTinyError(const TinySpec& s) {
@@ -465,12 +470,12 @@ TEST_CASE("qwen3: per-head q/k RMSNorm between the projections and RoPE") {
 }
 
 TEST_CASE("the architecture list is written once and named in the refusal") {
-  CHECK(std::string(model::supportedArchitectures()) == "llama, qwen2, qwen3, gemma2, gemma3");
+  CHECK(std::string(model::supportedArchitectures()) == "llama, qwen2, qwen3, gemma2, gemma3, phi3");
   TinySpec s;
   s.arch = "gpt2";
   const std::string msg = describeTinyError(s);
   CHECK(msg == "tiny-gpt2.gguf: unsupported architecture 'gpt2' (general.architecture); supported: llama, qwen2, "
-               "qwen3, gemma2, gemma3");
+               "qwen3, gemma2, gemma3, phi3");
 }
 
 TEST_CASE("architecture facts are checked against the tensors") {
@@ -607,11 +612,16 @@ TEST_CASE("RoPE scaling keys read as llama.cpp reads them") {
     for (const auto& st : d->plan.prefill)
       if (st.op == fb::OpKind::Rope) CHECK(st.rope_freq_scale == c.freq_scale);
   }
+  // longrope scales like linear in llama.cpp (its factors are tensors, phi3 only).
+  TinySpec longrope;
+  longrope.scaling_type = "longrope", longrope.scaling_factor = 4.0f;
+  auto dl = describeTiny(longrope);
+  REQUIRE_MESSAGE(bool(dl), llvm::toString(dl.takeError()));
+  CHECK(dl->config.rope_scaling == fb::RopeScaling::Linear);
+  CHECK(dl->config.rope_freq_scale == 0.25f);
   const std::pair<std::string, std::string> refused[] = {
-      {"longrope", "tiny-llama.gguf: llama.rope.scaling.type = 'longrope': LongRoPE scaling (phi3's "
-                   "rope_factors_long/short) is not implemented in minfer (supported: none, linear, yarn)"},
       {"dynamic", "tiny-llama.gguf: llama.rope.scaling.type = 'dynamic' is not a RoPE scaling type (supported: none, "
-                  "linear, yarn)"},
+                  "linear, yarn, longrope)"},
   };
   for (const auto& [type, message] : refused) {
     TinySpec s;
@@ -697,4 +707,184 @@ TEST_CASE("an empty tensor (a dim of 0) parses and is refused by the block that 
   ff.skip = {}, ff.extra = {{"rope_freqs.weight", 0}};  // optional, but present and empty
   CHECK(describeTinyError(ff) ==
         "tiny-llama.gguf: tensor 'rope_freqs.weight' has no elements (ne[0] = 0); architecture llama uses it");
+}
+
+namespace {
+
+// A phi3 GGUF with odd shapes: n_embd 36, 3 heads of 12 (q 36 wide), 1 kv head (k, v 12), n_ff 20.
+TinySpec phi3Spec() {
+  TinySpec s;
+  s.arch = "phi3", s.n_embd = 36, s.n_layer = 2, s.n_head = 3, s.n_head_kv = 1, s.n_ff = 20, s.n_vocab = 43;
+  s.fused = true;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("phi3: one fused q|k|v matmul and one gate|up matmul, read in place as column views") {
+  auto d = describeTiny(phi3Spec());
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  CHECK(d->config.rope_style == fb::RopeStyle::Neox);
+  CHECK(d->config.n_ctx_max == 0);
+  const auto& buffers = d->plan.buffers;
+  auto bufferNamed = [&](const std::string& name) {
+    for (size_t i = 0; i < buffers.size(); ++i)
+      if (buffers[i].name == name) return static_cast<uint32_t>(i);
+    FAIL("no buffer " << name);
+    return UINT32_MAX;
+  };
+  const uint32_t qkv = bufferNamed("qkv"), gate_up = bufferNamed("gate_up"), gate = bufferNamed("gate");
+  CHECK(buffers[qkv].width == 36 + 2 * 12);
+  CHECK(buffers[gate_up].width == 2 * 20);
+  for (const auto& b : buffers) CHECK((b.name != "q" && b.name != "k" && b.name != "v" && b.name != "up"));
+  const auto& steps = d->plan.prefill;
+  const std::vector<std::pair<fb::OpKind, std::string>> layer0 = {
+      {fb::OpKind::RmsNorm, "blk.0.attn_norm"},   {fb::OpKind::MatMul, "blk.0.attn_qkv"},
+      {fb::OpKind::Rope, "blk.0.rope"},           {fb::OpKind::Attention, "blk.0.attention"},
+      {fb::OpKind::MatMul, "blk.0.attn_output"},  {fb::OpKind::Add, "blk.0.attn_residual"},
+      {fb::OpKind::RmsNorm, "blk.0.ffn_norm"},    {fb::OpKind::MatMul, "blk.0.ffn_up"},
+      {fb::OpKind::SwiGlu, "blk.0.swiglu"},       {fb::OpKind::MatMul, "blk.0.ffn_down"},
+      {fb::OpKind::Add, "blk.0.ffn_residual"}};
+  REQUIRE(steps.size() == 1 + 2 * layer0.size() + 2);  // Embed, the layers, output_norm, output
+  for (size_t i = 0; i < layer0.size(); ++i) {
+    CAPTURE(i);
+    CHECK(steps[1 + i].op == layer0[i].first);
+    CHECK(steps[1 + i].name == layer0[i].second);
+  }
+  const model::StepDesc& mm = steps[2];
+  CHECK(mm.outputs == std::vector<uint32_t>{qkv});
+  CHECK((mm.rows == 60 && mm.cols == 36));
+  CHECK(mm.input_views.empty());
+  // RoPE in place on q = columns 0..35 and k = 36..47 of qkv; attention reads q, k and v = 48..59.
+  const model::StepDesc& rope = steps[3];
+  CHECK(rope.inputs == std::vector<uint32_t>{qkv, qkv});
+  CHECK(rope.outputs == rope.inputs);
+  REQUIRE(rope.input_views.size() == 2);
+  CHECK((rope.input_views[0].offset == 0 && rope.input_views[0].width == 36));
+  CHECK((rope.input_views[1].offset == 36 && rope.input_views[1].width == 12));
+  REQUIRE(rope.output_views.size() == 2);
+  CHECK((rope.output_views[1].offset == 36 && rope.output_views[1].width == 12));
+  CHECK(rope.weights.empty());  // no LongRoPE factors in this file
+  const model::StepDesc& att = steps[4];
+  CHECK(att.inputs == std::vector<uint32_t>{qkv, qkv, qkv});
+  REQUIRE(att.input_views.size() == 3);
+  CHECK((att.input_views[2].offset == 48 && att.input_views[2].width == 12));
+  REQUIRE(att.output_views.size() == 1);
+  CHECK((att.output_views[0].offset == 0 && att.output_views[0].width == 36));  // attn, a whole buffer
+  // SwiGLU: gate = columns 0..19, up = 20..39 of gate_up, into the whole gate buffer, ffn_down's input.
+  const model::StepDesc& glu = steps[9];
+  CHECK(steps[8].outputs == std::vector<uint32_t>{gate_up});
+  CHECK((steps[8].rows == 40 && steps[8].cols == 36));
+  CHECK(glu.inputs == std::vector<uint32_t>{gate_up, gate_up});
+  REQUIRE(glu.input_views.size() == 2);
+  CHECK((glu.input_views[0].offset == 0 && glu.input_views[0].width == 20));
+  CHECK((glu.input_views[1].offset == 20 && glu.input_views[1].width == 20));
+  CHECK(glu.outputs == std::vector<uint32_t>{gate});
+  CHECK(steps[10].inputs == std::vector<uint32_t>{gate});
+  CHECK((steps[10].rows == 36 && steps[10].cols == 20));
+  // The same step list for decode.
+  REQUIRE(d->plan.decode.size() == steps.size());
+  CHECK(d->plan.decode[3].input_views.size() == 2);
+
+  // ffn_up must hold gate and up (2·n_ff rows): a plain [n_embd, n_ff] one is refused by name.
+  TinySpec split = phi3Spec();
+  split.fused = false;
+  split.skip = {"blk.0.ffn_gate.weight", "blk.1.ffn_gate.weight"};
+  CHECK(describeTinyError(split) ==
+        "tiny-phi3.gguf: tensor 'blk.0.ffn_up.weight' has shape [36, 20], expected [36, 40] from the hyperparameters");
+  // A missing fused tensor is refused by name.
+  TinySpec missing = phi3Spec();
+  missing.skip = {"blk.1.attn_qkv.weight"};
+  CHECK(describeTinyError(missing) ==
+        "tiny-phi3.gguf: tensor 'blk.1.attn_qkv.weight' is missing (architecture phi3 needs it)");
+}
+
+TEST_CASE("LongRoPE: rope_factors_long or _short chosen by the compiled context, as llama.cpp's get_rope_factors") {
+  // head_dim 12 → n_rot/2 = 6 factors; context_length 2048 (no key), original_context_length 64.
+  const std::vector<float> longf = {1, 2, 3, 4, 5, 6}, shortf = {1, 1.5f, 2, 2.5f, 3, 3.5f};
+  TinySpec s = phi3Spec();
+  s.orig_ctx = 64;
+  s.attn_factor = 1.25f;
+  s.extra_values = {{"rope_factors_long.weight", longf}, {"rope_factors_short.weight", shortf}};
+  struct Case {
+    uint32_t n_ctx;
+    const char* chosen;
+    uint32_t n_ctx_max;
+  };
+  const Case cases[] = {{0, "rope_factors_long.weight", 0},     // context_length 2048 > 64
+                        {65, "rope_factors_long.weight", 65},   // n_ctx > n_ctx_orig_yarn: long
+                        {64, "rope_factors_short.weight", 64},  // n_ctx == n_ctx_orig_yarn: short
+                        {16, "rope_factors_short.weight", 16}};
+  for (const Case& c : cases) {
+    CAPTURE(c.n_ctx);
+    auto d = describeTiny(s, 16, c.n_ctx);
+    REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+    CHECK(d->config.n_ctx_max == c.n_ctx_max);
+    int ropes = 0;
+    for (const auto& st : d->plan.prefill)
+      if (st.op == fb::OpKind::Rope) {
+        ++ropes;
+        REQUIRE(st.weights.size() == 1);
+        CHECK(d->weights[st.weights[0]].name == c.chosen);
+        CHECK(st.rope_attn_factor == 1.25f);  // rope.scaling.attn_factor scales cos/sin for either set
+        CHECK(st.rope_ext_factor == 0.0f);
+      }
+    CHECK(ropes == 2);
+    // The other set is checked but not stored.
+    int stored = 0;
+    for (const auto& w : d->weights) stored += w.name.rfind("rope_factors_", 0) == 0;
+    CHECK(stored == 1);
+  }
+  // Short chosen by the model's own context (context_length ≤ original): sessions stay within the
+  // original context, beyond which llama.cpp would take the long set.
+  TinySpec short_ctx = s;
+  short_ctx.orig_ctx = 4096;
+  auto ds = describeTiny(short_ctx);
+  REQUIRE_MESSAGE(bool(ds), llvm::toString(ds.takeError()));
+  CHECK(ds->config.n_ctx_max == 4096);
+  // Only one set present: the other choice has no factors (llama.cpp passes a null tensor).
+  TinySpec only_long = s;
+  only_long.extra_values = {{"rope_factors_long.weight", longf}};
+  auto dn = describeTiny(only_long, 16, 32);
+  REQUIRE_MESSAGE(bool(dn), llvm::toString(dn.takeError()));
+  for (const auto& st : dn->plan.prefill)
+    if (st.op == fb::OpKind::Rope) CHECK(st.weights.empty());
+
+  // Refusals: wrong length, wrong type, a value that is not finite and > 0 - of either set, chosen or not.
+  TinySpec wrong_len = s;
+  wrong_len.extra_values = {{"rope_factors_long.weight", longf}, {"rope_factors_short.weight", {1, 1, 1, 1, 1}}};
+  CHECK(describeTinyError(wrong_len) ==
+        "tiny-phi3.gguf: tensor 'rope_factors_short.weight' has shape [5], expected [6] from the hyperparameters");
+  TinySpec zero = s;
+  zero.extra_values = {{"rope_factors_long.weight", {1, 2, 0, 4, 5, 6}}, {"rope_factors_short.weight", shortf}};
+  CHECK(describeTinyError(zero) ==
+        "tiny-phi3.gguf: tensor 'rope_factors_long.weight' value 2 = 0 must be finite and > 0");
+  TinySpec nan = s;
+  nan.extra_values = {{"rope_factors_long.weight", longf}, {"rope_factors_short.weight", {1, NAN, 1, 1, 1, 1}}};
+  CHECK(describeTinyError(nan) ==
+        "tiny-phi3.gguf: tensor 'rope_factors_short.weight' value 1 = nan must be finite and > 0");
+  {  // F16 factors: refused by type
+    gguf::GgufWriter w = makeWriter(phi3Spec());
+    w.addTensor("rope_factors_long.weight", GgmlType::F16, {6}, std::vector<uint8_t>(12, 0x3c));
+    auto bytes = w.toBytes();
+    REQUIRE(bool(bytes));
+    auto file = gguf::GgufFile::parse(
+        llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(reinterpret_cast<const char*>(bytes->data()), bytes->size()),
+                                             "f16.gguf"),
+        "f16.gguf");
+    REQUIRE(bool(file));
+    auto d = model::describeModel(**file, 16);
+    REQUIRE(!d);
+    CHECK(llvm::toString(d.takeError()) ==
+          "f16.gguf: tensor 'rope_factors_long.weight' has type F16; norm weights, biases and RoPE factors must be F32");
+  }
+  // LongRoPE factors mean nothing to llama (llama.cpp does not load them there): refused as unused.
+  TinySpec llama;
+  llama.extra_values = {{"rope_factors_long.weight", {1, 1, 1, 1}}};
+  CHECK(describeTinyError(llama) ==
+        "tiny-llama.gguf: tensor 'rope_factors_long.weight' is not used by the llama architecture as minfer knows it");
+  // The compiled context is bounded.
+  auto big = describeTiny(s, 16, (1u << 20) + 1);
+  REQUIRE(!big);
+  CHECK(llvm::toString(big.takeError()) == "context 1048577 is out of range 0..2^20 (0: the model's)");
 }

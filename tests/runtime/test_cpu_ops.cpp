@@ -424,6 +424,41 @@ TEST_CASE("attention with GQA over several calls at increasing positions matches
   }
 }
 
+// Column views (format 1.4, phi3's fused rows): rope, kvStore and attention on q|k|v rows of one wider
+// buffer give bit for bit what they give on the dense q, k and v, and leave the other columns alone.
+TEST_CASE("rope, kvStore and attention with a row pitch equal the dense rows (column views)") {
+  std::mt19937_64 rng(23);
+  const int n_head = 3, n_head_kv = 1, hd = 12, n = 5, pos0 = 2, n_ctx = 8;
+  const int qw = n_head * hd, kvw = n_head_kv * hd, pitch = qw + 2 * kvw + 3;  // 3 spare columns at the end
+  const std::vector<float> rows = randomFloats(n * pitch, rng, -2, 2);
+  std::vector<float> q(n * qw), k(n * kvw), v(n * kvw);
+  for (int t = 0; t < n; ++t) {
+    std::copy_n(rows.begin() + t * pitch, qw, q.begin() + t * qw);
+    std::copy_n(rows.begin() + t * pitch + qw, kvw, k.begin() + t * kvw);
+    std::copy_n(rows.begin() + t * pitch + qw + kvw, kvw, v.begin() + t * kvw);
+  }
+  std::vector<float> fused = rows;
+  rope(q.data(), n, n_head, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0);
+  rope(k.data(), n, n_head_kv, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0);
+  rope(fused.data(), n, n_head, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0, nullptr, {}, pitch);
+  rope(fused.data() + qw, n, n_head_kv, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0, nullptr, {}, pitch);
+  for (int t = 0; t < n; ++t) {
+    CHECK(std::memcmp(fused.data() + t * pitch, q.data() + t * qw, qw * 4) == 0);
+    CHECK(std::memcmp(fused.data() + t * pitch + qw, k.data() + t * kvw, kvw * 4) == 0);
+    CHECK(std::memcmp(fused.data() + t * pitch + qw + kvw, rows.data() + t * pitch + qw + kvw, (kvw + 3) * 4) == 0);
+  }
+  std::vector<float> kv_dense(2 * n_ctx * kvw, 0.0f), kv_view(kv_dense.size(), 0.0f);
+  const KvLayer dense{kv_dense.data(), kv_dense.data() + n_ctx * kvw, n_ctx, n_head_kv, hd};
+  const KvLayer view{kv_view.data(), kv_view.data() + n_ctx * kvw, n_ctx, n_head_kv, hd};
+  kvStore(dense, k.data(), v.data(), n, pos0);
+  kvStore(view, fused.data() + qw, fused.data() + qw + kvw, n, pos0, pitch, pitch);
+  CHECK(kv_view == kv_dense);
+  std::vector<float> scratch(n_ctx), out_dense(n * qw), out_view(n * qw);
+  attention(q.data(), dense, n, pos0, n_head, out_dense.data(), nullptr, scratch.data());
+  attention(fused.data(), view, n, pos0, n_head, out_view.data(), nullptr, scratch.data(), {}, pitch);
+  CHECK(out_view == out_dense);
+}
+
 TEST_CASE("attention with a query scale, soft-capping and a sliding window (gemma2) matches float64") {
   std::mt19937_64 rng(19);
   const int n_head = 4, n_head_kv = 1, hd = 24, n_ctx = 48, kvw = n_head_kv * hd;

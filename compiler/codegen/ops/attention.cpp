@@ -39,10 +39,19 @@ Launches attention(const StepContext& c, const StepContext* quant) {
   if (!v) return v.takeError();
   auto out = c.output(0, "output");
   if (!out) return out.takeError();
-  if (auto e = checkHeads(c, (*q)->width, (*k)->width)) return e;
-  if ((*v)->width != (*k)->width || (*out)->width != (*q)->width)
-    return c.error(llvm::formatv("v width {0} must equal k width {1} and output width {2} q width {3}", (*v)->width,
-                                 (*k)->width, (*out)->width, (*q)->width));
+  // q, k and v may be column views (format 1.4, phi3's q|k|v rows); the output is a whole buffer.
+  const model::ColumnView qv = c.inputView(0), kv = c.inputView(1), vv = c.inputView(2), ov = c.outputView(0);
+  if (auto e = checkHeads(c, qv.width, kv.width)) return e;
+  if (vv.width != kv.width || ov.width != qv.width || ov.width != (*out)->width)
+    return c.error(llvm::formatv("v width {0} must equal k width {1}, and the output (a whole buffer of width {2}) "
+                                 "q width {3}",
+                                 vv.width, kv.width, (*out)->width, qv.width));
+  const uint32_t q_pitch = (*q)->width, k_pitch = (*k)->width, v_pitch = (*v)->width;
+  const bool kv_views = k_pitch != kv.width || v_pitch != vv.width, q_view = q_pitch != qv.width;
+  if (kern::attnPrefillUsesMma(s.head_dim) && (qv.offset % 2 != 0 || q_pitch % 2 != 0))
+    return c.error(llvm::formatv("q view at column {0} of rows {1} wide: the tensor-core prefill reads q in pairs "
+                                 "(8-byte loads) and needs both even",
+                                 qv.offset, q_pitch));
   if (s.layer < 0) return c.error("attention step without a KV cache layer");
   if (quant && (c.prefill() || s.head_dim % 32 != 0))
     return quant->error("only a decode attention with heads of whole blocks of 32 can carry the quantization");
@@ -72,22 +81,27 @@ Launches attention(const StepContext& c, const StepContext* quant) {
   const KernelArgDesc kc = cacheArg(fb::ArgKind::KCache, "kc", layer, kv_width);
   const KernelArgDesc vc = cacheArg(fb::ArgKind::VCache, "vc", layer, kv_width);
   const KernelArgDesc pos = kindArg(fb::ArgKind::Positions, "pos"), ntok = kindArg(fb::ArgKind::TokenCount, "n_tokens");
-  const KernelArgDesc q_in = activationArg("q", c.inputId(0), q_width, fb::Access::Read);
+  const KernelArgDesc q_in = viewArg("q", c.inputId(0), q_pitch, qv, fb::Access::Read);
   const KernelArgDesc o = activationArg("out", c.outputId(0), q_width, fb::Access::Write);
 
   std::vector<KernelLaunch> launches;
-  SpecBuilder store(llvm::formatv("kv_store_hkv{0}_d{1}", hkv, d), "kernels/attention.cuh", "minfer_kv_store");
+  const std::string kv_tag = kv_views ? llvm::formatv("_kp{0}_vp{1}", k_pitch, v_pitch).str() : "";
+  SpecBuilder store(llvm::formatv("kv_store_hkv{0}_d{1}{2}", hkv, d, kv_tag), "kernels/attention.cuh",
+                    "minfer_kv_store");
   heads(store).define("ATT_KV_STORE", uint64_t{1});
+  if (kv_views) store.define("ATT_K_PITCH", uint64_t{k_pitch}).define("ATT_V_PITCH", uint64_t{v_pitch});
   launches.push_back({store.spec,
-                      {activationArg("k", c.inputId(1), kv_width, fb::Access::Read),
-                       activationArg("v", c.inputId(2), kv_width, fb::Access::Read),
+                      {viewArg("k", c.inputId(1), k_pitch, kv, fb::Access::Read),
+                       viewArg("v", c.inputId(2), v_pitch, vv, fb::Access::Read),
                        cacheArg(fb::ArgKind::KCache, "kc", layer, kv_width, fb::Access::Write),
                        cacheArg(fb::ArgKind::VCache, "vc", layer, kv_width, fb::Access::Write), pos, ntok},
                       kern::kvStoreLaunchRule(hkv, d)});
   if (c.prefill()) {
-    SpecBuilder b(llvm::formatv("attn_prefill_h{0}_hkv{1}_d{2}{3}", h, hkv, d, opts), "kernels/attention.cuh",
+    const std::string q_tag = q_view ? llvm::formatv("_qp{0}", q_pitch).str() : "";
+    SpecBuilder b(llvm::formatv("attn_prefill_h{0}_hkv{1}_d{2}{3}{4}", h, hkv, d, opts, q_tag), "kernels/attention.cuh",
                   "minfer_attn_prefill");
     options(heads(b)).define("ATT_PREFILL", uint64_t{1});
+    if (q_view) b.define("ATT_Q_PITCH", uint64_t{q_pitch});
     launches.push_back({b.spec, {q_in, kc, vc, o, pos, ntok}, kern::attnPrefillLaunchRule(h, d)});
     return launches;
   }

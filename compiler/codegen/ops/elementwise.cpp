@@ -15,17 +15,32 @@ Launches elementwise(const StepContext& c, int op, const char* name, const char*
   if (!b2) return b2.takeError();
   auto out = c.output(0, "output");
   if (!out) return out.takeError();
-  const uint32_t w = (*a)->width;
-  if ((*b2)->width != w || (*out)->width != w)
-    return c.error(llvm::formatv("widths {0}, {1} → {2} differ", w, (*b2)->width, (*out)->width));
+  // The operands may be column views (format 1.4, phi3's gate|up rows): widths are the views', pitches
+  // the buffers' widths.
+  const model::ColumnView av = c.inputView(0), bv = c.inputView(1), ov = c.outputView(0);
+  const uint32_t w = av.width, ap = (*a)->width, bp = (*b2)->width, op_pitch = (*out)->width;
+  if (bv.width != w || ov.width != w)
+    return c.error(llvm::formatv("widths {0}, {1} → {2} differ", w, bv.width, ov.width));
+  const bool views = ap != w || bp != w || op_pitch != w;
+  if (quant && views) return quant->error("the fused quantization takes whole buffers, not column views");
   if (quant)
     if (llvm::Error e = checkFusedQuantize(*quant, w)) return e;
-  SpecBuilder b(llvm::formatv("{0}_w{1}{2}", name, w, quant ? "_q8" : ""), "kernels/elementwise.cuh", entry);
+  std::string key = llvm::formatv("{0}_w{1}", name, w);
+  const bool vec4 = w % 4 == 0 && ap % 4 == 0 && bp % 4 == 0 && op_pitch % 4 == 0 && av.offset % 4 == 0 &&
+                    bv.offset % 4 == 0 && ov.offset % 4 == 0;
+  if (views) key += llvm::formatv("_ap{0}_bp{1}_op{2}{3}", ap, bp, op_pitch, vec4 ? "_v4" : "").str();
+  if (quant) key += "_q8";
+  SpecBuilder b(key, "kernels/elementwise.cuh", entry);
   b.define("EW_WIDTH", static_cast<uint64_t>(w)).define("EW_OP", static_cast<uint64_t>(op));
+  if (views)
+    b.define("EW_A_PITCH", uint64_t{ap})
+        .define("EW_B_PITCH", uint64_t{bp})
+        .define("EW_OUT_PITCH", uint64_t{op_pitch})
+        .define("EW_VEC4", uint64_t{vec4});
   if (quant) b.define("EW_Q8", uint64_t{1});
   KernelLaunch k{b.spec, {}, kern::elementwiseLaunchRule(w)};
-  k.args = {activationArg("a", c.inputId(0), w, fb::Access::Read), activationArg("b", c.inputId(1), w, fb::Access::Read),
-            activationArg("out", c.outputId(0), w, fb::Access::Write)};
+  k.args = {viewArg("a", c.inputId(0), ap, av, fb::Access::Read), viewArg("b", c.inputId(1), bp, bv, fb::Access::Read),
+            viewArg("out", c.outputId(0), op_pitch, ov, fb::Access::Write)};
   if (quant) pushQ8Args(k.args, "qs", "meta", quant->outputId(0), w, fb::Access::Write);
   k.args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
   return std::vector<KernelLaunch>{std::move(k)};

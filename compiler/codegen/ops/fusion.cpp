@@ -9,8 +9,10 @@ bool fusesQuantize(const model::StepDesc& producer, const model::StepDesc& quant
       producer.op == fb::OpKind::Attention && variant == PlanVariant::kDecode && producer.head_dim % 32 == 0;
   const bool carrier = producer.op == fb::OpKind::RmsNorm || producer.op == fb::OpKind::SwiGlu ||
                        producer.op == fb::OpKind::GeGlu || decode_attention;
-  return carrier && quant.op == fb::OpKind::QuantizeAct && producer.outputs.size() == 1 && quant.inputs.size() == 1 &&
-         quant.inputs[0] == producer.outputs[0];
+  // Column views (phi3's gate|up halves) keep their own kernels: the fused forms take whole buffers.
+  const bool whole = producer.input_views.empty() && producer.output_views.empty();
+  return carrier && whole && quant.op == fb::OpKind::QuantizeAct && producer.outputs.size() == 1 &&
+         quant.inputs.size() == 1 && quant.inputs[0] == producer.outputs[0];
 }
 
 Launches fusedQuantizeLaunches(const StepContext& producer, const StepContext& quant) {

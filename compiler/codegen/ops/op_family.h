@@ -28,6 +28,10 @@ class StepContext {
   // Buffer inputs[i] / outputs[i]; `what` names it in the error ("q", "output").
   llvm::Expected<const model::BufferDesc*> input(size_t i, const char* what) const;
   llvm::Expected<const model::BufferDesc*> output(size_t i, const char* what) const;
+  // The column view of input / output i (format 1.4): the step's, or (0, the buffer's width). Valid
+  // after input(i) / output(i) succeeded.
+  model::ColumnView inputView(size_t i) const;
+  model::ColumnView outputView(size_t i) const;
   uint32_t inputId(size_t i) const { return step_.inputs[i]; }    // valid after input(i) succeeded
   uint32_t outputId(size_t i) const { return step_.outputs[i]; }  // valid after output(i) succeeded
   // Weight #i of the step (its TensorLayout) and its tensor index in the artifact.
@@ -56,6 +60,9 @@ struct SpecBuilder {
 
 // Launch-record arguments (schema KernelArg).
 KernelArgDesc activationArg(const char* name, uint32_t buffer, uint32_t width, fb::Access access);
+// An Activation argument for a column view of `buffer` (format 1.4): `pitch` is the buffer's width (the
+// kernel's row pitch constant); a whole-buffer view gives the plain argument.
+KernelArgDesc viewArg(const char* name, uint32_t buffer, uint32_t pitch, model::ColumnView view, fb::Access access);
 KernelArgDesc weightArg(const char* name, uint32_t tensor, const StrideTable& plane);
 KernelArgDesc kindArg(fb::ArgKind kind, const char* name);  // Null, Positions, TokenCount, TokenOut
 // The int8 values and the Q8Meta part of a q8 buffer (kernels/common.cuh), two parameters.

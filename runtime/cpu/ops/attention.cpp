@@ -1,5 +1,5 @@
 // CPU op family Attention: stores the batch's K/V in the layer's cache, then causal GQA over it
-// (cpu::kvStore, cpu::attention).
+// (cpu::kvStore, cpu::attention); q, k and v may be column views (format 1.4), the output is a whole buffer.
 #include "runtime/cpu/cpu_step.h"
 
 namespace minfer::cpu {
@@ -23,10 +23,12 @@ Status attentionPrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
                          " at most 2^30");
   info.attn = {.scale = s.scale(), .softcap = s.softcap(), .window = static_cast<int>(s.window())};
   const uint64_t q_width = uint64_t{s.n_head()} * s.head_dim(), kv_width = uint64_t{s.n_head_kv()} * s.head_dim();
-  MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[0], q_width, "q"));
-  MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[1], kv_width, "k"));
-  MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[2], kv_width, "v"));
-  MINFER_RETURN_IF_ERROR(c.buffer(info, info.out[0], q_width, "output"));
+  MINFER_RETURN_IF_ERROR(c.operand(info, true, 0, q_width, "q"));
+  MINFER_RETURN_IF_ERROR(c.operand(info, true, 1, kv_width, "k"));
+  MINFER_RETURN_IF_ERROR(c.operand(info, true, 2, kv_width, "v"));
+  MINFER_RETURN_IF_ERROR(c.buffer(info, info.out[0], q_width, "output"));  // a whole buffer (cpu::attention)
+  if (info.out_off[0] != 0 || info.out_w[0] != q_width)
+    return Status::error(info.label + ": the output must be a whole buffer on the CPU");
   auto [it, inserted] = c.kv_layers.try_emplace(info.layer, KvShape{info.n_head_kv, info.head_dim});
   if (!inserted && (it->second.n_head_kv != info.n_head_kv || it->second.head_dim != info.head_dim))
     return Status::error(info.label + ": layer " + std::to_string(info.layer) + " was used with n_head_kv = " +
@@ -37,8 +39,9 @@ Status attentionPrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
 
 void attentionRun(RunContext& c, const StepInfo& s) {
   const KvLayer& cache = c.kv_views.at(s.layer);
-  kvStore(cache, c.buf(s.in[1]), c.buf(s.in[2]), c.n, c.pos0);
-  attention(c.buf(s.in[0]), cache, c.n, c.pos0, s.n_head, c.buf(s.out[0]), &c.pool, c.attn_scratch.data(), s.attn);
+  kvStore(cache, c.in(s, 1), c.in(s, 2), c.n, c.pos0, s.in_pitch[1], s.in_pitch[2]);
+  attention(c.in(s, 0), cache, c.n, c.pos0, s.n_head, c.buf(s.out[0]), &c.pool, c.attn_scratch.data(), s.attn,
+            s.in_pitch[0]);
 }
 
 }  // namespace minfer::cpu

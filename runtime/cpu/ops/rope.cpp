@@ -1,6 +1,7 @@
 // CPU op family Rope: RoPE of q and k in place at the batch's positions (cpu::rope), with the
 // optional per-pair frequency factors (weight 0: rope_freqs, n_rot/2 f32 values) for q and k alike, and
-// YaRN (format 1.3's Step.rope_ext_factor … rope_n_ctx_orig, llama.cpp's ggml_rope_ext parameters).
+// YaRN (format 1.3's Step.rope_ext_factor … rope_n_ctx_orig, llama.cpp's ggml_rope_ext parameters);
+// q and k may be column views (format 1.4: phi3's fused q|k|v rows).
 #include <cmath>
 
 #include "runtime/cpu/cpu_step.h"
@@ -11,8 +12,9 @@ Status ropePrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
   MINFER_RETURN_IF_ERROR(positive(info, s.n_head(), "n_head"));
   MINFER_RETURN_IF_ERROR(positive(info, s.n_head_kv(), "n_head_kv"));
   MINFER_RETURN_IF_ERROR(positive(info, s.head_dim(), "head_dim"));
-  if (info.out[0] != info.in[0] || info.out[1] != info.in[1])
-    return Status::error(info.label + ": works in place, but its outputs differ from its inputs");
+  for (int i = 0; i < 2; ++i)
+    if (info.out[i] != info.in[i] || info.out_off[i] != info.in_off[i] || info.out_w[i] != info.in_w[i])
+      return Status::error(info.label + ": works in place, but its outputs (or their column views) differ from its inputs");
   if (s.n_rot() % 2 != 0 || s.n_rot() > s.head_dim() || s.n_rot() > static_cast<uint32_t>(kMaxRot))
     return Status::error(info.label + ": n_rot = " + std::to_string(s.n_rot()) +
                          " must be even and ≤ head_dim = " + std::to_string(s.head_dim()) + " and ≤ " +
@@ -51,16 +53,19 @@ Status ropePrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
                              std::to_string((*ff)[i]) + " must be finite and > 0");
     info.vec = *ff;
   }
-  MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[0], uint64_t{s.n_head()} * s.head_dim(), "q"));
-  MINFER_RETURN_IF_ERROR(c.buffer(info, info.in[1], uint64_t{s.n_head_kv()} * s.head_dim(), "k"));
+  MINFER_RETURN_IF_ERROR(c.operand(info, true, 0, uint64_t{s.n_head()} * s.head_dim(), "q"));
+  MINFER_RETURN_IF_ERROR(c.operand(info, true, 1, uint64_t{s.n_head_kv()} * s.head_dim(), "k"));
+  if (info.in[0] == info.in[1] && info.in_off[0] < info.in_off[1] + info.in_w[1] &&
+      info.in_off[1] < info.in_off[0] + info.in_w[0])
+    return Status::error(info.label + ": the q and k views of buffer " + std::to_string(info.in[0]) + " overlap");
   return Status::ok();
 }
 
 void ropeRun(RunContext& c, const StepInfo& s) {
-  rope(c.buf(s.in[0]), c.n, s.n_head, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0,
-       s.vec, s.rope_yarn);
-  rope(c.buf(s.in[1]), c.n, s.n_head_kv, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0,
-       s.vec, s.rope_yarn);
+  rope(c.in(s, 0), c.n, s.n_head, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0, s.vec,
+       s.rope_yarn, s.in_pitch[0]);
+  rope(c.in(s, 1), c.n, s.n_head_kv, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0, s.vec,
+       s.rope_yarn, s.in_pitch[1]);
 }
 
 }  // namespace minfer::cpu

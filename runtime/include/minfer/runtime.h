@@ -62,6 +62,7 @@ struct ModelInfo {
   int n_head_kv = 0;
   int head_dim = 0;
   int n_ctx_train = 0;       // context length the model was trained with (0 when unknown)
+  int n_ctx_max = 0;         // largest session context the artifact was compiled for (minfer-compile -c; 0: any)
   int max_batch = 0;         // tokens per forward pass (longer prompts are split)
   uint64_t file_bytes = 0;
 };
@@ -103,8 +104,9 @@ class Model {
     int n_threads = 0;   // CPU threads; 0 = the physical cores available (llama.cpp's default)
   };
   static constexpr int kMaxContext = 1 << 20;
-  // Allocates a session (activations, KV cache, scratch). Errors: n_ctx out of range, not enough
-  // memory (the message has the byte counts).
+  // Allocates a session (activations, KV cache, scratch). Errors: n_ctx out of range or above
+  // info().n_ctx_max (the context the artifact was compiled for), not enough memory (the message has the
+  // byte counts).
   Result<std::unique_ptr<Session>> createSession(const SessionOptions& options) const;
 
  private:
