@@ -17,7 +17,9 @@
 // A weight element (e, r, c) is read through its planes' stride tables with the expert axis
 // (kernels/stride_table.h): row bytes at e·EPITCH + r·PITCH of each plane; quantized weights from the
 // derived kI8 + kScale [+ kMin] planes as s·q [+ m], float weights from their dense plane. Dot products
-// are f32 (activations are not quantized).
+// are f32 (activations are not quantized). Where the width is a multiple of 4 and the plane is i8 or f32,
+// each lane loads 4 consecutive weights at once (one 4-byte i8 word or one float4) and the matching
+// float4 of each slot's input; otherwise one element per lane and load.
 //
 // Compile-time constants (-D):
 //   all:      MOE_NEXP (experts), MOE_K (experts per token), MOE_F (expert width), MOE_E (n_embd),
@@ -116,6 +118,24 @@ struct ExpertWeight {
     w.s = kPlane == 0 ? reinterpret_cast<const float*>(s + e * kSEPitch + r * kSPitch) : nullptr;
     w.m = kPlane == 0 && kMPitch != 0 ? reinterpret_cast<const float*>(m + e * kMEPitch + r * kMPitch) : nullptr;
     return w;
+  }
+  // Planes whose 4 consecutive elements of a row load as one 4- or 16-byte word (i8 with scale groups of
+  // a multiple of 4, or f32).
+  static constexpr bool kVec4 = (kPlane == 0 && kGS % 4 == 0) || kPlane == 4;
+  // Elements c .. c + 3 of a row (c a multiple of 4; kVec4 planes only).
+  __device__ __forceinline__ void at4(const Row& w, unsigned c, float* v) const {
+    if constexpr (kPlane == 4) {
+      const float4 f = *reinterpret_cast<const float4*>(w.q + 4ull * c);
+      v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+      const int q4 = *reinterpret_cast<const int*>(w.q + c);
+      const float sc = w.s[c / kGS];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float p = __fmul_rn(sc, static_cast<float>(static_cast<int8_t>(q4 >> (8 * k))));
+        v[k] = kMPitch != 0 ? __fadd_rn(p, w.m[c / kGS]) : p;
+      }
+    }
   }
   __device__ __forceinline__ float at(const Row& w, unsigned c) const {
     if (kPlane == 4) return reinterpret_cast<const float*>(w.q)[c];
@@ -241,16 +261,41 @@ __device__ __forceinline__ void groupDots(const W& wa, const V& wb, unsigned e, 
   float acc_a[kMoeGroup], acc_b[kMoeGroup];
 #pragma unroll
   for (unsigned i = 0; i < kMoeGroup; ++i) acc_a[i] = acc_b[i] = 0.0f;
-  for (unsigned c = lane; c < kCols; c += 32) {
-    const float a = wa.at(ra, c);
-    const float b = kTwo ? wb.at(rb, c) : 0.0f;
+  if constexpr (kCols % 4 == 0 && W::kVec4 && V::kVec4) {
+    // Lane l takes columns 4l .. 4l + 3, then 128 further: 4-byte i8 or 16-byte f32 weight loads and
+    // 16-byte activation loads (rows of a multiple of 4 floats start 16-byte aligned).
+    for (unsigned c = 4 * lane; c < kCols; c += 128) {
+      float a[4], b[4] = {0, 0, 0, 0};
+      wa.at4(ra, c, a);
+      if (kTwo) wb.at4(rb, c, b);
 #pragma unroll
-    for (unsigned i = 0; i < kMoeGroup; ++i)
-      if (i < n) {
-        const float x = in[i][c];
-        acc_a[i] += a * x;
-        if (kTwo) acc_b[i] += b * x;
-      }
+      for (unsigned i = 0; i < kMoeGroup; ++i)
+        if (i < n) {
+          const float4 x = *reinterpret_cast<const float4*>(in[i] + c);
+          acc_a[i] += a[0] * x.x;
+          acc_a[i] += a[1] * x.y;
+          acc_a[i] += a[2] * x.z;
+          acc_a[i] += a[3] * x.w;
+          if (kTwo) {
+            acc_b[i] += b[0] * x.x;
+            acc_b[i] += b[1] * x.y;
+            acc_b[i] += b[2] * x.z;
+            acc_b[i] += b[3] * x.w;
+          }
+        }
+    }
+  } else {
+    for (unsigned c = lane; c < kCols; c += 32) {
+      const float a = wa.at(ra, c);
+      const float b = kTwo ? wb.at(rb, c) : 0.0f;
+#pragma unroll
+      for (unsigned i = 0; i < kMoeGroup; ++i)
+        if (i < n) {
+          const float x = in[i][c];
+          acc_a[i] += a * x;
+          if (kTwo) acc_b[i] += b * x;
+        }
+    }
   }
 #pragma unroll
   for (unsigned i = 0; i < kMoeGroup; ++i) {

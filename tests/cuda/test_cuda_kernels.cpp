@@ -991,10 +991,11 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
     uint64_t f, e;  // expert width, n_embd
   };
   // The fixture's mix (Q4_K gate/up, Q5_0 down of 32 columns), Q8_0, F32 with widths that are not
-  // multiples of 32, Q6_K / Q8_0, and 128 experts choosing 8.
+  // multiples of 32 (4-wide loads) and not multiples of 4 (one element per load), Q6_K (scale groups of
+  // 16) / Q8_0, and 128 experts choosing 8.
   const Case cases[] = {{GgmlType::Q4_K, GgmlType::Q5_0, 8, 2, 32, 256},   {GgmlType::Q8_0, GgmlType::Q8_0, 5, 3, 64, 96},
-                        {GgmlType::F32, GgmlType::F32, 5, 3, 40, 72},      {GgmlType::Q6_K, GgmlType::Q8_0, 7, 3, 96, 256},
-                        {GgmlType::Q4_K, GgmlType::Q8_0, 128, 8, 64, 256}};
+                        {GgmlType::F32, GgmlType::F32, 5, 3, 40, 72},      {GgmlType::F32, GgmlType::F32, 5, 3, 42, 74},
+                        {GgmlType::Q6_K, GgmlType::Q8_0, 7, 3, 96, 256},   {GgmlType::Q4_K, GgmlType::Q8_0, 128, 8, 64, 256}};
   for (const Case& c : cases) {
     const std::string tag = std::string(ggmlTypeTraits(c.gate_up).name) + "_" + ggmlTypeTraits(c.down).name + "_e" +
                             str(c.nexp) + "_k" + str(c.k) + "_f" + str(c.f) + "_n" + str(c.e);
