@@ -8,6 +8,7 @@
 
 #include "compiler/gguf/gguf_writer.h"
 #include "compiler/model/model_desc.h"
+#include "compiler/tools/synth_model.h"
 #include "kernels/rope.cuh"
 #include "llvm/Support/MemoryBuffer.h"
 #include "tests/test_support.h"
@@ -554,6 +555,38 @@ TEST_CASE("qwen3moe: qwen3 attention, router MatMul + MoeRoute + MoeFfn with an 
   TinySpec dense = s;
   dense.n_expert = 0;
   CHECK(describeTinyError(dense).find("expert_count = 0") != std::string::npos);
+}
+
+TEST_CASE("minfer-synth's qwen3-30b-a3b shape, scaled down, is read back as qwen3moe with its expert keys") {
+  // The benchmark shape's keys and tensor names (compiler/tools/synth_model.cpp) at 2 layers, 6 experts.
+  synth::ModelShape shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
+  shape.n_layer = 2, shape.n_embd = 256, shape.n_head = 4, shape.n_head_kv = 2, shape.n_expert = 6;
+  shape.n_expert_used = 3, shape.n_ff_exp = 256, shape.n_vocab = 300;  // K-quant rows: multiples of 256
+  gguf::GgufWriter writer(3);
+  synth::SynthOptions o;
+  o.shape = shape;
+  o.mix = synth::TypeMix::kQ4_K_M;
+  llvm::Error e = synth::buildSynthModel(o, writer, nullptr);
+  REQUIRE_MESSAGE(!e, llvm::toString(std::move(e)));
+  auto bytes = writer.toBytes();
+  REQUIRE_MESSAGE(bool(bytes), llvm::toString(bytes.takeError()));
+  static std::unique_ptr<gguf::GgufFile> keep;
+  auto file = gguf::GgufFile::parse(llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(
+                                        reinterpret_cast<const char*>(bytes->data()), bytes->size())),
+                                    "synth-qwen3moe.gguf");
+  REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+  keep = std::move(*file);
+  auto d = model::describeModel(*keep, 16);
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  CHECK(d->config.architecture == "qwen3moe");
+  CHECK(d->config.head_dim == 128);  // q is 4 x 128 = 512 wide on n_embd 256
+  CHECK(d->config.n_expert == 6);
+  CHECK(d->config.n_expert_used == 3);
+  CHECK(d->config.n_ff_exp == 256);
+  CHECK(countOps(d->plan.prefill, fb::OpKind::MoeFfn) == 2);
+  CHECK(countOps(d->plan.prefill, fb::OpKind::HeadRmsNorm) == 4);
+  for (const model::WeightDesc& w : d->weights)
+    CHECK_MESSAGE(w.experts == (w.name.find("_exps") != std::string::npos ? 6u : 1u), w.name);
 }
 
 TEST_CASE("the architecture list is written once and named in the refusal") {
