@@ -454,29 +454,40 @@ TEST_CASE("expert axis: 3-D expert tensors get experts / expert_pitch on every p
   }
 }
 
-TEST_CASE("expert axis: the qwen3moe fixtures' expert tensors pass both gates per expert") {
+TEST_CASE("qwen3moe fixtures: every tensor passes both gates, the expert tensors per expert too") {
   if (!test::haveFixtures()) return;
   PlaneWorkers workers(2);
-  std::set<GgmlType> seen;
+  std::set<GgmlType> seen, seen_experts;
   for (const char* file : {"tiny-qwen3moe-F32.gguf", "tiny-qwen3moe-Q8_0.gguf", "tiny-qwen3moe-Q4_K_M.gguf"}) {
     INFO(file);
     auto gguf = gguf::GgufFile::open(test::fixturesDir() + "/arch/models/" + file);
     REQUIRE_MESSAGE(static_cast<bool>(gguf), (gguf ? std::string() : llvm::toString(gguf.takeError())));
     for (const gguf::TensorInfo& ti : (*gguf)->tensors()) {
-      if (ti.n_dims != 3) continue;
       INFO(ti.name);
-      const TensorLayout L = plan({std::string(ti.name), ti.type, ti.rows(), ti.cols(), TensorRole::kMatMul,
-                                   static_cast<uint32_t>(ti.ne[2])});
+      const bool experts = ti.n_dims == 3;
+      TensorDesc d{std::string(ti.name), ti.type, ti.rows(), ti.cols(), TensorRole::kMatMul,
+                   experts ? static_cast<uint32_t>(ti.ne[2]) : 1u};
+      if (ti.n_dims == 1) d.role = TensorRole::kVector;
+      if (ti.name == "token_embd.weight") d.role = TensorRole::kEmbeddingMatMul;
+      const TensorLayout L = plan(d);
       const llvm::ArrayRef<uint8_t> src = (*gguf)->tensorData(ti);
       const std::vector<float> ref = test::refDequantize(ti.type, ti.rows(), ti.cols(), src.data());
       const auto planes = transformAll(L, src, workers.threads());
       CHECK(runGates(L, src, planes, ref));
+      if (!experts) {
+        seen.insert(ti.type);
+        continue;
+      }
       CHECK(expertGate(L, planes, ref) == 0);
-      seen.insert(ti.type);
+      seen_experts.insert(ti.type);
     }
   }
-  // README §8.2: F32, Q8_0, Q4_K and Q5_0 expert tensors.
+  // README §8.2: F32, Q8_0, Q4_K and Q5_0 expert tensors; Q5_K (attn_output) and Q6_K among the others.
   for (GgmlType t : {GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_0}) {
+    INFO(typeName(t));
+    CHECK(seen_experts.count(t) == 1);
+  }
+  for (GgmlType t : {GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     INFO(typeName(t));
     CHECK(seen.count(t) == 1);
   }
