@@ -268,7 +268,7 @@ llvm::Error GraphBuilder::decoderLayer(uint32_t layer, const LayerOptions& o) {
   if (auto e = norm(p + "ffn_norm", a.x, a.h)) return e;
   uint32_t ffn_out = a.h;
   if (o.moe) {
-    if (auto e = moeFfn(layer, a.h, /*norm_weights=*/true)) return e;
+    if (auto e = moeFfn(layer, a.h, o.moe_norm_weights)) return e;
     ffn_out = act_.moe_out;
   } else if (auto e = gatedFfn(layer, a.h, a.h, o.activation)) {
     return e;

@@ -64,7 +64,8 @@ struct LayerOptions {
   AttentionOptions attention;
   bool post_norms = false;  // post_attention_norm and post_ffw_norm on the branch outputs (gemma)
   FfnActivation activation = FfnActivation::kSilu;
-  bool moe = false;  // the FFN is moeFfn (qwen3moe) instead of gatedFfn
+  bool moe = false;               // the FFN is moeFfn (qwen3moe) instead of gatedFfn
+  bool moe_norm_weights = true;   // moeFfn: renormalise the chosen experts' weights (build_moe_ffn's norm_w)
 };
 
 class GraphBuilder {
@@ -123,7 +124,8 @@ class GraphBuilder {
   // One decoder layer on the residual stream x: x += attention(RoPE(qkv(RMSNorm(x)))) then
   // x += gatedFfn(RMSNorm(x)) (attn_norm, ffn_norm), the block llama, qwen2 and qwen3 share; with
   // options.post_norms each branch's output is RMS-normed before it is added (post_attention_norm,
-  // post_ffw_norm: gemma2, gemma3); with options.moe the FFN is moeFfn with renormalised weights (qwen3moe).
+  // post_ffw_norm: gemma2, gemma3); with options.moe the FFN is moeFfn (qwen3moe), its weights
+  // renormalised per options.moe_norm_weights.
   llvm::Error decoderLayer(uint32_t layer, const LayerOptions& options);
   // h = RMSNorm(in; output_norm), logits = output · h; output tied to token_embd when output.weight is
   // absent (the Embed step's weight, planned for both uses).

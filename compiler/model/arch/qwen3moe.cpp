@@ -12,7 +12,7 @@ namespace {
 llvm::Error forward(GraphBuilder& g) {
   if (auto e = g.embedding()) return e;
   for (uint32_t l = 0; l < g.config().n_layer; ++l)
-    if (auto e = g.decoderLayer(l, {.qkv = {.head_norm = true}, .moe = true})) return e;
+    if (auto e = g.decoderLayer(l, {.qkv = {.head_norm = true}, .moe = true, .moe_norm_weights = true})) return e;
   return g.outputHead(g.act().x);
 }
 
