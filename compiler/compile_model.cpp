@@ -53,7 +53,8 @@ std::string sha256Hex(llvm::ArrayRef<uint8_t> bytes) {
 
 flatbuffers::Offset<fb::StrideTable> createStrideTable(flatbuffers::FlatBufferBuilder& b, const StrideTable& st) {
   return fb::CreateStrideTable(b, static_cast<uint8_t>(st.kind), static_cast<uint8_t>(st.elem), st.rows, st.cols,
-                               st.row_pitch, st.group_size, st.group_pitch, st.bits, st.q_offset, st.ggml_type);
+                               st.row_pitch, st.group_size, st.group_pitch, st.bits, st.q_offset, st.ggml_type,
+                               st.experts, st.expert_pitch);
 }
 
 // A launch record (schema Launch) from the codegen's.
@@ -109,7 +110,7 @@ flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, cons
                                  b.CreateString(s.name), b.CreateVector(records), i >= tail_begin, s.scale, s.softcap,
                                  s.window, s.rope_ext_factor, s.rope_attn_factor, s.rope_beta_fast, s.rope_beta_slow,
                                  s.rope_n_ctx_orig, i < fused.size() && fused[i] != 0, views(s.input_views),
-                                 views(s.output_views)));
+                                 views(s.output_views), s.n_expert, s.n_expert_used, s.moe_norm));
   }
   return fb::CreatePlan(b, b.CreateVector(out));
 }
@@ -211,7 +212,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
   std::vector<TensorPlanes> tensors;
   tensors.reserve(desc->weights.size());
   for (const model::WeightDesc& w : desc->weights) {
-    planes::TensorDesc td{w.name, w.info->type, w.info->rows(), w.info->cols(), w.role};
+    planes::TensorDesc td{w.name, w.info->type, w.info->rows(), w.info->cols(), w.role, w.experts};
     auto layout = planes::planLayout(td, options.plane_form);
     if (!layout) return layout.takeError();
     TensorPlanes tp{std::move(*layout), {}};

@@ -30,6 +30,13 @@
 //   The kMin plane stores the additive term itself (already negated for the K-quants: −dmin·m), so
 //   readers always add it.
 //
+// Expert axis (MoE expert tensors, GGUF ne = [cols, rows_per_expert, experts]): `experts` slices of
+// rows / experts consecutive rows each; expert e's row r is logical row e·(rows / experts) + r, whose
+// bytes start at e·expert_pitch + r·row_pitch (expertOffset), expert_pitch = (rows / experts)·row_pitch.
+// A plane without an expert axis has experts = 1, expert_pitch = 0. Every other rule above applies to
+// the plane as the rows × cols matrix it still is (rows = all experts' rows), so readers that know no
+// experts read it whole; kernels that select experts add expertOffset to the plane's base.
+//
 // Row padding: every plane except kBlocks pads each row to a multiple of kPlaneRowAlign (16) bytes,
 // so every row of every plane starts 16-byte aligned (prefill GEMM tiles and decode GEMV loads use
 // 16-byte loads). Padding bytes are zero. kBlocks rows are the source rows unchanged (row_pitch = the
@@ -95,6 +102,8 @@ struct StrideTable {
   uint32_t bits = 8;         // packed plane: bits per weight (4 or 8)
   int32_t q_offset = 0;      // packed plane: stored unsigned value u, q = u + q_offset
   uint32_t ggml_type = 0;    // source GgmlType id (the compiler sets it on every plane; kBlocks decodes with it)
+  uint32_t experts = 1;      // expert slices along rows (1: no expert axis); rows % experts == 0
+  uint64_t expert_pitch = 0; // bytes between the first rows of consecutive experts: (rows / experts)·row_pitch
 
   // Total bytes the plane occupies: rows * row_pitch (every row padded to row_pitch).
   MINFER_HD uint64_t bytes() const { return rows * row_pitch; }
@@ -106,6 +115,13 @@ MINFER_HD uint64_t elementOffset(const StrideTable& t, uint64_t r, uint64_t c) {
     return r * t.row_pitch + (c / t.group_size) * t.group_pitch;
   return r * t.row_pitch + c * elemBytes(t.elem);
 }
+
+// Rows of one expert slice (rows when the plane has no expert axis).
+MINFER_HD uint64_t expertRows(const StrideTable& t) { return t.experts > 1 ? t.rows / t.experts : t.rows; }
+
+// Byte offset of expert e's first row (0 for e = 0 and for planes without an expert axis). Row r of
+// expert e is at expertOffset(t, e) + elementOffset(t, r, c) with r < expertRows(t).
+MINFER_HD uint64_t expertOffset(const StrideTable& t, uint64_t e) { return e * t.expert_pitch; }
 
 // Packed plane, bits = 4: within each run of 32 weights along a row (16 bytes), byte b holds weight b
 // in its low nibble and weight b + 16 in its high nibble (ggml's Q4_0 order, so one 16-byte load

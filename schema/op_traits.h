@@ -18,6 +18,7 @@ enum StepField : uint32_t {
   kFieldRope = 1u << 4,     // n_rot (even, ≤ head_dim), rope_style, rope_freq_base, rope_freq_scale
   kFieldLayer = 1u << 5,    // layer (a KV cache layer, ≥ 0)
   kFieldShape = 1u << 6,    // rows (out features), cols (in features)
+  kFieldExperts = 1u << 7,  // n_expert, n_expert_used (n_expert_used ≤ n_expert)
 };
 
 struct OpTraits {
@@ -49,6 +50,11 @@ struct OpTraits {
 //   GeGlu        gate, up → out
 //   ExpandBlocks (no buffers)                weights: W (its kBlocks plane → its derived planes; load plan,
 //                                            GPU only: the CPU reads the kBlocks plane itself)
+//   MoeRoute     logits → ids (I32), w       (router logits n_expert → top n_expert_used ids and weights)
+//   MoeFfn       x, ids, w → out             weights: gate_exps, up_exps, down_exps (expert axis planes);
+//                                            row-wise in its math, but marked not row-wise: its GPU kernels
+//                                            pass tokens sorted by expert through step scratch, which a
+//                                            last-token tail launch may not use, so the tail starts after it
 #define MINFER_OPS(X)                                                                                      \
   X(Embed, embed, 1, 1, 1, 1, 1, 0, true, false, false)                                                     \
   X(RmsNorm, rmsNorm, 1, 1, 1, 1, 1, kFieldEps, true, false, false)                                         \
@@ -62,7 +68,9 @@ struct OpTraits {
   X(QuantizeAct, quantizeAct, 1, 1, 1, 0, 0, 0, true, false, true)                                         \
   X(Scale, scale, 1, 1, 1, 0, 0, 0, true, false, false)                                                     \
   X(GeGlu, geglu, 2, 2, 1, 0, 0, 0, true, false, false)                                                    \
-  X(ExpandBlocks, expandBlocks, 0, 0, 0, 1, 1, 0, false, false, true)
+  X(ExpandBlocks, expandBlocks, 0, 0, 0, 1, 1, 0, false, false, true)                                      \
+  X(MoeRoute, moeRoute, 1, 1, 2, 0, 0, kFieldExperts, true, false, false)                                   \
+  X(MoeFfn, moeFfn, 3, 3, 1, 3, 3, kFieldShape | kFieldExperts, false, false, false)
 
 #define MINFER_OP_TRAITS_ROW(kind, family, in0, in1, out, w0, w1, fields, row_wise, in_place, gpu_only) \
   {#kind, in0, in1, out, w0, w1, fields, row_wise, in_place, gpu_only},

@@ -20,9 +20,10 @@ rm -rf "$stage"
 fixtures=${MINFER_FIXTURES:-../shared/fixtures}
 if [ -d "$fixtures/models" ]; then
   rm -rf .fixtures && mkdir -p .fixtures && cp -r "$fixtures/models" "$fixtures/goldens" .fixtures/
-  # The arch/ cases minfer compiles (tests/e2e/golden_support.cpp): Llama 3.1 RoPE, gemma2, gemma3 and phi3.
+  # The arch/ cases minfer compiles (tests/e2e/golden_support.cpp): Llama 3.1 RoPE, gemma2, gemma3, phi3 and
+  # qwen3moe.
   mkdir -p .fixtures/arch/models .fixtures/arch/goldens
-  for a in tiny-llama31 tiny-gemma2 tiny-gemma3 tiny-phi3; do
+  for a in tiny-llama31 tiny-gemma2 tiny-gemma3 tiny-phi3 tiny-qwen3moe; do
     cp "$fixtures"/arch/models/$a* .fixtures/arch/models/
     cp "$fixtures"/arch/goldens/$a* .fixtures/arch/goldens/
   done

@@ -294,6 +294,40 @@ llvm::Error GraphBuilder::gatedFfn(uint32_t layer, uint32_t in, uint32_t out, Ff
   return matmul(p + "ffn_down", act_.gate, out, c.n_embd, c.n_ff);
 }
 
+llvm::Error GraphBuilder::moeFfn(uint32_t layer, uint32_t in, bool norm_weights) {
+  const ModelConfig& c = desc_.config;
+  const std::string p = layerPrefix(layer);
+  if (c.n_expert == 0 || c.n_expert_used == 0)
+    return error(llvm::formatv("architecture {0} has a mixture-of-experts FFN but {0}.expert_count = {1}, "
+                               "expert_used_count = {2} (both must be > 0)",
+                               c.architecture, c.n_expert, c.n_expert_used));
+  const uint32_t n_ff_exp = c.n_ff_exp != 0 ? c.n_ff_exp : c.n_ff / c.n_expert_used;
+  if (n_ff_exp == 0) return error("expert feed-forward width is 0 (feed_forward_length / expert_used_count)");
+  if (act_.router == UINT32_MAX) {
+    act_.router = buffer("router", c.n_expert);
+    act_.expert_ids = buffer("expert_ids", c.n_expert_used, fb::BufferType::I32);
+    act_.expert_w = buffer("expert_w", c.n_expert_used);
+    act_.moe_out = buffer("moe_out", c.n_embd);
+  }
+  if (auto e = matmul(p + "ffn_gate_inp", in, act_.router, c.n_expert, c.n_embd)) return e;
+  desc_.plan.prefill.push_back({.op = fb::OpKind::MoeRoute, .inputs = {act_.router},
+                                .outputs = {act_.expert_ids, act_.expert_w}, .name = p + "moe_route",
+                                .n_expert = c.n_expert, .n_expert_used = c.n_expert_used, .moe_norm = norm_weights});
+  StepDesc s{.op = fb::OpKind::MoeFfn, .inputs = {in, act_.expert_ids, act_.expert_w}, .outputs = {act_.moe_out},
+             .rows = n_ff_exp, .cols = c.n_embd, .name = p + "moe_ffn", .n_expert = c.n_expert,
+             .n_expert_used = c.n_expert_used};
+  for (auto [name, ne0, ne1] : {std::tuple{"ffn_gate_exps", c.n_embd, n_ff_exp},
+                                std::tuple{"ffn_up_exps", c.n_embd, n_ff_exp},
+                                std::tuple{"ffn_down_exps", n_ff_exp, c.n_embd}}) {
+    auto w = weight(p + name + ".weight", planes::TensorRole::kMatMul, {ne0, ne1, c.n_expert});
+    if (!w) return w.takeError();
+    desc_.weights[*w].experts = c.n_expert;
+    s.weights.push_back(*w);
+  }
+  desc_.plan.prefill.push_back(std::move(s));
+  return llvm::Error::success();
+}
+
 llvm::Error GraphBuilder::decoderLayer(uint32_t layer, const LayerOptions& o) {
   const Activations& a = act_;
   const std::string p = layerPrefix(layer);
@@ -305,10 +339,16 @@ llvm::Error GraphBuilder::decoderLayer(uint32_t layer, const LayerOptions& o) {
     if (auto e = norm(p + "post_attention_norm", a.h, a.h)) return e;
   residualAdd(p + "attn_residual", a.x, a.h);
   if (auto e = norm(p + "ffn_norm", a.x, a.h)) return e;
-  if (auto e = gatedFfn(layer, a.h, a.h, o.activation)) return e;
+  uint32_t ffn_out = a.h;
+  if (o.moe) {
+    if (auto e = moeFfn(layer, a.h, o.moe_norm_weights)) return e;
+    ffn_out = act_.moe_out;
+  } else if (auto e = gatedFfn(layer, a.h, a.h, o.activation)) {
+    return e;
+  }
   if (o.post_norms)
-    if (auto e = norm(p + "post_ffw_norm", a.h, a.h)) return e;
-  residualAdd(p + "ffn_residual", a.x, a.h);
+    if (auto e = norm(p + "post_ffw_norm", ffn_out, ffn_out)) return e;
+  residualAdd(p + "ffn_residual", a.x, ffn_out);
   return llvm::Error::success();
 }
 

@@ -45,6 +45,11 @@ struct Activations {
   uint32_t up = kNone;        // (tokens, n_ff): FFN up projection (kNone with fused_gate_up)
   uint32_t gate_up = kNone;   // fused_gate_up: (tokens, gate | up), 2·n_ff wide
   uint32_t logits = 0;        // (tokens, n_vocab)
+  // Made by the first moeFfn (UINT32_MAX before):
+  uint32_t router = UINT32_MAX;       // (tokens, n_expert): router logits
+  uint32_t expert_ids = UINT32_MAX;   // (tokens, n_expert_used), i32: the chosen experts, by falling p
+  uint32_t expert_w = UINT32_MAX;     // (tokens, n_expert_used): their weights
+  uint32_t moe_out = UINT32_MAX;      // (tokens, n_embd): the MoE FFN's output
 };
 
 // Options of the q/k/v projection block: the architecture facts that change it.
@@ -81,6 +86,8 @@ struct LayerOptions {
   AttentionOptions attention;
   bool post_norms = false;  // post_attention_norm and post_ffw_norm on the branch outputs (gemma)
   FfnActivation activation = FfnActivation::kSilu;
+  bool moe = false;               // the FFN is moeFfn (qwen3moe) instead of gatedFfn
+  bool moe_norm_weights = true;   // moeFfn: renormalise the chosen experts' weights (build_moe_ffn's norm_w)
 };
 
 class GraphBuilder {
@@ -134,10 +141,19 @@ class GraphBuilder {
   // then up: llama.cpp's LLM_FFN_SWIGLU on one tensor, ggml_swiglu's halves), and the GLU step reads its
   // two column views; no ffn_gate tensor.
   llvm::Error gatedFfn(uint32_t layer, uint32_t in, uint32_t out, FfnActivation act = FfnActivation::kSilu);
+  // Mixture-of-experts FFN (llama.cpp's build_moe_ffn with softmax gating and SiLU): router logits
+  // r = ffn_gate_inp · in [n_embd, n_expert] (MatMul), then MoeRoute (p = softmax(r), the
+  // n_expert_used largest p, renormalised to sum 1 when `norm_weights`), then MoeFfn: out_t =
+  // Σ_j w_j · ffn_down_exps_e(silu(ffn_gate_exps_e · in_t) ⊙ ffn_up_exps_e · in_t), e = ids_j, with
+  // ffn_{gate,up}_exps [n_embd, n_ff_exp, n_expert], ffn_down_exps [n_ff_exp, n_embd, n_expert] planned
+  // with an expert axis. n_ff_exp = config n_ff_exp, or n_ff / n_expert_used when 0. Output: act().moe_out.
+  // Errors: no experts in the config; the tensors' shapes or types.
+  llvm::Error moeFfn(uint32_t layer, uint32_t in, bool norm_weights);
   // One decoder layer on the residual stream x: x += attention(RoPE(qkv(RMSNorm(x)))) then
   // x += gatedFfn(RMSNorm(x)) (attn_norm, ffn_norm), the block llama, qwen2 and qwen3 share; with
   // options.post_norms each branch's output is RMS-normed before it is added (post_attention_norm,
-  // post_ffw_norm: gemma2, gemma3).
+  // post_ffw_norm: gemma2, gemma3); with options.moe the FFN is moeFfn (qwen3moe), its weights
+  // renormalised per options.moe_norm_weights.
   llvm::Error decoderLayer(uint32_t layer, const LayerOptions& options);
   // h = RMSNorm(in; output_norm), logits = output · h; output tied to token_embd when output.weight is
   // absent (the Embed step's weight, planned for both uses).

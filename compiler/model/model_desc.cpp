@@ -63,6 +63,19 @@ llvm::Error readSizes(const gguf::GgufFile& file, ModelConfig& c) {
                                    "attention.head_count_kv = {6} (need non-zero sizes, head_count ≤ "
                                    "embedding_length, head_count a multiple of head_count_kv)",
                                    file.fileName(), p, c.n_embd, c.n_layer, c.n_ff, c.n_head, c.n_head_kv));
+  // Mixture of experts: optional everywhere, 0 = dense (llama.cpp reads them for every architecture).
+  for (auto [key, out] : {std::pair{"expert_count", &c.n_expert}, std::pair{"expert_used_count", &c.n_expert_used},
+                          std::pair{"expert_feed_forward_length", &c.n_ff_exp}}) {
+    auto v = file.getU32Or(p + key, 0);
+    if (!v) return v.takeError();
+    *out = *v;
+  }
+  if (c.n_expert > 4096 || c.n_expert_used > c.n_expert || (c.n_expert > 0 && c.n_expert_used == 0) ||
+      c.n_ff_exp > kMaxReasonableDim)
+    return makeError(llvm::formatv("{0}: inconsistent experts: {1}expert_count = {2}, expert_used_count = {3}, "
+                                   "expert_feed_forward_length = {4} (need expert_count ≤ 4096, 1 ≤ "
+                                   "expert_used_count ≤ expert_count when there are experts, width ≤ 2^20)",
+                                   file.fileName(), p, c.n_expert, c.n_expert_used, c.n_ff_exp));
   auto key_length = file.getU32Or(p + "attention.key_length", c.n_embd / c.n_head);
   if (!key_length) return key_length.takeError();
   c.head_dim = *key_length;

@@ -2,7 +2,7 @@
 // the lowering of its architecture into the flat execution plan of DESIGN.md §4.
 //
 // Supported architectures: the registry in architectures.h, one forward pass per arch/<name>.cpp
-// (llama, qwen2, qwen3, gemma2, gemma3, phi3). Architecture facts (q/k/v biases, q/k head norms) live in the
+// (llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe). Architecture facts (q/k/v biases, q/k head norms) live in the
 // plan's steps, not in ModelConfig. The math each plan step computes is documented in
 // schema/artifact.fbs (OpKind) and, as formulas, in ../shared/fixtures/README.md §3.
 #pragma once
@@ -42,12 +42,17 @@ struct ModelConfig {
   // The context the artifact is compiled for (describeModel's n_ctx; 0: any): schema
   // ModelConfig.n_ctx_max, the largest session context. LongRoPE chooses its factors from it.
   uint32_t n_ctx_max = 0;
+  // Mixture of experts (llama.cpp's llama_model::load_hparams names and defaults): <arch>.expert_count,
+  // expert_used_count (0: a dense model), expert_feed_forward_length (0: n_ff / n_expert_used, as
+  // llama.cpp's load_tensors derives the expert width).
+  uint32_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
 };
 
 struct WeightDesc {
   std::string name;          // GGUF tensor name
   planes::TensorRole role;   // decides which planes the layout planner makes
   const gguf::TensorInfo* info;
+  uint32_t experts = 1;      // expert axis of a 3-D expert tensor (GGUF ne[2]); 1: none (layout_planner.h)
 };
 
 struct BufferDesc {
@@ -81,6 +86,10 @@ struct StepDesc {
   // Column views of the operands (format 1.4; only ops with takesColumnViews): empty = whole buffers,
   // else one per inputs / outputs entry (a whole buffer as (0, its width)).
   std::vector<ColumnView> input_views, output_views;
+  // MoeRoute / MoeFfn: experts of the layer, experts chosen per token, and (MoeRoute) whether the chosen
+  // probabilities are renormalised to sum 1. Schema Step.n_expert / n_expert_used / moe_norm (1.4).
+  uint32_t n_expert = 0, n_expert_used = 0;
+  bool moe_norm = false;
 };
 
 struct ExecutionPlan {

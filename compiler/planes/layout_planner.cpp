@@ -133,6 +133,9 @@ llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc, PlaneForm form) 
   if (desc.cols % traits.block_size != 0)
     return fail(llvm::formatv("cols = {0} is not a multiple of the block size {1}", desc.cols,
                               traits.block_size));
+  if (desc.experts == 0 || desc.rows % desc.experts != 0 || (desc.experts > 1 && desc.role == TensorRole::kVector))
+    return fail(llvm::formatv("{0} experts: need ≥ 1 experts that divide the rows, and no expert axis on a vector",
+                              desc.experts));
   // Bound every size before multiplying. The widest row of any plane is the f32 one (4 bytes per
   // weight, padded by < 16 bytes); every other plane row and the source row are narrower.
   const uint64_t blocks_per_row = desc.cols / traits.block_size;
@@ -165,6 +168,11 @@ llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc, PlaneForm form) 
     default:
       return fail(llvm::formatv("unknown role {0}", static_cast<unsigned>(desc.role)));
   }
+  if (desc.experts > 1)
+    for (StrideTable& t : layout.planes) {
+      t.experts = desc.experts;
+      t.expert_pitch = rows / desc.experts * t.row_pitch;
+    }
   // Every plane after a quantized tensor's kBlocks plane is derived from it.
   layout.derived.assign(layout.planes.size(), false);
   if (form == PlaneForm::kCompact)

@@ -40,6 +40,11 @@
 //           16-byte loads: their block slots are alignUp(block bytes, 16) (Q4_K 144, unchanged;
 //           Q6_K 224: the 210 GGUF bytes, then 14 zero bytes).
 //   Every plane records ggml_type = the source type. Every plane's size is table.bytes().
+//
+// Expert axis (MoE expert tensors, GGUF ne = [cols, rows_per_expert, experts]): desc.experts > 1 gives
+// every plane experts = desc.experts and expert_pitch = (rows / experts)·row_pitch (stride_table.h);
+// the planes are otherwise planned as the rows × cols matrix of all experts' rows (expert e's rows
+// follow expert e − 1's, as in the GGUF), so transforms and the load-time expansion need no change.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +78,7 @@ struct TensorDesc {
   uint64_t rows = 0;
   uint64_t cols = 0;
   TensorRole role = TensorRole::kMatMul;
+  uint32_t experts = 1;  // expert slices along rows (MoE expert tensors: GGUF ne[2]); rows % experts == 0
 };
 
 struct TensorLayout {
@@ -91,7 +97,7 @@ struct TensorLayout {
 
 // Plans the planes of one tensor (table above).
 // Errors (each names the tensor and the numbers): type not supported by minfer; rows or cols zero;
-// cols not a multiple of the type's block size; a plane or the source larger than 2^62 bytes.
+// cols not a multiple of the type's block size; experts 0 or not dividing rows, or on a vector; a plane or the source larger than 2^62 bytes.
 llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc, PlaneForm form = PlaneForm::kCompact);
 
 }  // namespace minfer::planes

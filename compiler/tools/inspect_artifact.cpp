@@ -101,6 +101,7 @@ std::string strideText(const fb::StrideTable& t) {
   if (kind == PlaneKind::kScale || kind == PlaneKind::kMin || kind == PlaneKind::kBlocks)
     s += llvm::formatv(", group {0} / pitch {1}", t.group_size(), t.group_pitch()).str();
   if (kind == PlaneKind::kPacked) s += llvm::formatv(", bits {0}, q_offset {1}", t.bits(), t.q_offset()).str();
+  if (t.experts() > 1) s += llvm::formatv(", {0} experts / pitch {1}", t.experts(), t.expert_pitch()).str();
   return s;
 }
 
@@ -143,6 +144,13 @@ std::string stepText(const fb::Step& s, const fb::Artifact& m) {
     case fb::OpKind::Attention:
       line += llvm::formatv(" layer {0} heads {1}/{2} head_dim {3}", s.layer(), s.n_head(), s.n_head_kv(), s.head_dim())
                   .str();
+      break;
+    case fb::OpKind::MoeRoute:
+      line += llvm::formatv(" top {0} of {1} experts{2}", s.n_expert_used(), s.n_expert(), s.moe_norm() ? " renormalised" : "")
+                  .str();
+      break;
+    case fb::OpKind::MoeFfn:
+      line += llvm::formatv(" {0} of {1} experts, {2}x{3}", s.n_expert_used(), s.n_expert(), s.rows(), s.cols()).str();
       break;
     default: break;
   }

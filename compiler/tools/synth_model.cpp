@@ -187,11 +187,19 @@ llvm::Expected<ModelShape> modelShape(llvm::StringRef name) {
     s.n_vocab = 32064, s.n_ctx = 4096, s.rope_freq_base = 10000.0f, s.rms_eps = 1e-5f, s.fused = true;
     return s;
   }
-  return synthError(
-      llvm::formatv("unknown model '{0}' (known: tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini)", name));
+  if (name == "qwen3-30b-a3b") {  // Qwen3-30B-A3B: 128 experts of 768, 8 per token; q is 32 x 128 wide
+    s.arch = "qwen3moe", s.n_embd = 2048, s.n_layer = 48, s.n_head = 32, s.n_head_kv = 4, s.head_dim = 128;
+    s.n_ff = 6144, s.n_expert = 128, s.n_expert_used = 8, s.n_ff_exp = 768, s.qk_norm = true;
+    s.n_vocab = 151936, s.n_ctx = 40960, s.rope_freq_base = 1e6f, s.rms_eps = 1e-6f;
+    return s;
+  }
+  return synthError(llvm::formatv(
+      "unknown model '{0}' (known: tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini, qwen3-30b-a3b)", name));
 }
 
-std::vector<std::string> modelNames() { return {"tiny-llama", "tiny-qwen2", "qwen2-7b", "llama3-8b", "phi3-mini"}; }
+std::vector<std::string> modelNames() {
+  return {"tiny-llama", "tiny-qwen2", "qwen2-7b", "llama3-8b", "phi3-mini", "qwen3-30b-a3b"};
+}
 
 llvm::Expected<TypeMix> parseTypeMix(llvm::StringRef name) {
   const std::string n = name.lower();
@@ -234,9 +242,10 @@ bool q4kmMoreBits(uint32_t layer, uint32_t n_layer) {
 }
 
 llvm::Expected<std::vector<TensorPlan>> planTensors(const ModelShape& shape, TypeMix mix) {
-  if (shape.n_head == 0 || shape.n_embd % shape.n_head != 0)
+  if (shape.n_head == 0 || (shape.head_dim == 0 && shape.n_embd % shape.n_head != 0))
     return synthError(llvm::formatv("n_embd {0} is not a multiple of n_head {1}", shape.n_embd, shape.n_head));
   const uint64_t n_embd = shape.n_embd, kv_dim = uint64_t{shape.n_head_kv} * shape.headDim();
+  const uint64_t q_dim = uint64_t{shape.n_head} * shape.headDim();
   const auto matrixType = [&](llvm::StringRef role, uint32_t layer) -> GgmlType {
     switch (mix) {
       case TypeMix::kF32: return GgmlType::F32;
@@ -246,15 +255,19 @@ llvm::Expected<std::vector<TensorPlan>> planTensors(const ModelShape& shape, Typ
       case TypeMix::kQ4_0: return role == "output" ? GgmlType::Q6_K : GgmlType::Q4_0;
       case TypeMix::kQ4_K_M:
         if (role == "output") return GgmlType::Q6_K;
-        if ((role == "attn_v" || role == "attn_qkv" || role == "ffn_down") && q4kmMoreBits(layer, shape.n_layer))
+        if ((role == "attn_v" || role == "attn_qkv" || role == "ffn_down" || role == "ffn_down_exps") &&
+            q4kmMoreBits(layer, shape.n_layer))
           return GgmlType::Q6_K;
         return GgmlType::Q4_K;
     }
     return GgmlType::F32;
   };
   std::vector<TensorPlan> plan;
-  const auto matrix = [&](std::string name, llvm::StringRef role, uint32_t layer, uint64_t in, uint64_t out) {
-    plan.push_back({std::move(name), matrixType(role, layer), {in, out}, TensorKind::kMatrix});
+  const auto matrix = [&](std::string name, llvm::StringRef role, uint32_t layer, uint64_t in, uint64_t out,
+                          uint64_t experts = 0) {
+    std::vector<uint64_t> ne{in, out};
+    if (experts) ne.push_back(experts);
+    plan.push_back({std::move(name), matrixType(role, layer), std::move(ne), TensorKind::kMatrix});
   };
   const auto vec = [&](std::string name, TensorKind kind, uint64_t n) {
     plan.push_back({std::move(name), GgmlType::F32, {n}, kind});
@@ -264,9 +277,9 @@ llvm::Expected<std::vector<TensorPlan>> planTensors(const ModelShape& shape, Typ
     const std::string p = "blk." + std::to_string(i) + ".";
     vec(p + "attn_norm.weight", TensorKind::kNorm, n_embd);
     if (shape.fused) {
-      matrix(p + "attn_qkv.weight", "attn_qkv", i, n_embd, n_embd + 2 * kv_dim);
+      matrix(p + "attn_qkv.weight", "attn_qkv", i, n_embd, q_dim + 2 * kv_dim);
     } else {
-      matrix(p + "attn_q.weight", "attn_q", i, n_embd, n_embd);
+      matrix(p + "attn_q.weight", "attn_q", i, n_embd, q_dim);
       matrix(p + "attn_k.weight", "attn_k", i, n_embd, kv_dim);
       matrix(p + "attn_v.weight", "attn_v", i, n_embd, kv_dim);
     }
@@ -275,8 +288,19 @@ llvm::Expected<std::vector<TensorPlan>> planTensors(const ModelShape& shape, Typ
       vec(p + "attn_k.bias", TensorKind::kBias, kv_dim);
       vec(p + "attn_v.bias", TensorKind::kBias, kv_dim);
     }
-    matrix(p + "attn_output.weight", "attn_output", i, n_embd, n_embd);
+    if (shape.qk_norm) {
+      vec(p + "attn_q_norm.weight", TensorKind::kNorm, shape.headDim());
+      vec(p + "attn_k_norm.weight", TensorKind::kNorm, shape.headDim());
+    }
+    matrix(p + "attn_output.weight", "attn_output", i, q_dim, n_embd);
     vec(p + "ffn_norm.weight", TensorKind::kNorm, n_embd);
+    if (shape.n_expert) {
+      plan.push_back({p + "ffn_gate_inp.weight", GgmlType::F32, {n_embd, shape.n_expert}, TensorKind::kMatrix});
+      matrix(p + "ffn_gate_exps.weight", "ffn_gate_exps", i, n_embd, shape.n_ff_exp, shape.n_expert);
+      matrix(p + "ffn_up_exps.weight", "ffn_up_exps", i, n_embd, shape.n_ff_exp, shape.n_expert);
+      matrix(p + "ffn_down_exps.weight", "ffn_down_exps", i, shape.n_ff_exp, n_embd, shape.n_expert);
+      continue;
+    }
     if (!shape.fused) matrix(p + "ffn_gate.weight", "ffn_gate", i, n_embd, shape.n_ff);
     matrix(p + "ffn_up.weight", "ffn_up", i, n_embd, shape.fused ? 2 * uint64_t{shape.n_ff} : shape.n_ff);
     matrix(p + "ffn_down.weight", "ffn_down", i, shape.n_ff, n_embd);
@@ -378,6 +402,15 @@ llvm::Error buildSynthModel(const SynthOptions& options, gguf::GgufWriter& w, st
   w.setU32(a + "attention.head_count_kv", shape.n_head_kv);
   w.setF32(a + "rope.freq_base", shape.rope_freq_base);
   w.setF32(a + "attention.layer_norm_rms_epsilon", shape.rms_eps);
+  if (shape.head_dim) {
+    w.setU32(a + "attention.key_length", shape.head_dim);
+    w.setU32(a + "attention.value_length", shape.head_dim);
+  }
+  if (shape.n_expert) {
+    w.setU32(a + "expert_count", shape.n_expert);
+    w.setU32(a + "expert_used_count", shape.n_expert_used);
+    w.setU32(a + "expert_feed_forward_length", shape.n_ff_exp);
+  }
   w.setU32("general.file_type", fileType(options.mix));
   if (options.mix != TypeMix::kF32 && options.mix != TypeMix::kF16) w.setU32("general.quantization_version", 2);
   for (auto& [key, value] : tokenizer) w.set(key, std::move(value));

@@ -9,6 +9,10 @@
 //   blk.N.attn_norm/ffn_norm.weight, output_norm.weight [n_embd]; qwen2: blk.N.attn_q/k/v.bias
 //   phi3 (fused): blk.N.attn_qkv.weight [n_embd, (n_head + 2·n_head_kv)·head_dim] instead of attn_q/k/v,
 //   blk.N.ffn_up.weight [n_embd, 2·n_ff] (gate rows, then up) and no ffn_gate
+//   qwen3moe: blk.N.attn_q_norm/attn_k_norm.weight [head_dim]; instead of ffn_gate/up/down the router
+//   blk.N.ffn_gate_inp.weight [n_embd, n_expert] (F32 in every mix, as llama-quantize leaves it) and the
+//   experts blk.N.ffn_gate_exps/ffn_up_exps.weight [n_embd, n_ff_exp, n_expert],
+//   blk.N.ffn_down_exps.weight [n_ff_exp, n_embd, n_expert]
 //
 // Weight values: float matrices ~ N(0, 0.02) (Irwin–Hall sum of four uniforms); norm weights
 // 1 + N(0, 0.02); biases N(0, 0.02). Quantized blocks hold random quant bits with finite, normal
@@ -45,11 +49,14 @@ struct ModelShape {
   float rms_eps = 1e-5f;
   bool qkv_bias = false;     // qwen2: attn_q/k/v.bias
   bool fused = false;        // phi3: fused attn_qkv and gate|up ffn_up (see the tensor list above)
-  uint32_t headDim() const { return n_embd / n_head; }
+  uint32_t head_dim = 0;     // 0: n_embd / n_head; else <arch>.attention.key_length / value_length
+  bool qk_norm = false;      // qwen3moe: attn_q_norm / attn_k_norm
+  uint32_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;  // > 0: a mixture-of-experts FFN (qwen3moe)
+  uint32_t headDim() const { return head_dim ? head_dim : n_embd / n_head; }
 };
 
 // Named shapes: tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini (Phi-3-mini-4k: 3072 wide, 32
-// layers, 32 heads of 96, n_ff 8192, vocab 32064). Error lists the known names.
+// layers, 32 heads of 96, n_ff 8192, vocab 32064), qwen3-30b-a3b. Error lists the known names.
 llvm::Expected<ModelShape> modelShape(llvm::StringRef name);
 std::vector<std::string> modelNames();
 
@@ -62,7 +69,7 @@ const char* typeMixName(TypeMix mix);
 // llama_ftype stored as general.file_type: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q4_K_M 15, Q6_K 18.
 uint32_t fileType(TypeMix mix);
 
-// llama.cpp's "use more bits" rule of Q4_K_M for attn_v and ffn_down of layer i of n:
+// llama.cpp's "use more bits" rule of Q4_K_M for attn_v and ffn_down (ffn_down_exps too) of layer i of n:
 // i < n/8, or i >= 7n/8, or (i - n/8) % 3 == 2 (integer division). Those layers get Q6_K. phi3's fused
 // attn_qkv follows attn_v's rule (llama-quantize treats it so).
 bool q4kmMoreBits(uint32_t layer, uint32_t n_layer);

@@ -190,6 +190,8 @@ StrideTable toStrideTable(const fb::StrideTable& t) {
   s.bits = t.bits();
   s.q_offset = t.q_offset();
   s.ggml_type = t.ggml_type();
+  s.experts = t.experts();
+  s.expert_pitch = t.expert_pitch();
   return s;
 }
 

@@ -286,6 +286,11 @@ class SemanticVerifier {
           return fail(pf + ".layout", l,
                       cat("plane is ", l->rows(), " rows x ", l->cols(), " cols but the tensor is ", rows, " x ", cols,
                           " (rows = ne[1]*ne[2]*ne[3], cols = ne[0])", who));
+        // 1.4: an expert axis slices a 3-D tensor along ne[2] (the experts; ne[3] = 1).
+        if (l->experts() > 1 && (!t->ne() || t->ne()->size() != 3 || t->ne()->Get(2) != l->experts()))
+          return fail(pf + ".layout.experts", l,
+                      cat("plane has ", l->experts(), " experts, but only a 3-D tensor [cols, rows per expert, experts] "
+                          "has an expert axis, and its ne[2] must equal experts", who));
         if (static_cast<PlaneKind>(l->kind()) == PlaneKind::kBlocks && l->ggml_type() != t->ggml_type())
           return fail(pf + ".layout.ggml_type", l,
                       cat("blocks plane of type ", l->ggml_type(), " in a tensor of type ", t->ggml_type(), who));
@@ -393,10 +398,14 @@ class SemanticVerifier {
     const std::pair<uint32_t, std::pair<const char*, uint32_t>> positive[] = {
         {kFieldHeads, {"n_head", s->n_head()}}, {kFieldKvHeads, {"n_head_kv", s->n_head_kv()}},
         {kFieldHeadDim, {"head_dim", s->head_dim()}}, {kFieldShape, {"rows", s->rows()}},
-        {kFieldShape, {"cols", s->cols()}}};
+        {kFieldShape, {"cols", s->cols()}}, {kFieldExperts, {"n_expert", s->n_expert()}},
+        {kFieldExperts, {"n_expert_used", s->n_expert_used()}}};
     for (const auto& [bit, f] : positive)
       if ((t.fields & bit) && (f.second == 0 || f.second > (1u << 20)))
         return fail(cat(field, ".", f.first), s, cat(t.name, " step with ", f.first, " ", f.second, " (out of range 1..2^20)"));
+    if ((t.fields & kFieldExperts) && s->n_expert_used() > s->n_expert())
+      return fail(field + ".n_expert_used", s, cat(t.name, " step chooses ", s->n_expert_used(), " of ", s->n_expert(),
+                                                   " experts (n_expert_used must be ≤ n_expert)"));
     return Status::ok();
   }
 
@@ -664,6 +673,14 @@ std::string strideTableProblem(const fb::StrideTable& t) {
   uint64_t bytes;
   if (__builtin_mul_overflow(t.rows(), t.row_pitch(), &bytes))
     return cat("rows ", t.rows(), " x row_pitch ", t.row_pitch(), " overflows 64 bits");
+  // 1.4: the expert axis (kernels/stride_table.h): experts ≥ 1 slices of rows / experts rows each.
+  if (t.experts() == 0) return "experts is 0 (1: no expert axis)";
+  if (t.experts() == 1 && t.expert_pitch() != 0)
+    return cat("expert_pitch ", t.expert_pitch(), " without an expert axis (experts 1; expected 0)");
+  if (t.experts() > 1 && (t.rows() % t.experts() != 0 || t.expert_pitch() != t.rows() / t.experts() * t.row_pitch()))
+    return cat("expert axis: ", t.experts(), " experts of ", t.rows(), " rows with row_pitch ", t.row_pitch(),
+               " need rows a multiple of experts and expert_pitch = rows / experts x row_pitch = ",
+               t.rows() % t.experts() == 0 ? t.rows() / t.experts() * t.row_pitch() : 0, ", found ", t.expert_pitch());
   const auto kind = static_cast<PlaneKind>(t.kind());
   const auto elem = static_cast<ElemType>(t.elem());
   auto expectElem = [&](ElemType want) -> std::string {

@@ -157,7 +157,9 @@ class LaunchChecker {
         {"group_pitch", {want->group_pitch(), have->group_pitch()}},
         {"bits", {want->bits(), have->bits()}},
         {"q_offset", {static_cast<uint64_t>(want->q_offset()), static_cast<uint64_t>(have->q_offset())}},
-        {"ggml_type", {want->ggml_type(), have->ggml_type()}}};
+        {"ggml_type", {want->ggml_type(), have->ggml_type()}},
+        {"experts", {want->experts(), have->experts()}},
+        {"expert_pitch", {want->expert_pitch(), have->expert_pitch()}}};
     for (const auto& [name, v] : fields)
       if (v.first != v.second) {
         const bool is_signed = std::string(name) == "q_offset";

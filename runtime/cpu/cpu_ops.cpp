@@ -363,4 +363,76 @@ void add(const float* a, const float* b, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+void moeRoute(const float* logits, int n_rows, int n_expert, int n_used, bool norm, int32_t* ids, float* w) {
+  float p[kMaxExperts];
+  int order[kMaxExperts];
+  for (int t = 0; t < n_rows; ++t) {
+    const float* r = logits + int64_t(t) * n_expert;
+    float mx = r[0];
+    for (int e = 1; e < n_expert; ++e) mx = std::max(mx, r[e]);
+    double sum = 0;
+    for (int e = 0; e < n_expert; ++e) {
+      p[e] = std::exp(r[e] - mx);
+      sum += p[e];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int e = 0; e < n_expert; ++e) p[e] *= inv, order[e] = e;
+    std::partial_sort(order, order + n_used, order + n_expert,
+                      [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    float chosen = 0;
+    for (int j = 0; j < n_used; ++j) chosen += p[order[j]];
+    for (int j = 0; j < n_used; ++j) {
+      ids[int64_t(t) * n_used + j] = order[j];
+      w[int64_t(t) * n_used + j] = norm ? p[order[j]] / chosen : p[order[j]];
+    }
+  }
+}
+
+namespace {
+
+// Row r of expert e of W (expert axis: its rows e·expertRows … ), as a pointer to its floats: read in
+// place from a 4-byte aligned f32 plane, else dequantized into `buf`.
+const float* expertRow(const WeightPlanes& W, RowSource src, uint64_t e, uint64_t r, float* buf) {
+  const StrideTable& t = src == RowSource::kDense ? W.dense.table : src == RowSource::kBlocks ? W.blocks.table : W.q.table;
+  if (src == RowSource::kDense && t.kind == PlaneKind::kF32 && t.row_pitch % sizeof(float) == 0 &&
+      reinterpret_cast<uintptr_t>(W.dense.data) % alignof(float) == 0)
+    return reinterpret_cast<const float*>(W.dense.data + expertOffset(t, e) + elementOffset(t, r, 0));
+  dequantizeRow(W, src, e * expertRows(t) + r, buf);
+  return buf;
+}
+
+}  // namespace
+
+void moeFfn(const WeightPlanes& gate, RowSource gate_src, const WeightPlanes& up, RowSource up_src,
+            const WeightPlanes& down, RowSource down_src, const float* x, const int32_t* ids, const float* w,
+            int n_rows, int n_used, float* out, ThreadPool* pool, float* scratch) {
+  const int64_t n_embd = static_cast<int64_t>(gate.cols), n_ff = static_cast<int64_t>(down.cols);
+  const int64_t per_thread = moeScratchFloats(n_embd, n_ff);
+  const uint64_t n_expert = down.rows / static_cast<uint64_t>(n_embd);
+  auto body = [&](int64_t begin, int64_t end, int thread) {
+    float* row = scratch + thread * per_thread;  // max(n_embd, n_ff) floats: one dequantized weight row
+    float* g = row + std::max(n_embd, n_ff);     // n_ff: gate, then silu(gate) ⊙ up
+    float* u = g + n_ff;                         // n_ff
+    float* acc = u + n_ff;                       // n_embd
+    for (int64_t t = begin; t < end; ++t) {
+      const float* xt = x + t * n_embd;
+      std::fill(acc, acc + n_embd, 0.0f);
+      for (int j = 0; j < n_used; ++j) {
+        const uint64_t e = static_cast<uint32_t>(ids[t * n_used + j]);
+        if (e >= n_expert) continue;  // never from moeRoute; a damaged plan reads no other expert's bytes
+        const float wj = w[t * n_used + j];
+        for (int64_t r = 0; r < n_ff; ++r) g[r] = dot(expertRow(gate, gate_src, e, r, row), xt, n_embd);
+        for (int64_t r = 0; r < n_ff; ++r) u[r] = dot(expertRow(up, up_src, e, r, row), xt, n_embd);
+        swiGlu(g, u, n_ff, g);
+        for (int64_t r = 0; r < n_embd; ++r) acc[r] += dot(expertRow(down, down_src, e, r, row), g, n_ff) * wj;
+      }
+      std::copy(acc, acc + n_embd, out + t * n_embd);
+    }
+  };
+  if (pool)
+    pool->parallelFor(n_rows, body, 3 * n_used * n_embd * n_ff);
+  else
+    body(0, n_rows, 0);
+}
+
 }  // namespace minfer::cpu

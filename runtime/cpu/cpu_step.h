@@ -48,6 +48,10 @@ struct StepInfo {
   int rows = 0, cols = 0;         // MatMul; width of elementwise ops in `cols`
   AttentionOptions attn;          // Attention: query scale, softcap, window
   float scale = 1, softcap = 0;   // Scale
+  int n_expert = 0, n_expert_used = 0;  // MoeRoute, MoeFfn
+  bool moe_norm = false;                // MoeRoute: renormalise the chosen weights
+  int moe_weights[3] = {-1, -1, -1};    // MoeFfn: gate_exps, up_exps, down_exps tensor indices
+  RowSource moe_src[3] = {RowSource::kDense, RowSource::kDense, RowSource::kDense};
   bool skip = false;              // GPU-only step
   bool logits = false;            // writes memory.logits
 };
@@ -89,7 +93,7 @@ struct PrepareContext {
   int max_batch = 0;
   int n_vocab = 0;
   uint32_t ids = 0, logits = 0;               // memory.input_ids, memory.logits
-  int max_matmul_cols = 0;                    // widest MatMul input (scratch per thread)
+  int max_matmul_cols = 0;                    // scratch floats per thread: widest MatMul input, or MoeFfn's need
 };
 
 // A Step count field (n_head, head_dim, rows, ...) must be 1..2^20 on the CPU.
@@ -116,7 +120,7 @@ struct RunContext {
   std::vector<std::vector<float>> f32;  // per buffer id: max_batch × width (empty if unused)
   std::vector<int32_t> ids;             // max_batch token ids
   std::map<int, KvLayer> kv_views;      // attention layer → its K and V in the session's cache
-  std::vector<float> matmul_scratch;    // threads × max matmul cols
+  std::vector<float> matmul_scratch;    // threads × max matmul cols (MatMul and MoeFfn)
   std::vector<float> attn_scratch;      // threads × n_ctx
   ThreadPool pool;
   // The batch: n rows at positions pos0 .. pos0+n−1; all_rows: every logits row is wanted.
@@ -128,7 +132,7 @@ struct RunContext {
 void runStep(RunContext& c, const StepInfo& s);
 
 // The families, one per op of MINFER_OPS, defined in ops/<family>.cpp (SwiGlu, GeGlu and Add share
-// ops/elementwise.cpp, RmsNorm and HeadRmsNorm ops/norm.cpp).
+// ops/elementwise.cpp, RmsNorm and HeadRmsNorm ops/norm.cpp, MoeRoute and MoeFfn ops/moe.cpp).
 #define MINFER_CPU_DECLARE_FAMILY(kind, family, ...)                         \
   Status family##Prepare(PrepareContext& c, const fb::Step& s, StepInfo& info); \
   void family##Run(RunContext& c, const StepInfo& s);

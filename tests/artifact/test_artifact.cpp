@@ -284,7 +284,7 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
       const StrideTable& st = p.t;
       auto layout = fb::CreateStrideTable(b, static_cast<uint8_t>(st.kind), static_cast<uint8_t>(st.elem), st.rows,
                                           st.cols, st.row_pitch, st.group_size, st.group_pitch, st.bits, st.q_offset,
-                                          st.ggml_type);
+                                          st.ggml_type, st.experts, st.expert_pitch);
       planes.push_back(fb::CreatePlane(b, layout, &segs[k++]));
     }
     tensors.push_back(fb::CreateTensorDirect(b, t.name.c_str(), static_cast<uint32_t>(t.type), &t.ne, &planes));
@@ -304,7 +304,8 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
       if (a.plane)
         plane = fb::CreateStrideTable(b, static_cast<uint8_t>(a.plane->kind), static_cast<uint8_t>(a.plane->elem),
                                       a.plane->rows, a.plane->cols, a.plane->row_pitch, a.plane->group_size,
-                                      a.plane->group_pitch, a.plane->bits, a.plane->q_offset, a.plane->ggml_type);
+                                      a.plane->group_pitch, a.plane->bits, a.plane->q_offset, a.plane->ggml_type,
+                                      a.plane->experts, a.plane->expert_pitch);
       args.push_back(fb::CreateKernelArgDirect(b, a.kind, a.name.c_str(), a.buffer, a.access, a.width, a.tensor, plane,
                                                a.layer, a.bytes, a.value, a.view_offset, a.view_width));
     }
@@ -1094,6 +1095,26 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec = g.spec;
     spec.tensors[0].planes[0].t.group_pitch = 36;
     refused(spec, g.segs, {"tensors[0].planes[0].layout", "differ from Q8_0 blocks (32 weights in 34 bytes, in slots of 34 or 48 bytes)"});
+  }
+  SUBCASE("expert axis (1.4): experts 0, a pitch without an axis, a 2-D tensor, a wrong pitch, a launch without it") {
+    Spec spec = g.spec;
+    spec.tensors[2].planes[0].t.experts = 0;
+    refused(spec, g.segs, {"tensors[2].planes[0].layout", "experts is 0"});
+    spec = g.spec;
+    spec.tensors[2].planes[0].t.expert_pitch = 384;
+    refused(spec, g.segs, {"tensors[2].planes[0].layout", "expert_pitch 384 without an expert axis"});
+    spec = g.spec;  // blk.0.attn_q is 2-D: no expert axis
+    spec.tensors[1].planes[0].t.experts = 2;
+    spec.tensors[1].planes[0].t.expert_pitch = 24 * 512;
+    refused(spec, g.segs, {"tensors[1].planes[0].layout.experts", "only a 3-D tensor"});
+    spec = g.spec;  // as 3 experts of 16 rows: every plane needs expert_pitch = 16 rows
+    spec.tensors[1].ne = {512, 16, 3};
+    for (TestPlane& p : spec.tensors[1].planes) p.t.experts = 3, p.t.expert_pitch = 16 * p.t.row_pitch;
+    spec.tensors[1].planes[1].t.expert_pitch += 4;
+    refused(spec, g.segs, {"tensors[1].planes[1].layout", "expert axis: 3 experts of 48 rows", "found 1028"});
+    spec.tensors[1].planes[1].t.expert_pitch -= 4;
+    // The planes are valid now, but the matmul's launch record was specialized without the axis.
+    refused(spec, g.segs, {"experts 1", "experts 3"});
   }
   SUBCASE("plane shape differs from the tensor's") {
     Spec spec = g.spec;

@@ -36,7 +36,7 @@ Loaded load(const std::string& path, bool rewrite = true) {
   REQUIRE_MESSAGE(static_cast<bool>(desc), llvm::toString(desc.takeError()));
   l.desc = std::move(*desc);
   for (const model::WeightDesc& w : l.desc.weights) {
-    auto layout = planes::planLayout({w.name, w.info->type, w.info->rows(), w.info->cols(), w.role});
+    auto layout = planes::planLayout({w.name, w.info->type, w.info->rows(), w.info->cols(), w.role, w.experts});
     REQUIRE_MESSAGE(static_cast<bool>(layout), llvm::toString(layout.takeError()));
     l.layouts.push_back(std::move(*layout));
   }
@@ -108,6 +108,8 @@ std::vector<std::string> expectedEntries(const Loaded& l, const model::StepDesc&
     case fb::OpKind::GeGlu: return {"minfer_geglu"};
     case fb::OpKind::Scale: return {"minfer_scale"};
     case fb::OpKind::ExpandBlocks: return {"minfer_expand_blocks"};
+    case fb::OpKind::MoeRoute: return {"minfer_moe_route"};
+    case fb::OpKind::MoeFfn: return {"minfer_moe_sort", "minfer_moe_gate_up", "minfer_moe_down", "minfer_moe_combine"};
   }
   return {};
 }
@@ -122,7 +124,14 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
       {"GEMV_S_PITCH", "wscale"}, {"GEMV_M_PITCH", "wmin"}, {"DMM_PITCH", "w"},     {"DGEMV_PITCH", "w"},
       {"EMBED_ROW_PITCH", "table"}, {"GEMVB_PITCH", "w"}, {"EXPAND_SRC_PITCH", "blocks"},
       {"EXPAND_I8_PITCH", "q"}, {"EXPAND_S_PITCH", "scale"}, {"EXPAND_M_PITCH", "min"},
-      {"EXPAND_P_PITCH", "packed"}};
+      {"EXPAND_P_PITCH", "packed"}, {"MOE_G_PITCH", "gq"}, {"MOE_G_S_PITCH", "gs"}, {"MOE_G_M_PITCH", "gm"},
+      {"MOE_U_PITCH", "uq"}, {"MOE_U_S_PITCH", "us"}, {"MOE_U_M_PITCH", "um"}, {"MOE_D_PITCH", "dq"},
+      {"MOE_D_S_PITCH", "ds"}, {"MOE_D_M_PITCH", "dm"}};
+  // Expert pitches (-D…EPITCH) likewise equal the expert_pitch of the table their argument carries.
+  static const std::pair<const char*, const char*> kExpertPitchArgs[] = {
+      {"MOE_G_EPITCH", "gq"}, {"MOE_G_S_EPITCH", "gs"}, {"MOE_G_M_EPITCH", "gm"}, {"MOE_U_EPITCH", "uq"},
+      {"MOE_U_S_EPITCH", "us"}, {"MOE_U_M_EPITCH", "um"}, {"MOE_D_EPITCH", "dq"}, {"MOE_D_S_EPITCH", "ds"},
+      {"MOE_D_M_EPITCH", "dm"}};
   auto arg = [&](const std::string& name) -> const KernelArgDesc* {
     for (const KernelArgDesc& a : r.args)
       if (a.name == name) return &a;
@@ -156,6 +165,14 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
       CHECK_MESSAGE(std::to_string(a->plane.row_pitch) == v, img.key << " " << define);
     }
   }
+  for (const auto& [define, name] : kExpertPitchArgs) {
+    const std::string v = optionValue(img, define);
+    if (v.empty()) continue;
+    const KernelArgDesc* a = arg(name);
+    REQUIRE_MESSAGE(a, img.key << ": no argument '" << name << "' for " << define);
+    if (a->kind == fb::ArgKind::Null) CHECK_MESSAGE(v == "0", img.key << " " << define);
+    else CHECK_MESSAGE(std::to_string(a->plane.expert_pitch) == v, img.key << " " << define);
+  }
   // Column views (format 1.4): an activation row-pitch constant is the width of the argument it
   // addresses (the buffer's width, which the verifier checks at load), and the view lies in the row.
   static const std::pair<const char*, const char*> kActivationPitchArgs[] = {
@@ -172,7 +189,8 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
   for (const KernelArgDesc& a : r.args)
     CHECK_MESSAGE((a.view_width == 0 ? a.view_offset == 0 : a.view_offset + a.view_width <= a.width),
                   img.key << " " << a.name);
-  const bool reads_weights = img.entry != "minfer_quantize_act" && img.entry.find("attn") == std::string::npos &&
+  const bool reads_weights = img.entry != "minfer_quantize_act" && img.entry.find("moe_") == std::string::npos &&
+                             img.entry.find("attn") == std::string::npos &&
                              img.entry != "minfer_kv_store" && img.entry != "minfer_rope" &&
                              img.entry != "minfer_swiglu" && img.entry != "minfer_add" &&
                              img.entry != "minfer_argmax" && img.entry.find("norm") == std::string::npos;
@@ -189,6 +207,8 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
       CHECK(t.group_size == a.plane.group_size);
       CHECK(t.bits == a.plane.bits);
       CHECK(t.q_offset == a.plane.q_offset);
+      CHECK(t.experts == a.plane.experts);
+      CHECK(t.expert_pitch == a.plane.expert_pitch);
     }
     if (a.kind == fb::ArgKind::Activation || a.kind == fb::ArgKind::Q8Values || a.kind == fb::ArgKind::Q8Meta) {
       REQUIRE(a.buffer < l.desc.plan.buffers.size());
@@ -305,6 +325,40 @@ TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches eq
       views += !optionValue(img, "ROPE_Q_PITCH").empty() + !optionValue(img, "ATT_K_PITCH").empty() +
                !optionValue(img, "ATT_Q_PITCH").empty() + !optionValue(img, "EW_A_PITCH").empty();
     CHECK(views == 4);  // rope, kv_store, the prefill attention and swiglu: one specialization each
+  }
+}
+
+TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/up, down, combine on the expert axis") {
+  if (!haveNvrtc()) {
+    MESSAGE("SKIPPED: built without NVRTC");
+    return;
+  }
+  if (!test::haveFixtures()) return;
+  for (const std::string name : {"tiny-qwen3moe-F32.gguf", "tiny-qwen3moe-Q8_0.gguf", "tiny-qwen3moe-Q4_K_M.gguf"}) {
+    CAPTURE(name);
+    const Loaded l = load(test::fixturesDir() + "/arch/models/" + name);
+    const KernelSet set = generate(l, {"sm_90"}, MINFER_TEST_KERNEL_CACHE);
+    checkSet(l, set, {"sm_90"});  // entries per step, every PITCH / EPITCH against its argument's table
+    size_t moe_steps = 0;
+    for (size_t i = 0; i < l.desc.plan.decode.size(); ++i) {
+      const model::StepDesc& st = l.desc.plan.decode[i];
+      if (st.op != fb::OpKind::MoeFfn) continue;
+      ++moe_steps;
+      // gate/up and down read every expert weight through planes with the step's expert axis.
+      for (const LaunchRecord& r : set.decode[i])
+        for (const KernelArgDesc& a : r.args)
+          if (a.kind == fb::ArgKind::Weight) {
+            CHECK(a.plane.experts == 8);
+            CHECK(a.plane.expert_pitch == a.plane.rows / 8 * a.plane.row_pitch);
+          }
+    }
+    CHECK(moe_steps == 2);
+    // MoeFfn uses step scratch, so the last-token tail starts after the last one.
+    const auto& steps = l.desc.plan.prefill;
+    size_t after_moe = 0;
+    for (size_t i = 0; i < steps.size(); ++i)
+      if (steps[i].op == fb::OpKind::MoeFfn) after_moe = i + 1;
+    CHECK(lastTokenTailBegin(steps, l.desc.plan.logits) == after_moe);
   }
 }
 

@@ -26,6 +26,7 @@
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
+#include "kernels/moe.cuh"
 #include "kernels/quantize_act.cuh"
 #include "kernels/rms_norm.cuh"
 #include "kernels/rope.cuh"
@@ -55,6 +56,10 @@ constexpr double kSwiGluTol = 1e-6;      // expf vs std::exp; measured 1.4e-7
 constexpr double kAddTol = 0.0;          // measured 0
 constexpr double kGeGluTol = 1e-6;       // device tanhf vs std::tanh; measured (pending)
 constexpr double kScaleTol = 1e-6;       // x·s exact; soft-capped: device tanhf vs std::tanh; measured (pending)
+constexpr double kMoeRouteTol = 2e-6;    // expf and an f32 softmax sum vs std::exp and a double sum; ids exact;
+                                         // measured (pending)
+constexpr double kMoeFfnTol = 1e-5;      // same dequantized weights, f32 dot products in another order, expf;
+                                         // measured (pending)
 
 const int kTokenCounts[] = {1, 7, 33, 512, 513};
 
@@ -1062,6 +1067,201 @@ TEST_CASE("geglu and scale (plain and soft-capped, in place)") {
       got = da.download<float>(a.size());
       CHECK(track("scale", relError(got.data(), ref.data(), ref.size())) <= kScaleTol);
     }
+}
+
+// An expert weight (n_expert slices of `rows` rows × cols) planned with the expert axis by the compiler's
+// planner and transforms, every plane on the device.
+GpuWeight makeExpertWeight(GgmlType type, uint32_t n_expert, uint64_t rows, uint64_t cols) {
+  GpuWeight g;
+  g.w = makeRandomWeight(type, n_expert * rows, cols, rng(), 0.5f);
+  auto layout = planes::planLayout({"test.exps", type, n_expert * rows, cols, planes::TensorRole::kMatMul, n_expert});
+  REQUIRE_MESSAGE(static_cast<bool>(layout), llvm::toString(layout.takeError()));
+  planes::PlaneWorkers workers(2);
+  auto bytes = planes::transformTensor(*layout, g.w.source, workers);
+  REQUIRE_MESSAGE(static_cast<bool>(bytes), llvm::toString(bytes.takeError()));
+  for (size_t i = 0; i < layout->planes.size(); ++i) g.planes.push_back({layout->planes[i], std::move((*bytes)[i])});
+  for (const BuiltPlane& p : g.planes) g.dev.push_back(DeviceArray::of(p.bytes));
+  g.view = viewPlanes(g.planes, "test expert weight");
+  return g;
+}
+
+// The planes the expert kernels read (kI8 + kScale [+ kMin], or the dense plane) and their -D constants
+// (kernels/moe.cuh MOE_<X>_*), as compiler/codegen/ops/moe.cpp takes them from the stride tables.
+struct ExpertArgs {
+  CUdeviceptr q = 0, s = 0, m = 0;
+};
+ExpertArgs expertDefines(const GpuWeight& g, const char* x, std::vector<std::pair<std::string, std::string>>& d) {
+  const StrideTable* q = g.table(PlaneKind::kI8);
+  const StrideTable* s = g.table(PlaneKind::kScale);
+  const StrideTable* m = g.table(PlaneKind::kMin);
+  ExpertArgs a;
+  if (q) {
+    a = {g.ptr(PlaneKind::kI8), g.ptr(PlaneKind::kScale), m ? g.ptr(PlaneKind::kMin) : 0};
+  } else {
+    q = g.table(PlaneKind::kF32);
+    REQUIRE(q);
+    a.q = g.ptr(PlaneKind::kF32);
+  }
+  const std::string p = std::string("MOE_") + x + "_";
+  d.push_back({p + "PLANE", str(static_cast<uint64_t>(q->kind))});
+  d.push_back({p + "PITCH", str(q->row_pitch)});
+  d.push_back({p + "EPITCH", str(q->expert_pitch)});
+  d.push_back({p + "S_PITCH", str(s && a.s ? s->row_pitch : 0)});
+  d.push_back({p + "S_EPITCH", str(s && a.s ? s->expert_pitch : 0)});
+  d.push_back({p + "M_PITCH", str(m && a.s ? m->row_pitch : 0)});
+  d.push_back({p + "M_EPITCH", str(m && a.s ? m->expert_pitch : 0)});
+  d.push_back({p + "GS", str(s && a.s ? s->group_size : 1)});
+  return a;
+}
+
+std::vector<std::pair<std::string, std::string>> moeCommon(uint32_t nexp, uint32_t k, uint64_t f, uint64_t e,
+                                                           const char* which) {
+  return {{"MOE_NEXP", str(nexp)}, {"MOE_K", str(k)},   {"MOE_F", str(f)},
+          {"MOE_E", str(e)},       {"MOE_MAX_BATCH", str(kMaxBatch)}, {which, "1"}};
+}
+
+TEST_CASE("moe_route: softmax top-k ids and (renormalised) weights vs the CPU, odd expert counts") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    uint32_t nexp, k;
+    bool norm;
+  };
+  const Case cases[] = {{8, 2, true}, {37, 3, true}, {37, 3, false}, {128, 8, true}};
+  for (const Case& c : cases) {
+    CAPTURE(c.nexp);
+    CAPTURE(c.k);
+    CAPTURE(c.norm);
+    auto d = moeCommon(c.nexp, c.k, 1, 1, "MOE_ROUTE");
+    d.push_back({"MOE_NORM", c.norm ? "1" : "0"});
+    std::vector<Kernel> k = compile({spec("moe_route_test_e" + str(c.nexp) + "_k" + str(c.k) + (c.norm ? "_n" : ""),
+                                          "kernels/moe.cuh", "minfer_moe_route", d)});
+    for (int n : kTokenCounts) {
+      CAPTURE(n);
+      const std::vector<float> logits = randomFloats(static_cast<size_t>(n) * c.nexp, rng(), -4.0f, 4.0f);
+      std::vector<int32_t> ids(static_cast<size_t>(n) * c.k);
+      std::vector<float> w(ids.size());
+      cpu::moeRoute(logits.data(), n, static_cast<int>(c.nexp), static_cast<int>(c.k), c.norm, ids.data(), w.data());
+      DeviceArray dl = DeviceArray::of(logits), di(kMaxBatch * c.k * 4), dw(kMaxBatch * c.k * 4);
+      di.poison();
+      dw.poison();
+      CUdeviceptr pl = dl.ptr(), pi = di.ptr(), pw = dw.ptr();
+      launch(k[0], kern::moeRouteLaunchRule().at(n), {&pl, &pi, &pw});
+      CHECK(di.download<int32_t>(ids.size()) == ids);
+      const std::vector<float> got = dw.download<float>(w.size());
+      CHECK(track("moe_route", relError(got.data(), w.data(), w.size())) <= kMoeRouteTol);
+    }
+  }
+}
+
+TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads only the chosen experts") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType gate_up, down;
+    uint32_t nexp, k;
+    uint64_t f, e;  // expert width, n_embd
+  };
+  // The fixture's mix (Q4_K gate/up, Q5_0 down of 32 columns), Q8_0, F32 with widths that are not
+  // multiples of 32 (4-wide loads) and not multiples of 4 (one element per load), Q6_K (scale groups of
+  // 16) / Q8_0, and 128 experts choosing 8.
+  const Case cases[] = {{GgmlType::Q4_K, GgmlType::Q5_0, 8, 2, 32, 256},   {GgmlType::Q8_0, GgmlType::Q8_0, 5, 3, 64, 96},
+                        {GgmlType::F32, GgmlType::F32, 5, 3, 40, 72},      {GgmlType::F32, GgmlType::F32, 5, 3, 42, 74},
+                        {GgmlType::Q6_K, GgmlType::Q8_0, 7, 3, 96, 256},   {GgmlType::Q4_K, GgmlType::Q8_0, 128, 8, 64, 256}};
+  for (const Case& c : cases) {
+    const std::string tag = std::string(ggmlTypeTraits(c.gate_up).name) + "_" + ggmlTypeTraits(c.down).name + "_e" +
+                            str(c.nexp) + "_k" + str(c.k) + "_f" + str(c.f) + "_n" + str(c.e);
+    CAPTURE(tag);
+    const GpuWeight gate = makeExpertWeight(c.gate_up, c.nexp, c.f, c.e);
+    const GpuWeight up = makeExpertWeight(c.gate_up, c.nexp, c.f, c.e);
+    const GpuWeight down = makeExpertWeight(c.down, c.nexp, c.e, c.f);
+    auto dsort = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_SORT");
+    auto dgu = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_GATE_UP");
+    auto ddn = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_DOWN");
+    auto dcomb = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_COMBINE");
+    const ExpertArgs ga = expertDefines(gate, "G", dgu), ua = expertDefines(up, "U", dgu);
+    const ExpertArgs da = expertDefines(down, "D", ddn);
+    std::vector<Kernel> k = compile({spec("moe_sort_test_" + tag, "kernels/moe.cuh", "minfer_moe_sort", dsort),
+                                     spec("moe_gate_up_test_" + tag, "kernels/moe.cuh", "minfer_moe_gate_up", dgu),
+                                     spec("moe_down_test_" + tag, "kernels/moe.cuh", "minfer_moe_down", ddn),
+                                     spec("moe_combine_test_" + tag, "kernels/moe.cuh", "minfer_moe_combine", dcomb)});
+    const cpu::RowSource src = c.gate_up == GgmlType::F32 ? cpu::RowSource::kDense : cpu::RowSource::kQuantized;
+    DeviceArray scratch(kern::moeScratchBytes(c.nexp, kMaxBatch, c.k, static_cast<unsigned>(c.f),
+                                              static_cast<unsigned>(c.e)));
+    for (int n : kTokenCounts) {
+      CAPTURE(n);
+      const std::vector<float> x = activations(n, static_cast<int>(c.e));
+      const std::vector<float> logits = randomFloats(static_cast<size_t>(n) * c.nexp, rng(), -3.0f, 3.0f);
+      std::vector<int32_t> ids(static_cast<size_t>(n) * c.k);
+      std::vector<float> w(ids.size());
+      cpu::moeRoute(logits.data(), n, static_cast<int>(c.nexp), static_cast<int>(c.k), true, ids.data(), w.data());
+      std::vector<float> ref(static_cast<size_t>(n) * c.e),
+          cpu_scratch(static_cast<size_t>(cpu::moeScratchFloats(static_cast<int64_t>(c.e), static_cast<int64_t>(c.f))));
+      cpu::moeFfn(gate.view, src, up.view, src, down.view, src, x.data(), ids.data(), w.data(), n, static_cast<int>(c.k),
+                  ref.data(), nullptr, cpu_scratch.data());
+      DeviceArray dx = DeviceArray::of(x), di = DeviceArray::of(ids), dw = DeviceArray::of(w), out(kMaxBatch * c.e * 4);
+      scratch.poison();
+      out.poison();
+      CUdeviceptr px = dx.ptr(), pi = di.ptr(), pw = dw.ptr(), ps = scratch.ptr(), po = out.ptr();
+      CUdeviceptr gq = ga.q, gs = ga.s, gm = ga.m, uq = ua.q, us = ua.s, um = ua.m, dq = da.q, ds = da.s, dm = da.m;
+      launch(k[0], kern::moeSortLaunchRule().at(n), {&pi, &ps, &n});
+      launch(k[1], kern::moeExpertsLaunchRule(static_cast<unsigned>(c.f), c.nexp).at(n),
+             {&px, &gq, &gs, &gm, &uq, &us, &um, &ps});
+      launch(k[2], kern::moeExpertsLaunchRule(static_cast<unsigned>(c.e), c.nexp).at(n), {&dq, &ds, &dm, &ps});
+      launch(k[3], kern::moeCombineLaunchRule(static_cast<unsigned>(c.e)).at(n), {&pi, &pw, &ps, &po, &n});
+      const std::vector<float> got = out.download<float>(ref.size());
+      CHECK(track("moe_ffn", relError(got.data(), ref.data(), ref.size())) <= kMoeFfnTol);
+    }
+    // Decode: every plane byte of the experts the token did not choose is poisoned (0xFF: NaN scales
+    // and floats), so reading any of them would make the output NaN.
+    const int n = 1;
+    const std::vector<float> x = activations(n, static_cast<int>(c.e));
+    std::vector<int32_t> ids(c.k);
+    std::vector<float> w(c.k);
+    for (uint32_t j = 0; j < c.k; ++j) ids[j] = static_cast<int32_t>((3 * j + 1) % c.nexp), w[j] = 1.0f / (j + 2);
+    std::vector<float> ref(c.e), cpu_scratch(static_cast<size_t>(cpu::moeScratchFloats(static_cast<int64_t>(c.e),
+                                                                                         static_cast<int64_t>(c.f))));
+    cpu::moeFfn(gate.view, src, up.view, src, down.view, src, x.data(), ids.data(), w.data(), n, static_cast<int>(c.k),
+                ref.data(), nullptr, cpu_scratch.data());
+    std::vector<DeviceArray> poisoned;  // per weight, per plane: the chosen experts' bytes only
+    auto poison = [&](const GpuWeight& g) {
+      std::vector<CUdeviceptr> ptrs;
+      for (const BuiltPlane& p : g.planes) {
+        std::vector<uint8_t> bytes(p.bytes.size(), 0xFF);
+        for (int32_t e : ids) {
+          const uint64_t off = expertOffset(p.table, static_cast<uint64_t>(e));
+          std::memcpy(bytes.data() + off, p.bytes.data() + off, p.table.expert_pitch);
+        }
+        poisoned.push_back(DeviceArray::of(bytes));
+        ptrs.push_back(poisoned.back().ptr());
+      }
+      return ptrs;
+    };
+    poisoned.reserve(16);
+    const std::vector<CUdeviceptr> gp = poison(gate), upp = poison(up), dp = poison(down);
+    auto at = [](const GpuWeight& g, const std::vector<CUdeviceptr>& ptrs, PlaneKind kind) -> CUdeviceptr {
+      for (size_t i = 0; i < g.planes.size(); ++i)
+        if (g.planes[i].table.kind == kind) return ptrs[i];
+      return 0;
+    };
+    const PlaneKind qk = c.gate_up == GgmlType::F32 ? PlaneKind::kF32 : PlaneKind::kI8;
+    const PlaneKind dk = c.down == GgmlType::F32 ? PlaneKind::kF32 : PlaneKind::kI8;
+    CUdeviceptr gq = at(gate, gp, qk), gs = ga.s ? at(gate, gp, PlaneKind::kScale) : 0,
+                gm = ga.m ? at(gate, gp, PlaneKind::kMin) : 0, uq = at(up, upp, qk),
+                us = ua.s ? at(up, upp, PlaneKind::kScale) : 0, um = ua.m ? at(up, upp, PlaneKind::kMin) : 0,
+                dq = at(down, dp, dk), ds = da.s ? at(down, dp, PlaneKind::kScale) : 0,
+                dm = da.m ? at(down, dp, PlaneKind::kMin) : 0;
+    DeviceArray dx = DeviceArray::of(x), di = DeviceArray::of(ids), dw = DeviceArray::of(w), out(kMaxBatch * c.e * 4);
+    scratch.poison();
+    out.poison();
+    CUdeviceptr px = dx.ptr(), pi = di.ptr(), pw = dw.ptr(), ps = scratch.ptr(), po = out.ptr();
+    int one = 1;
+    launch(k[0], kern::moeSortLaunchRule().at(1), {&pi, &ps, &one});
+    launch(k[1], kern::moeExpertsLaunchRule(static_cast<unsigned>(c.f), c.nexp).at(1),
+           {&px, &gq, &gs, &gm, &uq, &us, &um, &ps});
+    launch(k[2], kern::moeExpertsLaunchRule(static_cast<unsigned>(c.e), c.nexp).at(1), {&dq, &ds, &dm, &ps});
+    launch(k[3], kern::moeCombineLaunchRule(static_cast<unsigned>(c.e)).at(1), {&pi, &pw, &ps, &po, &one});
+    const std::vector<float> got = out.download<float>(ref.size());
+    CHECK(track("moe_ffn", relError(got.data(), ref.data(), ref.size())) <= kMoeFfnTol);
+  }
 }
 
 TEST_CASE("argmax: lowest index among ties") {

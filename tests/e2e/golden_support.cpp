@@ -19,7 +19,8 @@ namespace minfer::test {
 namespace {
 
 // Case-name prefixes of fixtures/arch/goldens whose architecture minfer compiles (README §8).
-constexpr const char* kSupportedArchCases[] = {"tiny-llama31-", "tiny-gemma2-", "tiny-gemma3-", "tiny-phi3-"};
+constexpr const char* kSupportedArchCases[] = {"tiny-llama31-", "tiny-gemma2-", "tiny-gemma3-", "tiny-phi3-",
+                                                 "tiny-qwen3moe-"};
 constexpr const char* kArchPrefix = "arch/";
 
 std::vector<std::string> jsonStems(const std::string& dir) {

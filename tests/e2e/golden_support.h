@@ -26,8 +26,8 @@ struct GoldenCase {
 };
 
 // Names of every case with a JSON in fixtures/goldens, then "arch/<case>" for each case in
-// fixtures/arch/goldens of an architecture minfer supports (tiny-llama31, tiny-gemma2 and tiny-gemma3:
-// phi3 and qwen3moe are not supported yet), each group sorted.
+// fixtures/arch/goldens of an architecture minfer supports (tiny-llama31, tiny-gemma2, tiny-gemma3 and
+// tiny-qwen3moe: phi3 is not supported yet), each group sorted.
 std::vector<std::string> goldenCaseNames();
 // A case by name ("tiny-llama-F32_ids48" or "arch/tiny-llama31-F32_ids48").
 GoldenCase loadGolden(const std::string& name);

@@ -172,6 +172,23 @@ TEST_CASE("big model shapes follow llama.cpp's tensor names and ggml dims") {
     CHECK(find(plan, "blk.0.attn_qkv.weight")->type == GgmlType::Q6_K);  // attn_v's more-bits rule (layer 0 < n/8)
     CHECK(find(plan, "blk.8.attn_qkv.weight")->type == GgmlType::Q4_K);
   }
+  {
+    // qwen3-30b-a3b: q 32 x 128 = 4096 wide on n_embd 2048, q/k norms, F32 router, 3-D expert tensors.
+    const auto plan = llvm::cantFail(planTensors(llvm::cantFail(modelShape("qwen3-30b-a3b")), TypeMix::kQ4_K_M));
+    CHECK(plan.size() == 3 + 48 * 12);
+    CHECK(find(plan, "blk.0.attn_q.weight")->ne == std::vector<uint64_t>{2048, 4096});
+    CHECK(find(plan, "blk.0.attn_k.weight")->ne == std::vector<uint64_t>{2048, 512});
+    CHECK(find(plan, "blk.0.attn_output.weight")->ne == std::vector<uint64_t>{4096, 2048});
+    CHECK(find(plan, "blk.0.attn_q_norm.weight")->ne == std::vector<uint64_t>{128});
+    CHECK(find(plan, "blk.5.ffn_gate_inp.weight")->ne == std::vector<uint64_t>{2048, 128});
+    CHECK(find(plan, "blk.5.ffn_gate_inp.weight")->type == GgmlType::F32);
+    CHECK(find(plan, "blk.5.ffn_up_exps.weight")->ne == std::vector<uint64_t>{2048, 768, 128});
+    CHECK(find(plan, "blk.5.ffn_up_exps.weight")->type == GgmlType::Q4_K);
+    CHECK(find(plan, "blk.5.ffn_down_exps.weight")->ne == std::vector<uint64_t>{768, 2048, 128});
+    CHECK(find(plan, "blk.0.ffn_down_exps.weight")->type == GgmlType::Q6_K);  // "more bits" layer
+    CHECK(find(plan, "blk.7.ffn_down_exps.weight")->type == GgmlType::Q4_K);
+    CHECK(find(plan, "blk.0.ffn_gate.weight") == nullptr);
+  }
   auto llama3 = llvm::cantFail(modelShape("llama3-8b"));
   CHECK(llama3.rope_freq_base == 500000.0f);
   CHECK(llama3.n_head == 32);
@@ -181,7 +198,8 @@ TEST_CASE("big model shapes follow llama.cpp's tensor names and ggml dims") {
   CHECK(qwen.arch == "qwen2");
   auto unknown = modelShape("gpt-5");
   REQUIRE(!unknown);
-  CHECK(llvm::toString(unknown.takeError()).find("tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini") != std::string::npos);
+  CHECK(llvm::toString(unknown.takeError()).find("tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini, qwen3-30b-a3b") !=
+        std::string::npos);
   auto bad_mix = parseTypeMix("q3_k");
   REQUIRE(!bad_mix);
   CHECK(llvm::toString(bad_mix.takeError()).find("'q3_k'") != std::string::npos);

@@ -8,6 +8,7 @@
 
 #include "compiler/gguf/gguf_writer.h"
 #include "compiler/model/model_desc.h"
+#include "compiler/tools/synth_model.h"
 #include "kernels/rope.cuh"
 #include "llvm/Support/MemoryBuffer.h"
 #include "tests/test_support.h"
@@ -52,6 +53,9 @@ struct TinySpec {
   bool validate = true;       // false: the writer also writes what GGUF writers refuse (a dim of 0)
   std::vector<std::pair<std::string, uint32_t>> u32_keys;  // <arch>.<key> = value, written as u32
   std::vector<std::pair<std::string, float>> f32_keys;     // <arch>.<key> = value, written as f32
+  // > 0: a mixture-of-experts FFN (ffn_gate_inp + ffn_{gate,up,down}_exps) instead of the dense one, and
+  // <arch>.expert_count / expert_used_count; n_ff_exp > 0 also writes expert_feed_forward_length.
+  uint32_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
 };
 
 gguf::GgufWriter makeWriter(const TinySpec& s) {
@@ -77,6 +81,11 @@ gguf::GgufWriter makeWriter(const TinySpec& s) {
   if (!std::isnan(s.attn_factor)) w.setF32(a + "rope.scaling.attn_factor", s.attn_factor);
   if (s.orig_ctx >= 0) w.setU32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(s.orig_ctx));
   for (const auto& [key, v] : s.u32_keys) w.setU32(a + key, v);
+  if (s.n_expert) {
+    w.setU32(a + "expert_count", s.n_expert);
+    w.setU32(a + "expert_used_count", s.n_expert_used);
+    if (s.n_ff_exp) w.setU32(a + "expert_feed_forward_length", s.n_ff_exp);
+  }
   for (const auto& [key, v] : s.f32_keys) w.setF32(a + key, v);
   auto add = [&](const std::string& name, std::vector<uint64_t> ne) {
     uint64_t n = 1;
@@ -110,6 +119,14 @@ gguf::GgufWriter makeWriter(const TinySpec& s) {
     }
     tensor(b + "attn_output.weight", {qw, s.n_embd});
     tensor(b + "ffn_norm.weight", {s.n_embd});
+    if (s.n_expert) {
+      const uint64_t ff = s.n_ff_exp ? s.n_ff_exp : s.n_ff / s.n_expert_used;
+      tensor(b + "ffn_gate_inp.weight", {s.n_embd, s.n_expert});
+      tensor(b + "ffn_gate_exps.weight", {s.n_embd, ff, s.n_expert});
+      tensor(b + "ffn_up_exps.weight", {s.n_embd, ff, s.n_expert});
+      tensor(b + "ffn_down_exps.weight", {ff, s.n_embd, s.n_expert});
+      continue;
+    }
     if (!s.fused) tensor(b + "ffn_gate.weight", {s.n_embd, s.n_ff});
     tensor(b + "ffn_up.weight", {s.n_embd, s.fused ? 2 * uint64_t{s.n_ff} : s.n_ff});
     tensor(b + "ffn_down.weight", {s.n_ff, s.n_embd});
@@ -469,13 +486,121 @@ TEST_CASE("qwen3: per-head q/k RMSNorm between the projections and RoPE") {
   CHECK(d->weights.size() == 1 + 2 * 11 + 1);
 }
 
+TEST_CASE("qwen3moe: qwen3 attention, router MatMul + MoeRoute + MoeFfn with an expert axis on the expert tensors") {
+  TinySpec s;
+  s.arch = "qwen3moe", s.qk_norm = true, s.key_length = 16;
+  s.n_embd = 40, s.n_ff = 96, s.n_expert = 5, s.n_expert_used = 3, s.n_ff_exp = 24;  // 5 experts, top-3, odd widths
+  auto d = describeTiny(s);
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  CHECK(d->config.rope_style == fb::RopeStyle::Neox);
+  CHECK(d->config.n_expert == 5);
+  CHECK(d->config.n_expert_used == 3);
+  CHECK(d->config.n_ff_exp == 24);
+  const auto& steps = d->plan.prefill;
+  const std::vector<std::pair<fb::OpKind, std::string>> layer0 = {
+      {fb::OpKind::RmsNorm, "blk.0.attn_norm"},       {fb::OpKind::MatMul, "blk.0.attn_q"},
+      {fb::OpKind::MatMul, "blk.0.attn_k"},           {fb::OpKind::MatMul, "blk.0.attn_v"},
+      {fb::OpKind::HeadRmsNorm, "blk.0.attn_q_norm"}, {fb::OpKind::HeadRmsNorm, "blk.0.attn_k_norm"},
+      {fb::OpKind::Rope, "blk.0.rope"},               {fb::OpKind::Attention, "blk.0.attention"},
+      {fb::OpKind::MatMul, "blk.0.attn_output"},      {fb::OpKind::Add, "blk.0.attn_residual"},
+      {fb::OpKind::RmsNorm, "blk.0.ffn_norm"},        {fb::OpKind::MatMul, "blk.0.ffn_gate_inp"},
+      {fb::OpKind::MoeRoute, "blk.0.moe_route"},      {fb::OpKind::MoeFfn, "blk.0.moe_ffn"},
+      {fb::OpKind::Add, "blk.0.ffn_residual"}};
+  REQUIRE(steps.size() == 1 + 2 * layer0.size() + 2);
+  for (size_t i = 0; i < layer0.size(); ++i) {
+    CHECK(steps[1 + i].op == layer0[i].first);
+    CHECK(steps[1 + i].name == layer0[i].second);
+  }
+  const auto& buffers = d->plan.buffers;
+  const auto& router = steps[12];
+  const auto& route = steps[13];
+  const auto& ffn = steps[14];
+  const auto& residual = steps[15];
+  CHECK(router.rows == 5);
+  CHECK(router.cols == 40);
+  CHECK(d->weights[router.weights[0]].experts == 1);
+  CHECK(route.inputs == router.outputs);
+  REQUIRE(route.outputs.size() == 2);
+  CHECK(buffers[route.outputs[0]].type == fb::BufferType::I32);
+  CHECK(buffers[route.outputs[0]].width == 3);
+  CHECK(buffers[route.outputs[1]].type == fb::BufferType::F32);
+  CHECK(buffers[route.outputs[1]].width == 3);
+  CHECK(route.n_expert == 5);
+  CHECK(route.n_expert_used == 3);
+  CHECK(route.moe_norm);  // llama.cpp's qwen3moe renormalises the chosen weights
+  CHECK(ffn.inputs == std::vector<uint32_t>{steps[11].outputs[0], route.outputs[0], route.outputs[1]});
+  CHECK(ffn.rows == 24);
+  CHECK(ffn.cols == 40);
+  CHECK(ffn.n_expert == 5);
+  CHECK(ffn.n_expert_used == 3);
+  REQUIRE(ffn.weights.size() == 3);
+  const char* names[3] = {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"};
+  for (int i = 0; i < 3; ++i) {
+    const model::WeightDesc& w = d->weights[ffn.weights[i]];
+    CHECK(w.name == names[i]);
+    CHECK(w.experts == 5);
+    CHECK(w.info->rows() == 5 * (i < 2 ? 24u : 40u));
+  }
+  CHECK(buffers[ffn.outputs[0]].width == 40);
+  CHECK(residual.inputs == std::vector<uint32_t>{steps[0].outputs[0], ffn.outputs[0]});
+  // expert_feed_forward_length absent: llama.cpp's n_ff / n_expert_used.
+  s.n_ff_exp = 0;
+  auto d2 = describeTiny(s);
+  REQUIRE_MESSAGE(bool(d2), llvm::toString(d2.takeError()));
+  CHECK(d2->plan.prefill[14].rows == 96 / 3);
+  // Inconsistent expert keys and missing expert tensors are refused.
+  TinySpec bad = s;
+  bad.n_expert_used = 6;
+  CHECK(describeTinyError(bad).find("inconsistent experts: qwen3moe.expert_count = 5, expert_used_count = 6") !=
+        std::string::npos);
+  TinySpec missing = s;
+  missing.skip = {"blk.1.ffn_up_exps.weight"};
+  CHECK(describeTinyError(missing) ==
+        "tiny-qwen3moe.gguf: tensor 'blk.1.ffn_up_exps.weight' is missing (architecture qwen3moe needs it)");
+  TinySpec dense = s;
+  dense.n_expert = 0;
+  CHECK(describeTinyError(dense).find("expert_count = 0") != std::string::npos);
+}
+
+TEST_CASE("minfer-synth's qwen3-30b-a3b shape, scaled down, is read back as qwen3moe with its expert keys") {
+  // The benchmark shape's keys and tensor names (compiler/tools/synth_model.cpp) at 2 layers, 6 experts.
+  synth::ModelShape shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
+  shape.n_layer = 2, shape.n_embd = 256, shape.n_head = 4, shape.n_head_kv = 2, shape.n_expert = 6;
+  shape.n_expert_used = 3, shape.n_ff_exp = 256, shape.n_vocab = 300;  // K-quant rows: multiples of 256
+  gguf::GgufWriter writer(3);
+  synth::SynthOptions o;
+  o.shape = shape;
+  o.mix = synth::TypeMix::kQ4_K_M;
+  llvm::Error e = synth::buildSynthModel(o, writer, nullptr);
+  REQUIRE_MESSAGE(!e, llvm::toString(std::move(e)));
+  auto bytes = writer.toBytes();
+  REQUIRE_MESSAGE(bool(bytes), llvm::toString(bytes.takeError()));
+  static std::unique_ptr<gguf::GgufFile> keep;
+  auto file = gguf::GgufFile::parse(llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(
+                                        reinterpret_cast<const char*>(bytes->data()), bytes->size())),
+                                    "synth-qwen3moe.gguf");
+  REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+  keep = std::move(*file);
+  auto d = model::describeModel(*keep, 16);
+  REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  CHECK(d->config.architecture == "qwen3moe");
+  CHECK(d->config.head_dim == 128);  // q is 4 x 128 = 512 wide on n_embd 256
+  CHECK(d->config.n_expert == 6);
+  CHECK(d->config.n_expert_used == 3);
+  CHECK(d->config.n_ff_exp == 256);
+  CHECK(countOps(d->plan.prefill, fb::OpKind::MoeFfn) == 2);
+  CHECK(countOps(d->plan.prefill, fb::OpKind::HeadRmsNorm) == 4);
+  for (const model::WeightDesc& w : d->weights)
+    CHECK_MESSAGE(w.experts == (w.name.find("_exps") != std::string::npos ? 6u : 1u), w.name);
+}
+
 TEST_CASE("the architecture list is written once and named in the refusal") {
-  CHECK(std::string(model::supportedArchitectures()) == "llama, qwen2, qwen3, gemma2, gemma3, phi3");
+  CHECK(std::string(model::supportedArchitectures()) == "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe");
   TinySpec s;
   s.arch = "gpt2";
   const std::string msg = describeTinyError(s);
   CHECK(msg == "tiny-gpt2.gguf: unsupported architecture 'gpt2' (general.architecture); supported: llama, qwen2, "
-               "qwen3, gemma2, gemma3, phi3");
+               "qwen3, gemma2, gemma3, phi3, qwen3moe");
 }
 
 TEST_CASE("architecture facts are checked against the tensors") {

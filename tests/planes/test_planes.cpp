@@ -370,6 +370,129 @@ TEST_CASE("content and offset gates on synthetic tensors: every type, role and p
   }
 }
 
+namespace {
+
+// Expert e of a plane with an expert axis as a plane of its own: its rows start at expertOffset(e) and
+// the reference is the e-th slice of rows (GGUF ne[2] = e). `pitch_error` shifts every expert by that
+// many bytes (the negative control).
+GatePlane expertSlice(const GatePlane& p, uint64_t e, int64_t pitch_error = 0) {
+  GatePlane s = p;
+  s.table.rows = expertRows(p.table);
+  s.table.experts = 1;
+  s.table.expert_pitch = 0;
+  const uint64_t off = expertOffset(p.table, e) + static_cast<uint64_t>(pitch_error * static_cast<int64_t>(e));
+  s.data = p.data + std::min(off, p.size);
+  s.size = p.size - std::min(off, p.size);
+  return s;
+}
+
+// Offset gate of every plane of `L` (experts > 1) read expert by expert through expertOffset;
+// returns the mismatches.
+uint64_t expertGate(const TensorLayout& L, const std::vector<std::vector<uint8_t>>& planes,
+                    const std::vector<float>& ref, int64_t pitch_error = 0) {
+  const uint64_t n_expert = L.desc.experts, rpe = L.desc.rows / n_expert, cols = L.desc.cols;
+  uint64_t bad = 0;
+  for (uint64_t e = 0; e < n_expert; ++e) {
+    const std::vector<float> slice(ref.begin() + static_cast<int64_t>(e * rpe * cols),
+                                   ref.begin() + static_cast<int64_t>((e + 1) * rpe * cols));
+    for (size_t i = 0; i < L.planes.size(); ++i) {
+      const PlaneKind k = L.planes[i].kind;
+      GateResult g;
+      if (k == PlaneKind::kF32 || k == PlaneKind::kF16 || k == PlaneKind::kBF16 || k == PlaneKind::kBlocks) {
+        g = test::gateDirect(expertSlice(gatePlane(L, planes, k), e, pitch_error), slice);
+      } else {
+        GatePlane q = expertSlice(gatePlane(L, planes, k == PlaneKind::kPacked ? k : PlaneKind::kI8), e, pitch_error);
+        GatePlane sc = expertSlice(gatePlane(L, planes, PlaneKind::kScale), e, pitch_error);
+        const bool with_min = L.find(PlaneKind::kMin) >= 0;
+        GatePlane m = with_min ? expertSlice(gatePlane(L, planes, PlaneKind::kMin), e, pitch_error) : GatePlane{};
+        g = test::gateDecomposed(q, sc, with_min ? &m : nullptr, slice);
+      }
+      CHECK(g.checked == rpe * cols);
+      bad += g.mismatches;
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("expert axis: 3-D expert tensors get experts / expert_pitch on every plane and pass both gates per expert") {
+  // The types the qwen3moe fixtures' expert and attention tensors use (README §8.2), and Q6_K / Q4_0.
+  const GgmlType types[] = {GgmlType::F32, GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0,
+                            GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q4_0};
+  uint64_t seed = 900;
+  for (GgmlType type : types) {
+    const uint32_t bs = ggmlTypeTraits(type).block_size;
+    // 3 experts of 7 rows, 2 or 5 blocks per row (float: 37 cols): rows ≠ cols ≠ experts ≠ blocks.
+    for (uint64_t cols : {uint64_t{bs == 1 ? 37u : 2 * bs}, uint64_t{bs == 1 ? 21u : 5 * bs}}) {
+      const uint64_t experts = 3, rows = experts * 7;
+      INFO(typeName(type) << " " << experts << " experts x 7 rows x " << cols << " cols");
+      const std::vector<uint8_t> src = randomTensor(type, rows, cols, seed++);
+      const std::vector<float> ref = test::refDequantize(type, rows, cols, src.data());
+      const TensorLayout L = plan({"blk.0.ffn_up_exps.weight", type, rows, cols, TensorRole::kMatMul, 3});
+      for (const StrideTable& t : L.planes) {
+        CHECK(t.experts == 3);
+        CHECK(t.expert_pitch == 7 * t.row_pitch);
+        CHECK(t.rows == rows);
+        CHECK(expertRows(t) == 7);
+      }
+      const auto planes = transformAll(L, src, 2);
+      CHECK(runGates(L, src, planes, ref));  // the whole plane as rows × cols
+      CHECK(expertGate(L, planes, ref) == 0);
+      // Negative control: an expert pitch one row short of the table's fails.
+      CHECK(expertGate(L, planes, ref, -static_cast<int64_t>(L.planes[0].row_pitch)) > 0);
+    }
+  }
+  // Planner errors: experts that do not divide the rows, an expert axis on a vector.
+  for (const TensorDesc& d : {TensorDesc{"w", GgmlType::Q8_0, 20, 64, TensorRole::kMatMul, 3},
+                              TensorDesc{"w", GgmlType::Q8_0, 21, 64, TensorRole::kMatMul, 0},
+                              TensorDesc{"w", GgmlType::F32, 4, 64, TensorRole::kVector, 2}}) {
+    llvm::Expected<TensorLayout> L = planLayout(d);
+    REQUIRE(!L);
+    const std::string msg = llvm::toString(L.takeError());
+    CHECK(msg.find(std::to_string(d.experts) + " experts: need ≥ 1 experts that divide the rows") != std::string::npos);
+  }
+}
+
+TEST_CASE("qwen3moe fixtures: every tensor passes both gates, the expert tensors per expert too") {
+  if (!test::haveFixtures()) return;
+  PlaneWorkers workers(2);
+  std::set<GgmlType> seen, seen_experts;
+  for (const char* file : {"tiny-qwen3moe-F32.gguf", "tiny-qwen3moe-Q8_0.gguf", "tiny-qwen3moe-Q4_K_M.gguf"}) {
+    INFO(file);
+    auto gguf = gguf::GgufFile::open(test::fixturesDir() + "/arch/models/" + file);
+    REQUIRE_MESSAGE(static_cast<bool>(gguf), (gguf ? std::string() : llvm::toString(gguf.takeError())));
+    for (const gguf::TensorInfo& ti : (*gguf)->tensors()) {
+      INFO(ti.name);
+      const bool experts = ti.n_dims == 3;
+      TensorDesc d{std::string(ti.name), ti.type, ti.rows(), ti.cols(), TensorRole::kMatMul,
+                   experts ? static_cast<uint32_t>(ti.ne[2]) : 1u};
+      if (ti.n_dims == 1) d.role = TensorRole::kVector;
+      if (ti.name == "token_embd.weight") d.role = TensorRole::kEmbeddingMatMul;
+      const TensorLayout L = plan(d);
+      const llvm::ArrayRef<uint8_t> src = (*gguf)->tensorData(ti);
+      const std::vector<float> ref = test::refDequantize(ti.type, ti.rows(), ti.cols(), src.data());
+      const auto planes = transformAll(L, src, workers.threads());
+      CHECK(runGates(L, src, planes, ref));
+      if (!experts) {
+        seen.insert(ti.type);
+        continue;
+      }
+      CHECK(expertGate(L, planes, ref) == 0);
+      seen_experts.insert(ti.type);
+    }
+  }
+  // README §8.2: F32, Q8_0, Q4_K and Q5_0 expert tensors; Q5_K (attn_output) and Q6_K among the others.
+  for (GgmlType t : {GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_0}) {
+    INFO(typeName(t));
+    CHECK(seen_experts.count(t) == 1);
+  }
+  for (GgmlType t : {GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    INFO(typeName(t));
+    CHECK(seen.count(t) == 1);
+  }
+}
+
 TEST_CASE("negative controls: a rows<->cols stride swap and a flipped byte fail the gates") {
   uint64_t seed = 100;
   for (GgmlType type : kAllTypes)

@@ -526,6 +526,102 @@ TEST_CASE("geGlu and scale (plain and soft-capped) match float64, in place too")
   }
 }
 
+TEST_CASE("moeRoute: softmax, top-k by falling p, renormalised or not, matches float64") {
+  std::mt19937_64 rng(31);
+  const int n_expert = 7, n_used = 3, n_tok = 5;  // odd counts
+  std::vector<float> logits = randomFloats(n_tok * n_expert, rng, -4.0f, 4.0f);
+  logits[2 * n_expert + 4] = logits[2 * n_expert + 1];  // an exact tie: the lower id comes first
+  logits[2 * n_expert + 1] = logits[2 * n_expert + 4] = 9.0f;
+  for (bool norm : {true, false}) {
+    std::vector<int32_t> ids(n_tok * n_used, -1);
+    std::vector<float> w(n_tok * n_used);
+    moeRoute(logits.data(), n_tok, n_expert, n_used, norm, ids.data(), w.data());
+    std::vector<double> ref(n_tok * n_used);
+    for (int t = 0; t < n_tok; ++t) {
+      const float* r = logits.data() + t * n_expert;
+      double p[n_expert], sum = 0, mx = *std::max_element(r, r + n_expert);
+      for (int e = 0; e < n_expert; ++e) sum += p[e] = std::exp(double(r[e]) - mx);
+      std::vector<int> order(n_expert);
+      for (int e = 0; e < n_expert; ++e) order[e] = e, p[e] /= sum;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return r[a] > r[b]; });
+      double chosen = 0;
+      for (int j = 0; j < n_used; ++j) chosen += p[order[j]];
+      for (int j = 0; j < n_used; ++j) {
+        CHECK(ids[t * n_used + j] == order[j]);
+        ref[t * n_used + j] = norm ? p[order[j]] / chosen : p[order[j]];
+      }
+    }
+    CHECK(ids[2 * n_used] == 1);
+    CHECK(ids[2 * n_used + 1] == 4);
+    const double err = maxRelError(w.data(), ref.data(), w.size());
+    MESSAGE("moeRoute norm " << norm << ": max rel error " << err << " (bound 5e-7)");
+    CHECK(err < 5e-7);
+  }
+}
+
+TEST_CASE("moeFfn reads only the chosen experts through the expert axis and matches float64, every source") {
+  std::mt19937_64 rng(32);
+  ThreadPool pool(3);
+  // 5 experts, top-3; expert width 64 (two Q8_0 / Q5_0 blocks), n_embd 96 (three blocks).
+  const int n_expert = 5, n_used = 3, n_tok = 4, n_ff = 64, n_embd = 96;
+  for (GgmlType type : {GgmlType::F32, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0}) {
+    const std::string type_name = ggmlTypeTraits(type).name;
+    CAPTURE(type_name);
+    const test::RandomWeight gate = test::makeRandomWeight(type, n_expert * n_ff, n_embd, rng);
+    const test::RandomWeight up = test::makeRandomWeight(type, n_expert * n_ff, n_embd, rng);
+    const test::RandomWeight down = test::makeRandomWeight(type, n_expert * n_embd, n_ff, rng);
+    auto build = [&](const test::RandomWeight& w) {
+      auto planes = test::buildPlanes(w, {.matmul = true, .blocks = true, .extra_pitch = 32, .group_pitch = 8});
+      for (test::BuiltPlane& p : planes) {
+        p.table.experts = n_expert;
+        p.table.expert_pitch = p.table.rows / n_expert * p.table.row_pitch;
+      }
+      return planes;
+    };
+    const auto gp = build(gate), upp = build(up), dp = build(down);
+    const WeightPlanes gv = test::viewPlanes(gp, "gate_exps"), uv = test::viewPlanes(upp, "up_exps"),
+                       dv = test::viewPlanes(dp, "down_exps");
+    const std::vector<float> x = randomFloats(n_tok * n_embd, rng);
+    std::vector<int32_t> ids(n_tok * n_used);
+    std::vector<float> w(n_tok * n_used);
+    for (int t = 0; t < n_tok; ++t)
+      for (int j = 0; j < n_used; ++j) ids[t * n_used + j] = (t * 2 + j * 3) % n_expert, w[t * n_used + j] = 0.2f + 0.3f * j;
+    ids[n_used] = n_expert;  // out of range: skipped
+    std::vector<double> ref(n_tok * n_embd, 0.0);
+    for (int t = 0; t < n_tok; ++t)
+      for (int j = 0; j < n_used; ++j) {
+        const int e = ids[t * n_used + j];
+        if (e >= n_expert) continue;
+        std::vector<double> a(n_ff);
+        for (int r = 0; r < n_ff; ++r) {
+          double g = 0, u = 0;
+          for (int c = 0; c < n_embd; ++c) {
+            g += double(gate.values[(e * n_ff + r) * n_embd + c]) * x[t * n_embd + c];
+            u += double(up.values[(e * n_ff + r) * n_embd + c]) * x[t * n_embd + c];
+          }
+          a[r] = g / (1.0 + std::exp(-g)) * u;
+        }
+        for (int r = 0; r < n_embd; ++r) {
+          double y = 0;
+          for (int c = 0; c < n_ff; ++c) y += double(down.values[(e * n_embd + r) * n_ff + c]) * a[c];
+          ref[t * n_embd + r] += y * w[t * n_used + j];
+        }
+      }
+    const double tol = 1e-6 * std::sqrt(double(n_embd) / 64.0);
+    for (RowSource src : {RowSource::kDense, RowSource::kQuantized, RowSource::kBlocks}) {
+      if ((src == RowSource::kDense) != (type == GgmlType::F32)) continue;
+      std::vector<float> scratch(3 * moeScratchFloats(n_embd, n_ff)), out(n_tok * n_embd), out1(n_tok * n_embd);
+      moeFfn(gv, src, uv, src, dv, src, x.data(), ids.data(), w.data(), n_tok, n_used, out.data(), &pool, scratch.data());
+      moeFfn(gv, src, uv, src, dv, src, x.data(), ids.data(), w.data(), n_tok, n_used, out1.data(), nullptr,
+             scratch.data());
+      const double err = maxRelError(out.data(), ref.data(), out.size());
+      MESSAGE(type_name << " source " << int(src) << ": moeFfn max rel error " << err << " (bound " << tol << ")");
+      CHECK(err < tol);
+      CHECK(std::memcmp(out.data(), out1.data(), out.size() * 4) == 0);
+    }
+  }
+}
+
 TEST_CASE("checkWeightPlanes names the tensor, the plane and the numbers") {
   std::mt19937_64 rng(18);
   const test::RandomWeight w = test::makeRandomWeight(GgmlType::Q4_1, 6, 64, rng);

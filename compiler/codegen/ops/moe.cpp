@@ -1,0 +1,170 @@
+// Op families MoeRoute and MoeFfn → kernels/moe.cuh: the softmax router's top-k (one launch), and the
+// expert FFN as four launches (sort the token slots by expert, gate/up per expert, down per expert,
+// weighted combine) sharing the step's scratch. Every -D…PITCH / …EPITCH constant is taken from the
+// stride table the launch record's Weight argument carries (row pitch and expert pitch).
+#include "compiler/codegen/ops/op_family.h"
+#include "kernels/moe.cuh"
+
+namespace minfer::codegen {
+namespace {
+
+// The planes an expert weight is read from: kI8 + kScale [+ kMin] (quantized) or its dense plane.
+struct ExpertPlanes {
+  const StrideTable* q = nullptr;  // kI8 or the dense plane
+  const StrideTable* s = nullptr;
+  const StrideTable* m = nullptr;
+};
+
+llvm::Expected<ExpertPlanes> expertPlanes(const StepContext& c, size_t i, uint64_t rows, uint64_t cols) {
+  auto w = c.weight(i);
+  if (!w) return w.takeError();
+  const planes::TensorLayout& l = **w;
+  ExpertPlanes p;
+  if ((p.q = findPlane(l, PlaneKind::kI8))) {
+    p.s = findPlane(l, PlaneKind::kScale);
+    p.m = findPlane(l, PlaneKind::kMin);
+    if (!p.s || p.s->elem != ElemType::kF32 || (p.m && (p.m->elem != ElemType::kF32 || p.m->group_size != p.s->group_size)))
+      return c.error(llvm::formatv("'{0}': the expert kernels need f32 scale (and min) planes of one group size",
+                                   l.desc.name));
+  } else if (!(p.q = densePlane(l))) {
+    return c.error(llvm::formatv("'{0}' has neither an i8 nor a dense plane", l.desc.name));
+  }
+  const uint32_t n_expert = c.step().n_expert;
+  for (const StrideTable* t : {p.q, p.s, p.m})
+    if (t && (t->experts != n_expert || expertRows(*t) != rows || t->cols != cols ||
+              t->expert_pitch != rows * t->row_pitch))
+      return c.error(llvm::formatv("'{0}' {1} plane: {2} experts of {3} x {4} (expert pitch {5}), the step needs {6} "
+                                   "experts of {7} x {8}",
+                                   l.desc.name, planeKindName(t->kind), t->experts, expertRows(*t), t->cols,
+                                   t->expert_pitch, n_expert, rows, cols));
+  return p;
+}
+
+// MOE_<X>_* constants and the three Weight (or Null) arguments of one expert weight.
+void addWeight(const StepContext& c, size_t i, const char* x, const ExpertPlanes& p, SpecBuilder& b,
+               std::vector<KernelArgDesc>& args) {
+  const std::string pre = std::string("MOE_") + x + "_";
+  auto def = [&](const char* name, uint64_t v) { b.define((pre + name).c_str(), v); };
+  def("PLANE", static_cast<uint64_t>(p.q->kind));
+  def("PITCH", p.q->row_pitch);
+  def("EPITCH", p.q->expert_pitch);
+  def("S_PITCH", p.s ? p.s->row_pitch : 0);
+  def("S_EPITCH", p.s ? p.s->expert_pitch : 0);
+  def("M_PITCH", p.m ? p.m->row_pitch : 0);
+  def("M_EPITCH", p.m ? p.m->expert_pitch : 0);
+  def("GS", p.s ? p.s->group_size : 1);
+  const std::string lower(1, static_cast<char>(x[0] - 'A' + 'a'));
+  const uint32_t tensor = c.weightId(i);
+  args.push_back(weightArg((lower + "q").c_str(), tensor, *p.q));
+  args.push_back(p.s ? weightArg((lower + "s").c_str(), tensor, *p.s) : kindArg(fb::ArgKind::Null, (lower + "s").c_str()));
+  args.push_back(p.m ? weightArg((lower + "m").c_str(), tensor, *p.m) : kindArg(fb::ArgKind::Null, (lower + "m").c_str()));
+}
+
+// "q8_0", "f32": the tag of the plane set an expert weight is read from.
+std::string weightTag(const ExpertPlanes& p) {
+  return p.q->kind == PlaneKind::kI8 ? typeTag(p.q->ggml_type) : denseTag(p.q->kind);
+}
+
+}  // namespace
+
+Launches moeRouteLaunches(const StepContext& c) {
+  const model::StepDesc& s = c.step();
+  auto logits = c.input(0, "router logits");
+  if (!logits) return logits.takeError();
+  auto ids = c.output(0, "expert ids");
+  if (!ids) return ids.takeError();
+  auto w = c.output(1, "expert weights");
+  if (!w) return w.takeError();
+  if (s.n_expert == 0 || s.n_expert > 4096 || s.n_expert_used == 0 || s.n_expert_used > s.n_expert ||
+      s.n_expert_used > 64 || (*logits)->width != s.n_expert || (*ids)->width != s.n_expert_used ||
+      (*ids)->type != fb::BufferType::I32 || (*w)->width != s.n_expert_used)
+    return c.error(llvm::formatv("router of {0} experts choosing {1} (≤ 64, ≤ 4096 experts) with buffers of widths "
+                                 "{2}, {3} (i32), {4}",
+                                 s.n_expert, s.n_expert_used, (*logits)->width, (*ids)->width, (*w)->width));
+  SpecBuilder b(llvm::formatv("moe_route_e{0}_k{1}{2}", s.n_expert, s.n_expert_used, s.moe_norm ? "_norm" : ""),
+                "kernels/moe.cuh", "minfer_moe_route");
+  b.define("MOE_NEXP", uint64_t{s.n_expert})
+      .define("MOE_K", uint64_t{s.n_expert_used})
+      .define("MOE_F", uint64_t{1})
+      .define("MOE_E", uint64_t{1})
+      .define("MOE_MAX_BATCH", uint64_t{c.maxBatch()})
+      .define("MOE_ROUTE", uint64_t{1})
+      .define("MOE_NORM", uint64_t{s.moe_norm});
+  KernelLaunch k{b.spec, {}, kern::moeRouteLaunchRule()};
+  k.args = {activationArg("logits", c.inputId(0), s.n_expert, fb::Access::Read),
+            activationArg("ids", c.outputId(0), s.n_expert_used, fb::Access::Write),
+            activationArg("w", c.outputId(1), s.n_expert_used, fb::Access::Write)};
+  return std::vector<KernelLaunch>{std::move(k)};
+}
+
+Launches moeFfnLaunches(const StepContext& c) {
+  const model::StepDesc& s = c.step();
+  const uint32_t nexp = s.n_expert, k = s.n_expert_used, f = s.rows, e = s.cols;
+  auto x = c.input(0, "input");
+  if (!x) return x.takeError();
+  auto ids = c.input(1, "expert ids");
+  if (!ids) return ids.takeError();
+  auto w = c.input(2, "expert weights");
+  if (!w) return w.takeError();
+  auto out = c.output(0, "output");
+  if (!out) return out.takeError();
+  if (nexp == 0 || nexp > 4096 || k == 0 || k > nexp || f == 0 || e == 0 || (*x)->width != e || (*out)->width != e ||
+      (*ids)->width != k || (*ids)->type != fb::BufferType::I32 || (*w)->width != k)
+    return c.error(llvm::formatv("{0} experts, {1} per token, {2} x {3}, with buffers of widths {4} (input), {5} "
+                                 "(i32 ids), {6} (weights), {7} (output)",
+                                 nexp, k, f, e, (*x)->width, (*ids)->width, (*w)->width, (*out)->width));
+  auto gate = expertPlanes(c, 0, f, e);
+  if (!gate) return gate.takeError();
+  auto up = expertPlanes(c, 1, f, e);
+  if (!up) return up.takeError();
+  auto down = expertPlanes(c, 2, e, f);
+  if (!down) return down.takeError();
+
+  const uint32_t mb = c.maxBatch();
+  const KernelArgDesc scratch{.kind = fb::ArgKind::Scratch, .name = "scratch",
+                              .bytes = kern::moeScratchBytes(nexp, mb, k, f, e)};
+  const std::string shape = llvm::formatv("e{0}_k{1}_f{2}_n{3}_b{4}", nexp, k, f, e, mb);
+  auto common = [&](SpecBuilder& b, const char* which) -> SpecBuilder& {
+    return b.define("MOE_NEXP", uint64_t{nexp})
+        .define("MOE_K", uint64_t{k})
+        .define("MOE_F", uint64_t{f})
+        .define("MOE_E", uint64_t{e})
+        .define("MOE_MAX_BATCH", uint64_t{mb})
+        .define(which, uint64_t{1});
+  };
+  const KernelArgDesc ntok = kindArg(fb::ArgKind::TokenCount, "n_tokens");
+  const KernelArgDesc ids_in = activationArg("ids", c.inputId(1), k, fb::Access::Read);
+  std::vector<KernelLaunch> launches;
+
+  SpecBuilder sort("moe_sort_" + shape, "kernels/moe.cuh", "minfer_moe_sort");
+  common(sort, "MOE_SORT");
+  launches.push_back({sort.spec, {ids_in, scratch, ntok}, kern::moeSortLaunchRule()});
+
+  SpecBuilder gu(llvm::formatv("moe_gate_up_{0}_{1}_{2}_p{3}_{4}", shape, weightTag(*gate), weightTag(*up),
+                               gate->q->row_pitch, up->q->row_pitch),
+                 "kernels/moe.cuh", "minfer_moe_gate_up");
+  common(gu, "MOE_GATE_UP");
+  std::vector<KernelArgDesc> gu_args{activationArg("x", c.inputId(0), e, fb::Access::Read)};
+  addWeight(c, 0, "G", *gate, gu, gu_args);
+  addWeight(c, 1, "U", *up, gu, gu_args);
+  gu_args.push_back(scratch);
+  launches.push_back({gu.spec, std::move(gu_args), kern::moeExpertsLaunchRule(f, nexp)});
+
+  SpecBuilder dn(llvm::formatv("moe_down_{0}_{1}_p{2}", shape, weightTag(*down), down->q->row_pitch),
+                 "kernels/moe.cuh", "minfer_moe_down");
+  common(dn, "MOE_DOWN");
+  std::vector<KernelArgDesc> dn_args;
+  addWeight(c, 2, "D", *down, dn, dn_args);
+  dn_args.push_back(scratch);
+  launches.push_back({dn.spec, std::move(dn_args), kern::moeExpertsLaunchRule(e, nexp)});
+
+  SpecBuilder comb("moe_combine_" + shape, "kernels/moe.cuh", "minfer_moe_combine");
+  common(comb, "MOE_COMBINE");
+  launches.push_back({comb.spec,
+                      {ids_in, activationArg("w", c.inputId(2), k, fb::Access::Read), scratch,
+                       activationArg("out", c.outputId(0), e, fb::Access::Write), ntok},
+                      kern::moeCombineLaunchRule(e)});
+  return launches;
+}
+
+}  // namespace minfer::codegen
