@@ -322,7 +322,7 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
                                          st.n_head_kv, st.head_dim, st.n_rot, st.rope_style, st.rope_freq_base,
                                          st.rope_freq_scale, st.rows, st.cols, st.name.empty() ? nullptr : st.name.c_str(),
                                          &launches, st.tail, 0, 0, 0, st.rope_ext_factor, st.rope_attn_factor,
-                                         st.rope_beta_fast, st.rope_beta_slow, st.rope_n_ctx_orig,
+                                         st.rope_beta_fast, st.rope_beta_slow, st.rope_n_ctx_orig, /*fused=*/false,
                                          st.input_views.empty() ? nullptr : &st.input_views,
                                          st.output_views.empty() ? nullptr : &st.output_views));
     }
