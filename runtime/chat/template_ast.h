@@ -30,7 +30,7 @@ struct Expr {
   enum class Kind {
     kLiteral,    // literal
     kName,       // name
-    kList,       // args = items (also tuples)
+    kList,       // args = items; negate: a tuple
     kDict,       // args = key, value, key, value, … (keys must evaluate to strings)
     kGetAttr,    // args[0].name
     kGetItem,    // args[0][args[1]]

@@ -273,7 +273,7 @@ Value dictMethod(const Value& self, const std::string& name, CallArgs& a) {
     return found ? *found : argOr(a, 1, "default", Value::none());
   }
   for (const auto& [k, v] : self.asDict()) {
-    if (name == "items") out.push_back(Value::list({Value(k), v}));
+    if (name == "items") out.push_back(Value::tuple({Value(k), v}));
     else if (name == "keys") out.push_back(Value(k));
     else out.push_back(v);
   }
@@ -365,6 +365,13 @@ Value getAttribute(const Value& obj, const std::string& name) {
   } else if (obj.kind() == K::kNamespace) {
     if (const Value* v = obj.find(name)) return *v;
   }
+  // The immutable sandbox refuses the methods that modify lists and dicts.
+  static const char* const kMutating[] = {"append", "extend", "insert", "pop", "remove", "clear", "sort",
+                                          "reverse", "update", "setdefault", "popitem"};
+  if (obj.isList() || obj.isDict())
+    for (const char* m : kMutating)
+      if (name == m)
+        return Value::undefined("access to attribute '" + name + "' of '" + pythonTypeName(obj) + "' object is unsafe.");
   return Value::undefined("'" + objectTypeRepr(obj) + "' has no attribute '" + name + "'");
 }
 
@@ -670,6 +677,21 @@ const std::pair<const char*, FilterFn> kFilters[] = {
        return v.kind() == K::kFloat ? Value(std::fabs(v.asFloat())) : Value(v.asInt() < 0 ? -v.asInt() : v.asInt());
      }},
     {"attr", [](const Value& v, CallArgs& a) { return getAttribute(v, stringArg(a, 0, "name", "attr")); }},
+    {"batch", [](const Value& v, CallArgs& a) {
+       const Value size = argOr(a, 0, "linecount", Value());
+       if (size.kind() != K::kInt || size.asInt() <= 0) fail(a.offset, "batch: linecount must be a positive integer");
+       const Value* fill = arg(a, 1, "fill_with");
+       Value::List out, cur;
+       for (const Value& item : iterate(v, a.offset)) {
+         cur.push_back(item);
+         if (static_cast<int64_t>(cur.size()) == size.asInt()) out.push_back(Value::list(std::move(cur))), cur.clear();
+       }
+       if (!cur.empty()) {
+         while (fill && !fill->isNone() && static_cast<int64_t>(cur.size()) < size.asInt()) cur.push_back(*fill);
+         out.push_back(Value::list(std::move(cur)));
+       }
+       return Value::list(std::move(out));
+     }},
     {"capitalize", [](const Value& v, CallArgs&) { return Value(capitalize(v.str())); }},
     {"count", [](const Value& v, CallArgs& a) { return Value(pyLen(v, a.offset)); }},
     {"d", [](const Value& v, CallArgs& a) {
@@ -683,7 +705,7 @@ const std::pair<const char*, FilterFn> kFilters[] = {
     {"dictsort", [](const Value& v, CallArgs& a) {
        if (!v.isDict()) fail(a.offset, "dictsort: a mapping is required, not " + pythonTypeName(v));
        Value::List items;
-       for (const auto& [k, x] : v.asDict()) items.push_back(Value::list({Value(k), x}));
+       for (const auto& [k, x] : v.asDict()) items.push_back(Value::tuple({Value(k), x}));
        std::stable_sort(items.begin(), items.end(), [](const Value& x, const Value& y) {
          return asciiLower(x.asList()[0].asString()) < asciiLower(y.asList()[0].asString());
        });
@@ -702,7 +724,7 @@ const std::pair<const char*, FilterFn> kFilters[] = {
        if (v.isUndefined()) return Value::list();
        if (!v.isDict()) fail(a.offset, "Can only get item pairs from a mapping.");
        Value::List items;
-       for (const auto& [k, x] : v.asDict()) items.push_back(Value::list({Value(k), x}));
+       for (const auto& [k, x] : v.asDict()) items.push_back(Value::tuple({Value(k), x}));
        return Value::list(std::move(items));
      }},
     {"join", [](const Value& v, CallArgs& a) {

@@ -1,6 +1,7 @@
 // Chat template lexer and parser: jinja2's tokenizer rules (trim_blocks, lstrip_blocks, "-"/"+"
 // whitespace control) and its recursive-descent grammar, for the statements chat templates use.
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 
 #include "runtime/chat/template_ast.h"
@@ -82,6 +83,7 @@ class Lexer {
       pos = tag + 2 + (sign ? 1 : 0);
       if (kind == '#') {
         pos = skipComment(tag, pos);
+      } else if (kind == '%' && rawBlock(tag, pos)) {
       } else {
         pos = lexTag(tag, pos, kind == '%');
       }
@@ -93,6 +95,48 @@ class Lexer {
 
  private:
   void emit(Tok t, std::string text, size_t offset) { tokens_.push_back({t, std::move(text), offset}); }
+
+  // "{% raw %}…{% endraw %}": the text between is data, not template. Moves pos past the end tag.
+  bool rawBlock(size_t tag, size_t& pos) {
+    size_t p = pos;
+    while (p < src_.size() && isSpace(src_[p])) ++p;
+    if (src_.compare(p, 3, "raw") != 0 || (p + 3 < src_.size() && (isNameStart(src_[p + 3]) || isDigit(src_[p + 3])))) return false;
+    p += 3;
+    while (p < src_.size() && isSpace(src_[p])) ++p;
+    if (src_.compare(p, 3, "-%}") == 0) {
+      p += 3;
+      while (p < src_.size() && isSpace(src_[p])) ++p;
+    } else if (src_.compare(p, 2, "%}") == 0) {
+      p += 2;
+    } else {
+      return false;
+    }
+    for (size_t q = src_.find("{%", p); q != std::string::npos; q = src_.find("{%", q + 2)) {
+      size_t r = q + 2;
+      const char sign = r < src_.size() && (src_[r] == '-' || src_[r] == '+') ? src_[r++] : 0;
+      while (r < src_.size() && isSpace(src_[r])) ++r;
+      if (src_.compare(r, 6, "endraw") != 0) continue;
+      r += 6;
+      while (r < src_.size() && isSpace(src_[r])) ++r;
+      const bool signed_end = r < src_.size() && (src_[r] == '-' || src_[r] == '+');
+      if (src_.compare(r + (signed_end ? 1 : 0), 2, "%}") != 0) continue;
+      std::string_view text(src_.data() + p, q - p);
+      if (sign == '-') {
+        text = rstripText(text);
+      } else if (sign != '+') {
+        const size_t nl = text.rfind('\n');
+        const size_t l_pos = nl == std::string_view::npos ? 0 : nl + 1;
+        bool all_space = l_pos < text.size();
+        for (size_t i = l_pos; i < text.size(); ++i) all_space = all_space && isSpace(text[i]);
+        if (all_space && l_pos > 0) text = text.substr(0, l_pos);
+      }
+      if (!text.empty()) emit(Tok::kData, std::string(text), p);
+      const size_t end = r + (signed_end ? 1 : 0);
+      pos = afterEnd(end, end - (signed_end ? 1 : 0), /*trim=*/true);
+      return true;
+    }
+    fail(tag, "missing '{% endraw %}' for this raw block");
+  }
 
   // After "#}": "-#}" strips all following whitespace, "+#}" nothing, "#}" one newline (trim_blocks).
   size_t skipComment(size_t tag, size_t pos) {
@@ -148,7 +192,12 @@ class Lexer {
             op = o;
             break;
           }
-        if (!op) fail(pos, std::string("unexpected character '") + c + "' in tag");
+        if (!op) {
+          char shown[8];
+          const auto u = static_cast<unsigned char>(c);
+          std::snprintf(shown, sizeof shown, u < 0x20 || u >= 0x7f ? "\\x%02x" : "%c", u);
+          fail(pos, std::string("unexpected character '") + shown + "' in tag");
+        }
         const char oc = op[0];
         if (op[1] == 0 && (oc == '(' || oc == '[' || oc == '{')) {
           if (brackets.size() >= static_cast<size_t>(kMaxNesting)) fail(pos, "brackets nested deeper than 64");
@@ -315,7 +364,7 @@ class Parser {
     while (true) {
       const Token& t = cur();
       if (t.type == Tok::kEof) {
-        if (ends.size() != 0) fail(t.offset, std::string("unexpected end of template: missing '{% ") + *ends.begin() + " %}'");
+        if (ends.size() != 0) fail(t.offset, std::string("unexpected end of template: missing '{% ") + *(ends.end() - 1) + " %}'");
         end_tag.clear();
         return body;
       }
@@ -415,7 +464,7 @@ class Parser {
     expectBlockEnd();
     std::string end;
     ++loop_depth_;
-    n.bodies.push_back(parseBody({"endfor", "else"}, end));
+    n.bodies.push_back(parseBody({"else", "endfor"}, end));
     --loop_depth_;
     if (end == "else") {
       expectBlockEnd();
@@ -496,6 +545,7 @@ class Parser {
     ExprPtr first = with_condexpr ? parseExpression() : parseOr();
     if (!isOp(",")) return first;
     ExprPtr tuple = make(Expr::Kind::kList, offset);
+    tuple->negate = true;  // a tuple
     tuple->args.push_back(std::move(first));
     while (isOp(",")) {
       next();
@@ -681,7 +731,9 @@ class Parser {
           next();
           if (isOp(")")) {  // empty tuple
             next();
-            return make(Expr::Kind::kList, t.offset);
+            ExprPtr e = make(Expr::Kind::kList, t.offset);
+            e->negate = true;
+            return e;
           }
           ExprPtr e = parseTuple();
           expectOp(")");

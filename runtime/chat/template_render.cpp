@@ -253,7 +253,7 @@ class Renderer {
         Value::List items;
         items.reserve(e.args.size());
         for (const auto& a : e.args) items.push_back(eval(*a, scope));
-        return Value::list(std::move(items));
+        return e.negate ? Value::tuple(std::move(items)) : Value::list(std::move(items));
       }
       case Expr::Kind::kDict: {
         Value d = Value::dict();
@@ -454,6 +454,8 @@ class Renderer {
       if (nums) return Value(a.asFloat() * b.asFloat());
       if ((a.isString() || a.isList()) && isIntLike(b)) return repeat(offset, a, b.asInt());
       if ((b.isString() || b.isList()) && isIntLike(a)) return repeat(offset, b, a.asInt());
+      if (a.isString() || a.isList() || b.isString() || b.isList())
+        fail(offset, "can't multiply sequence by non-int of type '" + pythonTypeName(a.isString() || a.isList() ? b : a) + "'");
       unsupported(offset, op, a, b);
     }
     if (op == "/") {

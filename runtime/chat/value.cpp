@@ -18,6 +18,12 @@ Value Value::list(List items) {
   return v;
 }
 
+Value Value::tuple(List items) {
+  Value v = list(std::move(items));
+  v.tuple_ = true;
+  return v;
+}
+
 Value Value::dict(Dict items) {
   Value v;
   v.v_ = std::make_shared<Dict>(std::move(items));
@@ -183,8 +189,9 @@ std::string Value::repr() const {
     case Kind::kFloat: return formatFloat(asFloat());
     case Kind::kString: return reprString(asString());
     case Kind::kList: {
-      std::string out = "[";
+      std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < asList().size(); ++i) out += (i ? ", " : "") + asList()[i].repr();
+      if (tuple_) return out + (asList().size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Kind::kDict:

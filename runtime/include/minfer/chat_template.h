@@ -40,8 +40,9 @@ struct Callable;  // a macro, a global function or a bound method (internal to t
 struct Program;   // a parsed template
 }  // namespace detail
 
-// A template value: Python's None, bool, int, float, str, list and dict (insertion-ordered, string
-// keys, as JSON objects), plus jinja2's Undefined, namespace() objects and callables.
+// A template value: Python's None, bool, int, float, str, list (and tuple, a list that prints with
+// parentheses) and dict (insertion-ordered, string keys, as JSON objects), plus jinja2's Undefined,
+// namespace() objects and callables. Integers are int64 (Python's are unbounded: overflow is an error).
 class Value {
  public:
   enum class Kind : uint8_t { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
@@ -58,6 +59,7 @@ class Value {
   Value(const char* s) : v_(std::string(s)) {}             // NOLINT
   static Value none() { Value v; v.v_ = None{}; return v; }
   static Value list(List items = {});
+  static Value tuple(List items);  // a list that prints as Python's tuple: (1, 2), (1,)
   static Value dict(Dict items = {});
   static Value nameSpace(Dict attributes = {});
   static Value callable(std::shared_ptr<const detail::Callable> fn);
@@ -74,6 +76,7 @@ class Value {
   bool isNone() const { return kind() == Kind::kNone; }
   bool isString() const { return kind() == Kind::kString; }
   bool isList() const { return kind() == Kind::kList; }
+  bool isTuple() const { return isList() && tuple_; }
   bool isDict() const { return kind() == Kind::kDict; }
   bool isNumber() const { return kind() == Kind::kInt || kind() == Kind::kFloat || kind() == Kind::kBool; }
 
@@ -114,6 +117,7 @@ class Value {
   struct Namespace { std::shared_ptr<Dict> attributes; };
   std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<List>,
                std::shared_ptr<Dict>, Namespace, std::shared_ptr<const detail::Callable>> v_;
+  bool tuple_ = false;  // a list made as a tuple (only its repr differs)
 };
 
 // What a chat template is rendered with (the variables transformers' apply_chat_template passes).
