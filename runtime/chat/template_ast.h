@@ -15,6 +15,8 @@ namespace minfer::chat::detail {
 // Limits that keep hostile templates from exhausting the stack or memory.
 inline constexpr int kMaxNesting = 64;          // brackets, blocks and unary operators, at parse time
 inline constexpr int kMaxCallDepth = 64;        // macro calls inside macro calls, at render time
+inline constexpr int kMaxRenderDepth = 256;     // bodies being executed at once (blocks inside macro calls)
+inline constexpr int kMaxValueNesting = 256;    // lists and dicts inside lists and dicts a template builds
 inline constexpr size_t kMaxRangeLength = 1u << 20;     // elements range() may produce
 inline constexpr size_t kMaxRepeatBytes = 64u << 20;    // result of "s" * n or list * n
 
@@ -82,6 +84,7 @@ struct Node {
   std::vector<Body> bodies;
   std::vector<std::string> targets;  // for / set names; macro parameter names
   std::vector<ExprPtr> defaults;     // macro parameter defaults (null: none), parallel to targets
+  bool uses_loop = false;            // for: the body names `loop` (else no loop object is built)
 };
 
 struct Program {

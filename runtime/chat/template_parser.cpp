@@ -369,11 +369,11 @@ class Parser {
         return body;
       }
       if (t.type == Tok::kData) {
-        body.push_back(Node{Node::Kind::kData, t.offset, t.text, {}, {}, {}, {}, {}, {}});
+        body.push_back(Node{Node::Kind::kData, t.offset, t.text, {}, {}, {}, {}, {}, {}, false});
         next();
       } else if (t.type == Tok::kVarBegin) {
         next();
-        Node n{Node::Kind::kOutput, t.offset, {}, parseTuple(), {}, {}, {}, {}, {}};
+        Node n{Node::Kind::kOutput, t.offset, {}, parseTuple(), {}, {}, {}, {}, {}, false};
         if (cur().type != Tok::kVarEnd) fail(cur().offset, "expected '}}', got " + describe(cur()));
         next();
         body.push_back(std::move(n));
@@ -394,7 +394,7 @@ class Parser {
     }
   }
 
-  Node makeNode(Node::Kind kind, size_t offset) { return Node{kind, offset, {}, {}, {}, {}, {}, {}, {}}; }
+  Node makeNode(Node::Kind kind, size_t offset) { return Node{kind, offset, {}, {}, {}, {}, {}, {}, {}, false}; }
 
   Node parseStatement() {
     const Token& t = next();  // the statement name
@@ -464,7 +464,11 @@ class Parser {
     expectBlockEnd();
     std::string end;
     ++loop_depth_;
+    const bool outer_uses_loop = uses_loop_;
+    uses_loop_ = false;
     n.bodies.push_back(parseBody({"else", "endfor"}, end));
+    n.uses_loop = uses_loop_;
+    uses_loop_ = outer_uses_loop;
     --loop_depth_;
     if (end == "else") {
       expectBlockEnd();
@@ -701,6 +705,7 @@ class Parser {
         else {
           e->kind = Expr::Kind::kName;
           e->name = t.text;
+          if (t.text == "loop") uses_loop_ = true;
         }
         return e;
       }
@@ -905,6 +910,7 @@ class Parser {
   size_t pos_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;
+  bool uses_loop_ = false;  // the for body being parsed names `loop`
 };
 
 }  // namespace

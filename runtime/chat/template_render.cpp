@@ -43,8 +43,9 @@ class Renderer {
     });
     global("strftime_now", [this](CallArgs& a) -> Value { return strftimeNow(a); });
     global("range", rangeFn);
-    global("namespace", [](CallArgs& a) -> Value {
+    global("namespace", [this](CallArgs& a) -> Value {
       Value ns = Value::nameSpace();
+      namespaces_.push_back(ns);
       for (const Value& p : a.positional) {
         if (!p.isDict()) fail(a.offset, "namespace() takes a mapping as positional argument");
         for (const auto& [k, v] : p.asDict()) ns.set(k, v);
@@ -63,6 +64,14 @@ class Renderer {
     root_.set("eos_token", Value(in.eos_token));
     for (const auto& [k, v] : in.extra) root_.set(k, v);
   }
+
+  // A namespace may hold itself or a chain of other namespaces (set ns.next = namespace(prev=ns)):
+  // emptying every namespace this render made breaks such cycles and chains without recursion.
+  ~Renderer() {
+    for (Value& ns : namespaces_) ns.clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   std::string run() {
     std::string out;
@@ -85,11 +94,13 @@ class Renderer {
       if (a.positional.size() >= 3) step = a.positional[2].asInt();
     } else fail(a.offset, "range expected at least 1 argument, got 0");
     if (step == 0) fail(a.offset, "range() arg 3 must not be zero");
+    // Length first (as Python computes it), so that a huge range fails before allocating.
+    const __int128 span = step > 0 ? __int128{stop} - start : __int128{start} - stop;
+    const __int128 length = span <= 0 ? 0 : (span + (step > 0 ? step : -__int128{step}) - 1) / (step > 0 ? step : -__int128{step});
+    if (length > static_cast<__int128>(kMaxRangeLength)) fail(a.offset, "range() longer than 1048576 elements");
     Value::List out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (out.size() >= kMaxRangeLength) fail(a.offset, "range() longer than 1048576 elements");
-      out.push_back(Value(i));
-    }
+    out.reserve(static_cast<size_t>(length));
+    for (int64_t k = 0; k < static_cast<int64_t>(length); ++k) out.push_back(Value(static_cast<int64_t>(__int128{start} + __int128{k} * step)));
     return Value::list(std::move(out));
   }
 
@@ -112,7 +123,17 @@ class Renderer {
 
   // ----- statements -----
 
+  struct DepthGuard {
+    DepthGuard(int& d, size_t offset) : depth(d) {
+      if (++depth > kMaxRenderDepth) fail(offset, "blocks and macro calls nested deeper than 256");
+    }
+    ~DepthGuard() { --depth; }
+    int& depth;
+  };
+
   Flow exec(const Body& body, Scope& scope, std::string& out) {
+    if (body.empty()) return Flow::kNormal;
+    DepthGuard guard(render_depth_, body.front().offset);
     for (const Node& n : body) {
       switch (n.kind) {
         case Node::Kind::kData: out += n.text; break;
@@ -172,24 +193,30 @@ class Renderer {
     for (size_t i = 0; i < len; ++i) {
       Scope s{&scope, {}};
       bind(s, n.targets, items[i], n.offset);
-      const auto count = static_cast<int64_t>(len), idx = static_cast<int64_t>(i);
-      Value loop = Value::dict({{"index", Value(idx + 1)}, {"index0", Value(idx)}, {"revindex", Value(count - idx)},
-                                {"revindex0", Value(count - idx - 1)}, {"first", Value(i == 0)},
-                                {"last", Value(i + 1 == len)}, {"length", Value(count)}, {"depth", Value(1)},
-                                {"depth0", Value(0)}});
-      if (i > 0) loop.set("previtem", items[i - 1]);
-      if (i + 1 < len) loop.set("nextitem", items[i + 1]);
-      loop.set("cycle", Value::callable(std::make_shared<Callable>(Callable{"cycle", [i](CallArgs& a) -> Value {
-                          if (a.positional.empty()) fail(a.offset, "no items for cycling given");
-                          return a.positional[i % a.positional.size()];
-                        }})));
-      s.set("loop", std::move(loop));
+      if (n.uses_loop) s.set("loop", loopObject(items, i));
       if (exec(n.bodies[0], s, out) == Flow::kBreak) break;
     }
     if (len == 0 && n.bodies.size() > 1) {
       Scope s{&scope, {}};
       exec(n.bodies[1], s, out);
     }
+  }
+
+  // jinja2's LoopContext as a dict (previtem/nextitem only where they exist, as Undefined otherwise).
+  static Value loopObject(const std::vector<Value>& items, size_t i) {
+    const size_t len = items.size();
+    const auto count = static_cast<int64_t>(len), idx = static_cast<int64_t>(i);
+    Value loop = Value::dict({{"index", Value(idx + 1)}, {"index0", Value(idx)}, {"revindex", Value(count - idx)},
+                              {"revindex0", Value(count - idx - 1)}, {"first", Value(i == 0)},
+                              {"last", Value(i + 1 == len)}, {"length", Value(count)}, {"depth", Value(1)},
+                              {"depth0", Value(0)}});
+    if (i > 0) loop.set("previtem", items[i - 1]);
+    if (i + 1 < len) loop.set("nextitem", items[i + 1]);
+    loop.set("cycle", Value::callable(std::make_shared<Callable>(Callable{"cycle", [i](CallArgs& a) -> Value {
+                        if (a.positional.empty()) fail(a.offset, "no items for cycling given");
+                        return a.positional[i % a.positional.size()];
+                      }})));
+    return loop;
   }
 
   void execSet(const Node& n, Scope& scope) {
@@ -253,7 +280,7 @@ class Renderer {
         Value::List items;
         items.reserve(e.args.size());
         for (const auto& a : e.args) items.push_back(eval(*a, scope));
-        return e.negate ? Value::tuple(std::move(items)) : Value::list(std::move(items));
+        return bounded(e.offset, e.negate ? Value::tuple(std::move(items)) : Value::list(std::move(items)));
       }
       case Expr::Kind::kDict: {
         Value d = Value::dict();
@@ -262,7 +289,7 @@ class Renderer {
           if (!k.isString()) fail(e.args[i]->offset, "dict keys must be strings in chat templates, got " + pythonTypeName(k));
           d.set(k.asString(), eval(*e.args[i + 1], scope));
         }
-        return d;
+        return bounded(e.offset, std::move(d));
       }
       case Expr::Kind::kGetAttr: {
         Value obj = eval(*e.args[0], scope);
@@ -279,7 +306,7 @@ class Renderer {
       case Expr::Kind::kFilter: {
         Value input = eval(*e.args[0], scope);
         CallArgs args = evalArgs(e, scope, 1);
-        return findFilter(e.name)(input, args);
+        return bounded(e.offset, findFilter(e.name)(input, args));
       }
       case Expr::Kind::kTest: {
         Value input = eval(*e.args[0], scope);
@@ -342,7 +369,7 @@ class Renderer {
     if (fn.isUndefined()) failUndefined(e.offset, fn);
     if (fn.kind() != Value::Kind::kCallable) fail(e.offset, "'" + pythonTypeName(fn) + "' object is not callable");
     CallArgs args = evalArgs(e, scope, 1);
-    return fn.asCallable().fn(args);
+    return bounded(e.offset, fn.asCallable().fn(args));
   }
 
   Value evalSlice(const Expr& e, Scope& scope) {
@@ -508,10 +535,18 @@ class Renderer {
     return c >= 0;
   }
 
+  // Lists and dicts a template builds stay shallow enough to print, compare and destroy recursively.
+  static Value bounded(size_t offset, Value v) {
+    if (v.nesting() > kMaxValueNesting) fail(offset, "lists and dicts nested deeper than 256");
+    return v;
+  }
+
   const Program& program_;
   const ChatInputs& inputs_;
   Scope root_;
+  std::vector<Value> namespaces_;  // every namespace() this render made
   int call_depth_ = 0;
+  int render_depth_ = 0;
 };
 
 // Byte offset → "line:column" (1-based; columns in code points).

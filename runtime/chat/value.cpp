@@ -12,8 +12,18 @@ namespace minfer::chat {
 
 using detail::formatFloat;
 
+namespace {
+
+uint16_t nestingOf(const Value& container_item) {
+  return static_cast<uint16_t>(std::min(container_item.nesting() + 1, 65535));
+}
+
+}  // namespace
+
 Value Value::list(List items) {
   Value v;
+  v.depth_ = 1;
+  for (const Value& item : items) v.depth_ = std::max(v.depth_, nestingOf(item));
   v.v_ = std::make_shared<List>(std::move(items));
   return v;
 }
@@ -26,6 +36,8 @@ Value Value::tuple(List items) {
 
 Value Value::dict(Dict items) {
   Value v;
+  v.depth_ = 1;
+  for (const auto& kv : items) v.depth_ = std::max(v.depth_, nestingOf(kv.second));
   v.v_ = std::make_shared<Dict>(std::move(items));
   return v;
 }
@@ -50,7 +62,11 @@ Value Value::undefined(std::string why) {
 
 namespace {
 
-Value fromNlohmann(const nlohmann::ordered_json& j) {
+struct TooDeep {};
+constexpr int kMaxJsonDepth = 512;
+
+Value fromNlohmann(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxJsonDepth) throw TooDeep{};
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
@@ -65,12 +81,12 @@ Value fromNlohmann(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       Value::List items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(fromNlohmann(e));
+      for (const auto& e : j) items.push_back(fromNlohmann(e, depth + 1));
       return Value::list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       Value out = Value::dict();
-      for (const auto& [k, e] : j.items()) out.set(k, fromNlohmann(e));  // set: a repeated key keeps its first place
+      for (const auto& [k, e] : j.items()) out.set(k, fromNlohmann(e, depth + 1));  // set: a repeated key keeps its first place
       return out;
     }
     default: return Value::none();
@@ -82,9 +98,11 @@ Value fromNlohmann(const nlohmann::ordered_json& j) {
 Result<Value> Value::fromJson(std::string_view json) {
   // ordered_json keeps object keys in file order (nlohmann::json would sort them).
   try {
-    return fromNlohmann(nlohmann::ordered_json::parse(json));
+    return fromNlohmann(nlohmann::ordered_json::parse(json), 1);
   } catch (const nlohmann::json::exception& e) {
     return Status::error(std::string("JSON: ") + e.what());
+  } catch (const TooDeep&) {
+    return Status::error("JSON: arrays and objects nested deeper than " + std::to_string(kMaxJsonDepth));
   }
 }
 
@@ -122,10 +140,20 @@ void Value::set(std::string_view key, Value value) {
       v = std::move(value);
       return;
     }
+  if (kind() == Kind::kDict) depth_ = std::max(depth_, nestingOf(value));
   d.emplace_back(std::string(key), std::move(value));
 }
 
-void Value::push(Value item) { std::get<std::shared_ptr<List>>(v_)->push_back(std::move(item)); }
+void Value::push(Value item) {
+  depth_ = std::max(depth_, nestingOf(item));
+  std::get<std::shared_ptr<List>>(v_)->push_back(std::move(item));
+}
+
+void Value::clear() {
+  if (kind() == Kind::kList) std::get<std::shared_ptr<List>>(v_)->clear();
+  if (kind() == Kind::kDict) std::get<std::shared_ptr<Dict>>(v_)->clear();
+  if (kind() == Kind::kNamespace) std::get<Namespace>(v_).attributes->clear();
+}
 
 bool Value::truthy() const {
   switch (kind()) {
@@ -181,6 +209,11 @@ std::string reprString(const std::string& s) {
 }  // namespace
 
 std::string Value::repr() const {
+  std::vector<const void*> open;  // containers being printed: a namespace that holds itself prints {...}
+  return reprInside(open);
+}
+
+std::string Value::reprInside(std::vector<const void*>& open) const {
   switch (kind()) {
     case Kind::kUndefined: return "Undefined";
     case Kind::kNone: return "None";
@@ -189,20 +222,29 @@ std::string Value::repr() const {
     case Kind::kFloat: return formatFloat(asFloat());
     case Kind::kString: return reprString(asString());
     case Kind::kList: {
+      const void* id = &asList();
+      if (std::find(open.begin(), open.end(), id) != open.end()) return "[...]";
+      open.push_back(id);
       std::string out = tuple_ ? "(" : "[";
-      for (size_t i = 0; i < asList().size(); ++i) out += (i ? ", " : "") + asList()[i].repr();
+      for (size_t i = 0; i < asList().size(); ++i) out += (i ? ", " : "") + asList()[i].reprInside(open);
+      open.pop_back();
       if (tuple_) return out + (asList().size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Kind::kDict:
     case Kind::kNamespace: {
-      std::string out = kind() == Kind::kNamespace ? "<Namespace {" : "{";
+      const bool ns = kind() == Kind::kNamespace;
+      const void* id = &asDict();
+      if (std::find(open.begin(), open.end(), id) != open.end()) return ns ? "<Namespace {...}>" : "{...}";
+      open.push_back(id);
+      std::string out = ns ? "<Namespace {" : "{";
       bool first = true;
       for (const auto& [k, v] : asDict()) {
-        out += (first ? "" : ", ") + reprString(k) + ": " + v.repr();
+        out += (first ? "" : ", ") + reprString(k) + ": " + v.reprInside(open);
         first = false;
       }
-      return out + (kind() == Kind::kNamespace ? "}>" : "}");
+      open.pop_back();
+      return out + (ns ? "}>" : "}");
     }
     case Kind::kCallable: return "<function " + asCallable().name + ">";
   }

@@ -269,6 +269,8 @@ TEST_CASE("globals: raise_exception, strftime_now (injectable clock, local time 
     localtime_r(&t, &tm);
     CHECK(*tmpl->render(ChatInputs{}) == std::to_string(tm.tm_year + 1900));
   }
+  CHECK(render("{{ range(5, 0, -2)|list }}{{ range(0, 5, 2)|list }}{{ range(3, 3)|list }}{{ range(9223372036854775807 - 1, 9223372036854775807)|list }}") ==
+        "[5, 3, 1][0, 2, 4][][9223372036854775806]");
   CHECK(render("{{ range(3)|list }}{{ range(1, 4)|list }}{{ dict(a=1) }}{{ namespace(x=1).x }}") == "[0, 1, 2][1, 2, 3]{'a': 1}1");
   CHECK(errorOf("\n  {{ raise_exception('boom ' ~ 1) }}") == "chat template 2:6: boom 1");
 }
@@ -303,6 +305,19 @@ TEST_CASE("nesting and recursion are bounded (no stack exhaustion)") {
   CHECK(errorOf("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("macro 'f': calls nested deeper than 64") !=
         std::string::npos);
   CHECK(render(repeat("(", 30) + "{{ " + repeat("(", 30) + "1" + repeat(")", 30) + " }}") == repeat("(", 30) + "1");
+  // Blocks inside recursive macros: bounded as a whole, not only per macro level.
+  CHECK(errorOf("{% macro f() %}" + repeat("{% if 1 %}", 50) + "{{ f() }}" + repeat("{% endif %}", 50) + "{% endmacro %}{{ f() }}")
+            .find("blocks and macro calls nested deeper than 256") != std::string::npos);
+  // Values a template builds: deep lists are refused, namespace cycles and chains print and free safely.
+  CHECK(errorOf("{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}")
+            .find("lists and dicts nested deeper than 256") != std::string::npos);
+  CHECK(errorOf("{% set ns = namespace(x=[1]) %}{% for i in range(1000) %}{% set ns.x = ns.x|batch(1) %}{% endfor %}")
+            .find("lists and dicts nested deeper than 256") != std::string::npos);
+  CHECK(render("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}") == "<Namespace {'a': 1, 'me': <Namespace {...}>}>");
+  CHECK(render("{% set ns = namespace(x=none) %}{% for i in range(50000) %}{% set ns.x = namespace(prev=ns.x) %}{% endfor %}"
+               "done") == "done");
+  CHECK(Value::fromJson(repeat("[", 100000) + repeat("]", 100000)).status().message().find("nested deeper than 512") !=
+        std::string::npos);
   CHECK(errorOf("{{ range(100000000)|length }}").find("range() longer than 1048576 elements") != std::string::npos);
   CHECK(errorOf("{{ 'x' * 100000000000 }}").find("larger than 64 MiB") != std::string::npos);
 }

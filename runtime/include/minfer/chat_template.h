@@ -68,7 +68,8 @@ class Value {
   static Value undefined(std::string why);
 
   // JSON text → Value (objects keep their key order; integers that fit int64 stay integers). Parsed
-  // with nlohmann-json; errors name the byte offset.
+  // with nlohmann-json; errors name the byte offset. Arrays and objects nested deeper than 512 are
+  // refused.
   static Result<Value> fromJson(std::string_view json);
 
   Kind kind() const { return static_cast<Kind>(v_.index()); }
@@ -95,6 +96,12 @@ class Value {
   // Dict/namespace: sets `key` (appended when new). List: appends. Mutates the shared storage.
   void set(std::string_view key, Value value);
   void push(Value item);
+  // List/dict/namespace: removes every item (the renderer uses it to break namespace cycles).
+  void clear();
+  // Lists and dicts: 1 + the nesting of their deepest item, as built through list()/dict()/tuple()
+  // and set()/push() on this copy (saturates at 65535); everything else 0. The renderer bounds it so
+  // that no value it builds is too deep to print, compare or destroy without exhausting the stack.
+  int nesting() const { return depth_; }
 
   bool truthy() const;       // Python's bool(): empty/zero/None/Undefined are false
   std::string str() const;   // Python's str(); Undefined prints as ""
@@ -112,12 +119,15 @@ class Value {
   bool sameAs(const Value& other) const;
 
  private:
+  std::string reprInside(std::vector<const void*>& open) const;
+
   struct Undefined { std::shared_ptr<const std::string> why; };
   struct None {};
   struct Namespace { std::shared_ptr<Dict> attributes; };
   std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<List>,
                std::shared_ptr<Dict>, Namespace, std::shared_ptr<const detail::Callable>> v_;
-  bool tuple_ = false;  // a list made as a tuple (only its repr differs)
+  bool tuple_ = false;   // a list made as a tuple (only its repr differs)
+  uint16_t depth_ = 0;   // nesting()
 };
 
 // What a chat template is rendered with (the variables transformers' apply_chat_template passes).
