@@ -13,12 +13,12 @@
 namespace minfer::chat::detail {
 
 // Limits that keep hostile templates from exhausting the stack or memory.
-inline constexpr int kMaxNesting = 64;          // brackets, blocks and unary operators, at parse time
-inline constexpr int kMaxCallDepth = 64;        // macro calls inside macro calls, at render time
-inline constexpr int kMaxRenderDepth = 256;     // bodies being executed at once (blocks inside macro calls)
-inline constexpr int kMaxValueNesting = 256;    // lists and dicts inside lists and dicts a template builds
-inline constexpr size_t kMaxRangeLength = 1u << 20;     // elements range() may produce
-inline constexpr size_t kMaxRepeatBytes = 64u << 20;    // result of "s" * n or list * n
+inline constexpr int kMaxNesting = 64;                // brackets, blocks and unary operators, at parse time
+inline constexpr int kMaxCallDepth = 64;              // macro calls inside macro calls, at render time
+inline constexpr int kMaxRenderDepth = 256;           // bodies being executed at once (blocks inside macro calls)
+inline constexpr int kMaxValueNesting = 256;          // lists and dicts inside lists and dicts a template builds
+inline constexpr size_t kMaxRangeLength = 1u << 20;   // elements range() may produce
+inline constexpr size_t kMaxRepeatBytes = 64u << 20;  // result of "s" * n or list * n
 
 // The renderer's internal error: where (byte offset in the normalised source) and what. Thrown inside
 // the parser and the evaluator, caught at the public API and turned into a Status.
@@ -30,24 +30,24 @@ struct TemplateError {
 
 struct Expr {
   enum class Kind {
-    kLiteral,    // literal
-    kName,       // name
-    kList,       // args = items; negate: a tuple
-    kDict,       // args = key, value, key, value, … (keys must evaluate to strings)
-    kGetAttr,    // args[0].name
-    kGetItem,    // args[0][args[1]]
-    kSlice,      // args[0][args[1]:args[2]:args[3]], absent parts null
-    kCall,       // args[0](args[1..], kwargs)
-    kFilter,     // args[0] | name(args[1..], kwargs)
-    kTest,       // args[0] is [not] name(args[1..], kwargs); negate
-    kNot,        // not args[0]
-    kNeg,        // -args[0]
-    kPos,        // +args[0]
-    kBinary,     // args[0] op args[1]: + - * / // % ** ~
-    kCompare,    // args[0] ops[0] args[1] ops[1] args[2] …: == != < > <= >= in "not in"
-    kAnd,        // args[0] and args[1]
-    kOr,         // args[0] or args[1]
-    kCondExpr,   // args[0] if args[1] else args[2] (null: undefined)
+    kLiteral,   // literal
+    kName,      // name
+    kList,      // args = items; negate: a tuple
+    kDict,      // args = key, value, key, value, … (keys must evaluate to strings)
+    kGetAttr,   // args[0].name
+    kGetItem,   // args[0][args[1]]
+    kSlice,     // args[0][args[1]:args[2]:args[3]], absent parts null
+    kCall,      // args[0](args[1..], kwargs)
+    kFilter,    // args[0] | name(args[1..], kwargs)
+    kTest,      // args[0] is [not] name(args[1..], kwargs); negate
+    kNot,       // not args[0]
+    kNeg,       // -args[0]
+    kPos,       // +args[0]
+    kBinary,    // args[0] op args[1]: + - * / // % ** ~
+    kCompare,   // args[0] ops[0] args[1] ops[1] args[2] …: == != < > <= >= in "not in"
+    kAnd,       // args[0] and args[1]
+    kOr,        // args[0] or args[1]
+    kCondExpr,  // args[0] if args[1] else args[2] (null: undefined)
   };
   Kind kind;
   size_t offset;  // of the token that names the operation (for errors)
@@ -77,10 +77,10 @@ struct Node {
   };
   Kind kind;
   size_t offset;
-  std::string text;                  // data; macro name; attribute of a namespace assignment
-  ExprPtr expr;                      // output, for iterable, set value
-  ExprPtr cond;                      // for ... if cond
-  std::vector<ExprPtr> conds;        // if / elif conditions
+  std::string text;            // data; macro name; attribute of a namespace assignment
+  ExprPtr expr;                // output, for iterable, set value
+  ExprPtr cond;                // for ... if cond
+  std::vector<ExprPtr> conds;  // if / elif conditions
   std::vector<Body> bodies;
   std::vector<std::string> targets;  // for / set names; macro parameter names
   std::vector<ExprPtr> defaults;     // macro parameter defaults (null: none), parallel to targets

@@ -29,7 +29,8 @@ Value argOr(const CallArgs& a, size_t pos, const char* name, Value dflt) {
 std::string stringArg(const CallArgs& a, size_t pos, const char* name, const char* fn) {
   const Value* v = arg(a, pos, name);
   if (!v) fail(a.offset, std::string(fn) + "(): missing argument '" + name + "'");
-  if (!v->isString()) fail(a.offset, std::string(fn) + "(): argument '" + name + "' must be str, not " + pythonTypeName(*v));
+  if (!v->isString())
+    fail(a.offset, std::string(fn) + "(): argument '" + name + "' must be str, not " + pythonTypeName(*v));
   return v->asString();
 }
 
@@ -76,11 +77,16 @@ std::string title(const std::string& s) {
 
 int64_t pyLen(const Value& v, size_t offset) {
   switch (v.kind()) {
-    case K::kUndefined: return 0;
-    case K::kString: return static_cast<int64_t>(splitCodePoints(v.asString()).size());
-    case K::kList: return static_cast<int64_t>(v.asList().size());
-    case K::kDict: return static_cast<int64_t>(v.asDict().size());
-    default: fail(offset, "object of type '" + pythonTypeName(v) + "' has no len()");
+    case K::kUndefined:
+      return 0;
+    case K::kString:
+      return static_cast<int64_t>(splitCodePoints(v.asString()).size());
+    case K::kList:
+      return static_cast<int64_t>(v.asList().size());
+    case K::kDict:
+      return static_cast<int64_t>(v.asDict().size());
+    default:
+      fail(offset, "object of type '" + pythonTypeName(v) + "' has no len()");
   }
 }
 
@@ -161,9 +167,11 @@ bool affix(const std::string& self, CallArgs& a, bool prefix) {
   if (!v) fail(a.offset, prefix ? "startswith() takes at least 1 argument" : "endswith() takes at least 1 argument");
   std::vector<Value> options = v->isList() ? v->asList() : std::vector<Value>{*v};
   for (const Value& o : options) {
-    if (!o.isString()) fail(a.offset, "startswith/endswith first arg must be str or a tuple of str, not " + pythonTypeName(o));
+    if (!o.isString())
+      fail(a.offset, "startswith/endswith first arg must be str or a tuple of str, not " + pythonTypeName(o));
     const std::string& p = o.asString();
-    if (p.size() <= self.size() && (prefix ? self.compare(0, p.size(), p) : self.compare(self.size() - p.size(), p.size(), p)) == 0)
+    if (p.size() <= self.size() &&
+        (prefix ? self.compare(0, p.size(), p) : self.compare(self.size() - p.size(), p.size(), p)) == 0)
       return true;
   }
   return false;
@@ -172,13 +180,17 @@ bool affix(const std::string& self, CallArgs& a, bool prefix) {
 const std::pair<const char*, StrMethod> kStrMethods[] = {
     {"startswith", [](const std::string& s, CallArgs& a) { return Value(affix(s, a, true)); }},
     {"endswith", [](const std::string& s, CallArgs& a) { return Value(affix(s, a, false)); }},
-    {"strip", [](const std::string& s, CallArgs& a) { return Value(pythonStrip(s, argOr(a, 0, "chars", Value::none()), true, true)); }},
-    {"lstrip", [](const std::string& s, CallArgs& a) { return Value(pythonStrip(s, argOr(a, 0, "chars", Value::none()), true, false)); }},
-    {"rstrip", [](const std::string& s, CallArgs& a) { return Value(pythonStrip(s, argOr(a, 0, "chars", Value::none()), false, true)); }},
+    {"strip", [](const std::string& s,
+                 CallArgs& a) { return Value(pythonStrip(s, argOr(a, 0, "chars", Value::none()), true, true)); }},
+    {"lstrip", [](const std::string& s,
+                  CallArgs& a) { return Value(pythonStrip(s, argOr(a, 0, "chars", Value::none()), true, false)); }},
+    {"rstrip", [](const std::string& s,
+                  CallArgs& a) { return Value(pythonStrip(s, argOr(a, 0, "chars", Value::none()), false, true)); }},
     {"split",
      [](const std::string& s, CallArgs& a) {
        const Value maxsplit = argOr(a, 1, "maxsplit", Value(-1));
-       return toList(split(s, argOr(a, 0, "sep", Value::none()), maxsplit.isNumber() ? maxsplit.asInt() : -1, a.offset));
+       return toList(
+           split(s, argOr(a, 0, "sep", Value::none()), maxsplit.isNumber() ? maxsplit.asInt() : -1, a.offset));
      }},
     {"rsplit",
      [](const std::string& s, CallArgs& a) {
@@ -209,7 +221,8 @@ const std::pair<const char*, StrMethod> kStrMethods[] = {
     {"find",
      [](const std::string& s, CallArgs& a) {
        const size_t p = s.find(stringArg(a, 0, "sub", "find"));
-       return Value(p == std::string::npos ? int64_t{-1} : static_cast<int64_t>(splitCodePoints(s.substr(0, p)).size()));
+       return Value(p == std::string::npos ? int64_t{-1}
+                                           : static_cast<int64_t>(splitCodePoints(s.substr(0, p)).size()));
      }},
     {"count",
      [](const std::string& s, CallArgs& a) {
@@ -240,7 +253,9 @@ const std::pair<const char*, StrMethod> kStrMethods[] = {
     {"removesuffix",
      [](const std::string& s, CallArgs& a) {
        const std::string p = stringArg(a, 0, "suffix", "removesuffix");
-       return Value(p.size() <= s.size() && s.compare(s.size() - p.size(), p.size(), p) == 0 ? s.substr(0, s.size() - p.size()) : s);
+       return Value(p.size() <= s.size() && s.compare(s.size() - p.size(), p.size(), p) == 0
+                        ? s.substr(0, s.size() - p.size())
+                        : s);
      }},
     {"splitlines",
      [](const std::string& s, CallArgs&) {
@@ -255,12 +270,15 @@ const std::pair<const char*, StrMethod> kStrMethods[] = {
        if (start < s.size()) out.push_back(s.substr(start));
        return toList(std::move(out));
      }},
-    {"isdigit", [](const std::string& s, CallArgs&) {
+    {"isdigit",
+     [](const std::string& s, CallArgs&) {
        return Value(!s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }));
      }},
-    {"isspace", [](const std::string& s, CallArgs&) {
+    {"isspace",
+     [](const std::string& s, CallArgs&) {
        const auto cps = splitCodePoints(s);
-       return Value(!cps.empty() && std::all_of(cps.begin(), cps.end(), [](auto cp) { return isPythonSpace(decodeCp(cp)); }));
+       return Value(!cps.empty() &&
+                    std::all_of(cps.begin(), cps.end(), [](auto cp) { return isPythonSpace(decodeCp(cp)); }));
      }},
 };
 
@@ -273,9 +291,12 @@ Value dictMethod(const Value& self, const std::string& name, CallArgs& a) {
     return found ? *found : argOr(a, 1, "default", Value::none());
   }
   for (const auto& [k, v] : self.asDict()) {
-    if (name == "items") out.push_back(Value::tuple({Value(k), v}));
-    else if (name == "keys") out.push_back(Value(k));
-    else out.push_back(v);
+    if (name == "items")
+      out.push_back(Value::tuple({Value(k), v}));
+    else if (name == "keys")
+      out.push_back(Value(k));
+    else
+      out.push_back(v);
   }
   return Value::list(std::move(out));
 }
@@ -313,16 +334,26 @@ std::string pythonStrip(std::string_view s, const Value& chars, bool left, bool 
 
 std::string pythonTypeName(const Value& v) {
   switch (v.kind()) {
-    case K::kUndefined: return "Undefined";
-    case K::kNone: return "NoneType";
-    case K::kBool: return "bool";
-    case K::kInt: return "int";
-    case K::kFloat: return "float";
-    case K::kString: return "str";
-    case K::kList: return "list";
-    case K::kDict: return "dict";
-    case K::kNamespace: return "Namespace";
-    case K::kCallable: return "function";
+    case K::kUndefined:
+      return "Undefined";
+    case K::kNone:
+      return "NoneType";
+    case K::kBool:
+      return "bool";
+    case K::kInt:
+      return "int";
+    case K::kFloat:
+      return "float";
+    case K::kString:
+      return "str";
+    case K::kList:
+      return "list";
+    case K::kDict:
+      return "dict";
+    case K::kNamespace:
+      return "Namespace";
+    case K::kCallable:
+      return "function";
   }
   return "object";
 }
@@ -334,8 +365,10 @@ std::string objectTypeRepr(const Value& v) {
 
 std::vector<Value> iterate(const Value& v, size_t offset) {
   switch (v.kind()) {
-    case K::kUndefined: return {};
-    case K::kList: return v.asList();
+    case K::kUndefined:
+      return {};
+    case K::kList:
+      return v.asList();
     case K::kDict: {
       std::vector<Value> keys;
       for (const auto& [k, x] : v.asDict()) keys.push_back(Value(k));
@@ -346,7 +379,8 @@ std::vector<Value> iterate(const Value& v, size_t offset) {
       for (auto cp : splitCodePoints(v.asString())) chars.push_back(Value(cp));
       return chars;
     }
-    default: fail(offset, "'" + pythonTypeName(v) + "' object is not iterable");
+    default:
+      fail(offset, "'" + pythonTypeName(v) + "' object is not iterable");
   }
 }
 
@@ -366,12 +400,13 @@ Value getAttribute(const Value& obj, const std::string& name) {
     if (const Value* v = obj.find(name)) return *v;
   }
   // The immutable sandbox refuses the methods that modify lists and dicts.
-  static const char* const kMutating[] = {"append", "extend", "insert", "pop", "remove", "clear", "sort",
-                                          "reverse", "update", "setdefault", "popitem"};
+  static const char* const kMutating[] = {"append", "extend",  "insert", "pop",        "remove", "clear",
+                                          "sort",   "reverse", "update", "setdefault", "popitem"};
   if (obj.isList() || obj.isDict())
     for (const char* m : kMutating)
       if (name == m)
-        return Value::undefined("access to attribute '" + name + "' of '" + pythonTypeName(obj) + "' object is unsafe.");
+        return Value::undefined("access to attribute '" + name + "' of '" + pythonTypeName(obj) +
+                                "' object is unsafe.");
   return Value::undefined("'" + objectTypeRepr(obj) + "' has no attribute '" + name + "'");
 }
 
@@ -421,28 +456,35 @@ int pythonOrder(size_t offset, const std::string& op, const Value& a, const Valu
       if (!(x[i] == y[i])) return pythonOrder(offset, op, x[i], y[i]);
     return x.size() < y.size() ? -1 : x.size() > y.size() ? 1 : 0;
   }
-  fail(offset, "'" + op + "' not supported between instances of '" + pythonTypeName(a) + "' and '" + pythonTypeName(b) + "'");
+  fail(offset,
+       "'" + op + "' not supported between instances of '" + pythonTypeName(a) + "' and '" + pythonTypeName(b) + "'");
 }
 
 bool pythonContains(size_t offset, const Value& needle, const Value& hay) {
   switch (hay.kind()) {
-    case K::kUndefined: return false;  // Undefined iterates as empty
+    case K::kUndefined:
+      return false;  // Undefined iterates as empty
     case K::kString:
-      if (!needle.isString()) fail(offset, "'in <string>' requires string as left operand, not " + pythonTypeName(needle));
+      if (!needle.isString())
+        fail(offset, "'in <string>' requires string as left operand, not " + pythonTypeName(needle));
       return hay.asString().find(needle.asString()) != std::string::npos;
     case K::kList:
       for (const Value& v : hay.asList())
         if (v == needle) return true;
       return false;
-    case K::kDict: return needle.isString() && hay.find(needle.asString()) != nullptr;
-    default: fail(offset, "argument of type '" + pythonTypeName(hay) + "' is not iterable");
+    case K::kDict:
+      return needle.isString() && hay.find(needle.asString()) != nullptr;
+    default:
+      fail(offset, "argument of type '" + pythonTypeName(hay) + "' is not iterable");
   }
 }
 
 std::string percentFormat(size_t offset, const std::string& fmt, const Value& args) {
   std::vector<Value> list;
-  if (args.isList()) list = args.asList();
-  else list.push_back(args);
+  if (args.isList())
+    list = args.asList();
+  else
+    list.push_back(args);
   std::string out;
   size_t next = 0;
   for (size_t i = 0; i < fmt.size(); ++i) {
@@ -452,7 +494,8 @@ std::string percentFormat(size_t offset, const std::string& fmt, const Value& ar
     }
     std::string spec = "%";
     ++i;
-    while (i < fmt.size() && std::strchr("0123456789.-+ #", fmt[i]) && fmt[i] != 0 && spec.size() < 16) spec += fmt[i++];
+    while (i < fmt.size() && std::strchr("0123456789.-+ #", fmt[i]) && fmt[i] != 0 && spec.size() < 16)
+      spec += fmt[i++];
     if (i >= fmt.size()) fail(offset, "incomplete format");
     const char conv = fmt[i];
     if (conv == '%') {
@@ -463,14 +506,20 @@ std::string percentFormat(size_t offset, const std::string& fmt, const Value& ar
     const Value& v = list[next++];
     char buf[512];
     switch (conv) {
-      case 's': out += v.str(); break;
-      case 'r': out += v.repr(); break;
+      case 's':
+        out += v.str();
+        break;
+      case 'r':
+        out += v.repr();
+        break;
       case 'd':
       case 'i':
       case 'x':
-        if (!v.isNumber()) fail(offset, std::string("%") + conv + " format: a real number is required, not " + pythonTypeName(v));
+        if (!v.isNumber())
+          fail(offset, std::string("%") + conv + " format: a real number is required, not " + pythonTypeName(v));
         std::snprintf(buf, sizeof buf, (spec + (conv == 'x' ? "llx" : "lld")).c_str(),
-                      v.kind() == K::kFloat ? static_cast<long long>(std::trunc(v.asFloat())) : static_cast<long long>(v.asInt()));
+                      v.kind() == K::kFloat ? static_cast<long long>(std::trunc(v.asFloat()))
+                                            : static_cast<long long>(v.asInt()));
         out += buf;
         break;
       case 'f':
@@ -480,7 +529,8 @@ std::string percentFormat(size_t offset, const std::string& fmt, const Value& ar
         std::snprintf(buf, sizeof buf, (spec + conv).c_str(), v.asFloat());
         out += buf;
         break;
-      default: fail(offset, std::string("unsupported format character '") + conv + "'");
+      default:
+        fail(offset, std::string("unsupported format character '") + conv + "'");
     }
   }
   if (next < list.size() && args.isList()) fail(offset, "not all arguments converted during string formatting");
@@ -497,7 +547,8 @@ Value attributeOf(const Value& item, const std::string& path) {
   while (true) {
     const size_t dot = path.find('.', start);
     const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool digits =
+        !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (v.isUndefined()) return v;
     v = getItem(v, digits ? Value(static_cast<int64_t>(std::stoll(part))) : Value(part));
     if (dot == std::string::npos) return v;
@@ -573,7 +624,10 @@ Value tojsonFilter(const Value& input, CallArgs& a) {
 
 Value indentFilter(const Value& input, CallArgs& a) {
   const Value width = argOr(a, 0, "width", Value(4));
-  const std::string pad = width.isString() ? width.asString() : std::string(static_cast<size_t>(std::clamp<int64_t>(width.isNumber() ? width.asInt() : 4, 0, 256)), ' ');
+  const std::string pad =
+      width.isString()
+          ? width.asString()
+          : std::string(static_cast<size_t>(std::clamp<int64_t>(width.isNumber() ? width.asInt() : 4, 0, 256)), ' ');
   const bool first = argOr(a, 1, "first", Value(false)).truthy();
   const bool blank = argOr(a, 2, "blank", Value(false)).truthy();
   std::vector<std::string> lines;
@@ -610,9 +664,12 @@ Value intFilter(const Value& input, CallArgs& a) {
   const Value dflt = argOr(a, 0, "default", Value(0));
   switch (input.kind()) {
     case K::kInt:
-    case K::kBool: return Value(input.asInt());
+    case K::kBool:
+      return Value(input.asInt());
     case K::kFloat:
-      return std::isfinite(input.asFloat()) && std::fabs(input.asFloat()) < 9.2e18 ? Value(static_cast<int64_t>(input.asFloat())) : dflt;
+      return std::isfinite(input.asFloat()) && std::fabs(input.asFloat()) < 9.2e18
+                 ? Value(static_cast<int64_t>(input.asFloat()))
+                 : dflt;
     case K::kString: {
       const std::string s = pythonStrip(input.asString(), Value::none(), true, true);
       char* end = nullptr;
@@ -623,7 +680,8 @@ Value intFilter(const Value& input, CallArgs& a) {
       if (!s.empty() && *end == 0 && std::isfinite(d) && std::fabs(d) < 9.2e18) return Value(static_cast<int64_t>(d));
       return dflt;
     }
-    default: return dflt;
+    default:
+      return dflt;
   }
 }
 
@@ -641,13 +699,16 @@ Value floatFilter(const Value& input, CallArgs& a) {
 
 Value firstLast(const Value& input, CallArgs& a, bool last) {
   std::vector<Value> items = iterate(input, a.offset);
-  if (items.empty()) return Value::undefined(last ? "No last item, sequence was empty." : "No first item, sequence was empty.");
+  if (items.empty())
+    return Value::undefined(last ? "No last item, sequence was empty." : "No first item, sequence was empty.");
   return last ? items.back() : items.front();
 }
 
 Value minMax(const Value& input, CallArgs& a, bool max) {
   std::vector<Value> items = iterate(input, a.offset);
-  if (items.empty()) return Value::undefined(max ? "No aggregated item, sequence was empty." : "No aggregated item, sequence was empty.");
+  if (items.empty())
+    return Value::undefined(max ? "No aggregated item, sequence was empty."
+                                : "No aggregated item, sequence was empty.");
   Value best = items[0];
   for (const Value& v : items) {
     const int c = pythonOrder(a.offset, "<", v, best);
@@ -660,24 +721,37 @@ Value escapeFilter(const Value& input, CallArgs&) {
   std::string out;
   for (char c : input.str()) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return Value(std::move(out));
 }
 
 const std::pair<const char*, FilterFn> kFilters[] = {
-    {"abs", [](const Value& v, CallArgs& a) {
+    {"abs",
+     [](const Value& v, CallArgs& a) {
        if (!v.isNumber()) fail(a.offset, "bad operand type for abs(): '" + pythonTypeName(v) + "'");
        return v.kind() == K::kFloat ? Value(std::fabs(v.asFloat())) : Value(v.asInt() < 0 ? -v.asInt() : v.asInt());
      }},
     {"attr", [](const Value& v, CallArgs& a) { return getAttribute(v, stringArg(a, 0, "name", "attr")); }},
-    {"batch", [](const Value& v, CallArgs& a) {
+    {"batch",
+     [](const Value& v, CallArgs& a) {
        const Value size = argOr(a, 0, "linecount", Value());
        if (size.kind() != K::kInt || size.asInt() <= 0) fail(a.offset, "batch: linecount must be a positive integer");
        const Value* fill = arg(a, 1, "fill_with");
@@ -694,15 +768,18 @@ const std::pair<const char*, FilterFn> kFilters[] = {
      }},
     {"capitalize", [](const Value& v, CallArgs&) { return Value(capitalize(v.str())); }},
     {"count", [](const Value& v, CallArgs& a) { return Value(pyLen(v, a.offset)); }},
-    {"d", [](const Value& v, CallArgs& a) {
+    {"d",
+     [](const Value& v, CallArgs& a) {
        const bool boolean = argOr(a, 1, "boolean", Value(false)).truthy();
        return (v.isUndefined() || (boolean && !v.truthy())) ? argOr(a, 0, "default_value", Value("")) : v;
      }},
-    {"default", [](const Value& v, CallArgs& a) {
+    {"default",
+     [](const Value& v, CallArgs& a) {
        const bool boolean = argOr(a, 1, "boolean", Value(false)).truthy();
        return (v.isUndefined() || (boolean && !v.truthy())) ? argOr(a, 0, "default_value", Value("")) : v;
      }},
-    {"dictsort", [](const Value& v, CallArgs& a) {
+    {"dictsort",
+     [](const Value& v, CallArgs& a) {
        if (!v.isDict()) fail(a.offset, "dictsort: a mapping is required, not " + pythonTypeName(v));
        Value::List items;
        for (const auto& [k, x] : v.asDict()) items.push_back(Value::tuple({Value(k), x}));
@@ -715,19 +792,20 @@ const std::pair<const char*, FilterFn> kFilters[] = {
     {"escape", escapeFilter},
     {"first", [](const Value& v, CallArgs& a) { return firstLast(v, a, false); }},
     {"float", floatFilter},
-    {"format", [](const Value& v, CallArgs& a) {
-       return Value(percentFormat(a.offset, v.str(), Value::list(a.positional)));
-     }},
+    {"format",
+     [](const Value& v, CallArgs& a) { return Value(percentFormat(a.offset, v.str(), Value::list(a.positional))); }},
     {"indent", indentFilter},
     {"int", intFilter},
-    {"items", [](const Value& v, CallArgs& a) {
+    {"items",
+     [](const Value& v, CallArgs& a) {
        if (v.isUndefined()) return Value::list();
        if (!v.isDict()) fail(a.offset, "Can only get item pairs from a mapping.");
        Value::List items;
        for (const auto& [k, x] : v.asDict()) items.push_back(Value::tuple({Value(k), x}));
        return Value::list(std::move(items));
      }},
-    {"join", [](const Value& v, CallArgs& a) {
+    {"join",
+     [](const Value& v, CallArgs& a) {
        const std::string sep = argOr(a, 0, "d", Value("")).str();
        const Value attribute = argOr(a, 1, "attribute", Value::none());
        std::string out;
@@ -747,12 +825,14 @@ const std::pair<const char*, FilterFn> kFilters[] = {
     {"min", [](const Value& v, CallArgs& a) { return minMax(v, a, false); }},
     {"reject", [](const Value& v, CallArgs& a) { return selectFilter(v, a, false, false); }},
     {"rejectattr", [](const Value& v, CallArgs& a) { return selectFilter(v, a, true, false); }},
-    {"replace", [](const Value& v, CallArgs& a) {
+    {"replace",
+     [](const Value& v, CallArgs& a) {
        const Value count = argOr(a, 2, "count", Value::none());
        return Value(replaceAll(v.str(), argOr(a, 0, "old", Value("")).str(), argOr(a, 1, "new", Value("")).str(),
                                count.isNumber() ? count.asInt() : -1));
      }},
-    {"reverse", [](const Value& v, CallArgs& a) {
+    {"reverse",
+     [](const Value& v, CallArgs& a) {
        if (v.isString()) {
          auto cps = splitCodePoints(v.asString());
          std::string out;
@@ -763,7 +843,8 @@ const std::pair<const char*, FilterFn> kFilters[] = {
        std::reverse(items.begin(), items.end());
        return Value::list(std::move(items));
      }},
-    {"round", [](const Value& v, CallArgs& a) {
+    {"round",
+     [](const Value& v, CallArgs& a) {
        if (!v.isNumber()) fail(a.offset, "round: a number is required, not " + pythonTypeName(v));
        const int64_t precision = argOr(a, 0, "precision", Value(0)).asInt();
        const std::string method = argOr(a, 1, "method", Value("common")).str();
@@ -777,24 +858,30 @@ const std::pair<const char*, FilterFn> kFilters[] = {
     {"selectattr", [](const Value& v, CallArgs& a) { return selectFilter(v, a, true, true); }},
     {"sort", sortFilter},
     {"string", [](const Value& v, CallArgs&) { return Value(v.str()); }},
-    {"sum", [](const Value& v, CallArgs& a) {
+    {"sum",
+     [](const Value& v, CallArgs& a) {
        Value total = argOr(a, 1, "start", Value(0));
        const Value attribute = argOr(a, 0, "attribute", Value::none());
        for (const Value& item : iterate(v, a.offset)) {
          const Value x = attribute.isString() ? attributeOf(item, attribute.asString()) : item;
-         if (!x.isNumber() || !total.isNumber()) fail(a.offset, "sum: unsupported operand type '" + pythonTypeName(x) + "'");
-         total = (x.kind() == K::kFloat || total.kind() == K::kFloat) ? Value(total.asFloat() + x.asFloat()) : Value(total.asInt() + x.asInt());
+         if (!x.isNumber() || !total.isNumber())
+           fail(a.offset, "sum: unsupported operand type '" + pythonTypeName(x) + "'");
+         total = (x.kind() == K::kFloat || total.kind() == K::kFloat) ? Value(total.asFloat() + x.asFloat())
+                                                                      : Value(total.asInt() + x.asInt());
        }
        return total;
      }},
     {"title", [](const Value& v, CallArgs&) { return Value(title(v.str())); }},
     {"tojson", tojsonFilter},
-    {"trim", [](const Value& v, CallArgs& a) { return Value(pythonStrip(v.str(), argOr(a, 0, "chars", Value::none()), true, true)); }},
-    {"unique", [](const Value& v, CallArgs& a) {
+    {"trim", [](const Value& v,
+                CallArgs& a) { return Value(pythonStrip(v.str(), argOr(a, 0, "chars", Value::none()), true, true)); }},
+    {"unique",
+     [](const Value& v, CallArgs& a) {
        Value::List out;
        for (const Value& item : iterate(v, a.offset)) {
          const bool seen = std::any_of(out.begin(), out.end(), [&](const Value& o) {
-           return (o.isString() && item.isString()) ? asciiLower(o.asString()) == asciiLower(item.asString()) : o == item;
+           return (o.isString() && item.isString()) ? asciiLower(o.asString()) == asciiLower(item.asString())
+                                                    : o == item;
          });
          if (!seen) out.push_back(item);
        }
@@ -857,7 +944,10 @@ const std::pair<const char*, TestFn> kTests[] = {
      }},
     {"le", [](const Value& v, CallArgs& a) { return compareTest(v, a, "<="); }},
     {"<=", [](const Value& v, CallArgs& a) { return compareTest(v, a, "<="); }},
-    {"lower", [](const Value& v, CallArgs&) { return v.isString() && asciiLower(v.asString()) == v.asString() && asciiUpper(v.asString()) != v.asString(); }},
+    {"lower",
+     [](const Value& v, CallArgs&) {
+       return v.isString() && asciiLower(v.asString()) == v.asString() && asciiUpper(v.asString()) != v.asString();
+     }},
     {"lt", [](const Value& v, CallArgs& a) { return compareTest(v, a, "<"); }},
     {"<", [](const Value& v, CallArgs& a) { return compareTest(v, a, "<"); }},
     {"lessthan", [](const Value& v, CallArgs& a) { return compareTest(v, a, "<"); }},
@@ -879,7 +969,10 @@ const std::pair<const char*, TestFn> kTests[] = {
     {"string", [](const Value& v, CallArgs&) { return v.isString(); }},
     {"true", [](const Value& v, CallArgs&) { return v.kind() == K::kBool && v.asBool(); }},
     {"undefined", [](const Value& v, CallArgs&) { return v.isUndefined(); }},
-    {"upper", [](const Value& v, CallArgs&) { return v.isString() && asciiUpper(v.asString()) == v.asString() && asciiLower(v.asString()) != v.asString(); }},
+    {"upper",
+     [](const Value& v, CallArgs&) {
+       return v.isString() && asciiUpper(v.asString()) == v.asString() && asciiLower(v.asString()) != v.asString();
+     }},
 };
 
 }  // namespace

@@ -59,7 +59,8 @@ class Lexer {
     const size_t n = src_.size();
     while (pos < n) {
       size_t tag = src_.find('{', pos);
-      while (tag != std::string::npos && tag + 1 < n && (src_[tag + 1] == 0 || !std::strchr("{%#", src_[tag + 1]))) tag = src_.find('{', tag + 1);
+      while (tag != std::string::npos && tag + 1 < n && (src_[tag + 1] == 0 || !std::strchr("{%#", src_[tag + 1])))
+        tag = src_.find('{', tag + 1);
       if (tag == std::string::npos || tag + 1 >= n) {
         emit(Tok::kData, src_.substr(pos), pos);
         break;
@@ -100,7 +101,8 @@ class Lexer {
   bool rawBlock(size_t tag, size_t& pos) {
     size_t p = pos;
     while (p < src_.size() && isSpace(src_[p])) ++p;
-    if (src_.compare(p, 3, "raw") != 0 || (p + 3 < src_.size() && (isNameStart(src_[p + 3]) || isDigit(src_[p + 3])))) return false;
+    if (src_.compare(p, 3, "raw") != 0 || (p + 3 < src_.size() && (isNameStart(src_[p + 3]) || isDigit(src_[p + 3]))))
+      return false;
     p += 3;
     while (p < src_.size() && isSpace(src_[p])) ++p;
     if (src_.compare(p, 3, "-%}") == 0) {
@@ -166,7 +168,8 @@ class Lexer {
       while (pos < n && isSpace(src_[pos])) ++pos;
       if (pos >= n) fail(tag, std::string("unclosed tag: expected '") + close + "' before the end of the template");
       if (brackets.empty()) {
-        const bool signed_end = (src_[pos] == '-' || (block && src_[pos] == '+')) && src_.compare(pos + 1, 2, close) == 0;
+        const bool signed_end =
+            (src_[pos] == '-' || (block && src_[pos] == '+')) && src_.compare(pos + 1, 2, close) == 0;
         if (signed_end || src_.compare(pos, 2, close) == 0) {
           const size_t end = signed_end ? pos + 1 : pos;
           emit(block ? Tok::kBlockEnd : Tok::kVarEnd, "", end);
@@ -185,7 +188,7 @@ class Lexer {
         pos = lexString(pos);
       } else {
         static const char* const kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "*", "/", "%", "~", "<",
-                                           ">", "=", ".", ",", ":", "|", "(", ")", "[", "]", "{", "}"};
+                                           ">",  "=",  ".",  ",",  ":",  "|",  "(", ")", "[", "]", "{", "}"};
         const char* op = nullptr;
         for (const char* o : kOps)
           if (src_.compare(pos, std::strlen(o), o) == 0) {
@@ -204,7 +207,8 @@ class Lexer {
           brackets.push_back(oc == '(' ? ')' : oc == '[' ? ']' : '}');
         } else if (op[1] == 0 && (oc == ')' || oc == ']' || oc == '}')) {
           if (brackets.empty()) fail(pos, std::string("unexpected '") + oc + "'");
-          if (brackets.back() != oc) fail(pos, std::string("unexpected '") + oc + "', expected '" + brackets.back() + "'");
+          if (brackets.back() != oc)
+            fail(pos, std::string("unexpected '") + oc + "', expected '" + brackets.back() + "'");
           brackets.pop_back();
         }
         emit(Tok::kOp, op, pos);
@@ -264,17 +268,38 @@ class Lexer {
       const char e = src_[p + 1];
       p += 2;
       switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'v': out += '\v'; break;
-        case '\n': break;  // line continuation
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '"':
+          out += '"';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'v':
+          out += '\v';
+          break;
+        case '\n':
+          break;  // line continuation
         case 'x':
         case 'u':
         case 'U': {
@@ -289,7 +314,8 @@ class Lexer {
         default:
           if (e >= '0' && e <= '7') {
             uint32_t cp = static_cast<uint32_t>(e - '0');
-            for (int k = 0; k < 2 && p < n && src_[p] >= '0' && src_[p] <= '7'; ++k) cp = cp * 8 + static_cast<uint32_t>(src_[p++] - '0');
+            for (int k = 0; k < 2 && p < n && src_[p] >= '0' && src_[p] <= '7'; ++k)
+              cp = cp * 8 + static_cast<uint32_t>(src_[p++] - '0');
             appendUtf8(out, cp);
           } else {
             out += '\\';
@@ -329,12 +355,18 @@ class Parser {
 
   std::string describe(const Token& t) const {
     switch (t.type) {
-      case Tok::kEof: return "end of template";
-      case Tok::kBlockEnd: return "'%}'";
-      case Tok::kVarEnd: return "'}}'";
-      case Tok::kString: return "string literal";
-      case Tok::kData: return "template text";
-      default: return "'" + t.text + "'";
+      case Tok::kEof:
+        return "end of template";
+      case Tok::kBlockEnd:
+        return "'%}'";
+      case Tok::kVarEnd:
+        return "'}}'";
+      case Tok::kString:
+        return "string literal";
+      case Tok::kData:
+        return "template text";
+      default:
+        return "'" + t.text + "'";
     }
   }
   void expectOp(const char* op) {
@@ -364,7 +396,8 @@ class Parser {
     while (true) {
       const Token& t = cur();
       if (t.type == Tok::kEof) {
-        if (ends.size() != 0) fail(t.offset, std::string("unexpected end of template: missing '{% ") + *(ends.end() - 1) + " %}'");
+        if (ends.size() != 0)
+          fail(t.offset, std::string("unexpected end of template: missing '{% ") + *(ends.end() - 1) + " %}'");
         end_tag.clear();
         return body;
       }
@@ -699,9 +732,12 @@ class Parser {
       case Tok::kName: {
         next();
         ExprPtr e = make(Expr::Kind::kLiteral, t.offset);
-        if (t.text == "true" || t.text == "True") e->literal = Value(true);
-        else if (t.text == "false" || t.text == "False") e->literal = Value(false);
-        else if (t.text == "none" || t.text == "None") e->literal = Value::none();
+        if (t.text == "true" || t.text == "True")
+          e->literal = Value(true);
+        else if (t.text == "false" || t.text == "False")
+          e->literal = Value(false);
+        else if (t.text == "none" || t.text == "None")
+          e->literal = Value::none();
         else {
           e->kind = Expr::Kind::kName;
           e->name = t.text;
@@ -773,7 +809,8 @@ class Parser {
           return e;
         }
         break;
-      default: break;
+      default:
+        break;
     }
     fail(t.offset, "unexpected " + describe(t) + " in expression");
   }

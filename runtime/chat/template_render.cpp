@@ -87,25 +87,30 @@ class Renderer {
     for (const Value& v : a.positional)
       if (v.kind() != Value::Kind::kInt && v.kind() != Value::Kind::kBool)
         fail(a.offset, "range() argument must be an integer, not " + pythonTypeName(v));
-    if (a.positional.size() == 1) stop = a.positional[0].asInt();
+    if (a.positional.size() == 1)
+      stop = a.positional[0].asInt();
     else if (a.positional.size() >= 2) {
       start = a.positional[0].asInt();
       stop = a.positional[1].asInt();
       if (a.positional.size() >= 3) step = a.positional[2].asInt();
-    } else fail(a.offset, "range expected at least 1 argument, got 0");
+    } else
+      fail(a.offset, "range expected at least 1 argument, got 0");
     if (step == 0) fail(a.offset, "range() arg 3 must not be zero");
     // Length first (as Python computes it), so that a huge range fails before allocating.
     const __int128 span = step > 0 ? __int128{stop} - start : __int128{start} - stop;
-    const __int128 length = span <= 0 ? 0 : (span + (step > 0 ? step : -__int128{step}) - 1) / (step > 0 ? step : -__int128{step});
+    const __int128 length =
+        span <= 0 ? 0 : (span + (step > 0 ? step : -__int128{step}) - 1) / (step > 0 ? step : -__int128{step});
     if (length > static_cast<__int128>(kMaxRangeLength)) fail(a.offset, "range() longer than 1048576 elements");
     Value::List out;
     out.reserve(static_cast<size_t>(length));
-    for (int64_t k = 0; k < static_cast<int64_t>(length); ++k) out.push_back(Value(static_cast<int64_t>(__int128{start} + __int128{k} * step)));
+    for (int64_t k = 0; k < static_cast<int64_t>(length); ++k)
+      out.push_back(Value(static_cast<int64_t>(__int128{start} + __int128{k} * step)));
     return Value::list(std::move(out));
   }
 
   Value strftimeNow(CallArgs& a) {
-    if (a.positional.size() != 1 || !a.positional[0].isString()) fail(a.offset, "strftime_now(format) takes one string");
+    if (a.positional.size() != 1 || !a.positional[0].isString())
+      fail(a.offset, "strftime_now(format) takes one string");
     std::tm tm{};
     if (inputs_.now) {
       tm = inputs_.now();
@@ -136,8 +141,12 @@ class Renderer {
     DepthGuard guard(render_depth_, body.front().offset);
     for (const Node& n : body) {
       switch (n.kind) {
-        case Node::Kind::kData: out += n.text; break;
-        case Node::Kind::kOutput: out += eval(*n.expr, scope).str(); break;
+        case Node::Kind::kData:
+          out += n.text;
+          break;
+        case Node::Kind::kOutput:
+          out += eval(*n.expr, scope).str();
+          break;
         case Node::Kind::kIf: {
           size_t i = 0;
           while (i < n.conds.size() && !eval(*n.conds[i], scope).truthy()) ++i;
@@ -147,17 +156,25 @@ class Renderer {
           }
           break;
         }
-        case Node::Kind::kFor: execFor(n, scope, out); break;
-        case Node::Kind::kSet: execSet(n, scope); break;
+        case Node::Kind::kFor:
+          execFor(n, scope, out);
+          break;
+        case Node::Kind::kSet:
+          execSet(n, scope);
+          break;
         case Node::Kind::kSetBlock: {
           std::string captured;
           exec(n.bodies[0], scope, captured);
           scope.set(n.targets[0], Value(std::move(captured)));
           break;
         }
-        case Node::Kind::kMacro: defineMacro(n, scope); break;
-        case Node::Kind::kBreak: return Flow::kBreak;
-        case Node::Kind::kContinue: return Flow::kContinue;
+        case Node::Kind::kMacro:
+          defineMacro(n, scope);
+          break;
+        case Node::Kind::kBreak:
+          return Flow::kBreak;
+        case Node::Kind::kContinue:
+          return Flow::kContinue;
       }
     }
     return Flow::kNormal;
@@ -206,16 +223,23 @@ class Renderer {
   static Value loopObject(const std::vector<Value>& items, size_t i) {
     const size_t len = items.size();
     const auto count = static_cast<int64_t>(len), idx = static_cast<int64_t>(i);
-    Value loop = Value::dict({{"index", Value(idx + 1)}, {"index0", Value(idx)}, {"revindex", Value(count - idx)},
-                              {"revindex0", Value(count - idx - 1)}, {"first", Value(i == 0)},
-                              {"last", Value(i + 1 == len)}, {"length", Value(count)}, {"depth", Value(1)},
+    Value loop = Value::dict({{"index", Value(idx + 1)},
+                              {"index0", Value(idx)},
+                              {"revindex", Value(count - idx)},
+                              {"revindex0", Value(count - idx - 1)},
+                              {"first", Value(i == 0)},
+                              {"last", Value(i + 1 == len)},
+                              {"length", Value(count)},
+                              {"depth", Value(1)},
                               {"depth0", Value(0)}});
     if (i > 0) loop.set("previtem", items[i - 1]);
     if (i + 1 < len) loop.set("nextitem", items[i + 1]);
-    loop.set("cycle", Value::callable(std::make_shared<Callable>(Callable{"cycle", [i](CallArgs& a) -> Value {
-                        if (a.positional.empty()) fail(a.offset, "no items for cycling given");
-                        return a.positional[i % a.positional.size()];
-                      }})));
+    loop.set("cycle",
+             Value::callable(std::make_shared<Callable>(Callable{"cycle", [i](CallArgs& a) -> Value {
+                                                                   if (a.positional.empty())
+                                                                     fail(a.offset, "no items for cycling given");
+                                                                   return a.positional[i % a.positional.size()];
+                                                                 }})));
     return loop;
   }
 
@@ -271,7 +295,8 @@ class Renderer {
 
   Value eval(const Expr& e, Scope& scope) {
     switch (e.kind) {
-      case Expr::Kind::kLiteral: return e.literal;
+      case Expr::Kind::kLiteral:
+        return e.literal;
       case Expr::Kind::kName: {
         const Value* v = scope.find(e.name);
         return v ? *v : Value::undefined("'" + e.name + "' is undefined");
@@ -286,7 +311,8 @@ class Renderer {
         Value d = Value::dict();
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
           Value k = eval(*e.args[i], scope);
-          if (!k.isString()) fail(e.args[i]->offset, "dict keys must be strings in chat templates, got " + pythonTypeName(k));
+          if (!k.isString())
+            fail(e.args[i]->offset, "dict keys must be strings in chat templates, got " + pythonTypeName(k));
           d.set(k.asString(), eval(*e.args[i + 1], scope));
         }
         return bounded(e.offset, std::move(d));
@@ -301,8 +327,10 @@ class Renderer {
         if (obj.isUndefined()) failUndefined(e.offset, obj);
         return getItem(obj, eval(*e.args[1], scope));
       }
-      case Expr::Kind::kSlice: return evalSlice(e, scope);
-      case Expr::Kind::kCall: return evalCall(e, scope);
+      case Expr::Kind::kSlice:
+        return evalSlice(e, scope);
+      case Expr::Kind::kCall:
+        return evalCall(e, scope);
       case Expr::Kind::kFilter: {
         Value input = eval(*e.args[0], scope);
         CallArgs args = evalArgs(e, scope, 1);
@@ -313,7 +341,8 @@ class Renderer {
         CallArgs args = evalArgs(e, scope, 1);
         return Value(findTest(e.name)(input, args) != e.negate);
       }
-      case Expr::Kind::kNot: return Value(!eval(*e.args[0], scope).truthy());
+      case Expr::Kind::kNot:
+        return Value(!eval(*e.args[0], scope).truthy());
       case Expr::Kind::kNeg:
       case Expr::Kind::kPos: {
         Value v = eval(*e.args[0], scope);
@@ -414,8 +443,10 @@ class Renderer {
     std::string s;
     Value::List l;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (obj.isString()) s += cps[static_cast<size_t>(i)];
-      else l.push_back(obj.asList()[static_cast<size_t>(i)]);
+      if (obj.isString())
+        s += cps[static_cast<size_t>(i)];
+      else
+        l.push_back(obj.asList()[static_cast<size_t>(i)]);
     }
     return obj.isString() ? Value(std::move(s)) : Value::list(std::move(l));
   }
@@ -423,13 +454,15 @@ class Renderer {
   static bool isIntLike(const Value& v) { return v.kind() == Value::Kind::kInt || v.kind() == Value::Kind::kBool; }
 
   [[noreturn]] static void unsupported(size_t offset, const std::string& op, const Value& a, const Value& b) {
-    fail(offset, "unsupported operand type(s) for " + op + ": '" + pythonTypeName(a) + "' and '" + pythonTypeName(b) + "'");
+    fail(offset,
+         "unsupported operand type(s) for " + op + ": '" + pythonTypeName(a) + "' and '" + pythonTypeName(b) + "'");
   }
 
   static Value repeat(size_t offset, const Value& seq, int64_t n) {
     if (n < 0) n = 0;
     const size_t unit = seq.isString() ? seq.asString().size() : seq.asList().size();
-    if (unit != 0 && static_cast<uint64_t>(n) > kMaxRepeatBytes / unit) fail(offset, "repetition result larger than 64 MiB");
+    if (unit != 0 && static_cast<uint64_t>(n) > kMaxRepeatBytes / unit)
+      fail(offset, "repetition result larger than 64 MiB");
     if (seq.isString()) {
       std::string out;
       for (int64_t i = 0; i < n; ++i) out += seq.asString();
@@ -482,7 +515,8 @@ class Renderer {
       if ((a.isString() || a.isList()) && isIntLike(b)) return repeat(offset, a, b.asInt());
       if ((b.isString() || b.isList()) && isIntLike(a)) return repeat(offset, b, a.asInt());
       if (a.isString() || a.isList() || b.isString() || b.isList())
-        fail(offset, "can't multiply sequence by non-int of type '" + pythonTypeName(a.isString() || a.isList() ? b : a) + "'");
+        fail(offset,
+             "can't multiply sequence by non-int of type '" + pythonTypeName(a.isString() || a.isList() ? b : a) + "'");
       unsupported(offset, op, a, b);
     }
     if (op == "/") {

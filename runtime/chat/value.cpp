@@ -3,7 +3,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "runtime/chat/template_ast.h"
@@ -68,16 +67,21 @@ constexpr int kMaxJsonDepth = 512;
 Value fromNlohmann(const nlohmann::ordered_json& j, int depth) {
   if (depth > kMaxJsonDepth) throw TooDeep{};
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::none();
-    case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return Value::none();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const uint64_t u = j.get<uint64_t>();
       if (u <= static_cast<uint64_t>(INT64_MAX)) return Value(static_cast<int64_t>(u));
       return Value(static_cast<double>(u));  // beyond int64: kept as a float (Python would keep it exact)
     }
-    case nlohmann::ordered_json::value_t::number_float: return Value(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       Value::List items;
       items.reserve(j.size());
@@ -86,10 +90,12 @@ Value fromNlohmann(const nlohmann::ordered_json& j, int depth) {
     }
     case nlohmann::ordered_json::value_t::object: {
       Value out = Value::dict();
-      for (const auto& [k, e] : j.items()) out.set(k, fromNlohmann(e, depth + 1));  // set: a repeated key keeps its first place
+      for (const auto& [k, e] : j.items())
+        out.set(k, fromNlohmann(e, depth + 1));  // set: a repeated key keeps its first place
       return out;
     }
-    default: return Value::none();
+    default:
+      return Value::none();
   }
 }
 
@@ -108,10 +114,14 @@ Result<Value> Value::fromJson(std::string_view json) {
 
 double Value::asFloat() const {
   switch (kind()) {
-    case Kind::kFloat: return std::get<double>(v_);
-    case Kind::kInt: return static_cast<double>(std::get<int64_t>(v_));
-    case Kind::kBool: return asBool() ? 1.0 : 0.0;
-    default: return std::get<double>(v_);  // throws bad_variant_access: caller broke the contract
+    case Kind::kFloat:
+      return std::get<double>(v_);
+    case Kind::kInt:
+      return static_cast<double>(std::get<int64_t>(v_));
+    case Kind::kBool:
+      return asBool() ? 1.0 : 0.0;
+    default:
+      return std::get<double>(v_);  // throws bad_variant_access: caller broke the contract
   }
 }
 
@@ -158,22 +168,33 @@ void Value::clear() {
 bool Value::truthy() const {
   switch (kind()) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return asBool();
-    case Kind::kInt: return asInt() != 0;
-    case Kind::kFloat: return asFloat() != 0.0;
-    case Kind::kString: return !asString().empty();
-    case Kind::kList: return !asList().empty();
-    case Kind::kDict: return !asDict().empty();
-    default: return true;
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return asBool();
+    case Kind::kInt:
+      return asInt() != 0;
+    case Kind::kFloat:
+      return asFloat() != 0.0;
+    case Kind::kString:
+      return !asString().empty();
+    case Kind::kList:
+      return !asList().empty();
+    case Kind::kDict:
+      return !asDict().empty();
+    default:
+      return true;
   }
 }
 
 std::string Value::str() const {
   switch (kind()) {
-    case Kind::kUndefined: return "";
-    case Kind::kString: return asString();
-    default: return repr();
+    case Kind::kUndefined:
+      return "";
+    case Kind::kString:
+      return asString();
+    default:
+      return repr();
   }
 }
 
@@ -215,12 +236,18 @@ std::string Value::repr() const {
 
 std::string Value::reprInside(std::vector<const void*>& open) const {
   switch (kind()) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return asBool() ? "True" : "False";
-    case Kind::kInt: return std::to_string(asInt());
-    case Kind::kFloat: return formatFloat(asFloat());
-    case Kind::kString: return reprString(asString());
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return asBool() ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(asInt());
+    case Kind::kFloat:
+      return formatFloat(asFloat());
+    case Kind::kString:
+      return reprString(asString());
     case Kind::kList: {
       const void* id = &asList();
       if (std::find(open.begin(), open.end(), id) != open.end()) return "[...]";
@@ -246,7 +273,8 @@ std::string Value::reprInside(std::vector<const void*>& open) const {
       open.pop_back();
       return out + (ns ? "}>" : "}");
     }
-    case Kind::kCallable: return "<function " + asCallable().name + ">";
+    case Kind::kCallable:
+      return "<function " + asCallable().name + ">";
   }
   return "";
 }
@@ -260,14 +288,29 @@ void jsonString(std::string& out, std::string_view s, bool ensure_ascii) {
   for (size_t i = 0; i < s.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     switch (c) {
-      case '"': out += "\\\""; continue;
-      case '\\': out += "\\\\"; continue;
-      case '\n': out += "\\n"; continue;
-      case '\r': out += "\\r"; continue;
-      case '\t': out += "\\t"; continue;
-      case '\b': out += "\\b"; continue;
-      case '\f': out += "\\f"; continue;
-      default: break;
+      case '"':
+        out += "\\\"";
+        continue;
+      case '\\':
+        out += "\\\\";
+        continue;
+      case '\n':
+        out += "\\n";
+        continue;
+      case '\r':
+        out += "\\r";
+        continue;
+      case '\t':
+        out += "\\t";
+        continue;
+      case '\b':
+        out += "\\b";
+        continue;
+      case '\f':
+        out += "\\f";
+        continue;
+      default:
+        break;
     }
     char buf[16];
     if (c < 0x20 || (ensure_ascii && c == 0x7f)) {
@@ -295,8 +338,8 @@ void jsonString(std::string& out, std::string_view s, bool ensure_ascii) {
   out += '"';
 }
 
-bool jsonValue(const Value& v, std::string& out, std::string& error, int indent, bool ensure_ascii,
-               bool sort_keys, int level) {
+bool jsonValue(const Value& v, std::string& out, std::string& error, int indent, bool ensure_ascii, bool sort_keys,
+               int level) {
   if (level > 512) {
     error = "tojson: nesting deeper than 512";
     return false;
@@ -308,15 +351,23 @@ bool jsonValue(const Value& v, std::string& out, std::string& error, int indent,
     out.append(static_cast<size_t>(indent) * lvl, ' ');
   };
   switch (v.kind()) {
-    case Value::Kind::kNone: out += "null"; return true;
-    case Value::Kind::kBool: out += v.asBool() ? "true" : "false"; return true;
-    case Value::Kind::kInt: out += std::to_string(v.asInt()); return true;
+    case Value::Kind::kNone:
+      out += "null";
+      return true;
+    case Value::Kind::kBool:
+      out += v.asBool() ? "true" : "false";
+      return true;
+    case Value::Kind::kInt:
+      out += std::to_string(v.asInt());
+      return true;
     case Value::Kind::kFloat: {
       const double d = v.asFloat();
       out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : formatFloat(d);
       return true;
     }
-    case Value::Kind::kString: jsonString(out, v.asString(), ensure_ascii); return true;
+    case Value::Kind::kString:
+      jsonString(out, v.asString(), ensure_ascii);
+      return true;
     case Value::Kind::kList: {
       const auto& l = v.asList();
       if (l.empty()) {
@@ -353,9 +404,15 @@ bool jsonValue(const Value& v, std::string& out, std::string& error, int indent,
       out += '}';
       return true;
     }
-    case Value::Kind::kUndefined: error = "Object of type Undefined is not JSON serializable"; return false;
-    case Value::Kind::kNamespace: error = "Object of type Namespace is not JSON serializable"; return false;
-    case Value::Kind::kCallable: error = "Object of type function is not JSON serializable"; return false;
+    case Value::Kind::kUndefined:
+      error = "Object of type Undefined is not JSON serializable";
+      return false;
+    case Value::Kind::kNamespace:
+      error = "Object of type Namespace is not JSON serializable";
+      return false;
+    case Value::Kind::kCallable:
+      error = "Object of type function is not JSON serializable";
+      return false;
   }
   return false;
 }
@@ -375,9 +432,12 @@ bool operator==(const Value& a, const Value& b) {
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
     case K::kUndefined:
-    case K::kNone: return true;
-    case K::kString: return a.asString() == b.asString();
-    case K::kList: return a.asList() == b.asList();
+    case K::kNone:
+      return true;
+    case K::kString:
+      return a.asString() == b.asString();
+    case K::kList:
+      return a.asList() == b.asList();
     case K::kDict: {
       const auto& da = a.asDict();
       if (da.size() != b.asDict().size()) return false;
@@ -387,21 +447,27 @@ bool operator==(const Value& a, const Value& b) {
       }
       return true;
     }
-    default: return a.sameAs(b);
+    default:
+      return a.sameAs(b);
   }
 }
 
 bool Value::sameAs(const Value& other) const {
   if (kind() != other.kind()) return false;
   switch (kind()) {
-    case Kind::kList: return std::get<std::shared_ptr<List>>(v_) == std::get<std::shared_ptr<List>>(other.v_);
-    case Kind::kDict: return std::get<std::shared_ptr<Dict>>(v_) == std::get<std::shared_ptr<Dict>>(other.v_);
-    case Kind::kNamespace: return std::get<Namespace>(v_).attributes == std::get<Namespace>(other.v_).attributes;
+    case Kind::kList:
+      return std::get<std::shared_ptr<List>>(v_) == std::get<std::shared_ptr<List>>(other.v_);
+    case Kind::kDict:
+      return std::get<std::shared_ptr<Dict>>(v_) == std::get<std::shared_ptr<Dict>>(other.v_);
+    case Kind::kNamespace:
+      return std::get<Namespace>(v_).attributes == std::get<Namespace>(other.v_).attributes;
     case Kind::kCallable:
       return std::get<std::shared_ptr<const detail::Callable>>(v_) ==
              std::get<std::shared_ptr<const detail::Callable>>(other.v_);
-    case Kind::kUndefined: return false;
-    default: return *this == other;
+    case Kind::kUndefined:
+      return false;
+    default:
+      return *this == other;
   }
 }
 

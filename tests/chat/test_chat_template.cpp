@@ -110,10 +110,11 @@ std::string errorOf(std::string_view source, std::string_view vars = "{}") {
 }  // namespace
 
 TEST_CASE("arithmetic, comparison and logic follow Python") {
-  CHECK(render("{{ 1 + 2 * 3 }}|{{ (1 + 2) * 3 }}|{{ 7 // 2 }}|{{ -7 // 2 }}|{{ -7 % 3 }}|{{ 2 ** 10 }}|{{ 7 / 2 }}|{{ 6 / 2 }}") ==
-        "7|9|3|-4|2|1024|3.5|3.0");
+  CHECK(render("{{ 1 + 2 * 3 }}|{{ (1 + 2) * 3 }}|{{ 7 // 2 }}|{{ -7 // 2 }}|{{ -7 % 3 }}|{{ 2 ** 10 }}|{{ 7 / 2 }}|{{ "
+               "6 / 2 }}") == "7|9|3|-4|2|1024|3.5|3.0");
   // '~' binds tighter than '+' and looser than '*' (jinja2's parse_math1 > parse_concat > parse_math2).
-  CHECK(render("{{ 2 ** 3 ** 2 }}|{{ 10 - 2 - 3 }}|{{ 2 * 3 ~ 4 }}|{{ (1 + 2) ~ 3 }}|{{ 'a' ~ (2 + 3) }}") == "64|5|64|33|a5");
+  CHECK(render("{{ 2 ** 3 ** 2 }}|{{ 10 - 2 - 3 }}|{{ 2 * 3 ~ 4 }}|{{ (1 + 2) ~ 3 }}|{{ 'a' ~ (2 + 3) }}") ==
+        "64|5|64|33|a5");
   CHECK(errorOf("{{ 1 + 2 ~ 3 }}").find("unsupported operand type(s) for +: 'int' and 'str'") != std::string::npos);
   CHECK(render("{{ 0.1 + 0.2 }}|{{ 1e16 }}|{{ 1e15 }}|{{ 1e-5 }}|{{ 0.0001 }}|{{ 2.5e-7 }}|{{ 1.5 + 1 }}") ==
         "0.30000000000000004|1e+16|1000000000000000.0|1e-05|0.0001|2.5e-07|2.5");
@@ -125,8 +126,9 @@ TEST_CASE("arithmetic, comparison and logic follow Python") {
   CHECK(render("{{ 'a' in 'cat' }}{{ 'z' not in 'cat' }}{{ 1 in [1, 2] }}{{ 'k' in {'k': 1} }}{{ 'x' in nothing }}") ==
         "TrueTrueTrueTrueFalse");
   CHECK(render("{{ 0 or 'x' }}|{{ 1 and 'y' }}|{{ '' and 'y' }}|{{ not '' }}|{{ not 1 in [2] }}") == "x|y||True|True");
-  CHECK(render("{{ 'y' if 1 else 'n' }}|{{ 'y' if 0 else 'n' }}|{{ 'y' if 0 }}|{{ 'a' if 0 else 'b' if 1 else 'c' }}") ==
-        "y|n||b");
+  CHECK(
+      render("{{ 'y' if 1 else 'n' }}|{{ 'y' if 0 else 'n' }}|{{ 'y' if 0 }}|{{ 'a' if 0 else 'b' if 1 else 'c' }}") ==
+      "y|n||b");
 }
 
 TEST_CASE("literals: strings with escapes, adjacent strings, numbers, none/true/false in both cases") {
@@ -141,7 +143,8 @@ TEST_CASE("undefined values print empty, are falsy, and fail when used further")
   CHECK(render("[{{ d.missing }}]{{ d.missing is defined }}{{ d.a }}{{ d['a'] }}[{{ l[5] }}]{{ l[-1] }}[{{ none.x }}]",
                R"({"d": {"a": 1}, "l": [1, 2, 3]})") == "[]False11[]3[]");
   CHECK(errorOf("{{ foo.bar }}").find("'foo' is undefined") != std::string::npos);
-  CHECK(errorOf("{{ d.missing.x }}", R"({"d": {}})").find("'dict object' has no attribute 'missing'") != std::string::npos);
+  CHECK(errorOf("{{ d.missing.x }}", R"({"d": {}})").find("'dict object' has no attribute 'missing'") !=
+        std::string::npos);
   CHECK(errorOf("{{ l[3].y }}", R"({"l": [1]})").find("list object has no element 3") != std::string::npos);
   CHECK(errorOf("{{ foo + 1 }}").find("'foo' is undefined") != std::string::npos);
   CHECK(errorOf("{{ foo|tojson }}").find("Object of type Undefined is not JSON serializable") != std::string::npos);
@@ -152,87 +155,112 @@ TEST_CASE("Python type errors are reported, not guessed around") {
   CHECK(errorOf("{{ 1 < 'a' }}").find("'<' not supported between instances of 'int' and 'str'") != std::string::npos);
   CHECK(errorOf("{{ 1 / 0 }}").find("division by zero") != std::string::npos);
   CHECK(errorOf("{{ 'x' * 'y' }}").find("can't multiply sequence by non-int of type 'str'") != std::string::npos);
-  CHECK(errorOf("{{ [1].append(2) }}").find("access to attribute 'append' of 'list' object is unsafe.") != std::string::npos);
+  CHECK(errorOf("{{ [1].append(2) }}").find("access to attribute 'append' of 'list' object is unsafe.") !=
+        std::string::npos);
   CHECK(errorOf("{{ 9223372036854775807 + 1 }}").find("integer overflow") != std::string::npos);
   CHECK(errorOf("{% for x in none %}{% endfor %}").find("'NoneType' object is not iterable") != std::string::npos);
 }
 
 TEST_CASE("subscripts and slices count code points") {
-  CHECK(render("{{ 'abc'[::-1] }}|{{ 'abcdef'[1:] }}|{{ 'abcdef'[:-2] }}|{{ 'abcdef'[1:5:2] }}|{{ [1,2,3,4][::-2] }}") ==
-        "cba|bcdef|abcd|bd|[4, 2]");
+  CHECK(
+      render("{{ 'abc'[::-1] }}|{{ 'abcdef'[1:] }}|{{ 'abcdef'[:-2] }}|{{ 'abcdef'[1:5:2] }}|{{ [1,2,3,4][::-2] }}") ==
+      "cba|bcdef|abcd|bd|[4, 2]");
   CHECK(render("{{ 'héllo'[1] }}|{{ 'héllo'[-4:-1] }}|{{ 'héllo'|length }}|{{ [1,2,3,4][3:0:-1] }}|{{ l.1.a }}",
                R"({"l": [7, {"a": 8}]})") == "é|éll|5|[4, 3, 2]|8");
 }
 
 TEST_CASE("string methods and filters") {
-  CHECK(render("{{ '  x  '|trim }}|{{ 'xxhixx'|trim('x') }}|{{ 'Hi'|upper }}{{ 'Hi'|lower }}|{{ 'hello wORLD'|capitalize }}|"
-               "{{ 'hello wORLD foo'|title }}") == "x|hi|HIhi|Hello world|Hello World Foo");
-  CHECK(render("{{ 'a-b-c'.split('-') }}|{{ ' a  b '.split() }}|{{ 'a-b-c'.split('-', 1) }}|{{ 'a-b-c'.rsplit('-', 1) }}") ==
-        "['a', 'b', 'c']|['a', 'b']|['a', 'b-c']|['a-b', 'c']");
-  CHECK(render("{{ 'hello'.startswith('he') }}{{ 'hello'.endswith(('x', 'lo')) }}|{{ '  hi\\n'.strip() }}|"
-               "{{ 'xxhi'.lstrip('x') }}|{{ 'hi\\n\\n'.rstrip('\\n') }}|{{ 'hello'.find('l') }}{{ 'hello'.count('l') }}|"
-               "{{ ', '.join(['a', 'b']) }}|{{ 'aaa'.replace('a', 'b') }}|{{ 'aaa'|replace('a', 'b', 2) }}") ==
-        "TrueTrue|hi|hi|hi|22|a, b|bbb|bba");
+  CHECK(
+      render(
+          "{{ '  x  '|trim }}|{{ 'xxhixx'|trim('x') }}|{{ 'Hi'|upper }}{{ 'Hi'|lower }}|{{ 'hello wORLD'|capitalize }}|"
+          "{{ 'hello wORLD foo'|title }}") == "x|hi|HIhi|Hello world|Hello World Foo");
+  CHECK(
+      render(
+          "{{ 'a-b-c'.split('-') }}|{{ ' a  b '.split() }}|{{ 'a-b-c'.split('-', 1) }}|{{ 'a-b-c'.rsplit('-', 1) }}") ==
+      "['a', 'b', 'c']|['a', 'b']|['a', 'b-c']|['a-b', 'c']");
+  CHECK(
+      render("{{ 'hello'.startswith('he') }}{{ 'hello'.endswith(('x', 'lo')) }}|{{ '  hi\\n'.strip() }}|"
+             "{{ 'xxhi'.lstrip('x') }}|{{ 'hi\\n\\n'.rstrip('\\n') }}|{{ 'hello'.find('l') }}{{ 'hello'.count('l') }}|"
+             "{{ ', '.join(['a', 'b']) }}|{{ 'aaa'.replace('a', 'b') }}|{{ 'aaa'|replace('a', 'b', 2) }}") ==
+      "TrueTrue|hi|hi|hi|22|a, b|bbb|bba");
   // Qwen3's and GLM's reasoning split.
-  CHECK(render("{{ c.split('</think>')[-1].lstrip('\\n') }}|{{ c.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') }}",
+  CHECK(render("{{ c.split('</think>')[-1].lstrip('\\n') }}|{{ "
+               "c.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') }}",
                R"({"c": "<think>\nreason\n</think>\n\nanswer"})") == "answer|reason");
   CHECK(render("{{ [1,2,3]|length }}|{{ {'a':1}|length }}|{{ [3,1,2]|first }}{{ [3,1,2]|last }}|{{ 'abc'|list }}|"
                "{{ [1,2,3]|join(', ') }}|{{ u|join(', ', attribute='n') }}",
                R"({"u": [{"n": "a"}, {"n": "b"}]})") == "3|1|32|['a', 'b', 'c']|1, 2, 3|a, b");
-  CHECK(render("{{ '42'|int + 1 }}{{ '3.7'|int }}{{ 'x'|int }}{{ 'x'|int(5) }}{{ 3.9|int }}|{{ '2.5'|float }}|{{ -3|abs }}|"
-               "{{ 2.567|round(2) }}|{{ 1|string ~ [1]|string }}|{{ x|e }}",
-               R"({"x": "<a&'\">"})") == "433053|2.5|3|2.57|1[1]|&lt;a&amp;&#39;&#34;&gt;");
+  CHECK(
+      render(
+          "{{ '42'|int + 1 }}{{ '3.7'|int }}{{ 'x'|int }}{{ 'x'|int(5) }}{{ 3.9|int }}|{{ '2.5'|float }}|{{ -3|abs }}|"
+          "{{ 2.567|round(2) }}|{{ 1|string ~ [1]|string }}|{{ x|e }}",
+          R"({"x": "<a&'\">"})") == "433053|2.5|3|2.57|1[1]|&lt;a&amp;&#39;&#34;&gt;");
   CHECK(render("{{ 'a\\nb\\n\\nc'|indent }}|{{ 'a\\nb'|indent(2, true) }}") == "a\n    b\n\n    c|  a\n  b");
-  CHECK(render("{{ [3,1,2]|sort }}{{ ['b','A','c']|sort }}{{ [1,2,3]|reverse|list }}{{ 'abc'|reverse }}{{ [1,5,2]|max }}"
-               "{{ [1,2,3]|sum }}{{ range(5, 0, -2)|list }}{{ [1,2,3]|batch(2)|list }}") ==
-        "[1, 2, 3]['A', 'b', 'c'][3, 2, 1]cba56[5, 3, 1][[1, 2], [3]]");
-  CHECK(render("{{ '%s and %d' % ('a', 3) }}|{{ '%05.2f' % 3.14159 }}|{{ '%s-%s'|format(1, 2) }}") == "a and 3|03.14|1-2");
+  CHECK(
+      render("{{ [3,1,2]|sort }}{{ ['b','A','c']|sort }}{{ [1,2,3]|reverse|list }}{{ 'abc'|reverse }}{{ [1,5,2]|max }}"
+             "{{ [1,2,3]|sum }}{{ range(5, 0, -2)|list }}{{ [1,2,3]|batch(2)|list }}") ==
+      "[1, 2, 3]['A', 'b', 'c'][3, 2, 1]cba56[5, 3, 1][[1, 2], [3]]");
+  CHECK(render("{{ '%s and %d' % ('a', 3) }}|{{ '%05.2f' % 3.14159 }}|{{ '%s-%s'|format(1, 2) }}") ==
+        "a and 3|03.14|1-2");
 }
 
 TEST_CASE("selectattr, rejectattr, map, items and dict methods") {
-  const char* vars = R"({"l": [{"role": "user", "c": 1}, {"role": "assistant", "c": 2, "x": true}, {"role": "user", "c": 3}],
+  const char* vars =
+      R"({"l": [{"role": "user", "c": 1}, {"role": "assistant", "c": 2, "x": true}, {"role": "user", "c": 3}],
                          "d": {"b": 1, "a": 2}})";
-  CHECK(render("{{ l|selectattr('role', 'equalto', 'user')|list|length }}|{{ l|rejectattr('role', 'equalto', 'user')|"
-               "map(attribute='c')|join(',') }}|{{ l|selectattr('x')|map(attribute='c')|list }}|"
-               "{{ l|map(attribute='role')|unique|list }}|{{ [1,2,3,4]|select('odd')|list }}|{{ ['a']|map('upper')|list }}",
-               vars) == "2|2|[2]|['user', 'assistant']|[1, 3]|['A']");
-  CHECK(render("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}|{% for k in d %}{{ k }}{% endfor %}|{{ d|items|list }}|"
+  CHECK(
+      render(
+          "{{ l|selectattr('role', 'equalto', 'user')|list|length }}|{{ l|rejectattr('role', 'equalto', 'user')|"
+          "map(attribute='c')|join(',') }}|{{ l|selectattr('x')|map(attribute='c')|list }}|"
+          "{{ l|map(attribute='role')|unique|list }}|{{ [1,2,3,4]|select('odd')|list }}|{{ ['a']|map('upper')|list }}",
+          vars) == "2|2|[2]|['user', 'assistant']|[1, 3]|['A']");
+  CHECK(render("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}|{% for k in d %}{{ k }}{% endfor %}|{{ "
+               "d|items|list }}|"
                "{{ d.get('a') }}{{ d.get('z') }}{{ d.get('z', 5) }}|{{ d.keys()|list }}{{ d.values()|list }}",
                vars) == "b=1;a=2;|ba|[('b', 1), ('a', 2)]|2None5|['b', 'a'][1, 2]");
 }
 
 TEST_CASE("tests (is ...)") {
-  CHECK(render("{{ x is string }}{{ x is number }}{{ 1 is number }}{{ 1.5 is float }}{{ 1 is integer }}{{ true is boolean }}"
-               "{{ none is none }}{{ {} is mapping }}{{ [] is mapping }}{{ [] is iterable }}{{ 1 is iterable }}",
-               R"({"x": "s"})") == "TrueFalseTrueTrueTrueTrueTrueTrueFalseTrueFalse");
-  CHECK(render("{{ true is true }}{{ 1 is true }}{{ false is false }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}"
-               "{{ 9 is divisibleby(4) }}{{ 1 is eq 1 }}{{ 2 is gt 1 }}{{ 'a' is in 'abc' }}{{ x is not none }}",
-               R"({"x": "s"})") == "TrueFalseTrueTrueTrueTrueFalseTrueTrueTrueTrue");
+  CHECK(
+      render(
+          "{{ x is string }}{{ x is number }}{{ 1 is number }}{{ 1.5 is float }}{{ 1 is integer }}{{ true is boolean }}"
+          "{{ none is none }}{{ {} is mapping }}{{ [] is mapping }}{{ [] is iterable }}{{ 1 is iterable }}",
+          R"({"x": "s"})") == "TrueFalseTrueTrueTrueTrueTrueTrueFalseTrueFalse");
+  CHECK(render(
+            "{{ true is true }}{{ 1 is true }}{{ false is false }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}"
+            "{{ 9 is divisibleby(4) }}{{ 1 is eq 1 }}{{ 2 is gt 1 }}{{ 'a' is in 'abc' }}{{ x is not none }}",
+            R"({"x": "s"})") == "TrueFalseTrueTrueTrueTrueFalseTrueTrueTrueTrue");
 }
 
 TEST_CASE("statements: for with loop variables, filter, else, break/continue; set and namespace scoping; macros") {
-  CHECK(render("{% for x in l %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}"
-               "{{ loop.last }}{{ loop.length }}[{{ loop.previtem }}|{{ loop.nextitem }}]{% endfor %}",
-               R"({"l": ["a", "b"]})") == "1021TrueFalse2[|b]2110FalseTrue2[a|]");
-  CHECK(render("{% for x in l if x != 'b' %}{{ loop.index }}{{ x }}{{ loop.length }}{% endfor %}", R"({"l": ["a", "b", "c"]})") ==
-        "1a22c2");
-  CHECK(render("{% for x in [] %}x{% else %}empty{% endfor %}|{% for x in [1,2,3] %}{% if x == 2 %}{% continue %}{% endif %}"
-               "{{ x }}{% endfor %}|{% for x in [1,2,3] %}{% if x == 2 %}{% break %}{% endif %}{{ x }}{% endfor %}") ==
-        "empty|13|1");
+  CHECK(
+      render("{% for x in l %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}"
+             "{{ loop.last }}{{ loop.length }}[{{ loop.previtem }}|{{ loop.nextitem }}]{% endfor %}",
+             R"({"l": ["a", "b"]})") == "1021TrueFalse2[|b]2110FalseTrue2[a|]");
+  CHECK(render("{% for x in l if x != 'b' %}{{ loop.index }}{{ x }}{{ loop.length }}{% endfor %}",
+               R"({"l": ["a", "b", "c"]})") == "1a22c2");
+  CHECK(
+      render(
+          "{% for x in [] %}x{% else %}empty{% endfor %}|{% for x in [1,2,3] %}{% if x == 2 %}{% continue %}{% endif %}"
+          "{{ x }}{% endfor %}|{% for x in [1,2,3] %}{% if x == 2 %}{% break %}{% endif %}{{ x }}{% endfor %}") ==
+      "empty|13|1");
   CHECK(render("{% for x in [1,2] %}{{ loop.cycle('odd', 'even') }}{% endfor %}") == "oddeven");
   // A for body is a new scope per iteration: `set` inside does not leak; namespaces carry state out.
   CHECK(render("{% set x = 1 %}{% for i in [1,2] %}{{ x }}{% set x = 2 %}{{ x }}{% endfor %}{{ x }}") == "12121");
-  CHECK(render("{% set ns = namespace(a=1, b='x') %}{% for i in [1,2,3] %}{% set ns.a = ns.a + i %}{% endfor %}{{ ns.a }}{{ ns.b }}") ==
-        "7x");
-  CHECK(render("{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set c, d = [3, 4] %}{{ c + d }}{% set s %}in {{ 1 + 1 }}{% endset %}[{{ s }}]") ==
-        "127[in 2]");
-  CHECK(render("{% macro m(a, b='B', c=none) %}{{ a }}-{{ b }}-{{ c }}{% endmacro %}{{ m(1) }}|{{ m(1, 2) }}|{{ m(1, c=3) }}|"
+  CHECK(render("{% set ns = namespace(a=1, b='x') %}{% for i in [1,2,3] %}{% set ns.a = ns.a + i %}{% endfor %}{{ ns.a "
+               "}}{{ ns.b }}") == "7x");
+  CHECK(render("{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set c, d = [3, 4] %}{{ c + d }}{% set s %}in {{ 1 + 1 }}{% "
+               "endset %}[{{ s }}]") == "127[in 2]");
+  CHECK(render("{% macro m(a, b='B', c=none) %}{{ a }}-{{ b }}-{{ c }}{% endmacro %}{{ m(1) }}|{{ m(1, 2) }}|{{ m(1, "
+               "c=3) }}|"
                "{{ 'x' + m('y') }}") == "1-B-None|1-2-None|1-B-3|xy-B-None");
   CHECK(render("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(5) }}") == "54321");
   CHECK(render("{% macro f() %}{{ g }}{% endmacro %}{% set g = 'top' %}{{ f() }}") == "top");
-  CHECK(errorOf("{% set x = 5 %}{% set x.y = 1 %}").find("cannot assign attribute on non-namespace object") != std::string::npos);
+  CHECK(errorOf("{% set x = 5 %}{% set x.y = 1 %}").find("cannot assign attribute on non-namespace object") !=
+        std::string::npos);
   CHECK(errorOf("{% set a, b = [1, 2, 3] %}").find("too many values to unpack (expected 2)") != std::string::npos);
-  CHECK(errorOf("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}").find("takes not more than 1 argument(s)") != std::string::npos);
+  CHECK(errorOf("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}").find("takes not more than 1 argument(s)") !=
+        std::string::npos);
 }
 
 TEST_CASE("whitespace control: trim_blocks, lstrip_blocks, '-' and '+' markers, comments, raw") {
@@ -250,12 +278,14 @@ TEST_CASE("whitespace control: trim_blocks, lstrip_blocks, '-' and '+' markers, 
 
 TEST_CASE("tojson is transformers' json.dumps(ensure_ascii=False)") {
   const char* vars = R"({"d": {"name": "f", "p": {"type": ["string", null], "n": 1.0, "e": [], "o": {}}}})";
-  CHECK(render("{{ d|tojson }}", vars) == R"({"name": "f", "p": {"type": ["string", null], "n": 1.0, "e": [], "o": {}}})");
+  CHECK(render("{{ d|tojson }}", vars) ==
+        R"({"name": "f", "p": {"type": ["string", null], "n": 1.0, "e": [], "o": {}}})");
   CHECK(render("{{ d|tojson(indent=2) }}", vars) ==
         "{\n  \"name\": \"f\",\n  \"p\": {\n    \"type\": [\n      \"string\",\n      null\n    ],\n    \"n\": 1.0,\n"
         "    \"e\": [],\n    \"o\": {}\n  }\n}");
-  CHECK(render(R"({{ 'é\u2028"\\\n\t\x01'|tojson }}|{{ 'é😀'|tojson(ensure_ascii=true) }}|{{ {'b':1,'a':2}|tojson(sort_keys=true) }})") ==
-        "\"é\u2028\\\"\\\\\\n\\t\\u0001\"|\"\\u00e9\\ud83d\\ude00\"|{\"a\": 2, \"b\": 1}");
+  CHECK(render(R"({{ 'é\u2028"\\\n\t\x01'|tojson }})") == "\"é\u2028\\\"\\\\\\n\\t\\u0001\"");
+  CHECK(render(R"({{ 'é😀'|tojson(ensure_ascii=true) }}|{{ {'b':1,'a':2}|tojson(sort_keys=true) }})") ==
+        "\"\\u00e9\\ud83d\\ude00\"|{\"a\": 2, \"b\": 1}");
 }
 
 TEST_CASE("globals: raise_exception, strftime_now (injectable clock, local time by default), range, namespace, dict") {
@@ -269,9 +299,10 @@ TEST_CASE("globals: raise_exception, strftime_now (injectable clock, local time 
     localtime_r(&t, &tm);
     CHECK(*tmpl->render(ChatInputs{}) == std::to_string(tm.tm_year + 1900));
   }
-  CHECK(render("{{ range(5, 0, -2)|list }}{{ range(0, 5, 2)|list }}{{ range(3, 3)|list }}{{ range(9223372036854775807 - 1, 9223372036854775807)|list }}") ==
-        "[5, 3, 1][0, 2, 4][][9223372036854775806]");
-  CHECK(render("{{ range(3)|list }}{{ range(1, 4)|list }}{{ dict(a=1) }}{{ namespace(x=1).x }}") == "[0, 1, 2][1, 2, 3]{'a': 1}1");
+  CHECK(render("{{ range(5, 0, -2)|list }}{{ range(0, 5, 2)|list }}{{ range(3, 3)|list }}{{ range(9223372036854775807 "
+               "- 1, 9223372036854775807)|list }}") == "[5, 3, 1][0, 2, 4][][9223372036854775806]");
+  CHECK(render("{{ range(3)|list }}{{ range(1, 4)|list }}{{ dict(a=1) }}{{ namespace(x=1).x }}") ==
+        "[0, 1, 2][1, 2, 3]{'a': 1}1");
   CHECK(errorOf("\n  {{ raise_exception('boom ' ~ 1) }}") == "chat template 2:6: boom 1");
 }
 
@@ -301,21 +332,26 @@ TEST_CASE("nesting and recursion are bounded (no stack exhaustion)") {
         std::string::npos);
   CHECK(errorOf("{{ " + repeat("not ", 10000) + "1 }}").find("nested deeper than 64") != std::string::npos);
   CHECK(errorOf("{{ " + repeat("-", 10000) + "1 }}").find("nested deeper than 64") != std::string::npos);
-  CHECK(errorOf(repeat("{% if 1 %}", 10000) + repeat("{% endif %}", 10000)).find("nested deeper than 64") != std::string::npos);
+  CHECK(errorOf(repeat("{% if 1 %}", 10000) + repeat("{% endif %}", 10000)).find("nested deeper than 64") !=
+        std::string::npos);
   CHECK(errorOf("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("macro 'f': calls nested deeper than 64") !=
         std::string::npos);
   CHECK(render(repeat("(", 30) + "{{ " + repeat("(", 30) + "1" + repeat(")", 30) + " }}") == repeat("(", 30) + "1");
   // Blocks inside recursive macros: bounded as a whole, not only per macro level.
-  CHECK(errorOf("{% macro f() %}" + repeat("{% if 1 %}", 50) + "{{ f() }}" + repeat("{% endif %}", 50) + "{% endmacro %}{{ f() }}")
+  CHECK(errorOf("{% macro f() %}" + repeat("{% if 1 %}", 50) + "{{ f() }}" + repeat("{% endif %}", 50) +
+                "{% endmacro %}{{ f() }}")
             .find("blocks and macro calls nested deeper than 256") != std::string::npos);
   // Values a template builds: deep lists are refused, namespace cycles and chains print and free safely.
   CHECK(errorOf("{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}")
             .find("lists and dicts nested deeper than 256") != std::string::npos);
   CHECK(errorOf("{% set ns = namespace(x=[1]) %}{% for i in range(1000) %}{% set ns.x = ns.x|batch(1) %}{% endfor %}")
             .find("lists and dicts nested deeper than 256") != std::string::npos);
-  CHECK(render("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}") == "<Namespace {'a': 1, 'me': <Namespace {...}>}>");
-  CHECK(render("{% set ns = namespace(x=none) %}{% for i in range(50000) %}{% set ns.x = namespace(prev=ns.x) %}{% endfor %}"
-               "done") == "done");
+  CHECK(render("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}") ==
+        "<Namespace {'a': 1, 'me': <Namespace {...}>}>");
+  CHECK(
+      render(
+          "{% set ns = namespace(x=none) %}{% for i in range(50000) %}{% set ns.x = namespace(prev=ns.x) %}{% endfor %}"
+          "done") == "done");
   CHECK(Value::fromJson(repeat("[", 100000) + repeat("]", 100000)).status().message().find("nested deeper than 512") !=
         std::string::npos);
   CHECK(errorOf("{{ range(100000000)|length }}").find("range() longer than 1048576 elements") != std::string::npos);
@@ -334,4 +370,67 @@ TEST_CASE("Value: JSON keeps key order; Python str/repr/==") {
   CHECK(Value().str().empty());
   CHECK_FALSE(Value().truthy());
   CHECK(Value(int64_t{3}) == Value(3.0));
+}
+
+TEST_CASE("corrupted real templates fail cleanly (deterministic mutations of every fixture template)") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string dir = minfer::test::fixturesDir() + "/chat_templates";
+  const auto index = nlohmann::ordered_json::parse(readText(dir + "/index.json"));
+  ChatInputs in;
+  in.messages = *Value::fromJson(index["conversations"]["multi_turn"]["messages"].dump());
+  in.add_generation_prompt = true;
+  in.now = fixtureClock;
+  static const char* const kSnippets[] = {"{%", "%}", "{{", "}}", "{#",           "#}",          "-",    "(",
+                                          ")",  "[",  "]",  "'",  "\"",           "\\",          " if ", " for ",
+                                          "|",  ".",  ",",  "\n", "{% endfor %}", "{% endif %}", "\xff"};
+  uint64_t state = 0x9E3779B97F4A7C15ull;  // xorshift64: the same mutations on every run
+  auto next = [&](uint64_t bound) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return bound ? state % bound : 0;
+  };
+  int parsed = 0, rendered = 0, total = 0;
+  std::string last_template;
+  for (const auto& c : index["cases"]) {
+    const std::string name = c["template"].get<std::string>();
+    if (name == last_template) continue;
+    last_template = name;
+    const std::string source = readText(dir + "/templates/" + name + ".jinja");
+    for (int m = 0; m < 120; ++m) {
+      std::string s = source;
+      for (int k = 1 + static_cast<int>(next(3)); k > 0; --k) {
+        const size_t at = next(s.size() + 1);
+        switch (next(4)) {
+          case 0:
+            s.erase(at, next(16));
+            break;  // delete a run
+          case 1:
+            s.insert(at, kSnippets[next(std::size(kSnippets))]);
+            break;  // insert syntax
+          case 2:
+            s.insert(at, s.substr(next(s.size() + 1), next(64)));
+            break;  // duplicate a run
+          default:
+            s.resize(at);
+            break;  // truncate
+        }
+      }
+      ++total;
+      auto tmpl = ChatTemplate::parse(s);
+      if (!tmpl.isOk()) {
+        CHECK(tmpl.status().message().rfind("chat template ", 0) == 0);
+        continue;
+      }
+      ++parsed;
+      auto out = tmpl->render(in);
+      if (out.isOk())
+        ++rendered;
+      else
+        CHECK(out.status().message().rfind("chat template ", 0) == 0);
+    }
+  }
+  MESSAGE(total << " mutated templates: " << parsed << " parsed, " << rendered
+                << " rendered, the rest refused with a message");
+  CHECK(total == 16 * 120);
 }

@@ -49,15 +49,19 @@ class Value {
   using List = std::vector<Value>;
   using Dict = std::vector<std::pair<std::string, Value>>;  // insertion order, unique keys
 
-  Value() = default;  // undefined (a missing variable)
-  Value(bool b) : v_(b) {}                                 // NOLINT: implicit, like a literal
-  Value(int i) : v_(int64_t{i}) {}                         // NOLINT
-  Value(int64_t i) : v_(i) {}                              // NOLINT
-  Value(double d) : v_(d) {}                               // NOLINT
-  Value(std::string s) : v_(std::move(s)) {}               // NOLINT
-  Value(std::string_view s) : v_(std::string(s)) {}        // NOLINT
-  Value(const char* s) : v_(std::string(s)) {}             // NOLINT
-  static Value none() { Value v; v.v_ = None{}; return v; }
+  Value() = default;                                 // undefined (a missing variable)
+  Value(bool b) : v_(b) {}                           // NOLINT: implicit, like a literal
+  Value(int i) : v_(int64_t{i}) {}                   // NOLINT
+  Value(int64_t i) : v_(i) {}                        // NOLINT
+  Value(double d) : v_(d) {}                         // NOLINT
+  Value(std::string s) : v_(std::move(s)) {}         // NOLINT
+  Value(std::string_view s) : v_(std::string(s)) {}  // NOLINT
+  Value(const char* s) : v_(std::string(s)) {}       // NOLINT
+  static Value none() {
+    Value v;
+    v.v_ = None{};
+    return v;
+  }
   static Value list(List items = {});
   static Value tuple(List items);  // a list that prints as Python's tuple: (1, 2), (1,)
   static Value dict(Dict items = {});
@@ -121,20 +125,25 @@ class Value {
  private:
   std::string reprInside(std::vector<const void*>& open) const;
 
-  struct Undefined { std::shared_ptr<const std::string> why; };
+  struct Undefined {
+    std::shared_ptr<const std::string> why;
+  };
   struct None {};
-  struct Namespace { std::shared_ptr<Dict> attributes; };
-  std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<List>,
-               std::shared_ptr<Dict>, Namespace, std::shared_ptr<const detail::Callable>> v_;
-  bool tuple_ = false;   // a list made as a tuple (only its repr differs)
-  uint16_t depth_ = 0;   // nesting()
+  struct Namespace {
+    std::shared_ptr<Dict> attributes;
+  };
+  std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<List>, std::shared_ptr<Dict>,
+               Namespace, std::shared_ptr<const detail::Callable>>
+      v_;
+  bool tuple_ = false;  // a list made as a tuple (only its repr differs)
+  uint16_t depth_ = 0;  // nesting()
 };
 
 // What a chat template is rendered with (the variables transformers' apply_chat_template passes).
 struct ChatInputs {
-  Value messages = Value::list();      // list of {"role": ..., "content": ..., ...} dicts
+  Value messages = Value::list();  // list of {"role": ..., "content": ..., ...} dicts
   bool add_generation_prompt = false;
-  std::string bos_token;               // the tokenizer's BOS text ("" when it has none)
+  std::string bos_token;  // the tokenizer's BOS text ("" when it has none)
   std::string eos_token;
   // Further variables (tools, documents, enable_thinking, …); they shadow the four above.
   std::vector<std::pair<std::string, Value>> extra;
