@@ -1,7 +1,9 @@
 // Chat templates (runtime/chat): every case of fixtures/chat_templates byte for byte, the expression
 // language against values computed by hand, and malformed templates refused with their position.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -433,4 +435,40 @@ TEST_CASE("corrupted real templates fail cleanly (deterministic mutations of eve
   MESSAGE(total << " mutated templates: " << parsed << " parsed, " << rendered
                 << " rendered, the rest refused with a message");
   CHECK(total == 16 * 120);
+}
+
+TEST_CASE("minfer-chat-template renders a template file for a messages file") {
+  const std::string dir = minfer::test::scratchDir();
+  std::ofstream(dir + "/t.jinja") << "{{ bos_token }}{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+                                     "{% if add_generation_prompt %}[assistant:{% endif %}{{ extra }}"
+                                     "{% if messages|length > 2 %}{{ raise_exception('too long') }}{% endif %}\n";
+  std::ofstream(dir + "/list.json") << R"([{"role": "user", "content": "Hi"}])";
+  std::ofstream(dir + "/object.json")
+      << R"({"messages": [{"role": "user", "content": "Hé"}], "bos_token": "<s>", "extra": "!", "add_generation_prompt": true})";
+  std::ofstream(dir + "/long.json") << R"([{"role": "user", "content": "1"}, {"role": "user", "content": "2"},
+                                          {"role": "user", "content": "3"}])";
+  // Runs the tool; returns its stdout (stderr appended after "\n--stderr--\n") and sets the exit status.
+  auto run = [&](const std::string& args, int& status) {
+    const std::string cmd = std::string(MINFER_CHAT_TEMPLATE_TOOL) + " " + args + " 2>" + dir + "/err";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    const int rc = ::pclose(p);
+    status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    return out + (status ? "\n--stderr--\n" + readText(dir + "/err") : "");
+  };
+  int status = 0;
+  CHECK(run(dir + "/t.jinja " + dir + "/list.json", status) == "[user:Hi]");  // trailing newline dropped
+  CHECK(status == 0);
+  CHECK(run(dir + "/t.jinja " + dir + "/object.json", status) == "<s>[user:Hé][assistant:!");
+  CHECK(run(dir + "/t.jinja " + dir + "/list.json --add-generation-prompt --bos '<B>'", status) ==
+        "<B>[user:Hi][assistant:");
+  CHECK(status == 0);
+  const std::string error = run(dir + "/t.jinja " + dir + "/long.json", status);
+  CHECK(status == 1);
+  CHECK(error.find("t.jinja: chat template 1:175: too long") != std::string::npos);
+  run(dir + "/missing.jinja " + dir + "/list.json", status);
+  CHECK(status == 1);
 }
