@@ -2,6 +2,7 @@
 // item lookup, iteration and ordering, with jinja2's and Python's error texts.
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 
@@ -34,6 +35,14 @@ std::string stringArg(const CallArgs& a, size_t pos, const char* name, const cha
   return v->asString();
 }
 
+// An integer argument of a str method (None: -1, "all"); Python refuses floats and strings.
+int64_t intArg(const Value& v, size_t offset) {
+  if (v.isNone()) return -1;
+  if (v.kind() != K::kInt && v.kind() != K::kBool)
+    fail(offset, "'" + pythonTypeName(v) + "' object cannot be interpreted as an integer");
+  return v.asInt();
+}
+
 uint32_t decodeCp(std::string_view cp) {
   const auto c = static_cast<unsigned char>(cp[0]);
   if (cp.size() == 1) return c;
@@ -42,35 +51,126 @@ uint32_t decodeCp(std::string_view cp) {
   return v;
 }
 
-// ASCII case mapping only: non-ASCII letters are left as they are (documented in README.md).
-std::string asciiUpper(std::string s) {
-  for (char& c : s)
-    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 32);
-  return s;
+// Python's case mapping for the scripts chat text mostly uses: ASCII, Latin-1, Latin Extended-A, Greek
+// (with the final-sigma rule of str.lower) and basic Cyrillic; other code points are left as they are.
+uint32_t upperCp(uint32_t c) {
+  if (c >= 'a' && c <= 'z') return c - 32;
+  if (c < 0x80) return c;
+  if ((c >= 0xE0 && c <= 0xFE && c != 0xF7)) return c - 0x20;
+  if (c == 0xFF) return 0x178;
+  if (c == 0xB5) return 0x39C;
+  if (c == 0x131) return 'I';
+  if (c == 0x17F) return 'S';
+  if ((c >= 0x100 && c <= 0x137 && c != 0x130) || (c >= 0x14A && c <= 0x177)) return c & ~1u;
+  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c % 2 == 0) ? c - 1 : c;
+  if ((c >= 0x3B1 && c <= 0x3C1) || (c >= 0x3C3 && c <= 0x3CB)) return c - 0x20;
+  if (c == 0x3C2) return 0x3A3;
+  if (c == 0x3AC) return 0x386;
+  if (c >= 0x3AD && c <= 0x3AF) return c - 0x25;
+  if (c == 0x3CC) return 0x38C;
+  if (c == 0x3CD || c == 0x3CE) return c - 0x3F;
+  if (c >= 0x430 && c <= 0x44F) return c - 0x20;
+  if (c >= 0x450 && c <= 0x45F) return c - 0x50;
+  return c;
 }
-std::string asciiLower(std::string s) {
-  for (char& c : s)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
-  return s;
-}
-bool isAsciiAlpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
-std::string capitalize(const std::string& s) {
-  std::string out = asciiLower(s);
-  if (!out.empty() && out[0] >= 'a' && out[0] <= 'z') out[0] = static_cast<char>(out[0] - 32);
+uint32_t lowerCp(uint32_t c) {
+  if (c >= 'A' && c <= 'Z') return c + 32;
+  if (c < 0x80) return c;
+  if (c >= 0xC0 && c <= 0xDE && c != 0xD7) return c + 0x20;
+  if (c == 0x178) return 0xFF;
+  if ((c >= 0x100 && c <= 0x137 && c != 0x130 && c != 0x131) || (c >= 0x14A && c <= 0x177)) return c | 1u;
+  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c % 2 == 1) ? c + 1 : c;
+  if ((c >= 0x391 && c <= 0x3A1) || (c >= 0x3A3 && c <= 0x3AB)) return c + 0x20;
+  if (c == 0x386) return 0x3AC;
+  if (c >= 0x388 && c <= 0x38A) return c + 0x25;
+  if (c == 0x38C) return 0x3CC;
+  if (c == 0x38E || c == 0x38F) return c + 0x3F;
+  if (c >= 0x410 && c <= 0x42F) return c + 0x20;
+  if (c >= 0x400 && c <= 0x40F) return c + 0x50;
+  return c;
+}
+
+bool isCased(uint32_t c) { return c == 0xDF || upperCp(c) != c || lowerCp(c) != c; }
+
+void appendCp(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// Appends code point i of cps in the given case (Python's special cases: ß → SS, İ → i̇, final sigma).
+void appendCased(std::string& out, const std::vector<std::string_view>& cps, size_t i, bool upper) {
+  const uint32_t c = decodeCp(cps[i]);
+  if (upper && c == 0xDF) return void(out += "SS");
+  if (!upper && c == 0x130) return void(out += "i\xCC\x87");
+  if (!upper && c == 0x3A3) {  // Σ → ς at the end of a word: after a cased letter, not before one
+    const bool after = i > 0 && isCased(decodeCp(cps[i - 1]));
+    const bool before = i + 1 < cps.size() && isCased(decodeCp(cps[i + 1]));
+    if (after && !before) return appendCp(out, 0x3C2);
+  }
+  const uint32_t m = upper ? upperCp(c) : lowerCp(c);
+  if (m == c)
+    out += cps[i];  // unchanged: keep the original bytes (also invalid UTF-8)
+  else
+    appendCp(out, m);
+}
+
+std::string toUpper(std::string_view s) {
+  const auto cps = splitCodePoints(s);
+  std::string out;
+  for (size_t i = 0; i < cps.size(); ++i) appendCased(out, cps, i, true);
+  return out;
+}
+std::string toLower(std::string_view s) {
+  const auto cps = splitCodePoints(s);
+  std::string out;
+  for (size_t i = 0; i < cps.size(); ++i) appendCased(out, cps, i, false);
   return out;
 }
 
+// Python's str.capitalize: the first character upper (title) case, the rest lower case.
+std::string capitalize(const std::string& s) {
+  const auto cps = splitCodePoints(s);
+  std::string out;
+  for (size_t i = 0; i < cps.size(); ++i) appendCased(out, cps, i, i == 0);
+  return out;
+}
+
+// Python's str.title: a cased character after a cased one is lowered, any other is raised.
 std::string title(const std::string& s) {
-  std::string out = s;
+  const auto cps = splitCodePoints(s);
+  std::string out;
   bool prev_cased = false;
-  for (char& c : out) {
-    if (isAsciiAlpha(c)) {
-      c = prev_cased ? asciiLower(std::string(1, c))[0] : asciiUpper(std::string(1, c))[0];
-      prev_cased = true;
-    } else {
-      prev_cased = static_cast<unsigned char>(c) >= 0x80 && prev_cased;
-    }
+  for (size_t i = 0; i < cps.size(); ++i) {
+    const bool cased = isCased(decodeCp(cps[i]));
+    appendCased(out, cps, i, !prev_cased);
+    prev_cased = cased;
+  }
+  return out;
+}
+
+// jinja2's `title` filter (not str.title): words split at whitespace and "-({[<", each with its first
+// character upper-cased and the rest lower-cased.
+std::string jinjaTitle(const std::string& s) {
+  const auto cps = splitCodePoints(s);
+  std::string out;
+  bool word_start = true;
+  for (size_t i = 0; i < cps.size(); ++i) {
+    const uint32_t c = decodeCp(cps[i]);
+    const bool separator = isPythonSpace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    if (separator)
+      out += cps[i];
+    else
+      appendCased(out, cps, i, word_start);
+    word_start = separator;
   }
   return out;
 }
@@ -189,14 +289,13 @@ const std::pair<const char*, StrMethod> kStrMethods[] = {
     {"split",
      [](const std::string& s, CallArgs& a) {
        const Value maxsplit = argOr(a, 1, "maxsplit", Value(-1));
-       return toList(
-           split(s, argOr(a, 0, "sep", Value::none()), maxsplit.isNumber() ? maxsplit.asInt() : -1, a.offset));
+       return toList(split(s, argOr(a, 0, "sep", Value::none()), intArg(maxsplit, a.offset), a.offset));
      }},
     {"rsplit",
      [](const std::string& s, CallArgs& a) {
        const Value sep = argOr(a, 0, "sep", Value::none());
        const Value maxsplit = argOr(a, 1, "maxsplit", Value(-1));
-       const int64_t n = maxsplit.isNumber() ? maxsplit.asInt() : -1;
+       const int64_t n = intArg(maxsplit, a.offset);
        std::vector<std::string> all = split(s, sep, -1, a.offset);
        if (n < 0 || static_cast<int64_t>(all.size()) <= n + 1 || !sep.isString()) return toList(std::move(all));
        // Keep the last n pieces separate, join the rest back with the separator.
@@ -212,10 +311,10 @@ const std::pair<const char*, StrMethod> kStrMethods[] = {
      [](const std::string& s, CallArgs& a) {
        const Value count = argOr(a, 2, "count", Value(-1));
        return Value(replaceAll(s, stringArg(a, 0, "old", "replace"), stringArg(a, 1, "new", "replace"),
-                               count.isNumber() ? count.asInt() : -1));
+                               intArg(count, a.offset)));
      }},
-    {"upper", [](const std::string& s, CallArgs&) { return Value(asciiUpper(s)); }},
-    {"lower", [](const std::string& s, CallArgs&) { return Value(asciiLower(s)); }},
+    {"upper", [](const std::string& s, CallArgs&) { return Value(toUpper(s)); }},
+    {"lower", [](const std::string& s, CallArgs&) { return Value(toLower(s)); }},
     {"title", [](const std::string& s, CallArgs&) { return Value(title(s)); }},
     {"capitalize", [](const std::string& s, CallArgs&) { return Value(capitalize(s)); }},
     {"find",
@@ -518,8 +617,7 @@ std::string percentFormat(size_t offset, const std::string& fmt, const Value& ar
         if (!v.isNumber())
           fail(offset, std::string("%") + conv + " format: a real number is required, not " + pythonTypeName(v));
         std::snprintf(buf, sizeof buf, (spec + (conv == 'x' ? "llx" : "lld")).c_str(),
-                      v.kind() == K::kFloat ? static_cast<long long>(std::trunc(v.asFloat()))
-                                            : static_cast<long long>(v.asInt()));
+                      static_cast<long long>(v.asInt()));
         out += buf;
         break;
       case 'f':
@@ -550,7 +648,9 @@ Value attributeOf(const Value& item, const std::string& path) {
     const bool digits =
         !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
     if (v.isUndefined()) return v;
-    v = getItem(v, digits ? Value(static_cast<int64_t>(std::stoll(part))) : Value(part));
+    int64_t index = 0;
+    const bool numeric = digits && std::from_chars(part.data(), part.data() + part.size(), index).ec == std::errc();
+    v = getItem(v, numeric ? Value(index) : Value(part));
     if (dot == std::string::npos) return v;
     start = dot + 1;
   }
@@ -651,7 +751,7 @@ Value sortFilter(const Value& input, CallArgs& a) {
   const Value attribute = argOr(a, 2, "attribute", Value::none());
   auto key = [&](const Value& v) {
     Value k = attribute.isString() ? attributeOf(v, attribute.asString()) : v;
-    return (!case_sensitive && k.isString()) ? Value(asciiLower(k.asString())) : k;
+    return (!case_sensitive && k.isString()) ? Value(toLower(k.asString())) : k;
   };
   std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
     const int c = pythonOrder(a.offset, "<", key(x), key(y));
@@ -747,7 +847,9 @@ const std::pair<const char*, FilterFn> kFilters[] = {
     {"abs",
      [](const Value& v, CallArgs& a) {
        if (!v.isNumber()) fail(a.offset, "bad operand type for abs(): '" + pythonTypeName(v) + "'");
-       return v.kind() == K::kFloat ? Value(std::fabs(v.asFloat())) : Value(v.asInt() < 0 ? -v.asInt() : v.asInt());
+       if (v.kind() == K::kFloat) return Value(std::fabs(v.asFloat()));
+       if (v.asInt() == INT64_MIN) fail(a.offset, "integer overflow");
+       return Value(v.asInt() < 0 ? -v.asInt() : v.asInt());
      }},
     {"attr", [](const Value& v, CallArgs& a) { return getAttribute(v, stringArg(a, 0, "name", "attr")); }},
     {"batch",
@@ -784,7 +886,7 @@ const std::pair<const char*, FilterFn> kFilters[] = {
        Value::List items;
        for (const auto& [k, x] : v.asDict()) items.push_back(Value::tuple({Value(k), x}));
        std::stable_sort(items.begin(), items.end(), [](const Value& x, const Value& y) {
-         return asciiLower(x.asList()[0].asString()) < asciiLower(y.asList()[0].asString());
+         return toLower(x.asList()[0].asString()) < toLower(y.asList()[0].asString());
        });
        return Value::list(std::move(items));
      }},
@@ -819,7 +921,7 @@ const std::pair<const char*, FilterFn> kFilters[] = {
     {"last", [](const Value& v, CallArgs& a) { return firstLast(v, a, true); }},
     {"length", [](const Value& v, CallArgs& a) { return Value(pyLen(v, a.offset)); }},
     {"list", [](const Value& v, CallArgs& a) { return Value::list(iterate(v, a.offset)); }},
-    {"lower", [](const Value& v, CallArgs&) { return Value(asciiLower(v.str())); }},
+    {"lower", [](const Value& v, CallArgs&) { return Value(toLower(v.str())); }},
     {"map", mapFilter},
     {"max", [](const Value& v, CallArgs& a) { return minMax(v, a, true); }},
     {"min", [](const Value& v, CallArgs& a) { return minMax(v, a, false); }},
@@ -829,7 +931,7 @@ const std::pair<const char*, FilterFn> kFilters[] = {
      [](const Value& v, CallArgs& a) {
        const Value count = argOr(a, 2, "count", Value::none());
        return Value(replaceAll(v.str(), argOr(a, 0, "old", Value("")).str(), argOr(a, 1, "new", Value("")).str(),
-                               count.isNumber() ? count.asInt() : -1));
+                               intArg(count, a.offset)));
      }},
     {"reverse",
      [](const Value& v, CallArgs& a) {
@@ -846,7 +948,9 @@ const std::pair<const char*, FilterFn> kFilters[] = {
     {"round",
      [](const Value& v, CallArgs& a) {
        if (!v.isNumber()) fail(a.offset, "round: a number is required, not " + pythonTypeName(v));
-       const int64_t precision = argOr(a, 0, "precision", Value(0)).asInt();
+       const Value p = argOr(a, 0, "precision", Value(0));
+       if (p.kind() != K::kInt) fail(a.offset, "round: precision must be an integer");
+       const int64_t precision = std::clamp<int64_t>(p.asInt(), -400, 400);
        const std::string method = argOr(a, 1, "method", Value("common")).str();
        const double scale = std::pow(10.0, static_cast<double>(precision));
        const double x = v.asFloat() * scale;
@@ -866,12 +970,17 @@ const std::pair<const char*, FilterFn> kFilters[] = {
          const Value x = attribute.isString() ? attributeOf(item, attribute.asString()) : item;
          if (!x.isNumber() || !total.isNumber())
            fail(a.offset, "sum: unsupported operand type '" + pythonTypeName(x) + "'");
-         total = (x.kind() == K::kFloat || total.kind() == K::kFloat) ? Value(total.asFloat() + x.asFloat())
-                                                                      : Value(total.asInt() + x.asInt());
+         if (x.kind() == K::kFloat || total.kind() == K::kFloat) {
+           total = Value(total.asFloat() + x.asFloat());
+         } else {
+           int64_t r = 0;
+           if (__builtin_add_overflow(total.asInt(), x.asInt(), &r)) fail(a.offset, "integer overflow");
+           total = Value(r);
+         }
        }
        return total;
      }},
-    {"title", [](const Value& v, CallArgs&) { return Value(title(v.str())); }},
+    {"title", [](const Value& v, CallArgs&) { return Value(jinjaTitle(v.str())); }},
     {"tojson", tojsonFilter},
     {"trim", [](const Value& v,
                 CallArgs& a) { return Value(pythonStrip(v.str(), argOr(a, 0, "chars", Value::none()), true, true)); }},
@@ -880,23 +989,27 @@ const std::pair<const char*, FilterFn> kFilters[] = {
        Value::List out;
        for (const Value& item : iterate(v, a.offset)) {
          const bool seen = std::any_of(out.begin(), out.end(), [&](const Value& o) {
-           return (o.isString() && item.isString()) ? asciiLower(o.asString()) == asciiLower(item.asString())
-                                                    : o == item;
+           return (o.isString() && item.isString()) ? toLower(o.asString()) == toLower(item.asString()) : o == item;
          });
          if (!seen) out.push_back(item);
        }
        return Value::list(std::move(out));
      }},
-    {"upper", [](const Value& v, CallArgs&) { return Value(asciiUpper(v.str())); }},
+    {"upper", [](const Value& v, CallArgs&) { return Value(toUpper(v.str())); }},
 };
 
 // ----- tests -----
 
-bool numberArg(const CallArgs& a, const Value& v, int64_t& out) {
-  const Value* x = arg(a, 0, "num");
-  if (!x || !x->isNumber() || !v.isNumber()) return false;
-  out = x->asInt();
-  return true;
+// Python's `value % divisor == 0` for ints and floats (INT64_MIN % -1 is 0, not a trap).
+bool divisible(size_t offset, const Value& v, const Value& divisor, const char* test) {
+  if (!v.isNumber() || !divisor.isNumber()) fail(offset, std::string(test) + ": numbers are required");
+  if (v.kind() == K::kFloat || divisor.kind() == K::kFloat) {
+    if (divisor.asFloat() == 0) fail(offset, "float modulo");
+    return std::fmod(v.asFloat(), divisor.asFloat()) == 0;
+  }
+  const int64_t n = divisor.asInt();
+  if (n == 0) fail(offset, "integer division or modulo by zero");
+  return n == -1 || v.asInt() % n == 0;
 }
 
 bool compareTest(const Value& v, CallArgs& a, const char* op) {
@@ -914,17 +1027,15 @@ const std::pair<const char*, TestFn> kTests[] = {
     {"callable", [](const Value& v, CallArgs&) { return v.kind() == K::kCallable; }},
     {"defined", [](const Value& v, CallArgs&) { return !v.isUndefined(); }},
     {"divisibleby", [](const Value& v, CallArgs& a) {
-       int64_t n = 0;
-       if (!numberArg(a, v, n)) fail(a.offset, "divisibleby: numbers are required");
-       if (n == 0) fail(a.offset, "integer division or modulo by zero");
-       return v.asInt() % n == 0;
+       const Value* n = arg(a, 0, "num");
+       if (!n) fail(a.offset, "test 'divisibleby' needs an argument");
+       return divisible(a.offset, v, *n, "divisibleby");
      }},
     {"eq", [](const Value& v, CallArgs& a) { return compareTest(v, a, "=="); }},
     {"equalto", [](const Value& v, CallArgs& a) { return compareTest(v, a, "=="); }},
     {"==", [](const Value& v, CallArgs& a) { return compareTest(v, a, "=="); }},
     {"even", [](const Value& v, CallArgs& a) {
-       if (!v.isNumber()) fail(a.offset, "even: a number is required");
-       return v.asInt() % 2 == 0;
+       return divisible(a.offset, v, Value(2), "even");
      }},
     {"false", [](const Value& v, CallArgs&) { return v.kind() == K::kBool && !v.asBool(); }},
     {"float", [](const Value& v, CallArgs&) { return v.kind() == K::kFloat; }},
@@ -946,7 +1057,7 @@ const std::pair<const char*, TestFn> kTests[] = {
     {"<=", [](const Value& v, CallArgs& a) { return compareTest(v, a, "<="); }},
     {"lower",
      [](const Value& v, CallArgs&) {
-       return v.isString() && asciiLower(v.asString()) == v.asString() && asciiUpper(v.asString()) != v.asString();
+       return v.isString() && toLower(v.asString()) == v.asString() && toUpper(v.asString()) != v.asString();
      }},
     {"lt", [](const Value& v, CallArgs& a) { return compareTest(v, a, "<"); }},
     {"<", [](const Value& v, CallArgs& a) { return compareTest(v, a, "<"); }},
@@ -957,8 +1068,7 @@ const std::pair<const char*, TestFn> kTests[] = {
     {"none", [](const Value& v, CallArgs&) { return v.isNone(); }},
     {"number", [](const Value& v, CallArgs&) { return v.isNumber(); }},
     {"odd", [](const Value& v, CallArgs& a) {
-       if (!v.isNumber()) fail(a.offset, "odd: a number is required");
-       return v.asInt() % 2 != 0;
+       return !divisible(a.offset, v, Value(2), "odd");
      }},
     {"sameas", [](const Value& v, CallArgs& a) {
        const Value* other = arg(a, 0, "other");
@@ -971,7 +1081,7 @@ const std::pair<const char*, TestFn> kTests[] = {
     {"undefined", [](const Value& v, CallArgs&) { return v.isUndefined(); }},
     {"upper",
      [](const Value& v, CallArgs&) {
-       return v.isString() && asciiUpper(v.asString()) == v.asString() && asciiLower(v.asString()) != v.asString();
+       return v.isString() && toUpper(v.asString()) == v.asString() && toLower(v.asString()) != v.asString();
      }},
 };
 

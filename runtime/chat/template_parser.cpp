@@ -822,7 +822,11 @@ class Parser {
         if (cur().type == Tok::kInt) {
           ExprPtr item = make(Expr::Kind::kGetItem, offset);
           ExprPtr key = make(Expr::Kind::kLiteral, cur().offset);
-          key->literal = Value(static_cast<int64_t>(std::stoll(next().text)));
+          const Token& digits = next();
+          int64_t index = 0;
+          const auto r = std::from_chars(digits.text.data(), digits.text.data() + digits.text.size(), index);
+          if (r.ec != std::errc()) fail(digits.offset, "integer " + digits.text + " does not fit in 64 bits");
+          key->literal = Value(index);
           item->args.push_back(std::move(e));
           item->args.push_back(std::move(key));
           e = std::move(item);

@@ -3,6 +3,8 @@
 // public ChatTemplate API.
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <new>
 
 #include "runtime/chat/template_ast.h"
 
@@ -622,6 +624,10 @@ Result<ChatTemplate> ChatTemplate::parse(std::string_view source) {
     return ChatTemplate(detail::parseProgram(normalized));
   } catch (const detail::TemplateError& e) {
     return Status::error("chat template " + detail::location(normalized, e.offset) + ": " + e.message);
+  } catch (const std::bad_alloc&) {
+    return Status::error("chat template: out of memory while parsing");
+  } catch (const std::exception& e) {  // a bug in the parser, reported rather than thrown at the caller
+    return Status::error(std::string("chat template: internal error while parsing: ") + e.what());
   }
 }
 
@@ -631,6 +637,10 @@ Result<std::string> ChatTemplate::render(const ChatInputs& inputs) const {
     return renderer.run();
   } catch (const detail::TemplateError& e) {
     return Status::error("chat template " + detail::location(program_->source, e.offset) + ": " + e.message);
+  } catch (const std::bad_alloc&) {
+    return Status::error("chat template: out of memory while rendering");
+  } catch (const std::exception& e) {  // a bug in the renderer, reported rather than thrown at the caller
+    return Status::error(std::string("chat template: internal error while rendering: ") + e.what());
   }
 }
 

@@ -112,6 +112,22 @@ Result<Value> Value::fromJson(std::string_view json) {
   }
 }
 
+int64_t Value::asInt() const {
+  switch (kind()) {
+    case Kind::kBool:
+      return asBool() ? 1 : 0;
+    case Kind::kFloat: {
+      const double d = std::get<double>(v_);
+      if (std::isnan(d)) return 0;
+      if (d >= 9223372036854775807.0) return INT64_MAX;
+      if (d <= -9223372036854775808.0) return INT64_MIN;
+      return static_cast<int64_t>(d);
+    }
+    default:
+      return std::get<int64_t>(v_);  // throws bad_variant_access: caller broke the contract
+  }
+}
+
 double Value::asFloat() const {
   switch (kind()) {
     case Kind::kFloat:
@@ -484,7 +500,7 @@ std::string formatFloat(double d) {
   std::string sci(buf, res.ptr);
   const size_t e = sci.find('e');
   std::string mant = sci.substr(0, e);
-  const int exp10 = std::stoi(sci.substr(e + 1));
+  const int exp10 = static_cast<int>(std::strtol(sci.c_str() + e + 1, nullptr, 10));
   const bool neg = mant[0] == '-';
   if (neg) mant.erase(0, 1);
   std::string digits;

@@ -206,6 +206,31 @@ TEST_CASE("string methods and filters") {
         "a and 3|03.14|1-2");
 }
 
+TEST_CASE("case mapping follows Python beyond ASCII; jinja2's title filter is not str.title") {
+  CHECK(render(
+            "{{ 'é'|upper }}|{{ 'ÉA'|lower }}|{{ 'straße'|upper }}|{{ 'ΣΊΣΥΦΟΣ ΟΔΟΣ'|lower }}|{{ 'привет мир'|upper }}|"
+            "{{ 'łódź ÿ ı'|upper }}") == "É|éa|STRASSE|σίσυφος οδος|ПРИВЕТ МИР|ŁÓDŹ Ÿ I");
+  CHECK(render("{{ 'hello-world (foo) [bar]'|title }}|{{ \"they're\"|title }}|{{ \"they're\".title() }}|"
+               "{{ 'ÉCOLE normale'|capitalize }}") == "Hello-World (Foo) [Bar]|They're|They'Re|École normale");
+}
+
+// Findings of a local libFuzzer run (TESTING.md §5), kept as regressions.
+TEST_CASE("fuzz regressions: numbers that do not fit, non-integer operands of integer tests") {
+  // std::stoll threw out of the renderer (std::terminate) on an attribute index past int64.
+  CHECK(errorOf("{{ x.99999999999999999999 }}") ==
+        "chat template 1:6: integer 99999999999999999999 does not fit in 64 bits");
+  CHECK(render("{{ [{'a': 1}]|selectattr('99999999999999999999')|list }}") == "[]");
+  // Floats where ints are usual: Python's semantics, not an exception.
+  CHECK(render("{{ 9.0 is divisibleby 3 }}{{ 3.5 is even }}{{ 4.0 is even }}{{ (-9223372036854775807 - 1) is "
+               "divisibleby(-1) }}"
+               "{{ 2.5|round(1) }}") == "TrueFalseTrueTrue2.5");
+  CHECK(errorOf("{{ 'a b c'.split(' ', 1.0) }}").find("'float' object cannot be interpreted as an integer") !=
+        std::string::npos);
+  CHECK(errorOf("{{ (-9223372036854775807 - 1)|abs }}").find("integer overflow") != std::string::npos);
+  CHECK(errorOf("{{ [9223372036854775807, 1]|sum }}").find("integer overflow") != std::string::npos);
+  CHECK(errorOf("{{ 1.5|round('x') }}").find("precision must be an integer") != std::string::npos);
+}
+
 TEST_CASE("selectattr, rejectattr, map, items and dict methods") {
   const char* vars =
       R"({"l": [{"role": "user", "c": 1}, {"role": "assistant", "c": 2, "x": true}, {"role": "user", "c": 3}],
@@ -443,8 +468,8 @@ TEST_CASE("minfer-chat-template renders a template file for a messages file") {
                                      "{% if add_generation_prompt %}[assistant:{% endif %}{{ extra }}"
                                      "{% if messages|length > 2 %}{{ raise_exception('too long') }}{% endif %}\n";
   std::ofstream(dir + "/list.json") << R"([{"role": "user", "content": "Hi"}])";
-  std::ofstream(dir + "/object.json")
-      << R"({"messages": [{"role": "user", "content": "Hé"}], "bos_token": "<s>", "extra": "!", "add_generation_prompt": true})";
+  std::ofstream(dir + "/object.json") << R"({"messages": [{"role": "user", "content": "Hé"}], )"
+                                         R"("bos_token": "<s>", "extra": "!", "add_generation_prompt": true})";
   std::ofstream(dir + "/long.json") << R"([{"role": "user", "content": "1"}, {"role": "user", "content": "2"},
                                           {"role": "user", "content": "3"}])";
   // Runs the tool; returns its stdout (stderr appended after "\n--stderr--\n") and sets the exit status.

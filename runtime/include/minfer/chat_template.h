@@ -85,9 +85,10 @@ class Value {
   bool isDict() const { return kind() == Kind::kDict; }
   bool isNumber() const { return kind() == Kind::kInt || kind() == Kind::kFloat || kind() == Kind::kBool; }
 
-  // Accessors; each requires the matching kind (asFloat accepts int and bool too).
+  // Accessors; each requires the matching kind (asInt and asFloat accept any number: bool, int, and
+  // float, which asInt truncates toward zero, saturating; NaN gives 0).
   bool asBool() const { return std::get<bool>(v_); }
-  int64_t asInt() const { return kind() == Kind::kBool ? int64_t{asBool()} : std::get<int64_t>(v_); }
+  int64_t asInt() const;
   double asFloat() const;
   const std::string& asString() const { return std::get<std::string>(v_); }
   const List& asList() const { return *std::get<std::shared_ptr<List>>(v_); }
