@@ -400,8 +400,8 @@ Value dictMethod(const Value& self, const std::string& name, CallArgs& a) {
   return Value::list(std::move(out));
 }
 
-Value bound(const Value& self, const std::string& name, std::function<Value(CallArgs&)> fn) {
-  (void)self;
+// A method bound to its object (the closure holds the object).
+Value boundMethod(const std::string& name, std::function<Value(CallArgs&)> fn) {
   return Value::callable(std::make_shared<Callable>(Callable{name, std::move(fn)}));
 }
 
@@ -489,11 +489,11 @@ Value getAttribute(const Value& obj, const std::string& name) {
       if (name == n) {
         const std::string self = obj.asString();
         StrMethod method = m;
-        return bound(obj, name, [self, method](CallArgs& a) { return method(self, a); });
+        return boundMethod(name, [self, method](CallArgs& a) { return method(self, a); });
       }
   } else if (obj.isDict()) {
     if (name == "items" || name == "keys" || name == "values" || name == "get")
-      return bound(obj, name, [obj, name](CallArgs& a) { return dictMethod(obj, name, a); });
+      return boundMethod(name, [obj, name](CallArgs& a) { return dictMethod(obj, name, a); });
     if (const Value* v = obj.find(name)) return *v;
   } else if (obj.kind() == K::kNamespace) {
     if (const Value* v = obj.find(name)) return *v;

@@ -13,8 +13,10 @@
 // normalisation) and says what failed: a syntax error, an unknown filter/test/tag, an undefined value
 // used where jinja2 raises ("'foo' is undefined", "'dict object' has no attribute 'x'"), a Python
 // type error ("can only concatenate str (not \"int\") to str"), or the message a template passed to
-// raise_exception. Nesting (brackets, blocks, unary operators) is bounded at parse time and macro
-// recursion at render time, so no template can exhaust the stack.
+// raise_exception. Nesting (brackets, blocks, unary operators) is bounded at parse time, macro
+// recursion and the depth of the values a template builds at render time (runtime/chat/README.md,
+// "Bounds"), so no template can exhaust the stack; running out of memory is reported the same way.
+// Nothing is thrown at the caller.
 //
 // Thread-safety: a ChatTemplate is immutable after parse(); render() may be called from any number of
 // threads at once. A Value's lists and dicts are shared between copies (copy is O(1)): do not mutate
@@ -148,7 +150,8 @@ struct ChatInputs {
   std::string eos_token;
   // Further variables (tools, documents, enable_thinking, …); they shadow the four above.
   std::vector<std::pair<std::string, Value>> extra;
-  // The clock strftime_now() formats (with C's strftime, C locale); empty = local time now.
+  // The clock strftime_now() formats with C's strftime (month and day names of the LC_TIME locale: C, as
+  // in Python, unless the program called setlocale); empty = the local time now.
   std::function<std::tm()> now;
 };
 
