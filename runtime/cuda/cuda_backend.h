@@ -34,8 +34,10 @@ namespace minfer {
 struct CudaBackendOptions {
   int device = -1;          // GPU ordinal; −1: $MINFER_CUDA_DEVICE, else 0
   bool decode_graph = true; // capture the decode plan in a CUDA graph
-  // Launch the records marked `overlap` with programmatic dependent launch on sm_90+ GPUs: a kernel's
-  // launch and prologue (e.g. a GEMV's weight prefetch) overlap the previous kernel's tail.
+  // Launch the decode plan's records marked `overlap` with programmatic dependent launch on sm_90+ GPUs:
+  // a kernel's launch and prologue (e.g. a GEMV's weight prefetch) overlap the previous kernel's tail.
+  // Measured on an H200 (7B Q4_K_M, BENCHMARKS.md): decode +11%; the prefill of 128 tokens −6% with it
+  // (pp512 unchanged), so prefill launches without it.
   bool overlap_launches = true;
   // Check every data segment's XXH64: planes while they are staged for upload, kernel images before
   // cuModuleLoadData, the images not loaded at the end. Error names segment, tensor/kernel, hashes.

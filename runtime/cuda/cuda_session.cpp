@@ -38,8 +38,10 @@ struct CudaSession::State {
   bool have_argmax = false;
   CUgraph graph = nullptr;
   CUgraphExec graph_exec = nullptr;
-  // Programmatic dependent launch for records marked `overlap` (sm_90+ GPUs, CudaBackendOptions).
+  // Programmatic dependent launch for records marked `overlap` (sm_90+ GPUs, CudaBackendOptions), in the
+  // decode plan only (see CudaBackendOptions::overlap_launches).
   bool overlap = false;
+  bool decoding = false;  // runPlan is launching the decode plan
   uint64_t allocated = 0;
   // Profiling: one event pair per plan step, accumulated milliseconds and calls.
   bool profiling = false;
@@ -75,7 +77,7 @@ struct CudaSession::State {
     for (int i = 0; i < l.n_args; ++i) argp[i] = &args[i];
     const kern::LaunchShape s = l.rule.at(n_tokens);
     CUresult r;
-    if (overlap && l.overlap && !profiling) {
+    if (overlap && decoding && l.overlap && !profiling) {
       // The kernel may start while the previous one of the stream runs; it waits for it itself
       // (kernels/common.cuh overlapPrologue). Under stream capture this becomes a programmatic edge.
       CUlaunchAttribute attr = {};
@@ -102,6 +104,7 @@ struct CudaSession::State {
     std::vector<Launch>& ls = prefill ? this->prefill : decode;
     std::vector<Event>& ev = prefill ? ev_prefill : ev_decode;
     const size_t tail_begin = prefill && last_only && n > 1 ? tail : ls.size();
+    decoding = !prefill;
     std::fill(fresh.begin(), fresh.end(), false);
     int current = -1;
     for (size_t i = 0; i < ls.size(); ++i) {
