@@ -7,19 +7,7 @@
 # - the expanded plane form (--planes expanded): compile, size, and pp512/pp2048/tg128 interleaved with the
 #   compact artifact.
 set -uo pipefail
-R=$PWD
-OUT=${OUT:-$R/device-logs}; mkdir -p "$OUT"
-W=$(mktemp -d); tar -C "$W" -xJf .bin/minfer-gpu.tar.xz
-NV=$(dirname "$(find /usr/local -name 'libnvrtc.so.1*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH=$NV:$W/lib:${LD_LIBRARY_PATH:-}
-export MINFER_CACHE_DIR=/tmp/minfer-kc TMPDIR=/tmp
-B=$W/bin
-measure() {
-  python3 -c 'import resource, subprocess, sys, time
-t = time.time(); rc = subprocess.run(sys.argv[2:]).returncode
-print(f"{sys.argv[1]}: wall {time.time() - t:.3f} s, peak RSS {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} KiB, rc {rc}", file=sys.stderr)
-sys.exit(rc)' "$@"
-}
+. "$(dirname "$0")/device-common.sh"
 drop_caches() { sync && echo 3 > /proc/sys/vm/drop_caches; }
 first_token() { measure "$1" "$B/minfer-run" /tmp/q7.mfb -p "Once upon a time" -n 1 --temp 0 --device cuda "${@:2}" > /dev/null; }
 {

@@ -5,20 +5,7 @@
 # 7B-shaped benchmark. Logs go to $OUT (default ./device-logs).
 # Needs the CUDA toolkit's NVRTC library on the machine (found under /usr/local).
 set -uo pipefail
-R=$PWD
-OUT=${OUT:-$R/device-logs}; mkdir -p "$OUT"
-W=$(mktemp -d); tar -C "$W" -xJf .bin/minfer-gpu.tar.xz
-NV=$(dirname "$(find /usr/local -name 'libnvrtc.so.1*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH=$NV:$W/lib:${LD_LIBRARY_PATH:-}
-export MINFER_FIXTURES=$R/.fixtures MINFER_CACHE_DIR=/tmp/minfer-kc MINFER_TEST_KERNEL_CACHE=/tmp/minfer-kc TMPDIR=/tmp
-B=$W/bin
-# measure LABEL CMD…: runs CMD, then prints its wall time and peak resident set (getrusage of the child).
-measure() {
-  python3 -c 'import resource, subprocess, sys, time
-t = time.time(); rc = subprocess.run(sys.argv[2:]).returncode
-print(f"{sys.argv[1]}: wall {time.time() - t:.3f} s, peak RSS {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} KiB, rc {rc}", file=sys.stderr)
-sys.exit(rc)' "$@"
-}
+. "$(dirname "$0")/device-common.sh"
 { nvidia-smi -L; git -C "$R" rev-parse HEAD 2>/dev/null || true; } > "$OUT/env.log" 2>&1
 timeout 60 "$B/test_cuda_arch" > "$OUT/arch.log" 2>&1; echo "rc=$?" >> "$OUT/arch.log"
 timeout 200 "$B/test_cuda_kernels" > "$OUT/kernels.log" 2>&1; echo "rc=$?" >> "$OUT/kernels.log"
