@@ -224,6 +224,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
   int* off = offsets(scratch);
   int* cur = cursors(scratch);
   int* list = slotList(scratch);
+  if (n_tokens > static_cast<int>(kMaxBatch)) __trap();  // the scratch regions hold MOE_MAX_BATCH tokens
   const unsigned n_slots = static_cast<unsigned>(n_tokens) * kK;
   for (unsigned e = threadIdx.x; e < kNexp; e += blockDim.x) cur[e] = 0;
   __syncthreads();

@@ -12,6 +12,10 @@
 //                                 int n_tokens)
 //                 also writes out's q8 form (quantize_act.cuh's definition, bit for bit: each warp holds
 //                 one block of 32 consecutive values per pass) into the q8 buffer's qs / meta parts.
+//   With RMS_ADD = 1 (the residual Add before it fused into this launch): the row normalized is
+//   sum = a + b, written to `sum` too (may alias a or b):
+//                 minfer_rms_norm(const float* a, const float* b, float* sum, const float* w, float* out,
+//                                 [int8_t* qs, Q8Meta* meta,] int n_tokens)
 //   Launch shape: rmsNormLaunch(): one block of 1024 threads per row; rows up to 8192 values are read once
 //                 (held in registers), longer ones twice; the weight is read before the previous kernel ends.
 // head_rms_norm, compile-time constants: HRMS_NHEAD, HRMS_HEAD_DIM, HRMS_EPS.
@@ -58,7 +62,13 @@ constexpr bool kHold = kPasses <= 8;
 }  // namespace minfer::kern::rms
 
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
-    minfer_rms_norm(const float* x, const float* __restrict__ w, float* out,
+    minfer_rms_norm(
+#if RMS_ADD
+        const float* a, const float* b, float* x,  // x = a + b: the row normalized
+#else
+        const float* x,
+#endif
+        const float* __restrict__ w, float* out,
 #if RMS_Q8
                     int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
 #endif
@@ -76,6 +86,15 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
   overlapPrologue();
   const int t = blockIdx.x;
   if (t >= n_tokens) return;
+#if RMS_ADD
+  // Each thread adds, writes and later reads back only its own elements (sum may alias a or b).
+  const float* ar = a + static_cast<uint64_t>(t) * RMS_WIDTH;
+  const float* br = b + static_cast<uint64_t>(t) * RMS_WIDTH;
+  float* sr = x + static_cast<uint64_t>(t) * RMS_WIDTH;
+#define MINFER_RMS_LOAD(i) (sr[i] = ar[i] + br[i])
+#else
+#define MINFER_RMS_LOAD(i) xr[i]
+#endif
   const float* xr = x + static_cast<uint64_t>(t) * RMS_WIDTH;
   float* yr = out + static_cast<uint64_t>(t) * RMS_WIDTH;
   float xv[kHold ? kPasses : 1];
@@ -84,12 +103,16 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int i = threadIdx.x + p * static_cast<int>(kRmsThreads);
-      xv[p] = i < RMS_WIDTH ? xr[i] : 0.0f;
+      xv[p] = i < RMS_WIDTH ? MINFER_RMS_LOAD(i) : 0.0f;
       ss += xv[p] * xv[p];
     }
   } else {
-    for (int i = threadIdx.x; i < RMS_WIDTH; i += kRmsThreads) ss += xr[i] * xr[i];
+    for (int i = threadIdx.x; i < RMS_WIDTH; i += kRmsThreads) {
+      const float v = MINFER_RMS_LOAD(i);
+      ss += v * v;
+    }
   }
+#undef MINFER_RMS_LOAD
   __shared__ float partial[kRmsThreads / 32];
   ss = warpSum(ss);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;

@@ -66,19 +66,17 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
     const size_t n = steps.size();
     auto& out = v == PlanVariant::kPrefill ? set.prefill : v == PlanVariant::kDecode ? set.decode : set.load;
     std::vector<uint8_t> fused(n, 0);
-    // A fused pair stays on one side of the last-token tail (the tail runs whole launches on one row).
+    // Fused steps stay on one side of the last-token tail (the tail runs whole launches on one row).
     const size_t tail = v == PlanVariant::kPrefill ? lastTokenTailBegin(steps, desc.plan.logits) : n;
     for (size_t i = 0; i < n; ++i) {
-      const bool fuse = options.fuse_launches && v != PlanVariant::kLoad && i + 1 < n && i + 1 != tail &&
-                        fusesQuantize(steps[i], steps[i + 1], v);
-      auto launches = fuse ? fusedQuantizeLaunches(StepContext(desc, layouts, v, i), StepContext(desc, layouts, v, i + 1))
-                           : launchesForStep(desc, layouts, v, i);
+      const size_t followers = options.fuse_launches && v != PlanVariant::kLoad ? fusedFollowers(steps, i, tail, v) : 0;
+      auto launches = followers ? fusedLaunches(desc, layouts, v, i, followers) : launchesForStep(desc, layouts, v, i);
       if (!launches) return launches.takeError();
       std::vector<LaunchRecord> records;
       for (KernelLaunch& l : *launches) records.push_back(record(std::move(l)));
       out.push_back(std::move(records));
-      if (fuse) {
-        out.emplace_back();  // the QuantizeAct step: done by the producer's launch
+      for (size_t f = 0; f < followers; ++f) {
+        out.emplace_back();  // done by step i's launches
         fused[++i] = 1;
       }
     }

@@ -26,9 +26,9 @@ struct CodegenOptions {
   std::vector<std::string> targets;  // e.g. {"sm_90"} or {"sm_80", "sm_86", "sm_89", "sm_90"}
   unsigned jobs = 0;                 // parallel NVRTC compilations; 0 = hardware concurrency
   std::string cache_dir;             // "" = KernelCache::defaultDirectory(); "off" = no cache
-  // Launch fusion (schema Step.fused): a QuantizeAct that quantizes an RmsNorm's or a SwiGlu's / GeGlu's
-  // output runs inside that step's launch. Off: every step launches its own kernels (same results, bit
-  // for bit).
+  // Launch fusion (schema Step.fused, ops/fusion.cpp): a QuantizeAct runs inside the launch of the
+  // RmsNorm / SwiGlu / GeGlu / decode Attention that produces its input, an RmsNorm inside the residual
+  // Add's before it. Off: every step launches its own kernels (same results, bit for bit).
   bool fuse_launches = true;
 };
 

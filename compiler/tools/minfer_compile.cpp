@@ -34,7 +34,8 @@ llvm::cl::opt<unsigned> kCtx(
     llvm::cl::desc("Context the artifact is compiled for (llama.cpp's -c): sessions may use at most this many "
                    "positions, and LongRoPE models (phi3 128k) take their long factors iff it exceeds "
                    "rope.scaling.original_context_length. 0 (default): the model's context_length for that "
-                   "choice, and no limit"),
+                   "choice, and no limit, except for a LongRoPE model given its short factors: sessions then "
+                   "stop at the original context (beyond it llama.cpp would use the long ones)"),
     llvm::cl::value_desc("n"), llvm::cl::init(0), llvm::cl::cat(kCategory));
 llvm::cl::alias kCtxLong("ctx-size", llvm::cl::desc("Alias for -c"), llvm::cl::aliasopt(kCtx), llvm::cl::cat(kCategory));
 llvm::cl::opt<unsigned> kJobs("j", llvm::cl::desc("Worker threads for the plane transforms (default: all cores)"),
@@ -58,7 +59,7 @@ llvm::cl::opt<minfer::planes::PlaneForm> kPlanes(
                                 "every plane stored, nothing expanded at load (file ~2.5x the GGUF)")),
     llvm::cl::init(minfer::planes::PlaneForm::kCompact), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kNoFuse("no-fuse",
-                            llvm::cl::desc("Give every plan step its own kernel launches (no activation quantization "
+                            llvm::cl::desc("Give every plan step its own kernel launches (no quantization or norm "
                                            "fused into the kernel before it; same results)"),
                             llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kVerbose("v", llvm::cl::desc("Print a progress line after every tensor"), llvm::cl::cat(kCategory));

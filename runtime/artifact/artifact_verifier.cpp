@@ -466,22 +466,28 @@ class SemanticVerifier {
       if (s->launches())
         for (flatbuffers::uoffset_t k = 0; k < s->launches()->size(); ++k)
           MINFER_RETURN_IF_ERROR(checkLaunchAt(*s->launches()->Get(k), cat(field, ".launches[", k, "]"), who, place));
+      if (s->fused() && load) return fail(field + ".fused", s, cat(who, " in the load plan is fused (its launches are all it does)"));
       if (s->fused()) MINFER_RETURN_IF_ERROR(checkFused(plan, i, field, who));
     }
     return Status::ok();
   }
 
-  // A fused step (schema Step.fused) has no launches of its own, follows a step that has some, on the
-  // same side of the last-token tail, and each of its output buffers is written by those launches.
+  // A fused step (schema Step.fused) has no launches of its own and follows, directly or through other
+  // fused steps, a step that has some, on the same side of the last-token tail; each of its output
+  // buffers is written by those launches.
   Status checkFused(const fb::Plan* plan, flatbuffers::uoffset_t i, const std::string& field, const std::string& who) {
     const fb::Step* s = plan->steps()->Get(i);
     if (s->launches() && s->launches()->size() > 0)
       return fail(field + ".fused", s, cat(who, " is fused into the step before it but has ", s->launches()->size(), " launches"));
-    const fb::Step* prev = i > 0 ? plan->steps()->Get(i - 1) : nullptr;
+    flatbuffers::uoffset_t p = i;
+    while (p > 0 && plan->steps()->Get(p - 1)->fused()) --p;
+    const fb::Step* prev = p > 0 ? plan->steps()->Get(p - 1) : nullptr;
     if (!prev || !prev->launches() || prev->launches()->size() == 0)
       return fail(field + ".fused", s, cat(who, " is fused into the step before it, which has no launches"));
     if (prev->tail() != s->tail())
       return fail(field + ".fused", s, cat(who, " is fused into a step on the other side of the last-token tail"));
+    if (!s->outputs() || s->outputs()->size() == 0)
+      return fail(field + ".fused", s, cat(who, " is fused but has no outputs for the step before it to write"));
     for (uint32_t out : *s->outputs()) {
       bool written = false;
       for (const fb::Launch* l : *prev->launches())

@@ -74,7 +74,8 @@ struct StepTime {
   double ms = 0;      // total milliseconds
   uint64_t calls = 0;
   // Bytes the step's kernels moved over those calls: whole weight planes read (one row per token for
-  // Embed, which gathers), K/V cache positions read
+  // Embed, which gathers; for expert planes, the slices of at most n_expert_used · n_tokens experts),
+  // K/V cache positions read
   // by decode attention (prefill attention's re-reads of K/V tiles are not counted) and written by the
   // store. Activations are not counted (≤ a few KB per decode step).
   double bytes = 0;

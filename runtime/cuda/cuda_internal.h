@@ -89,6 +89,10 @@ struct Launch {
   uint64_t weight_bytes = 0, kv_read_per_pos = 0, kv_write_per_token = 0;
   uint64_t weight_row_bytes = 0;  // one row of each weight plane
   bool gathers = false;           // reads one weight row per token (Embed), not whole planes
+  // Planes with an expert axis (MoE): bytes of one expert's slice of them, the experts, and how many
+  // a token uses (the step's n_expert_used): a call reads at most min(experts, used·n_tokens) slices.
+  uint64_t expert_slice_bytes = 0;
+  uint32_t experts = 0, experts_used = 0;
   uint32_t window = 0;  // the step's attention window (0: none): positions read ≤ window
   const char* entry = "";
   // Arguments that address rows of an activation buffer (row t at p + t·row_bytes), for running the

@@ -159,7 +159,9 @@ struct CudaSession::State {
     for (const Launch& l : ls) {
       uint64_t kv_positions = static_cast<uint64_t>(last_pos0 + last_n);
       if (l.window > 0) kv_positions = std::min<uint64_t>(kv_positions, l.window);
-      const double weights = l.gathers ? static_cast<double>(l.weight_row_bytes) * last_n : static_cast<double>(l.weight_bytes);
+      const uint64_t slices = std::min<uint64_t>(l.experts, uint64_t{l.experts_used} * last_n);
+      const double weights = (l.gathers ? static_cast<double>(l.weight_row_bytes) * last_n : static_cast<double>(l.weight_bytes)) +
+                             static_cast<double>(l.expert_slice_bytes) * slices;
       bytes[l.step] += weights + static_cast<double>(l.kv_write_per_token) * last_n +
                        (prefill ? 0.0 : static_cast<double>(l.kv_read_per_pos) * kv_positions);
     }
@@ -388,6 +390,7 @@ class SessionBuilder {
           out.push_back(bindLaunch(bl, static_cast<int>(si)));
           out.back().window = steps[si].step->window();
           out.back().gathers = steps[si].step->op() == fb::OpKind::Embed;
+          out.back().experts_used = steps[si].step->n_expert_used();
         }
       }
     }
@@ -475,7 +478,12 @@ class SessionBuilder {
             break;
           case fb::ArgKind::Weight:  // the verifier checked that the tensor has this plane, with this table
             l.push(be_.tensors[a->tensor()].plane(static_cast<PlaneKind>(a->plane()->kind())));
-            l.weight_bytes += static_cast<uint64_t>(a->plane()->rows()) * a->plane()->row_pitch();
+            if (a->plane()->experts() > 1) {
+              l.experts = a->plane()->experts();
+              l.expert_slice_bytes += a->plane()->expert_pitch();
+            } else {
+              l.weight_bytes += static_cast<uint64_t>(a->plane()->rows()) * a->plane()->row_pitch();
+            }
             l.weight_row_bytes += a->plane()->row_pitch();
             break;
           case fb::ArgKind::KCache: case fb::ArgKind::VCache:

@@ -249,6 +249,9 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
     CHECK_MESSAGE(img.ptx.find(".target " + img.arch) != std::string::npos, img.key << " " << img.arch);
     CHECK(img.nvrtc_version == nvrtcVersionString());
     CHECK(std::find(img.options.begin(), img.options.end(), "--gpu-architecture=" + img.arch) != img.options.end());
+    // Every launch record says the kernel may overlap its predecessor (schema Launch.overlap), so every
+    // sm_90 image must wait for it (kernels/common.cuh overlapPrologue).
+    if (img.arch == "sm_90") CHECK_MESSAGE(img.ptx.find("griddepcontrol.wait") != std::string::npos, img.key);
   }
   CHECK(set.images.size() == set.stats.unique_specs * targets.size());
   // Every tensor with derived planes has its expansion in the load plan.
@@ -265,7 +268,9 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
     for (size_t i = 0; i < steps.size(); ++i) {
       // A fused step's work is in the previous step's launch (the fusion case below checks which).
       const bool is_fused = fused && (*fused)[i] != 0;
-      const std::vector<std::string> want = is_fused ? std::vector<std::string>{} : expectedEntries(l, steps[i], prefill);
+      std::vector<std::string> want = is_fused ? std::vector<std::string>{} : expectedEntries(l, steps[i], prefill);
+      // A residual Add with the RmsNorm after it fused in runs the norm's kernel (RMS_ADD).
+      if (steps[i].op == fb::OpKind::Add && fused && i + 1 < steps.size() && (*fused)[i + 1]) want = {"minfer_rms_norm"};
       REQUIRE_MESSAGE(lists[i].size() == want.size(), steps[i].name);
       for (size_t k = 0; k < want.size(); ++k) {
         REQUIRE(lists[i][k].images.size() == targets.size());
@@ -614,7 +619,7 @@ TEST_CASE("the last-token tail is everything after the last attention, for every
   }
 }
 
-TEST_CASE("launch fusion: a QuantizeAct of an RmsNorm's or SwiGlu's output runs in that launch (RMS_Q8, EW_Q8, decode ATT_Q8); off, none is fused") {
+TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residual Add before it; off, none is fused") {
   if (!test::haveFixtures()) return;
   const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf");
   const std::string cache = test::scratchDir() + "/kernel-cache-fusion";
@@ -634,22 +639,46 @@ TEST_CASE("launch fusion: a QuantizeAct of an RmsNorm's or SwiGlu's output runs 
       REQUIRE(launches.size() == steps.size());
       REQUIRE(fused.size() == steps.size());
       const size_t tail = prefill ? lastTokenTailBegin(steps, l.desc.plan.logits) : steps.size();
-      size_t pairs = 0;
+      // The rule, restated: step i fuses into step i − 1 when i − 1 produces what i reads and the pair is
+      // (RmsNorm | SwiGlu | decode Attention, QuantizeAct) or (Add, RmsNorm), never at the tail's first step.
+      // A QuantizeAct after a fused RmsNorm rides along into the Add's launch.
+      size_t quant_pairs = 0, add_norms = 0;
+      size_t owner = 0;  // the step whose launches run step i
       for (size_t i = 0; i < steps.size(); ++i) {
         CAPTURE(steps[i].name);
-        const fb::OpKind producer = i > 0 ? steps[i - 1].op : fb::OpKind::Embed;
-        const bool carrier = producer == fb::OpKind::RmsNorm || producer == fb::OpKind::SwiGlu ||
-                             (producer == fb::OpKind::Attention && !prefill && steps[i - 1].head_dim % 32 == 0);
-        const bool pair = i > 0 && i != tail && carrier && steps[i].op == fb::OpKind::QuantizeAct &&
-                          steps[i].inputs[0] == steps[i - 1].outputs[0];
-        pairs += pair;
-        CHECK((fused[i] != 0) == (fuse && pair));
-        CHECK(launches[i].empty() == (fuse && pair));
-        if (!(fuse && pair)) continue;
-        // The producer's last launch writes the QuantizeAct's q8 buffer (values, then meta) and its
-        // kernel is the _q8 specialization.
-        REQUIRE(!launches[i - 1].empty());
-        const LaunchRecord& r = launches[i - 1].back();
+        const bool reads_prev = i > 0 && i != tail && !steps[i].inputs.empty() &&
+                                steps[i].inputs[0] == steps[i - 1].outputs[0];
+        const fb::OpKind prev = i > 0 ? steps[i - 1].op : fb::OpKind::Embed;
+        const bool quant_pair = reads_prev && steps[i].op == fb::OpKind::QuantizeAct &&
+                                (prev == fb::OpKind::RmsNorm || prev == fb::OpKind::SwiGlu ||
+                                 (prev == fb::OpKind::Attention && !prefill && steps[i - 1].head_dim % 32 == 0));
+        const bool add_norm = reads_prev && steps[i].op == fb::OpKind::RmsNorm && prev == fb::OpKind::Add;
+        const bool is_fused = fuse && (quant_pair || add_norm);
+        quant_pairs += quant_pair;
+        add_norms += add_norm;
+        CHECK((fused[i] != 0) == is_fused);
+        CHECK(launches[i].empty() == is_fused);
+        if (!is_fused) {
+          owner = i;
+          continue;
+        }
+        REQUIRE(!launches[owner].empty());
+        const LaunchRecord& r = launches[owner].back();
+        const std::string& key = set->images[r.images[0]].key;
+        if (add_norm) {
+          // rms_norm.cuh RMS_ADD: the Add's two operands and its sum, then the norm's weight and output.
+          CHECK(key.find("rms_norm") == 0);
+          CHECK(key.find("_add") != std::string::npos);
+          REQUIRE(r.args.size() >= 6);
+          CHECK(r.args[0].buffer == steps[owner].inputs[0]);
+          CHECK(r.args[1].buffer == steps[owner].inputs[1]);
+          CHECK(r.args[2].buffer == steps[owner].outputs[0]);
+          CHECK(r.args[2].access == fb::Access::Write);
+          CHECK(r.args[3].kind == fb::ArgKind::Weight);
+          CHECK(r.args[4].buffer == steps[i].outputs[0]);
+          continue;
+        }
+        // The owner's last launch writes the QuantizeAct's q8 buffer (values, then meta): a _q8 kernel.
         int q8_args = 0;
         for (size_t a = 0; a + 1 < r.args.size(); ++a)
           if (r.args[a].kind == fb::ArgKind::Q8Values) {
@@ -660,10 +689,12 @@ TEST_CASE("launch fusion: a QuantizeAct of an RmsNorm's or SwiGlu's output runs 
             ++q8_args;
           }
         CHECK(q8_args == 1);
-        CHECK(set->images[r.images[0]].key.find("_q8") != std::string::npos);
+        CHECK(key.find("_q8") != std::string::npos);
       }
-      // attn_norm, ffn_norm and the SwiGLU of every layer; in decode the attention output too.
-      CHECK(pairs >= (prefill ? 3 : 4) * l.desc.config.n_layer);
+      // attn_norm, ffn_norm and the SwiGLU of every layer (decode: the attention output too); the residual
+      // Adds before ffn_norm and before the next layer's attn_norm (or the output norm).
+      CHECK(quant_pairs >= (prefill ? 3 : 4) * l.desc.config.n_layer);
+      CHECK(add_norms == 2 * l.desc.config.n_layer);
     }
   }
 }

@@ -350,10 +350,11 @@ TEST_CASE("rms_norm and head_rms_norm") {
   }
 }
 
-TEST_CASE("rms_norm with the fused q8 output (RMS_Q8): rows and q8 bit-identical to rms_norm, then quantize_act") {
+TEST_CASE("rms_norm with the fused Add and q8 (RMS_ADD, RMS_Q8): sums, rows and q8 bit-identical to add, rms_norm, quantize_act") {
   MINFER_REQUIRE_GPU(G);
-  // Widths with a partial last pass of 256 (96, 288) and a whole one (4096).
-  const int widths[] = {96, 288, 4096};
+  // Widths with a partial last pass of 1024 (96, 288), a whole one (4096), and one past what the kernel
+  // holds in registers (12288: read twice).
+  const int widths[] = {96, 288, 4096, 12288};
   std::vector<codegen::KernelSpec> specs;
   for (int w : widths) {
     const std::vector<std::pair<std::string, std::string>> defs = {{"RMS_WIDTH", str(w)},
@@ -362,9 +363,11 @@ TEST_CASE("rms_norm with the fused q8 output (RMS_Q8): rows and q8 bit-identical
     auto fused = defs;
     fused.push_back({"RMS_Q8", "1"});
     specs.push_back(spec("rms_norm_test_q8_w" + str(w), "kernels/rms_norm.cuh", "minfer_rms_norm", fused));
+    fused.push_back({"RMS_ADD", "1"});
+    specs.push_back(spec("rms_norm_test_add_q8_w" + str(w), "kernels/rms_norm.cuh", "minfer_rms_norm", fused));
   }
   std::vector<Kernel> k = compile(specs);
-  for (size_t wi = 0; wi < 3; ++wi) {
+  for (size_t wi = 0; wi < std::size(widths); ++wi) {
     const int w = widths[wi];
     const std::vector<float> weight = randomFloats(w, rng(), 0.5f, 1.5f);
     DeviceArray d_w = DeviceArray::of(weight), plain(kMaxBatch * w * 4), out(kMaxBatch * w * 4), qs(kMaxBatch * w),
@@ -380,8 +383,24 @@ TEST_CASE("rms_norm with the fused q8 output (RMS_Q8): rows and q8 bit-identical
       qs.poison();
       meta.poison();
       CUdeviceptr a = d_x.ptr(), b = d_w.ptr(), o = plain.ptr(), o2 = out.ptr(), q = qs.ptr(), m = meta.ptr();
-      launch(k[2 * wi], kern::rmsNormLaunch(n), {&a, &b, &o, &n});
-      launch(k[2 * wi + 1], kern::rmsNormLaunch(n), {&a, &b, &o2, &q, &m, &n});
+      launch(k[3 * wi], kern::rmsNormLaunch(n), {&a, &b, &o, &n});
+      launch(k[3 * wi + 1], kern::rmsNormLaunch(n), {&a, &b, &o2, &q, &m, &n});
+      checkFusedQ8(plain, out, qs, meta, n, w);
+      // The residual Add fused in front: sum = x + r written in place over r (as the plan's x = x + h),
+      // and the norm of the sum into the plain kernel's row layout.
+      const std::vector<float> r = activations(n, w);
+      std::vector<float> sum(x.size());
+      for (size_t j = 0; j < sum.size(); ++j) sum[j] = x[j] + r[j];
+      DeviceArray d_sum = DeviceArray::of(sum), d_r = DeviceArray::of(r);
+      plain.poison();
+      out.poison();
+      qs.poison();
+      meta.poison();
+      CUdeviceptr ps = d_sum.ptr(), pr = d_r.ptr();
+      launch(k[3 * wi], kern::rmsNormLaunch(n), {&ps, &b, &o, &n});
+      launch(k[3 * wi + 2], kern::rmsNormLaunch(n), {&a, &pr, &pr, &b, &o2, &q, &m, &n});
+      const std::vector<float> got_sum = d_r.download<float>(sum.size());
+      CHECK(std::memcmp(got_sum.data(), sum.data(), sum.size() * sizeof(float)) == 0);
       checkFusedQ8(plain, out, qs, meta, n, w);
     }
   }

@@ -432,10 +432,16 @@ TEST_CASE("launch fusion (1.4): fused steps are checked at load") {
   INFO(unwritten);
   CHECK(unwritten.find("decode.steps[" + std::to_string(f) + "].fused") != std::string::npos);
   CHECK(unwritten.find("whose launches do not write its output buffer") != std::string::npos);
-  // The first step of a plan cannot be fused.
+  // A step with launches cannot be marked fused (the plan's first step included).
   const std::string first = refusalAfter(bytes, forged, [&](std::vector<uint8_t>& o, const minfer::fb::Artifact* c) {
     overwrite(o, c->decode()->steps()->Get(0), Step::VT_FUSED, uint8_t{1});
   });
   INFO(first);
   CHECK(first.find("decode.steps[0].fused") != std::string::npos);
+  // The load plan has no fusion: its steps are exactly its launches.
+  const std::string load_fused = refusalAfter(bytes, forged, [&](std::vector<uint8_t>& o, const minfer::fb::Artifact* c) {
+    overwrite(o, c->load()->steps()->Get(c->load()->steps()->size() - 1), Step::VT_FUSED, uint8_t{1});
+  });
+  INFO(load_fused);
+  CHECK(load_fused.find("in the load plan is fused") != std::string::npos);
 }

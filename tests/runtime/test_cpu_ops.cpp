@@ -530,8 +530,7 @@ TEST_CASE("moeRoute: softmax, top-k by falling p, renormalised or not, matches f
   std::mt19937_64 rng(31);
   const int n_expert = 7, n_used = 3, n_tok = 5;  // odd counts
   std::vector<float> logits = randomFloats(n_tok * n_expert, rng, -4.0f, 4.0f);
-  logits[2 * n_expert + 4] = logits[2 * n_expert + 1];  // an exact tie: the lower id comes first
-  logits[2 * n_expert + 1] = logits[2 * n_expert + 4] = 9.0f;
+  logits[2 * n_expert + 1] = logits[2 * n_expert + 4] = 9.0f;  // an exact tie: the lower id comes first
   for (bool norm : {true, false}) {
     std::vector<int32_t> ids(n_tok * n_used, -1);
     std::vector<float> w(n_tok * n_used);

@@ -1,25 +1,58 @@
-// Launch fusion (schema Step.fused): a QuantizeAct step runs inside the launch of the step that produces
-// its input (see op_family.h). Which producers can carry it, and the check both kernels make.
+// Launch fusion (schema Step.fused): a step runs inside the launch of the step before it (see
+// op_family.h). Which pairs fuse, chains of them, and the check the q8 forms make.
 #include "compiler/codegen/ops/op_family.h"
 
 namespace minfer::codegen {
+
+namespace {
+
+// Column views (phi3's gate|up halves) keep their own kernels: the fused forms take whole buffers.
+bool wholeBuffers(const model::StepDesc& s) { return s.input_views.empty() && s.output_views.empty(); }
+
+// `next` reads the output of `step` as its only (first) input.
+bool consumes(const model::StepDesc& step, const model::StepDesc& next) {
+  return step.outputs.size() == 1 && !next.inputs.empty() && next.inputs[0] == step.outputs[0];
+}
 
 bool fusesQuantize(const model::StepDesc& producer, const model::StepDesc& quant, PlanVariant variant) {
   const bool decode_attention =
       producer.op == fb::OpKind::Attention && variant == PlanVariant::kDecode && producer.head_dim % 32 == 0;
   const bool carrier = producer.op == fb::OpKind::RmsNorm || producer.op == fb::OpKind::SwiGlu ||
                        producer.op == fb::OpKind::GeGlu || decode_attention;
-  // Column views (phi3's gate|up halves) keep their own kernels: the fused forms take whole buffers.
-  const bool whole = producer.input_views.empty() && producer.output_views.empty();
-  return carrier && whole && quant.op == fb::OpKind::QuantizeAct && producer.outputs.size() == 1 &&
-         quant.inputs.size() == 1 && quant.inputs[0] == producer.outputs[0];
+  // Attention's output is always a whole buffer; its q, k, v may be views (phi3) without changing the
+  // combine kernel that carries the quantization.
+  const bool whole = decode_attention ? producer.output_views.empty() : wholeBuffers(producer);
+  return carrier && whole && quant.op == fb::OpKind::QuantizeAct && quant.inputs.size() == 1 &&
+         consumes(producer, quant);
 }
 
-Launches fusedQuantizeLaunches(const StepContext& producer, const StepContext& quant) {
+// A residual Add whose sum the next step RmsNorms (rms_norm.cuh RMS_ADD).
+bool fusesAddNorm(const model::StepDesc& add, const model::StepDesc& norm) {
+  return add.op == fb::OpKind::Add && norm.op == fb::OpKind::RmsNorm && wholeBuffers(add) && add.inputs.size() == 2 &&
+         consumes(add, norm);
+}
+
+}  // namespace
+
+size_t fusedFollowers(const std::vector<model::StepDesc>& steps, size_t i, size_t tail, PlanVariant variant) {
+  const auto fits = [&](size_t k) { return k < steps.size() && k != tail; };
+  if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))
+    return fits(i + 2) && fusesQuantize(steps[i + 1], steps[i + 2], variant) ? 2 : 1;
+  return fits(i + 1) && fusesQuantize(steps[i], steps[i + 1], variant) ? 1 : 0;
+}
+
+Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
+                       PlanVariant variant, size_t i, size_t followers) {
+  const StepContext producer(desc, layouts, variant, i), next(desc, layouts, variant, i + 1);
+  if (producer.step().op == fb::OpKind::Add) {
+    if (followers == 1) return addRmsNormLaunches(producer, next, nullptr);
+    const StepContext quant(desc, layouts, variant, i + 2);
+    return addRmsNormLaunches(producer, next, &quant);
+  }
   switch (producer.step().op) {
-    case fb::OpKind::RmsNorm: return rmsNormQuantizeLaunches(producer, quant);
-    case fb::OpKind::Attention: return attentionQuantizeLaunches(producer, quant);
-    default: return gluQuantizeLaunches(producer, quant);
+    case fb::OpKind::RmsNorm: return rmsNormQuantizeLaunches(producer, next);
+    case fb::OpKind::Attention: return attentionQuantizeLaunches(producer, next);
+    default: return gluQuantizeLaunches(producer, next);
   }
 }
 

@@ -89,15 +89,19 @@ using Launches = llvm::Expected<std::vector<KernelLaunch>>;
 MINFER_OPS(MINFER_DECLARE_FAMILY)
 #undef MINFER_DECLARE_FAMILY
 
-// Launch fusion (schema Step.fused, ops/fusion.cpp): the QuantizeAct step `quant` that quantizes the
-// output of the step before it, `producer`, runs inside the producer's launch: RmsNorm (rms_norm.cuh
-// RMS_Q8, ops/norm.cpp), SwiGlu and GeGlu (elementwise.cuh EW_Q8, ops/elementwise.cpp). The q8 values
-// are the QuantizeAct kernel's, bit for bit.
-// Also decode Attention with heads of whole blocks of 32 (attention.cuh ATT_Q8 in the combine launch,
-// ops/attention.cpp).
-bool fusesQuantize(const model::StepDesc& producer, const model::StepDesc& quant, PlanVariant variant);
-Launches fusedQuantizeLaunches(const StepContext& producer, const StepContext& quant);
+// Launch fusion (schema Step.fused, ops/fusion.cpp): steps that run inside the launch of the step
+// before them. A QuantizeAct that quantizes the output of the step before it, `producer`: RmsNorm
+// (rms_norm.cuh RMS_Q8, ops/norm.cpp), SwiGlu and GeGlu (elementwise.cuh EW_Q8, ops/elementwise.cpp),
+// decode Attention with heads of whole blocks of 32 (attention.cuh ATT_Q8 in the combine launch,
+// ops/attention.cpp); the q8 values are the QuantizeAct kernel's, bit for bit. And an RmsNorm of an
+// Add's output, in the Add's launch (rms_norm.cuh RMS_ADD), with its QuantizeAct too.
+// fusedFollowers: how many of the steps after steps[i] run in its launches (0, 1 or 2), none across
+// the last-token tail's first step `tail`. fusedLaunches: the launches of steps[i] and those followers.
+size_t fusedFollowers(const std::vector<model::StepDesc>& steps, size_t i, size_t tail, PlanVariant variant);
+Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
+                       PlanVariant variant, size_t i, size_t followers);
 Launches rmsNormQuantizeLaunches(const StepContext& norm, const StepContext& quant);
+Launches addRmsNormLaunches(const StepContext& add, const StepContext& norm, const StepContext* quant);
 Launches gluQuantizeLaunches(const StepContext& glu, const StepContext& quant);
 Launches attentionQuantizeLaunches(const StepContext& attention, const StepContext& quant);
 // The check both make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
