@@ -651,7 +651,7 @@ extern "C" __global__ void __launch_bounds__(128)
 #if ATT_Q8
     static_assert(kD % 32 == 0, "the q8 form needs heads of whole blocks of 32");
     const uint64_t at = static_cast<uint64_t>(j) * kD + (d & ~31);  // this warp's block
-    warpQuantizeBlock(acc * inv, qs + at, meta + at / 32);
+    quantizeBlock<1>({acc * inv}, qs + at, meta + at / 32, true);
 #endif
   }
 }

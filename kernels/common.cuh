@@ -177,24 +177,48 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
   return d;
 }
 
-// The q8 form of 32 consecutive values held one per lane of a warp (quantize_act.cuh's definition, bit
-// for bit: d = max|y| / 127, q = rint(y / d) clamped to ±127, Σq of elements 0..15 and 16..31): lane i
-// writes qs[i], lane 0 writes *meta. Every lane of the warp must call it.
-__device__ __forceinline__ void warpQuantizeBlock(float y, int8_t* qs, Q8Meta* meta) {
-  const int lane = threadIdx.x & 31;
-  const float d = warpMax(fabsf(y)) / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  int q = static_cast<int>(rintf(y * id));
-  q = q > 127 ? 127 : (q < -127 ? -127 : q);
-  qs[lane] = static_cast<int8_t>(q);
-  int half = q;  // Σq over lanes 0..15 and 16..31
+// The q8 form of one block of 32 consecutive values held by 32 / V consecutive lanes, V values each
+// (lane g of the group: elements V·g … V·g + V − 1): d = max|x| / 127, q = rint(x · (1/d)) clamped to
+// ±127 (0 when d = 0), and the sums of q over elements 0..15 and 16..31. IEEE division and
+// multiplication, so a host mirror reproduces q and d bit for bit. Every lane of each group calls it (with
+// zeros past the data; `store` false there): lane g writes its V values of q at qs + V·g, lane 0 of the
+// group writes *meta. The definition of OpKind QuantizeAct (quantize_act.cuh) and of the q8 outputs fused
+// into other kernels (RMS_Q8, EW_Q8, ATT_Q8).
+template <int V>
+__device__ __forceinline__ void quantizeBlock(const float (&x)[V], int8_t* qs, Q8Meta* meta, bool store) {
+  static_assert(V == 1 || V == 4 || V == 8, "1, 4 or 8 values per lane");
+  constexpr int kGroup = 32 / V;
+  const int g = threadIdx.x % kGroup;
+  float amax = 0.0f;
 #pragma unroll
-  for (int o = 1; o < 16; o <<= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
-  const int hi = __shfl_sync(0xffffffffu, half, 16);
-  if (lane == 0) {
+  for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(x[j]));
+#pragma unroll
+  for (int o = 1; o < kGroup; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  unsigned packed[V == 8 ? 2 : 1] = {};
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    int q = static_cast<int>(rintf(x[j] * id));
+    q = q > 127 ? 127 : (q < -127 ? -127 : q);
+    sum += q;
+    packed[j / 4] |= (static_cast<unsigned>(q) & 0xffu) << (8 * (j % 4));
+  }
+  int lo = g < kGroup / 2 ? sum : 0, hi = g < kGroup / 2 ? 0 : sum;
+#pragma unroll
+  for (int o = 1; o < kGroup; o <<= 1) {
+    lo += __shfl_xor_sync(0xffffffffu, lo, o);
+    hi += __shfl_xor_sync(0xffffffffu, hi, o);
+  }
+  if (!store) return;
+  if constexpr (V == 8) *reinterpret_cast<uint2*>(qs + 8 * g) = make_uint2(packed[0], packed[1]);
+  else if constexpr (V == 4) *reinterpret_cast<unsigned*>(qs + 4 * g) = packed[0];
+  else qs[g] = static_cast<int8_t>(packed[0]);
+  if (g == 0) {
     Q8Meta m;
     m.d = d;
-    m.sum_lo = static_cast<short>(half);
+    m.sum_lo = static_cast<short>(lo);
     m.sum_hi = static_cast<short>(hi);
     *meta = m;
   }

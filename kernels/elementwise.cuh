@@ -83,37 +83,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kEwThreads)
     r[0] = ew::apply(va.x, vb.x), r[1] = ew::apply(va.y, vb.y), r[2] = ew::apply(va.z, vb.z), r[3] = ew::apply(va.w, vb.w);
     *reinterpret_cast<float4*>(out + i) = make_float4(r[0], r[1], r[2], r[3]);
   }
-  float amax = fmaxf(fmaxf(fabsf(r[0]), fabsf(r[1])), fmaxf(fabsf(r[2]), fabsf(r[3])));
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  unsigned packed = 0;
-  int sum = 0;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    int q = static_cast<int>(rintf(r[j] * id));
-    q = q > 127 ? 127 : (q < -127 ? -127 : q);
-    sum += q;
-    packed |= (static_cast<unsigned>(q) & 0xffu) << (8 * j);
-  }
-  // Σq over elements 0..15 (threads 0..3 of the group) and 16..31 (threads 4..7).
-  const int sub = threadIdx.x % 8;
-  int lo = sub < 4 ? sum : 0, hi = sub < 4 ? 0 : sum;
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) {
-    lo += __shfl_xor_sync(0xffffffffu, lo, o);
-    hi += __shfl_xor_sync(0xffffffffu, hi, o);
-  }
-  if (!active) return;
-  *reinterpret_cast<unsigned*>(qs + i) = packed;
-  if (sub == 0) {
-    Q8Meta m;
-    m.d = d;
-    m.sum_lo = static_cast<short>(lo);
-    m.sum_hi = static_cast<short>(hi);
-    meta[i / 32] = m;
-  }
+  quantizeBlock<4>(r, qs + (i & ~uint64_t{31}), meta + i / 32, active);
 }
 #else
 extern "C" __global__ void __launch_bounds__(minfer::kern::kEwThreads)

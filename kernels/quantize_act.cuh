@@ -47,36 +47,6 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kQuantizeActThreads)
     const float4 a = *reinterpret_cast<const float4*>(x + i0), b = *reinterpret_cast<const float4*>(x + i0 + 4);
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   }
-  float amax = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  unsigned packed[2] = {0, 0};
-  int sum = 0;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    int q = static_cast<int>(rintf(v[j] * id));
-    q = q > 127 ? 127 : (q < -127 ? -127 : q);
-    sum += q;
-    packed[j / 4] |= (static_cast<unsigned>(q) & 0xffu) << (8 * (j % 4));
-  }
-  // Σq over elements 0..15 (sub 0, 1) and 16..31 (sub 2, 3).
-  int lo = sub < 2 ? sum : 0, hi = sub < 2 ? 0 : sum;
-  lo += __shfl_xor_sync(0xffffffffu, lo, 1);
-  lo += __shfl_xor_sync(0xffffffffu, lo, 2);
-  hi += __shfl_xor_sync(0xffffffffu, hi, 1);
-  hi += __shfl_xor_sync(0xffffffffu, hi, 2);
-  if (!active) return;
-  *reinterpret_cast<uint2*>(qs + i0) = make_uint2(packed[0], packed[1]);
-  if (sub == 0) {
-    Q8Meta m;
-    m.d = d;
-    m.sum_lo = static_cast<short>(lo);
-    m.sum_hi = static_cast<short>(hi);
-    meta[block] = m;
-  }
+  quantizeBlock<8>(v, qs + static_cast<uint64_t>(block) * 32, meta + block, active);
 }
 #endif

@@ -134,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
     const float y = (kHold ? xv[p] : xr[i]) * inv * (kHold ? wv[p] : w[i]);
     yr[i] = y;
 #if RMS_Q8
-    warpQuantizeBlock(y, qr + (i & ~31), mr + i / 32);
+    quantizeBlock<1>({y}, qr + (i & ~31), mr + i / 32, true);
 #endif
   }
 }
