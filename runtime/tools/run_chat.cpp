@@ -54,6 +54,17 @@ bool readUserLine(bool escape, std::string& line) {
   }
 }
 
+// `text` for --verbose: control characters escaped (util::escapeForTerminal) and backslashes doubled
+// first, so that a tab ("\t") and a backslash followed by "t" ("\\t") read apart.
+std::string quoted(std::string_view text) {
+  std::string s;
+  for (char c : text) {
+    if (c == '\\') s += '\\';
+    s += c;
+  }
+  return util::escapeForTerminal(s, std::string::npos, /*keep_newlines=*/false);
+}
+
 // Keeps the leading segments `rendered` still starts with (rewinding the session past the others) and
 // returns how many bytes of `rendered` they cover.
 Result<size_t> keepMatchingPrefix(const std::string& rendered, std::vector<Segment>& fed, Session& session) {
@@ -115,7 +126,7 @@ Status runChat(const Model& model, Session& session, const ChatOptions& options,
     if (options.verbose)
       llvm::errs() << llvm::formatv("minfer-run: turn {0}: {1} tokens kept in the KV cache, {2} fed: \"{3}\"\n", turn,
                                     session.position(), ids->size(),
-                                    util::escapeForTerminal(std::string(text), std::string::npos, false));
+                                    quoted(text));
 
     std::string reply;
     auto result = session.generate(text, params, [&](std::string_view piece, int32_t) {
@@ -127,6 +138,9 @@ Status runChat(const Model& model, Session& session, const ChatOptions& options,
     std::fputs("\n", stdout);
     std::fflush(stdout);
     if (!result) return result.takeStatus();
+    if (options.verbose)
+      llvm::errs() << llvm::formatv("minfer-run: turn {0}: reply of {1} tokens, stop: {2}\n", turn, result->n_generated,
+                                    stopReasonName(result->stop));
     fed.push_back({delta, result->n_prompt});
     // The last token sampled is not evaluated when generation stopped without an end-of-generation
     // token; evaluate it, so that the cache holds the whole reply.

@@ -15,7 +15,7 @@ struct ChatOptions {
   std::string system_prompt;    // -sys; "" = no system message
   std::string first_user;       // -p / -f: the first user message; "" = read it from stdin
   bool escape = true;           // llama.cpp's --escape on each line read from stdin
-  bool verbose = false;         // one line per turn on stderr: tokens kept, tokens fed, the fed text
+  bool verbose = false;         // stderr, per turn: tokens kept, tokens fed and their text; the reply's tokens
   GenerateParams params;        // per reply; n_predict < 0: until end of generation or a full context
 };
 
