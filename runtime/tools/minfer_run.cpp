@@ -1,4 +1,5 @@
-// minfer-run: maps a .mfb artifact and generates text from a prompt, streaming it to stdout.
+// minfer-run: maps a .mfb artifact and generates text from a prompt, streaming it to stdout; -cnv chats
+// through the chat template instead (run_chat.cpp).
 #include <atomic>
 #include <chrono>
 #include <cerrno>

@@ -46,10 +46,12 @@ Run run(const std::string& command, const std::string& input = "") {
   return r;
 }
 
-// The artifact of stories260K.gguf (no chat template), or of a copy carrying `chat_template`.
-std::string compileStories(const std::string& chat_template = "") {
+// The artifact of stories260K.gguf (no chat template), or of a copy carrying `chat_template` and, when
+// eot_id ≥ 0, tokenizer.ggml.eot_token_id = eot_id.
+std::string compileStories(const std::string& chat_template = "", int eot_id = -1) {
   const std::string gguf = minfer::test::fixturesDir() + "/models/stories260K.gguf";
-  const std::string base = minfer::test::scratchDir() + (chat_template.empty() ? "/stories-chat" : "/stories-tmpl");
+  const std::string base = minfer::test::scratchDir() + (chat_template.empty() ? "/stories-chat" : "/stories-tmpl") +
+                           (eot_id >= 0 ? "-eot" : "");
   if (std::filesystem::exists(base + ".mfb")) return base + ".mfb";
   std::string source = gguf;
   if (!chat_template.empty()) {
@@ -63,6 +65,7 @@ std::string compileStories(const std::string& chat_template = "") {
                   std::vector<uint8_t>(data.begin(), data.end()));
     }
     w.setString("tokenizer.chat_template", chat_template);
+    if (eot_id >= 0) w.setU32("tokenizer.ggml.eot_token_id", static_cast<uint32_t>(eot_id));
     source = base + ".gguf";
     llvm::Error written = w.write(source);
     REQUIRE_MESSAGE(!written, llvm::toString(std::move(written)));
@@ -232,6 +235,24 @@ TEST_CASE("minfer-run -cnv: the artifact's tokenizer.chat_template is used; --ch
   CHECK(t[0].text == "user:hello\\nassistant:");
 }
 
+TEST_CASE("minfer-run -cnv: a reply ended by an end-of-generation token; that token is not kept, the template's end is fed") {
+  if (!minfer::test::haveFixtures()) return;
+  // The greedy continuation of "Once upon a time" starts with token 432 "," (fixtures README §5);
+  // declared the EOT token, it ends the first reply at once. The template closes each reply with "|".
+  const std::string artifact = compileStories(
+      "{% for m in messages %}{{ m.content }}{% if m.role == 'assistant' %}|{% endif %}{% endfor %}", 432);
+  const Run r = run(tool("minfer-run") + " " + artifact + " -cnv" + kRun, "Once upon a time\n and then\n");
+  INFO(r.err);
+  CHECK(r.status == 0);
+  const std::vector<Turn> t = turns(r.err);
+  REQUIRE(t.size() == 2);
+  CHECK(t[0].fed == 5);  // BOS and the 4 tokens of llama.cpp's prompt
+  CHECK(r.err.find("turn 1: reply of 0 tokens, stop: end of generation") != std::string::npos);
+  CHECK(t[1].kept == 5);
+  CHECK(t[1].text == "| and then");
+  CHECK(r.out.starts_with("\n"));  // the empty first reply's line
+}
+
 TEST_CASE("minfer-run -cnv errors: no template, unreadable file, parse error, raise_exception: message, exit 1") {
   if (!minfer::test::haveFixtures()) return;
   const std::string artifact = compileStories();
@@ -265,4 +286,9 @@ TEST_CASE("minfer-run -cnv errors: no template, unreadable file, parse error, ra
   r = run(cnv + " --chat-template " + dir + "/raise.jinja --logits-out " + dir + "/l.f32");
   CHECK(r.status == 1);
   CHECK(r.err.find("--logits-out is not supported with -cnv") != std::string::npos);
+  const std::string help = run(tool("minfer-run") + " --help").out;
+  for (const char* flag : {"-cnv", "--conversation", "-sys", "--system-prompt", "--chat-template"}) {
+    CAPTURE(flag);
+    CHECK(help.find(flag) != std::string::npos);
+  }
 }
