@@ -311,7 +311,11 @@ int main(int argc, char** argv) {
     auto options = chatOptions(**model, prompt);
     if (!options) return fail(options.status().message());
     options->params = params;
-    std::signal(SIGINT, onSigint);
+    // Without SA_RESTART, so that Ctrl+C also interrupts the wait for the next line and ends the chat.
+    struct sigaction on_sigint {};
+    on_sigint.sa_handler = onSigint;
+    sigemptyset(&on_sigint.sa_mask);
+    sigaction(SIGINT, &on_sigint, nullptr);
     if (minfer::Status s = minfer::tools::runChat(**model, **session, *options, g_interrupted); !s)
       return fail(s.message());
     return g_interrupted ? 130 : 0;

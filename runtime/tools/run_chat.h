@@ -23,7 +23,8 @@ struct ChatOptions {
 // terminal, one user message per line, each reply printed to stdout and ended by a newline. Returns an
 // error (nothing printed for it) when the template fails to parse or render, or the runtime fails; a
 // full context ends the conversation with llama.cpp's warning and no error. `interrupted` (SIGINT)
-// stops the reply being generated and ends the conversation.
+// stops the reply being generated and ends the conversation; a read from stdin that a signal
+// interrupts (a handler without SA_RESTART) ends it like EOF.
 Status runChat(const Model& model, Session& session, const ChatOptions& options,
                const std::atomic<bool>& interrupted);
 
