@@ -1,4 +1,5 @@
-// minfer-run: maps a .mfb artifact and generates text from a prompt, streaming it to stdout.
+// minfer-run: maps a .mfb artifact and generates text from a prompt, streaming it to stdout; -cnv chats
+// through the chat template instead (run_chat.cpp).
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -16,8 +17,10 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
+#include "minfer/artifact.h"
 #include "minfer/version.h"
 #include "minfer/runtime.h"
+#include "runtime/tools/run_chat.h"
 #include "runtime/util/output_file.h"
 #include "runtime/util/terminal_text.h"
 
@@ -110,6 +113,26 @@ llvm::cl::opt<std::string> kLogitsOut(
                    "model or prompt file itself, a directory, a device, FIFO or socket"),
     llvm::cl::value_desc("file"), llvm::cl::cat(kCategory));
 
+llvm::cl::opt<bool> kConversation(
+    "cnv",
+    llvm::cl::desc("Conversation mode (also --conversation): chat with the model through its chat template, one user "
+                   "message per line of stdin (a \"> \" prompt on stderr when stdin is a terminal) until EOF; -sys "
+                   "adds a system message first, -p / -f is the first user message (as llama-cli -cnv), -n limits "
+                   "each reply"),
+    llvm::cl::cat(kCategory));
+llvm::cl::alias kConversationAlias("conversation", llvm::cl::desc("Alias for -cnv"), llvm::cl::aliasopt(kConversation),
+                                   llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kSystemPrompt("sys",
+                                         llvm::cl::desc("System message of the conversation (-cnv), taken literally "
+                                                        "(also --system-prompt)"),
+                                         llvm::cl::value_desc("text"), llvm::cl::cat(kCategory));
+llvm::cl::alias kSystemPromptAlias("system-prompt", llvm::cl::desc("Alias for -sys"), llvm::cl::aliasopt(kSystemPrompt),
+                                   llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kChatTemplateFile(
+    "chat-template",
+    llvm::cl::desc("Jinja chat template for -cnv, instead of the artifact's tokenizer.chat_template"),
+    llvm::cl::value_desc("file"), llvm::cl::cat(kCategory));
+
 std::atomic<bool> g_interrupted{false};
 
 void onSigint(int) { g_interrupted = true; }
@@ -188,6 +211,36 @@ void printLoaded(const minfer::Model& model, int n_ctx, double load_seconds) {
                                   info.n_ctx_train, info.max_batch, info.file_bytes);
 }
 
+// -cnv's settings: the template (--chat-template's file, else the artifact's), -sys, and -p / -f as the
+// first user message.
+minfer::Result<minfer::tools::ChatOptions> chatOptions(const minfer::Model& model, std::string first_user) {
+  minfer::tools::ChatOptions options;
+  if (!kChatTemplateFile.empty()) {
+    const std::string& path = kChatTemplateFile.getValue();
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      return minfer::Status::error("--chat-template " + path + ": is a directory, not a template file");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return minfer::Status::error("--chat-template " + path + ": cannot read the template: " + std::strerror(errno));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    options.template_source = ss.str();
+    options.template_origin = path;
+  } else {
+    const minfer::fb::Tokenizer* t = model.artifact().manifest()->tokenizer();
+    if (t && t->chat_template()) options.template_source = t->chat_template()->str();
+    options.template_origin = kModel + ": tokenizer.chat_template";
+    if (options.template_source.empty())
+      return minfer::Status::error(kModel + ": the model has no chat template (tokenizer.chat_template); pass "
+                                   "--chat-template FILE");
+  }
+  options.system_prompt = kSystemPrompt;
+  options.first_user = std::move(first_user);
+  options.escape = !kNoEscape;
+  options.verbose = kVerbose;
+  return options;
+}
+
 void printSummary(const minfer::GenerateResult& r, bool context_full) {
   llvm::errs() << llvm::formatv(
       "minfer-run: prompt {0} tokens in {1:f3} s ({2:f1} tokens/s); generated {3} tokens in {4:f3} s ({5:f1} "
@@ -215,6 +268,9 @@ int main(int argc, char** argv) {
   if (!prompt_text) return fail(prompt_text.status().message());
   const std::string& prompt = *prompt_text;
   if (const std::string problem = optionProblem(); !problem.empty()) return fail(problem);
+  if (!kConversation && (kSystemPrompt.getNumOccurrences() || kChatTemplateFile.getNumOccurrences()))
+    return fail("-sys and --chat-template apply to conversation mode: add -cnv");
+  if (kConversation && !kLogitsOut.empty()) return fail("--logits-out is not supported with -cnv");
   auto kind = minfer::parseBackendKind(kDevice.getValue());
   if (!kind) return fail("--device: " + kind.status().message());
 
@@ -251,6 +307,19 @@ int main(int argc, char** argv) {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
 
   minfer::GenerateParams params = generateParams();
+  if (kConversation) {
+    auto options = chatOptions(**model, prompt);
+    if (!options) return fail(options.status().message());
+    options->params = params;
+    // Without SA_RESTART, so that Ctrl+C also interrupts the wait for the next line and ends the chat.
+    struct sigaction on_sigint {};
+    on_sigint.sa_handler = onSigint;
+    sigemptyset(&on_sigint.sa_mask);
+    sigaction(SIGINT, &on_sigint, nullptr);
+    if (minfer::Status s = minfer::tools::runChat(**model, **session, *options, g_interrupted); !s)
+      return fail(s.message());
+    return g_interrupted ? 130 : 0;
+  }
   if (logits_out) {
     params.on_logits = [&](std::span<const float> logits, int) {
       (void)logits_out->write(logits.data(), logits.size_bytes());  // a failure is kept; commit() reports it
