@@ -54,12 +54,12 @@ constexpr double kAttnMmaTol = 2e-3;     // tensor-core prefill (head sizes 16k 
                                          // too, unit roundoff 2^-11 = 4.9e-4 each; measured 8.3e-4 (H200)
 constexpr double kSwiGluTol = 1e-6;      // expf vs std::exp; measured 1.4e-7
 constexpr double kAddTol = 0.0;          // measured 0
-constexpr double kGeGluTol = 1e-6;       // device tanhf vs std::tanh; measured (pending)
-constexpr double kScaleTol = 1e-6;       // x·s exact; soft-capped: device tanhf vs std::tanh; measured (pending)
+constexpr double kGeGluTol = 1e-6;       // device tanhf vs std::tanh; measured 2.8e-8 (H200)
+constexpr double kScaleTol = 1e-6;       // x·s exact; soft-capped: device tanhf vs std::tanh; measured 1.8e-7 (H200)
 constexpr double kMoeRouteTol = 2e-6;    // expf and an f32 softmax sum vs std::exp and a double sum; ids exact;
-                                         // measured (pending)
+                                         // measured 2.1e-7 (H200)
 constexpr double kMoeFfnTol = 1e-5;      // same dequantized weights, f32 dot products in another order, expf;
-                                         // measured (pending)
+                                         // measured 4.1e-7 (H200)
 
 const int kTokenCounts[] = {1, 7, 33, 512, 513};
 
