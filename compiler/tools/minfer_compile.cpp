@@ -56,7 +56,7 @@ llvm::cl::opt<minfer::planes::PlaneForm> kPlanes(
     llvm::cl::values(clEnumValN(minfer::planes::PlaneForm::kCompact, "compact",
                                 "the GGUF blocks only; the GPU expands the prefill planes at load (file ~ GGUF size)"),
                      clEnumValN(minfer::planes::PlaneForm::kExpanded, "expanded",
-                                "every plane stored, nothing expanded at load (file ~2.5x the GGUF)")),
+                                "every plane stored, nothing expanded at load (file ~2.9x the GGUF for a Q4_K_M model)")),
     llvm::cl::init(minfer::planes::PlaneForm::kCompact), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kNoFuse("no-fuse",
                             llvm::cl::desc("Give every plan step its own kernel launches (no quantization or norm "
