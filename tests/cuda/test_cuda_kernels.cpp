@@ -941,10 +941,16 @@ TEST_CASE("column views: rope, kv_store, prefill attention and swiglu on rows wi
     for (int t = 0; t < n; ++t)
       for (int i = qw; i < pitch; ++i) rounded[static_cast<size_t>(t) * pitch + i] = roundHalf(got[static_cast<size_t>(t) * pitch + i]);
     cpu::kvStore(layer, rounded.data() + qw, rounded.data() + qw + kvw, n, pos0, pitch, pitch);
+    // Both caches, bit for bit: K from columns qw.., V from columns qw + kvw.. (a swapped or wrong pitch
+    // or offset shows in either).
     const std::vector<uint16_t> kbits = kc.download<uint16_t>(static_cast<size_t>(n) * kvw);
+    const std::vector<uint16_t> vbits = vc.download<uint16_t>(static_cast<size_t>(n) * kvw);
     size_t bad = 0;
     for (int t = 0; t < n; ++t)
-      for (int i = 0; i < kvw; ++i) bad += kbits[static_cast<size_t>(t) * kvw + i] != floatToHalf(got[static_cast<size_t>(t) * pitch + qw + i]);
+      for (int i = 0; i < kvw; ++i) {
+        bad += kbits[static_cast<size_t>(t) * kvw + i] != floatToHalf(got[static_cast<size_t>(t) * pitch + qw + i]);
+        bad += vbits[static_cast<size_t>(t) * kvw + i] != floatToHalf(got[static_cast<size_t>(t) * pitch + qw + kvw + i]);
+      }
     CHECK(bad == 0);
     DeviceArray out(static_cast<uint64_t>(n) * qw * 4);
     out.poison();
