@@ -6,7 +6,8 @@
 //   metadata-only file of every value type (v2 and v3), named corruption cases of a small base file
 //   (the cases of tests/gguf/test_gguf_corruption.cpp, re-made here on a smaller base), files whose
 //   counts and lengths lie, and the first bytes of fixture models (when ../shared/fixtures exists).
-// fuzz_artifact: artifacts compiled by compileModel (no kernel targets) from the small models, the
+// fuzz_artifact: artifacts compiled by compileModel (no kernel targets) from the small models (and the
+//   tiny-phi3 / tiny-qwen3moe fixtures: column views, expert axes), the
 //   same truncated to the manifest, and one with a damaged data segment.
 // fuzz_tokenizer: llama.cpp's vocab test strings (fixtures) or built-in strings, with several flag
 //   bytes, invalid UTF-8, special-token texts and raw id sequences.
@@ -269,6 +270,25 @@ void artifactSeeds(const fs::path& scratch) {
     std::vector<uint8_t> damaged = bytes;
     damaged[bytes.size() - 100] ^= 0x40;  // inside the last data segment: checksums fail, the model still opens
     put(T, name + "-damaged-segment.artifact", damaged);
+  }
+  // Format 1.4 structures the writer-made models lack, from the fixtures when present: column views
+  // (phi3's fused q|k|v and gate|up) and expert axes with the MoE ops (qwen3moe).
+  for (const char* model : {"tiny-phi3-Q4_K_M", "tiny-qwen3moe-Q4_K_M"}) {
+    const fs::path gguf = fs::path(fixturesDir()) / "arch" / "models" / (std::string(model) + ".gguf");
+    if (!fs::exists(gguf)) continue;
+    const fs::path mfb = scratch / (std::string(model) + ".mfb");
+    minfer::CompileOptions o;
+    o.input = gguf.string();
+    o.output = mfb.string();
+    o.max_batch = 4;
+    o.jobs = 1;
+    o.kernel_cache_dir = "off";
+    auto summary = minfer::compileModel(o);
+    if (!summary) {
+      std::fprintf(stderr, "minfer-make-fuzz-corpus: %s\n", llvm::toString(summary.takeError()).c_str());
+      std::exit(1);
+    }
+    put(T, std::string(model) + ".artifact", readFile(mfb));
   }
   put(T, "empty.artifact", {});
   put(T, "identifier-only.artifact", {8, 0, 0, 0, 4, 0, 0, 0, 'M', 'F', 'B', '1'});
