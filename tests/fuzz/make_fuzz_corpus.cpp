@@ -239,6 +239,22 @@ void ggufSeeds() {
 // ---------------------------------------------------------------------------------------------
 // fuzz_artifact
 
+// The artifact of `gguf` (CPU-only: no kernel targets, max batch 4), written at `mfb` and read back.
+std::vector<uint8_t> compileSeed(const fs::path& gguf, const fs::path& mfb) {
+  minfer::CompileOptions o;
+  o.input = gguf.string();
+  o.output = mfb.string();
+  o.max_batch = 4;
+  o.jobs = 1;
+  o.kernel_cache_dir = "off";
+  auto summary = minfer::compileModel(o);
+  if (!summary) {
+    std::fprintf(stderr, "minfer-make-fuzz-corpus: %s\n", llvm::toString(summary.takeError()).c_str());
+    std::exit(1);
+  }
+  return readFile(mfb);
+}
+
 void artifactSeeds(const fs::path& scratch) {
   const std::string T = "fuzz_artifact";
   const std::vector<TinyGgufSpec> specs = modelSpecs();
@@ -249,18 +265,7 @@ void artifactSeeds(const fs::path& scratch) {
       std::fprintf(stderr, "minfer-make-fuzz-corpus: %s\n", llvm::toString(std::move(err)).c_str());
       std::exit(1);
     }
-    minfer::CompileOptions o;
-    o.input = gguf.string();
-    o.output = mfb.string();
-    o.max_batch = 4;
-    o.jobs = 1;
-    o.kernel_cache_dir = "off";
-    auto summary = minfer::compileModel(o);
-    if (!summary) {
-      std::fprintf(stderr, "minfer-make-fuzz-corpus: %s\n", llvm::toString(summary.takeError()).c_str());
-      std::exit(1);
-    }
-    const std::vector<uint8_t> bytes = readFile(mfb);
+    const std::vector<uint8_t> bytes = compileSeed(gguf, mfb);
     put(T, name + ".artifact", bytes);
     if (k != 0) continue;
     uint32_t n = 0;
@@ -277,18 +282,7 @@ void artifactSeeds(const fs::path& scratch) {
     const fs::path gguf = fs::path(fixturesDir()) / "arch" / "models" / (std::string(model) + ".gguf");
     if (!fs::exists(gguf)) continue;
     const fs::path mfb = scratch / (std::string(model) + ".mfb");
-    minfer::CompileOptions o;
-    o.input = gguf.string();
-    o.output = mfb.string();
-    o.max_batch = 4;
-    o.jobs = 1;
-    o.kernel_cache_dir = "off";
-    auto summary = minfer::compileModel(o);
-    if (!summary) {
-      std::fprintf(stderr, "minfer-make-fuzz-corpus: %s\n", llvm::toString(summary.takeError()).c_str());
-      std::exit(1);
-    }
-    put(T, std::string(model) + ".artifact", readFile(mfb));
+    put(T, std::string(model) + ".artifact", compileSeed(gguf, mfb));
   }
   put(T, "empty.artifact", {});
   put(T, "identifier-only.artifact", {8, 0, 0, 0, 4, 0, 0, 0, 'M', 'F', 'B', '1'});
