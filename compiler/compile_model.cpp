@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "compiler/artifact/artifact_writer.h"
+#include "compiler/artifact/temp_file_signals.h"
 #include "compiler/codegen/codegen.h"
 #include "compiler/codegen/plan_rewrite.h"
 #include "compiler/gguf/gguf_reader.h"
@@ -196,7 +197,13 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
   // Until it is known, a placeholder of the same length stands in (the manifest size must not change).
   SourceFacts source{llvm::sys::path::filename(options.input).str(), gguf.fileSize(), std::string(64, '0')};
   std::string sha256;
-  std::thread hasher([&] { sha256 = sha256Hex(gguf.bytes()); });
+  // Started with the interrupt signals blocked, which it keeps: they go to this thread, which blocks
+  // them while it creates and registers the temporary output file (ArtifactWriter::create). A signal
+  // taken by the hasher in that window would leave the file behind.
+  std::thread hasher = [&] {
+    const artifact::TempFileSignalBlock block;
+    return std::thread([&] { sha256 = sha256Hex(gguf.bytes()); });
+  }();
   struct JoinOnExit {
     std::thread& t;
     ~JoinOnExit() { if (t.joinable()) t.join(); }
