@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "minfer/batch.h"
 #include "minfer/sampler.h"
 #include "minfer/status.h"
 #include "minfer/tokenizer.h"
@@ -108,6 +109,9 @@ class Model {
   // info().n_ctx_max (the context the artifact was compiled for), not enough memory (the message has the
   // byte counts).
   Result<std::unique_ptr<Session>> createSession(const SessionOptions& options) const;
+  // Allocates a session of many sequences over one paged KV cache (minfer/batch.h). Errors: an option
+  // out of range (the message names it and the bounds), not enough memory (with the byte counts).
+  Result<std::unique_ptr<BatchSession>> createBatchSession(const BatchOptions& options) const;
 
  private:
   Model() = default;
