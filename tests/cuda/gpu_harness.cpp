@@ -58,12 +58,18 @@ codegen::KernelSpec spec(std::string key, const char* source, const char* entry,
 std::vector<Kernel> compile(const std::vector<codegen::KernelSpec>& specs) {
   Gpu* g = get();
   REQUIRE(g);
+  return compile(specs, g->arch);
+}
+
+std::vector<Kernel> compile(const std::vector<codegen::KernelSpec>& specs, const std::string& arch) {
+  Gpu* g = get();
+  REQUIRE(g);
   std::vector<std::optional<codegen::CompiledKernel>> out(specs.size());
   std::vector<std::string> errors(specs.size());
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i = next++; i < specs.size(); i = next++) {
-      auto k = codegen::compileKernel(specs[i], g->arch);
+      auto k = codegen::compileKernel(specs[i], arch);
       if (k)
         out[i] = std::move(*k);
       else

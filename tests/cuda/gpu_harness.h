@@ -43,6 +43,8 @@ codegen::KernelSpec spec(std::string key, const char* source, const char* entry,
 
 // Compiles the specs for the GPU's arch with NVRTC (in parallel) and loads them; fails the test on error.
 std::vector<Kernel> compile(const std::vector<codegen::KernelSpec>& specs);
+// The same for another target of the GPU (e.g. "sm_90a" for wgmma kernels on an sm_90 GPU).
+std::vector<Kernel> compile(const std::vector<codegen::KernelSpec>& specs, const std::string& arch);
 
 class DeviceArray {
  public:

@@ -31,6 +31,7 @@
 #include "kernels/rms_norm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/scale.cuh"
+#include "kernels/wgmma_matmul.cuh"
 #include "runtime/cpu/cpu_ops.h"
 #include "tests/cuda/gpu_harness.h"
 #include "tests/runtime/weight_builder.h"
@@ -58,6 +59,10 @@ constexpr double kGeGluTol = 1e-6;       // device tanhf vs std::tanh; measured 
 constexpr double kScaleTol = 1e-6;       // x·s exact; soft-capped: device tanhf vs std::tanh; measured 1.8e-7 (H200)
 constexpr double kMoeRouteTol = 2e-6;    // expf and an f32 softmax sum vs std::exp and a double sum; ids exact;
                                          // measured 2.1e-7 (H200)
+constexpr double kWgmmaTol = 2e-5;       // Hopper f16 matmul vs float64 on the same f16 operands: f32 summation
+                                         // order only; measured 2.4e-6 (here), 5.3e-6 (bench/wgmma_bench.cu, K = 3584)
+constexpr double kWgmmaF32Tol = 1e-3;    // the same vs float64 on the unrounded f32 operands (f16 unit roundoff
+                                         // 2^-11 on each of w and x); measured 3.7e-4 (H200)
 constexpr double kMoeFfnTol = 1e-5;      // same dequantized weights, f32 dot products in another order, expf;
                                          // measured 4.1e-7 (H200)
 
@@ -656,6 +661,106 @@ TEST_CASE("dense_mm and dense_gemv: F32, F16, BF16") {
           }
         }
       }
+}
+
+// f16 values of `v` on the host (the binary16 bits and their float values).
+struct HostF16 {
+  std::vector<uint16_t> bits;
+  std::vector<float> values;
+};
+HostF16 toF16(const std::vector<float>& v, uint64_t rows, uint64_t cols, uint64_t pitch_elems) {
+  HostF16 h;
+  h.bits.assign(rows * pitch_elems, 0x7E00);  // NaN in the padding: a kernel reading it poisons its output
+  h.values.resize(rows * cols);
+  for (uint64_t r = 0; r < rows; ++r)
+    for (uint64_t c = 0; c < cols; ++c) {
+      const uint16_t b = floatToHalf(v[r * cols + c]);
+      h.bits[r * pitch_elems + c] = b;
+      h.values[r * cols + c] = halfToFloat(b);
+    }
+  return h;
+}
+// out[t][r] = Σ_c w[r][c]·x[t][c] (+ bias) in float64, rounded to f32.
+std::vector<float> referenceMatmul(const std::vector<float>& w, const std::vector<float>& x, const float* bias, int n,
+                                   uint64_t rows, uint64_t cols) {
+  std::vector<float> out(static_cast<size_t>(n) * rows);
+  for (int t = 0; t < n; ++t)
+    for (uint64_t r = 0; r < rows; ++r) {
+      double acc = bias ? bias[r] : 0.0;
+      for (uint64_t c = 0; c < cols; ++c) acc += static_cast<double>(w[r * cols + c]) * x[static_cast<size_t>(t) * cols + c];
+      out[static_cast<size_t>(t) * rows + r] = static_cast<float>(acc);
+    }
+  return out;
+}
+
+TEST_CASE("wgmma_matmul (sm_90a): f16 and q8 activations vs float64 on the same f16 values, odd shapes and tiles") {
+  MINFER_REQUIRE_GPU(G);
+  if (G->arch != "sm_90") {
+    MESSAGE("skipped: wgmma_matmul needs an sm_90 GPU (sm_90a image); this one is " << G->arch);
+    return;
+  }
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    unsigned bm, bn, stages;
+    bool bias;
+  };
+  // Rows not a multiple of the tile; K a multiple of 64 or not (the last stage partly past K).
+  const Case cases[] = {{GgmlType::Q4_K, 300, 768, 64, 64, 4, false},
+                        {GgmlType::Q6_K, 333, 1280, 128, 128, 6, true},
+                        {GgmlType::Q5_0, 260, 800, 128, 256, 4, true},
+                        {GgmlType::Q8_0, 72, 1056, 64, 128, 5, false}};
+  for (const Case& cs : cases) {
+    CAPTURE(ggmlTypeTraits(cs.type).name);
+    CAPTURE(cs.rows);
+    CAPTURE(cs.cols);
+    CAPTURE(cs.bm);
+    CAPTURE(cs.bn);
+    const RandomWeight w = makeRandomWeight(cs.type, cs.rows, cs.cols, rng(), 0.5f);
+    const uint64_t pitch = alignUp(cs.cols * 2, 16) + 16;  // padded rows: the offset gate
+    const HostF16 wh = toF16(w.values, cs.rows, cs.cols, pitch / 2);
+    std::vector<codegen::KernelSpec> specs;
+    for (int act : {0, 1}) {
+      const std::string tag = codegen::typeTag(static_cast<uint32_t>(cs.type)) + "_n" + str(cs.rows) + "_k" +
+                              str(cs.cols) + "_a" + std::to_string(act);
+      specs.push_back(spec("wgmma_test_" + tag, "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul",
+                           {{"WG_N", str(cs.rows)}, {"WG_K", str(cs.cols)}, {"WG_W_PITCH", str(pitch)},
+                            {"WG_BM", str(cs.bm)}, {"WG_BN", str(cs.bn)}, {"WG_STAGES", str(cs.stages)},
+                            {"WG_ACT", std::to_string(act)}, {"WG_HAS_BIAS", cs.bias ? "1" : "0"}}));
+    }
+    std::vector<Kernel> k = compile(specs, "sm_90a");
+    const std::vector<float> bias_v = randomFloats(cs.rows, rng());
+    DeviceArray d_w = DeviceArray::of(wh.bits), d_bias = DeviceArray::of(bias_v), out(kMaxBatch * cs.rows * 4);
+    const float* bias = cs.bias ? bias_v.data() : nullptr;
+    CUdeviceptr pw = d_w.ptr(), pb = cs.bias ? d_bias.ptr() : 0, po = out.ptr();
+    for (int n : kTokenCounts) {
+      CAPTURE(n);
+      const std::vector<float> x = activations(n, static_cast<int>(cs.cols));
+      const std::vector<float> exact = referenceMatmul(w.values, x, bias, n, cs.rows, cs.cols);
+      // f16 activations.
+      const HostF16 xh = toF16(x, static_cast<uint64_t>(n), cs.cols, cs.cols);
+      DeviceArray d_x = DeviceArray::of(xh.bits);
+      CUdeviceptr px = d_x.ptr(), pm = 0;
+      out.poison();
+      launch(k[0], kern::wgmmaMatmulLaunch(cs.rows, n, cs.bm, cs.bn, cs.stages), {&pw, &pb, &px, &pm, &po, &n});
+      std::vector<float> got = out.download<float>(static_cast<size_t>(n) * cs.rows);
+      std::vector<float> ref = referenceMatmul(wh.values, xh.values, bias, n, cs.rows, cs.cols);
+      CHECK(track("wgmma f16", relError(got.data(), ref.data(), ref.size())) <= kWgmmaTol);
+      CHECK(track("wgmma f16 vs f32 operands", relError(got.data(), exact.data(), exact.size())) <= kWgmmaF32Tol);
+      // q8 activations, dequantized to f16 in the kernel: round(q·d) per value.
+      if (cs.cols % 32 != 0) continue;
+      const HostQ8 hq = quantizeHost(x, n, static_cast<int>(cs.cols));
+      const HostF16 xq16 = toF16(hq.deq, static_cast<uint64_t>(n), cs.cols, cs.cols);
+      DeviceArray d_q = DeviceArray::of(hq.qs), d_m = DeviceArray::of(hq.meta);
+      px = d_q.ptr();
+      pm = d_m.ptr();
+      out.poison();
+      launch(k[1], kern::wgmmaMatmulLaunch(cs.rows, n, cs.bm, cs.bn, cs.stages), {&pw, &pb, &px, &pm, &po, &n});
+      got = out.download<float>(static_cast<size_t>(n) * cs.rows);
+      ref = referenceMatmul(wh.values, xq16.values, bias, n, cs.rows, cs.cols);
+      CHECK(track("wgmma q8", relError(got.data(), ref.data(), ref.size())) <= kWgmmaTol);
+    }
+  }
 }
 
 TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions, frequency factors, YaRN") {

@@ -1,0 +1,353 @@
+// Prefill matmul on Hopper's tensor cores (sm_90a `wgmma`), f16 operands, f32 accumulation (issue 15):
+//
+//   out[t][r] = Σ_k x(t,k) · w(r,k)  (+ bias[r])
+//
+// w: a dense f16 plane of the weights (N rows × K, row pitch WG_W_PITCH bytes), the GGUF blocks
+// dequantized once at load (w = s·q + m of stride_table.h, rounded to f16: relative error ≤ 2^-11).
+// x: WG_ACT = 0: f16 activations (n_tokens × K, row pitch 2K bytes);
+//    WG_ACT = 1: q8 activations (quantize_act.cuh: xq int8 n_tokens × K and one Q8Meta per 32), each
+//    value dequantized to f16 as round(xq · d) when staged (the product is exact in f32).
+// Numerics: products of f16 values are exact in the tensor core and summed in f32 (PTX ISA,
+// "Warpgroup MMA": wgmma.mma_async .f32.f16.f16), so the error against float64 on the same f16 operands
+// is the f32 summation error; the operands' rounding to f16 is the rest.
+//
+// Tiling: a thread block has WG_BM / 64 warpgroups (128 threads each) and computes WG_BM tokens ×
+// WG_BN weight rows; warpgroup g owns tokens 64g .. 64g+63 of the tile, all WG_BN rows: one
+// wgmma.m64n{BN}k16 per 16 of K. K advances in stages of 64 (one 128-byte row of f16 per token or
+// weight row) through a WG_STAGES-deep pipeline of shared-memory stages, each stage the activation
+// tile then the weight tile, rows of 128 bytes in the 128-byte swizzle that wgmma's shared-memory
+// descriptors name (16-byte chunk c of row r stored at chunk c ^ (r mod 8); PTX ISA, "Matrix
+// Descriptor Format", "Shared Memory Matrix Layout"). Weights (and f16 activations) are copied with
+// cp.async; q8 activations are loaded into registers one iteration ahead, converted and stored.
+// Iteration kt waits for stage kt, refills stage kt+S−2 (read by the wgmma of iteration kt−2, which the
+// previous iteration's wgmma.wait_group 1 retired before this iteration's barrier), issues the four
+// wgmma of stage kt and retires those of kt−1.
+//
+// Compile-time constants (-D):
+//   WG_N, WG_K          weight rows (out features) and cols (in features); K % 8 == 0
+//   WG_W_PITCH          weight plane row pitch (bytes, multiple of 16)
+//   WG_BM, WG_BN        tile: BM ∈ {64, 128} tokens, BN ∈ {64, 128, 256} weight rows
+//   WG_STAGES           pipeline depth (4..8; WG_ACT = 1 needs ≥ 4)
+//   WG_ACT              0: f16 activations; 1: q8 activations
+//   WG_HAS_BIAS         1 when the step has a bias vector (N f32)
+// Launch ABI:  minfer_wgmma_matmul(const uint16_t* w, const float* bias, const void* x,
+//                                  const Q8Meta* xmeta, float* out, int n_tokens)
+//   x: f16 (WG_ACT 0) or int8 (WG_ACT 1) activations; xmeta: their Q8Meta (WG_ACT 1; else unused);
+//   out: n_tokens × N f32 (row stride N).
+// Launch shape: wgmmaMatmulLaunch(): grid (⌈n_tokens/BM⌉, ⌈N/BN⌉) (the token tiles of one weight tile
+// run side by side, so each weight tile is read from HBM about once), BM/64 · 128 threads,
+// wgmmaMatmulSmemBytes() of dynamic shared memory (opt-in attribute above 48 KiB).
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace minfer::kern {
+
+constexpr unsigned kWgmmaBK = 64;  // K per stage: 64 f16 = one 128-byte swizzled row
+
+// Dynamic shared memory: the stages plus 1 KiB to align the first stage to the swizzle's 1024-byte period.
+MINFER_HD constexpr unsigned wgmmaMatmulSmemBytes(unsigned bm, unsigned bn, unsigned stages) {
+  return stages * (bm + bn) * kWgmmaBK * 2 + 1024;
+}
+MINFER_HD constexpr unsigned wgmmaMatmulThreads(unsigned bm) { return bm / 64 * 128; }
+MINFER_HD LaunchShape wgmmaMatmulLaunch(unsigned n, unsigned n_tokens, unsigned bm, unsigned bn, unsigned stages) {
+  LaunchShape s;
+  s.grid.x = ceilDiv(n_tokens, bm);
+  s.grid.y = ceilDiv(n, bn);
+  s.block.x = wgmmaMatmulThreads(bm);
+  s.smem = wgmmaMatmulSmemBytes(bm, bn, stages);
+  return s;
+}
+
+}  // namespace minfer::kern
+
+#if defined(MINFER_DEVICE_CODE) && defined(WG_N)
+namespace minfer::kern::wg {
+
+constexpr int kN = WG_N, kK = WG_K, kBM = WG_BM, kBN = WG_BN, kS = WG_STAGES;
+constexpr int kBK = static_cast<int>(kWgmmaBK);
+constexpr int kThreads = static_cast<int>(wgmmaMatmulThreads(kBM));
+constexpr int kKT = (kK + kBK - 1) / kBK;
+constexpr int kATileBytes = kBM * kBK * 2, kStageBytes = (kBM + kBN) * kBK * 2;
+constexpr int kAcc = kBN / 2;  // f32 accumulators per thread
+static_assert(kK % 8 == 0, "WG_K must be a multiple of 8 (16-byte rows of f16)");
+static_assert(WG_ACT == 0 || kK % 32 == 0, "q8 activations come in blocks of 32");
+static_assert(kBM == 64 || kBM == 128, "WG_BM");
+static_assert(kBN == 64 || kBN == 128 || kBN == 256, "WG_BN");
+static_assert(kS >= 3 && kS <= 8 && (WG_ACT == 0 || kS >= 4), "WG_STAGES");
+static_assert(WG_W_PITCH % 16 == 0, "weight rows must be 16-byte aligned");
+
+// Byte offset of 16-byte chunk `c` (0..7) of row `r` inside a tile of 128-byte rows, 128-byte swizzle.
+__device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+// wgmma shared-memory descriptor of a K-major tile of 128-byte rows in the 128-byte swizzle whose first
+// row is `p` (1024-byte aligned): start address >> 4 (bits 0–13), leading byte offset 1 (unused by
+// swizzled K-major layouts), stride byte offset 1024 >> 4 (8 rows; bits 32–45), swizzle mode 1 = 128 B
+// (bits 62–63). Advancing K by 16 f16 adds 32 bytes to the start address (2 in the descriptor).
+__device__ __forceinline__ uint64_t tileDescriptor(const void* p) {
+  const uint64_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return ((a & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmmaWait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory"); }
+// Orders this thread's generic-proxy writes to shared memory (st.shared, cp.async) before reads by the
+// async proxy (wgmma operands) that follow a barrier.
+__device__ __forceinline__ void fenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// D(64 × N, f32) += A(64 × 16, f16, K-major, descriptor a) · B(16 × N, f16, K-major, descriptor b), for one
+// warpgroup; the accumulator fragment: thread l of warp w holds rows 16w + l/4 (+8) and columns
+// 8j + 2(l%4) (+1) as d[4j + 2h + e] (row +8h, column +e).
+__device__ __forceinline__ void wgmmaF16N64(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmmaF16N128(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmmaF16N256(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+__device__ __forceinline__ void wgmmaTile(float (&d)[kAcc], uint64_t a, uint64_t b) {
+#if WG_BN == 64
+  wgmmaF16N64(d, a, b);
+#elif WG_BN == 128
+  wgmmaF16N128(d, a, b);
+#else
+  wgmmaF16N256(d, a, b);
+#endif
+}
+
+constexpr int kChunks = kBK * 2 / 16;  // 16-byte chunks per tile row (8)
+MINFER_HD constexpr int iters(int items) { return (items + kThreads - 1) / kThreads; }
+
+// cp.async of the weight tile of stage kt: BN rows × 8 chunks, zero-filled past N and K.
+__device__ __forceinline__ void loadWeights(uint8_t* tile, int kt, int n0, const uint16_t* w) {
+  const int k0 = kt * kBK;
+#pragma unroll
+  for (int i = 0; i < iters(kBN * kChunks); ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+    if ((kBN * kChunks) % kThreads != 0 && c >= kBN * kChunks) break;
+    const int row = c / kChunks, ch = c % kChunks, col = k0 + ch * 8;
+    const bool ok = n0 + row < kN && (kK % kBK == 0 || col < kK);
+    const uint16_t* src = ok ? w + static_cast<uint64_t>(n0 + row) * (WG_W_PITCH / 2) + col : w;
+    cpAsync<16>(tile + swizzled(row, ch), src, ok);
+  }
+}
+
+#if WG_ACT == 0
+// cp.async of the f16 activation tile of stage kt: BM tokens × 8 chunks, zero-filled past n_tokens and K.
+__device__ __forceinline__ void loadActivations(uint8_t* tile, int kt, int m0, int n_tokens, const uint16_t* x) {
+  const int k0 = kt * kBK;
+#pragma unroll
+  for (int i = 0; i < iters(kBM * kChunks); ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+    if ((kBM * kChunks) % kThreads != 0 && c >= kBM * kChunks) break;
+    const int row = c / kChunks, ch = c % kChunks, col = k0 + ch * 8;
+    const bool ok = m0 + row < n_tokens && (kK % kBK == 0 || col < kK);
+    const uint16_t* src = ok ? x + static_cast<uint64_t>(m0 + row) * kK + col : x;
+    cpAsync<16>(tile + swizzled(row, ch), src, ok);
+  }
+}
+#else
+// q8 activations of one stage held in registers between their load and their store: each thread owns
+// kQ8Items chunks of 16 int8 (BM tokens × 4 chunks per stage) and their block scales.
+constexpr int kQ8Chunks = kBK / 16;  // 16-value chunks per token row (4)
+constexpr int kQ8Items = iters(kBM * kQ8Chunks);
+struct Q8Regs {
+  uint4 q[kQ8Items];
+  float d[kQ8Items];
+};
+__device__ __forceinline__ void loadQ8(Q8Regs& r, int kt, int m0, int n_tokens, const int8_t* xq, const Q8Meta* xmeta) {
+  const int k0 = kt * kBK;
+#pragma unroll
+  for (int i = 0; i < kQ8Items; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int row = c / kQ8Chunks, col = k0 + (c % kQ8Chunks) * 16;
+    const bool ok = c < kBM * kQ8Chunks && m0 + row < n_tokens && (kK % kBK == 0 || col < kK);
+    r.q[i] = ok ? *reinterpret_cast<const uint4*>(xq + static_cast<uint64_t>(m0 + row) * kK + col) : make_uint4(0, 0, 0, 0);
+    r.d[i] = ok ? xmeta[static_cast<uint64_t>(m0 + row) * (kK / 32) + col / 32].d : 0.0f;
+  }
+}
+// Two f32 → one f16x2 register (lo in the low half), round to nearest even.
+__device__ __forceinline__ uint32_t packHalf2(float lo, float hi) {
+  uint32_t v;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
+  return v;
+}
+// Four int8 in a word, times d, as two f16x2 words.
+__device__ __forceinline__ void dequant4(uint32_t q, float d, uint32_t& lo, uint32_t& hi) {
+  const int v = static_cast<int>(q);
+  lo = packHalf2(static_cast<float>(v << 24 >> 24) * d, static_cast<float>(v << 16 >> 24) * d);
+  hi = packHalf2(static_cast<float>(v << 8 >> 24) * d, static_cast<float>(v >> 24) * d);
+}
+__device__ __forceinline__ void storeQ8(uint8_t* tile, const Q8Regs& r) {
+#pragma unroll
+  for (int i = 0; i < kQ8Items; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+    if ((kBM * kQ8Chunks) % kThreads != 0 && c >= kBM * kQ8Chunks) break;
+    const int row = c / kQ8Chunks, ch = (c % kQ8Chunks) * 2;  // 16 values = two 16-byte f16 chunks
+    uint4 a, b;
+    dequant4(r.q[i].x, r.d[i], a.x, a.y);
+    dequant4(r.q[i].y, r.d[i], a.z, a.w);
+    dequant4(r.q[i].z, r.d[i], b.x, b.y);
+    dequant4(r.q[i].w, r.d[i], b.z, b.w);
+    *reinterpret_cast<uint4*>(tile + swizzled(row, ch)) = a;
+    *reinterpret_cast<uint4*>(tile + swizzled(row, ch + 1)) = b;
+  }
+}
+#endif
+
+}  // namespace minfer::kern::wg
+
+extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 1)
+    minfer_wgmma_matmul(const uint16_t* __restrict__ w, const float* __restrict__ bias, const void* __restrict__ x,
+                        const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out, int n_tokens) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::wg;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  (void)xmeta;
+
+  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;
+  const int wg = threadIdx.x / 128;
+  auto stage = [&](int kt) { return smem + (kt % kS) * kStageBytes; };
+
+  float d[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) d[i] = 0.0f;
+
+#if WG_ACT == 0
+  const uint16_t* xh = static_cast<const uint16_t*>(x);
+#pragma unroll
+  for (int kt = 0; kt < kS - 2; ++kt) {
+    if (kt < kKT) {
+      loadActivations(stage(kt), kt, m0, n_tokens, xh);
+      loadWeights(stage(kt) + kATileBytes, kt, n0, w);
+    }
+    cpAsyncCommit();
+  }
+#else
+  const int8_t* xq = static_cast<const int8_t*>(x);
+  Q8Regs q8;
+#pragma unroll
+  for (int kt = 0; kt < kS - 2; ++kt) {
+    if (kt < kKT) {
+      loadQ8(q8, kt, m0, n_tokens, xq, xmeta);
+      storeQ8(stage(kt), q8);
+      loadWeights(stage(kt) + kATileBytes, kt, n0, w);
+    }
+    cpAsyncCommit();
+  }
+  if (kS - 2 < kKT) loadQ8(q8, kS - 2, m0, n_tokens, xq, xmeta);
+#endif
+
+  for (int kt = 0; kt < kKT; ++kt) {
+    cpAsyncWait<kS - 3>();
+    fenceProxyAsync();
+    __syncthreads();
+    const int next = kt + kS - 2;
+    if (next < kKT) {
+#if WG_ACT == 0
+      loadActivations(stage(next), next, m0, n_tokens, xh);
+#else
+      storeQ8(stage(next), q8);
+#endif
+      loadWeights(stage(next) + kATileBytes, next, n0, w);
+    }
+    cpAsyncCommit();
+#if WG_ACT == 1
+    if (next + 1 < kKT) loadQ8(q8, next + 1, m0, n_tokens, xq, xmeta);
+#endif
+    const uint8_t* st = stage(kt);
+    const uint64_t da = tileDescriptor(st + wg * 64 * 128), db = tileDescriptor(st + kATileBytes);
+    wgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) wgmmaTile(d, da + 2 * kk, db + 2 * kk);
+    wgmmaCommit();
+    wgmmaWait<1>();
+  }
+  wgmmaWait<0>();
+
+  // Epilogue: thread l of warp w (in its warpgroup) holds tokens 16w + l/4 (+8) and rows 8j + 2(l%4) (+1).
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int tok = m0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
+    if (tok >= n_tokens) continue;
+    float* row = out + static_cast<uint64_t>(tok) * kN;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+      const int r = n0 + 8 * j + 2 * (lane % 4);
+      float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+#if WG_HAS_BIAS
+      if (r < kN) v0 += bias[r];
+      if (r + 1 < kN) v1 += bias[r + 1];
+#endif
+      if (kN % 2 == 0 && r + 1 < kN) {
+        *reinterpret_cast<float2*>(row + r) = make_float2(v0, v1);
+      } else {
+        if (r < kN) row[r] = v0;
+        if (r + 1 < kN) row[r + 1] = v1;
+      }
+    }
+  }
+}
+#endif
