@@ -1,6 +1,7 @@
 // The GGUF → .mfb pipeline (see compile_model.h).
 #include "compiler/compile_model.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "compiler/artifact/artifact_writer.h"
@@ -188,6 +189,10 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
 
 }  // namespace
 
+bool usesHopperPrefill(const std::vector<std::string>& targets) {
+  return !targets.empty() && std::all_of(targets.begin(), targets.end(), [](const std::string& t) { return t == "sm_90a"; });
+}
+
 llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
   auto file = gguf::GgufFile::open(options.input);
   if (!file) return file.takeError();
@@ -220,7 +225,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
   tensors.reserve(desc->weights.size());
   for (const model::WeightDesc& w : desc->weights) {
     planes::TensorDesc td{w.name, w.info->type, w.info->rows(), w.info->cols(), w.role, w.experts};
-    auto layout = planes::planLayout(td, options.plane_form);
+    auto layout = planes::planLayout(td, options.plane_form, usesHopperPrefill(options.targets));
     if (!layout) return layout.takeError();
     TensorPlanes tp{std::move(*layout), {}};
     for (size_t p = 0; p < tp.layout.planes.size(); ++p)

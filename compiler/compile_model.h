@@ -27,7 +27,9 @@ struct CompileOptions {
   uint32_t n_ctx = 0;
   unsigned jobs = 0;                 // transform threads; 0 = all cores
   std::vector<std::string> targets;  // GPU archs for kernel images, e.g. {"sm_90"}; stored in the artifact
-                                     // (empty: no kernel images, a CPU-only artifact)
+                                     // (empty: no kernel images, a CPU-only artifact). When every target is
+                                     // sm_90a, quantized matmul weights get a kF16 plane at load and prefill
+                                     // uses the Hopper wgmma matmul (usesHopperPrefill); else int8 mma.sync.
   std::string kernel_cache_dir;      // NVRTC image cache: "" = default (codegen/kernel_cache.h), "off" = none
   // Compact (default): quantized matmul weights store only their GGUF blocks, the other planes are
   // derived at load; expanded: every plane stored (compiler/planes/layout_planner.h).
@@ -37,6 +39,10 @@ struct CompileOptions {
   // Called after each tensor: (tensors done, tensors total, source bytes done, source bytes total).
   std::function<void(size_t, size_t, uint64_t, uint64_t)> progress;
 };
+
+// True when every target is sm_90a (and there is one): the plan's prefill matmuls may use wgmma, whose
+// images exist only for that arch.
+bool usesHopperPrefill(const std::vector<std::string>& targets);
 
 struct CompileSummary {
   size_t tensors = 0;

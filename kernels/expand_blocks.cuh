@@ -1,6 +1,6 @@
 // Load-time plane expansion (OpKind ExpandBlocks, the artifact's load plan): a quantized tensor's
 // kBlocks plane (the GGUF blocks, the only copy stored in a compact artifact) → its derived planes
-// kI8, kScale, [kMin], [kPacked], written into device memory once after the upload (DESIGN.md §3:
+// kI8, kScale, [kMin], [kPacked], [kF16] (f16Weight, for the Hopper prefill matmul), written into device memory once after the upload (DESIGN.md §3:
 // "the GPU expands a 7B's plane from the packed one in milliseconds at load").
 //
 // Values: decomposeBlock (kernels/block_formats.h), the same decomposed form the compiler's plane
@@ -17,8 +17,10 @@
 //   EXPAND_S_PITCH           kScale row_pitch
 //   EXPAND_HAS_MIN, EXPAND_M_PITCH       kMin plane
 //   EXPAND_HAS_PACKED, EXPAND_P_PITCH, EXPAND_Q_OFFSET   4-bit kPacked plane
-// Launch ABI:  minfer_expand_blocks(const uint8_t* blocks, int8_t* q, float* scale, float* min, uint8_t* packed)
-//   min / packed null when the tensor has no such plane. Padding bytes of the derived planes are not
+//   EXPAND_HAS_F16, EXPAND_F_PITCH        kF16 plane (binary16 weights)
+// Launch ABI:  minfer_expand_blocks(const uint8_t* blocks, int8_t* q, float* scale, float* min, uint8_t* packed,
+//                                   uint16_t* f16)
+//   min / packed / f16 null when the tensor has no such plane. Padding bytes of the derived planes are not
 //   written: the runtime zeroes the planes before the launch.
 // Launch shape: expandBlocksLaunchRule(): one thread per block, kExpandThreads per CUDA block.
 // Cost: one read of the kBlocks plane, one write of each derived plane (memory-bound; a 7B's planes
@@ -51,6 +53,8 @@ struct ExpandTargets {
   uint8_t* packed = nullptr;  // null: no kPacked plane (4-bit)
   uint64_t p_pitch = 0;
   int q_offset = 0;
+  uint16_t* f16 = nullptr;  // null: no kF16 plane
+  uint64_t f_pitch = 0;
 };
 
 // Expands block `b` of row `r` (its bytes at `block`) of a tensor of type `t` into the targets.
@@ -81,6 +85,11 @@ MINFER_HD void expandBlock(GgmlType t, const uint8_t* block, uint64_t r, uint64_
         pd[16 * run + i] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
       }
   }
+  if (x.f16) {
+    uint16_t* fd = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(x.f16) + r * x.f_pitch) + b * bs;
+    const bool has_min = hasMin(t);
+    for (int j = 0; j < bs; ++j) fd[j] = f16Weight(scale[j / gs], q[j], has_min ? min[j / gs] : 0.0f, has_min);
+  }
 }
 
 }  // namespace minfer::kern
@@ -88,7 +97,7 @@ MINFER_HD void expandBlock(GgmlType t, const uint8_t* block, uint64_t r, uint64_
 #if defined(MINFER_DEVICE_CODE) && defined(EXPAND_TYPE)
 extern "C" __global__ void __launch_bounds__(minfer::kern::kExpandThreads)
     minfer_expand_blocks(const uint8_t* __restrict__ blocks, int8_t* __restrict__ q, float* __restrict__ scale,
-                         float* __restrict__ min, uint8_t* __restrict__ packed) {
+                         float* __restrict__ min, uint8_t* __restrict__ packed, uint16_t* __restrict__ f16) {
   minfer::kern::overlapPrologue();
   using namespace minfer;
   using namespace minfer::kern;
@@ -108,6 +117,10 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kExpandThreads)
   x.packed = packed;
   x.p_pitch = EXPAND_P_PITCH;
   x.q_offset = EXPAND_Q_OFFSET;
+#endif
+#if EXPAND_HAS_F16
+  x.f16 = f16;
+  x.f_pitch = EXPAND_F_PITCH;
 #endif
   expandBlock(static_cast<GgmlType>(EXPAND_TYPE), blocks + r * EXPAND_SRC_PITCH + b * EXPAND_SRC_GROUP_PITCH, r, b, x);
 }

@@ -29,6 +29,9 @@
 //                         formats define value = d·q − dmin·m as a rounded product then a rounded add).
 //   The kMin plane stores the additive term itself (already negated for the K-quants: −dmin·m), so
 //   readers always add it.
+//   kF16 derived from a quantized tensor (layout_planner.h f16_prefill): f16Weight below, the value
+//   above rounded to binary16 (to nearest, ties to even): an approximation (relative error ≤ 2^-11, or
+//   ≤ 2^-25 absolute below 2^-14), the only plane whose value is not dequantizeBlock's exactly.
 //
 // Expert axis (MoE expert tensors, GGUF ne = [cols, rows_per_expert, experts]): `experts` slices of
 // rows / experts consecutive rows each; expert e's row r is logical row e·(rows / experts) + r, whose
@@ -108,6 +111,14 @@ struct StrideTable {
   // Total bytes the plane occupies: rows * row_pitch (every row padded to row_pitch).
   MINFER_HD uint64_t bytes() const { return rows * row_pitch; }
 };
+
+// The binary16 bits of a quantized weight s·q (+ m when the tensor has a kMin plane): the value of a
+// kF16 plane derived from a quantized tensor (header comment). Host and device round the same way
+// (floatToHalf); callers compile without FMA contraction (the product is rounded before the add).
+MINFER_HD uint16_t f16Weight(float s, int q, float m, bool has_min) {
+  const float p = s * static_cast<float>(q);
+  return floatToHalf(has_min ? p + m : p);
+}
 
 // Byte offset of logical element (r, c) for dense and scale/min planes; for kBlocks, of its block.
 MINFER_HD uint64_t elementOffset(const StrideTable& t, uint64_t r, uint64_t c) {

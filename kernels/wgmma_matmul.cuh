@@ -50,14 +50,25 @@ MINFER_HD constexpr unsigned wgmmaMatmulSmemBytes(unsigned bm, unsigned bn, unsi
   return stages * (bm + bn) * kWgmmaBK * 2 + 1024;
 }
 MINFER_HD constexpr unsigned wgmmaMatmulThreads(unsigned bm) { return bm / 64 * 128; }
-MINFER_HD LaunchShape wgmmaMatmulLaunch(unsigned n, unsigned n_tokens, unsigned bm, unsigned bn, unsigned stages) {
-  LaunchShape s;
-  s.grid.x = ceilDiv(n_tokens, bm);
-  s.grid.y = ceilDiv(n, bn);
-  s.block.x = wgmmaMatmulThreads(bm);
-  s.smem = wgmmaMatmulSmemBytes(bm, bn, stages);
-  return s;
+MINFER_HD LaunchRule wgmmaMatmulLaunchRule(unsigned n, unsigned bm, unsigned bn, unsigned stages) {
+  LaunchRule r;
+  r.grid[0] = perToken(1, bm);
+  r.grid[1] = fixedExtent(ceilDiv(n, bn));
+  r.block.x = wgmmaMatmulThreads(bm);
+  r.smem = wgmmaMatmulSmemBytes(bm, bn, stages);
+  return r;
 }
+MINFER_HD LaunchShape wgmmaMatmulLaunch(unsigned n, unsigned n_tokens, unsigned bm, unsigned bn, unsigned stages) {
+  return wgmmaMatmulLaunchRule(n, bm, bn, stages).at(n_tokens);
+}
+
+// The tile the compiler picks for N weight rows (scripts/device-wgmma-variants.sh, BENCHMARKS.md: q8
+// activations, best over T = 128 … 2048): 128 tokens × 256 rows, 4 stages, for wide matrices; 128 × 128,
+// 4 stages, for narrow ones (N < 8192), where 256-row tiles leave SMs idle.
+struct WgmmaTile {
+  unsigned bm, bn, stages;
+};
+MINFER_HD WgmmaTile wgmmaMatmulTile(unsigned n) { return n >= 8192 ? WgmmaTile{128, 256, 4} : WgmmaTile{128, 128, 4}; }
 
 }  // namespace minfer::kern
 

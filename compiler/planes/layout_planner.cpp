@@ -65,8 +65,8 @@ StrideTable groupTable(GgmlType type, PlaneKind kind, uint64_t rows, uint64_t co
   return t;
 }
 
-// The planes derived from the kBlocks plane: kI8, kScale, [kMin], [kPacked].
-void addDerivedPlanes(GgmlType type, uint64_t rows, uint64_t cols, std::vector<StrideTable>& out) {
+// The planes derived from the kBlocks plane: kI8, kScale, [kMin], [kPacked], [kF16].
+void addDerivedPlanes(GgmlType type, uint64_t rows, uint64_t cols, bool f16, std::vector<StrideTable>& out) {
   out.push_back(denseTable(type, PlaneKind::kI8, ElemType::kI8, rows, cols));
   out.push_back(groupTable(type, PlaneKind::kScale, rows, cols));
   if (hasMin(type)) out.push_back(groupTable(type, PlaneKind::kMin, rows, cols));
@@ -82,6 +82,7 @@ void addDerivedPlanes(GgmlType type, uint64_t rows, uint64_t cols, std::vector<S
     p.ggml_type = static_cast<uint32_t>(type);
     out.push_back(p);
   }
+  if (f16) out.push_back(denseTable(type, PlaneKind::kF16, ElemType::kF16, rows, cols));
 }
 
 }  // namespace
@@ -117,7 +118,7 @@ uint64_t TensorLayout::storedBytes() const {
   return sum;
 }
 
-llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc, PlaneForm form) {
+llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc, PlaneForm form, bool f16_prefill) {
   const GgmlTypeTraits traits = ggmlTypeTraits(desc.type);
   const auto fail = [&](const llvm::Twine& what) {
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
@@ -163,7 +164,7 @@ llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc, PlaneForm form) 
         break;
       }
       layout.planes.push_back(blocksTable(desc.type, rows, cols, matmul && blocksReadByGemv(desc.type)));
-      if (matmul) addDerivedPlanes(desc.type, rows, cols, layout.planes);
+      if (matmul) addDerivedPlanes(desc.type, rows, cols, f16_prefill && desc.experts == 1, layout.planes);
       break;
     default:
       return fail(llvm::formatv("unknown role {0}", static_cast<unsigned>(desc.role)));

@@ -10,6 +10,7 @@
 //   kEmbedding      quantized                     kBlocks (the GGUF rows unchanged, for row gather)
 //                   F32 / F16 / BF16              the dense plane of the source precision
 //   kEmbeddingMatMul quantized                    kBlocks, then the kMatMul derived planes
+//   (f16_prefill: the derived planes of a quantized matmul end with a kF16 plane; not on expert tensors)
 //   (tied output)   F32 / F16 / BF16              the dense plane only (it serves both uses)
 //   kVector         any supported type            kF32 (norm weights, biases; dequantized exactly)
 //   ([kMin] only where hasMin(type): Q4_1, Q5_1, Q2_K, Q4_K, Q5_K.)
@@ -95,9 +96,12 @@ struct TensorLayout {
   uint64_t storedBytes() const;
 };
 
-// Plans the planes of one tensor (table above).
+// Plans the planes of one tensor (table above). f16_prefill: a quantized kMatMul / kEmbeddingMatMul tensor
+// without an expert axis also gets a derived kF16 plane, its weights s·q + m rounded to binary16
+// (kernels/stride_table.h f16Weight), which the Hopper prefill matmul reads (kernels/wgmma_matmul.cuh).
 // Errors (each names the tensor and the numbers): type not supported by minfer; rows or cols zero;
 // cols not a multiple of the type's block size; experts 0 or not dividing rows, or on a vector; a plane or the source larger than 2^62 bytes.
-llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc, PlaneForm form = PlaneForm::kCompact);
+llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc, PlaneForm form = PlaneForm::kCompact,
+                                        bool f16_prefill = false);
 
 }  // namespace minfer::planes

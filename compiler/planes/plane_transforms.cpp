@@ -292,11 +292,12 @@ void decomposeRows(const RowContext& x, uint64_t r0, uint64_t r1) {
     uint8_t* sc = x.row(PlaneKind::kScale, r);
     uint8_t* mn = x.row(PlaneKind::kMin, r);
     uint8_t* pk = x.row(PlaneKind::kPacked, r);
+    uint8_t* fh = x.row(PlaneKind::kF16, r);  // f16_prefill: the weights rounded to binary16
     // The packed plane is derived from q unless the format's own nibble order already is the
     // packed order (Q4_0, Q4_1: stored nibble = q − q_offset) or has a direct repacking (Q4_K).
     constexpr bool kPackFromQ = !(T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q4_K);
     const bool need_q = qi || (pk && kPackFromQ);
-    const bool need_groups = sc || mn;
+    const bool need_groups = sc || mn || fh;
     for (uint64_t b = 0; b < x.blocks_per_row; ++b) {
       const uint8_t* blk = src + b * kTs;
       if (need_q || need_groups) {
@@ -309,6 +310,13 @@ void decomposeRows(const RowContext& x, uint64_t r0, uint64_t r1) {
           if (mn) std::memcpy(mn + b * sizeof min, min, sizeof min);
         if constexpr (kPackFromQ)
           if (pk) packNibbles(q, kBs, off, pk + b * (kBs / 2));
+        if (fh) {
+          uint16_t* h = reinterpret_cast<uint16_t*>(fh) + b * kBs;
+          for (int j = 0; j < kBs; ++j) {
+            const int g = j / Tr::kGroupSize;
+            h[j] = f16Weight(scale[g], q[j], kHasMin ? min[g] : 0.0f, kHasMin);
+          }
+        }
       }
       if constexpr (!kPackFromQ) {
         if (pk) {
@@ -322,6 +330,7 @@ void decomposeRows(const RowContext& x, uint64_t r0, uint64_t r1) {
     zeroTail(sc, groups * sizeof(float), x.rowPitch(PlaneKind::kScale));
     zeroTail(mn, groups * sizeof(float), x.rowPitch(PlaneKind::kMin));
     zeroTail(pk, x.cols / 2, x.rowPitch(PlaneKind::kPacked));
+    zeroTail(fh, x.cols * 2, x.rowPitch(PlaneKind::kF16));
   }
 }
 
@@ -398,10 +407,12 @@ llvm::Error transformTensor(const TensorLayout& layout, llvm::ArrayRef<uint8_t> 
   workers.parallelFor(d.rows, grain, [&](uint64_t r0, uint64_t r1) {
     if (x.out[static_cast<int>(PlaneKind::kBlocks)]) copyBlockRows(x, r0, r1);
     for (int k = 0; k < kKinds; ++k)
-      if (x.out[k] && isDenseSourceKind(static_cast<PlaneKind>(k))) copyRows(x, static_cast<PlaneKind>(k), r0, r1);
+      if (x.out[k] && !quantized && isDenseSourceKind(static_cast<PlaneKind>(k)))
+        copyRows(x, static_cast<PlaneKind>(k), r0, r1);
     if (x.out[static_cast<int>(PlaneKind::kF32)]) toF32Rows(x, r0, r1);
     if (quantized && (x.out[static_cast<int>(PlaneKind::kI8)] || x.out[static_cast<int>(PlaneKind::kScale)] ||
-                      x.out[static_cast<int>(PlaneKind::kMin)] || x.out[static_cast<int>(PlaneKind::kPacked)]))
+                      x.out[static_cast<int>(PlaneKind::kMin)] || x.out[static_cast<int>(PlaneKind::kPacked)] ||
+                      x.out[static_cast<int>(PlaneKind::kF16)]))
       decomposeFn(d.type)(x, r0, r1);
   });
   return llvm::Error::success();

@@ -43,8 +43,9 @@ llvm::cl::opt<unsigned> kJobs("j", llvm::cl::desc("Worker threads for the plane 
 llvm::cl::opt<std::string> kTarget(
     "target",
     llvm::cl::desc("GPU architectures for kernel images, comma-separated (sm_80,sm_90a); '' = none (CPU only); "
-                   "auto (default) = this machine's GPU if it has one, else sm_80,sm_86,sm_89,sm_90 (each image "
-                   "also carries PTX, which newer GPUs compile at load)"),
+                   "auto (default) = this machine's GPU if it has one (sm_90a on Hopper), else sm_80,sm_86,sm_89,"
+                   "sm_90 (each image also carries PTX, which newer GPUs compile at load). With sm_90a alone, prefill "
+                   "matmuls use Hopper's wgmma on f16 weights expanded at load; any other set uses int8 mma.sync"),
     llvm::cl::init("auto"), llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kKernelCache(
     "kernel-cache", llvm::cl::desc("NVRTC kernel image cache directory, or 'off' (default: $MINFER_CACHE_DIR, "
@@ -75,7 +76,9 @@ std::string autoTargets(std::string* why) {
   auto dev = minfer::cuda::CudaDevice::open(0);
   if (dev && (*dev)->info().cc_major >= 8) {
     *why = "this machine's " + (*dev)->info().name;
-    return (*dev)->info().arch();
+    // Hopper (9.0): the arch-specific target, whose images may use wgmma (usesHopperPrefill).
+    const bool hopper = (*dev)->info().cc_major == 9 && (*dev)->info().cc_minor == 0;
+    return (*dev)->info().arch() + (hopper ? "a" : "");
   }
 #endif
   *why = "no usable GPU here: the portable set";

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <set>
 
 #include "compiler/compile_model.h"
 #include "compiler/gguf/gguf_reader.h"
@@ -163,4 +164,52 @@ TEST_CASE("unsupported architecture and tensor type are refused with what is sup
   REQUIRE(!r);
   msg = llvm::toString(r.takeError());
   CHECK(msg.find("has shape [64, 172], expected [64, 160]") != std::string::npos);
+}
+
+TEST_CASE("--target sm_90a: kF16 planes derived at load, prefill matmuls on wgmma, same CPU logits") {
+  if (!test::haveFixtures()) return;
+  const std::string dir = test::scratchDir();
+  const std::string src = model("tiny-llama-Q4_K_M.gguf");
+  CompileOptions options;
+  options.input = src;
+  options.output = dir + "/hopper.mfb";
+  options.jobs = 2;
+  options.max_batch = 32;
+  options.targets = {"sm_90a"};
+  options.kernel_cache_dir = "off";
+  CHECK(usesHopperPrefill(options.targets));
+  CHECK_FALSE(usesHopperPrefill({"sm_90"}));
+  CHECK_FALSE(usesHopperPrefill({"sm_80", "sm_90a"}));
+  CHECK_FALSE(usesHopperPrefill({}));
+  auto summary = compileModel(options);
+  REQUIRE_MESSAGE(bool(summary), llvm::toString(summary.takeError()));
+  auto art = ArtifactFile::open(options.output);
+  REQUIRE_MESSAGE(art.isOk(), art.status().message());
+  const fb::Artifact* m = (*art)->manifest();
+  // Every quantized matmul weight has a derived kF16 plane; no float tensor or vector does.
+  int f16_planes = 0;
+  for (const fb::Tensor* t : *m->tensors())
+    for (const fb::Plane* p : *t->planes())
+      if (static_cast<PlaneKind>(p->layout()->kind()) == PlaneKind::kF16) {
+        CHECK(p->derived());
+        CHECK(p->data()->size() == 0);
+        ++f16_planes;
+      }
+  CHECK(f16_planes >= 7 * 2 + 1);  // 2 layers × 7 projections + the output head
+  // Every prefill MatMul launches the Hopper kernel; no decode step does.
+  auto kernelEntries = [&](const fb::Plan* plan, fb::OpKind op) {
+    std::set<std::string> entries;
+    for (const fb::Step* s : *plan->steps())
+      if (s->op() == op && s->launches())
+        for (const fb::Launch* l : *s->launches())
+          for (uint32_t image : *l->images()) entries.insert(m->kernels()->Get(image)->entry()->str());
+    return entries;
+  };
+  CHECK(kernelEntries(m->prefill(), fb::OpKind::MatMul) == std::set<std::string>{"minfer_wgmma_matmul"});
+  CHECK(kernelEntries(m->decode(), fb::OpKind::MatMul).count("minfer_wgmma_matmul") == 0);
+  for (const fb::KernelImage* k : *m->kernels()) CHECK(k->arch()->str() == "sm_90a");
+  // The CPU reads the kBlocks planes: the logits equal those of the CPU-only artifact bit for bit.
+  REQUIRE(bool(compile(src, dir + "/plain.mfb")));
+  const std::vector<int32_t> ids = {1, 69, 200, 257, 306, 346, 264, 27};
+  CHECK(lastLogits(options.output, ids) == lastLogits(dir + "/plain.mfb", ids));
 }

@@ -782,3 +782,72 @@ TEST_CASE("load-time expansion (expand_blocks.cuh expandBlock) writes the compil
     }
   }
 }
+
+TEST_CASE("f16_prefill: quantized matmul weights get a derived kF16 plane of their weights rounded to binary16") {
+  uint64_t seed = 77;
+  for (GgmlType type : kAllTypes)
+    for (TensorRole role : kAllRoles)
+      for (uint32_t experts : {1u, 2u}) {
+        if (experts > 1 && role == TensorRole::kVector) continue;
+        const GgmlTypeTraits tr = ggmlTypeTraits(type);
+        const TensorDesc d{"w", type, 24, 5 * uint64_t{tr.block_size}, role, experts};
+        INFO(typeName(type) << " " << roleName(role) << " experts " << experts);
+        llvm::Expected<TensorLayout> L = planLayout(d, PlaneForm::kCompact, /*f16_prefill=*/true);
+        REQUIRE(static_cast<bool>(L));
+        const bool want_f16 = !isFloat(type) && experts == 1 &&
+                              (role == TensorRole::kMatMul || role == TensorRole::kEmbeddingMatMul);
+        // Without f16_prefill the layout is unchanged; with it, one more derived plane at the end.
+        const TensorLayout plain = plan(d);
+        REQUIRE(L->planes.size() == plain.planes.size() + (want_f16 ? 1 : 0));
+        if (!want_f16) continue;
+        const int f = L->find(PlaneKind::kF16);
+        REQUIRE(f == static_cast<int>(L->planes.size()) - 1);
+        CHECK(L->derived[static_cast<size_t>(f)]);
+        const StrideTable& t = L->planes[static_cast<size_t>(f)];
+        CHECK(t.elem == ElemType::kF16);
+        CHECK(t.row_pitch == round16(d.cols * 2));
+
+        const std::vector<uint8_t> src = randomTensor(type, d.rows, d.cols, seed++);
+        const std::vector<float> ref = test::refDequantize(type, d.rows, d.cols, src.data());
+        llvm::Expected<TensorLayout> X = planLayout(d, PlaneForm::kExpanded, true);
+        REQUIRE(static_cast<bool>(X));
+        const std::vector<std::vector<uint8_t>> planes = transformAll(*X, src, 2);
+        // Content gate: the plane's bytes against the reference rounded to binary16 through the table,
+        // padding zero.
+        std::vector<uint8_t> want(t.bytes(), 0);
+        std::vector<float> rounded(ref.size());
+        for (uint64_t r = 0; r < d.rows; ++r)
+          for (uint64_t c = 0; c < d.cols; ++c) {
+            const uint16_t h = floatToHalf(ref[r * d.cols + c]);
+            std::memcpy(want.data() + elementOffset(t, r, c), &h, 2);
+            rounded[r * d.cols + c] = halfToFloat(h);
+          }
+        CHECK(planes[static_cast<size_t>(f)] == want);
+        // Offset gate: every element read through the stride table equals the rounded reference.
+        const GateResult g = test::gateDirect(gatePlane(*X, planes, PlaneKind::kF16), rounded);
+        CHECK(g.checked == d.rows * d.cols);
+        CHECK(g.mismatches == 0);
+        // The load-time expansion writes the same bytes (the runtime zeroes the plane first).
+        std::vector<uint8_t> got(t.bytes(), 0);
+        std::vector<int8_t> q(X->planes[static_cast<size_t>(X->find(PlaneKind::kI8))].bytes());
+        std::vector<float> sc(X->planes[static_cast<size_t>(X->find(PlaneKind::kScale))].bytes() / 4);
+        std::vector<float> mn(X->find(PlaneKind::kMin) >= 0 ? X->planes[static_cast<size_t>(X->find(PlaneKind::kMin))].bytes() / 4 : 0);
+        kern::ExpandTargets x;
+        x.q = q.data();
+        x.q_pitch = X->planes[static_cast<size_t>(X->find(PlaneKind::kI8))].row_pitch;
+        x.scale = sc.data();
+        x.s_pitch = X->planes[static_cast<size_t>(X->find(PlaneKind::kScale))].row_pitch;
+        if (!mn.empty()) {
+          x.min = mn.data();
+          x.m_pitch = X->planes[static_cast<size_t>(X->find(PlaneKind::kMin))].row_pitch;
+        }
+        x.f16 = reinterpret_cast<uint16_t*>(got.data());
+        x.f_pitch = t.row_pitch;
+        const StrideTable& blocks = X->planes[static_cast<size_t>(X->find(PlaneKind::kBlocks))];
+        const uint8_t* stored = planes[static_cast<size_t>(X->find(PlaneKind::kBlocks))].data();
+        for (uint64_t r = 0; r < d.rows; ++r)
+          for (uint64_t b = 0; b < d.cols / blocks.group_size; ++b)
+            kern::expandBlock(type, stored + elementOffset(blocks, r, b * blocks.group_size), r, b, x);
+        CHECK(got == want);
+      }
+}

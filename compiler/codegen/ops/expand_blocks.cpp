@@ -1,5 +1,5 @@
 // Op family ExpandBlocks → kernels/expand_blocks.cuh: at load, a tensor's kBlocks plane → its derived
-// planes (kI8, kScale, [kMin], [kPacked]). Load plan only; the Weight arguments that receive the
+// planes (kI8, kScale, [kMin], [kPacked], [kF16]). Load plan only; the Weight arguments that receive the
 // derived planes are written (Access Write), which the verifier allows in the load plan alone.
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/expand_blocks.cuh"
@@ -16,6 +16,7 @@ Launches expandBlocksLaunches(const StepContext& c) {
   const StrideTable* s = findPlane(l, PlaneKind::kScale);
   const StrideTable* mins = findPlane(l, PlaneKind::kMin);
   const StrideTable* packed = findPlane(l, PlaneKind::kPacked);
+  const StrideTable* f16 = findPlane(l, PlaneKind::kF16);
   if (!blocks || !q || !s)
     return c.error(llvm::formatv("'{0}' needs kBlocks, kI8 and kScale planes to expand", l.desc.name));
   if (packed && packed->bits != 4)
@@ -25,8 +26,8 @@ Launches expandBlocksLaunches(const StepContext& c) {
   if (total >= (uint64_t{1} << 31))
     return c.error(llvm::formatv("'{0}' has {1} blocks; one expansion launch takes fewer than 2^31", l.desc.name,
                                  total));
-  SpecBuilder b(llvm::formatv("expand_blocks_{0}_r{1}_k{2}{3}", typeTag(static_cast<uint32_t>(l.desc.type)),
-                              l.desc.rows, l.desc.cols, packed ? "_packed4" : ""),
+  SpecBuilder b(llvm::formatv("expand_blocks_{0}_r{1}_k{2}{3}{4}", typeTag(static_cast<uint32_t>(l.desc.type)),
+                              l.desc.rows, l.desc.cols, packed ? "_packed4" : "", f16 ? "_f16" : ""),
                 "kernels/expand_blocks.cuh", "minfer_expand_blocks");
   b.define("EXPAND_TYPE", static_cast<uint64_t>(l.desc.type))
       .define("EXPAND_ROWS", l.desc.rows)
@@ -40,6 +41,8 @@ Launches expandBlocksLaunches(const StepContext& c) {
       .define("EXPAND_HAS_PACKED", static_cast<uint64_t>(packed != nullptr))
       .define("EXPAND_P_PITCH", packed ? packed->row_pitch : 0)
       .define("EXPAND_Q_OFFSET", static_cast<int64_t>(packed ? packed->q_offset : 0))
+      .define("EXPAND_HAS_F16", static_cast<uint64_t>(f16 != nullptr))
+      .define("EXPAND_F_PITCH", f16 ? f16->row_pitch : 0)
       .flag("--fmad=false");  // decomposeBlock's products, bit-identical to the compiler's planes
   const uint32_t t = c.weightId(0);
   KernelLaunch k{b.spec, {}, kern::expandBlocksLaunchRule(total)};
@@ -50,7 +53,7 @@ Launches expandBlocksLaunches(const StepContext& c) {
     return a;
   };
   k.args = {weightArg("blocks", t, *blocks), written("q", q), written("scale", s), written("min", mins),
-            written("packed", packed)};
+            written("packed", packed), written("f16", f16)};
   return std::vector<KernelLaunch>{std::move(k)};
 }
 

@@ -1,6 +1,7 @@
 // Op family MatMul → three kernels by weight format and plan:
 //   quantized weights (kI8 + kScale [+ kMin] planes), q8 activations: prefill kernels/mmq.cuh (int8
-//   tensor-core MMA on kI8), decode kernels/gemv.cuh (the 4-bit kPacked plane where there is one, else kI8),
+//   tensor-core MMA on kI8), or kernels/wgmma_matmul.cuh (Hopper, sm_90a images only) on the kF16 plane
+//   when the weight has one (layout_planner.h f16_prefill), decode kernels/gemv.cuh (the 4-bit kPacked plane where there is one, else kI8),
 //   or kernels/gemv_blocks.cuh on the GGUF blocks themselves when the weight has a kBlocks plane of Q4_K or
 //   Q6_K whose blocks start 16-byte aligned (decodeBlocksPlane);
 //   float weights (dense F32 / F16 / BF16 plane), f32 activations: kernels/dense_matmul.cuh
@@ -12,6 +13,7 @@
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
+#include "kernels/wgmma_matmul.cuh"
 
 namespace minfer::codegen {
 namespace {
@@ -82,6 +84,31 @@ std::vector<KernelArgDesc> quantizedArgs(const StepContext& c, const MatMulOpera
   return args;
 }
 
+// Prefill on Hopper (kernels/wgmma_matmul.cuh) from the weight's kF16 plane and the q8 input, which the
+// kernel dequantizes to f16 as it stages it; the caller checked the q8 input.
+Launches wgmmaMatmul(const StepContext& c, const MatMulOperands& m, const StrideTable& f16) {
+  const unsigned n = static_cast<unsigned>(m.n);
+  if (m.k % 32 != 0 || f16.row_pitch % 16 != 0 || f16.elem != ElemType::kF16)
+    return c.error(llvm::formatv("'{0}': unsupported kF16 plane for the Hopper matmul (cols {1}, pitch {2})",
+                                 m.w->desc.name, m.k, f16.row_pitch));
+  const kern::WgmmaTile t = kern::wgmmaMatmulTile(n);
+  SpecBuilder b(llvm::formatv("wgmma_f16_q8_n{0}_k{1}_bm{2}_bn{3}_s{4}{5}", m.n, m.k, t.bm, t.bn, t.stages, m.bias_tag),
+                "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul");
+  b.define("WG_N", m.n)
+      .define("WG_K", m.k)
+      .define("WG_W_PITCH", f16.row_pitch)
+      .define("WG_BM", static_cast<uint64_t>(t.bm))
+      .define("WG_BN", static_cast<uint64_t>(t.bn))
+      .define("WG_STAGES", static_cast<uint64_t>(t.stages))
+      .define("WG_ACT", uint64_t{1})
+      .define("WG_HAS_BIAS", static_cast<uint64_t>(m.bias != nullptr));
+  std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), f16), biasArg(c, m)};
+  pushQ8Args(args, "x", "xmeta", c.inputId(1), static_cast<uint32_t>(m.k), fb::Access::Read);
+  args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
+  args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)}};
+}
+
 // The kBlocks plane the decode GEMV can read directly: Q4_K or Q6_K blocks of 256 weights, each starting
 // 16-byte aligned (group and row pitch multiples of 16); null when there is none.
 const StrideTable* decodeBlocksPlane(const planes::TensorLayout& l) {
@@ -132,6 +159,7 @@ Launches quantized(const StepContext& c, const MatMulOperands& m, const StrideTa
                                  l.desc.name, k, s->group_size, s->group_pitch, q.row_pitch));
   const uint64_t has_min = mins ? 1 : 0, has_bias = m.bias ? 1 : 0;
   const std::string type = typeTag(static_cast<uint32_t>(l.desc.type));
+  if (c.prefill() && findPlane(l, PlaneKind::kF16)) return wgmmaMatmul(c, m, *findPlane(l, PlaneKind::kF16));
   if (c.prefill()) {
     const auto [tm, tn] = chooseMmqTile(n, k);
     SpecBuilder b(llvm::formatv("mmq_i8_{0}_n{1}_k{2}_tm{3}_tn{4}{5}", type, n, k, tm, tn, m.bias_tag),
