@@ -78,19 +78,29 @@ Kind kindOf(const std::string& model) {
   return Kind::kQuant;
 }
 
+// The kernel targets every golden and text case runs with: the GPU's arch, and on Hopper also sm_90a (whose
+// prefill matmuls are the wgmma kernel on f16 planes; the sm_90 images keep the int8 mma.sync path).
+std::vector<std::string> goldenArchs() {
+  std::vector<std::string> a = {get()->arch};
+  if (get()->arch == "sm_90") a.push_back("sm_90a");
+  return a;
+}
+
 // The fixture fixtures/<dir>/<model> compiled with kernel images for this GPU (once per process), max batch 64 so the
 // 72-token goldens prefill in several batches (pos0 > 0 on the GPU prefill path too).
-// `fuse`: launch fusion (CompileOptions::fuse_launches).
-std::string compiled(const std::string& model, const std::string& dir = "models", bool fuse = true) {
+// `fuse`: launch fusion (CompileOptions::fuse_launches). `arch`: the kernel target ("" = the GPU's arch;
+// "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
+std::string compiled(const std::string& model, const std::string& dir = "models", bool fuse = true,
+                     const std::string& arch = "") {
   static std::map<std::string, std::string> done;
-  const std::string key = model + (fuse ? "" : ".unfused");
+  const std::string key = model + (fuse ? "" : ".unfused") + (arch.empty() ? "" : "." + arch);
   if (auto it = done.find(key); it != done.end()) return it->second;
   CompileOptions o;
   o.input = fixturesDir() + "/" + dir + "/" + model;
   o.output = scratchDir() + "/" + key + ".gpu.mfb";
   o.fuse_launches = fuse;
   o.max_batch = 64;
-  o.targets = {get()->arch};
+  o.targets = {arch.empty() ? get()->arch : arch};
   const char* cache = std::getenv("MINFER_TEST_KERNEL_CACHE");
   o.kernel_cache_dir = cache && *cache ? cache : MINFER_TEST_KERNEL_CACHE;
   auto s = compileModel(o);
@@ -144,11 +154,13 @@ TEST_CASE("GPU logits match the CPU backend and llama.cpp on every golden case")
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;
   const char* filter = std::getenv("MINFER_GOLDEN_FILTER");  // substring of case names (e.g. under compute-sanitizer)
+  for (const std::string& arch : goldenArchs())
   for (const std::string& name : goldenCaseNames()) {
     if (filter && *filter && name.find(filter) == std::string::npos) continue;
+    CAPTURE(arch);
     CAPTURE(name);
     const GoldenCase g = loadGolden(name);
-    const std::string path = compiled(g.model, g.model_dir);
+    const std::string path = compiled(g.model, g.model_dir, true, arch);
     REQUIRE(!path.empty());
     auto gpu = Model::open(path, BackendKind::kCuda);
     REQUIRE_MESSAGE(gpu.isOk(), gpu.status().message());
@@ -167,22 +179,25 @@ TEST_CASE("GPU logits match the CPU backend and llama.cpp on every golden case")
                                               : kFloatRel;
     const double golden_rel = kind == Kind::kBF16 ? kBf16GoldenRel : rel;
     const double golden_rms = kind == Kind::kBF16 ? kBf16GoldenRel : rms;
-    check(name + " prefill vs llama.cpp", lg.prefill.data(), g.prefill, g.nPrompt(), g.n_vocab, g.prefill_margin,
+    const std::string what = name + " (" + arch + ")";
+    check(what + " prefill vs llama.cpp", lg.prefill.data(), g.prefill, g.nPrompt(), g.n_vocab, g.prefill_margin,
           golden_rel, golden_rms);
-    check(name + " decode vs llama.cpp", lg.decode.data(), g.decode, g.nGenerate(), g.n_vocab, g.decode_margin,
+    check(what + " decode vs llama.cpp", lg.decode.data(), g.decode, g.nGenerate(), g.n_vocab, g.decode_margin,
           golden_rel, golden_rms);
-    check(name + " prefill vs CPU", lg.prefill.data(), lc.prefill, g.nPrompt(), g.n_vocab, {}, rel, rms);
-    check(name + " decode vs CPU", lg.decode.data(), lc.decode, g.nGenerate(), g.n_vocab, {}, rel, rms);
+    check(what + " prefill vs CPU", lg.prefill.data(), lc.prefill, g.nPrompt(), g.n_vocab, {}, rel, rms);
+    check(what + " decode vs CPU", lg.decode.data(), lc.decode, g.nGenerate(), g.n_vocab, {}, rel, rms);
   }
 }
 
 TEST_CASE("stories260K greedy text on the GPU is llama.cpp's, token for token") {
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;
+  for (const std::string& arch : goldenArchs())
   for (const char* name : {"stories260K-F32_once", "stories260K-F32_long", "stories260K-Q8_0_once"}) {
+    CAPTURE(arch);
     CAPTURE(name);
     const GoldenCase g = loadGolden(name);
-    auto model = Model::open(compiled(g.model), BackendKind::kCuda);
+    auto model = Model::open(compiled(g.model, "models", true, arch), BackendKind::kCuda);
     REQUIRE_MESSAGE(model.isOk(), model.status().message());
     auto session = (*model)->createSession({.n_ctx = 256});
     REQUIRE(session.isOk());

@@ -162,7 +162,9 @@ struct GpuWeight {
   }
 };
 
-GpuWeight makeWeight(GgmlType type, uint64_t rows, uint64_t cols, planes::TensorRole role, bool padded = false) {
+// f16_prefill: the planner's kF16 plane of quantized matmul weights too (layout_planner.h).
+GpuWeight makeWeight(GgmlType type, uint64_t rows, uint64_t cols, planes::TensorRole role, bool padded = false,
+                     bool f16_prefill = false) {
   GpuWeight g;
   g.w = makeRandomWeight(type, rows, cols, rng(), 0.5f);
   if (padded) {
@@ -170,7 +172,8 @@ GpuWeight makeWeight(GgmlType type, uint64_t rows, uint64_t cols, planes::Tensor
     o.extra_pitch = 16;
     g.planes = buildPlanes(g.w, o);
   } else {
-    auto layout = planes::planLayout({"test." + std::string(ggmlTypeTraits(type).name), type, rows, cols, role});
+    auto layout = planes::planLayout({"test." + std::string(ggmlTypeTraits(type).name), type, rows, cols, role},
+                                     planes::PlaneForm::kCompact, f16_prefill);
     REQUIRE_MESSAGE(static_cast<bool>(layout), llvm::toString(layout.takeError()));
     planes::PlaneWorkers workers(2);
     auto bytes = planes::transformTensor(*layout, g.w.source, workers);
@@ -243,7 +246,7 @@ TEST_CASE("embed: every type, gathered rows bit-identical to the CPU") {
 }
 
 TEST_CASE("expand_blocks: derived planes bit-identical to the compiler's, every quantized type, odd shapes") {
-  // The load plan (compact artifacts) writes kI8 / kScale / kMin / kPacked from the stored kBlocks
+  // The load plan (compact artifacts) writes kI8 / kScale / kMin / kPacked / kF16 from the stored kBlocks
   // plane on the GPU; the result must equal the compiler's expanded planes byte for byte (padding
   // included: the runtime zeroes the planes first, as here).
   MINFER_REQUIRE_GPU(G);
@@ -260,11 +263,11 @@ TEST_CASE("expand_blocks: derived planes bit-identical to the compiler's, every 
   std::vector<GpuWeight> weights;
   std::vector<codegen::KernelSpec> specs;
   for (const Case& c : cases) {
-    weights.push_back(makeWeight(c.type, c.rows, c.cols, planes::TensorRole::kMatMul));
+    weights.push_back(makeWeight(c.type, c.rows, c.cols, planes::TensorRole::kMatMul, false, /*f16_prefill=*/true));
     const GpuWeight& g = weights.back();
     const StrideTable *b = g.table(PlaneKind::kBlocks), *q = g.table(PlaneKind::kI8), *sc = g.table(PlaneKind::kScale),
-                      *mn = g.table(PlaneKind::kMin), *pk = g.table(PlaneKind::kPacked);
-    REQUIRE((b && q && sc));
+                      *mn = g.table(PlaneKind::kMin), *pk = g.table(PlaneKind::kPacked), *fh = g.table(PlaneKind::kF16);
+    REQUIRE((b && q && sc && fh));
     specs.push_back(spec("expand_test_" + codegen::typeTag(static_cast<uint32_t>(c.type)) + "_r" + str(c.rows) + "_k" +
                              str(c.cols),
                          "kernels/expand_blocks.cuh", "minfer_expand_blocks",
@@ -279,7 +282,9 @@ TEST_CASE("expand_blocks: derived planes bit-identical to the compiler's, every 
                           {"EXPAND_M_PITCH", str(mn ? mn->row_pitch : 0)},
                           {"EXPAND_HAS_PACKED", pk ? "1" : "0"},
                           {"EXPAND_P_PITCH", str(pk ? pk->row_pitch : 0)},
-                          {"EXPAND_Q_OFFSET", std::to_string(pk ? pk->q_offset : 0)}},
+                          {"EXPAND_Q_OFFSET", std::to_string(pk ? pk->q_offset : 0)},
+                          {"EXPAND_HAS_F16", "1"},
+                          {"EXPAND_F_PITCH", str(fh->row_pitch)}},
                          {"--fmad=false"}));
   }
   std::vector<Kernel> kernels = compile(specs);
@@ -289,9 +294,9 @@ TEST_CASE("expand_blocks: derived planes bit-identical to the compiler's, every 
     CAPTURE(cases[i].rows);
     std::vector<DeviceArray> out;
     std::vector<const BuiltPlane*> want;
-    CUdeviceptr ptrs[4] = {0, 0, 0, 0};
-    const PlaneKind kinds[4] = {PlaneKind::kI8, PlaneKind::kScale, PlaneKind::kMin, PlaneKind::kPacked};
-    for (int k = 0; k < 4; ++k)
+    CUdeviceptr ptrs[5] = {0, 0, 0, 0, 0};
+    const PlaneKind kinds[5] = {PlaneKind::kI8, PlaneKind::kScale, PlaneKind::kMin, PlaneKind::kPacked, PlaneKind::kF16};
+    for (int k = 0; k < 5; ++k)
       for (const BuiltPlane& p : g.planes)
         if (p.table.kind == kinds[k]) {
           out.push_back(DeviceArray::of(std::vector<uint8_t>(p.bytes.size(), 0)));
@@ -300,7 +305,7 @@ TEST_CASE("expand_blocks: derived planes bit-identical to the compiler's, every 
         }
     CUdeviceptr blocks = g.ptr(PlaneKind::kBlocks);
     const uint64_t total = cases[i].rows * (cases[i].cols / g.table(PlaneKind::kBlocks)->group_size);
-    launch(kernels[i], kern::expandBlocksLaunchRule(total).at(1), {&blocks, &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3]});
+    launch(kernels[i], kern::expandBlocksLaunchRule(total).at(1), {&blocks, &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4]});
     for (size_t k = 0; k < out.size(); ++k) {
       CAPTURE(planeKindName(want[k]->table.kind));
       CHECK(out[k].download<uint8_t>(want[k]->bytes.size()) == want[k]->bytes);
