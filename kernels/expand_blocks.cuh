@@ -13,6 +13,7 @@
 //   EXPAND_ROWS              rows of the tensor
 //   EXPAND_BLOCKS            blocks per row (cols / block size)
 //   EXPAND_SRC_PITCH         kBlocks row_pitch; EXPAND_SRC_GROUP_PITCH its group_pitch (bytes per block slot)
+//   EXPAND_HAS_I8            1 when the tensor has kI8 and kScale planes
 //   EXPAND_I8_PITCH          kI8 row_pitch
 //   EXPAND_S_PITCH           kScale row_pitch
 //   EXPAND_HAS_MIN, EXPAND_M_PITCH       kMin plane
@@ -20,7 +21,8 @@
 //   EXPAND_HAS_F16, EXPAND_F_PITCH        kF16 plane (binary16 weights)
 // Launch ABI:  minfer_expand_blocks(const uint8_t* blocks, int8_t* q, float* scale, float* min, uint8_t* packed,
 //                                   uint16_t* f16)
-//   min / packed / f16 null when the tensor has no such plane. Padding bytes of the derived planes are not
+//   q / scale / min / packed / f16 null when the tensor has no such plane (Hopper plans: Q4_K and Q6_K
+//   derive kF16 only). Padding bytes of the derived planes are not
 //   written: the runtime zeroes the planes before the launch.
 // Launch shape: expandBlocksLaunchRule(): one thread per block, kExpandThreads per CUDA block.
 // Cost: one read of the kBlocks plane, one write of each derived plane (memory-bound; a 7B's planes
@@ -44,7 +46,7 @@ MINFER_HD LaunchRule expandBlocksLaunchRule(unsigned long long total_blocks) {
 
 // Where the derived planes of one tensor are and how their rows are laid out.
 struct ExpandTargets {
-  int8_t* q = nullptr;
+  int8_t* q = nullptr;  // null: no kI8 plane (then no kScale plane either)
   uint64_t q_pitch = 0;
   float* scale = nullptr;
   uint64_t s_pitch = 0;
@@ -64,15 +66,19 @@ MINFER_HD void expandBlock(GgmlType t, const uint8_t* block, uint64_t r, uint64_
   float scale[kQK_K / 16], min[kQK_K / 16];
   decomposeBlock(t, block, q, scale, min);
   const int bs = static_cast<int>(ggmlTypeTraits(t).block_size), gs = groupSize(t);
-  int8_t* qd = x.q + r * x.q_pitch + b * bs;
+  if (x.q) {
+    int8_t* qd = x.q + r * x.q_pitch + b * bs;
 #if defined(__CUDA_ARCH__)
-  // 16-byte stores: kI8 rows start 16-byte aligned (kPlaneRowAlign) and every block size is a multiple of 16.
-  for (int j = 0; j < bs; j += 16) *reinterpret_cast<uint4*>(qd + j) = *reinterpret_cast<const uint4*>(q + j);
+    // 16-byte stores: kI8 rows start 16-byte aligned (kPlaneRowAlign) and every block size is a multiple of 16.
+    for (int j = 0; j < bs; j += 16) *reinterpret_cast<uint4*>(qd + j) = *reinterpret_cast<const uint4*>(q + j);
 #else
-  for (int j = 0; j < bs; ++j) qd[j] = q[j];
+    for (int j = 0; j < bs; ++j) qd[j] = q[j];
 #endif
-  float* sd = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(x.scale) + r * x.s_pitch) + b * (bs / gs);
-  for (int g = 0; g < bs / gs; ++g) sd[g] = scale[g];
+  }
+  if (x.scale) {
+    float* sd = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(x.scale) + r * x.s_pitch) + b * (bs / gs);
+    for (int g = 0; g < bs / gs; ++g) sd[g] = scale[g];
+  }
   if (x.min) {
     float* md = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(x.min) + r * x.m_pitch) + b * (bs / gs);
     for (int g = 0; g < bs / gs; ++g) md[g] = min[g];
@@ -105,10 +111,12 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kExpandThreads)
   if (i >= static_cast<uint64_t>(EXPAND_ROWS) * EXPAND_BLOCKS) return;
   const uint64_t r = i / EXPAND_BLOCKS, b = i % EXPAND_BLOCKS;
   ExpandTargets x;
+#if EXPAND_HAS_I8
   x.q = q;
   x.q_pitch = EXPAND_I8_PITCH;
   x.scale = scale;
   x.s_pitch = EXPAND_S_PITCH;
+#endif
 #if EXPAND_HAS_MIN
   x.min = min;
   x.m_pitch = EXPAND_M_PITCH;

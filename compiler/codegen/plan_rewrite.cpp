@@ -16,7 +16,8 @@ llvm::Error insertActivationQuantization(model::ModelDescription& desc, llvm::Ar
     std::map<uint32_t, bool> fresh;  // q8 copy of a buffer is up to date
     for (model::StepDesc& step : *plan) {
       const bool quantized = step.op == fb::OpKind::MatMul && step.inputs.size() == 1 && !step.weights.empty() &&
-                             step.weights[0] < layouts.size() && layouts[step.weights[0]].find(PlaneKind::kI8) >= 0;
+                             step.weights[0] < layouts.size() &&
+                             layouts[step.weights[0]].find(PlaneKind::kBlocks) >= 0;  // a quantized weight
       if (quantized) {
         const uint32_t src = step.inputs[0];
         if (src >= desc.plan.buffers.size())

@@ -65,8 +65,13 @@ StrideTable groupTable(GgmlType type, PlaneKind kind, uint64_t rows, uint64_t co
   return t;
 }
 
-// The planes derived from the kBlocks plane: kI8, kScale, [kMin], [kPacked], [kF16].
+// The planes derived from the kBlocks plane: kI8, kScale, [kMin], [kPacked], [kF16]. With f16 (Hopper
+// prefill), a type whose decode GEMV reads the kBlocks plane needs nothing else: kF16 only.
 void addDerivedPlanes(GgmlType type, uint64_t rows, uint64_t cols, bool f16, std::vector<StrideTable>& out) {
+  if (f16 && blocksReadByGemv(type)) {
+    out.push_back(denseTable(type, PlaneKind::kF16, ElemType::kF16, rows, cols));
+    return;
+  }
   out.push_back(denseTable(type, PlaneKind::kI8, ElemType::kI8, rows, cols));
   out.push_back(groupTable(type, PlaneKind::kScale, rows, cols));
   if (hasMin(type)) out.push_back(groupTable(type, PlaneKind::kMin, rows, cols));

@@ -796,9 +796,11 @@ TEST_CASE("f16_prefill: quantized matmul weights get a derived kF16 plane of the
         REQUIRE(static_cast<bool>(L));
         const bool want_f16 = !isFloat(type) && experts == 1 &&
                               (role == TensorRole::kMatMul || role == TensorRole::kEmbeddingMatMul);
-        // Without f16_prefill the layout is unchanged; with it, one more derived plane at the end.
+        // Without f16_prefill the layout is unchanged; with it, one more derived plane at the end, or for Q4_K
+        // and Q6_K (decode reads kBlocks) the kF16 plane as the only derived one.
         const TensorLayout plain = plan(d);
-        REQUIRE(L->planes.size() == plain.planes.size() + (want_f16 ? 1 : 0));
+        const bool only_f16 = type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+        REQUIRE(L->planes.size() == (want_f16 ? (only_f16 ? 2 : plain.planes.size() + 1) : plain.planes.size()));
         if (!want_f16) continue;
         const int f = L->find(PlaneKind::kF16);
         REQUIRE(f == static_cast<int>(L->planes.size()) - 1);
@@ -829,17 +831,21 @@ TEST_CASE("f16_prefill: quantized matmul weights get a derived kF16 plane of the
         CHECK(g.mismatches == 0);
         // The load-time expansion writes the same bytes (the runtime zeroes the plane first).
         std::vector<uint8_t> got(t.bytes(), 0);
-        std::vector<int8_t> q(X->planes[static_cast<size_t>(X->find(PlaneKind::kI8))].bytes());
-        std::vector<float> sc(X->planes[static_cast<size_t>(X->find(PlaneKind::kScale))].bytes() / 4);
-        std::vector<float> mn(X->find(PlaneKind::kMin) >= 0 ? X->planes[static_cast<size_t>(X->find(PlaneKind::kMin))].bytes() / 4 : 0);
-        kern::ExpandTargets x;
-        x.q = q.data();
-        x.q_pitch = X->planes[static_cast<size_t>(X->find(PlaneKind::kI8))].row_pitch;
-        x.scale = sc.data();
-        x.s_pitch = X->planes[static_cast<size_t>(X->find(PlaneKind::kScale))].row_pitch;
+        const auto bytesOf = [&](PlaneKind k) { return X->find(k) >= 0 ? X->planes[static_cast<size_t>(X->find(k))].bytes() : 0; };
+        const auto pitchOf = [&](PlaneKind k) { return X->find(k) >= 0 ? X->planes[static_cast<size_t>(X->find(k))].row_pitch : 0; };
+        std::vector<int8_t> q(bytesOf(PlaneKind::kI8));
+        std::vector<float> sc(bytesOf(PlaneKind::kScale) / 4), mn(bytesOf(PlaneKind::kMin) / 4);
+        CHECK(q.empty() == only_f16);
+        kern::ExpandTargets x;  // the kF16 plane, and kI8 / kScale / kMin where the layout has them
+        if (!q.empty()) {
+          x.q = q.data();
+          x.q_pitch = pitchOf(PlaneKind::kI8);
+          x.scale = sc.data();
+          x.s_pitch = pitchOf(PlaneKind::kScale);
+        }
         if (!mn.empty()) {
           x.min = mn.data();
-          x.m_pitch = X->planes[static_cast<size_t>(X->find(PlaneKind::kMin))].row_pitch;
+          x.m_pitch = pitchOf(PlaneKind::kMin);
         }
         x.f16 = reinterpret_cast<uint16_t*>(got.data());
         x.f_pitch = t.row_pitch;

@@ -13,12 +13,12 @@ Launches expandBlocksLaunches(const StepContext& c) {
   const planes::TensorLayout& l = **w;
   const StrideTable* blocks = findPlane(l, PlaneKind::kBlocks);
   const StrideTable* q = findPlane(l, PlaneKind::kI8);
+  const StrideTable* f16 = findPlane(l, PlaneKind::kF16);
   const StrideTable* s = findPlane(l, PlaneKind::kScale);
   const StrideTable* mins = findPlane(l, PlaneKind::kMin);
   const StrideTable* packed = findPlane(l, PlaneKind::kPacked);
-  const StrideTable* f16 = findPlane(l, PlaneKind::kF16);
-  if (!blocks || !q || !s)
-    return c.error(llvm::formatv("'{0}' needs kBlocks, kI8 and kScale planes to expand", l.desc.name));
+  if (!blocks || (!q && !f16) || (q != nullptr) != (s != nullptr))
+    return c.error(llvm::formatv("'{0}' needs a kBlocks plane and kI8 with kScale, or kF16, to expand", l.desc.name));
   if (packed && packed->bits != 4)
     return c.error(llvm::formatv("'{0}': only 4-bit kPacked planes are derived at load", l.desc.name));
   const uint64_t per_row = l.desc.cols / ggmlTypeTraits(l.desc.type).block_size;
@@ -34,8 +34,9 @@ Launches expandBlocksLaunches(const StepContext& c) {
       .define("EXPAND_BLOCKS", per_row)
       .define("EXPAND_SRC_PITCH", blocks->row_pitch)
       .define("EXPAND_SRC_GROUP_PITCH", static_cast<uint64_t>(blocks->group_pitch))
-      .define("EXPAND_I8_PITCH", q->row_pitch)
-      .define("EXPAND_S_PITCH", s->row_pitch)
+      .define("EXPAND_HAS_I8", static_cast<uint64_t>(q != nullptr))
+      .define("EXPAND_I8_PITCH", q ? q->row_pitch : 0)
+      .define("EXPAND_S_PITCH", s ? s->row_pitch : 0)
       .define("EXPAND_HAS_MIN", static_cast<uint64_t>(mins != nullptr))
       .define("EXPAND_M_PITCH", mins ? mins->row_pitch : 0)
       .define("EXPAND_HAS_PACKED", static_cast<uint64_t>(packed != nullptr))

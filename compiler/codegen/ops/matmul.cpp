@@ -143,13 +143,22 @@ Launches blocksGemv(const StepContext& c, const MatMulOperands& m, const StrideT
   return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvBlocksLaunchRule(n, shape)}};
 }
 
-Launches quantized(const StepContext& c, const MatMulOperands& m, const StrideTable& q) {
+Launches quantized(const StepContext& c, const MatMulOperands& m) {
   const planes::TensorLayout& l = *m.w;
   const uint64_t n = m.n, k = m.k;
   auto qin = c.input(1, "quantized input");
   if (!qin) return qin.takeError();
   if ((*qin)->type != fb::BufferType::I8 || (*qin)->width != k)
     return c.error(llvm::formatv("the quantized input '{0}' must be an I8 buffer of width {1}", (*qin)->name, k));
+  // Hopper prefill on the kF16 plane; decode on the GGUF blocks; else the kI8 plane (mmq, gemv).
+  const StrideTable* f16 = findPlane(l, PlaneKind::kF16);
+  const StrideTable* blocks = decodeBlocksPlane(l);
+  if (c.prefill() && f16) return wgmmaMatmul(c, m, *f16);
+  if (!c.prefill() && blocks) return blocksGemv(c, m, *blocks);
+  const StrideTable* qp = findPlane(l, PlaneKind::kI8);
+  if (!qp)
+    return c.error(llvm::formatv("'{0}' has no kI8 plane for the {1} matmul", l.desc.name, c.prefill() ? "prefill" : "decode"));
+  const StrideTable& q = *qp;
   const StrideTable* s = findPlane(l, PlaneKind::kScale);
   const StrideTable* mins = findPlane(l, PlaneKind::kMin);
   if (!s) return c.error(llvm::formatv("'{0}' has a kI8 plane without a kScale plane", l.desc.name));
@@ -159,7 +168,6 @@ Launches quantized(const StepContext& c, const MatMulOperands& m, const StrideTa
                                  l.desc.name, k, s->group_size, s->group_pitch, q.row_pitch));
   const uint64_t has_min = mins ? 1 : 0, has_bias = m.bias ? 1 : 0;
   const std::string type = typeTag(static_cast<uint32_t>(l.desc.type));
-  if (c.prefill() && findPlane(l, PlaneKind::kF16)) return wgmmaMatmul(c, m, *findPlane(l, PlaneKind::kF16));
   if (c.prefill()) {
     const auto [tm, tn] = chooseMmqTile(n, k);
     SpecBuilder b(llvm::formatv("mmq_i8_{0}_n{1}_k{2}_tm{3}_tn{4}{5}", type, n, k, tm, tn, m.bias_tag),
@@ -179,7 +187,6 @@ Launches quantized(const StepContext& c, const MatMulOperands& m, const StrideTa
     launch.args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
     return std::vector<KernelLaunch>{std::move(launch)};
   }
-  if (const StrideTable* blocks = decodeBlocksPlane(l)) return blocksGemv(c, m, *blocks);
   const StrideTable* packed = findPlane(l, PlaneKind::kPacked);
   const bool four = packed && packed->bits == 4 && s->group_size == 32 && packed->row_pitch % 16 == 0;
   const StrideTable& read = four ? *packed : q;
@@ -204,7 +211,7 @@ Launches quantized(const StepContext& c, const MatMulOperands& m, const StrideTa
 Launches matmulLaunches(const StepContext& c) {
   auto m = operands(c);
   if (!m) return m.takeError();
-  if (const StrideTable* q = findPlane(*m->w, PlaneKind::kI8)) return quantized(c, *m, *q);
+  if (findPlane(*m->w, PlaneKind::kI8) || findPlane(*m->w, PlaneKind::kBlocks)) return quantized(c, *m);
   const StrideTable* d = densePlane(*m->w);
   if (!d) return c.error(llvm::formatv("'{0}' has neither a kI8 nor a dense plane", m->w->desc.name));
   return dense(c, *m, *d);
