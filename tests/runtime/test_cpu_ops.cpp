@@ -21,6 +21,14 @@ namespace {
 using test::maxRelError;
 using test::randomFloats;
 
+// Positions pos0 .. pos0 + n − 1, as cpu::rope takes them.
+std::vector<int32_t> positions(int pos0, int n) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) p[static_cast<size_t>(t)] = pos0 + t;
+  return p;
+}
+
+
 std::vector<double> rmsNormRef(const std::vector<float>& x, const std::vector<float>& w, int rows, int width,
                                double eps) {
   std::vector<double> out(x.size());
@@ -91,7 +99,7 @@ TEST_CASE("rope: both styles, partial rotation, positions and frequency scaling 
       CAPTURE(static_cast<int>(style));
       CAPTURE(base);
       std::vector<float> y = x;
-      rope(y.data(), rows, n_head, hd, n_rot, style, base, scale, pos0);
+      rope(y.data(), rows, n_head, hd, n_rot, style, base, scale, positions(pos0, rows).data());
       const std::vector<double> ref = ropeRef(x, rows, n_head, hd, n_rot, style, base, scale, pos0);
       const double err = maxRelError(y.data(), ref.data(), y.size());
       MESSAGE("rope max rel error " << err);
@@ -118,7 +126,7 @@ TEST_CASE("rope with frequency factors (Llama 3.1 rope_freqs) matches float64, b
       CAPTURE(static_cast<int>(style));
       CAPTURE(base);
       std::vector<float> y = x;
-      rope(y.data(), rows, n_head, hd, n_rot, style, base, scale, pos0, ff.data());
+      rope(y.data(), rows, n_head, hd, n_rot, style, base, scale, positions(pos0, rows).data(), ff.data());
       const std::vector<double> ref = ropeRef(x, rows, n_head, hd, n_rot, style, base, scale, pos0, ff64);
       const double err = maxRelError(y.data(), ref.data(), y.size());
       MESSAGE("rope with factors max rel error " << err);
@@ -132,8 +140,8 @@ TEST_CASE("rope with frequency factors (Llama 3.1 rope_freqs) matches float64, b
   // Factors of 1 are the plain rotation, bit for bit.
   const std::vector<float> ones(n_rot / 2, 1.0f);
   std::vector<float> a = x, b = x;
-  rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, 7, ones.data());
-  rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, 7);
+  rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, positions(7, rows).data(), ones.data());
+  rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, positions(7, rows).data());
   CHECK(a == b);
 }
 
@@ -186,7 +194,7 @@ TEST_CASE("YaRN: ramp ends, mscale and angles match a float64 restatement, both 
       std::vector<float> x(rows * n_head * hd, 0.0f);
       for (int r = 0; r < rows * n_head; ++r)
         for (int i = 0; i < n_rot / 2; ++i) x[r * hd + (style == RopeStyle::kNorm ? 2 * i : i)] = 1.0f;
-      rope(x.data(), rows, n_head, hd, n_rot, style, base, s, pos0, nullptr, y);
+      rope(x.data(), rows, n_head, hd, n_rot, style, base, s, positions(pos0, rows).data(), nullptr, y);
       // Error allowed: cos/sin and mscale rounded to f32 (3e-7), plus γ_i rounded to f32 as ggml's
       // rope_yarn_ramp does, which moves θ_i by up to θ_extrap·(1 − s)·2^−24.
       double worst = 0;  // in units of the allowance
@@ -217,7 +225,7 @@ TEST_CASE("YaRN: ramp ends, mscale and angles match a float64 restatement, both 
   CHECK(y2_64.hi < n_rot / 2 - 1);  // both ends inside: pairs on each side of the ramp
   for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox}) {
     std::vector<float> got = x;
-    rope(got.data(), rows, n_head, hd, n_rot, style, 500000.0f, 0.125f, pos0, ff.data(), y2);
+    rope(got.data(), rows, n_head, hd, n_rot, style, 500000.0f, 0.125f, positions(pos0, rows).data(), ff.data(), y2);
     std::vector<double> ref(x.begin(), x.end());
     for (int t = 0; t < rows; ++t)
       for (int h = 0; h < n_head; ++h)
@@ -236,7 +244,7 @@ TEST_CASE("YaRN: ramp ends, mscale and angles match a float64 restatement, both 
       for (int d = n_rot; d < hd; ++d) CHECK(got[r * hd + d] == x[r * hd + d]);
     // Plain linear scaling is a different rotation (the ramp matters).
     std::vector<float> linear = x;
-    rope(linear.data(), rows, n_head, hd, n_rot, style, 500000.0f, 0.125f, pos0, ff.data());
+    rope(linear.data(), rows, n_head, hd, n_rot, style, 500000.0f, 0.125f, positions(pos0, rows).data(), ff.data());
     CHECK(maxRelError(linear.data(), ref.data(), ref.size()) > 1e-2);
   }
 
@@ -244,8 +252,8 @@ TEST_CASE("YaRN: ramp ends, mscale and angles match a float64 restatement, both 
   const kern::RopeYarn scaled = kern::ropeYarn(n_rot, base, 0.5f, 0.0f, 2.0f, 32.0f, 1.0f, 0);
   CHECK(scaled.mscale == 2.0f);
   std::vector<float> a = x, b = x;
-  rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, base, 0.5f, 9, nullptr, scaled);
-  rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, base, 0.5f, 9);
+  rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, base, 0.5f, positions(9, rows).data(), nullptr, scaled);
+  rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, base, 0.5f, positions(9, rows).data());
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == (i % hd < size_t(n_rot) ? 2.0f * b[i] : b[i]));
 }
 
@@ -408,10 +416,10 @@ TEST_CASE("attention with GQA over several calls at increasing positions matches
     const std::vector<float> k = randomFloats(n * kvw, rng, -2, 2), v = randomFloats(n * kvw, rng);
     k_all.insert(k_all.end(), k.begin(), k.end());
     v_all.insert(v_all.end(), v.begin(), v.end());
-    kvStore(cache, k.data(), v.data(), n, pos);
+    kvStore(cache, k.data(), v.data(), n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)));
     std::vector<float> out(n * n_head * hd), out1(out.size());
-    attention(q.data(), cache, n, pos, n_head, out.data(), &pool, scratch.data());
-    attention(q.data(), cache, n, pos, n_head, out1.data(), nullptr, scratch.data());
+    attention(q.data(), cache, n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)), n_head, out.data(), &pool, scratch.data());
+    attention(q.data(), cache, n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)), n_head, out1.data(), nullptr, scratch.data());
     const std::vector<double> ref = attentionRef(q, k_all, v_all, n, pos, n_head, n_head_kv, hd);
     const double err = maxRelError(out.data(), ref.data(), out.size());
     MESSAGE("attention (" << n << " tokens at " << pos << ") max rel error " << err);
@@ -438,10 +446,10 @@ TEST_CASE("rope, kvStore and attention with a row pitch equal the dense rows (co
     std::copy_n(rows.begin() + t * pitch + qw + kvw, kvw, v.begin() + t * kvw);
   }
   std::vector<float> fused = rows;
-  rope(q.data(), n, n_head, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0);
-  rope(k.data(), n, n_head_kv, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0);
-  rope(fused.data(), n, n_head, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0, nullptr, {}, pitch);
-  rope(fused.data() + qw, n, n_head_kv, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0, nullptr, {}, pitch);
+  rope(q.data(), n, n_head, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, positions(pos0, n).data());
+  rope(k.data(), n, n_head_kv, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, positions(pos0, n).data());
+  rope(fused.data(), n, n_head, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, positions(pos0, n).data(), nullptr, {}, pitch);
+  rope(fused.data() + qw, n, n_head_kv, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, positions(pos0, n).data(), nullptr, {}, pitch);
   for (int t = 0; t < n; ++t) {
     CHECK(std::memcmp(fused.data() + t * pitch, q.data() + t * qw, qw * 4) == 0);
     CHECK(std::memcmp(fused.data() + t * pitch + qw, k.data() + t * kvw, kvw * 4) == 0);
@@ -450,12 +458,12 @@ TEST_CASE("rope, kvStore and attention with a row pitch equal the dense rows (co
   std::vector<float> kv_dense(2 * n_ctx * kvw, 0.0f), kv_view(kv_dense.size(), 0.0f);
   const KvLayer dense{kv_dense.data(), kv_dense.data() + n_ctx * kvw, n_ctx, n_head_kv, hd};
   const KvLayer view{kv_view.data(), kv_view.data() + n_ctx * kvw, n_ctx, n_head_kv, hd};
-  kvStore(dense, k.data(), v.data(), n, pos0);
-  kvStore(view, fused.data() + qw, fused.data() + qw + kvw, n, pos0, pitch, pitch);
+  kvStore(dense, k.data(), v.data(), n, KvRowStorage(n).contiguous(pos0, n, int(dense.n_ctx)));
+  kvStore(view, fused.data() + qw, fused.data() + qw + kvw, n, KvRowStorage(n).contiguous(pos0, n, int(view.n_ctx)), pitch, pitch);
   CHECK(kv_view == kv_dense);
   std::vector<float> scratch(n_ctx), out_dense(n * qw), out_view(n * qw);
-  attention(q.data(), dense, n, pos0, n_head, out_dense.data(), nullptr, scratch.data());
-  attention(fused.data(), view, n, pos0, n_head, out_view.data(), nullptr, scratch.data(), {}, pitch);
+  attention(q.data(), dense, n, KvRowStorage(n).contiguous(pos0, n, int(dense.n_ctx)), n_head, out_dense.data(), nullptr, scratch.data());
+  attention(fused.data(), view, n, KvRowStorage(n).contiguous(pos0, n, int(view.n_ctx)), n_head, out_view.data(), nullptr, scratch.data(), {}, pitch);
   CHECK(out_view == out_dense);
 }
 
@@ -477,10 +485,10 @@ TEST_CASE("attention with a query scale, soft-capping and a sliding window (gemm
       const std::vector<float> k = randomFloats(n * kvw, rng, -2, 2), v = randomFloats(n * kvw, rng);
       k_all.insert(k_all.end(), k.begin(), k.end());
       v_all.insert(v_all.end(), v.begin(), v.end());
-      kvStore(cache, k.data(), v.data(), n, pos);
+      kvStore(cache, k.data(), v.data(), n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)));
       std::vector<float> out(n * n_head * hd), out1(out.size());
-      attention(q.data(), cache, n, pos, n_head, out.data(), &pool, scratch.data(), options);
-      attention(q.data(), cache, n, pos, n_head, out1.data(), nullptr, scratch.data(), options);
+      attention(q.data(), cache, n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)), n_head, out.data(), &pool, scratch.data(), options);
+      attention(q.data(), cache, n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)), n_head, out1.data(), nullptr, scratch.data(), options);
       const std::vector<double> ref = attentionRef(q, k_all, v_all, n, pos, n_head, n_head_kv, hd, 0.3, 2.5, window);
       const double err = maxRelError(out.data(), ref.data(), out.size());
       MESSAGE("attention window " << window << " (" << n << " tokens at " << pos << ") max rel error " << err);
