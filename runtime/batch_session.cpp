@@ -61,42 +61,46 @@ int BatchSessionBase::blocksNeeded(int seq, int n_tokens) const {
 // Every condition of batch.h's step() errors, in its order; changes nothing (seen_ is cleared again).
 Status BatchSessionBase::check(std::span<const Chunk> chunks, std::span<float> logits) {
   if (chunks.empty()) return Status::error("step: no chunks");
-  const auto clear_seen = [&] {
-    for (const Chunk& c : chunks)
-      if (c.seq >= 0 && c.seq < config_.n_seq_max) seen_[static_cast<size_t>(c.seq)] = 0;
+  const auto where = [&](size_t i) {
+    return "step: chunk " + std::to_string(i) + " (sequence " + std::to_string(chunks[i].seq) + ")";
   };
-  int64_t tokens = 0, new_blocks = 0;
+  // The chunks themselves: tokens, open and distinct sequences, token ids.
+  int64_t tokens = 0;
   Status st;
   for (size_t i = 0; i < chunks.size() && st.isOk(); ++i) {
     const Chunk& c = chunks[i];
-    const std::string where = "step: chunk " + std::to_string(i) + " (sequence " + std::to_string(c.seq) + ")";
     if (c.tokens.empty()) {
-      st = Status::error(where + " has no tokens");
+      st = Status::error(where(i) + " has no tokens");
     } else if (!isOpen(c.seq)) {
-      st = badSequence(where.c_str(), c.seq);
+      st = badSequence(where(i).c_str(), c.seq);
     } else if (seen_[static_cast<size_t>(c.seq)]) {
-      st = Status::error(where + ": the sequence appears twice in one step");
+      st = Status::error(where(i) + ": the sequence appears twice in one step");
     } else {
       seen_[static_cast<size_t>(c.seq)] = 1;
       for (size_t t = 0; t < c.tokens.size() && st.isOk(); ++t)
         if (c.tokens[t] < 0 || c.tokens[t] >= config_.n_vocab)
-          st = Status::error(where + ": token id " + std::to_string(c.tokens[t]) + " at index " + std::to_string(t) +
+          st = Status::error(where(i) + ": token id " + std::to_string(c.tokens[t]) + " at index " + std::to_string(t) +
                              " is outside [0, " + std::to_string(config_.n_vocab) + ")");
-      const int64_t n = static_cast<int64_t>(c.tokens.size()), len = lengths_[static_cast<size_t>(c.seq)];
-      tokens += n;
-      if (st.isOk() && len + n > config_.n_ctx)
-        st = Status::error(where + ": " + std::to_string(n) + " tokens at position " + std::to_string(len) +
-                           " do not fit the context: " + std::to_string(len) + " + " + std::to_string(n) +
-                           " > n_ctx " + std::to_string(config_.n_ctx));
-      if (st.isOk()) new_blocks += blocks_.needed(c.seq, len + n);
+      tokens += static_cast<int64_t>(c.tokens.size());
     }
   }
-  clear_seen();
+  for (const Chunk& c : chunks)
+    if (c.seq >= 0 && c.seq < config_.n_seq_max) seen_[static_cast<size_t>(c.seq)] = 0;
   MINFER_RETURN_IF_ERROR(st);
+  // The step: its token budget, each sequence's context, the blocks of them all, the logits.
   if (tokens > config_.max_tokens)
     return Status::error("step: " + std::to_string(tokens) + " tokens in " + std::to_string(chunks.size()) +
                          " chunks exceed the " + std::to_string(config_.max_tokens) +
                          " tokens of one step (maxTokensPerStep)");
+  int64_t new_blocks = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(chunks[i].tokens.size()), len = lengths_[static_cast<size_t>(chunks[i].seq)];
+    if (len + n > config_.n_ctx)
+      return Status::error(where(i) + ": " + std::to_string(n) + " tokens at position " + std::to_string(len) +
+                           " do not fit the context: " + std::to_string(len) + " + " + std::to_string(n) +
+                           " > n_ctx " + std::to_string(config_.n_ctx));
+    new_blocks += blocks_.needed(chunks[i].seq, len + n);
+  }
   if (new_blocks > blocks_.freeBlocks())
     return Status::error("step: out of KV blocks: the chunks need " + std::to_string(new_blocks) +
                          " new blocks, " + std::to_string(blocks_.freeBlocks()) + " are free (of " +

@@ -432,6 +432,61 @@ TEST_CASE("attention with GQA over several calls at increasing positions matches
   }
 }
 
+// Paged KV (BatchSession): rows of two sequences interleaved in one call, each sequence's positions in
+// blocks scattered over a pool by its block table, give bit for bit what each sequence gives alone in a
+// contiguous cache, and nothing outside their blocks is written.
+TEST_CASE("kvStore and attention through block tables equal one contiguous cache per sequence") {
+  std::mt19937_64 rng(29);
+  const int n_head = 6, n_head_kv = 2, hd = 8, kvw = n_head_kv * hd, bs = 4, n_ctx = 20, pool_blocks = 11;
+  const int32_t table_a[] = {7, 2, 9, 0}, table_b[] = {5, 1, 10};  // 13 and 9 positions
+  const int len_a = 13, len_b = 9, n = len_a + len_b;
+  // Rows: A and B alternating where both have positions left, in position order within each sequence.
+  KvRowStorage paged_rows(n);
+  std::vector<int> seq_of(n), pos_of(n);
+  for (int t = 0, a = 0, b = 0; t < n; ++t) {
+    const bool take_a = a < len_a && (b >= len_b || t % 2 == 0);
+    seq_of[t] = take_a ? 0 : 1;
+    pos_of[t] = take_a ? a++ : b++;
+    paged_rows.pos[t] = pos_of[t];
+    paged_rows.tables[t] = take_a ? table_a : table_b;
+  }
+  const std::vector<float> k = randomFloats(n * kvw, rng, -2, 2), v = randomFloats(n * kvw, rng);
+  const std::vector<float> q = randomFloats(n * n_head * hd, rng, -2, 2);
+  std::vector<float> pool(2 * size_t(pool_blocks) * bs * kvw, NAN);
+  const KvLayer paged{pool.data(), pool.data() + pool_blocks * bs * kvw, pool_blocks * bs, n_head_kv, hd};
+  const KvRows rows = paged_rows.paged(bs, n_ctx);
+  kvStore(paged, k.data(), v.data(), n, rows);
+  for (const AttentionOptions options : {AttentionOptions{}, AttentionOptions{.scale = 0.4f, .softcap = 3.0f, .window = 6}}) {
+    CAPTURE(options.window);
+    std::vector<float> scratch(2 * n_ctx), out(n * n_head * hd);
+    ThreadPool threads(2);
+    attention(q.data(), paged, n, rows, n_head, out.data(), &threads, scratch.data(), options);
+    // Each sequence alone: its rows in position order, a contiguous cache, one row per call.
+    for (int s = 0; s < 2; ++s) {
+      std::vector<float> cache(2 * n_ctx * kvw, 0.0f);
+      const KvLayer one{cache.data(), cache.data() + n_ctx * kvw, n_ctx, n_head_kv, hd};
+      for (int t = 0; t < n; ++t) {
+        if (seq_of[t] != s) continue;
+        kvStore(one, k.data() + t * kvw, v.data() + t * kvw, 1, KvRowStorage(1).contiguous(pos_of[t], 1, n_ctx));
+        std::vector<float> alone(n_head * hd);
+        attention(q.data() + t * n_head * hd, one, 1, KvRowStorage(1).contiguous(pos_of[t], 1, n_ctx), n_head,
+                  alone.data(), nullptr, scratch.data(), options);
+        CHECK(std::memcmp(alone.data(), out.data() + t * n_head * hd, alone.size() * 4) == 0);
+      }
+    }
+  }
+  // Each row's K and V sit in slot table[p / 4]·4 + p % 4, and no other slot was written.
+  int written = 0;
+  for (int slot = 0; slot < pool_blocks * bs; ++slot) written += !std::isnan(pool[size_t(slot) * kvw]);
+  CHECK(written == n);
+  for (int t = 0; t < n; ++t) {
+    const int32_t* table = seq_of[t] == 0 ? table_a : table_b;
+    const size_t slot = size_t(table[pos_of[t] / bs]) * bs + size_t(pos_of[t] % bs);
+    CHECK(std::memcmp(paged.k + slot * kvw, k.data() + t * kvw, kvw * 4) == 0);
+    CHECK(std::memcmp(paged.v + slot * kvw, v.data() + t * kvw, kvw * 4) == 0);
+  }
+}
+
 // Column views (format 1.4, phi3's fused rows): rope, kvStore and attention on q|k|v rows of one wider
 // buffer give bit for bit what they give on the dense q, k and v, and leave the other columns alone.
 TEST_CASE("rope, kvStore and attention with a row pitch equal the dense rows (column views)") {
