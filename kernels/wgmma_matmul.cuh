@@ -34,6 +34,12 @@
 //                                  const Q8Meta* xmeta, float* out, int n_tokens)
 //   x: f16 (WG_ACT 0) or int8 (WG_ACT 1) activations; xmeta: their Q8Meta (WG_ACT 1; else unused);
 //   out: n_tokens × N f32 (row stride N).
+//
+// Second entry, the q8 → f16 staging the plan runs before the WG_ACT = 0 kernel (compile_model: one
+// launch per matmul step, into the step's scratch):
+//   minfer_q8_to_f16(const int8_t* xq, const Q8Meta* xmeta, uint16_t* x, int n_tokens): x[t][c] =
+//   round_to_f16(xq[t][c] · d(t, c/32)), the value the WG_ACT = 1 kernel stages; Q8F16_K (K % 32 == 0)
+//   is the only constant; q8ToF16LaunchRule(): one thread per 16 values.
 // Launch shape: wgmmaMatmulLaunch(): grid (⌈n_tokens/BM⌉, ⌈N/BN⌉) (the token tiles of one weight tile
 // run side by side, so each weight tile is read from HBM about once), BM/64 · 128 threads,
 // wgmmaMatmulSmemBytes() of dynamic shared memory (opt-in attribute above 48 KiB).
@@ -62,15 +68,47 @@ MINFER_HD LaunchShape wgmmaMatmulLaunch(unsigned n, unsigned n_tokens, unsigned 
   return wgmmaMatmulLaunchRule(n, bm, bn, stages).at(n_tokens);
 }
 
-// The tile the compiler picks for N weight rows (scripts/device-wgmma-variants.sh, BENCHMARKS.md: q8
-// activations, best over T = 128 … 2048): 128 tokens × 256 rows, 4 stages, for wide matrices; 128 × 128,
-// 4 stages, for narrow ones (N < 8192), where 256-row tiles leave SMs idle.
+constexpr unsigned kQ8F16Threads = 256;
+MINFER_HD LaunchRule q8ToF16LaunchRule(unsigned k) {
+  LaunchRule r;
+  r.grid[0] = perToken(k / 16, kQ8F16Threads);
+  r.block.x = kQ8F16Threads;
+  return r;
+}
+MINFER_HD constexpr unsigned long long q8ToF16Bytes(unsigned max_batch, unsigned k) {
+  return static_cast<unsigned long long>(max_batch) * k * 2;
+}
+
+// The tile the compiler picks for N weight rows (scripts/device-wgmma-variants.sh, BENCHMARKS.md: f16
+// activations): 128 tokens × 256 rows, 4 stages, for wide matrices (best or within 3% at T = 128 … 2048);
+// 64 × 64, 6 stages, for narrow ones (N < 8192), where larger tiles leave SMs idle at short prompts (2.3×
+// faster at T = 128 on the 7B's down projection, ≤ 17% slower at T = 512).
 struct WgmmaTile {
   unsigned bm, bn, stages;
 };
-MINFER_HD WgmmaTile wgmmaMatmulTile(unsigned n) { return n >= 8192 ? WgmmaTile{128, 256, 4} : WgmmaTile{128, 128, 4}; }
+MINFER_HD WgmmaTile wgmmaMatmulTile(unsigned n) { return n >= 8192 ? WgmmaTile{128, 256, 4} : WgmmaTile{64, 64, 6}; }
 
 }  // namespace minfer::kern
+
+#if defined(MINFER_DEVICE_CODE)
+namespace minfer::kern {
+
+// Two f32 → one f16x2 register (lo in the low half), round to nearest even.
+__device__ __forceinline__ uint32_t packHalf2(float lo, float hi) {
+  uint32_t v;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
+  return v;
+}
+// Four q8 values (int8 in a word, lowest byte first) times d as two f16x2 words: round_to_f16(q·d), the
+// product exact in f32.
+__device__ __forceinline__ void dequantQ8x4(uint32_t q, float d, uint32_t& lo, uint32_t& hi) {
+  const int v = static_cast<int>(q);
+  lo = packHalf2(static_cast<float>(v << 24 >> 24) * d, static_cast<float>(v << 16 >> 24) * d);
+  hi = packHalf2(static_cast<float>(v << 8 >> 24) * d, static_cast<float>(v >> 24) * d);
+}
+
+}  // namespace minfer::kern
+#endif
 
 #if defined(MINFER_DEVICE_CODE) && defined(WG_N)
 namespace minfer::kern::wg {
@@ -236,18 +274,6 @@ __device__ __forceinline__ void loadQ8(Q8Regs& r, int kt, int m0, int n_tokens, 
     r.d[i] = ok ? xmeta[static_cast<uint64_t>(m0 + row) * (kK / 32) + col / 32].d : 0.0f;
   }
 }
-// Two f32 → one f16x2 register (lo in the low half), round to nearest even.
-__device__ __forceinline__ uint32_t packHalf2(float lo, float hi) {
-  uint32_t v;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(hi), "f"(lo));
-  return v;
-}
-// Four int8 in a word, times d, as two f16x2 words.
-__device__ __forceinline__ void dequant4(uint32_t q, float d, uint32_t& lo, uint32_t& hi) {
-  const int v = static_cast<int>(q);
-  lo = packHalf2(static_cast<float>(v << 24 >> 24) * d, static_cast<float>(v << 16 >> 24) * d);
-  hi = packHalf2(static_cast<float>(v << 8 >> 24) * d, static_cast<float>(v >> 24) * d);
-}
 __device__ __forceinline__ void storeQ8(uint8_t* tile, const Q8Regs& r) {
 #pragma unroll
   for (int i = 0; i < kQ8Items; ++i) {
@@ -255,10 +281,10 @@ __device__ __forceinline__ void storeQ8(uint8_t* tile, const Q8Regs& r) {
     if ((kBM * kQ8Chunks) % kThreads != 0 && c >= kBM * kQ8Chunks) break;
     const int row = c / kQ8Chunks, ch = (c % kQ8Chunks) * 2;  // 16 values = two 16-byte f16 chunks
     uint4 a, b;
-    dequant4(r.q[i].x, r.d[i], a.x, a.y);
-    dequant4(r.q[i].y, r.d[i], a.z, a.w);
-    dequant4(r.q[i].z, r.d[i], b.x, b.y);
-    dequant4(r.q[i].w, r.d[i], b.z, b.w);
+    dequantQ8x4(r.q[i].x, r.d[i], a.x, a.y);
+    dequantQ8x4(r.q[i].y, r.d[i], a.z, a.w);
+    dequantQ8x4(r.q[i].z, r.d[i], b.x, b.y);
+    dequantQ8x4(r.q[i].w, r.d[i], b.z, b.w);
     *reinterpret_cast<uint4*>(tile + swizzled(row, ch)) = a;
     *reinterpret_cast<uint4*>(tile + swizzled(row, ch + 1)) = b;
   }
@@ -360,5 +386,29 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 1)
       }
     }
   }
+}
+#endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(Q8F16_K)
+extern "C" __global__ void __launch_bounds__(minfer::kern::kQ8F16Threads)
+    minfer_q8_to_f16(const int8_t* __restrict__ xq, const minfer::kern::Q8Meta* __restrict__ xmeta,
+                     uint16_t* __restrict__ x, int n_tokens) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  constexpr int kK = Q8F16_K;
+  static_assert(kK % 32 == 0, "q8 activations come in blocks of 32");
+  const uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // chunk of 16 values
+  if (i >= static_cast<uint64_t>(n_tokens) * (kK / 16)) return;
+  const uint64_t t = i / (kK / 16), c = (i % (kK / 16)) * 16;
+  const uint4 q = *reinterpret_cast<const uint4*>(xq + t * kK + c);
+  const float d = xmeta[t * (kK / 32) + c / 32].d;
+  uint4 lo, hi;
+  dequantQ8x4(q.x, d, lo.x, lo.y);
+  dequantQ8x4(q.y, d, lo.z, lo.w);
+  dequantQ8x4(q.z, d, hi.x, hi.y);
+  dequantQ8x4(q.w, d, hi.z, hi.w);
+  uint4* dst = reinterpret_cast<uint4*>(x + t * kK + c);
+  dst[0] = lo;
+  dst[1] = hi;
 }
 #endif

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "compiler/codegen/ops/op_family.h"
+#include "compiler/codegen/plan_rewrite.h"
 #include "kernels/mmq.cuh"
 #include "schema/op_traits.h"
 
@@ -51,6 +52,10 @@ StepContext::StepContext(const model::ModelDescription& desc, llvm::ArrayRef<pla
       variant_(variant),
       index_(index),
       step_(planSteps(desc.plan, variant)[index]) {}
+
+bool StepContext::inTail() const {
+  return prefill() && index_ >= lastTokenTailBegin(desc_.plan.prefill, desc_.plan.logits);
+}
 
 llvm::Error StepContext::error(const llvm::Twine& what) const {
   return makeError(llvm::formatv("{0} plan step {1} ('{2}'): ", planName(variant_), index_, step_.name) +

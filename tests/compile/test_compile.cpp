@@ -196,17 +196,20 @@ TEST_CASE("--target sm_90a: kF16 planes derived at load, prefill matmuls on wgmm
         ++f16_planes;
       }
   CHECK(f16_planes >= 7 * 2 + 1);  // 2 layers × 7 projections + the output head
-  // Every prefill MatMul launches the Hopper kernel; no decode step does.
-  auto kernelEntries = [&](const fb::Plan* plan, fb::OpKind op) {
+  // Every prefill MatMul before the last-token tail stages its q8 input as f16 and launches the Hopper
+  // kernel; the tail (one row) and decode do not.
+  auto kernelEntries = [&](const fb::Plan* plan, fb::OpKind op, bool tail) {
     std::set<std::string> entries;
     for (const fb::Step* s : *plan->steps())
-      if (s->op() == op && s->launches())
+      if (s->op() == op && s->tail() == tail && s->launches())
         for (const fb::Launch* l : *s->launches())
           for (uint32_t image : *l->images()) entries.insert(m->kernels()->Get(image)->entry()->str());
     return entries;
   };
-  CHECK(kernelEntries(m->prefill(), fb::OpKind::MatMul) == std::set<std::string>{"minfer_wgmma_matmul"});
-  CHECK(kernelEntries(m->decode(), fb::OpKind::MatMul).count("minfer_wgmma_matmul") == 0);
+  CHECK(kernelEntries(m->prefill(), fb::OpKind::MatMul, false) ==
+        std::set<std::string>{"minfer_q8_to_f16", "minfer_wgmma_matmul"});
+  CHECK(kernelEntries(m->prefill(), fb::OpKind::MatMul, true).count("minfer_wgmma_matmul") == 0);
+  CHECK(kernelEntries(m->decode(), fb::OpKind::MatMul, false).count("minfer_wgmma_matmul") == 0);
   for (const fb::KernelImage* k : *m->kernels()) CHECK(k->arch()->str() == "sm_90a");
   // The CPU reads the kBlocks planes: the logits equal those of the CPU-only artifact bit for bit.
   REQUIRE(bool(compile(src, dir + "/plain.mfb")));

@@ -741,6 +741,8 @@ TEST_CASE("wgmma_matmul (sm_90a): f16 and q8 activations vs float64 on the same 
                             {"WG_BM", str(cs.bm)}, {"WG_BN", str(cs.bn)}, {"WG_STAGES", str(cs.stages)},
                             {"WG_ACT", std::to_string(act)}, {"WG_HAS_BIAS", cs.bias ? "1" : "0"}}));
     }
+    specs.push_back(spec("q8_to_f16_test_k" + str(cs.cols), "kernels/wgmma_matmul.cuh", "minfer_q8_to_f16",
+                         {{"Q8F16_K", str(cs.cols)}}));
     std::vector<Kernel> k = compile(specs, "sm_90a");
     const std::vector<float> bias_v = randomFloats(cs.rows, rng());
     DeviceArray d_w = DeviceArray::of(wh.bits), d_bias = DeviceArray::of(bias_v), out(kMaxBatch * cs.rows * 4);
@@ -772,6 +774,13 @@ TEST_CASE("wgmma_matmul (sm_90a): f16 and q8 activations vs float64 on the same 
       got = out.download<float>(static_cast<size_t>(n) * cs.rows);
       ref = referenceMatmul(wh.values, xq16.values, bias, n, cs.rows, cs.cols);
       CHECK(track("wgmma q8", relError(got.data(), ref.data(), ref.size())) <= kWgmmaTol);
+      // The plan's staging launch (minfer_q8_to_f16) writes exactly the f16 values the q8 kernel stages.
+      DeviceArray x16(static_cast<size_t>(n) * cs.cols * 2 + 64);
+      x16.poison();
+      CUdeviceptr pq = d_q.ptr(), p16 = x16.ptr();
+      launch(k[2], kern::q8ToF16LaunchRule(static_cast<unsigned>(cs.cols)).at(static_cast<unsigned>(n)),
+             {&pq, &pm, &p16, &n});
+      CHECK(x16.download<uint16_t>(xq16.bits.size()) == xq16.bits);
     }
   }
 }

@@ -23,6 +23,8 @@ class StepContext {
   bool prefill() const { return variant_ == PlanVariant::kPrefill; }
   bool load() const { return variant_ == PlanVariant::kLoad; }
   uint32_t maxBatch() const { return desc_.plan.max_batch; }
+  // A prefill step of the last-token tail (plan_rewrite.h lastTokenTailBegin): it runs on one row.
+  bool inTail() const;
 
   llvm::Error error(const llvm::Twine& what) const;
   // Buffer inputs[i] / outputs[i]; `what` names it in the error ("q", "output").
