@@ -86,14 +86,17 @@ std::vector<KernelArgDesc> quantizedArgs(const StepContext& c, const MatMulOpera
 
 // Prefill on Hopper (kernels/wgmma_matmul.cuh) from the weight's kF16 plane: two launches, the q8 input
 // dequantized to f16 into the step's scratch (minfer_q8_to_f16), then the matmul on f16 activations
-// (WG_ACT = 0: 1.2–2.9× faster per launch than dequantizing inside the matmul, BENCHMARKS.md). The caller
-// checked the q8 input.
+// (WG_ACT = 0: 1.2–2.9× faster per launch than dequantizing inside the matmul, BENCHMARKS.md). A step of
+// the last-token tail may not use scratch (it runs on one row, or on every row when all logits are
+// wanted): one launch that dequantizes the q8 input as it stages it (WG_ACT = 1). The caller checked the
+// q8 input.
 Launches wgmmaMatmul(const StepContext& c, const MatMulOperands& m, const StrideTable& f16) {
   const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
   if (m.k % 32 != 0 || f16.row_pitch % 16 != 0 || f16.elem != ElemType::kF16)
     return c.error(llvm::formatv("'{0}': unsupported kF16 plane for the Hopper matmul (cols {1}, pitch {2})",
                                  m.w->desc.name, m.k, f16.row_pitch));
   const kern::WgmmaTile t = kern::wgmmaMatmulTile(n);
+  const bool staged = !c.inTail();
   SpecBuilder deq(llvm::formatv("q8_to_f16_k{0}", m.k), "kernels/wgmma_matmul.cuh", "minfer_q8_to_f16");
   deq.define("Q8F16_K", m.k);
   const KernelArgDesc scratch{.kind = fb::ArgKind::Scratch, .name = "x16", .bytes = kern::q8ToF16Bytes(c.maxBatch(), k)};
@@ -101,7 +104,8 @@ Launches wgmmaMatmul(const StepContext& c, const MatMulOperands& m, const Stride
   pushQ8Args(deq_args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
   deq_args.push_back(scratch);
   deq_args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-  SpecBuilder b(llvm::formatv("wgmma_f16_n{0}_k{1}_bm{2}_bn{3}_s{4}{5}", m.n, m.k, t.bm, t.bn, t.stages, m.bias_tag),
+  SpecBuilder b(llvm::formatv("wgmma_{0}_n{1}_k{2}_bm{3}_bn{4}_s{5}{6}", staged ? "f16" : "q8", m.n, m.k, t.bm, t.bn,
+                              t.stages, m.bias_tag),
                 "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul");
   b.define("WG_N", m.n)
       .define("WG_K", m.k)
@@ -109,14 +113,20 @@ Launches wgmmaMatmul(const StepContext& c, const MatMulOperands& m, const Stride
       .define("WG_BM", static_cast<uint64_t>(t.bm))
       .define("WG_BN", static_cast<uint64_t>(t.bn))
       .define("WG_STAGES", static_cast<uint64_t>(t.stages))
-      .define("WG_ACT", uint64_t{0})
+      .define("WG_ACT", uint64_t{staged ? 0u : 1u})
       .define("WG_HAS_BIAS", static_cast<uint64_t>(m.bias != nullptr));
-  std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), f16), biasArg(c, m), scratch,
-                                  kindArg(fb::ArgKind::Null, "xmeta"),
-                                  activationArg("out", c.outputId(0), n, fb::Access::Write),
-                                  kindArg(fb::ArgKind::TokenCount, "n_tokens")};
-  return std::vector<KernelLaunch>{{deq.spec, std::move(deq_args), kern::q8ToF16LaunchRule(k)},
-                                   {b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)}};
+  std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), f16), biasArg(c, m)};
+  if (staged) {
+    args.push_back(scratch);
+    args.push_back(kindArg(fb::ArgKind::Null, "xmeta"));
+  } else {
+    pushQ8Args(args, "x", "xmeta", c.inputId(1), k, fb::Access::Read);
+  }
+  args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
+  args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+  KernelLaunch matmul{b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)};
+  if (!staged) return std::vector<KernelLaunch>{std::move(matmul)};
+  return std::vector<KernelLaunch>{{deq.spec, std::move(deq_args), kern::q8ToF16LaunchRule(k)}, std::move(matmul)};
 }
 
 // The kBlocks plane the decode GEMV can read directly: Q4_K or Q6_K blocks of 256 weights, each starting
@@ -160,12 +170,11 @@ Launches quantized(const StepContext& c, const MatMulOperands& m) {
   if (!qin) return qin.takeError();
   if ((*qin)->type != fb::BufferType::I8 || (*qin)->width != k)
     return c.error(llvm::formatv("the quantized input '{0}' must be an I8 buffer of width {1}", (*qin)->name, k));
-  // Hopper prefill on the kF16 plane, except in the last-token tail (one row, no scratch: the verifier's
-  // rule), which takes the decode kernel; decode on the GGUF blocks; else the kI8 plane (mmq, gemv).
+  // Hopper prefill on the kF16 plane; decode on the GGUF blocks; else the kI8 plane (mmq, gemv).
   const StrideTable* f16 = findPlane(l, PlaneKind::kF16);
   const StrideTable* blocks = decodeBlocksPlane(l);
-  if (c.prefill() && f16 && !c.inTail()) return wgmmaMatmul(c, m, *f16);
-  if ((!c.prefill() || (f16 && c.inTail())) && blocks) return blocksGemv(c, m, *blocks);
+  if (c.prefill() && f16) return wgmmaMatmul(c, m, *f16);
+  if (!c.prefill() && blocks) return blocksGemv(c, m, *blocks);
   const StrideTable* qp = findPlane(l, PlaneKind::kI8);
   if (!qp)
     return c.error(llvm::formatv("'{0}' has no kI8 plane for the {1} matmul", l.desc.name, c.prefill() ? "prefill" : "decode"));
