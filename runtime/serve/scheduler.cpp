@@ -159,6 +159,7 @@ void Scheduler::stop() {
   waiting_.clear();
   running_.clear();
   publishMetrics();
+  deliverFinals();
 }
 
 void Scheduler::loop() {
@@ -184,6 +185,7 @@ void Scheduler::loop() {
   waiting_.clear();
   running_.clear();
   publishMetrics();
+  deliverFinals();
 }
 
 bool Scheduler::runOnce() {
@@ -206,6 +208,7 @@ bool Scheduler::runOnce() {
   }
   std::erase_if(running_, [](const std::unique_ptr<Running>& r) { return r->done; });
   publishMetrics();
+  deliverFinals();
   return progressed;
 }
 
@@ -386,14 +389,31 @@ void Scheduler::finish(Running& r, FinishReason reason, std::string_view error) 
   }
   ++finished_[static_cast<int>(reason)];
   generated_tokens_ += static_cast<uint64_t>(r.n_generated);
-  RequestEvent last;
-  last.text = tail;
-  last.finished = true;
-  last.finish_reason = reason;
-  last.prompt_tokens = static_cast<int>(r.params.prompt.size());
-  last.completion_tokens = r.n_generated;
-  last.error = error;
-  r.callback(last);
+  Final f;
+  f.callback = std::move(r.callback);
+  f.text = std::move(tail);
+  f.error = std::string(error);
+  f.reason = reason;
+  f.prompt_tokens = static_cast<int>(r.params.prompt.size());
+  f.completion_tokens = r.n_generated;
+  finals_.push_back(std::move(f));
+}
+
+// Final events go out after the metrics are published, so that a client holding its answer sees metrics
+// that count it (blocks freed, request finished).
+void Scheduler::deliverFinals() {
+  std::vector<Final> finals;
+  finals.swap(finals_);
+  for (Final& f : finals) {
+    RequestEvent last;
+    last.text = f.text;
+    last.finished = true;
+    last.finish_reason = f.reason;
+    last.prompt_tokens = f.prompt_tokens;
+    last.completion_tokens = f.completion_tokens;
+    last.error = f.error;
+    f.callback(last);
+  }
 }
 
 void Scheduler::publishMetrics() {

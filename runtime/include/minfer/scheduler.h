@@ -151,6 +151,7 @@ class Scheduler {
   void afterStep();
   void acceptToken(Running& r, int32_t token);
   void publishMetrics();
+  void deliverFinals();
   void loop();
 
   BatchSession& session_;
@@ -165,6 +166,13 @@ class Scheduler {
   std::vector<BatchSession::Chunk> chunks_;        // the step being packed
   std::vector<Running*> owners_;                   // (chunks_.size()) the request of each chunk
   std::vector<float> logits_;                      // (maxSequences, n_vocab) rows of one step
+  struct Final {                                   // a final event held until the metrics are published
+    RequestCallback callback;
+    std::string text, error;
+    FinishReason reason = FinishReason::kStop;
+    int prompt_tokens = 0, completion_tokens = 0;
+  };
+  std::vector<Final> finals_;
   uint64_t finished_[4] = {}, prompt_tokens_ = 0, generated_tokens_ = 0, evaluated_tokens_ = 0, steps_ = 0,
            preemptions_ = 0;
 
