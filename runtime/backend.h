@@ -14,11 +14,13 @@
 #include <span>
 #include <string>
 
+#include "minfer/batch.h"
 #include "minfer/status.h"
 
 namespace minfer {
 
 class ArtifactFile;
+struct BatchConfig;
 
 struct BackendSessionConfig {
   int n_ctx = 0;      // KV cache positions (≥ 1, already validated by Session)
@@ -47,6 +49,13 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;  // "cpu", "cuda"
   virtual Result<std::unique_ptr<BackendSession>> createSession(const BackendSessionConfig& config) const = 0;
+  // A BatchSession (minfer/batch.h) whose step() runs all chunks in one forward pass over a paged KV
+  // cache; null (not an error) when this backend has no batched kernels: Model then builds the
+  // sequential fallback (runtime/batch_session.h) over createSession. Errors: not enough memory.
+  virtual Result<std::unique_ptr<BatchSession>> createBatchSession(const BatchConfig& config) const {
+    (void)config;
+    return std::unique_ptr<BatchSession>();
+  }
 };
 
 // The CPU backend (runtime/cpu/cpu_backend.cpp). `artifact` must outlive the backend and its

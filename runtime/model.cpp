@@ -5,6 +5,7 @@
 #include "minfer/artifact.h"
 #include "minfer/runtime.h"
 #include "runtime/backend.h"
+#include "runtime/batch_session.h"
 #if MINFER_HAVE_CUDA_BACKEND
 #include "runtime/cuda/cuda_backend.h"
 #endif
@@ -155,6 +156,55 @@ Result<std::unique_ptr<Session>> Model::createSession(const SessionOptions& opti
       backend_->createSession(BackendSessionConfig{options.n_ctx, options.n_threads});
   if (!bs) return bs.takeStatus();
   return std::unique_ptr<Session>(new Session(*this, std::move(*bs), options.n_ctx));
+}
+
+namespace {
+
+// "name = value is out of range lo..hi"
+Status outOfRange(const std::string& path, const char* name, int64_t value, int64_t lo, int64_t hi,
+                  const std::string& why = "") {
+  return Status::error(path + ": BatchOptions::" + name + " = " + std::to_string(value) + " is out of range " +
+                       std::to_string(lo) + ".." + std::to_string(hi) + why);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<BatchSession>> Model::createBatchSession(const BatchOptions& options) const {
+  const std::string& path = file_->path();
+  const int ctx_max = info_.n_ctx_max > 0 ? std::min(info_.n_ctx_max, kMaxContext) : kMaxContext;
+  if (options.n_ctx < 1 || options.n_ctx > ctx_max)
+    return outOfRange(path, "n_ctx", options.n_ctx, 1, ctx_max,
+                      info_.n_ctx_max > 0 ? " (config.n_ctx_max: the context the artifact was compiled for)" : "");
+  if (options.n_seq_max < 1 || options.n_seq_max > 4096) return outOfRange(path, "n_seq_max", options.n_seq_max, 1, 4096);
+  const int bs = options.block_size;
+  if (bs < 1 || bs > 1024 || (bs & (bs - 1)) != 0)
+    return outOfRange(path, "block_size", bs, 1, 1024, " or not a power of two");
+  const int64_t per_seq = (int64_t{options.n_ctx} + bs - 1) / bs;
+  const int64_t most = std::min<int64_t>(int64_t{options.n_seq_max} * per_seq, (int64_t{1} << 30) / bs);
+  if (options.n_blocks < 0 || options.n_blocks > most)
+    return outOfRange(path, "n_blocks", options.n_blocks, 0, most,
+                      " (at most n_seq_max x ceil(n_ctx / block_size), and 2^30 positions in all; 0: that product)");
+  const int64_t n_blocks = options.n_blocks > 0 ? options.n_blocks : int64_t{options.n_seq_max} * per_seq;
+  if (n_blocks * bs > (int64_t{1} << 30))
+    return Status::error(path + ": a KV pool of n_seq_max " + std::to_string(options.n_seq_max) + " x " +
+                         std::to_string(per_seq) + " blocks of " + std::to_string(bs) +
+                         " positions exceeds 2^30 positions; set BatchOptions::n_blocks lower");
+  if (options.n_threads < 0)
+    return Status::error(path + ": BatchOptions::n_threads = " + std::to_string(options.n_threads) +
+                         " must be ≥ 0 (0: the physical cores)");
+  const BatchConfig config{.n_ctx = options.n_ctx,
+                           .n_seq_max = options.n_seq_max,
+                           .n_blocks = static_cast<int>(n_blocks),
+                           .block_size = bs,
+                           .n_threads = options.n_threads,
+                           .max_tokens = info_.max_batch,
+                           .n_vocab = info_.n_vocab};
+  if (!options.sequential) {
+    Result<std::unique_ptr<BatchSession>> batched = backend_->createBatchSession(config);
+    if (!batched) return batched.takeStatus();
+    if (*batched) return std::move(*batched);
+  }
+  return createSequentialBatchSession(*backend_, config);
 }
 
 }  // namespace minfer

@@ -5,7 +5,8 @@
 // parameters against each other (one op family per op: ops/<family>.cpp, see cpu_step.h). A session
 // (allocate phase) then owns the activation buffers (max_batch rows of each F32/I32 buffer the CPU
 // uses; GPU-only I8 buffers are not allocated), an f32 KV cache of n_ctx positions per attention
-// layer, per-thread scratch and a thread pool; forward() (execute phase) allocates nothing. Skipped
+// layer, per-thread scratch and a thread pool (CpuExecutor, shared with the batched sessions of
+// cpu_batch_session.cpp); forward() (execute phase) allocates nothing. Skipped
 // on the CPU: QuantizeAct steps, kPacked planes, and the 2nd+ inputs of MatMul (GPU-side quantized
 // copies of the input).
 #include <unistd.h>
@@ -19,54 +20,36 @@
 #include <vector>
 
 #include "minfer/artifact.h"
-#include "runtime/backend.h"
+#include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_ops.h"
-#include "runtime/cpu/cpu_step.h"
 #include "schema/op_traits.h"
 
 namespace minfer {
+namespace cpu {
 namespace {
 
-using cpu::StepInfo;
-
-class CpuBackend final : public Backend {
- public:
-  explicit CpuBackend(const ArtifactFile& file) : plan_(file) {}
-  const char* name() const override { return "cpu"; }
-  Result<std::unique_ptr<BackendSession>> createSession(const BackendSessionConfig& config) const override;
-  Status init();
-
-  cpu::PrepareContext plan_;  // weights, buffers used, KV layers: read by sessions
-  std::vector<StepInfo> prefill_, decode_;
-
- private:
-  Status prepare(const fb::Plan* plan, const char* which, std::vector<StepInfo>& out);
-};
-
+// One sequence in a contiguous cache of n_ctx positions: the executor's special case of one block.
 class CpuSession final : public BackendSession {
  public:
-  CpuSession(const CpuBackend& backend, int n_ctx, int n_threads)
-      : b_(backend), p_(backend.plan_), n_ctx_(n_ctx), rc_(n_threads) {}
-  Status allocate();
+  CpuSession(const CpuBackend& backend, int n_ctx, int n_threads) : exec_(backend, n_threads), n_ctx_(n_ctx) {}
+  Status allocate() { return exec_.allocate(n_ctx_, n_ctx_, "a CPU session with n_ctx = " + std::to_string(n_ctx_)); }
   Status forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) override;
-  int maxBatch() const override { return p_.max_batch; }
+  int maxBatch() const override { return exec_.maxBatch(); }
   int contextLength() const override { return n_ctx_; }
-  uint64_t allocatedBytes() const override { return bytes_; }
+  uint64_t allocatedBytes() const override { return exec_.allocatedBytes(); }
 
  private:
-  const CpuBackend& b_;
-  const cpu::PrepareContext& p_;
+  CpuExecutor exec_;
   int n_ctx_;
-  cpu::RunContext rc_;                        // buffers, KV views, scratch, thread pool
-  std::map<int, std::vector<float>> kv_;      // layer → K then V, each (n_ctx, n_head_kv, head_dim)
-  uint64_t bytes_ = 0;
 };
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Plan phase.
 
 Status CpuBackend::init() {
-  cpu::PrepareContext& p = plan_;
+  PrepareContext& p = plan_;
   const fb::MemoryPlan* mem = p.m->memory();
   if (!mem || !mem->buffers()) return Status::error(p.file.path() + ": the artifact has no memory plan");
   // The verifier bounds memory.max_batch to 1..kArtifactMaxBatch.
@@ -99,31 +82,33 @@ Status CpuBackend::init() {
   return Status::ok();
 }
 
-Status CpuBackend::prepare(const fb::Plan* plan, const char* which, std::vector<StepInfo>& out) {
-  out.resize(plan->steps()->size());
+Status CpuBackend::prepare(const fb::Plan* plan, const char* which, PreparedPlan& out) {
+  out.steps.resize(plan->steps()->size());
   for (uint32_t i = 0; i < plan->steps()->size(); ++i) {
     const fb::Step* s = plan->steps()->Get(i);
-    StepInfo& info = out[i];
+    StepInfo& info = out.steps[i];
     info.op = s->op();
+    info.tail = s->tail();
     info.label = plan_.file.path() + ": " + which + " step " + std::to_string(i) + " '" +
                  (s->name() ? s->name()->str() : std::string()) + "' (" + opName(s->op()) + ")";
-    MINFER_RETURN_IF_ERROR(cpu::prepareStep(plan_, *s, info));
+    MINFER_RETURN_IF_ERROR(prepareStep(plan_, *s, info));
   }
+  findTail(out, plan_.logits);
   return Status::ok();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Allocate phase.
 
+int sessionThreads(int requested) { return std::clamp(requested > 0 ? requested : defaultThreads(), 1, 256); }
+
 Result<std::unique_ptr<BackendSession>> CpuBackend::createSession(const BackendSessionConfig& config) const {
-  int threads = config.n_threads > 0 ? config.n_threads : cpu::defaultThreads();
-  threads = std::clamp(threads, 1, 256);
-  auto session = std::make_unique<CpuSession>(*this, config.n_ctx, threads);
+  auto session = std::make_unique<CpuSession>(*this, config.n_ctx, sessionThreads(config.n_threads));
   MINFER_RETURN_IF_ERROR(session->allocate());
   return std::unique_ptr<BackendSession>(std::move(session));
 }
 
-Status CpuSession::allocate() {
+Status CpuExecutor::allocate(int64_t kv_slots, int n_ctx, const std::string& what) {
   const auto* bufs = p_.m->memory()->buffers();
   const uint64_t threads = static_cast<uint64_t>(rc_.pool.threads());
   // Count first, so an impossible request fails with the numbers instead of inside the allocator.
@@ -131,31 +116,33 @@ Status CpuSession::allocate() {
   for (uint32_t id = 0; id < bufs->size(); ++id)
     if (p_.used[id] && id != p_.ids) floats += uint64_t(p_.max_batch) * bufs->Get(id)->width();
   uint64_t kv_floats = 0;
-  for (const auto& [layer, shape] : p_.kv_layers) kv_floats += 2ull * n_ctx_ * shape.n_head_kv * shape.head_dim;
-  floats += kv_floats + threads * p_.max_matmul_cols + threads * n_ctx_;
-  const uint64_t bytes = floats * sizeof(float) + uint64_t(p_.max_batch) * sizeof(int32_t);
+  for (const auto& [layer, shape] : p_.kv_layers) kv_floats += 2ull * uint64_t(kv_slots) * shape.n_head_kv * shape.head_dim;
+  floats += kv_floats + threads * p_.max_matmul_cols + threads * uint64_t(n_ctx);
+  const uint64_t bytes = floats * sizeof(float) + uint64_t(p_.max_batch) * (2 * sizeof(int32_t) + sizeof(void*));
   const uint64_t phys = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
   if (phys > 0 && bytes > phys)
-    return Status::error(p_.file.path() + ": a CPU session with n_ctx = " + std::to_string(n_ctx_) + " needs " +
-                         std::to_string(bytes) + " bytes (KV cache " + std::to_string(kv_floats * 4) +
-                         "), more than the machine's " + std::to_string(phys) + " bytes of memory");
+    return Status::error(p_.file.path() + ": " + what + " needs " + std::to_string(bytes) + " bytes (KV cache " +
+                         std::to_string(kv_floats * 4) + "), more than the machine's " + std::to_string(phys) +
+                         " bytes of memory");
   try {
     rc_.weights = &p_.weights;
+    rc_.max_batch = p_.max_batch;
     rc_.f32.resize(bufs->size());
     for (uint32_t id = 0; id < bufs->size(); ++id)
       if (p_.used[id] && id != p_.ids) rc_.f32[id].assign(size_t(p_.max_batch) * bufs->Get(id)->width(), 0.0f);
     rc_.ids.assign(size_t(p_.max_batch), 0);
+    rc_.kv_storage = KvRowStorage(p_.max_batch);
+    rc_.out_rows.reserve(size_t(p_.max_batch));
     for (const auto& [layer, shape] : p_.kv_layers) {
-      const size_t per = size_t(n_ctx_) * shape.n_head_kv * shape.head_dim;
+      const size_t per = size_t(kv_slots) * shape.n_head_kv * shape.head_dim;
       std::vector<float>& kv = kv_[layer];
       kv.assign(2 * per, 0.0f);
-      rc_.kv_views[layer] = cpu::KvLayer{kv.data(), kv.data() + per, n_ctx_, shape.n_head_kv, shape.head_dim};
+      rc_.kv_views[layer] = KvLayer{kv.data(), kv.data() + per, kv_slots, shape.n_head_kv, shape.head_dim};
     }
     rc_.matmul_scratch.assign(threads * p_.max_matmul_cols, 0.0f);
-    rc_.attn_scratch.assign(threads * n_ctx_, 0.0f);
+    rc_.attn_scratch.assign(threads * size_t(n_ctx), 0.0f);
   } catch (const std::bad_alloc&) {
-    return Status::error(p_.file.path() + ": cannot allocate " + std::to_string(bytes) +
-                         " bytes for a CPU session with n_ctx = " + std::to_string(n_ctx_));
+    return Status::error(p_.file.path() + ": cannot allocate " + std::to_string(bytes) + " bytes for " + what);
   }
   bytes_ = bytes;
   return Status::ok();
@@ -164,36 +151,40 @@ Status CpuSession::allocate() {
 // ---------------------------------------------------------------------------------------------
 // Execute phase.
 
-Status CpuSession::forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) {
-  const int n = static_cast<int>(tokens.size());
-  if (n < 1 || n > p_.max_batch || pos0 < 0 || pos0 + n > n_ctx_)
-    return Status::error("cpu forward: " + std::to_string(n) + " tokens at position " + std::to_string(pos0) +
-                         " do not fit (max batch " + std::to_string(p_.max_batch) + ", n_ctx " +
-                         std::to_string(n_ctx_) + ")");
-  for (int t = 0; t < n; ++t) {
-    if (tokens[t] < 0 || tokens[t] >= p_.n_vocab)
-      return Status::error("cpu forward: token id " + std::to_string(tokens[t]) + " at batch row " +
-                           std::to_string(t) + " is outside [0, " + std::to_string(p_.n_vocab) + ")");
-    rc_.ids[t] = tokens[t];
-  }
+void CpuExecutor::run(int n) {
   rc_.n = n;
-  rc_.pos0 = pos0;
-  rc_.all_rows = all_rows;
-  for (const StepInfo& s : n == 1 ? b_.decode_ : b_.prefill_)
-    if (!s.skip) cpu::runStep(rc_, s);
-  const float* src = rc_.f32[p_.logits].data();
-  const size_t v = static_cast<size_t>(p_.n_vocab);
-  if (all_rows)
-    std::memcpy(logits, src, sizeof(float) * v * n);
-  else
-    std::memcpy(logits, src + v * (n - 1), sizeof(float) * v);
+  runPlan(rc_, n == 1 ? b_.decode_ : b_.prefill_, p_.ids);
+}
+
+namespace {
+
+Status CpuSession::forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) {
+  const int n = static_cast<int>(tokens.size()), n_vocab = exec_.nVocab();
+  if (n < 1 || n > exec_.maxBatch() || pos0 < 0 || pos0 + n > n_ctx_)
+    return Status::error("cpu forward: " + std::to_string(n) + " tokens at position " + std::to_string(pos0) +
+                         " do not fit (max batch " + std::to_string(exec_.maxBatch()) + ", n_ctx " +
+                         std::to_string(n_ctx_) + ")");
+  RunContext& rc = exec_.context();
+  for (int t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= n_vocab)
+      return Status::error("cpu forward: token id " + std::to_string(tokens[t]) + " at batch row " +
+                           std::to_string(t) + " is outside [0, " + std::to_string(n_vocab) + ")");
+    rc.ids[t] = tokens[t];
+  }
+  rc.kv = rc.kv_storage.contiguous(pos0, n, n_ctx_);
+  rc.out_rows.clear();
+  for (int t = all_rows ? 0 : n - 1; t < n; ++t) rc.out_rows.push_back(t);
+  exec_.run(n);
+  for (size_t i = 0; i < rc.out_rows.size(); ++i)
+    std::memcpy(logits + i * size_t(n_vocab), exec_.logits(i), sizeof(float) * size_t(n_vocab));
   return Status::ok();
 }
 
 }  // namespace
+}  // namespace cpu
 
 Result<std::unique_ptr<Backend>> createCpuBackend(const ArtifactFile& artifact) {
-  auto backend = std::make_unique<CpuBackend>(artifact);
+  auto backend = std::make_unique<cpu::CpuBackend>(artifact);
   MINFER_RETURN_IF_ERROR(backend->init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

@@ -249,16 +249,17 @@ void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float
 }
 
 void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle style, float freq_base,
-          float freq_scale, int pos0, const float* freq_factors, const kern::RopeYarn& yarn, int64_t row_pitch) {
+          float freq_scale, const int32_t* pos, const float* freq_factors, const kern::RopeYarn& yarn,
+          int64_t row_pitch) {
   const int half = n_rot / 2;
   const int64_t pitch = row_pitch > 0 ? row_pitch : static_cast<int64_t>(n_head) * head_dim;
   const bool mix = yarn.ext_factor != 0.0f;
   float cos_t[kMaxRot / 2], sin_t[kMaxRot / 2];
   for (int t = 0; t < n_rows; ++t) {
     // YaRN scales per pair (below), plain RoPE the position: the same order as kernels/rope.cuh.
-    const double pos = static_cast<double>(pos0 + t) * (mix ? 1.0 : static_cast<double>(freq_scale));
+    const double p = static_cast<double>(pos[t]) * (mix ? 1.0 : static_cast<double>(freq_scale));
     for (int i = 0; i < half; ++i) {
-      double theta = pos * std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
+      double theta = p * std::pow(static_cast<double>(freq_base), -2.0 * i / n_rot);
       if (freq_factors) theta /= static_cast<double>(freq_factors[i]);  // same order as kernels/rope.cuh
       if (mix) {
         const double g = static_cast<double>(kern::ropeYarnRamp(yarn.corr_lo, yarn.corr_hi, i) * yarn.ext_factor);
@@ -280,39 +281,66 @@ void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle s
   }
 }
 
-void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, int pos0, int64_t k_pitch,
+KvRows KvRowStorage::contiguous(int pos0, int n_rows, int n_ctx) {
+  for (int t = 0; t < n_rows; ++t) {
+    pos[static_cast<size_t>(t)] = pos0 + t;
+    tables[static_cast<size_t>(t)] = kFirstBlock;
+  }
+  return paged(n_ctx, n_ctx);
+}
+
+void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, const KvRows& rows, int64_t k_pitch,
              int64_t v_pitch) {
   const int64_t width = static_cast<int64_t>(cache.n_head_kv) * cache.head_dim;
   const int64_t kp = k_pitch > 0 ? k_pitch : width, vp = v_pitch > 0 ? v_pitch : width;
   for (int t = 0; t < n_rows; ++t) {
-    std::memcpy(cache.k + (pos0 + t) * width, k + t * kp, sizeof(float) * width);
-    std::memcpy(cache.v + (pos0 + t) * width, v + t * vp, sizeof(float) * width);
+    const int64_t slot = rows.slot(t, rows.pos[t]);
+    std::memcpy(cache.k + slot * width, k + t * kp, sizeof(float) * width);
+    std::memcpy(cache.v + slot * width, v + t * vp, sizeof(float) * width);
   }
 }
 
-void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n_head, float* out, ThreadPool* pool,
-               float* scratch, const AttentionOptions& options, int64_t q_pitch) {
+namespace {
+
+// fn(i, slot) for the positions i = lo .. hi−1 of row t's sequence, in order; slot = where i lives in the
+// cache. One table lookup per block.
+template <typename Fn>
+void forEachSlot(const KvRows& rows, int t, int lo, int hi, Fn fn) {
+  const int bs = rows.block_size;
+  const int32_t* table = rows.tables[t];
+  for (int i = lo; i < hi;) {
+    const int b = i / bs, end = std::min(hi, (b + 1) * bs);
+    for (int64_t slot = int64_t{table[b]} * bs + (i - b * bs); i < end; ++i, ++slot) fn(i, slot);
+  }
+}
+
+}  // namespace
+
+void attention(const float* q, const KvLayer& cache, int n_rows, const KvRows& rows, int n_head, float* out,
+               ThreadPool* pool, float* scratch, const AttentionOptions& options, int64_t q_pitch) {
   const int hd = cache.head_dim;
   const int64_t qp = q_pitch > 0 ? q_pitch : static_cast<int64_t>(n_head) * hd;
   const int64_t kv_width = static_cast<int64_t>(cache.n_head_kv) * hd;
   const int group = n_head / cache.n_head_kv;  // query heads per kv head
   const float scale = options.scale != 0 ? options.scale : 1.0f / std::sqrt(static_cast<float>(hd));
   const float cap = options.softcap, inv_cap = cap > 0 ? 1.0f / cap : 0.0f;
+  int max_keys = 0;  // for the pool's cost estimate
+  for (int t = 0; t < n_rows; ++t) max_keys = std::max(max_keys, rows.pos[t] + 1);
   auto body = [&](int64_t begin, int64_t end, int thread) {
-    float* scores = scratch + static_cast<int64_t>(thread) * cache.n_ctx;
+    float* scores = scratch + static_cast<int64_t>(thread) * rows.n_ctx;
     for (int64_t task = begin; task < end; ++task) {
       const int t = static_cast<int>(task / n_head), j = static_cast<int>(task % n_head);
-      const int g = j / group;
-      const int n_keys = pos0 + t + 1;  // causal: positions 0 .. pos0 + t
+      const int64_t g_off = static_cast<int64_t>(j / group) * hd;
+      const int n_keys = rows.pos[t] + 1;  // causal: positions 0 .. pos
       const int lo = options.window > 0 ? std::max(0, n_keys - options.window) : 0;  // sliding window
       const float* qh = q + t * qp + static_cast<int64_t>(j) * hd;
       float max_s = -INFINITY;
-      for (int i = lo; i < n_keys; ++i) {
-        float s = dot(qh, cache.k + i * kv_width + g * hd, hd) * scale;
+      forEachSlot(rows, t, lo, n_keys, [&](int i, int64_t slot) {
+        float s = dot(qh, cache.k + slot * kv_width + g_off, hd) * scale;
         if (cap > 0) s = cap * std::tanh(s * inv_cap);
         scores[i] = s;
         max_s = std::max(max_s, s);
-      }
+      });
       float sum = 0;
       for (int i = lo; i < n_keys; ++i) {
         scores[i] = std::exp(scores[i] - max_s);
@@ -321,16 +349,16 @@ void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n
       const float inv_sum = 1.0f / sum;
       float* oh = out + (static_cast<int64_t>(t) * n_head + j) * hd;
       std::fill(oh, oh + hd, 0.0f);
-      for (int i = lo; i < n_keys; ++i) {
+      forEachSlot(rows, t, lo, n_keys, [&](int i, int64_t slot) {
         const float a = scores[i] * inv_sum;
-        const float* vh = cache.v + i * kv_width + g * hd;
+        const float* vh = cache.v + slot * kv_width + g_off;
         for (int d = 0; d < hd; ++d) oh[d] += a * vh[d];
-      }
+      });
     }
   };
   const int64_t tasks = static_cast<int64_t>(n_rows) * n_head;
   if (pool)
-    pool->parallelFor(tasks, body, 2 * static_cast<int64_t>(pos0 + n_rows) * hd);  // scores and values
+    pool->parallelFor(tasks, body, 2 * static_cast<int64_t>(max_keys) * hd);  // scores and values
   else
     body(0, tasks, 0);
 }

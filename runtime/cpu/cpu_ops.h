@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/rope.cuh"
 #include "kernels/stride_table.h"
@@ -90,7 +91,7 @@ void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float
             float* out, ThreadPool* pool, float* scratch);
 
 // RoPE (Su et al. 2021, "RoFormer"), in place. x: n_rows × (n_head·head_dim); row t is at position
-// pos0 + t. For i < n_rot/2: θ_i = (pos·freq_scale)·freq_base^(−2i/n_rot) / ff_i (computed in
+// pos[t] (n_rows positions ≥ 0). For i < n_rot/2: θ_i = (pos·freq_scale)·freq_base^(−2i/n_rot) / ff_i (computed in
 // double; ff_i = freq_factors[i], or 1 when freq_factors is null: llama.cpp's ggml_rope_ext with
 // freq_factors, the rope_freqs.weight of Llama 3.1+ GGUFs, fixtures README §8);
 // kNorm rotates the pairs (2i, 2i+1) of each head, kNeox the pairs (i, i + n_rot/2);
@@ -106,23 +107,54 @@ void matmul(const WeightPlanes& W, RowSource src, const float* bias, const float
 enum class RopeStyle : uint8_t { kNorm = 0, kNeox = 1 };
 constexpr int kMaxRot = 1024;
 void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle style, float freq_base,
-          float freq_scale, int pos0, const float* freq_factors = nullptr, const kern::RopeYarn& yarn = {},
+          float freq_scale, const int32_t* pos, const float* freq_factors = nullptr, const kern::RopeYarn& yarn = {},
           int64_t row_pitch = 0);
 
-// One layer's KV cache in float32: k and v are each (n_ctx, n_head_kv, head_dim), position-major.
+// One layer's KV cache in float32: k and v are each (n_ctx, n_head_kv, head_dim), slot-major; a slot holds
+// one position of one sequence (KvRows says which).
 struct KvLayer {
   float* k = nullptr;
   float* v = nullptr;
-  int n_ctx = 0;
+  int64_t n_ctx = 0;  // slots
   int n_head_kv = 0;
   int head_dim = 0;
 };
 
-// Stores the batch's keys and values at positions pos0 .. pos0+n_rows−1 (requires pos0 + n_rows ≤
-// n_ctx). k, v: n_rows rows of n_head_kv·head_dim floats, row t at t·k_pitch (t·v_pitch); a pitch of 0
-// is the row width (dense rows).
-void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, int pos0, int64_t k_pitch = 0,
-             int64_t v_pitch = 0);
+// Where the rows of a batch sit in a KV cache of fixed-size blocks (Kwon et al. 2023, vLLM's paged
+// attention): row t is position pos[t] of a sequence whose block table is tables[t]; position p of that
+// sequence lives in slot tables[t][p / block_size]·block_size + p % block_size. Rows of one sequence share
+// its table. One sequence in a contiguous cache of n_ctx slots is the case block_size = n_ctx, every table
+// {0} (KvRowStorage::contiguous). Requires 0 ≤ pos[t] < n_ctx, and tables[t] to cover blocks
+// 0 .. pos[t] / block_size with slots inside the cache.
+struct KvRows {
+  const int32_t* pos = nullptr;            // (n_rows) positions
+  const int32_t* const* tables = nullptr;  // (n_rows) block tables
+  int block_size = 1;                      // positions per block
+  int n_ctx = 0;                           // positions of one sequence at most (sizes attention's scratch)
+  int64_t slot(int t, int p) const {
+    return int64_t{tables[t][p / block_size]} * block_size + p % block_size;
+  }
+};
+
+// The arrays behind a KvRows for up to max_rows rows, allocated at construction and reused.
+struct KvRowStorage {
+  explicit KvRowStorage(int max_rows = 0)
+      : pos(static_cast<size_t>(max_rows)), tables(static_cast<size_t>(max_rows)) {}
+  // Rows 0 .. n_rows−1 at positions pos0 .. of one sequence in a contiguous cache of n_ctx slots.
+  // Requires n_rows ≤ max_rows, pos0 ≥ 0 and pos0 + n_rows ≤ n_ctx.
+  KvRows contiguous(int pos0, int n_rows, int n_ctx);
+  // Rows whose positions and tables the caller wrote into pos / tables.
+  KvRows paged(int block_size, int n_ctx) const { return {pos.data(), tables.data(), block_size, n_ctx}; }
+
+  std::vector<int32_t> pos;             // (max_rows)
+  std::vector<const int32_t*> tables;   // (max_rows)
+  static constexpr int32_t kFirstBlock[1] = {0};
+};
+
+// Stores the batch's keys and values: row t into the slot of its position rows.pos[t]. k, v: n_rows rows of
+// n_head_kv·head_dim floats, row t at t·k_pitch (t·v_pitch); a pitch of 0 is the row width (dense rows).
+void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, const KvRows& rows,
+             int64_t k_pitch = 0, int64_t v_pitch = 0);
 
 // Options of attention (schema Step.scale / softcap / window; gemma2 as llama.cpp computes it).
 struct AttentionOptions {
@@ -132,14 +164,16 @@ struct AttentionOptions {
 };
 
 // Causal grouped-query attention over the cache (keys/values already stored by kvStore):
-// for token t (position p = pos0 + t) and query head j, kv head g = j / (n_head / n_head_kv):
+// for row t (position p = rows.pos[t] of its sequence) and query head j, kv head g = j / (n_head / n_head_kv):
 //   s_i = q[t, j]·K[i, g]·scale for i = lo..p (lo = 0, or max(0, p − window + 1) with a window),
-//   then with a softcap s_i = softcap·tanh(s_i / softcap);  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g].
+//   then with a softcap s_i = softcap·tanh(s_i / softcap);  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g],
+// K[i] and V[i] read from the slot of position i of row t's sequence (rows.tables[t]), in position order,
+// so a row's result does not depend on the other rows of the batch.
 // q, out: n_rows × (n_head·head_dim), must not overlap; q's row t at t·q_pitch (0: n_head·head_dim).
 // Requires n_head % n_head_kv == 0.
-// scratch: (pool ? pool->threads() : 1) × cache.n_ctx floats. Parallel over (token, head).
+// scratch: (pool ? pool->threads() : 1) × rows.n_ctx floats. Parallel over (row, head).
 // Tolerance 1e-6 (measured 1.7e-7; with softcap and window the same).
-void attention(const float* q, const KvLayer& cache, int n_rows, int pos0, int n_head, float* out,
+void attention(const float* q, const KvLayer& cache, int n_rows, const KvRows& rows, int n_head, float* out,
                ThreadPool* pool, float* scratch, const AttentionOptions& options = {}, int64_t q_pitch = 0);
 
 // SwiGLU (Shazeer 2020): out = silu(gate) ⊙ up, silu(g) = g / (1 + e^(−g)). n elements; out may

@@ -3,6 +3,7 @@
 #include "runtime/cpu/cpu_step.h"
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 
 namespace minfer::cpu {
@@ -39,7 +40,8 @@ Status checkArity(const fb::Step& s, const OpTraits& t, StepInfo& info) {
                          (t.max_inputs != t.min_inputs ? ".." + std::to_string(t.max_inputs) : "") + " inputs, " +
                          std::to_string(t.outputs) + " outputs, " + std::to_string(t.min_weights) +
                          (t.max_weights != t.min_weights ? ".." + std::to_string(t.max_weights) : "") + " weights");
-  for (uint32_t i = 0; i < std::min(n_in, StepInfo::kMaxIn); ++i) info.in[i] = s.inputs()->Get(i);
+  info.n_in = std::min(n_in, StepInfo::kMaxIn);
+  for (uint32_t i = 0; i < info.n_in; ++i) info.in[i] = s.inputs()->Get(i);
   for (uint32_t i = 0; i < std::min(n_out, StepInfo::kMaxOut); ++i) info.out[i] = s.outputs()->Get(i);
   return Status::ok();
 }
@@ -206,5 +208,63 @@ Status prepareStep(PrepareContext& c, const fb::Step& s, StepInfo& info) {
 }
 
 void runStep(RunContext& c, const StepInfo& s) { kRun[static_cast<size_t>(s.op)](c, s); }
+
+void findTail(PreparedPlan& plan, uint32_t logits) {
+  const std::vector<StepInfo>& steps = plan.steps;
+  size_t begin = steps.size();
+  while (begin > 0 && steps[begin - 1].tail) --begin;
+  plan.tail = steps.size();
+  plan.tail_inputs.clear();
+  if (begin == 0 || begin == steps.size() || steps.back().out[0] != logits) return;
+  for (size_t i = 0; i < begin; ++i)
+    if (steps[i].tail) return;  // not a suffix
+  std::vector<uint32_t> written;
+  for (size_t i = begin; i < steps.size(); ++i) {
+    const StepInfo& s = steps[i];
+    const OpTraits* t = opTraits(s.op);
+    if (!t || !t->row_wise || t->in_place) return;
+    if (s.skip) continue;  // GPU-only: reads and writes nothing here
+    for (uint32_t k = 0; k < s.n_in; ++k)
+      if (std::find(written.begin(), written.end(), s.in[k]) == written.end() &&
+          std::find(plan.tail_inputs.begin(), plan.tail_inputs.end(), s.in[k]) == plan.tail_inputs.end())
+        plan.tail_inputs.push_back(s.in[k]);
+    for (uint32_t k = 0; k < t->outputs; ++k) written.push_back(s.out[k]);
+  }
+  plan.tail = begin;
+}
+
+namespace {
+
+// Moves row out_rows[i] of every tail input to row i (out_rows increasing, so a row is read before it is
+// overwritten) and makes out_rows 0 .. k−1. Buffers the CPU does not allocate are left alone.
+void compactTailInputs(RunContext& c, const PreparedPlan& plan, uint32_t ids) {
+  const size_t k = c.out_rows.size();
+  for (uint32_t id : plan.tail_inputs) {
+    const bool is_ids = id == ids;
+    if (!is_ids && c.f32[id].empty()) continue;
+    const size_t width = is_ids ? 1 : c.f32[id].size() / static_cast<size_t>(c.max_batch);
+    uint8_t* base = is_ids ? reinterpret_cast<uint8_t*>(c.ids.data()) : reinterpret_cast<uint8_t*>(c.f32[id].data());
+    const size_t row_bytes = width * 4;  // f32 and i32 rows alike
+    for (size_t i = 0; i < k; ++i)
+      if (static_cast<size_t>(c.out_rows[i]) != i)
+        std::memcpy(base + i * row_bytes, base + static_cast<size_t>(c.out_rows[i]) * row_bytes, row_bytes);
+  }
+  for (size_t i = 0; i < k; ++i) c.out_rows[i] = static_cast<int32_t>(i);
+}
+
+}  // namespace
+
+void runPlan(RunContext& c, const PreparedPlan& plan, uint32_t ids) {
+  const int n = c.n;
+  const bool shrink = plan.tail < plan.steps.size() && c.out_rows.size() < static_cast<size_t>(n);
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    if (shrink && i == plan.tail) {
+      compactTailInputs(c, plan, ids);
+      c.n = static_cast<int>(c.out_rows.size());
+    }
+    if (!plan.steps[i].skip) runStep(c, plan.steps[i]);
+  }
+  c.n = n;
+}
 
 }  // namespace minfer::cpu

@@ -30,6 +30,7 @@ struct StepInfo {
   static constexpr uint32_t kMaxIn = 3, kMaxOut = 2;
   uint32_t in[kMaxIn] = {0, 0, 0};
   uint32_t out[kMaxOut] = {0, 0};
+  uint32_t n_in = 0;              // inputs the step has (≤ kMaxIn)
   // The operands as column views (format 1.4, schema ColumnView): the first column, the operand's width
   // and the buffer's width (the row pitch). A whole buffer is (0, its width, its width).
   uint32_t in_off[kMaxIn] = {}, out_off[kMaxOut] = {};
@@ -54,6 +55,7 @@ struct StepInfo {
   RowSource moe_src[3] = {RowSource::kDense, RowSource::kDense, RowSource::kDense};
   bool skip = false;              // GPU-only step
   bool logits = false;            // writes memory.logits
+  bool tail = false;              // part of the plan's last-token tail (schema Plan; prefill plans)
 };
 
 // The KV cache shape of one attention layer.
@@ -118,18 +120,41 @@ struct RunContext {
 
   const std::vector<WeightPlanes>* weights = nullptr;  // PrepareContext::weights
   std::vector<std::vector<float>> f32;  // per buffer id: max_batch × width (empty if unused)
+  int max_batch = 0;                    // rows of every buffer
   std::vector<int32_t> ids;             // max_batch token ids
   std::map<int, KvLayer> kv_views;      // attention layer → its K and V in the session's cache
   std::vector<float> matmul_scratch;    // threads × max matmul cols (MatMul and MoeFfn)
-  std::vector<float> attn_scratch;      // threads × n_ctx
+  std::vector<float> attn_scratch;      // threads × n_ctx (positions of one sequence at most)
   ThreadPool pool;
-  // The batch: n rows at positions pos0 .. pos0+n−1; all_rows: every logits row is wanted.
-  int n = 0, pos0 = 0;
-  bool all_rows = false;
+  // The batch: n rows (ids[0..n)); row t at position kv.pos[t] of the sequence whose KV blocks are
+  // kv.tables[t] (cpu_ops.h KvRows: RoPE angles, the KV slot it writes, the keys it attends to).
+  int n = 0;
+  KvRowStorage kv_storage;  // (max_batch) positions and table pointers behind kv
+  KvRows kv;
+  // Rows whose logits are wanted, increasing (≥ 1). After runPlan their logits are in these rows of the
+  // logits buffer (a tail run on them alone moves them to rows 0 .. out_rows.size()−1 and rewrites this).
+  std::vector<int32_t> out_rows;  // capacity max_batch
 };
+
+// A prepared plan: its steps, the first step of its last-token tail (schema Plan; steps.size() when it has
+// none) and the buffers the tail reads before writing them (its inputs from the rest of the plan).
+struct PreparedPlan {
+  std::vector<StepInfo> steps;
+  size_t tail = 0;
+  std::vector<uint32_t> tail_inputs;
+};
+
+// Finds the plan's tail: the suffix of steps flagged `tail` when it is row-wise (op_traits.h), ends in
+// the logits and leaves something before it; otherwise none.
+void findTail(PreparedPlan& plan, uint32_t logits);
 
 // Runs a prepared, not skipped step (its op is in OpKind: prepareStep checked).
 void runStep(RunContext& c, const StepInfo& s);
+
+// Runs every step of `plan` over the batch of `c`. When the plan has a tail and fewer rows than n want
+// logits, the wanted rows of the tail's inputs move to rows 0 .. k−1 first and the tail runs on those k
+// rows only (each tail step is row-wise, so every row's values are those of a full run).
+void runPlan(RunContext& c, const PreparedPlan& plan, uint32_t ids);
 
 // The families, one per op of MINFER_OPS, defined in ops/<family>.cpp (SwiGlu, GeGlu and Add share
 // ops/elementwise.cpp, RmsNorm and HeadRmsNorm ops/norm.cpp, MoeRoute and MoeFfn ops/moe.cpp).

@@ -38,6 +38,13 @@
 namespace minfer::test::gpu {
 namespace {
 
+// Positions pos0 .. pos0 + n − 1, as cpu::rope takes them.
+std::vector<int32_t> positions(int pos0, int n) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) p[static_cast<size_t>(t)] = pos0 + t;
+  return p;
+}
+
 // Tolerances (relative to max|reference|), per family; "measured" is the largest error over this file's
 // cases on an H200 (the last test case prints them).
 constexpr double kEmbedTol = 0.0;        // bit-identical (same dequantizeBlock, --fmad=false); measured 0
@@ -720,8 +727,8 @@ TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions, fre
         launch(k[ci], kern::ropeLaunch(n, h, hkv), {&a, &b, &f, &p, &n});
         const cpu::RopeStyle style = c.neox ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kNorm;
         const float* ffp = c.ff ? ff.data() : nullptr;
-        cpu::rope(q.data(), n, h, d, c.n_rot, style, c.base, c.scale, pos0, ffp, yarns[ci]);
-        cpu::rope(kk.data(), n, hkv, d, c.n_rot, style, c.base, c.scale, pos0, ffp, yarns[ci]);
+        cpu::rope(q.data(), n, h, d, c.n_rot, style, c.base, c.scale, positions(pos0, n).data(), ffp, yarns[ci]);
+        cpu::rope(kk.data(), n, hkv, d, c.n_rot, style, c.base, c.scale, positions(pos0, n).data(), ffp, yarns[ci]);
         std::vector<float> gq = d_q.download<float>(q.size()), gk = d_k.download<float>(kk.size());
         CHECK(track("rope", relError(gq.data(), q.data(), q.size())) <= kRopeTol);
         CHECK(track("rope", relError(gk.data(), kk.data(), kk.size())) <= kRopeTol);
@@ -773,7 +780,7 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
         kr[i] = roundHalf(kk[i]);
         vr[i] = roundHalf(vv[i]);
       }
-      cpu::kvStore(layer, kr.data(), vr.data(), n, pos0);
+      cpu::kvStore(layer, kr.data(), vr.data(), n, cpu::KvRowStorage(n).contiguous(pos0, n, int(layer.n_ctx)));
       // The device cache holds exactly the f16 bits of the stored rows, at positions pos0 … pos0+n−1.
       const std::vector<uint16_t> got = kc.download<uint16_t>(static_cast<size_t>(n) * kvw, static_cast<uint64_t>(pos0) * kvw * 2);
       size_t bad = 0;
@@ -793,7 +800,7 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
         CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr();
         launch(k[1], kern::attnPrefillLaunch(n, h, d), {&a, &c, &e, &o, &p, &n});
         std::vector<float> got = out.download<float>(q.size()), ref(q.size());
-        cpu::attention(q.data(), layer, n, pos0, h, ref.data(), nullptr, scratch.data());
+        cpu::attention(q.data(), layer, n, cpu::KvRowStorage(n).contiguous(pos0, n, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data());
         const double err = relError(got.data(), ref.data(), ref.size());
         if (kern::attnPrefillUsesMma(static_cast<unsigned>(d)))
           CHECK(track("attn_prefill (tensor cores)", err) <= kAttnMmaTol);
@@ -812,7 +819,7 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
       launch(k[2], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p});
       launch(k[3], kern::attnCombineLaunch(h), {&pt, &o});
       std::vector<float> got = out.download<float>(q.size()), ref(q.size());
-      cpu::attention(q.data(), layer, 1, pos0, h, ref.data(), nullptr, scratch.data());
+      cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data());
       CHECK(track("attn_decode", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
     }
   }
@@ -930,8 +937,8 @@ TEST_CASE("column views: rope, kv_store, prefill attention and swiglu on rows wi
     DeviceArray d_qkv = DeviceArray::of(qkv), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
     CUdeviceptr q = d_qkv.ptr(), kp = q + qw * 4, vp = q + (qw + kvw) * 4, none = 0, p = d_pos.ptr();
     launch(k[0], kern::ropeLaunch(n, h, hkv), {&q, &kp, &none, &p, &n});
-    cpu::rope(qkv.data(), n, h, d, d, cpu::RopeStyle::kNeox, base, 1.0f, pos0, nullptr, {}, pitch);
-    cpu::rope(qkv.data() + qw, n, hkv, d, d, cpu::RopeStyle::kNeox, base, 1.0f, pos0, nullptr, {}, pitch);
+    cpu::rope(qkv.data(), n, h, d, d, cpu::RopeStyle::kNeox, base, 1.0f, positions(pos0, n).data(), nullptr, {}, pitch);
+    cpu::rope(qkv.data() + qw, n, hkv, d, d, cpu::RopeStyle::kNeox, base, 1.0f, positions(pos0, n).data(), nullptr, {}, pitch);
     const std::vector<float> got = d_qkv.download<float>(qkv.size());
     CHECK(track("rope", relError(got.data(), qkv.data(), qkv.size())) <= kRopeTol);  // v columns untouched too
     // K and V rows from the rotated buffer into the cache; the CPU stores the same f16-rounded values.
@@ -940,7 +947,7 @@ TEST_CASE("column views: rope, kv_store, prefill attention and swiglu on rows wi
     std::vector<float> rounded(got.begin(), got.end());
     for (int t = 0; t < n; ++t)
       for (int i = qw; i < pitch; ++i) rounded[static_cast<size_t>(t) * pitch + i] = roundHalf(got[static_cast<size_t>(t) * pitch + i]);
-    cpu::kvStore(layer, rounded.data() + qw, rounded.data() + qw + kvw, n, pos0, pitch, pitch);
+    cpu::kvStore(layer, rounded.data() + qw, rounded.data() + qw + kvw, n, cpu::KvRowStorage(n).contiguous(pos0, n, int(layer.n_ctx)), pitch, pitch);
     // Both caches, bit for bit: K from columns qw.., V from columns qw + kvw.. (a swapped or wrong pitch
     // or offset shows in either).
     const std::vector<uint16_t> kbits = kc.download<uint16_t>(static_cast<size_t>(n) * kvw);
@@ -957,7 +964,7 @@ TEST_CASE("column views: rope, kv_store, prefill attention and swiglu on rows wi
     CUdeviceptr o = out.ptr();
     launch(k[2], kern::attnPrefillLaunch(n, h, d), {&q, &c, &e, &o, &p, &n});
     std::vector<float> ref(static_cast<size_t>(n) * qw);
-    cpu::attention(got.data(), layer, n, pos0, h, ref.data(), nullptr, scratch.data(), {}, pitch);
+    cpu::attention(got.data(), layer, n, cpu::KvRowStorage(n).contiguous(pos0, n, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data(), {}, pitch);
     const std::vector<float> att_got = out.download<float>(ref.size());
     CHECK(track("attn_prefill (tensor cores)", relError(att_got.data(), ref.data(), ref.size())) <= kAttnMmaTol);
     for (size_t wi = 0; wi < 2; ++wi) {
@@ -1028,7 +1035,7 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
           CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr();
           launch(k[0], kern::attnPrefillLaunch(n, h, d), {&a, &c, &e, &o, &p, &n});
           std::vector<float> got = out.download<float>(q.size()), ref(q.size());
-          cpu::attention(q.data(), layer, n, pos0, h, ref.data(), nullptr, scratch.data(), options);
+          cpu::attention(q.data(), layer, n, cpu::KvRowStorage(n).contiguous(pos0, n, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data(), options);
           const double err = relError(got.data(), ref.data(), ref.size());
           if (kern::attnPrefillUsesMma(static_cast<unsigned>(d)))
             CHECK(track("attn_prefill softcap+window (tensor cores)", err) <= kAttnMmaTol);
@@ -1046,7 +1053,7 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
         launch(k[1], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p});
         launch(k[2], kern::attnCombineLaunch(h), {&pt, &o});
         std::vector<float> got = out.download<float>(q.size()), ref(q.size());
-        cpu::attention(q.data(), layer, 1, pos0, h, ref.data(), nullptr, scratch.data(), options);
+        cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data(), options);
         CHECK(track("attn_decode softcap+window", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
       }
     }

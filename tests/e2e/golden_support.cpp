@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "compiler/compile_model.h"
+#include "compiler/gguf/gguf_reader.h"
+#include "compiler/gguf/gguf_writer.h"
 #include "tests/test_support.h"
 
 namespace minfer::test {
@@ -84,6 +86,32 @@ std::string compiledFixture(const std::string& model, const std::string& dir) {
     return {};
   }
   compiled[model] = options.output;
+  return options.output;
+}
+
+std::string ggufVariant(const std::string& src, const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit,
+                        const TensorEdit& tensor_edit, uint32_t n_ctx) {
+  auto file = gguf::GgufFile::open(fixturesDir() + "/" + src);
+  REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
+  gguf::GgufWriter w(3);
+  for (const gguf::KeyValue& kv : (*file)->metadata()) w.set(kv.key, gguf::MetaValue::fromParsed(kv.value));
+  for (const gguf::TensorInfo& t : (*file)->tensors()) {
+    const llvm::ArrayRef<uint8_t> data = (*file)->tensorData(t);
+    std::vector<uint8_t> bytes(data.begin(), data.end());
+    if (tensor_edit) tensor_edit(std::string(t.name), bytes);
+    w.addTensor(t.name, t.type, std::vector<uint64_t>(t.ne, t.ne + t.n_dims), std::move(bytes));
+  }
+  edit(w);
+  const std::string base = scratchDir() + "/" + name;
+  llvm::Error written = w.write(base + ".gguf");
+  REQUIRE_MESSAGE(!written, llvm::toString(std::move(written)));
+  CompileOptions options;
+  options.input = base + ".gguf";
+  options.output = base + ".mfb";
+  options.max_batch = 64;
+  options.n_ctx = n_ctx;
+  auto summary = compileModel(options);
+  REQUIRE_MESSAGE(bool(summary), llvm::toString(summary.takeError()));
   return options.output;
 }
 

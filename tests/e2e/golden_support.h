@@ -3,8 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+namespace minfer::gguf {
+class GgufWriter;
+}
 
 namespace minfer::test {
 
@@ -35,6 +40,16 @@ GoldenCase loadGolden(const std::string& name);
 // Path of an artifact compiled from fixtures/<dir>/<model> (compiled once per process, into the
 // test's scratch directory). Fails the test (empty result) on a compile error.
 std::string compiledFixture(const std::string& model, const std::string& dir = "models");
+
+// Edits a tensor's bytes (by name) while a GGUF is copied.
+using TensorEdit = std::function<void(const std::string& name, std::vector<uint8_t>& data)>;
+
+// fixtures/<src> copied key by key and tensor by tensor with the GGUF writer (`tensor_edit` applied to
+// each tensor's bytes), then `edit` applied; compiled at test time (max batch 64) for context `n_ctx`
+// (0: the model's) into the test's scratch directory as <name>.mfb. Returns the artifact's path; fails
+// the test on an error.
+std::string ggufVariant(const std::string& src, const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit,
+                        const TensorEdit& tensor_edit = {}, uint32_t n_ctx = 0);
 
 // Comparison of rows × n_vocab logits with a reference, as the fixtures README §4 measures it.
 struct LogitDiff {

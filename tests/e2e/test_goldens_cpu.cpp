@@ -16,6 +16,7 @@
 using namespace minfer;
 using minfer::test::GoldenCase;
 using minfer::test::LogitDiff;
+using minfer::test::ggufVariant;
 
 namespace {
 
@@ -73,38 +74,6 @@ void checkAgainst(const std::string& what, const LogitDiff& d, double rel_bound,
   CHECK(d.rms_rel <= rms_bound);
   CHECK(d.argmax_mismatch == 0);
   MESSAGE(what << ": rel " << d.rel() << ", RMS rel " << d.rms_rel << ", argmax checked " << d.argmax_checked);
-}
-
-// Edits a tensor's bytes (by name) while a GGUF is copied.
-using TensorEdit = std::function<void(const std::string& name, std::vector<uint8_t>& data)>;
-
-// fixtures/<src> copied key by key and tensor by tensor with the GGUF writer (`tensor_edit` applied to
-// each tensor's bytes), then `edit` applied; compiled at test time for context `n_ctx` (0: the model's).
-// Returns the artifact's path.
-std::string ggufVariant(const std::string& src, const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit,
-                        const TensorEdit& tensor_edit = {}, uint32_t n_ctx = 0) {
-  auto file = gguf::GgufFile::open(minfer::test::fixturesDir() + "/" + src);
-  REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
-  gguf::GgufWriter w(3);
-  for (const gguf::KeyValue& kv : (*file)->metadata()) w.set(kv.key, gguf::MetaValue::fromParsed(kv.value));
-  for (const gguf::TensorInfo& t : (*file)->tensors()) {
-    const llvm::ArrayRef<uint8_t> data = (*file)->tensorData(t);
-    std::vector<uint8_t> bytes(data.begin(), data.end());
-    if (tensor_edit) tensor_edit(std::string(t.name), bytes);
-    w.addTensor(t.name, t.type, std::vector<uint64_t>(t.ne, t.ne + t.n_dims), std::move(bytes));
-  }
-  edit(w);
-  const std::string base = minfer::test::scratchDir() + "/" + name;
-  llvm::Error written = w.write(base + ".gguf");
-  REQUIRE_MESSAGE(!written, llvm::toString(std::move(written)));
-  CompileOptions options;
-  options.input = base + ".gguf";
-  options.output = base + ".mfb";
-  options.max_batch = 64;
-  options.n_ctx = n_ctx;
-  auto summary = compileModel(options);
-  REQUIRE_MESSAGE(bool(summary), llvm::toString(summary.takeError()));
-  return options.output;
 }
 
 // stories260K.gguf with `edit` applied (stories260K has no rope.scaling keys).

@@ -21,6 +21,14 @@ namespace {
 using test::maxRelError;
 using test::randomFloats;
 
+// Positions pos0 .. pos0 + n − 1, as cpu::rope takes them.
+std::vector<int32_t> positions(int pos0, int n) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) p[static_cast<size_t>(t)] = pos0 + t;
+  return p;
+}
+
+
 std::vector<double> rmsNormRef(const std::vector<float>& x, const std::vector<float>& w, int rows, int width,
                                double eps) {
   std::vector<double> out(x.size());
@@ -91,7 +99,7 @@ TEST_CASE("rope: both styles, partial rotation, positions and frequency scaling 
       CAPTURE(static_cast<int>(style));
       CAPTURE(base);
       std::vector<float> y = x;
-      rope(y.data(), rows, n_head, hd, n_rot, style, base, scale, pos0);
+      rope(y.data(), rows, n_head, hd, n_rot, style, base, scale, positions(pos0, rows).data());
       const std::vector<double> ref = ropeRef(x, rows, n_head, hd, n_rot, style, base, scale, pos0);
       const double err = maxRelError(y.data(), ref.data(), y.size());
       MESSAGE("rope max rel error " << err);
@@ -118,7 +126,7 @@ TEST_CASE("rope with frequency factors (Llama 3.1 rope_freqs) matches float64, b
       CAPTURE(static_cast<int>(style));
       CAPTURE(base);
       std::vector<float> y = x;
-      rope(y.data(), rows, n_head, hd, n_rot, style, base, scale, pos0, ff.data());
+      rope(y.data(), rows, n_head, hd, n_rot, style, base, scale, positions(pos0, rows).data(), ff.data());
       const std::vector<double> ref = ropeRef(x, rows, n_head, hd, n_rot, style, base, scale, pos0, ff64);
       const double err = maxRelError(y.data(), ref.data(), y.size());
       MESSAGE("rope with factors max rel error " << err);
@@ -132,8 +140,8 @@ TEST_CASE("rope with frequency factors (Llama 3.1 rope_freqs) matches float64, b
   // Factors of 1 are the plain rotation, bit for bit.
   const std::vector<float> ones(n_rot / 2, 1.0f);
   std::vector<float> a = x, b = x;
-  rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, 7, ones.data());
-  rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, 7);
+  rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, positions(7, rows).data(), ones.data());
+  rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, 1e4f, 1.0f, positions(7, rows).data());
   CHECK(a == b);
 }
 
@@ -186,7 +194,7 @@ TEST_CASE("YaRN: ramp ends, mscale and angles match a float64 restatement, both 
       std::vector<float> x(rows * n_head * hd, 0.0f);
       for (int r = 0; r < rows * n_head; ++r)
         for (int i = 0; i < n_rot / 2; ++i) x[r * hd + (style == RopeStyle::kNorm ? 2 * i : i)] = 1.0f;
-      rope(x.data(), rows, n_head, hd, n_rot, style, base, s, pos0, nullptr, y);
+      rope(x.data(), rows, n_head, hd, n_rot, style, base, s, positions(pos0, rows).data(), nullptr, y);
       // Error allowed: cos/sin and mscale rounded to f32 (3e-7), plus γ_i rounded to f32 as ggml's
       // rope_yarn_ramp does, which moves θ_i by up to θ_extrap·(1 − s)·2^−24.
       double worst = 0;  // in units of the allowance
@@ -217,7 +225,7 @@ TEST_CASE("YaRN: ramp ends, mscale and angles match a float64 restatement, both 
   CHECK(y2_64.hi < n_rot / 2 - 1);  // both ends inside: pairs on each side of the ramp
   for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox}) {
     std::vector<float> got = x;
-    rope(got.data(), rows, n_head, hd, n_rot, style, 500000.0f, 0.125f, pos0, ff.data(), y2);
+    rope(got.data(), rows, n_head, hd, n_rot, style, 500000.0f, 0.125f, positions(pos0, rows).data(), ff.data(), y2);
     std::vector<double> ref(x.begin(), x.end());
     for (int t = 0; t < rows; ++t)
       for (int h = 0; h < n_head; ++h)
@@ -236,7 +244,7 @@ TEST_CASE("YaRN: ramp ends, mscale and angles match a float64 restatement, both 
       for (int d = n_rot; d < hd; ++d) CHECK(got[r * hd + d] == x[r * hd + d]);
     // Plain linear scaling is a different rotation (the ramp matters).
     std::vector<float> linear = x;
-    rope(linear.data(), rows, n_head, hd, n_rot, style, 500000.0f, 0.125f, pos0, ff.data());
+    rope(linear.data(), rows, n_head, hd, n_rot, style, 500000.0f, 0.125f, positions(pos0, rows).data(), ff.data());
     CHECK(maxRelError(linear.data(), ref.data(), ref.size()) > 1e-2);
   }
 
@@ -244,8 +252,8 @@ TEST_CASE("YaRN: ramp ends, mscale and angles match a float64 restatement, both 
   const kern::RopeYarn scaled = kern::ropeYarn(n_rot, base, 0.5f, 0.0f, 2.0f, 32.0f, 1.0f, 0);
   CHECK(scaled.mscale == 2.0f);
   std::vector<float> a = x, b = x;
-  rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, base, 0.5f, 9, nullptr, scaled);
-  rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, base, 0.5f, 9);
+  rope(a.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, base, 0.5f, positions(9, rows).data(), nullptr, scaled);
+  rope(b.data(), rows, n_head, hd, n_rot, RopeStyle::kNorm, base, 0.5f, positions(9, rows).data());
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == (i % hd < size_t(n_rot) ? 2.0f * b[i] : b[i]));
 }
 
@@ -408,10 +416,10 @@ TEST_CASE("attention with GQA over several calls at increasing positions matches
     const std::vector<float> k = randomFloats(n * kvw, rng, -2, 2), v = randomFloats(n * kvw, rng);
     k_all.insert(k_all.end(), k.begin(), k.end());
     v_all.insert(v_all.end(), v.begin(), v.end());
-    kvStore(cache, k.data(), v.data(), n, pos);
+    kvStore(cache, k.data(), v.data(), n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)));
     std::vector<float> out(n * n_head * hd), out1(out.size());
-    attention(q.data(), cache, n, pos, n_head, out.data(), &pool, scratch.data());
-    attention(q.data(), cache, n, pos, n_head, out1.data(), nullptr, scratch.data());
+    attention(q.data(), cache, n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)), n_head, out.data(), &pool, scratch.data());
+    attention(q.data(), cache, n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)), n_head, out1.data(), nullptr, scratch.data());
     const std::vector<double> ref = attentionRef(q, k_all, v_all, n, pos, n_head, n_head_kv, hd);
     const double err = maxRelError(out.data(), ref.data(), out.size());
     MESSAGE("attention (" << n << " tokens at " << pos << ") max rel error " << err);
@@ -421,6 +429,61 @@ TEST_CASE("attention with GQA over several calls at increasing positions matches
     // use kv head 0 and 1 respectively, so their outputs differ.
     CHECK(std::memcmp(out.data() + 1 * hd, out.data() + 3 * hd, hd * 4) != 0);
     pos += n;
+  }
+}
+
+// Paged KV (BatchSession): rows of two sequences interleaved in one call, each sequence's positions in
+// blocks scattered over a pool by its block table, give bit for bit what each sequence gives alone in a
+// contiguous cache, and nothing outside their blocks is written.
+TEST_CASE("kvStore and attention through block tables equal one contiguous cache per sequence") {
+  std::mt19937_64 rng(29);
+  const int n_head = 6, n_head_kv = 2, hd = 8, kvw = n_head_kv * hd, bs = 4, n_ctx = 20, pool_blocks = 11;
+  const int32_t table_a[] = {7, 2, 9, 0}, table_b[] = {5, 1, 10};  // 13 and 9 positions
+  const int len_a = 13, len_b = 9, n = len_a + len_b;
+  // Rows: A and B alternating where both have positions left, in position order within each sequence.
+  KvRowStorage paged_rows(n);
+  std::vector<int> seq_of(n), pos_of(n);
+  for (int t = 0, a = 0, b = 0; t < n; ++t) {
+    const bool take_a = a < len_a && (b >= len_b || t % 2 == 0);
+    seq_of[t] = take_a ? 0 : 1;
+    pos_of[t] = take_a ? a++ : b++;
+    paged_rows.pos[t] = pos_of[t];
+    paged_rows.tables[t] = take_a ? table_a : table_b;
+  }
+  const std::vector<float> k = randomFloats(n * kvw, rng, -2, 2), v = randomFloats(n * kvw, rng);
+  const std::vector<float> q = randomFloats(n * n_head * hd, rng, -2, 2);
+  std::vector<float> pool(2 * size_t(pool_blocks) * bs * kvw, NAN);
+  const KvLayer paged{pool.data(), pool.data() + pool_blocks * bs * kvw, pool_blocks * bs, n_head_kv, hd};
+  const KvRows rows = paged_rows.paged(bs, n_ctx);
+  kvStore(paged, k.data(), v.data(), n, rows);
+  for (const AttentionOptions options : {AttentionOptions{}, AttentionOptions{.scale = 0.4f, .softcap = 3.0f, .window = 6}}) {
+    CAPTURE(options.window);
+    std::vector<float> scratch(2 * n_ctx), out(n * n_head * hd);
+    ThreadPool threads(2);
+    attention(q.data(), paged, n, rows, n_head, out.data(), &threads, scratch.data(), options);
+    // Each sequence alone: its rows in position order, a contiguous cache, one row per call.
+    for (int s = 0; s < 2; ++s) {
+      std::vector<float> cache(2 * n_ctx * kvw, 0.0f);
+      const KvLayer one{cache.data(), cache.data() + n_ctx * kvw, n_ctx, n_head_kv, hd};
+      for (int t = 0; t < n; ++t) {
+        if (seq_of[t] != s) continue;
+        kvStore(one, k.data() + t * kvw, v.data() + t * kvw, 1, KvRowStorage(1).contiguous(pos_of[t], 1, n_ctx));
+        std::vector<float> alone(n_head * hd);
+        attention(q.data() + t * n_head * hd, one, 1, KvRowStorage(1).contiguous(pos_of[t], 1, n_ctx), n_head,
+                  alone.data(), nullptr, scratch.data(), options);
+        CHECK(std::memcmp(alone.data(), out.data() + t * n_head * hd, alone.size() * 4) == 0);
+      }
+    }
+  }
+  // Each row's K and V sit in slot table[p / 4]·4 + p % 4, and no other slot was written.
+  int written = 0;
+  for (int slot = 0; slot < pool_blocks * bs; ++slot) written += !std::isnan(pool[size_t(slot) * kvw]);
+  CHECK(written == n);
+  for (int t = 0; t < n; ++t) {
+    const int32_t* table = seq_of[t] == 0 ? table_a : table_b;
+    const size_t slot = size_t(table[pos_of[t] / bs]) * bs + size_t(pos_of[t] % bs);
+    CHECK(std::memcmp(paged.k + slot * kvw, k.data() + t * kvw, kvw * 4) == 0);
+    CHECK(std::memcmp(paged.v + slot * kvw, v.data() + t * kvw, kvw * 4) == 0);
   }
 }
 
@@ -438,10 +501,10 @@ TEST_CASE("rope, kvStore and attention with a row pitch equal the dense rows (co
     std::copy_n(rows.begin() + t * pitch + qw + kvw, kvw, v.begin() + t * kvw);
   }
   std::vector<float> fused = rows;
-  rope(q.data(), n, n_head, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0);
-  rope(k.data(), n, n_head_kv, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0);
-  rope(fused.data(), n, n_head, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0, nullptr, {}, pitch);
-  rope(fused.data() + qw, n, n_head_kv, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, pos0, nullptr, {}, pitch);
+  rope(q.data(), n, n_head, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, positions(pos0, n).data());
+  rope(k.data(), n, n_head_kv, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, positions(pos0, n).data());
+  rope(fused.data(), n, n_head, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, positions(pos0, n).data(), nullptr, {}, pitch);
+  rope(fused.data() + qw, n, n_head_kv, hd, hd, RopeStyle::kNeox, 1e4f, 1.0f, positions(pos0, n).data(), nullptr, {}, pitch);
   for (int t = 0; t < n; ++t) {
     CHECK(std::memcmp(fused.data() + t * pitch, q.data() + t * qw, qw * 4) == 0);
     CHECK(std::memcmp(fused.data() + t * pitch + qw, k.data() + t * kvw, kvw * 4) == 0);
@@ -450,12 +513,12 @@ TEST_CASE("rope, kvStore and attention with a row pitch equal the dense rows (co
   std::vector<float> kv_dense(2 * n_ctx * kvw, 0.0f), kv_view(kv_dense.size(), 0.0f);
   const KvLayer dense{kv_dense.data(), kv_dense.data() + n_ctx * kvw, n_ctx, n_head_kv, hd};
   const KvLayer view{kv_view.data(), kv_view.data() + n_ctx * kvw, n_ctx, n_head_kv, hd};
-  kvStore(dense, k.data(), v.data(), n, pos0);
-  kvStore(view, fused.data() + qw, fused.data() + qw + kvw, n, pos0, pitch, pitch);
+  kvStore(dense, k.data(), v.data(), n, KvRowStorage(n).contiguous(pos0, n, int(dense.n_ctx)));
+  kvStore(view, fused.data() + qw, fused.data() + qw + kvw, n, KvRowStorage(n).contiguous(pos0, n, int(view.n_ctx)), pitch, pitch);
   CHECK(kv_view == kv_dense);
   std::vector<float> scratch(n_ctx), out_dense(n * qw), out_view(n * qw);
-  attention(q.data(), dense, n, pos0, n_head, out_dense.data(), nullptr, scratch.data());
-  attention(fused.data(), view, n, pos0, n_head, out_view.data(), nullptr, scratch.data(), {}, pitch);
+  attention(q.data(), dense, n, KvRowStorage(n).contiguous(pos0, n, int(dense.n_ctx)), n_head, out_dense.data(), nullptr, scratch.data());
+  attention(fused.data(), view, n, KvRowStorage(n).contiguous(pos0, n, int(view.n_ctx)), n_head, out_view.data(), nullptr, scratch.data(), {}, pitch);
   CHECK(out_view == out_dense);
 }
 
@@ -477,10 +540,10 @@ TEST_CASE("attention with a query scale, soft-capping and a sliding window (gemm
       const std::vector<float> k = randomFloats(n * kvw, rng, -2, 2), v = randomFloats(n * kvw, rng);
       k_all.insert(k_all.end(), k.begin(), k.end());
       v_all.insert(v_all.end(), v.begin(), v.end());
-      kvStore(cache, k.data(), v.data(), n, pos);
+      kvStore(cache, k.data(), v.data(), n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)));
       std::vector<float> out(n * n_head * hd), out1(out.size());
-      attention(q.data(), cache, n, pos, n_head, out.data(), &pool, scratch.data(), options);
-      attention(q.data(), cache, n, pos, n_head, out1.data(), nullptr, scratch.data(), options);
+      attention(q.data(), cache, n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)), n_head, out.data(), &pool, scratch.data(), options);
+      attention(q.data(), cache, n, KvRowStorage(n).contiguous(pos, n, int(cache.n_ctx)), n_head, out1.data(), nullptr, scratch.data(), options);
       const std::vector<double> ref = attentionRef(q, k_all, v_all, n, pos, n_head, n_head_kv, hd, 0.3, 2.5, window);
       const double err = maxRelError(out.data(), ref.data(), out.size());
       MESSAGE("attention window " << window << " (" << n << " tokens at " << pos << ") max rel error " << err);

@@ -39,8 +39,8 @@ Status attentionPrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
 
 void attentionRun(RunContext& c, const StepInfo& s) {
   const KvLayer& cache = c.kv_views.at(s.layer);
-  kvStore(cache, c.in(s, 1), c.in(s, 2), c.n, c.pos0, s.in_pitch[1], s.in_pitch[2]);
-  attention(c.in(s, 0), cache, c.n, c.pos0, s.n_head, c.buf(s.out[0]), &c.pool, c.attn_scratch.data(), s.attn,
+  kvStore(cache, c.in(s, 1), c.in(s, 2), c.n, c.kv, s.in_pitch[1], s.in_pitch[2]);
+  attention(c.in(s, 0), cache, c.n, c.kv, s.n_head, c.buf(s.out[0]), &c.pool, c.attn_scratch.data(), s.attn,
             s.in_pitch[0]);
 }
 

@@ -35,11 +35,21 @@ Status matmulPrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
   return Status::ok();
 }
 
-// The logits projection computes only the last row unless every row is wanted.
+// The logits projection computes only the rows whose logits are wanted (c.out_rows), one matmul per run
+// of consecutive rows (one run after a tail ran on those rows alone).
 void matmulRun(RunContext& c, const StepInfo& s) {
-  const int first = (s.logits && !c.all_rows) ? c.n - 1 : 0;
-  matmul(c.weight(s.weight), s.src, s.vec, c.buf(s.in[0]) + int64_t(first) * s.cols, c.n - first,
-         c.buf(s.out[0]) + int64_t(first) * s.rows, &c.pool, c.matmul_scratch.data());
+  const auto run = [&](int first, int n) {
+    matmul(c.weight(s.weight), s.src, s.vec, c.buf(s.in[0]) + int64_t(first) * s.cols, n,
+           c.buf(s.out[0]) + int64_t(first) * s.rows, &c.pool, c.matmul_scratch.data());
+  };
+  if (!s.logits) return run(0, c.n);
+  const std::vector<int32_t>& rows = c.out_rows;
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    run(rows[i], static_cast<int>(j - i));
+    i = j;
+  }
 }
 
 }  // namespace minfer::cpu

@@ -62,9 +62,9 @@ Status ropePrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
 }
 
 void ropeRun(RunContext& c, const StepInfo& s) {
-  rope(c.in(s, 0), c.n, s.n_head, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0, s.vec,
+  rope(c.in(s, 0), c.n, s.n_head, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.kv.pos, s.vec,
        s.rope_yarn, s.in_pitch[0]);
-  rope(c.in(s, 1), c.n, s.n_head_kv, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.pos0, s.vec,
+  rope(c.in(s, 1), c.n, s.n_head_kv, s.head_dim, s.n_rot, s.rope_style, s.rope_base, s.rope_scale, c.kv.pos, s.vec,
        s.rope_yarn, s.in_pitch[1]);
 }
 

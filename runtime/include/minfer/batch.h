@@ -38,6 +38,10 @@ struct BatchOptions {
   int n_blocks = 0;      // KV blocks in the pool; 0: n_seq_max × ceil(n_ctx / block_size) (no sequence ever waits)
   int block_size = 16;   // positions per KV block; a power of two in 1..1024
   int n_threads = 0;     // CPU threads; 0 = the physical cores available
+  // Run each step's chunks one after another, one backend session per sequence (what a backend without
+  // batched kernels does; batchedKernels() is then false), even where batched kernels exist: for tests
+  // and comparisons. Results and block accounting are the same.
+  bool sequential = false;
 };
 
 class BatchSession {

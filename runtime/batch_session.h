@@ -1,0 +1,84 @@
+// BatchSessionBase: what every BatchSession (minfer/batch.h) shares: open sequences, their lengths and
+// KV blocks (KvBlockAllocator), and step()'s checks, commit and rollback. A backend adds run(): the
+// forward pass over checked chunks whose block tables already cover their new positions.
+//
+// step() = check everything (nothing changes on an error) → grow each chunk's block table → run() →
+// on success advance the lengths, on failure give the new blocks back in reverse order (the free stack
+// is then exactly as before). Both the batched CPU path and the sequential fallback account blocks here,
+// so a scheduler sees identical freeBlocks() / blocksNeeded() on every backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "minfer/batch.h"
+#include "runtime/kv_blocks.h"
+
+namespace minfer {
+
+class Backend;
+
+// BatchOptions after Model::createBatchSession checked them, with n_blocks resolved.
+struct BatchConfig {
+  int n_ctx = 0;       // positions per sequence at most
+  int n_seq_max = 0;   // sequence ids 0 .. n_seq_max−1
+  int n_blocks = 0;    // blocks in the pool (≥ 0; n_blocks·block_size ≤ 2^30)
+  int block_size = 0;  // positions per block (power of two)
+  int n_threads = 0;   // CPU threads (0: the physical cores)
+  int max_tokens = 0;  // tokens per step at most (the artifact's max batch)
+  int n_vocab = 0;
+};
+
+class BatchSessionBase : public BatchSession {
+ public:
+  explicit BatchSessionBase(const BatchConfig& config);
+
+  Result<int> openSequence() override;
+  Status closeSequence(int seq) override;
+  Status truncate(int seq, int pos) override;
+  Status step(std::span<const Chunk> chunks, std::span<float> logits) override;
+
+  int length(int seq) const override { return isOpen(seq) ? lengths_[static_cast<size_t>(seq)] : 0; }
+  bool isOpen(int seq) const override {
+    return seq >= 0 && seq < config_.n_seq_max && open_[static_cast<size_t>(seq)];
+  }
+  int openSequences() const override { return n_open_; }
+  int blocksNeeded(int seq, int n_tokens) const override;
+  int maxSequences() const override { return config_.n_seq_max; }
+  int maxTokensPerStep() const override { return config_.max_tokens; }
+  int contextLength() const override { return config_.n_ctx; }
+  int blockSize() const override { return config_.block_size; }
+  int totalBlocks() const override { return blocks_.totalBlocks(); }
+  int freeBlocks() const override { return blocks_.freeBlocks(); }
+
+ protected:
+  // Evaluates checked chunks: every sequence open and distinct, tokens valid, positions length(seq) ..
+  // inside the context and covered by blocks().table(seq); logits: chunks.size() × n_vocab. On an
+  // error the base rolls the blocks back and the lengths stay.
+  virtual Status run(std::span<const Chunk> chunks, std::span<float> logits) = 0;
+  const KvBlockAllocator& blocks() const { return blocks_; }
+  const BatchConfig& config() const { return config_; }
+
+ private:
+  Status check(std::span<const Chunk> chunks, std::span<float> logits);
+  Status badSequence(const char* what, int seq) const;
+
+  BatchConfig config_;
+  KvBlockAllocator blocks_;
+  std::vector<int> lengths_;    // (n_seq_max) positions held
+  std::vector<uint8_t> open_;   // (n_seq_max)
+  std::vector<uint8_t> seen_;   // (n_seq_max) step()'s duplicate check, all 0 between steps
+  int n_open_ = 0;
+};
+
+// The sequential fallback for backends without batched kernels: one BackendSession of n_ctx positions per
+// sequence id (created at the id's first step, kept and reused by the sequences that get the id later);
+// step() runs the chunks one after another, each through its own session (n == 1: the decode plan, as
+// Session does). Blocks are accounted as in the paged path although the KV lives in the sessions.
+// batchedKernels() is false. `backend` must outlive the session. Errors: those of BatchSessionBase, and a
+// BackendSession that cannot be created (then nothing is evaluated).
+std::unique_ptr<BatchSession> createSequentialBatchSession(const Backend& backend, const BatchConfig& config);
+
+}  // namespace minfer
