@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "minfer/runtime.h"
 #include "tests/test_support.h"
 
 namespace minfer::test {
@@ -178,6 +179,34 @@ StreamResult postStream(int port, const std::string& path, const nlohmann::json&
   if (!r) out.status = -1;
   out.done = out.done && !out.events.empty() && out.events.back() == "[DONE]";
   return out;
+}
+
+Reference single(const std::string& artifact, const std::string& prompt, int max_tokens) {
+  static std::unique_ptr<Model> model;
+  static std::unique_ptr<Session> session;
+  if (!model) {
+    auto m = Model::open(artifact, BackendKind::kCpu);
+    REQUIRE_MESSAGE(bool(m), m.status().message());
+    model = std::move(*m);
+    auto s = model->createSession({256, 1});
+    REQUIRE_MESSAGE(bool(s), s.status().message());
+    session = std::move(*s);
+  }
+  session->reset();
+  GenerateParams params;
+  params.n_predict = max_tokens;
+  params.sampling.temperature = 0;
+  params.parse_special = true;
+  Reference ref;
+  auto r = session->generate(prompt, params, [&](std::string_view piece, int32_t) {
+    ref.text += piece;
+    return true;
+  });
+  REQUIRE_MESSAGE(bool(r), r.status().message());
+  ref.finish_reason = r->stop == StopReason::kEndOfGeneration ? "stop" : "length";
+  ref.prompt_tokens = r->n_prompt;
+  ref.completion_tokens = r->n_generated;
+  return ref;
 }
 
 }  // namespace minfer::test

@@ -59,6 +59,17 @@ struct StreamResult {
 };
 StreamResult postStream(int port, const std::string& path, const nlohmann::json& body, const std::string& api_key = "");
 
+// What the server must answer for a greedy request: Session::generate on the CPU with the prompt tokenized
+// as the server does (BOS as the vocabulary says, control-token texts as tokens).
+struct Reference {
+  std::string text;
+  std::string finish_reason;  // "stop" (end of generation) or "length"
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+// The session is made once per process (n_ctx 256) for `artifact`; later calls must name the same one.
+Reference single(const std::string& artifact, const std::string& prompt, int max_tokens);
+
 // Path of an executable of this build (MINFER_TOOLS_DIR).
 std::string toolPath(const char* name);
 

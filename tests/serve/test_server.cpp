@@ -10,7 +10,6 @@
 #include <fstream>
 #include <thread>
 
-#include "minfer/runtime.h"
 #include "tests/e2e/golden_support.h"
 #include "tests/serve/server_process.h"
 #include "tests/test_support.h"
@@ -20,7 +19,9 @@ namespace {
 using minfer::test::get;
 using minfer::test::post;
 using minfer::test::postStream;
+using minfer::test::Reference;
 using minfer::test::ServerProcess;
+using minfer::test::single;
 using nlohmann::json;
 
 const std::vector<std::string> kPrompts = {"Once upon a time", "Tom had a big red ball.", "Lily and her mom",
@@ -30,42 +31,6 @@ constexpr int kMaxTokens = 40;
 
 std::string artifact() { return minfer::test::compiledFixture("stories260K.gguf"); }
 
-struct Reference {
-  std::string text;
-  std::string finish_reason;
-  int prompt_tokens = 0;
-  int completion_tokens = 0;
-};
-
-// Session::generate's greedy text for `prompt`, tokenized as the server does (BOS, control-token texts).
-Reference single(const std::string& prompt, int max_tokens) {
-  static std::unique_ptr<minfer::Model> model;
-  static std::unique_ptr<minfer::Session> session;
-  if (!model) {
-    auto m = minfer::Model::open(artifact(), minfer::BackendKind::kCpu);
-    REQUIRE_MESSAGE(bool(m), m.status().message());
-    model = std::move(*m);
-    auto s = model->createSession({256, 1});
-    REQUIRE_MESSAGE(bool(s), s.status().message());
-    session = std::move(*s);
-  }
-  session->reset();
-  minfer::GenerateParams params;
-  params.n_predict = max_tokens;
-  params.sampling.temperature = 0;
-  params.parse_special = true;
-  Reference ref;
-  auto r = session->generate(prompt, params, [&](std::string_view piece, int32_t) {
-    ref.text += piece;
-    return true;
-  });
-  REQUIRE_MESSAGE(bool(r), r.status().message());
-  ref.finish_reason = r->stop == minfer::StopReason::kEndOfGeneration ? "stop" : "length";
-  ref.prompt_tokens = r->n_prompt;
-  ref.completion_tokens = r->n_generated;
-  return ref;
-}
-
 json completion(const std::string& prompt, int max_tokens, bool stream = false) {
   return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", stream}};
 }
@@ -73,7 +38,7 @@ json completion(const std::string& prompt, int max_tokens, bool stream = false) 
 // Every prompt twice at once (streamed and not), against the single-sequence references.
 void checkConcurrentGreedy(const ServerProcess& server) {
   std::vector<Reference> want;
-  for (const std::string& p : kPrompts) want.push_back(single(p, kMaxTokens));
+  for (const std::string& p : kPrompts) want.push_back(single(artifact(), p, kMaxTokens));
   std::vector<minfer::test::HttpResult> plain(kPrompts.size());
   std::vector<minfer::test::StreamResult> streamed(kPrompts.size());
   std::vector<std::thread> clients;
@@ -116,7 +81,7 @@ TEST_CASE("concurrent greedy requests return exactly the single-sequence text; s
   CHECK(m.at("minfer_generated_tokens_total") > 0);
 
   // stream_options.include_usage: a usage chunk before [DONE]; a stop string ends the text before it.
-  const Reference ref = single(kPrompts[0], kMaxTokens);
+  const Reference ref = single(artifact(), kPrompts[0], kMaxTokens);
   json body = completion(kPrompts[0], kMaxTokens, true);
   body["stream_options"] = {{"include_usage", true}};
   const size_t cut = ref.text.find("girl");
@@ -162,7 +127,7 @@ TEST_CASE("chat: rendered with --chat-template; streamed and not agree; without 
   CHECK(r.json["object"] == "chat.completion");
   CHECK(r.json["choices"][0]["message"]["role"] == "assistant");
   // The rendered conversation, generated from as one prompt.
-  const Reference ref = single("system: Be brief.\nuser: Once upon a time\nassistant:", 24);
+  const Reference ref = single(artifact(), "system: Be brief.\nuser: Once upon a time\nassistant:", 24);
   CHECK(r.json["choices"][0]["message"]["content"] == ref.text);
   CHECK(r.json["usage"]["prompt_tokens"] == ref.prompt_tokens);
   json sbody = body;
