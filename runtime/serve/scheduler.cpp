@@ -152,14 +152,7 @@ void Scheduler::stop() {
     thread_.join();
     return;
   }
-  // Never started: what is left finishes here.
-  takeIncoming();
-  for (auto& r : waiting_) finish(*r, FinishReason::kCancelled);
-  for (auto& r : running_) finish(*r, FinishReason::kCancelled);
-  waiting_.clear();
-  running_.clear();
-  publishMetrics();
-  deliverFinals();
+  cancelAll();  // never started: what is left finishes here
 }
 
 void Scheduler::loop() {
@@ -179,6 +172,11 @@ void Scheduler::loop() {
       shared_->wake.wait_for(lock, std::chrono::milliseconds(10));
     }
   }
+  cancelAll();
+}
+
+// Every request still queued or running finishes "cancelled" (the scheduler is stopping).
+void Scheduler::cancelAll() {
   takeIncoming();
   for (auto& r : waiting_) finish(*r, FinishReason::kCancelled);
   for (auto& r : running_) finish(*r, FinishReason::kCancelled);

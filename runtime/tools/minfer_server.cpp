@@ -3,22 +3,18 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <csignal>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
-#include "minfer/artifact.h"
 #include "minfer/runtime.h"
 #include "minfer/scheduler.h"
 #include "minfer/version.h"
+#include "runtime/tools/chat_template_file.h"
 #include "runtime/tools/server/http_server.h"
 #include "runtime/util/terminal_text.h"
 
@@ -99,24 +95,6 @@ std::string optionProblem() {
   return "";
 }
 
-// --chat-template's file, else the artifact's tokenizer.chat_template ("" when it has none).
-minfer::Result<std::pair<std::string, std::string>> chatTemplate(const minfer::Model& model) {
-  if (kChatTemplateFile.empty()) {
-    const minfer::fb::Tokenizer* t = model.artifact().manifest()->tokenizer();
-    return std::make_pair(t && t->chat_template() ? t->chat_template()->str() : std::string(),
-                          kModel + ": tokenizer.chat_template");
-  }
-  const std::string& path = kChatTemplateFile.getValue();
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    return minfer::Status::error("--chat-template " + path + ": is a directory, not a template file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return minfer::Status::error("--chat-template " + path + ": cannot read the template: " + std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return std::make_pair(ss.str(), path);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,7 +126,7 @@ int main(int argc, char** argv) {
   if (!model) return fail(model.status().message());
   const minfer::ModelInfo& info = (*model)->info();
   if (!(*model)->hasTokenizer()) return fail(kModel + ": the artifact has no tokenizer");
-  auto tmpl = chatTemplate(**model);
+  auto tmpl = minfer::tools::chatTemplateText(**model, kModel, kChatTemplateFile);
   if (!tmpl) return fail(tmpl.status().message());
 
   minfer::BatchOptions batch;
@@ -171,8 +149,8 @@ int main(int argc, char** argv) {
   options.api_key = kApiKey;
   options.max_body_bytes = kBodyLimit;
   options.threads_http = kThreadsHttp > 0 ? kThreadsHttp.getValue() : std::max(8, 4 * kParallel + 4);
-  options.template_source = tmpl->first;
-  options.template_origin = tmpl->second;
+  options.template_source = tmpl->source;
+  options.template_origin = tmpl->origin;
   minfer::server::HttpServer server(**model, scheduler, options);
   if (!server.templateProblem().empty() && !kChatTemplateFile.empty()) return fail(server.templateProblem());
   auto port = server.bind(kHost, kPort);

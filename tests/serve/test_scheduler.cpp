@@ -4,13 +4,13 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
-#include <cstdio>
 #include <mutex>
 #include <thread>
 
 #include "minfer/scheduler.h"
 #include "runtime/serve/stop_matcher.h"
 #include "tests/serve/fake_batch_session.h"
+#include "tests/text/spm_vocabulary.h"
 
 namespace {
 
@@ -20,28 +20,14 @@ using minfer::RequestParams;
 using minfer::Scheduler;
 using minfer::test::FakeBatchSession;
 
-// SentencePiece vocabulary: <unk> <s> </s> (eos), byte tokens 3..258 (byte b = 3 + b), then these.
+// tests/text/spm_vocabulary.h: <unk> <s> </s> (eos), byte tokens 3..258 (byte b = 3 + b), then these.
 constexpr int32_t kEos = 2;
 constexpr int32_t kHel = 259, kLo = 260, kWor = 261, kLd = 262, kBang = 263, kA = 264;
 int32_t byteToken(uint8_t b) { return 3 + b; }
 
 minfer::Tokenizer makeTokenizer() {
-  minfer::Vocabulary v = minfer::Vocabulary::withDefaults("llama", "default");
-  v.add_space_prefix = false;
-  v.tokens = {"<unk>", "<s>", "</s>"};
-  v.token_types = {2, 3, 3};
-  for (int b = 0; b < 256; ++b) {
-    char buf[8];
-    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
-    v.tokens.push_back(buf);
-    v.token_types.push_back(6);
-  }
-  for (const char* t : {"Hel", "lo", "\xE2\x96\x81wor", "ld", "!", "a"}) {
-    v.tokens.push_back(t);
-    v.token_types.push_back(1);
-  }
-  v.scores.assign(v.tokens.size(), 0.0f);
-  auto tok = minfer::Tokenizer::create(v);
+  auto tok = minfer::Tokenizer::create(
+      minfer::test::spmVocab({{"Hel", 0}, {"lo", 0}, {"_wor", 0}, {"ld", 0}, {"!", 0}, {"a", 0}}, false));
   REQUIRE_MESSAGE(bool(tok), tok.status().message());
   return *tok;
 }

@@ -152,6 +152,7 @@ class Scheduler {
   void acceptToken(Running& r, int32_t token);
   void publishMetrics();
   void deliverFinals();
+  void cancelAll();
   void loop();
 
   BatchSession& session_;
