@@ -25,7 +25,13 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 constexpr int kClients = 64;
-constexpr long kRssGrowthLimitKb = 32 * 1024;  // after the load vs after the warm-up
+// RSS after the load vs after the warm-up. Release: ~0.2 MB measured (TESTING.md §6). Under ASan its
+// allocator's per-thread caches and quarantine (8 MB here) keep freed memory resident: a looser bound.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr long kRssGrowthLimitKb = 96 * 1024;
+#else
+constexpr long kRssGrowthLimitKb = 32 * 1024;
+#endif
 
 struct Load {
   std::mutex mutex;
@@ -94,13 +100,14 @@ void oneRequest(int port, int client, int k, Load& load) {
     load.itl_ms.push_back(std::chrono::duration<double, std::milli>(arrivals[i] - arrivals[i - 1]).count());
 }
 
-// kClients threads issuing requests back to back until `seconds` have passed (in-flight ones complete).
-void drive(int port, double seconds, Load& load) {
+// kClients threads issuing requests back to back until `seconds` have passed and each has made at least
+// `min_requests` (in-flight ones complete).
+void drive(int port, double seconds, int min_requests, Load& load) {
   const Clock::time_point end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   std::vector<std::thread> clients;
   for (int c = 0; c < kClients; ++c)
     clients.emplace_back([&, c] {
-      for (int k = 0; Clock::now() < end; ++k) oneRequest(port, c, k, load);
+      for (int k = 0; k < min_requests || Clock::now() < end; ++k) oneRequest(port, c, k, load);
     });
   for (auto& t : clients) t.join();
 }
@@ -138,7 +145,7 @@ TEST_CASE("64 concurrent streaming clients: every request answered, none lost, R
   REQUIRE(server.running());
 
   Load warmup;
-  drive(server.port(), std::min(5.0, seconds), warmup);
+  drive(server.port(), std::min(5.0, seconds), 2, warmup);  // every client twice: the allocator's steady state
   CHECK(warmup.failures.empty());
   const auto before = idleMetrics(server);
   const long rss_before = server.rssKb();
@@ -146,7 +153,7 @@ TEST_CASE("64 concurrent streaming clients: every request answered, none lost, R
 
   Load load;
   const Clock::time_point t0 = Clock::now();
-  drive(server.port(), seconds, load);
+  drive(server.port(), seconds, 1, load);
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   const auto after = idleMetrics(server);
   const long rss_after = server.rssKb();

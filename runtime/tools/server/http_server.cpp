@@ -156,6 +156,11 @@ HttpServer::~HttpServer() = default;
 Result<int> HttpServer::bind(const std::string& host, int port) {
   const int bound = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
   if (bound < 0) return Status::error("cannot listen on " + host + ":" + std::to_string(port) + " (address in use or not available)");
+  // cpp-httplib 0.11 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+  // library): a burst of connections overflows it, and a connection whose handshake the kernel dropped can
+  // reach a handler thread too late for its keep-alive wait (5 s) and be closed unanswered. listen() again
+  // on the bound socket raises the backlog (Linux allows it on a listening socket).
+  if (listen_socket_ >= 0) ::listen(listen_socket_, SOMAXCONN);
   return bound;
 }
 
@@ -175,9 +180,10 @@ void HttpServer::routes() {
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   // SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind a
   // port in use (and the kernel share connections between them) instead of failing.
-  http_->set_socket_options([](socket_t sock) {
+  http_->set_socket_options([this](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_socket_ = sock;
   });
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_read_timeout(60);

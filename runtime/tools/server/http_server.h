@@ -73,6 +73,7 @@ class HttpServer {
   std::optional<chat::ChatTemplate> template_;
   std::string template_problem_;
   std::unique_ptr<httplib::Server> http_;
+  int listen_socket_ = -1;  // the listening socket (from cpp-httplib's socket-options hook)
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> http_errors_4xx_{0}, http_errors_5xx_{0}, disconnects_{0};
 };
