@@ -1,0 +1,98 @@
+// BatchSessionBase (runtime/batch_session.h) under a backend stand-in whose run() records what it was
+// given and can be told to fail: run() sees block tables that cover every new position, and a failed
+// run() leaves lengths, tables and the free stack exactly as before the step.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/batch_session.h"
+
+namespace minfer {
+namespace {
+
+class RecordingBatch final : public BatchSessionBase {
+ public:
+  using BatchSessionBase::BatchSessionBase;
+  uint64_t allocatedBytes() const override { return 0; }
+  bool batchedKernels() const override { return false; }
+  std::vector<int32_t> table(int seq) const {
+    const std::span<const int32_t> t = blocks().table(seq);
+    return {t.begin(), t.end()};
+  }
+
+  bool fail = false;
+  std::vector<std::vector<int32_t>> tables_seen;  // per chunk of the last run(): its sequence's table
+  std::vector<int> lengths_seen;                  // per chunk: length(seq) during run()
+
+ protected:
+  Status run(std::span<const Chunk> chunks, std::span<float> logits) override {
+    tables_seen.clear();
+    lengths_seen.clear();
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      tables_seen.push_back(table(chunks[i].seq));
+      lengths_seen.push_back(length(chunks[i].seq));
+      logits[i * static_cast<size_t>(config().n_vocab)] = static_cast<float>(chunks[i].seq);
+    }
+    return fail ? Status::error("injected failure") : Status::ok();
+  }
+};
+
+const BatchConfig kConfig{.n_ctx = 16, .n_seq_max = 3, .n_blocks = 8, .block_size = 4, .n_threads = 1,
+                          .max_tokens = 16, .n_vocab = 5};
+
+TEST_CASE("run() sees the lengths before the step and tables covering the new positions") {
+  RecordingBatch b(kConfig);
+  const int s0 = *b.openSequence(), s1 = *b.openSequence();
+  const std::vector<int32_t> five = {1, 2, 3, 4, 0}, three = {4, 4, 1};
+  std::vector<float> logits(2 * 5, -1.0f);
+  REQUIRE(b.step(std::vector<BatchSession::Chunk>{{s0, five}}, std::span(logits).first(5)).isOk());
+  CHECK(b.tables_seen == std::vector<std::vector<int32_t>>{{0, 1}});
+  CHECK(b.lengths_seen == std::vector<int>{0});
+  REQUIRE(b.step(std::vector<BatchSession::Chunk>{{s1, three}, {s0, three}}, logits).isOk());
+  CHECK(b.tables_seen == std::vector<std::vector<int32_t>>{{2}, {0, 1}});  // 5 + 3 positions fit 2 blocks
+  CHECK(b.lengths_seen == std::vector<int>{0, 5});
+  CHECK(logits[0] == float(s1));
+  CHECK(logits[5] == float(s0));
+  CHECK(b.length(s0) == 8);
+  CHECK(b.length(s1) == 3);
+  CHECK(b.freeBlocks() == 5);
+}
+
+TEST_CASE("a failed run() changes nothing: lengths, tables, free blocks, and the blocks the next step takes") {
+  RecordingBatch b(kConfig);
+  const int s0 = *b.openSequence(), s1 = *b.openSequence(), s2 = *b.openSequence();
+  const std::vector<int32_t> five = {1, 2, 3, 4, 0}, nine = {0, 1, 2, 3, 4, 0, 1, 2, 3};
+  std::vector<float> one(5), three(15);
+  REQUIRE(b.step(std::vector<BatchSession::Chunk>{{s0, five}}, one).isOk());
+  REQUIRE(b.step(std::vector<BatchSession::Chunk>{{s2, five}}, one).isOk());
+  REQUIRE(b.truncate(s0, 3).isOk());  // block 1 back on top of the free stack
+  const std::vector<int32_t> t0 = b.table(s0), t1 = b.table(s1), t2 = b.table(s2);
+  const int free = b.freeBlocks();
+
+  b.fail = true;
+  const std::vector<BatchSession::Chunk> chunks = {{s1, nine}, {s0, five}, {s2, std::span(nine).first(1)}};
+  Status st = b.step(chunks, three);
+  REQUIRE_FALSE(st.isOk());
+  REQUIRE(st.message() == "injected failure");
+  const std::vector<std::vector<int32_t>> attempted = b.tables_seen;
+  CHECK(attempted[0].size() == 3);  // 9 positions
+  CHECK(attempted[1].size() == 2);  // 3 + 5
+  CHECK(attempted[2].size() == 2);  // 5 + 1
+  CHECK(b.length(s0) == 3);
+  CHECK(b.length(s1) == 0);
+  CHECK(b.length(s2) == 5);
+  CHECK(b.table(s0) == t0);
+  CHECK(b.table(s1) == t1);
+  CHECK(b.table(s2) == t2);
+  CHECK(b.freeBlocks() == free);
+
+  b.fail = false;
+  REQUIRE(b.step(chunks, three).isOk());
+  CHECK(b.tables_seen == attempted);  // the free stack was restored exactly
+  CHECK(b.length(s1) == 9);
+  CHECK(b.freeBlocks() == free - 4);
+}
+
+}  // namespace
+}  // namespace minfer
