@@ -181,7 +181,8 @@ StreamResult postStream(int port, const std::string& path, const nlohmann::json&
   return out;
 }
 
-Reference single(const std::string& artifact, const std::string& prompt, int max_tokens) {
+Reference single(const std::string& artifact, const std::string& prompt, int max_tokens,
+                 const std::optional<SamplerParams>& sampling) {
   static std::unique_ptr<Model> model;
   static std::unique_ptr<Session> session;
   if (!model) {
@@ -196,6 +197,7 @@ Reference single(const std::string& artifact, const std::string& prompt, int max
   GenerateParams params;
   params.n_predict = max_tokens;
   params.sampling.temperature = 0;
+  if (sampling) params.sampling = *sampling;
   params.parse_special = true;
   Reference ref;
   auto r = session->generate(prompt, params, [&](std::string_view piece, int32_t) {

@@ -6,8 +6,11 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "minfer/sampler.h"
 
 namespace minfer::test {
 
@@ -68,7 +71,9 @@ struct Reference {
   int completion_tokens = 0;
 };
 // The session is made once per process (n_ctx 256) for `artifact`; later calls must name the same one.
-Reference single(const std::string& artifact, const std::string& prompt, int max_tokens);
+// `sampling`: greedy when absent.
+Reference single(const std::string& artifact, const std::string& prompt, int max_tokens,
+                 const std::optional<SamplerParams>& sampling = std::nullopt);
 
 // Path of an executable of this build (MINFER_TOOLS_DIR).
 std::string toolPath(const char* name);
