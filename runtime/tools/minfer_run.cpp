@@ -21,6 +21,7 @@
 #include "minfer/version.h"
 #include "minfer/runtime.h"
 #include "runtime/tools/chat_template_file.h"
+#include "runtime/tools/model_argument.h"
 #include "runtime/tools/run_chat.h"
 #include "runtime/util/output_file.h"
 #include "runtime/util/terminal_text.h"
@@ -246,11 +247,9 @@ int main(int argc, char** argv) {
   llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-run (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-run: generate text with a minfer artifact\n");
 
-  if (!kModelFlag.empty()) {
-    if (!kModel.empty() && kModel != kModelFlag) return fail("-m " + kModelFlag + " and the positional " + kModel + " differ");
-    kModel.setValue(kModelFlag.getValue());
-  }
-  if (kModel.empty()) return fail("no model: give the artifact as the first argument or with -m (see --help)");
+  auto model_path = minfer::tools::modelArgument(kModel, kModelFlag);
+  if (!model_path) return fail(model_path.status().message());
+  kModel.setValue(*model_path);
   if (kGpuLayers.getNumOccurrences())
     llvm::errs() << "minfer-run: note: -ngl is ignored: every layer runs on the backend --device picks\n";
   auto prompt_text = promptText();

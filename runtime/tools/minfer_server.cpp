@@ -15,6 +15,7 @@
 #include "minfer/scheduler.h"
 #include "minfer/version.h"
 #include "runtime/tools/chat_template_file.h"
+#include "runtime/tools/model_argument.h"
 #include "runtime/tools/server/http_server.h"
 #include "runtime/util/terminal_text.h"
 
@@ -102,11 +103,9 @@ int main(int argc, char** argv) {
   llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-server (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-server: an OpenAI-compatible HTTP server for a minfer artifact\n");
 
-  if (!kModelFlag.empty()) {
-    if (!kModel.empty() && kModel != kModelFlag) return fail("-m " + kModelFlag + " and the positional " + kModel + " differ");
-    kModel.setValue(kModelFlag.getValue());
-  }
-  if (kModel.empty()) return fail("no model: give the artifact as the first argument or with -m (see --help)");
+  auto model_path = minfer::tools::modelArgument(kModel, kModelFlag);
+  if (!model_path) return fail(model_path.status().message());
+  kModel.setValue(*model_path);
   if (const std::string problem = optionProblem(); !problem.empty()) return fail(problem);
   auto kind = minfer::parseBackendKind(kDevice.getValue());
   if (!kind) return fail("--device: " + kind.status().message());
