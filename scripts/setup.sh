@@ -29,8 +29,8 @@ if command -v npm >/dev/null; then
   if [ "$(node -p "require('$root/.node/node_modules/openai/package.json').version" 2>/dev/null)" != "$openai_version" ]; then
     echo "setup: installing the npm openai client $openai_version into .node/"
     npm install --prefix "$root/.node" --no-audit --no-fund --silent "openai@$openai_version" >/dev/null ||
-      echo "setup: note: npm install openai failed; test_server's openai client case will skip" >&2
+      echo "setup: note: npm install openai failed; the test_server_openai suite will skip" >&2
   fi
 else
-  echo "setup: note: node/npm not found; test_server's openai client case will skip" >&2
+  echo "setup: note: node/npm not found; the test_server_openai suite will skip" >&2
 fi
