@@ -47,3 +47,7 @@ else()
   set(MINFER_HAVE_NVRTC OFF)
   message(STATUS "minfer: CUDA toolkit not found; kernel images will not be compiled")
 endif()
+
+# cpp-httplib (minfer-server's HTTP): Debian builds it as a shared library with OpenSSL, zlib and brotli
+# support; its header's class layouts depend on the same defines, which pkg-config's Cflags carry.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)

@@ -20,6 +20,8 @@
 #include "minfer/artifact.h"
 #include "minfer/version.h"
 #include "minfer/runtime.h"
+#include "runtime/tools/chat_template_file.h"
+#include "runtime/tools/model_argument.h"
 #include "runtime/tools/run_chat.h"
 #include "runtime/util/output_file.h"
 #include "runtime/util/terminal_text.h"
@@ -215,25 +217,13 @@ void printLoaded(const minfer::Model& model, int n_ctx, double load_seconds) {
 // first user message.
 minfer::Result<minfer::tools::ChatOptions> chatOptions(const minfer::Model& model, std::string first_user) {
   minfer::tools::ChatOptions options;
-  if (!kChatTemplateFile.empty()) {
-    const std::string& path = kChatTemplateFile.getValue();
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec))
-      return minfer::Status::error("--chat-template " + path + ": is a directory, not a template file");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return minfer::Status::error("--chat-template " + path + ": cannot read the template: " + std::strerror(errno));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    options.template_source = ss.str();
-    options.template_origin = path;
-  } else {
-    const minfer::fb::Tokenizer* t = model.artifact().manifest()->tokenizer();
-    if (t && t->chat_template()) options.template_source = t->chat_template()->str();
-    options.template_origin = kModel + ": tokenizer.chat_template";
-    if (options.template_source.empty())
-      return minfer::Status::error(kModel + ": the model has no chat template (tokenizer.chat_template); pass "
-                                   "--chat-template FILE");
-  }
+  auto text = minfer::tools::chatTemplateText(model, kModel, kChatTemplateFile);
+  if (!text) return text.takeStatus();
+  if (text->source.empty())
+    return minfer::Status::error(kModel + ": the model has no chat template (tokenizer.chat_template); pass "
+                                 "--chat-template FILE");
+  options.template_source = std::move(text->source);
+  options.template_origin = std::move(text->origin);
   options.system_prompt = kSystemPrompt;
   options.first_user = std::move(first_user);
   options.escape = !kNoEscape;
@@ -257,11 +247,9 @@ int main(int argc, char** argv) {
   llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-run (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-run: generate text with a minfer artifact\n");
 
-  if (!kModelFlag.empty()) {
-    if (!kModel.empty() && kModel != kModelFlag) return fail("-m " + kModelFlag + " and the positional " + kModel + " differ");
-    kModel.setValue(kModelFlag.getValue());
-  }
-  if (kModel.empty()) return fail("no model: give the artifact as the first argument or with -m (see --help)");
+  auto model_path = minfer::tools::modelArgument(kModel, kModelFlag);
+  if (!model_path) return fail(model_path.status().message());
+  kModel.setValue(*model_path);
   if (kGpuLayers.getNumOccurrences())
     llvm::errs() << "minfer-run: note: -ngl is ignored: every layer runs on the backend --device picks\n";
   auto prompt_text = promptText();

@@ -1,0 +1,331 @@
+// minfer-server end to end on the CPU backend: stories260K compiled at test time, the server started on a
+// free loopback port. Concurrent greedy requests give exactly Session::generate's text (also when a small
+// KV pool forces preemption), streaming and non-streaming agree, the chat endpoint renders the template,
+// bad requests and bad options get clear errors, and a client that goes away cancels its request.
+#include <doctest/doctest.h>
+
+#include <httplib.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "tests/e2e/golden_support.h"
+#include "tests/serve/server_process.h"
+#include "tests/test_support.h"
+
+namespace {
+
+using minfer::test::get;
+using minfer::test::post;
+using minfer::test::postStream;
+using minfer::test::Reference;
+using minfer::test::ServerProcess;
+using minfer::test::single;
+using nlohmann::json;
+
+const std::vector<std::string> kPrompts = {"Once upon a time", "Tom had a big red ball.", "Lily and her mom",
+                                           "The cat sat", "One day, a little boy", "There was a dog",
+                                           "Sam liked to", "In the park"};
+constexpr int kMaxTokens = 40;
+
+std::string artifact() { return minfer::test::compiledFixture("stories260K.gguf"); }
+
+json completion(const std::string& prompt, int max_tokens, bool stream = false) {
+  return {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", stream}};
+}
+
+// Every prompt twice at once (streamed and not), against the single-sequence references.
+void checkConcurrentGreedy(const ServerProcess& server) {
+  std::vector<Reference> want;
+  for (const std::string& p : kPrompts) want.push_back(single(artifact(), p, kMaxTokens));
+  std::vector<minfer::test::HttpResult> plain(kPrompts.size());
+  std::vector<minfer::test::StreamResult> streamed(kPrompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    clients.emplace_back([&, i] { plain[i] = post(server.port(), "/v1/completions", completion(kPrompts[i], kMaxTokens).dump()); });
+    clients.emplace_back([&, i] { streamed[i] = postStream(server.port(), "/v1/completions", completion(kPrompts[i], kMaxTokens, true)); });
+  }
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    INFO("prompt \"" << kPrompts[i] << "\": " << plain[i].body);
+    REQUIRE(plain[i].status == 200);
+    const json& j = plain[i].json;
+    CHECK(j["object"] == "text_completion");
+    CHECK(j["model"] == "stories260K.gguf.mfb");  // the artifact's file name (no --alias)
+    CHECK(j["id"].get<std::string>().rfind("cmpl-", 0) == 0);
+    CHECK(j["choices"][0]["text"] == want[i].text);
+    CHECK(j["choices"][0]["finish_reason"] == want[i].finish_reason);
+    CHECK(j["usage"]["prompt_tokens"] == want[i].prompt_tokens);
+    CHECK(j["usage"]["completion_tokens"] == want[i].completion_tokens);
+    CHECK(j["usage"]["total_tokens"] == want[i].prompt_tokens + want[i].completion_tokens);
+    CHECK(streamed[i].status == 200);
+    CHECK(streamed[i].done);
+    CHECK(streamed[i].text == want[i].text);
+    CHECK(streamed[i].finish_reason == want[i].finish_reason);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("concurrent greedy requests return exactly the single-sequence text; streamed and not agree") {
+  if (!minfer::test::haveFixtures()) return;
+  ServerProcess server({artifact(), "--device", "cpu", "-np", "4", "-c", "256", "-t", "1"});
+  REQUIRE(server.running());
+  checkConcurrentGreedy(server);
+  const auto m = server.metrics();
+  CHECK(m.at("minfer_requests_submitted_total") == 2 * kPrompts.size());
+  CHECK(m.at("minfer_kv_blocks_used") == 0);
+  CHECK(m.at("minfer_requests_running") == 0);
+  CHECK(m.at("minfer_requests_waiting") == 0);
+  CHECK(m.at("minfer_generated_tokens_total") > 0);
+
+  // stream_options.include_usage: a usage chunk before [DONE]; a stop string ends the text before it.
+  const Reference ref = single(artifact(), kPrompts[0], kMaxTokens);
+  json body = completion(kPrompts[0], kMaxTokens, true);
+  body["stream_options"] = {{"include_usage", true}};
+  const size_t cut = ref.text.find("girl");
+  REQUIRE(cut != std::string::npos);
+  body["stop"] = json::array({"zebra", "girl"});
+  const minfer::test::StreamResult s = postStream(server.port(), "/v1/completions", body);
+  CHECK(s.text == ref.text.substr(0, cut));
+  CHECK(s.finish_reason == "stop");
+  CHECK(s.usage["prompt_tokens"] == ref.prompt_tokens);
+  CHECK(s.usage["completion_tokens"].get<int>() < ref.completion_tokens);
+
+  // Per-request sampling: seeded draws through the whole chain give Session::generate's tokens for the same
+  // parameters (the scheduler feeds each request's Sampler as generate() does), and differ by seed.
+  minfer::SamplerParams sp;
+  sp.temperature = 0.9f;
+  sp.top_k = 20;
+  sp.top_p = 0.9f;
+  sp.min_p = 0.02f;
+  sp.repeat_penalty = 1.1f;
+  sp.repeat_last_n = 16;
+  std::vector<std::string> sampled;
+  for (uint64_t seed : {42u, 43u}) {
+    sp.seed = seed;
+    const Reference want = single(artifact(), kPrompts[1], kMaxTokens, sp);
+    const json req = {{"prompt", kPrompts[1]}, {"max_tokens", kMaxTokens}, {"temperature", sp.temperature},
+                      {"top_k", sp.top_k}, {"top_p", sp.top_p}, {"min_p", sp.min_p},
+                      {"repeat_penalty", sp.repeat_penalty}, {"repeat_last_n", sp.repeat_last_n}, {"seed", seed}};
+    const minfer::test::HttpResult got = post(server.port(), "/v1/completions", req.dump());
+    INFO("seed " << seed << ": " << got.body);
+    CHECK(got.json["choices"][0]["text"] == want.text);
+    sampled.push_back(want.text);
+  }
+  CHECK(sampled[0] != sampled[1]);
+
+  const minfer::test::HttpResult models = get(server.port(), "/v1/models");
+  CHECK(models.json["data"][0]["id"] == "stories260K.gguf.mfb");
+  CHECK(get(server.port(), "/health").json["status"] == "ok");
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a KV pool too small for every sequence: preemption, and still the single-sequence text") {
+  if (!minfer::test::haveFixtures()) return;
+  // 4 sequences growing to ~48 positions need ~24 blocks of 8; the pool has 10.
+  ServerProcess server({artifact(), "--device", "cpu", "-np", "4", "-c", "128", "--kv-blocks", "10",
+                        "--kv-block-size", "8", "-t", "1"});
+  checkConcurrentGreedy(server);
+  const auto m = server.metrics();
+  CHECK(m.at("minfer_preemptions_total") > 0);
+  CHECK(m.at("minfer_kv_blocks_total") == 10);
+  CHECK(m.at("minfer_kv_blocks_used") == 0);
+}
+
+TEST_CASE("chat: rendered with --chat-template; streamed and not agree; without a template only chat is refused") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string tmpl = minfer::test::scratchDir() + "/chat.jinja";
+  std::ofstream(tmpl) << "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant:{% endif %}";
+  ServerProcess server({artifact(), "--device", "cpu", "--chat-template", tmpl, "-c", "256", "-t", "1"});
+  const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                     {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "Once upon"}},
+                                                                                {{"type", "text"}, {"text", " a time"}}})}}});
+  const json body = {{"messages", messages}, {"max_tokens", 24}, {"temperature", 0}};
+  const minfer::test::HttpResult r = post(server.port(), "/v1/chat/completions", body.dump());
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  CHECK(r.json["object"] == "chat.completion");
+  CHECK(r.json["choices"][0]["message"]["role"] == "assistant");
+  // The rendered conversation, generated from as one prompt.
+  const Reference ref = single(artifact(), "system: Be brief.\nuser: Once upon a time\nassistant:", 24);
+  CHECK(r.json["choices"][0]["message"]["content"] == ref.text);
+  CHECK(r.json["usage"]["prompt_tokens"] == ref.prompt_tokens);
+  json sbody = body;
+  sbody["stream"] = true;
+  const minfer::test::StreamResult s = postStream(server.port(), "/v1/chat/completions", sbody);
+  CHECK(s.done);
+  CHECK(s.text == ref.text);
+  CHECK(s.finish_reason == r.json["choices"][0]["finish_reason"]);
+  REQUIRE(!s.events.empty());
+  CHECK(json::parse(s.events[0])["object"] == "chat.completion.chunk");
+  CHECK(json::parse(s.events[0])["choices"][0]["delta"]["role"] == "assistant");
+  server.stop();
+
+  // stories260K carries no chat template: chat gets a 400 that says so; completions are served.
+  ServerProcess bare({artifact(), "--device", "cpu", "-c", "256", "-t", "1"});
+  const minfer::test::HttpResult no = post(bare.port(), "/v1/chat/completions", body.dump());
+  CHECK(no.status == 400);
+  CHECK(no.json["error"]["code"] == "no_chat_template");
+  CHECK(no.json["error"]["message"].get<std::string>().find("--chat-template") != std::string::npos);
+  CHECK(post(bare.port(), "/v1/completions", completion("Once", 4).dump()).status == 200);
+}
+
+TEST_CASE("bad requests get a 4xx OpenAI-style error naming the field; the server stays up") {
+  if (!minfer::test::haveFixtures()) return;
+  ServerProcess server({artifact(), "--device", "cpu", "-c", "64", "--body-limit", "4096", "-t", "1"});
+  struct Case {
+    const char* path;
+    std::string body;
+    int status;
+    const char* param;  // nullptr: the error's param is null
+    const char* says;
+  };
+  std::string long_prompt;
+  for (int i = 0; i < 40; ++i) long_prompt += "Once upon a time ";
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{\"prompt\": \"Once\", ", 400, nullptr, "not valid JSON"},
+      {"/v1/completions", "[1, 2]", 400, nullptr, "must be a JSON object"},
+      {"/v1/completions", R"({"max_tokens": 4})", 400, "prompt", "prompt: missing"},
+      {"/v1/completions", R"({"prompt": 5})", 400, "prompt", "prompt: must be"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": "5"})", 400, "max_tokens", "must be an integer"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens", "≥ 1"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": -3})", 400, "max_tokens", "≥ 1"},
+      {"/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "temperature", "must be a number"},
+      {"/v1/completions", R"({"prompt": "x", "top_p": 1.5})", 400, "top_p", "must be in [0"},
+      {"/v1/completions", R"({"prompt": "x", "stream": 1})", 400, "stream", "must be a boolean"},
+      {"/v1/completions", R"({"prompt": "x", "stop": 5})", 400, "stop", "string or an array"},
+      {"/v1/completions", R"({"prompt": "x", "stop": ["a", ""]})", 400, "stop", "empty"},
+      {"/v1/completions", R"({"prompt": "x", "seed": 1.5})", 400, "seed", "must be an integer"},
+      {"/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n", "only 1"},
+      {"/v1/completions", R"({"prompt": [1, 99999]})", 400, "prompt", "token id 99999"},
+      {"/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "model", "does not exist"},
+      {"/v1/completions", R"({"prompt": "x", "model": 7})", 400, "model", "must be a string"},
+      {"/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "prompt", "the context holds 64"},
+      {"/v1/chat/completions", R"({"messages": "hi"})", 400, "messages", "non-empty array"},
+      {"/v1/chat/completions", R"({"messages": [{"content": "hi"}]})", 400, "messages[0].role", "must be a string"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": 3}]})", 400, "messages[0].content", "must be"},
+  };
+  for (const Case& c : cases) {
+    const minfer::test::HttpResult r = post(server.port(), c.path, c.body);
+    INFO(c.path << " " << c.body << " → " << r.status << " " << r.body);
+    CHECK(r.status == c.status);
+    REQUIRE(r.json.is_object());
+    REQUIRE(r.json.contains("error"));
+    const json& e = r.json["error"];
+    CHECK(e["type"].is_string());
+    CHECK(e["message"].get<std::string>().find(c.says) != std::string::npos);
+    if (c.param) CHECK(e["param"] == c.param); else CHECK(e["param"].is_null());
+  }
+  // Too many stop strings.
+  json many = {{"prompt", "x"}, {"stop", json::array()}};
+  for (int i = 0; i < 17; ++i) many["stop"].push_back("s" + std::to_string(i));
+  const minfer::test::HttpResult r = post(server.port(), "/v1/completions", many.dump());
+  CHECK(r.status == 400);
+  CHECK(r.json["error"]["param"] == "stop");
+  CHECK(r.json["error"]["message"].get<std::string>().find("17 strings, at most 16") != std::string::npos);
+  // A body over --body-limit: 413, still JSON.
+  const minfer::test::HttpResult big = post(server.port(), "/v1/completions", json{{"prompt", std::string(8000, 'a')}}.dump());
+  CHECK(big.status == 413);
+  CHECK(big.json["error"]["message"].get<std::string>().find("4096 bytes") != std::string::npos);
+  // An unknown endpoint.
+  const minfer::test::HttpResult none = get(server.port(), "/v1/nothing");
+  CHECK(none.status == 404);
+  CHECK(none.json["error"]["type"] == "not_found_error");
+  // Still serving, nothing leaked.
+  CHECK(post(server.port(), "/v1/completions", completion("Once", 4).dump()).status == 200);
+  const auto m = server.metrics();
+  CHECK(m.at("minfer_requests_submitted_total") == 1);
+  CHECK(m.at("minfer_http_errors_total{class=\"4xx\"}") == cases.size() + 3);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("--api-key: 401 without the right bearer token; /health and /v1/models stay public") {
+  if (!minfer::test::haveFixtures()) return;
+  ServerProcess server({artifact(), "--device", "cpu", "--api-key", "s3cret", "-c", "128", "-t", "1"});
+  const std::string body = completion("Once", 4).dump();
+  for (const std::string key : {"", "wrong"}) {
+    const minfer::test::HttpResult r = post(server.port(), "/v1/completions", body, key);
+    CHECK(r.status == 401);
+    CHECK(r.json["error"]["type"] == "authentication_error");
+    CHECK(post(server.port(), "/v1/chat/completions", body, key).status == 401);
+    CHECK(get(server.port(), "/metrics", key).status == 401);
+  }
+  CHECK(post(server.port(), "/v1/completions", body, "s3cret").status == 200);
+  CHECK(get(server.port(), "/metrics", "s3cret").status == 200);
+  CHECK(get(server.port(), "/health").status == 200);
+  CHECK(get(server.port(), "/v1/models").status == 200);
+}
+
+TEST_CASE("a client that goes away cancels its request and its blocks return to the pool") {
+  if (!minfer::test::haveFixtures()) return;
+  ServerProcess server({artifact(), "--device", "cpu", "-c", "8192", "-np", "2", "-t", "1"});
+  // Long generations (ignore_eos: 8000 tokens); each client leaves early.
+  json body = {{"prompt", "Once upon a time"}, {"max_tokens", 8000}, {"ignore_eos", true}, {"temperature", 1.0}};
+  {
+    httplib::Client c("127.0.0.1", server.port());
+    c.set_read_timeout(0, 50000);  // gives up after 50 ms: long before the answer
+    CHECK(!c.Post("/v1/completions", body.dump(), "application/json"));
+  }
+  body["stream"] = true;
+  {
+    httplib::Client c("127.0.0.1", server.port());
+    int events = 0;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body.dump();
+    req.headers.emplace("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++events < 2; };  // then hang up
+    c.send(req);
+    CHECK(events >= 1);
+  }
+  std::map<std::string, double> m;
+  for (int i = 0; i < 300; ++i) {
+    m = server.metrics();
+    if (m["minfer_requests_finished_total{finish_reason=\"cancelled\"}"] == 2 && m["minfer_kv_blocks_used"] == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(m["minfer_requests_finished_total{finish_reason=\"cancelled\"}"] == 2);
+  CHECK(m["minfer_client_disconnects_total"] == 2);
+  CHECK(m["minfer_generated_tokens_total"] < 2 * 8000);
+  CHECK(m["minfer_kv_blocks_used"] == 0);
+  CHECK(m["minfer_requests_running"] == 0);
+}
+
+TEST_CASE("bad options: a clear message and exit status 1") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string out = minfer::test::scratchDir() + "/server-cli.err";
+  auto run = [&](const std::string& args) {
+    const int raw = std::system((minfer::test::toolPath("minfer-server") + " " + args + " 2>" + out).c_str());
+    std::ifstream in(out);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return std::make_pair(WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, ss.str());
+  };
+  const std::string mfb = artifact();
+  const std::pair<std::string, std::string> cases[] = {
+      {"", "no model"},
+      {mfb + " --port 70000", "--port 70000 is out of range"},
+      {mfb + " -np 0", "-np 0 is out of range"},
+      {mfb + " --kv-block-size 3", "power of two"},
+      {mfb + " --body-limit 10", "--body-limit 10"},
+      {mfb + " --device tpu", "--device"},
+      {mfb + " --chat-template /nonexistent/t.jinja", "cannot read the template"},
+      {"/nonexistent.mfb", "/nonexistent.mfb"},
+  };
+  for (const auto& [args, says] : cases) {
+    const auto [status, err] = run(args);
+    INFO(args << " → " << err);
+    CHECK(status == 1);
+    CHECK(err.find(says) != std::string::npos);
+  }
+  // A port already in use.
+  ServerProcess server({mfb, "--device", "cpu", "-c", "64", "-t", "1"});
+  const auto [status, err] = run(mfb + " --device cpu -c 64 --host 127.0.0.1 --port " + std::to_string(server.port()));
+  INFO(err);
+  CHECK(status == 1);
+  CHECK(err.find("cannot listen on 127.0.0.1:" + std::to_string(server.port())) != std::string::npos);
+}
