@@ -94,7 +94,21 @@ MINFER_HD void expandBlock(GgmlType t, const uint8_t* block, uint64_t r, uint64_
   if (x.f16) {
     uint16_t* fd = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(x.f16) + r * x.f_pitch) + b * bs;
     const bool has_min = hasMin(t);
-    for (int j = 0; j < bs; ++j) fd[j] = f16Weight(scale[j / gs], q[j], has_min ? min[j / gs] : 0.0f, has_min);
+    auto w = [&](int j) { return f16Weight(scale[j / gs], q[j], has_min ? min[j / gs] : 0.0f, has_min); };
+#if defined(__CUDA_ARCH__)
+    // 16-byte stores (kF16 rows start 16-byte aligned; blocks are 32 or 256 weights): 2-byte stores made the
+    // expansion ~6x slower (0.125 s for a 7B's 14 GB).
+    for (int j = 0; j < bs; j += 8) {
+      uint4 v;
+      v.x = w(j) | static_cast<uint32_t>(w(j + 1)) << 16;
+      v.y = w(j + 2) | static_cast<uint32_t>(w(j + 3)) << 16;
+      v.z = w(j + 4) | static_cast<uint32_t>(w(j + 5)) << 16;
+      v.w = w(j + 6) | static_cast<uint32_t>(w(j + 7)) << 16;
+      *reinterpret_cast<uint4*>(fd + j) = v;
+    }
+#else
+    for (int j = 0; j < bs; ++j) fd[j] = w(j);
+#endif
   }
 }
 
