@@ -4,18 +4,20 @@
 // FFN; output tied to token_embd (or output.weight) and the logits soft-capped.
 // Hyperparameters as llama.cpp's llama_model::load_hparams reads them for LLM_ARCH_GEMMA2 (fixtures
 // README §8.1, §8.7): attention.sliding_window (default 4096), attn_logit_softcapping (default 50),
-// final_logit_softcapping (default 30); local layers are the even ones (set_swa_pattern(2); no key);
+// final_logit_softcapping (default 30); local layers are the even ones (set_swa_pattern(2)): llama.cpp
+// never reads attention.sliding_window_pattern for gemma2, in either form, and neither do we;
 // the query scale is 1/sqrt(head_dim), except 1/sqrt(n_embd / n_head) for the 46-layer 27B.
 #include <cmath>
 
 #include "compiler/model/architectures.h"
+#include "compiler/model/swa_pattern.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 
 namespace minfer::model {
 namespace {
 
-constexpr uint32_t kSwaPeriod = 2;  // layer il is local iff il % 2 < 1
+constexpr uint32_t kSwaPeriod = 2;  // layer il is local iff il % 2 < 1: the even layers
 
 // A softcap key: absent → `fallback`; present → finite and > 0.
 llvm::Expected<float> readCap(GraphBuilder& g, const std::string& key, float fallback) {
@@ -44,9 +46,10 @@ llvm::Error forward(GraphBuilder& g) {
   if (auto e = g.embedding()) return e;
   const Activations& a = g.act();
   g.scale("token_embd.scale", a.x, a.x, std::sqrt(static_cast<float>(c.n_embd)));
+  const std::vector<bool> local = swaLayersFromPeriod(kSwaPeriod, c.n_layer);
   for (uint32_t l = 0; l < c.n_layer; ++l) {
-    const bool local = l % kSwaPeriod < kSwaPeriod - 1;
-    if (auto e = g.decoderLayer(l, {.attention = {.scale = q_scale, .softcap = *attn_cap, .window = local ? *window : 0},
+    const uint32_t layer_window = local[l] ? *window : 0;
+    if (auto e = g.decoderLayer(l, {.attention = {.scale = q_scale, .softcap = *attn_cap, .window = layer_window},
                                     .post_norms = true,
                                     .activation = FfnActivation::kGeluTanh}))
       return e;
