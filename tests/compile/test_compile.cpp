@@ -1,5 +1,6 @@
 // minfer-compile's pipeline on real and edited GGUFs: every fixture compiles to a verified,
-// deterministic artifact; tied embeddings; unsupported architectures and types are refused clearly.
+// deterministic artifact; tied embeddings; unsupported architectures and types are refused clearly;
+// gemma's sliding_window_pattern as a period or a per-layer array.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -215,4 +216,173 @@ TEST_CASE("--target sm_90a: kF16 planes derived at load, prefill matmuls on wgmm
   REQUIRE(bool(compile(src, dir + "/plain.mfb")));
   const std::vector<int32_t> ids = {1, 69, 200, 257, 306, 346, 264, 27};
   CHECK(lastLogits(options.output, ids) == lastLogits(dir + "/plain.mfb", ids));
+}
+
+namespace {
+
+std::string archModel(const std::string& name) { return test::fixturesDir() + "/arch/models/" + name; }
+
+constexpr const char* kGemma3Pattern = "gemma3.attention.sliding_window_pattern";
+
+// Per layer, from a compiled artifact: the Attention window of the prefill and decode plans and the
+// RoPE base of the prefill plan.
+struct LayerWindows {
+  std::vector<uint32_t> prefill, decode;
+  std::vector<float> rope_base;
+};
+LayerWindows layerWindows(const std::string& artifact) {
+  auto art = ArtifactFile::open(artifact);
+  REQUIRE_MESSAGE(art.isOk(), art.status().message());
+  const fb::Artifact* m = (*art)->manifest();
+  LayerWindows r;
+  for (const fb::Step* s : *m->prefill()->steps()) {
+    if (s->op() == fb::OpKind::Attention) r.prefill.push_back(s->window());
+    if (s->op() == fb::OpKind::Rope) r.rope_base.push_back(s->rope_freq_base());
+  }
+  for (const fb::Step* s : *m->decode()->steps())
+    if (s->op() == fb::OpKind::Attention) r.decode.push_back(s->window());
+  return r;
+}
+
+// `src` with `key` replaced by `value`, compiled; "" when the compiler refused it (message in `error`).
+std::string compileWithKey(const std::string& src, const std::string& stem, const std::string& key,
+                           const gguf::MetaValue& value, std::string* error = nullptr) {
+  const std::string dir = test::scratchDir();
+  const std::string gguf_path = rewrite(src, dir + "/" + stem + ".gguf",
+                                        [&](const gguf::GgufFile&, gguf::GgufWriter& w) { w.set(key, value); });
+  const std::string out = dir + "/" + stem + ".mfb";
+  auto r = compile(gguf_path, out);
+  if (!r) {
+    const std::string msg = llvm::toString(r.takeError());
+    if (error) *error = msg;
+    else FAIL_CHECK(msg);
+    CHECK(!std::filesystem::exists(out));
+    return "";
+  }
+  return out;
+}
+
+gguf::MetaValue boolArray(std::vector<uint8_t> flags) {
+  return gguf::MetaValue::scalarArray(gguf::ValueType::BOOL, std::move(flags));
+}
+
+// 40 prompt ids: longer than the fixtures' window of 16, so a local layer sees fewer keys than a global one.
+const std::vector<int32_t> kLongPrompt = {69,  200, 257, 306, 346, 264, 27,  13,  100, 150, 300, 411, 12, 88,
+                                          471, 5,   90,  222, 333, 444, 55,  66,  77,  123, 234, 345, 456, 17,
+                                          28,  39,  140, 251, 362, 473, 84,  95,  106, 117, 128, 139};
+
+}  // namespace
+
+TEST_CASE("gemma3 sliding_window_pattern as a per-layer array: the plan and logits of the period it spells") {
+  if (!test::haveFixtures()) return;
+  const std::string dir = test::scratchDir();
+  // tiny-gemma3 carries the period 3 (layers 0, 1 local, layer 2 global; window 16, local base 1e4).
+  const std::string src = archModel("tiny-gemma3-F32.gguf");
+  REQUIRE(bool(compile(src, dir + "/period.mfb")));
+  const LayerWindows period = layerWindows(dir + "/period.mfb");
+  CHECK(period.prefill == std::vector<uint32_t>{16, 16, 0});
+  CHECK(period.decode == period.prefill);
+  CHECK(period.rope_base == std::vector<float>{1e4f, 1e4f, 1e6f});
+  const std::vector<float> expected = lastLogits(dir + "/period.mfb", kLongPrompt);
+  // The same layers spelled as BOOL, INT32 and UINT32 arrays (1 = sliding window, 0 = global).
+  const std::vector<std::pair<std::string, gguf::MetaValue>> spellings = {
+      {"bool", boolArray({1, 1, 0})},
+      {"i32", gguf::MetaValue::i32Array(std::vector<int32_t>{1, 1, 0})},
+      {"u32", gguf::MetaValue::u32Array(std::vector<uint32_t>{1, 1, 0})}};
+  for (const auto& [stem, value] : spellings) {
+    CAPTURE(stem);
+    const std::string art = compileWithKey(src, "array_" + stem, kGemma3Pattern, value);
+    REQUIRE(!art.empty());
+    const LayerWindows w = layerWindows(art);
+    CHECK(w.prefill == period.prefill);
+    CHECK(w.decode == period.decode);
+    CHECK(w.rope_base == period.rope_base);
+    CHECK(lastLogits(art, kLongPrompt) == expected);  // bit for bit
+  }
+}
+
+TEST_CASE("gemma3 sliding_window_pattern: an array unlike the period changes the windows it names") {
+  if (!test::haveFixtures()) return;
+  const std::string src = archModel("tiny-gemma3-F32.gguf");
+  const std::string period = compileWithKey(src, "p3", kGemma3Pattern, gguf::MetaValue::u32(3));
+  REQUIRE(!period.empty());
+  const std::vector<float> period_logits = lastLogits(period, kLongPrompt);
+  // Every layer global: no window anywhere, every layer on the global RoPE base; other logits.
+  const std::string global = compileWithKey(src, "global", kGemma3Pattern, boolArray({0, 0, 0}));
+  REQUIRE(!global.empty());
+  LayerWindows w = layerWindows(global);
+  CHECK(w.prefill == std::vector<uint32_t>{0, 0, 0});
+  CHECK(w.decode == w.prefill);
+  CHECK(w.rope_base == std::vector<float>{1e6f, 1e6f, 1e6f});
+  CHECK(lastLogits(global, kLongPrompt) != period_logits);
+  // Only the middle layer local: a layout no period gives.
+  const std::string middle = compileWithKey(src, "middle", kGemma3Pattern, boolArray({0, 1, 0}));
+  REQUIRE(!middle.empty());
+  w = layerWindows(middle);
+  CHECK(w.prefill == std::vector<uint32_t>{0, 16, 0});
+  CHECK(w.rope_base == std::vector<float>{1e6f, 1e4f, 1e6f});
+  // Every layer local: the array [1, 1, 1] and the period 0 (llama.cpp's "every layer local") agree.
+  const std::string local = compileWithKey(src, "local", kGemma3Pattern, boolArray({1, 1, 1}));
+  const std::string zero = compileWithKey(src, "zero", kGemma3Pattern, gguf::MetaValue::u32(0));
+  REQUIRE(!local.empty());
+  REQUIRE(!zero.empty());
+  CHECK(layerWindows(local).prefill == std::vector<uint32_t>{16, 16, 16});
+  CHECK(layerWindows(zero).prefill == layerWindows(local).prefill);
+  CHECK(lastLogits(local, kLongPrompt) == lastLogits(zero, kLongPrompt));
+}
+
+TEST_CASE("gemma3 sliding_window_pattern: malformed arrays are refused naming the file, key and values") {
+  if (!test::haveFixtures()) return;
+  const std::string src = archModel("tiny-gemma3-F32.gguf");
+  struct Case {
+    std::string stem;
+    gguf::MetaValue value;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"short", boolArray({1, 0}), {"ARRAY of 2 BOOL elements", "block_count = 3"}},
+      {"long", gguf::MetaValue::i32Array(std::vector<int32_t>{1, 1, 0, 1}), {"ARRAY of 4 INT32", "block_count = 3"}},
+      {"empty", boolArray({}), {"ARRAY of 0 BOOL", "block_count = 3"}},
+      {"float", gguf::MetaValue::f32Array(std::vector<float>{1, 1, 0}), {"has type ARRAY of FLOAT32"}},
+      {"string", gguf::MetaValue::stringArray({"sliding", "sliding", "full"}), {"has type ARRAY of STRING"}},
+      {"int8", gguf::MetaValue::scalarArray(gguf::ValueType::INT8, {1, 1, 0}), {"has type ARRAY of INT8"}},
+      {"u64", gguf::MetaValue::scalarArray(gguf::ValueType::UINT64, std::vector<uint8_t>(24, 0)),
+       {"has type ARRAY of UINT64"}},
+      {"nested", gguf::MetaValue::arrayOfArrays({boolArray({1}), boolArray({1}), boolArray({0})}),
+       {"has type ARRAY of ARRAY"}},
+      {"two", gguf::MetaValue::i32Array(std::vector<int32_t>{1, 2, 0}), {"element 1 = 2", "0 (global) or 1"}},
+      {"negative", gguf::MetaValue::i32Array(std::vector<int32_t>{1, 1, -1}), {"element 2 = -1"}},
+      {"scalar_string", gguf::MetaValue::string("3"), {"has type STRING"}},
+      {"scalar_float", gguf::MetaValue::f32(3), {"has type FLOAT32"}},
+      {"scalar_huge", gguf::MetaValue::u64(uint64_t{1} << 40), {"does not fit UINT32"}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.stem);
+    std::string error;
+    CHECK(compileWithKey(src, "bad_" + c.stem, kGemma3Pattern, c.value, &error).empty());
+    CAPTURE(error);
+    CHECK(error.find(test::scratchDir() + "/bad_" + c.stem + ".gguf") != std::string::npos);  // the file
+    CHECK(error.find(kGemma3Pattern) != std::string::npos);                                   // the key
+    for (const std::string& s : c.says) CHECK(error.find(s) != std::string::npos);            // the values
+  }
+}
+
+TEST_CASE("gemma2 ignores sliding_window_pattern in either form, as llama.cpp does (set_swa_pattern(2))") {
+  if (!test::haveFixtures()) return;
+  const std::string dir = test::scratchDir();
+  // tiny-gemma2 has no pattern key: layer 0 local (window 16), layer 1 global.
+  const std::string src = archModel("tiny-gemma2-F32.gguf");
+  REQUIRE(bool(compile(src, dir + "/gemma2.mfb")));
+  const LayerWindows plain = layerWindows(dir + "/gemma2.mfb");
+  CHECK(plain.prefill == std::vector<uint32_t>{16, 0});
+  CHECK(plain.decode == plain.prefill);
+  const std::vector<float> expected = lastLogits(dir + "/gemma2.mfb", kLongPrompt);
+  for (const auto& [stem, value] : std::vector<std::pair<std::string, gguf::MetaValue>>{
+           {"g2_bool", boolArray({1, 0})}, {"g2_global", boolArray({0, 0})}, {"g2_period", gguf::MetaValue::u32(1)}}) {
+    CAPTURE(stem);
+    const std::string art = compileWithKey(src, stem, "gemma2.attention.sliding_window_pattern", value);
+    REQUIRE(!art.empty());
+    CHECK(layerWindows(art).prefill == plain.prefill);
+    CHECK(lastLogits(art, kLongPrompt) == expected);
+  }
 }
