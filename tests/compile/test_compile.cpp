@@ -271,19 +271,31 @@ const std::vector<int32_t> kLongPrompt = {69,  200, 257, 306, 346, 264, 27,  13,
                                           471, 5,   90,  222, 333, 444, 55,  66,  77,  123, 234, 345, 456, 17,
                                           28,  39,  140, 251, 362, 473, 84,  95,  106, 117, 128, 139};
 
+// The fixture `src` compiled as it is: its layers' windows and the last logits of kLongPrompt.
+struct Compiled {
+  LayerWindows windows;
+  std::vector<float> logits;
+};
+Compiled compileAsIs(const std::string& src, const std::string& stem) {
+  const std::string out = test::scratchDir() + "/" + stem + ".mfb";
+  auto r = compile(src, out);
+  REQUIRE_MESSAGE(bool(r), llvm::toString(r.takeError()));
+  Compiled c{layerWindows(out), lastLogits(out, kLongPrompt)};
+  CHECK(c.windows.decode == c.windows.prefill);
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("gemma3 sliding_window_pattern as a per-layer array: the plan and logits of the period it spells") {
   if (!test::haveFixtures()) return;
-  const std::string dir = test::scratchDir();
   // tiny-gemma3 carries the period 3 (layers 0, 1 local, layer 2 global; window 16, local base 1e4).
   const std::string src = archModel("tiny-gemma3-F32.gguf");
-  REQUIRE(bool(compile(src, dir + "/period.mfb")));
-  const LayerWindows period = layerWindows(dir + "/period.mfb");
+  const Compiled as_is = compileAsIs(src, "period");
+  const LayerWindows& period = as_is.windows;
   CHECK(period.prefill == std::vector<uint32_t>{16, 16, 0});
-  CHECK(period.decode == period.prefill);
   CHECK(period.rope_base == std::vector<float>{1e4f, 1e4f, 1e6f});
-  const std::vector<float> expected = lastLogits(dir + "/period.mfb", kLongPrompt);
+  const std::vector<float>& expected = as_is.logits;
   // The same layers spelled as BOOL, INT32 and UINT32 arrays (1 = sliding window, 0 = global).
   const std::vector<std::pair<std::string, gguf::MetaValue>> spellings = {
       {"bool", boolArray({1, 1, 0})},
@@ -369,20 +381,16 @@ TEST_CASE("gemma3 sliding_window_pattern: malformed arrays are refused naming th
 
 TEST_CASE("gemma2 ignores sliding_window_pattern in either form, as llama.cpp does (set_swa_pattern(2))") {
   if (!test::haveFixtures()) return;
-  const std::string dir = test::scratchDir();
   // tiny-gemma2 has no pattern key: layer 0 local (window 16), layer 1 global.
   const std::string src = archModel("tiny-gemma2-F32.gguf");
-  REQUIRE(bool(compile(src, dir + "/gemma2.mfb")));
-  const LayerWindows plain = layerWindows(dir + "/gemma2.mfb");
-  CHECK(plain.prefill == std::vector<uint32_t>{16, 0});
-  CHECK(plain.decode == plain.prefill);
-  const std::vector<float> expected = lastLogits(dir + "/gemma2.mfb", kLongPrompt);
+  const Compiled as_is = compileAsIs(src, "gemma2");
+  CHECK(as_is.windows.prefill == std::vector<uint32_t>{16, 0});
   for (const auto& [stem, value] : std::vector<std::pair<std::string, gguf::MetaValue>>{
            {"g2_bool", boolArray({1, 0})}, {"g2_global", boolArray({0, 0})}, {"g2_period", gguf::MetaValue::u32(1)}}) {
     CAPTURE(stem);
     const std::string art = compileWithKey(src, stem, "gemma2.attention.sliding_window_pattern", value);
     REQUIRE(!art.empty());
-    CHECK(layerWindows(art).prefill == plain.prefill);
-    CHECK(lastLogits(art, kLongPrompt) == expected);
+    CHECK(layerWindows(art).prefill == as_is.windows.prefill);
+    CHECK(lastLogits(art, kLongPrompt) == as_is.logits);
   }
 }
