@@ -160,6 +160,7 @@ class Scheduler {
   SchedulerOptions options_;
   int capacity_ = 0;
   uint64_t rotation_ = 0;
+  uint64_t packs_ = 0;  // packStep() calls so far (the step a preemption happened in)
 
   // Owned by the driving thread.
   std::deque<std::unique_ptr<Running>> waiting_;
