@@ -103,6 +103,10 @@ Result<RequestHandle> Scheduler::submit(RequestParams params, RequestCallback ca
                            " bytes, at most " + std::to_string(options_.max_stop_length));
   }
 
+  // The Sampler allocates its repetition history up front: a request's tokens (prompt and generated, all
+  // accepted) never exceed capacity() + 1, so a longer history changes nothing and only costs memory
+  // (repeat_last_n comes from the request: 2^31 − 1 would be 8 GiB).
+  params.sampling.repeat_last_n = std::min(params.sampling.repeat_last_n, capacity_ + 1);
   auto r = std::make_unique<Running>(std::move(params), std::move(callback), tokenizer_, options_.n_vocab);
   r->tokens = r->params.prompt;
   for (int32_t id : r->tokens) r->sampler.accept(id);  // as Session::generate: the prompt counts for penalties

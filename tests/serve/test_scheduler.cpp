@@ -398,6 +398,23 @@ TEST_CASE("submit refuses bad requests with the field named") {
   CHECK(c2.finals == 1);
 }
 
+TEST_CASE("repeat_last_n beyond the capacity is the whole history (not an allocation of that many tokens)") {
+  FakeBatchSession fake({});
+  fake.default_next = kA;
+  Scheduler s(fake, makeTokenizer(), options());
+  std::vector<Collected> c(2);  // INT32_MAX, then capacity() + 1: the same text
+  for (int32_t last_n : {INT32_MAX, s.capacity() + 1}) {
+    RequestParams p = greedy({1, kA}, 4);
+    p.sampling.repeat_last_n = last_n;
+    p.sampling.repeat_penalty = 1e6f;
+    REQUIRE(s.submit(p, collect(c[last_n == INT32_MAX ? 0 : 1])));
+  }
+  drain(s);
+  CHECK(c[0].reason == FinishReason::kLength);
+  CHECK(c[0].text == c[1].text);
+  CHECK(fake.step_errors == 0);
+}
+
 TEST_CASE("a failing step finishes its requests with error; the scheduler keeps serving") {
   FakeBatchSession fake({});
   fake.default_next = kA;
