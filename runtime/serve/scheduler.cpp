@@ -64,7 +64,7 @@ struct Scheduler::Running {
   int n_generated = 0;
   int seq = -1;                 // open sequence, −1 while waiting
   bool preempted = false;       // truncated to 0; resumes when the pool covers all its tokens
-  uint64_t preempted_at = 0;    // the step it was preempted in (not resumed in that same step)
+  uint64_t preempted_at = 0;    // the packStep() it was preempted in (not resumed in that same one)
   bool done = false;
   Sampler sampler;
   Detokenizer detok;
@@ -103,6 +103,10 @@ Result<RequestHandle> Scheduler::submit(RequestParams params, RequestCallback ca
                            " bytes, at most " + std::to_string(options_.max_stop_length));
   }
 
+  // The Sampler allocates its repetition history up front: a request's tokens (prompt and generated, all
+  // accepted) never exceed capacity() + 1, so a longer history changes nothing and only costs memory
+  // (repeat_last_n comes from the request: 2^31 − 1 would be 8 GiB).
+  params.sampling.repeat_last_n = std::min(params.sampling.repeat_last_n, capacity_ + 1);
   auto r = std::make_unique<Running>(std::move(params), std::move(callback), tokenizer_, options_.n_vocab);
   r->tokens = r->params.prompt;
   for (int32_t id : r->tokens) r->sampler.accept(id);  // as Session::generate: the prompt counts for penalties
@@ -258,6 +262,7 @@ void Scheduler::admit() {
 void Scheduler::packStep() {
   chunks_.clear();
   owners_.clear();
+  ++packs_;
   int budget = session_.maxTokensPerStep();
   int reserved = 0;  // blocks the chunks packed so far will take
   int free = session_.freeBlocks();
@@ -303,7 +308,7 @@ void Scheduler::packStep() {
     if (r.done || scheduled(&r)) continue;
     if (r.preempted) {
       const int need_all = session_.blocksNeeded(r.seq, static_cast<int>(r.tokens.size()));
-      if (resume_blocked || r.preempted_at == steps_ + 1 || need_all > free) {
+      if (resume_blocked || r.preempted_at == packs_ || need_all > free) {
         resume_blocked = true;
         continue;
       }
@@ -330,7 +335,8 @@ void Scheduler::preempt(Running& r) {
   }
   r.n_cached = 0;
   r.preempted = true;
-  r.preempted_at = steps_ + 1;  // the step being packed
+  r.preempted_at = packs_;  // the step being packed (counted whether or not it runs: a failed step
+                            // must not keep the request from resuming)
   ++preemptions_;
 }
 

@@ -398,6 +398,23 @@ TEST_CASE("submit refuses bad requests with the field named") {
   CHECK(c2.finals == 1);
 }
 
+TEST_CASE("repeat_last_n beyond the capacity is the whole history (not an allocation of that many tokens)") {
+  FakeBatchSession fake({});
+  fake.default_next = kA;
+  Scheduler s(fake, makeTokenizer(), options());
+  std::vector<Collected> c(2);  // INT32_MAX, then capacity() + 1: the same text
+  for (int32_t last_n : {INT32_MAX, s.capacity() + 1}) {
+    RequestParams p = greedy({1, kA}, 4);
+    p.sampling.repeat_last_n = last_n;
+    p.sampling.repeat_penalty = 1e6f;
+    REQUIRE(s.submit(p, collect(c[last_n == INT32_MAX ? 0 : 1])));
+  }
+  drain(s);
+  CHECK(c[0].reason == FinishReason::kLength);
+  CHECK(c[0].text == c[1].text);
+  CHECK(fake.step_errors == 0);
+}
+
 TEST_CASE("a failing step finishes its requests with error; the scheduler keeps serving") {
   FakeBatchSession fake({});
   fake.default_next = kA;
@@ -413,6 +430,33 @@ TEST_CASE("a failing step finishes its requests with error; the scheduler keeps 
   drain(s);
   CHECK(b.reason == FinishReason::kLength);
   CHECK(b.text == "aaa");
+}
+
+TEST_CASE("a failing step right after a preemption: the preempted request still resumes and finishes") {
+  // 3 blocks of 2 positions: both prompts (2 tokens each) take one block; the next decode step needs a
+  // block for each, one is free, so the younger request is preempted for the older one's decode token.
+  FakeBatchSession::Config cfg;
+  cfg.block_size = 2;
+  cfg.n_blocks = 3;
+  FakeBatchSession fake(cfg);
+  fake.default_next = kA;
+  Scheduler s(fake, makeTokenizer(), options());
+  Collected a, b;
+  REQUIRE(s.submit(greedy({1, kA}, 3), collect(a)));
+  REQUIRE(s.submit(greedy({1, kA}, 3), collect(b)));
+  REQUIRE(s.runOnce());  // both prompts
+  REQUIRE(fake.steps.size() == 1);
+  CHECK(fake.steps[0].size() == 2);
+  fake.fail_steps = 1;
+  s.runOnce();  // a's decode token, b preempted to make room; the step fails
+  CHECK(s.metrics().preemptions == 1);
+  CHECK(a.reason == FinishReason::kError);
+  drain(s);
+  CHECK(b.finals == 1);
+  CHECK(b.reason == FinishReason::kLength);
+  CHECK(b.text == "aaa");
+  CHECK(fake.step_errors == 0);
+  CHECK(fake.openSequences() == 0);
 }
 
 TEST_CASE("driving thread: concurrent submitters, every request answered once; stop() cancels what is left") {

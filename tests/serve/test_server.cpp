@@ -242,6 +242,30 @@ TEST_CASE("bad requests get a 4xx OpenAI-style error naming the field; the serve
   CHECK(server.stop() == 0);
 }
 
+TEST_CASE("bodies nested deeper than kMaxJsonDepth are refused with 400; the handler does not overflow its stack") {
+  if (!minfer::test::haveFixtures()) return;
+  ServerProcess server({artifact(), "--device", "cpu", "-c", "64", "-t", "1"});  // the default 1 MiB body limit
+  const auto nested = [](int depth) { return std::string(size_t(depth), '[') + std::string(size_t(depth), ']'); };
+  // 400000 levels fit the body limit; copying or dumping them (a bad token id's message, a chat message's
+  // copy) recursed once per level.
+  for (int depth : {129, 400000}) {
+    for (const auto& [path, body] :
+         {std::pair<std::string, std::string>{"/v1/completions", "{\"prompt\": [1, " + nested(depth) + "]}"},
+          {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi", "x": )" + nested(depth) + "}]}"}}) {
+      const minfer::test::HttpResult r = post(server.port(), path, body);
+      INFO(path << " depth " << depth << " → " << r.status << " " << r.body.substr(0, 200));
+      CHECK(r.status == 400);
+      CHECK(r.body.find("deeper than 128") != std::string::npos);
+    }
+  }
+  // 128 levels in all (the body's object is the first) are fine: the usual field error.
+  const minfer::test::HttpResult ok = post(server.port(), "/v1/completions", "{\"prompt\": [1, " + nested(126) + "]}");
+  CHECK(ok.status == 400);
+  CHECK(ok.body.find("token ids must be non-negative integers") != std::string::npos);
+  CHECK(get(server.port(), "/health").status == 200);
+  CHECK(server.stop() == 0);
+}
+
 TEST_CASE("--api-key: 401 without the right bearer token; /health and /v1/models stay public") {
   if (!minfer::test::haveFixtures()) return;
   ServerProcess server({artifact(), "--device", "cpu", "--api-key", "s3cret", "-c", "128", "-t", "1"});

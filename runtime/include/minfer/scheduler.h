@@ -50,7 +50,7 @@ namespace minfer {
 
 struct RequestParams {
   std::vector<int32_t> prompt;    // token ids (BOS included if wanted); 1 ≤ size < capacity (below)
-  SamplerParams sampling;
+  SamplerParams sampling;         // repeat_last_n > Scheduler::capacity() + 1 is clamped to it (the same history)
   int max_tokens = 16;            // tokens to generate at most; ≥ 1 ("length" when reached)
   std::vector<std::string> stop;  // stop strings: each non-empty; at most SchedulerOptions::max_stop_strings
   bool stop_at_eog = true;        // an end-of-generation token ends the request ("stop"), not emitted
@@ -160,6 +160,7 @@ class Scheduler {
   SchedulerOptions options_;
   int capacity_ = 0;
   uint64_t rotation_ = 0;
+  uint64_t packs_ = 0;  // packStep() calls so far (the step a preemption happened in)
 
   // Owned by the driving thread.
   std::deque<std::unique_ptr<Running>> waiting_;

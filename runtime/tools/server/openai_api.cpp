@@ -188,13 +188,28 @@ std::optional<ApiError> parseMessages(const json& body, ParsedRequest& out) {
 
 }  // namespace
 
+namespace {
+
+struct TooDeep {};
+
+}  // namespace
+
 std::optional<ApiError> parseRequest(std::string_view body, Endpoint endpoint, const std::string& model_id,
                                      const ApiLimits& limits, ParsedRequest& out) {
   json j;
   try {
-    j = json::parse(body);
+    // nlohmann's parser and destructor are iterative, but copying and dump() recurse once per level: a
+    // 1 MB body of '[' would overflow the handler thread's stack there. Refused while parsing.
+    j = json::parse(body, [](int depth, json::parse_event_t event, json&) {
+      if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+          depth >= kMaxJsonDepth)
+        throw TooDeep{};
+      return true;
+    });
   } catch (const json::exception& e) {
     return ApiError{400, std::string("the body is not valid JSON: ") + e.what()};
+  } catch (const TooDeep&) {
+    return ApiError{400, "the body nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) + " levels"};
   }
   if (!j.is_object()) return ApiError{400, std::string("the body must be a JSON object, not ") + typeName(j)};
   out.endpoint = endpoint;

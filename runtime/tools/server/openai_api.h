@@ -54,6 +54,9 @@ struct ParsedRequest {
   bool include_usage = false;         // stream_options.include_usage
 };
 
+// Arrays and objects nested deeper than this in a request body are refused (400).
+constexpr int kMaxJsonDepth = 128;
+
 // Parses a request body. `model_id`: the served model (a different "model" is refused, 404).
 // Returns the error, or nothing with `out` filled.
 std::optional<ApiError> parseRequest(std::string_view body, Endpoint endpoint, const std::string& model_id,
