@@ -24,7 +24,8 @@
 // wgmma of stage kt and retires those of kt−1.
 //
 // Compile-time constants (-D):
-//   WG_N, WG_K          weight rows (out features) and cols (in features); K % 8 == 0
+//   WG_N, WG_K          weight rows (out features) and cols (in features); K % 8 == 0 (K % 32 == 0 with
+//                       WG_ACT = 1: one Q8Meta per 32 values)
 //   WG_W_PITCH          weight plane row pitch (bytes, multiple of 16)
 //   WG_BM, WG_BN        tile: BM ∈ {64, 128} tokens, BN ∈ {64, 128, 256} weight rows
 //   WG_STAGES           pipeline depth (4..8; WG_ACT = 1 needs ≥ 4)
