@@ -135,6 +135,13 @@ int main(int argc, char** argv) {
   batch.n_blocks = kKvBlocks;
   batch.block_size = kBlockSize;
   batch.n_threads = kThreads;
+  if (info.n_ctx_max > 0 && batch.n_ctx > info.n_ctx_max)
+    return fail(llvm::formatv("-c {0} exceeds the {1} positions {2} was compiled for; recompile it with "
+                              "minfer-compile -c {0} (or larger)",
+                              batch.n_ctx, info.n_ctx_max, kModel.getValue()).str());
+  if (info.n_ctx_train > 0 && batch.n_ctx > info.n_ctx_train)
+    llvm::errs() << llvm::formatv("minfer-server: warning: -c {0} exceeds the {1} positions the model was trained with\n",
+                                  batch.n_ctx, info.n_ctx_train);
   auto session = (*model)->createBatchSession(batch);
   if (!session) return fail(session.status().message());
 

@@ -346,6 +346,18 @@ TEST_CASE("bad options: a clear message and exit status 1") {
     CHECK(status == 1);
     CHECK(err.find(says) != std::string::npos);
   }
+  // -c above the context the artifact was compiled for (minfer-compile -c): the tool's flags in the message.
+  const std::string small = minfer::test::scratchDir() + "/server-c128.mfb";
+  REQUIRE(std::system((minfer::test::toolPath("minfer-compile") + " " + minfer::test::fixturesDir() +
+                       "/models/stories260K.gguf -o " + small + " -c 128 --target= > /dev/null 2>&1")
+                          .c_str()) == 0);
+  {
+    const auto [status, err] = run(small + " --device cpu -c 1000");
+    INFO(err);
+    CHECK(status == 1);
+    CHECK(err.find("-c 1000 exceeds the 128 positions") != std::string::npos);
+    CHECK(err.find("minfer-compile -c 1000") != std::string::npos);
+  }
   // A port already in use.
   ServerProcess server({mfb, "--device", "cpu", "-c", "64", "-t", "1"});
   const auto [status, err] = run(mfb + " --device cpu -c 64 --host 127.0.0.1 --port " + std::to_string(server.port()));
