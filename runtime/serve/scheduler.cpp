@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 
 #include "runtime/serve/stop_matcher.h"
 
@@ -53,7 +54,7 @@ struct Scheduler::Running {
   Running(RequestParams p, RequestCallback cb, const Tokenizer& tok, int n_vocab)
       : params(std::move(p)),
         callback(std::move(cb)),
-        sampler(params.sampling, n_vocab),
+        n_vocab(n_vocab),
         detok(tok, params.render_special),
         stop(params.stop) {}
   std::shared_ptr<detail::RequestState> state;
@@ -66,7 +67,10 @@ struct Scheduler::Running {
   bool preempted = false;       // truncated to 0; resumes when the pool covers all its tokens
   uint64_t preempted_at = 0;    // the packStep() it was preempted in (not resumed in that same one)
   bool done = false;
-  Sampler sampler;
+  int n_vocab = 0;
+  // Made at admission, not at submission: it allocates ~13 bytes per vocabulary entry, and a full queue of
+  // a 128k-vocabulary model would hold gigabytes of them.
+  std::optional<Sampler> sampler;
   Detokenizer detok;
   serve::StopMatcher stop;
 };
@@ -109,7 +113,6 @@ Result<RequestHandle> Scheduler::submit(RequestParams params, RequestCallback ca
   params.sampling.repeat_last_n = std::min(params.sampling.repeat_last_n, capacity_ + 1);
   auto r = std::make_unique<Running>(std::move(params), std::move(callback), tokenizer_, options_.n_vocab);
   r->tokens = r->params.prompt;
-  for (int32_t id : r->tokens) r->sampler.accept(id);  // as Session::generate: the prompt counts for penalties
   r->state = std::make_shared<detail::RequestState>();
   std::weak_ptr<Shared> weak = shared_;
   r->state->wake = [weak] {
@@ -253,6 +256,10 @@ void Scheduler::admit() {
       continue;
     }
     head.seq = *seq;
+    if (!head.sampler) {  // first admission (a preempted request keeps its sampler and history)
+      head.sampler.emplace(head.params.sampling, head.n_vocab);
+      for (int32_t id : head.tokens) head.sampler->accept(id);  // as Session::generate: the prompt counts for penalties
+    }
     prompt_tokens_ += head.params.prompt.size();
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -347,13 +354,13 @@ void Scheduler::afterStep() {
     if (r.done) continue;
     r.n_cached += static_cast<int>(chunks_[i].tokens.size());
     if (static_cast<size_t>(r.n_cached) != r.tokens.size()) continue;  // a prompt chunk before the last
-    const int32_t token = r.sampler.sample(std::span<const float>(logits_.data() + i * n_vocab, n_vocab));
+    const int32_t token = r.sampler->sample(std::span<const float>(logits_.data() + i * n_vocab, n_vocab));
     acceptToken(r, token);
   }
 }
 
 void Scheduler::acceptToken(Running& r, int32_t token) {
-  r.sampler.accept(token);
+  r.sampler->accept(token);
   if (r.params.stop_at_eog && tokenizer_.isEndOfGeneration(token)) {
     finish(r, FinishReason::kStop);
     return;
