@@ -65,13 +65,17 @@ StrideTable groupTable(GgmlType type, PlaneKind kind, uint64_t rows, uint64_t co
   return t;
 }
 
+void addInt8Planes(GgmlType type, uint64_t rows, uint64_t cols, std::vector<StrideTable>& out);
+
 // The planes derived from the kBlocks plane: kI8, kScale, [kMin], [kPacked], [kF16]. With f16 (Hopper
 // prefill), a type whose decode GEMV reads the kBlocks plane needs nothing else: kF16 only.
 void addDerivedPlanes(GgmlType type, uint64_t rows, uint64_t cols, bool f16, std::vector<StrideTable>& out) {
-  if (f16 && blocksReadByGemv(type)) {
-    out.push_back(denseTable(type, PlaneKind::kF16, ElemType::kF16, rows, cols));
-    return;
-  }
+  if (!(f16 && blocksReadByGemv(type))) addInt8Planes(type, rows, cols, out);
+  if (f16) out.push_back(denseTable(type, PlaneKind::kF16, ElemType::kF16, rows, cols));
+}
+
+// kI8, kScale, [kMin], [kPacked]: what mmq and the int8 decode GEMV read.
+void addInt8Planes(GgmlType type, uint64_t rows, uint64_t cols, std::vector<StrideTable>& out) {
   out.push_back(denseTable(type, PlaneKind::kI8, ElemType::kI8, rows, cols));
   out.push_back(groupTable(type, PlaneKind::kScale, rows, cols));
   if (hasMin(type)) out.push_back(groupTable(type, PlaneKind::kMin, rows, cols));
@@ -87,7 +91,6 @@ void addDerivedPlanes(GgmlType type, uint64_t rows, uint64_t cols, bool f16, std
     p.ggml_type = static_cast<uint32_t>(type);
     out.push_back(p);
   }
-  if (f16) out.push_back(denseTable(type, PlaneKind::kF16, ElemType::kF16, rows, cols));
 }
 
 }  // namespace

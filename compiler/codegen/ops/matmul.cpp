@@ -97,13 +97,7 @@ Launches wgmmaMatmul(const StepContext& c, const MatMulOperands& m, const Stride
                                  m.w->desc.name, m.k, f16.row_pitch));
   const kern::WgmmaTile t = kern::wgmmaMatmulTile(n);
   const bool staged = !c.inTail();
-  SpecBuilder deq(llvm::formatv("q8_to_f16_k{0}", m.k), "kernels/wgmma_matmul.cuh", "minfer_q8_to_f16");
-  deq.define("Q8F16_K", m.k);
   const KernelArgDesc scratch{.kind = fb::ArgKind::Scratch, .name = "x16", .bytes = kern::q8ToF16Bytes(c.maxBatch(), k)};
-  std::vector<KernelArgDesc> deq_args;
-  pushQ8Args(deq_args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
-  deq_args.push_back(scratch);
-  deq_args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
   SpecBuilder b(llvm::formatv("wgmma_{0}_n{1}_k{2}_bm{3}_bn{4}_s{5}{6}", staged ? "f16" : "q8", m.n, m.k, t.bm, t.bn,
                               t.stages, m.bias_tag),
                 "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul");
@@ -126,6 +120,12 @@ Launches wgmmaMatmul(const StepContext& c, const MatMulOperands& m, const Stride
   args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
   KernelLaunch matmul{b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)};
   if (!staged) return std::vector<KernelLaunch>{std::move(matmul)};
+  SpecBuilder deq(llvm::formatv("q8_to_f16_k{0}", m.k), "kernels/wgmma_matmul.cuh", "minfer_q8_to_f16");
+  deq.define("Q8F16_K", m.k);
+  std::vector<KernelArgDesc> deq_args;
+  pushQ8Args(deq_args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
+  deq_args.push_back(scratch);
+  deq_args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
   return std::vector<KernelLaunch>{{deq.spec, std::move(deq_args), kern::q8ToF16LaunchRule(k)}, std::move(matmul)};
 }
 
