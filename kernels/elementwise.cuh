@@ -38,19 +38,23 @@ MINFER_HD LaunchShape elementwiseLaunch(unsigned n_tokens, unsigned width) {
 
 }  // namespace minfer::kern
 
+#if defined(MINFER_DEVICE_CODE)
+namespace minfer::kern {
+// The operation of EW_OP = kOp (1 swiglu, 2 add, 3 geglu) on one pair, as the header defines it; also
+// the epilogue of the fused gate|up GEMV (gemv_blocks.cuh GEMVB_GLU), compiled with the same flags.
+template <int kOp>
+__device__ __forceinline__ float ewApply(float a, float b) {
+  static_assert(kOp >= 1 && kOp <= 3, "EW_OP must be 1 (swiglu), 2 (add) or 3 (geglu)");
+  if constexpr (kOp == 1) return a / (1.0f + expf(-a)) * b;
+  else if constexpr (kOp == 2) return a + b;
+  else return 0.5f * a * (1.0f + tanhf(0.79788456080286535588f * a * (1.0f + 0.044715f * a * a))) * b;
+}
+}  // namespace minfer::kern
+#endif
+
 #if defined(MINFER_DEVICE_CODE) && defined(EW_WIDTH)
 namespace minfer::kern::ew {
-__device__ __forceinline__ float apply(float a, float b) {
-#if EW_OP == 1
-  return a / (1.0f + expf(-a)) * b;
-#elif EW_OP == 2
-  return a + b;
-#elif EW_OP == 3
-  return 0.5f * a * (1.0f + tanhf(0.79788456080286535588f * a * (1.0f + 0.044715f * a * a))) * b;
-#else
-#error "EW_OP must be 1 (swiglu), 2 (add) or 3 (geglu)"
-#endif
-}
+__device__ __forceinline__ float apply(float a, float b) { return ewApply<EW_OP>(a, b); }
 }  // namespace minfer::kern::ew
 
 #if EW_OP == 1

@@ -38,9 +38,25 @@
 //   w: the kBlocks plane; xq, xmeta: the q8 input buffer, row 0 (xmeta 16-byte aligned: it starts
 //   max_batch·K bytes into a 256-byte aligned buffer); out: N f32.
 // Launch shape: gemvBlocksLaunchRule(): 4 warps per block, 4 / GEMVB_ROW_WARPS · GEMVB_ROWS rows per block.
+//
+// Fused gate|up GEMV (GEMVB_GLU = 1 SwiGLU or 3 GeGLU, elementwise.cuh's EW_OP codes): the decode steps
+// MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct in one launch. A group's two "rows" are gate row r
+// and up row r (GEMVB_ROWS = 2; both weights of GEMVB_TYPE with the same pitches, no bias), so each is
+// summed exactly as minfer_gemv_blocks sums it; out[r] = ewApply<GEMVB_GLU>(gate_r, up_r), bit for bit the
+// unfused steps' value. The q8 form of out (common.cuh quantizeBlock, the QuantizeAct definition) needs
+// whole blocks of 32 rows, which span 32 / (4 / GEMVB_ROW_WARPS) thread blocks: each thread block counts
+// itself done in counters[r / 32] (after a fence), and the one that completes a block of 32 quantizes it
+// (reading out through L2) and sets its counter back to 0.
+// Launch ABI:  minfer_gemv_glu(const uint8_t* wg, const uint8_t* wu, const int8_t* xq, const Q8Meta* xmeta,
+//                              float* gate, float* up, float* out, int8_t* qs, Q8Meta* meta, unsigned* counters)
+//   wg, wu: the kBlocks planes of gate and up; gate, up: N f32, the two products (as the unfused MatMul
+//   steps write them; gate null when out is the gate buffer); out: N f32 (N % 32 == 0); qs, meta: row 0
+//   of out's q8 buffer; counters: N / 32 words, zero on entry (ArgKind Counters), zero again on exit.
+// Launch shape: gemvGluLaunchRule(N, gemvGluShape(N, K)): 4 / GEMVB_ROW_WARPS outputs per block.
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/elementwise.cuh"
 
 namespace minfer::kern {
 
@@ -60,6 +76,13 @@ MINFER_HD GemvBlocksShape gemvBlocksShape(unsigned n, unsigned k) {
   return {n >= 65536 ? 4u : 2u, 2, 1};
 }
 
+// The fused gate|up GEMV's shape: two rows per warp (gate, up), as gemvBlocksShape's below 65536 rows.
+MINFER_HD GemvBlocksShape gemvGluShape(unsigned n, unsigned k) {
+  (void)n;
+  (void)k;
+  return {2, 2, 1};
+}
+
 MINFER_HD LaunchRule gemvBlocksLaunchRule(unsigned n, GemvBlocksShape s) {
   LaunchRule r;
   r.grid[0] = fixedExtent(ceilDiv(n, kGemvBlocksWarps / s.warps * s.rows));
@@ -67,26 +90,18 @@ MINFER_HD LaunchRule gemvBlocksLaunchRule(unsigned n, GemvBlocksShape s) {
   return r;
 }
 MINFER_HD LaunchShape gemvBlocksLaunch(unsigned n, GemvBlocksShape s) { return gemvBlocksLaunchRule(n, s).at(1); }
+// The fused gate|up GEMV: one output (a gate row and an up row) per group of s.warps warps.
+MINFER_HD LaunchRule gemvGluLaunchRule(unsigned n, GemvBlocksShape s) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(ceilDiv(n, kGemvBlocksWarps / s.warps));
+  r.block.x = 32 * kGemvBlocksWarps;
+  return r;
+}
 
 }  // namespace minfer::kern
 
-#if defined(MINFER_DEVICE_CODE) && defined(GEMVB_N)
+#if defined(MINFER_DEVICE_CODE)
 namespace minfer::kern::gemvb {
-
-constexpr int kN = GEMVB_N, kK = GEMVB_K, kType = GEMVB_TYPE;
-constexpr int kRows = GEMVB_ROWS, kRowWarps = GEMVB_ROW_WARPS, kUnroll = GEMVB_UNROLL;
-constexpr int kBlocksPerRow = kK / 256;
-constexpr int kGroupsPerCta = static_cast<int>(kGemvBlocksWarps) / kRowWarps;
-constexpr int kStep = 8 * kRowWarps;  // blocks one group's lanes cover per step
-constexpr bool kQ4K = kType == 12;
-static_assert(kK % 256 == 0, "GEMVB_K must be a multiple of 256");
-static_assert(kType == 12 || kType == 14, "GEMVB_TYPE must be Q4_K (12) or Q6_K (14)");
-static_assert(kRowWarps == 1 || kRowWarps == 2, "GEMVB_ROW_WARPS must be 1 or 2");
-static_assert(kRows >= 1 && kRows <= 4 && kUnroll >= 1 && kUnroll <= 4, "GEMVB_ROWS, GEMVB_UNROLL: 1 … 4");
-static_assert(GEMVB_PITCH % 16 == 0 && GEMVB_GROUP_PITCH % 16 == 0, "blocks must start 16-byte aligned");
-static_assert(GEMVB_GROUP_PITCH >= (kQ4K ? 144 : 210), "group pitch smaller than the block");
-static_assert(GEMVB_PITCH >= static_cast<unsigned long long>(kBlocksPerRow) * GEMVB_GROUP_PITCH,
-              "row pitch smaller than a row of blocks");
 
 // One lane's weight bytes of one block (see the header comment), loaded before use.
 struct Part {
@@ -95,6 +110,7 @@ struct Part {
   uint16_t d;     // Q6_K: d
 };
 
+template <bool kQ4K>
 __device__ __forceinline__ Part load(const uint8_t* blk, int p) {
   Part w;
   if (kQ4K) {
@@ -125,6 +141,7 @@ struct Act {
 __device__ __forceinline__ int sumLo(int w) { return static_cast<short>(w & 0xFFFF); }
 __device__ __forceinline__ int sumHi(int w) { return w >> 16; }
 
+template <bool kQ4K>
 __device__ __forceinline__ Act loadAct(const int8_t* xq, const Q8Meta* xm, int p) {
   Act a;
   if (kQ4K) {
@@ -164,6 +181,7 @@ __device__ __forceinline__ uint4 mask4(uint4 v, int shift, unsigned m) {
 }
 
 // Contribution of part p of one block of one row.
+template <bool kQ4K>
 __device__ __forceinline__ float partDot(const Part& w, const Act& a, int p) {
   if (kQ4K) {
     // Sub-blocks 2p and 2p+1. The 6-bit scale/min pairs (block_formats.h kScaleMin) of all eight
@@ -197,8 +215,124 @@ __device__ __forceinline__ float partDot(const Part& w, const Act& a, int p) {
   }
 }
 
+// One lane's share of kRows dot products: rows wr[0 .. kRows) of kBlocksPerRow GGUF blocks each
+// (kGroupPitch bytes apart) against the q8 activations xq / xm. Lane t of a group of 32·kRowWarps lanes
+// takes part p = t % 4 of blocks b = t / 4, t / 4 + 8·kRowWarps, … (the header comment), kUnroll steps of
+// loads in flight. The caller sums acc over the group (groupSum).
+template <bool kQ4K, int kRows, int kRowWarps, int kUnroll, int kBlocksPerRow, int kGroupPitch>
+__device__ __forceinline__ void accumulateRows(const uint8_t* const (&wr)[kRows], const int8_t* xq, const Q8Meta* xm,
+                                               int p, int b, float (&acc)[kRows]) {
+  constexpr int kStep = 8 * kRowWarps;  // blocks one group's lanes cover per step
+  for (; b + kStep * (kUnroll - 1) < kBlocksPerRow; b += kStep * kUnroll) {
+    Part part[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+        part[u][i] = load<kQ4K>(wr[i] + static_cast<uint64_t>(b + kStep * u) * kGroupPitch, p);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const Act a = loadAct<kQ4K>(xq + 256 * (b + kStep * u), xm + 8 * (b + kStep * u), p);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) acc[i] += partDot<kQ4K>(part[u][i], a, p);
+    }
+  }
+  for (; b < kBlocksPerRow; b += kStep) {
+    Part part[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) part[i] = load<kQ4K>(wr[i] + static_cast<uint64_t>(b) * kGroupPitch, p);
+    const Act a = loadAct<kQ4K>(xq + 256 * b, xm + 8 * b, p);
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) acc[i] += partDot<kQ4K>(part[i], a, p);
+  }
+}
+
+// Sums acc over the kRowWarps warps of each group of a block of kGemvBlocksWarps warps (warpSum, then
+// warp w + 1's sums added to warp w's through shared memory). Every thread of the block must call it;
+// afterwards every lane of a group's first warp (warp % kRowWarps == 0) holds the group's sums, and the
+// function returns true there.
+template <int kRows, int kRowWarps>
+__device__ __forceinline__ bool groupSum(float (&acc)[kRows]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) acc[i] = warpSum(acc[i]);
+  if (kRowWarps == 1) return true;
+  __shared__ float partial[kGemvBlocksWarps][kRows];
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) partial[warp][i] = acc[i];
+  __syncthreads();
+  if (warp % kRowWarps != 0) return false;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) acc[i] += partial[warp + 1][i];
+  return true;
+}
+
+}  // namespace minfer::kern::gemvb
+#endif  // MINFER_DEVICE_CODE
+
+#if defined(MINFER_DEVICE_CODE) && defined(GEMVB_N)
+namespace minfer::kern::gemvb {
+
+constexpr int kN = GEMVB_N, kK = GEMVB_K, kType = GEMVB_TYPE;
+constexpr int kRows = GEMVB_ROWS, kRowWarps = GEMVB_ROW_WARPS, kUnroll = GEMVB_UNROLL;
+constexpr int kBlocksPerRow = kK / 256;
+constexpr int kGroupsPerCta = static_cast<int>(kGemvBlocksWarps) / kRowWarps;
+constexpr bool kQ4K = kType == 12;
+static_assert(kK % 256 == 0, "GEMVB_K must be a multiple of 256");
+static_assert(kType == 12 || kType == 14, "GEMVB_TYPE must be Q4_K (12) or Q6_K (14)");
+static_assert(kRowWarps == 1 || kRowWarps == 2, "GEMVB_ROW_WARPS must be 1 or 2");
+static_assert(kRows >= 1 && kRows <= 4 && kUnroll >= 1 && kUnroll <= 4, "GEMVB_ROWS, GEMVB_UNROLL: 1 … 4");
+static_assert(GEMVB_PITCH % 16 == 0 && GEMVB_GROUP_PITCH % 16 == 0, "blocks must start 16-byte aligned");
+static_assert(GEMVB_GROUP_PITCH >= (kQ4K ? 144 : 210), "group pitch smaller than the block");
+static_assert(GEMVB_PITCH >= static_cast<unsigned long long>(kBlocksPerRow) * GEMVB_GROUP_PITCH,
+              "row pitch smaller than a row of blocks");
+
 }  // namespace minfer::kern::gemvb
 
+#if GEMVB_GLU
+static_assert(minfer::kern::gemvb::kRows == 2 && !GEMVB_HAS_BIAS, "the gate|up GEMV takes two rows (gate, up), no bias");
+static_assert(GEMVB_N % 32 == 0, "the q8 output needs whole blocks of 32 rows");
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
+    minfer_gemv_glu(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, const int8_t* __restrict__ xq,
+                    const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ gate, float* __restrict__ up,
+                    float* __restrict__ out, int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
+                    unsigned* __restrict__ counters) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::gemvb;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int first = blockIdx.x * kGroupsPerCta, row = first + warp / kRowWarps;  // kN % 32 == 0: rows < kN
+  if (threadIdx.x == 0) {
+    prefetchL2(wg + static_cast<uint64_t>(first) * GEMVB_PITCH, kGroupsPerCta * GEMVB_PITCH);
+    prefetchL2(wu + static_cast<uint64_t>(first) * GEMVB_PITCH, kGroupsPerCta * GEMVB_PITCH);
+  }
+  overlapPrologue();
+  float acc[2] = {0.0f, 0.0f};
+  const uint8_t* wr[2] = {wg + static_cast<uint64_t>(row) * GEMVB_PITCH, wu + static_cast<uint64_t>(row) * GEMVB_PITCH};
+  const int t = (warp % kRowWarps) * 32 + lane;  // this lane's index in its group
+  accumulateRows<kQ4K, 2, kRowWarps, kUnroll, kBlocksPerRow, GEMVB_GROUP_PITCH>(wr, xq, xmeta, t % 4, t / 4, acc);
+  if (groupSum<2, kRowWarps>(acc) && lane == 0) {
+    if (gate) gate[row] = acc[0];
+    up[row] = acc[1];
+    out[row] = ewApply<GEMVB_GLU>(acc[0], acc[1]);
+  }
+  // This block's rows are written. Count it in its block of 32 rows (the pattern of a grid barrier: a
+  // block barrier, then one thread's fence and atomic); the block that completes the 32 quantizes them.
+  __shared__ bool completes;
+  const int blk = first / 32;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    completes = atomicAdd(counters + blk, 1u) == 32 / kGroupsPerCta - 1;
+    __threadfence();
+  }
+  __syncthreads();
+  if (!completes || warp != 0) return;
+  const float v[1] = {__ldcg(out + 32 * blk + lane)};
+  quantizeBlock<1>(v, qs + 32 * blk, meta + blk, true);
+  if (lane == 0) counters[blk] = 0;
+}
+#else
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
     minfer_gemv_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
                        const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out) {
@@ -223,42 +357,9 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
     const uint8_t* wr[kRows];  // rows past the end read the last row (their sums are not written)
 #pragma unroll
     for (int i = 0; i < kRows; ++i) wr[i] = w + static_cast<uint64_t>(row0 + i < kN ? row0 + i : kN - 1) * GEMVB_PITCH;
-    int b = t / 4;
-    for (; b + kStep * (kUnroll - 1) < kBlocksPerRow; b += kStep * kUnroll) {
-      Part part[kUnroll][kRows];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-        for (int i = 0; i < kRows; ++i)
-          part[u][i] = load(wr[i] + static_cast<uint64_t>(b + kStep * u) * GEMVB_GROUP_PITCH, p);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const Act a = loadAct(xq + 256 * (b + kStep * u), xmeta + 8 * (b + kStep * u), p);
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) acc[i] += partDot(part[u][i], a, p);
-      }
-    }
-    for (; b < kBlocksPerRow; b += kStep) {
-      Part part[kRows];
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) part[i] = load(wr[i] + static_cast<uint64_t>(b) * GEMVB_GROUP_PITCH, p);
-      const Act a = loadAct(xq + 256 * b, xmeta + 8 * b, p);
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) acc[i] += partDot(part[i], a, p);
-    }
+    accumulateRows<kQ4K, kRows, kRowWarps, kUnroll, kBlocksPerRow, GEMVB_GROUP_PITCH>(wr, xq, xmeta, p, t / 4, acc);
   }
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) acc[i] = warpSum(acc[i]);
-  if (kRowWarps > 1) {
-    __shared__ float partial[kGemvBlocksWarps][kRows];
-    if (lane == 0)
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) partial[warp][i] = acc[i];
-    __syncthreads();
-    if (warp % kRowWarps != 0) return;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) acc[i] += partial[warp + 1][i];
-  }
+  if (!groupSum<kRows, kRowWarps>(acc)) return;
   // Lane i writes row row0 + i.
 #pragma unroll
   for (int i = 0; i < kRows; ++i)
@@ -269,4 +370,5 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
       out[row0 + i] = acc[i];
     }
 }
+#endif  // GEMVB_GLU
 #endif

@@ -190,7 +190,7 @@ llvm::json::Object argJson(const fb::KernelArg& a) {
       o["layer"] = int64_t{a.layer()};
       o["width"] = int64_t{a.width()};
       break;
-    case fb::ArgKind::Scratch: o["bytes"] = i64(a.bytes()); break;
+    case fb::ArgKind::Scratch: case fb::ArgKind::Counters: o["bytes"] = i64(a.bytes()); break;
     case fb::ArgKind::Int: o["value"] = a.value(); break;
     default: break;
   }

@@ -83,6 +83,11 @@ class LaunchChecker {
         if (a.bytes() == 0 || a.bytes() > kArtifactMaxScratchBytes)
           return fail(f + ".bytes", &a, cat("scratch of ", a.bytes(), " bytes is out of range 1..", kArtifactMaxScratchBytes));
         return notInTail(f, a, "scratch");
+      case fb::ArgKind::Counters:
+        if (a.bytes() == 0 || a.bytes() % 4 != 0 || a.bytes() > kArtifactMaxCounterBytes)
+          return fail(f + ".bytes", &a, cat("counters of ", a.bytes(), " bytes: need a multiple of 4 in 4..",
+                                         kArtifactMaxCounterBytes));
+        return true;
       case fb::ArgKind::Positions: return notInTail(f, a, "the positions");
       default: return true;
     }

@@ -305,7 +305,8 @@ Result<std::unique_ptr<BackendSession>> CudaBackend::createSession(const Backend
 namespace {
 
 // The allocate phase of a session, one step per function: arena layout (activation buffers, the KV
-// cache of every layer a launch record names, step scratch, positions, argmax slot), allocation, the
+// cache of every layer a launch record names, step scratch, counters, positions, argmax slot; all but the
+// activations zeroed at allocation, which the counters rely on), allocation, the
 // generic binder (every launch from its record), the decode graph.
 class SessionBuilder {
  public:
@@ -339,6 +340,7 @@ class SessionBuilder {
     MINFER_RETURN_IF_ERROR(layoutCaches(n_ctx));
     kv_bytes_ = total_ - act_bytes_;
     scratch_offset_ = reserve(scratch_bytes_);
+    counter_offset_ = reserve(counter_bytes_);
     pos_offset_ = reserve(4);
     argmax_offset_ = reserve(4);
     return Status::ok();
@@ -427,6 +429,7 @@ class SessionBuilder {
           if (bl.record->args())
             for (const fb::KernelArg* a : *bl.record->args()) {
               if (a->kind() == fb::ArgKind::Scratch) scratch_bytes_ = std::max(scratch_bytes_, a->bytes());
+              if (a->kind() == fb::ArgKind::Counters) counter_bytes_ = std::max(counter_bytes_, a->bytes());
               if (a->kind() != fb::ArgKind::KCache && a->kind() != fb::ArgKind::VCache) continue;
               auto [it, inserted] = width.try_emplace(a->layer(), a->width());
               if (!inserted && it->second != a->width())
@@ -491,6 +494,7 @@ class SessionBuilder {
             (a->access() == fb::Access::Read ? l.kv_read_per_pos : l.kv_write_per_token) += 2ull * a->width();
             break;
           case fb::ArgKind::Scratch: l.push(base_ + scratch_offset_); break;
+          case fb::ArgKind::Counters: l.push(base_ + counter_offset_); break;
           case fb::ArgKind::Positions: l.push(st_.pos); break;
           case fb::ArgKind::TokenCount: l.pushTokens(); break;
           case fb::ArgKind::Int: l.pushInt(a->value()); break;
@@ -504,8 +508,8 @@ class SessionBuilder {
   CudaSession::State& st_;
   const fb::Artifact* m_;
   const std::string path_;
-  uint64_t total_ = 0, act_bytes_ = 0, kv_bytes_ = 0, scratch_bytes_ = 0;
-  uint64_t scratch_offset_ = 0, pos_offset_ = 0, argmax_offset_ = 0;
+  uint64_t total_ = 0, act_bytes_ = 0, kv_bytes_ = 0, scratch_bytes_ = 0, counter_bytes_ = 0;
+  uint64_t scratch_offset_ = 0, counter_offset_ = 0, pos_offset_ = 0, argmax_offset_ = 0;
   std::vector<uint64_t> buf_offset_;
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> kv_;  // layer → arena offsets of K and V
   CUdeviceptr base_ = 0;

@@ -1161,6 +1161,12 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec = g.spec;
     spec.prefill[3].launches[0].args.resize(17, TestArg{.kind = fb::ArgKind::Null, .name = "pad"});
     refused(spec, g.segs, {"prefill.steps[3].launches[0].args", "17 arguments, more than 16"});
+    // Counters (1.5): whole 32-bit words, at least one, at most kArtifactMaxCounterBytes.
+    for (uint64_t bytes : {uint64_t{0}, uint64_t{6}, minfer::kArtifactMaxCounterBytes + 4}) {
+      spec = g.spec;
+      spec.prefill[3].launches[0].args[3] = TestArg{.kind = fb::ArgKind::Counters, .name = "counters", .bytes = bytes};
+      refused(spec, g.segs, {"prefill.steps[3].launches[0].args[3].bytes", "counters of " + std::to_string(bytes) + " bytes"});
+    }
   }
   SUBCASE("launch records: a kernel specialized for another stride than the plane it binds (offset gate)") {
     // The q8 weight plane is 512 bytes per row; a kernel compiled for 528 would read the right bytes at

@@ -156,6 +156,15 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
     const std::string v = optionValue(img, define);
     if (v.empty()) continue;
     ++pitches;
+    if (img.entry == "minfer_gemv_glu" && std::string(define) == "GEMVB_PITCH") {
+      // The fused gate|up GEMV reads two planes of one pitch.
+      for (const char* w : {"wg", "wu"}) {
+        const KernelArgDesc* a = arg(w);
+        REQUIRE_MESSAGE((a && a->kind == fb::ArgKind::Weight), img.key << ": no weight argument '" << w << "'");
+        CHECK_MESSAGE(std::to_string(a->plane.row_pitch) == v, img.key << " " << w);
+      }
+      continue;
+    }
     const KernelArgDesc* a = arg(name);
     REQUIRE_MESSAGE(a, img.key << ": no argument '" << name << "' for " << define);
     if (v == "0") {
@@ -271,6 +280,9 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       std::vector<std::string> want = is_fused ? std::vector<std::string>{} : expectedEntries(l, steps[i], prefill);
       // A residual Add with the RmsNorm after it fused in runs the norm's kernel (RMS_ADD).
       if (steps[i].op == fb::OpKind::Add && fused && i + 1 < steps.size() && (*fused)[i + 1]) want = {"minfer_rms_norm"};
+      // A gate MatMul with the up MatMul, the GLU and its quantization fused in runs the gate|up GEMV.
+      if (!is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 1 < steps.size() && (*fused)[i + 1])
+        want = {"minfer_gemv_glu"};
       REQUIRE_MESSAGE(lists[i].size() == want.size(), steps[i].name);
       for (size_t k = 0; k < want.size(); ++k) {
         REQUIRE(lists[i][k].images.size() == targets.size());
@@ -641,8 +653,20 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
       const size_t tail = prefill ? lastTokenTailBegin(steps, l.desc.plan.logits) : steps.size();
       // The rule, restated: step i fuses into step i − 1 when i − 1 produces what i reads and the pair is
       // (RmsNorm | SwiGlu | decode Attention, QuantizeAct) or (Add, RmsNorm), never at the tail's first step.
-      // A QuantizeAct after a fused RmsNorm rides along into the Add's launch.
-      size_t quant_pairs = 0, add_norms = 0;
+      // A QuantizeAct after a fused RmsNorm rides along into the Add's launch. In decode, MatMul gate,
+      // MatMul up (same inputs, Q4_K / Q6_K kBlocks planes of one type), SwiGlu of the two and its
+      // QuantizeAct run as the gate MatMul's one launch.
+      size_t quant_pairs = 0, add_norms = 0, glu_chains = 0;
+      std::vector<bool> in_glu(steps.size(), false);
+      for (size_t i = 0; !prefill && i + 3 < steps.size(); ++i) {
+        const model::StepDesc &g = steps[i], &u = steps[i + 1], &glu = steps[i + 2];
+        const bool chain = g.op == fb::OpKind::MatMul && u.op == fb::OpKind::MatMul && glu.op == fb::OpKind::SwiGlu &&
+                           g.inputs == u.inputs && glu.inputs == std::vector<uint32_t>{g.outputs[0], u.outputs[0]} &&
+                           steps[i + 3].op == fb::OpKind::QuantizeAct && steps[i + 3].inputs[0] == glu.outputs[0] &&
+                           readsBlocksInDecode(l, g) && readsBlocksInDecode(l, u) &&
+                           l.layouts[g.weights[0]].desc.type == l.layouts[u.weights[0]].desc.type;
+        if (chain) in_glu[i + 1] = in_glu[i + 2] = in_glu[i + 3] = true, ++glu_chains;
+      }
       size_t owner = 0;  // the step whose launches run step i
       for (size_t i = 0; i < steps.size(); ++i) {
         CAPTURE(steps[i].name);
@@ -653,7 +677,7 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
                                 (prev == fb::OpKind::RmsNorm || prev == fb::OpKind::SwiGlu ||
                                  (prev == fb::OpKind::Attention && !prefill && steps[i - 1].head_dim % 32 == 0));
         const bool add_norm = reads_prev && steps[i].op == fb::OpKind::RmsNorm && prev == fb::OpKind::Add;
-        const bool is_fused = fuse && (quant_pair || add_norm);
+        const bool is_fused = fuse && (quant_pair || add_norm || in_glu[i]);
         quant_pairs += quant_pair;
         add_norms += add_norm;
         CHECK((fused[i] != 0) == is_fused);
@@ -665,6 +689,17 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
         REQUIRE(!launches[owner].empty());
         const LaunchRecord& r = launches[owner].back();
         const std::string& key = set->images[r.images[0]].key;
+        if (in_glu[i]) {
+          // gemv_blocks.cuh GEMVB_GLU: writes the step's outputs, and counts in N / 32 words.
+          CHECK(key.find("gemv_swiglu") == 0);
+          bool writes = false;
+          for (const KernelArgDesc& a : r.args)
+            writes |= a.kind != fb::ArgKind::Weight && a.access == fb::Access::Write && a.buffer == steps[i].outputs[0];
+          CHECK(writes);
+          CHECK(r.args.back().kind == fb::ArgKind::Counters);
+          CHECK(r.args.back().bytes == l.layouts[steps[owner].weights[0]].desc.rows / 32 * 4);
+          continue;
+        }
         if (add_norm) {
           // rms_norm.cuh RMS_ADD: the Add's two operands and its sum, then the norm's weight and output.
           CHECK(key.find("rms_norm") == 0);
@@ -694,6 +729,7 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
       // attn_norm, ffn_norm and the SwiGLU of every layer (decode: the attention output too); the residual
       // Adds before ffn_norm and before the next layer's attn_norm (or the output norm).
       CHECK(quant_pairs >= (prefill ? 3 : 4) * l.desc.config.n_layer);
+      CHECK(glu_chains == (prefill ? 0 : l.desc.config.n_layer));
       CHECK(add_norms == 2 * l.desc.config.n_layer);
     }
   }

@@ -630,6 +630,87 @@ TEST_CASE("gemv_blocks: Q4_K and Q6_K kBlocks planes vs the CPU") {
   }
 }
 
+// minfer_gemv_glu (gemv_blocks.cuh GEMVB_GLU: the decode steps MatMul gate, MatMul up, SwiGlu / GeGlu and
+// QuantizeAct in one launch) against those steps' own kernels: gate and up products bit-identical to two
+// minfer_gemv_blocks launches, the GLU output bit-identical to the plain elementwise kernel on them, and
+// its q8 form bit-identical to the host mirror of quantize_act (checkFusedQ8). Rows 32 … 18944 (1 … 592
+// blocks of 32, each completed by 16 thread blocks), K 256 … 3584, both types, padded planes, the gate
+// buffer separate or the output's (null). Launched twice: the counters must be back to zero after each
+// launch (the second launch's q8 depends on it).
+TEST_CASE("gemv_glu: fused gate|up GEMV, GLU and q8, bit-identical to the unfused kernels; counters left zero") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    int op;  // 1 swiglu, 3 geglu
+    bool padded, separate_gate;
+  };
+  std::vector<Case> cases;
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K})
+    for (uint64_t rows : {32, 96, 224, 18944})
+      for (uint64_t kb : {1, 3, 14}) {
+        if (rows == 18944 && kb != 14) continue;
+        const size_t i = cases.size();
+        cases.push_back({t, rows, 256 * kb, i % 2 ? 3 : 1, i % 3 == 1, i % 4 < 2});
+      }
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(c.type).type_size, 16));
+    const uint64_t pitch = c.cols / 256 * gp + (c.padded ? 32 : 0);
+    const kern::GemvBlocksShape sh = kern::gemvGluShape(static_cast<unsigned>(c.rows), static_cast<unsigned>(c.cols));
+    std::vector<std::pair<std::string, std::string>> defs = {
+        {"GEMVB_N", str(c.rows)}, {"GEMVB_K", str(c.cols)}, {"GEMVB_TYPE", str(static_cast<unsigned>(c.type))},
+        {"GEMVB_PITCH", str(pitch)}, {"GEMVB_GROUP_PITCH", str(gp)}, {"GEMVB_ROWS", str(sh.rows)},
+        {"GEMVB_ROW_WARPS", str(sh.warps)}, {"GEMVB_UNROLL", str(sh.unroll)}, {"GEMVB_HAS_BIAS", "0"}};
+    const std::string tag = codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) + "_k" + str(c.cols) +
+                            (c.padded ? "_pad" : "") + "_op" + str(static_cast<uint64_t>(c.op));
+    specs.push_back(spec("gemv_glu_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+    defs.push_back({"GEMVB_GLU", str(static_cast<uint64_t>(c.op))});
+    specs.push_back(spec("gemv_glu_test_fused_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_glu", defs));
+    specs.push_back(spec("gemv_glu_test_ew_" + tag, "kernels/elementwise.cuh", c.op == 1 ? "minfer_swiglu" : "minfer_geglu",
+                         {{"EW_WIDTH", str(c.rows)}, {"EW_OP", str(static_cast<uint64_t>(c.op))}}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Kernel &plain = k[3 * i], &fused = k[3 * i + 1], &ew = k[3 * i + 2];
+    CAPTURE(fused.key);
+    CAPTURE(c.separate_gate);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const BuiltPlane pg = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const BuiltPlane pu = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    DeviceArray wg = DeviceArray::of(pg.bytes), wu = DeviceArray::of(pu.bytes), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), ref_g(n * 4), ref_u(n * 4), ref_out(n * 4), gate(n * 4), up(n * 4),
+                out(n * 4), qs(n), meta(n / 32 * 8), counters(n / 32 * 4);
+    for (DeviceArray* a : {&ref_g, &ref_u, &ref_out}) a->poison();
+    CUdeviceptr pwg = wg.ptr(), pwu = wu.ptr(), null = 0, a = xq.ptr(), b = xm.ptr(), prg = ref_g.ptr(),
+                pru = ref_u.ptr(), pro = ref_out.ptr();
+    const kern::GemvBlocksShape sh = kern::gemvGluShape(n, static_cast<unsigned>(c.cols));
+    launch(plain, kern::gemvBlocksLaunch(n, sh), {&pwg, &null, &a, &b, &prg});
+    launch(plain, kern::gemvBlocksLaunch(n, sh), {&pwu, &null, &a, &b, &pru});
+    int one = 1;
+    launch(ew, kern::elementwiseLaunch(1, n), {&prg, &pru, &pro, &one});
+    const std::vector<uint32_t> zeros(n / 32, 0);
+    counters.upload(zeros.data(), zeros.size() * 4);
+    for (int round = 0; round < 2; ++round) {
+      CAPTURE(round);
+      for (DeviceArray* d : {&gate, &up, &out, &qs, &meta}) d->poison();
+      CUdeviceptr pg_out = c.separate_gate ? gate.ptr() : 0, pu_out = up.ptr(), po = out.ptr(), pq = qs.ptr(),
+                  pm = meta.ptr(), pc = counters.ptr();
+      launch(fused, kern::gemvGluLaunchRule(n, sh).at(1), {&pwg, &pwu, &a, &b, &pg_out, &pu_out, &po, &pq, &pm, &pc});
+      checkFusedQ8(ref_out, out, qs, meta, 1, static_cast<int>(n));
+      const std::vector<float> ru = ref_u.download<float>(n), gu = up.download<float>(n);
+      CHECK(std::memcmp(ru.data(), gu.data(), n * 4) == 0);
+      if (c.separate_gate) {
+        const std::vector<float> rg = ref_g.download<float>(n), gg = gate.download<float>(n);
+        CHECK(std::memcmp(rg.data(), gg.data(), n * 4) == 0);
+      }
+      CHECK(counters.download<uint32_t>(n / 32) == zeros);
+    }
+  }
+}
+
 TEST_CASE("dense_mm and dense_gemv: F32, F16, BF16") {
   MINFER_REQUIRE_GPU(G);
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})

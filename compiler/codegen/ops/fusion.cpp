@@ -1,5 +1,5 @@
 // Launch fusion (schema Step.fused): a step runs inside the launch of the step before it (see
-// op_family.h). Which pairs fuse, chains of them, and the check the q8 forms make.
+// op_family.h). Which steps fuse, chains of them, and the check the q8 forms make.
 #include "compiler/codegen/ops/op_family.h"
 
 namespace minfer::codegen {
@@ -32,10 +32,25 @@ bool fusesAddNorm(const model::StepDesc& add, const model::StepDesc& norm) {
          consumes(add, norm);
 }
 
+// steps[i .. i+3]: MatMul gate, MatMul up, the GLU of their outputs (gate first), and its QuantizeAct.
+bool gateUpGluChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  const model::StepDesc &gate = steps[i], &up = steps[i + 1], &glu = steps[i + 2];
+  const bool glu_op = glu.op == fb::OpKind::SwiGlu || glu.op == fb::OpKind::GeGlu;
+  return gate.op == fb::OpKind::MatMul && up.op == fb::OpKind::MatMul && glu_op && wholeBuffers(gate) &&
+         wholeBuffers(up) && wholeBuffers(glu) && gate.outputs.size() == 1 && up.outputs.size() == 1 &&
+         glu.inputs.size() == 2 && glu.inputs[0] == gate.outputs[0] && glu.inputs[1] == up.outputs[0] &&
+         gate.outputs[0] != up.outputs[0] && fusesQuantize(glu, steps[i + 3], PlanVariant::kDecode);
+}
+
 }  // namespace
 
-size_t fusedFollowers(const std::vector<model::StepDesc>& steps, size_t i, size_t tail, PlanVariant variant) {
+size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
+                      PlanVariant variant, size_t i, size_t tail) {
+  const std::vector<model::StepDesc>& steps = planSteps(desc.plan, variant);
   const auto fits = [&](size_t k) { return k < steps.size() && k != tail; };
+  if (variant == PlanVariant::kDecode && fits(i + 1) && fits(i + 2) && fits(i + 3) && gateUpGluChain(steps, i) &&
+      fusesGateUp(StepContext(desc, layouts, variant, i), StepContext(desc, layouts, variant, i + 1)))
+    return 3;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))
     return fits(i + 2) && fusesQuantize(steps[i + 1], steps[i + 2], variant) ? 2 : 1;
   return fits(i + 1) && fusesQuantize(steps[i], steps[i + 1], variant) ? 1 : 0;
@@ -44,6 +59,9 @@ size_t fusedFollowers(const std::vector<model::StepDesc>& steps, size_t i, size_
 Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                        PlanVariant variant, size_t i, size_t followers) {
   const StepContext producer(desc, layouts, variant, i), next(desc, layouts, variant, i + 1);
+  if (followers == 3)
+    return gateUpGluLaunches(producer, next, StepContext(desc, layouts, variant, i + 2),
+                             StepContext(desc, layouts, variant, i + 3));
   if (producer.step().op == fb::OpKind::Add) {
     if (followers == 1) return addRmsNormLaunches(producer, next, nullptr);
     const StepContext quant(desc, layouts, variant, i + 2);

@@ -3,7 +3,8 @@
 //   tensor-core MMA on kI8), or kernels/wgmma_matmul.cuh (Hopper, sm_90a images only) on the kF16 plane
 //   when the weight has one (layout_planner.h f16_prefill), decode kernels/gemv.cuh (the 4-bit kPacked plane where there is one, else kI8),
 //   or kernels/gemv_blocks.cuh on the GGUF blocks themselves when the weight has a kBlocks plane of Q4_K or
-//   Q6_K whose blocks start 16-byte aligned (decodeBlocksPlane);
+//   Q6_K whose blocks start 16-byte aligned (decodeBlocksPlane); in decode the gate and up matmuls of a
+//   GLU fuse with it and its quantization into one gemv_blocks launch (gateUpGluLaunches);
 //   float weights (dense F32 / F16 / BF16 plane), f32 activations: kernels/dense_matmul.cuh
 //   (dense_mm in prefill, dense_gemv in decode).
 // Every plane constant the kernel is compiled with (-D…_PITCH) is taken from the stride table that the
@@ -226,7 +227,76 @@ Launches quantized(const StepContext& c, const MatMulOperands& m) {
       {b.spec, quantizedArgs(c, m, read, *s, mins), kern::gemvLaunchRule(static_cast<unsigned>(n))}};
 }
 
+// The operands of a decode MatMul that the fused gate|up GEMV can take: a q8 input and a kBlocks plane
+// the decode GEMV reads, no bias; null otherwise.
+const StrideTable* fusibleBlocks(const StepContext& c, const MatMulOperands& m) {
+  auto qin = c.input(1, "quantized input");
+  if (!qin) {
+    llvm::consumeError(qin.takeError());
+    return nullptr;
+  }
+  const bool q8 = (*qin)->type == fb::BufferType::I8 && (*qin)->width == m.k;
+  return !c.prefill() && !m.bias && q8 ? decodeBlocksPlane(*m.w) : nullptr;
+}
+
 }  // namespace
+
+bool fusesGateUp(const StepContext& gate, const StepContext& up) {
+  auto g = operands(gate);
+  auto u = operands(up);
+  if (!g || !u) {
+    llvm::consumeError(g.takeError());
+    llvm::consumeError(u.takeError());
+    return false;
+  }
+  const StrideTable* gb = fusibleBlocks(gate, *g);
+  const StrideTable* ub = fusibleBlocks(up, *u);
+  return gb && ub && gate.step().inputs == up.step().inputs && g->n == u->n && g->k == u->k && g->n % 32 == 0 &&
+         gb->ggml_type == ub->ggml_type && gb->row_pitch == ub->row_pitch && gb->group_pitch == ub->group_pitch;
+}
+
+// MatMul gate, MatMul up, SwiGlu / GeGlu, QuantizeAct (decode) → one minfer_gemv_glu launch
+// (kernels/gemv_blocks.cuh GEMVB_GLU). It writes every buffer the four steps write: the gate and up
+// products (the gate buffer only when the GLU does not write its output there), the GLU output and
+// its q8 form.
+Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const StepContext& glu,
+                           const StepContext& quant) {
+  if (!fusesGateUp(gate, up)) return gate.error("the gate and up matmuls cannot run as one fused GEMV");
+  auto m = operands(gate);
+  if (!m) return m.takeError();
+  auto out = glu.output(0, "output");
+  if (!out) return out.takeError();
+  if ((*out)->width != m->n) return glu.error(llvm::formatv("output width {0}, the matmuls give {1}", (*out)->width, m->n));
+  if (llvm::Error e = checkFusedQuantize(quant, static_cast<uint32_t>(m->n))) return e;
+  const StrideTable& gb = *decodeBlocksPlane(*m->w);
+  const StrideTable& ub = *decodeBlocksPlane(**up.weight(0));
+  const unsigned n = static_cast<unsigned>(m->n), k = static_cast<unsigned>(m->k);
+  const bool geglu = glu.step().op == fb::OpKind::GeGlu;
+  const kern::GemvBlocksShape shape = kern::gemvGluShape(n, k);
+  SpecBuilder b(llvm::formatv("gemv_{0}_{1}_g{2}_n{3}_k{4}", geglu ? "geglu" : "swiglu", typeTag(gb.ggml_type),
+                              gb.group_pitch, n, k),
+                "kernels/gemv_blocks.cuh", "minfer_gemv_glu");
+  b.define("GEMVB_N", m->n)
+      .define("GEMVB_K", m->k)
+      .define("GEMVB_TYPE", static_cast<uint64_t>(gb.ggml_type))
+      .define("GEMVB_PITCH", gb.row_pitch)
+      .define("GEMVB_GROUP_PITCH", static_cast<uint64_t>(gb.group_pitch))
+      .define("GEMVB_ROWS", static_cast<uint64_t>(shape.rows))
+      .define("GEMVB_ROW_WARPS", static_cast<uint64_t>(shape.warps))
+      .define("GEMVB_UNROLL", static_cast<uint64_t>(shape.unroll))
+      .define("GEMVB_HAS_BIAS", uint64_t{0})
+      .define("GEMVB_GLU", uint64_t{geglu ? 3u : 1u});
+  const uint32_t gate_buf = gate.outputId(0), out_buf = glu.outputId(0);
+  std::vector<KernelArgDesc> args{weightArg("wg", gate.weightId(0), gb), weightArg("wu", up.weightId(0), ub)};
+  pushQ8Args(args, "xq", "xmeta", gate.inputId(1), k, fb::Access::Read);
+  args.push_back(gate_buf == out_buf ? kindArg(fb::ArgKind::Null, "gate")
+                                     : activationArg("gate", gate_buf, n, fb::Access::Write));
+  args.push_back(activationArg("up", up.outputId(0), n, fb::Access::Write));
+  args.push_back(activationArg("out", out_buf, n, fb::Access::Write));
+  pushQ8Args(args, "qs", "meta", quant.outputId(0), n, fb::Access::Write);
+  args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{n / kern::kQ8Block} * 4});
+  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvGluLaunchRule(n, shape)}};
+}
 
 Launches matmulLaunches(const StepContext& c) {
   auto m = operands(c);

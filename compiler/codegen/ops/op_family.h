@@ -97,15 +97,24 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // decode Attention with heads of whole blocks of 32 (attention.cuh ATT_Q8 in the combine launch,
 // ops/attention.cpp); the q8 values are the QuantizeAct kernel's, bit for bit. And an RmsNorm of an
 // Add's output, in the Add's launch (rms_norm.cuh RMS_ADD), with its QuantizeAct too.
-// fusedFollowers: how many of the steps after steps[i] run in its launches (0, 1 or 2), none across
-// the last-token tail's first step `tail`. fusedLaunches: the launches of steps[i] and those followers.
-size_t fusedFollowers(const std::vector<model::StepDesc>& steps, size_t i, size_t tail, PlanVariant variant);
+// And in decode, MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct as one fused gate|up GEMV
+// (gemv_blocks.cuh GEMVB_GLU, ops/matmul.cpp) where fusesGateUp allows it.
+// fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 3), none across the
+// last-token tail's first step `tail`. fusedLaunches: the launches of steps[i] and those followers.
+size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
+                      PlanVariant variant, size_t i, size_t tail);
 Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                        PlanVariant variant, size_t i, size_t followers);
 Launches rmsNormQuantizeLaunches(const StepContext& norm, const StepContext& quant);
 Launches addRmsNormLaunches(const StepContext& add, const StepContext& norm, const StepContext* quant);
 Launches gluQuantizeLaunches(const StepContext& glu, const StepContext& quant);
 Launches attentionQuantizeLaunches(const StepContext& attention, const StepContext& quant);
+// Decode MatMul steps `gate` and `up` (the two inputs of the GLU step that follows them) can run as one
+// minfer_gemv_glu launch: same inputs, no bias, kBlocks planes of one type and geometry that the decode
+// GEMV reads, and a width of whole blocks of 32 (ops/matmul.cpp).
+bool fusesGateUp(const StepContext& gate, const StepContext& up);
+Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const StepContext& glu,
+                           const StepContext& quant);
 // The check both make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
 llvm::Error checkFusedQuantize(const StepContext& quant, uint32_t width);
 

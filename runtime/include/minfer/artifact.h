@@ -42,7 +42,7 @@ namespace minfer {
 // The artifact format this runtime reads: major must match, minor from kArtifactFormatMinorOldest (1.1:
 // the first with launch records) up to kArtifactFormatMinor. The compiler writes this version.
 inline constexpr uint16_t kArtifactFormatMajor = 1;
-inline constexpr uint16_t kArtifactFormatMinor = 4;
+inline constexpr uint16_t kArtifactFormatMinor = 5;
 inline constexpr uint16_t kArtifactFormatMinorOldest = 1;
 // Limits on what an artifact may ask for, bounded once by the verifier (and used by the compiler for
 // its options): tokens per forward call (memory.max_batch), and the launch records' extents.
@@ -50,6 +50,8 @@ inline constexpr uint32_t kArtifactMaxBatch = 65536;
 inline constexpr uint32_t kArtifactMaxKernelArgs = 16;
 inline constexpr uint32_t kArtifactMaxSharedBytes = 227 * 1024;      // sm_90's opt-in maximum per block
 inline constexpr uint64_t kArtifactMaxScratchBytes = uint64_t{1} << 30;
+// The largest counter region (KernelArg.bytes of a Counters argument, format 1.5): 1 MiB of 32-bit words.
+inline constexpr uint64_t kArtifactMaxCounterBytes = uint64_t{1} << 20;
 inline constexpr uint64_t kArtifactSegmentAlignment = 4096;
 // Limits handed to flatbuffers::Verifier (the schema nests 4 tables deep; a 70B model has ~10k tables).
 inline constexpr uint32_t kVerifierMaxDepth = 16;
