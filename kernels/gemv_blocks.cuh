@@ -53,10 +53,29 @@
 //   steps write them; gate null when out is the gate buffer); out: N f32 (N % 32 == 0); qs, meta: row 0
 //   of out's q8 buffer; counters: N / 32 words, zero on entry (ArgKind Counters), zero again on exit.
 // Launch shape: gemvGluLaunchRule(N, gemvGluShape(N, K)): 4 / GEMVB_ROW_WARPS outputs per block.
+//
+// Fused QKV GEMV (GEMVB_QKV = 1): the decode steps MatMul q, MatMul k, MatMul v (one q8 input), their
+// Rope and the Attention's KV-cache store in one launch. A group's two rows are a rotation pair of one
+// head (rope.cuh: NeoX (i, i + n_rot/2), norm (2i, 2i + 1); rows ≥ n_rot and V rows in consecutive
+// pairs), so it rotates its own two sums: (a, b) → (a·cos − b·sin, a·sin + b·cos) after the bias, cos
+// and sin from rope.cuh ropeCosSin (compiled with --fmad=false, so the rotation rounds as minfer_rope's).
+// It writes q, k, v as the unfused steps leave them (q and k rotated) and k, v as f16 into the caches at
+// position pos[0] (attention.cuh kv_store). Each of q, k, v has its own type, pitches and bias.
+// Compile-time constants: GEMVB_K (cols), QKV_NHEAD, QKV_NHEAD_KV, QKV_HEAD_DIM, GEMVB_ROW_WARPS,
+//   GEMVB_UNROLL; GEMVB_{Q,K,V}_TYPE, _PITCH, _GROUP_PITCH, _HAS_BIAS; rope.cuh's ROPE_NROT, ROPE_NEOX,
+//   ROPE_BASE, ROPE_SCALE, ROPE_FREQ_FACTORS and the optional YaRN / MSCALE constants.
+// Launch ABI:  minfer_gemv_qkv(const uint8_t* wq, const float* bq, const uint8_t* wk, const float* bk,
+//                              const uint8_t* wv, const float* bv, const int8_t* xq, const Q8Meta* xmeta,
+//                              const float* freq_factors, float* q, float* k, float* v, uint16_t* kc,
+//                              uint16_t* vc, const int* pos)
+//   biases: rows f32 or null (as _HAS_BIAS); q: NHEAD·HEAD_DIM f32, k, v: NHEAD_KV·HEAD_DIM f32; kc, vc:
+//   the layer's f16 caches, (n_ctx, NHEAD_KV·HEAD_DIM) position-major.
+// Launch shape: gemvQkvLaunchRule(): 4 warps per block, 4 / GEMVB_ROW_WARPS row pairs per block.
 #pragma once
 
 #include "kernels/common.cuh"
 #include "kernels/elementwise.cuh"
+#include "kernels/rope.cuh"
 
 namespace minfer::kern {
 
@@ -94,6 +113,14 @@ MINFER_HD LaunchShape gemvBlocksLaunch(unsigned n, GemvBlocksShape s) { return g
 MINFER_HD LaunchRule gemvGluLaunchRule(unsigned n, GemvBlocksShape s) {
   LaunchRule r;
   r.grid[0] = fixedExtent(ceilDiv(n, kGemvBlocksWarps / s.warps));
+  r.block.x = 32 * kGemvBlocksWarps;
+  return r;
+}
+
+// The fused QKV GEMV: one row pair (two rows of one head) per group of s.warps warps.
+MINFER_HD LaunchRule gemvQkvLaunchRule(unsigned n_head, unsigned n_head_kv, unsigned head_dim, GemvBlocksShape s) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(ceilDiv((n_head + 2 * n_head_kv) * head_dim / 2, kGemvBlocksWarps / s.warps));
   r.block.x = 32 * kGemvBlocksWarps;
   return r;
 }
@@ -372,3 +399,108 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
 }
 #endif  // GEMVB_GLU
 #endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(GEMVB_QKV)
+namespace minfer::kern::qkv {
+
+constexpr int kD = QKV_HEAD_DIM, kNq = QKV_NHEAD * kD, kNkv = QKV_NHEAD_KV * kD;
+constexpr int kPairs = (kNq + 2 * kNkv) / 2;
+constexpr int kRowWarps = GEMVB_ROW_WARPS, kUnroll = GEMVB_UNROLL;
+constexpr int kGroupsPerCta = static_cast<int>(kGemvBlocksWarps) / kRowWarps;
+constexpr int kBlocksPerRow = GEMVB_K / 256;
+static_assert(GEMVB_K % 256 == 0 && kD % 2 == 0, "GEMVB_K must be a multiple of 256, QKV_HEAD_DIM even");
+static_assert(ROPE_NROT % 2 == 0 && ROPE_NROT <= QKV_HEAD_DIM, "ROPE_NROT must be even and <= QKV_HEAD_DIM");
+static_assert(kRowWarps == 1 || kRowWarps == 2, "GEMVB_ROW_WARPS must be 1 or 2");
+
+// One of q, k, v: its plane and bias.
+template <int kType, int kPitch, int kGroupPitch, bool kBias>
+struct Segment {
+  static_assert(kType == 12 || kType == 14, "types Q4_K (12) or Q6_K (14)");
+  static_assert(kPitch % 16 == 0 && kGroupPitch % 16 == 0 && kGroupPitch >= (kType == 12 ? 144 : 210) &&
+                    kPitch >= kBlocksPerRow * kGroupPitch,
+                "blocks must start 16-byte aligned inside their rows");
+  static constexpr bool kQ4K = kType == 12;
+  static constexpr int kRowPitch = kPitch;
+
+  __device__ static void sums(const uint8_t* w, int ra, int rb, const int8_t* xq, const Q8Meta* xm, int t, float (&acc)[2]) {
+    const uint8_t* wr[2] = {w + static_cast<uint64_t>(ra) * kPitch, w + static_cast<uint64_t>(rb) * kPitch};
+    gemvb::accumulateRows<kQ4K, 2, kRowWarps, kUnroll, kBlocksPerRow, kGroupPitch>(wr, xq, xm, t % 4, t / 4, acc);
+  }
+  __device__ static void bias(const float* b, int ra, int rb, float (&acc)[2]) {
+    if (kBias) {
+      acc[0] += b[ra];
+      acc[1] += b[rb];
+    }
+  }
+};
+using SegQ = Segment<GEMVB_Q_TYPE, GEMVB_Q_PITCH, GEMVB_Q_GROUP_PITCH, GEMVB_Q_HAS_BIAS>;
+using SegK = Segment<GEMVB_K_TYPE, GEMVB_K_PITCH, GEMVB_K_GROUP_PITCH, GEMVB_K_HAS_BIAS>;
+using SegV = Segment<GEMVB_V_TYPE, GEMVB_V_PITCH, GEMVB_V_GROUP_PITCH, GEMVB_V_HAS_BIAS>;
+
+// The rows of pair j of a head (j < HEAD_DIM / 2) and whether RoPE rotates them (by pair j's angle).
+struct Pair {
+  int a, b;
+  bool rotate;
+};
+__device__ __forceinline__ Pair pairRows(int j, bool rope) {
+  if (!rope) return {2 * j, 2 * j + 1, false};
+  if (ROPE_NEOX)
+    return j < ROPE_NROT / 2 ? Pair{j, j + ROPE_NROT / 2, true} : Pair{2 * j, 2 * j + 1, false};  // j ≥ n_rot/2: rows n_rot …
+  return {2 * j, 2 * j + 1, 2 * j < ROPE_NROT};
+}
+
+}  // namespace minfer::kern::qkv
+
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
+    minfer_gemv_qkv(const uint8_t* __restrict__ wq, const float* __restrict__ bq, const uint8_t* __restrict__ wk,
+                    const float* __restrict__ bk, const uint8_t* __restrict__ wv, const float* __restrict__ bv,
+                    const int8_t* __restrict__ xq, const minfer::kern::Q8Meta* __restrict__ xmeta,
+                    const float* __restrict__ freq_factors, float* __restrict__ q, float* __restrict__ k,
+                    float* __restrict__ v, uint16_t* __restrict__ kc, uint16_t* __restrict__ vc,
+                    const int* __restrict__ pos) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::qkv;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int pair = blockIdx.x * kGroupsPerCta + warp / kRowWarps;
+  const bool active = pair < kPairs;
+  // Segment 0 q, 1 k, 2 v; p = the pair's index in it; rows of its head.
+  const int seg = pair < kNq / 2 ? 0 : pair < kNq / 2 + kNkv / 2 ? 1 : 2;
+  const int p = pair - (seg == 0 ? 0 : seg == 1 ? kNq / 2 : kNq / 2 + kNkv / 2);
+  Pair rows = pairRows(p % (kD / 2), seg < 2);
+  rows.a += p / (kD / 2) * kD;
+  rows.b += p / (kD / 2) * kD;
+  const uint8_t* w = seg == 0 ? wq : seg == 1 ? wk : wv;
+  const int pitch = seg == 0 ? SegQ::kRowPitch : seg == 1 ? SegK::kRowPitch : SegV::kRowPitch;
+  if (active && threadIdx.x % (32 * kRowWarps) == 0) {  // the group's rows start moving to L2 (weights only)
+    prefetchL2(w + static_cast<uint64_t>(rows.a) * pitch, static_cast<unsigned>(pitch));
+    prefetchL2(w + static_cast<uint64_t>(rows.b) * pitch, static_cast<unsigned>(pitch));
+  }
+  overlapPrologue();
+  const int t = (warp % kRowWarps) * 32 + lane;
+  float acc[2] = {0.0f, 0.0f};
+  if (active) {
+    if (seg == 0) SegQ::sums(wq, rows.a, rows.b, xq, xmeta, t, acc);
+    else if (seg == 1) SegK::sums(wk, rows.a, rows.b, xq, xmeta, t, acc);
+    else SegV::sums(wv, rows.a, rows.b, xq, xmeta, t, acc);
+  }
+  if (!gemvb::groupSum<2, kRowWarps>(acc) || lane != 0 || !active) return;
+  if (seg == 0) SegQ::bias(bq, rows.a, rows.b, acc);
+  else if (seg == 1) SegK::bias(bk, rows.a, rows.b, acc);
+  else SegV::bias(bv, rows.a, rows.b, acc);
+  const int position = pos[0];
+  float a = acc[0], b = acc[1];
+  if (rows.rotate) {
+    float c, s;
+    ropeCosSin(p % (kD / 2), position, freq_factors, c, s);
+    a = acc[0] * c - acc[1] * s;
+    b = acc[0] * s + acc[1] * c;
+  }
+  float* out = seg == 0 ? q : seg == 1 ? k : v;
+  out[rows.a] = a;
+  out[rows.b] = b;
+  if (seg == 0) return;
+  uint16_t* cache = (seg == 1 ? kc : vc) + static_cast<uint64_t>(position) * kNkv;
+  cache[rows.a] = f2h(a);
+  cache[rows.b] = f2h(b);
+}
+#endif  // GEMVB_QKV

@@ -109,6 +109,32 @@ MINFER_HD LaunchShape ropeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_
 #ifndef ROPE_K_PITCH
 #define ROPE_K_PITCH (ROPE_NHEAD_KV * ROPE_HEAD_DIM)
 #endif
+namespace minfer::kern {
+// cos θ_i and sin θ_i of pair i at `position` (the header's definition and operation order, as
+// cpu::rope), each times ROPE_MSCALE; freq_factors as minfer_rope takes them. Also the RoPE of the fused
+// QKV GEMV (gemv_blocks.cuh GEMVB_QKV), compiled with --fmad=false as minfer_rope is.
+__device__ __forceinline__ void ropeCosSin(int i, int position, const float* freq_factors, float& c, float& s) {
+#if ROPE_YARN
+  const double p = static_cast<double>(position);
+#else
+  const double p = static_cast<double>(position) * static_cast<double>(ROPE_SCALE);
+#endif
+  double theta = p * pow(static_cast<double>(ROPE_BASE), -2.0 * i / ROPE_NROT);
+#if ROPE_FREQ_FACTORS
+  theta /= static_cast<double>(freq_factors[i]);
+#else
+  (void)freq_factors;
+#endif
+#if ROPE_YARN  // same operations as cpu::rope
+  const double mix = static_cast<double>(ropeYarnRamp(ROPE_CORR_LO, ROPE_CORR_HI, i) * ROPE_EXT_FACTOR);
+  theta = theta * static_cast<double>(ROPE_SCALE) * (1.0 - mix) + theta * mix;
+#endif
+  c = static_cast<float>(cos(theta)) * ROPE_MSCALE;
+  s = static_cast<float>(sin(theta)) * ROPE_MSCALE;
+}
+}  // namespace minfer::kern
+
+#if !defined(GEMVB_QKV)
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
     minfer_rope(float* q, float* k, const float* __restrict__ freq_factors, const int* __restrict__ pos,
                 int n_tokens) {
@@ -118,23 +144,9 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
   const int per_block = (kHeads + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
   const int t = blockIdx.x, h0 = blockIdx.y * per_block;
   if (t >= n_tokens) return;
-#if ROPE_YARN
-  const double p = static_cast<double>(pos[0] + t);
-#else
-  const double p = static_cast<double>(pos[0] + t) * static_cast<double>(ROPE_SCALE);
-#endif
   for (int i = threadIdx.x; i < ROPE_NROT / 2; i += blockDim.x) {
-    double theta = p * pow(static_cast<double>(ROPE_BASE), -2.0 * i / ROPE_NROT);
-#if ROPE_FREQ_FACTORS
-    theta /= static_cast<double>(freq_factors[i]);
-#else
-    (void)freq_factors;
-#endif
-#if ROPE_YARN  // same operations as cpu::rope
-    const double mix = static_cast<double>(minfer::kern::ropeYarnRamp(ROPE_CORR_LO, ROPE_CORR_HI, i) * ROPE_EXT_FACTOR);
-    theta = theta * static_cast<double>(ROPE_SCALE) * (1.0 - mix) + theta * mix;
-#endif
-    const float c = static_cast<float>(cos(theta)) * ROPE_MSCALE, s = static_cast<float>(sin(theta)) * ROPE_MSCALE;
+    float c, s;
+    minfer::kern::ropeCosSin(i, pos[0] + t, freq_factors, c, s);
     const int i0 = ROPE_NEOX ? i : 2 * i;
     const int i1 = ROPE_NEOX ? i + ROPE_NROT / 2 : 2 * i + 1;
     for (int hh = 0; hh < per_block; ++hh) {
@@ -148,4 +160,5 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
     }
   }
 }
+#endif  // !GEMVB_QKV
 #endif

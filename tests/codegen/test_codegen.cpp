@@ -122,7 +122,8 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
   static const std::pair<const char*, const char*> kPitchArgs[] = {
       {"MMQ_Q_PITCH", "wq"},   {"MMQ_S_PITCH", "wscale"},  {"MMQ_M_PITCH", "wmin"}, {"GEMV_PITCH", "wq"},
       {"GEMV_S_PITCH", "wscale"}, {"GEMV_M_PITCH", "wmin"}, {"DMM_PITCH", "w"},     {"DGEMV_PITCH", "w"},
-      {"EMBED_ROW_PITCH", "table"}, {"GEMVB_PITCH", "w"}, {"EXPAND_SRC_PITCH", "blocks"},
+      {"EMBED_ROW_PITCH", "table"}, {"GEMVB_PITCH", "w"}, {"GEMVB_Q_PITCH", "wq"}, {"GEMVB_K_PITCH", "wk"},
+      {"GEMVB_V_PITCH", "wv"}, {"EXPAND_SRC_PITCH", "blocks"},
       {"EXPAND_I8_PITCH", "q"}, {"EXPAND_S_PITCH", "scale"}, {"EXPAND_M_PITCH", "min"},
       {"EXPAND_P_PITCH", "packed"}, {"MOE_G_PITCH", "gq"}, {"MOE_G_S_PITCH", "gs"}, {"MOE_G_M_PITCH", "gm"},
       {"MOE_U_PITCH", "uq"}, {"MOE_U_S_PITCH", "us"}, {"MOE_U_M_PITCH", "um"}, {"MOE_D_PITCH", "dq"},
@@ -283,6 +284,10 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       // A gate MatMul with the up MatMul, the GLU and its quantization fused in runs the gate|up GEMV.
       if (!is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 1 < steps.size() && (*fused)[i + 1])
         want = {"minfer_gemv_glu"};
+      // A q MatMul with k, v, the Rope and the Attention fused in runs the QKV GEMV, then the attention.
+      if (!is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 4 < steps.size() && (*fused)[i + 4] &&
+          steps[i + 3].op == fb::OpKind::Rope)
+        want = {"minfer_gemv_qkv", "minfer_attn_decode", "minfer_attn_combine"};
       REQUIRE_MESSAGE(lists[i].size() == want.size(), steps[i].name);
       for (size_t k = 0; k < want.size(); ++k) {
         REQUIRE(lists[i][k].images.size() == targets.size());
@@ -656,8 +661,20 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
       // A QuantizeAct after a fused RmsNorm rides along into the Add's launch. In decode, MatMul gate,
       // MatMul up (same inputs, Q4_K / Q6_K kBlocks planes of one type), SwiGlu of the two and its
       // QuantizeAct run as the gate MatMul's one launch.
-      size_t quant_pairs = 0, add_norms = 0, glu_chains = 0;
-      std::vector<bool> in_glu(steps.size(), false);
+      // And MatMul q, k, v (same inputs, Q4_K / Q6_K kBlocks planes), the Rope of q and k and the Attention
+      // of the three run as the q MatMul's launches.
+      size_t quant_pairs = 0, add_norms = 0, glu_chains = 0, qkv_chains = 0;
+      std::vector<bool> in_glu(steps.size(), false), in_qkv(steps.size(), false);
+      for (size_t i = 0; !prefill && i + 4 < steps.size(); ++i) {
+        const model::StepDesc &q = steps[i], &k = steps[i + 1], &v = steps[i + 2], &rope = steps[i + 3], &att = steps[i + 4];
+        const bool mats = q.op == fb::OpKind::MatMul && k.op == fb::OpKind::MatMul && v.op == fb::OpKind::MatMul &&
+                          q.inputs == k.inputs && q.inputs == v.inputs && readsBlocksInDecode(l, q) &&
+                          readsBlocksInDecode(l, k) && readsBlocksInDecode(l, v);
+        const bool chain = mats && rope.op == fb::OpKind::Rope && att.op == fb::OpKind::Attention &&
+                           rope.inputs == std::vector<uint32_t>{q.outputs[0], k.outputs[0]} &&
+                           att.inputs == std::vector<uint32_t>{q.outputs[0], k.outputs[0], v.outputs[0]};
+        if (chain) in_qkv[i + 1] = in_qkv[i + 2] = in_qkv[i + 3] = in_qkv[i + 4] = true, ++qkv_chains;
+      }
       for (size_t i = 0; !prefill && i + 3 < steps.size(); ++i) {
         const model::StepDesc &g = steps[i], &u = steps[i + 1], &glu = steps[i + 2];
         const bool chain = g.op == fb::OpKind::MatMul && u.op == fb::OpKind::MatMul && glu.op == fb::OpKind::SwiGlu &&
@@ -677,7 +694,7 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
                                 (prev == fb::OpKind::RmsNorm || prev == fb::OpKind::SwiGlu ||
                                  (prev == fb::OpKind::Attention && !prefill && steps[i - 1].head_dim % 32 == 0));
         const bool add_norm = reads_prev && steps[i].op == fb::OpKind::RmsNorm && prev == fb::OpKind::Add;
-        const bool is_fused = fuse && (quant_pair || add_norm || in_glu[i]);
+        const bool is_fused = fuse && (quant_pair || add_norm || in_glu[i] || in_qkv[i]);
         quant_pairs += quant_pair;
         add_norms += add_norm;
         CHECK((fused[i] != 0) == is_fused);
@@ -689,6 +706,24 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
         REQUIRE(!launches[owner].empty());
         const LaunchRecord& r = launches[owner].back();
         const std::string& key = set->images[r.images[0]].key;
+        if (in_qkv[i]) {
+          // gemv_blocks.cuh GEMVB_QKV, then attn_decode and attn_combine: together they write the step's
+          // outputs, the QKV GEMV also the layer's K and V cache (no kv_store launch).
+          REQUIRE(launches[owner].size() == 3);
+          CHECK(set->images[launches[owner][0].images[0]].key.find("gemv_qkv") == 0);
+          for (uint32_t out : steps[i].outputs) {
+            bool writes = false;
+            for (const LaunchRecord& lr : launches[owner])
+              for (const KernelArgDesc& a : lr.args)
+                writes |= a.kind == fb::ArgKind::Activation && a.access == fb::Access::Write && a.buffer == out;
+            CHECK(writes);
+          }
+          int cache_writes = 0;
+          for (const KernelArgDesc& a : launches[owner][0].args)
+            cache_writes += (a.kind == fb::ArgKind::KCache || a.kind == fb::ArgKind::VCache) && a.access == fb::Access::Write;
+          CHECK(cache_writes == 2);
+          continue;
+        }
         if (in_glu[i]) {
           // gemv_blocks.cuh GEMVB_GLU: writes the step's outputs, and counts in N / 32 words.
           CHECK(key.find("gemv_swiglu") == 0);
@@ -730,6 +765,7 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
       // Adds before ffn_norm and before the next layer's attn_norm (or the output norm).
       CHECK(quant_pairs >= (prefill ? 3 : 4) * l.desc.config.n_layer);
       CHECK(glu_chains == (prefill ? 0 : l.desc.config.n_layer));
+      CHECK(qkv_chains == (prefill ? 0 : l.desc.config.n_layer));
       CHECK(add_norms == 2 * l.desc.config.n_layer);
     }
   }

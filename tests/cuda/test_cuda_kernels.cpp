@@ -711,6 +711,121 @@ TEST_CASE("gemv_glu: fused gate|up GEMV, GLU and q8, bit-identical to the unfuse
   }
 }
 
+// minfer_gemv_qkv (gemv_blocks.cuh GEMVB_QKV: the decode steps MatMul q, k, v, their Rope and the
+// attention's KV store in one launch) against those steps' own kernels, all compiled with --fmad=false as
+// the fused kernel is: three minfer_gemv_blocks launches (with the biases), minfer_rope and minfer_kv_store.
+// q, k, v and the two cache rows at the position must be bit-identical, and no other cache row written
+// (the caches are poisoned). NeoX and norm style, full and partial rotation, frequency factors and YaRN,
+// head sizes 64 and 128, GQA groups 2 and 7, mixed types (Q6_K v as Q4_K_M makes), biases or none.
+TEST_CASE("gemv_qkv: fused q, k, v GEMV, RoPE and KV store, bit-identical to the unfused kernels") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    int h, hkv, d, n_rot;
+    bool neox, ff, bias, yarn;
+    GgmlType tq, tk, tv;
+    uint64_t cols;
+  };
+  const Case cases[] = {
+      {4, 2, 64, 64, true, false, true, false, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 256},
+      {28, 4, 128, 128, true, false, true, false, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 3584},
+      {6, 2, 64, 32, true, true, false, false, GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q4_K, 768},
+      {6, 2, 128, 96, false, false, true, true, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q6_K, 512},
+      {14, 2, 64, 64, false, true, false, false, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, 1280},
+  };
+  constexpr int kCtx = 50, kPos = 37;
+  std::vector<codegen::KernelSpec> specs;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const kern::RopeYarn y = kern::ropeYarn(c.n_rot, 10000.0f, c.yarn ? 0.25f : 1.0f, c.yarn ? 1.0f : 0.0f, 1.0f, 32.0f,
+                                            1.0f, 4096);
+    std::vector<std::pair<std::string, std::string>> rope = {
+        {"ROPE_NROT", str(c.n_rot)}, {"ROPE_NEOX", c.neox ? "1" : "0"}, {"ROPE_BASE", codegen::floatLiteral(10000.0f)},
+        {"ROPE_SCALE", codegen::floatLiteral(c.yarn ? 0.25f : 1.0f)}, {"ROPE_FREQ_FACTORS", c.ff ? "1" : "0"}};
+    if (y.ext_factor != 0)
+      rope.insert(rope.end(), {{"ROPE_YARN", "1"}, {"ROPE_EXT_FACTOR", codegen::floatLiteral(y.ext_factor)},
+                               {"ROPE_CORR_LO", codegen::floatLiteral(y.corr_lo)},
+                               {"ROPE_CORR_HI", codegen::floatLiteral(y.corr_hi)}});
+    if (y.mscale != 1.0f) rope.push_back({"ROPE_MSCALE", codegen::floatLiteral(y.mscale)});
+    const std::string tag = "_" + str(ci);
+    std::vector<std::pair<std::string, std::string>> fused = {
+        {"GEMVB_QKV", "1"}, {"GEMVB_K", str(c.cols)}, {"QKV_NHEAD", str(c.h)}, {"QKV_NHEAD_KV", str(c.hkv)},
+        {"QKV_HEAD_DIM", str(c.d)}, {"GEMVB_ROW_WARPS", "2"}, {"GEMVB_UNROLL", "1"}};
+    const GgmlType types[3] = {c.tq, c.tk, c.tv};
+    const uint64_t rows[3] = {uint64_t(c.h * c.d), uint64_t(c.hkv * c.d), uint64_t(c.hkv * c.d)};
+    const char* seg[3] = {"Q", "K", "V"};
+    for (int i = 0; i < 3; ++i) {
+      const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(types[i]).type_size, 16));
+      const std::string pitch = str(c.cols / 256 * gp + (i == 1 ? 32 : 0));  // k padded
+      const std::string p = std::string("GEMVB_") + seg[i] + "_";
+      fused.insert(fused.end(), {{p + "TYPE", str(static_cast<unsigned>(types[i]))}, {p + "PITCH", pitch},
+                                 {p + "GROUP_PITCH", str(gp)}, {p + "HAS_BIAS", c.bias ? "1" : "0"}});
+      specs.push_back(spec("gemv_qkv_test_plain" + tag + seg[i], "kernels/gemv_blocks.cuh", "minfer_gemv_blocks",
+                           {{"GEMVB_N", str(rows[i])}, {"GEMVB_K", str(c.cols)},
+                            {"GEMVB_TYPE", str(static_cast<unsigned>(types[i]))}, {"GEMVB_PITCH", pitch},
+                            {"GEMVB_GROUP_PITCH", str(gp)}, {"GEMVB_ROWS", "2"}, {"GEMVB_ROW_WARPS", "2"},
+                            {"GEMVB_UNROLL", "1"}, {"GEMVB_HAS_BIAS", c.bias ? "1" : "0"}},
+                           {"--fmad=false"}));
+    }
+    fused.insert(fused.end(), rope.begin(), rope.end());
+    specs.push_back(spec("gemv_qkv_test_fused" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_qkv", fused, {"--fmad=false"}));
+    auto rope_defs = rope;
+    rope_defs.insert(rope_defs.end(), {{"ROPE_NHEAD", str(c.h)}, {"ROPE_NHEAD_KV", str(c.hkv)}, {"ROPE_HEAD_DIM", str(c.d)}});
+    specs.push_back(spec("gemv_qkv_test_rope" + tag, "kernels/rope.cuh", "minfer_rope", rope_defs, {"--fmad=false"}));
+    specs.push_back(spec("gemv_qkv_test_store" + tag, "kernels/attention.cuh", "minfer_kv_store",
+                         {{"ATT_NHEAD", str(c.h)}, {"ATT_NHEAD_KV", str(c.hkv)}, {"ATT_HEAD_DIM", str(c.d)},
+                          {"ATT_KV_STORE", "1"}}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const Kernel* kk = &k[6 * ci];  // plain q, k, v, fused, rope, store
+    CAPTURE(kk[3].key);
+    const uint64_t rows[3] = {uint64_t(c.h * c.d), uint64_t(c.hkv * c.d), uint64_t(c.hkv * c.d)};
+    const GgmlType types[3] = {c.tq, c.tk, c.tv};
+    std::vector<DeviceArray> w, bias, ref, got;
+    for (int i = 0; i < 3; ++i) {
+      w.push_back(DeviceArray::of(alignedBlocksPlane(makeRandomWeight(types[i], rows[i], c.cols, rng(), 0.5f), i == 1).bytes));
+      bias.push_back(DeviceArray::of(randomFloats(rows[i], rng())));
+      ref.emplace_back(rows[i] * 4);
+      got.emplace_back(rows[i] * 4);
+      ref.back().poison();
+      got.back().poison();
+    }
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    std::vector<float> ff(c.n_rot / 2);
+    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.25f * static_cast<float>(i % 9);
+    const uint64_t kv_w = rows[1];
+    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta), d_ff = DeviceArray::of(ff),
+                d_pos = DeviceArray::of(std::vector<int32_t>{kPos}), ref_kc(kCtx * kv_w * 2), ref_vc(kCtx * kv_w * 2),
+                kc(kCtx * kv_w * 2), vc(kCtx * kv_w * 2);
+    for (DeviceArray* a : {&ref_kc, &ref_vc, &kc, &vc}) a->poison();
+    CUdeviceptr a = xq.ptr(), b = xm.ptr(), f = c.ff ? d_ff.ptr() : 0, p = d_pos.ptr();
+    CUdeviceptr pw[3], pb[3], pr[3], pg[3];
+    for (int i = 0; i < 3; ++i) {
+      pw[i] = w[i].ptr();
+      pb[i] = c.bias ? bias[i].ptr() : 0;
+      pr[i] = ref[i].ptr();
+      pg[i] = got[i].ptr();
+    }
+    for (int i = 0; i < 3; ++i)
+      launch(kk[i], kern::gemvBlocksLaunch(static_cast<unsigned>(rows[i]), {2, 2, 1}), {&pw[i], &pb[i], &a, &b, &pr[i]});
+    int one = 1;
+    launch(kk[4], kern::ropeLaunch(1, c.h, c.hkv), {&pr[0], &pr[1], &f, &p, &one});
+    CUdeviceptr rkc = ref_kc.ptr(), rvc = ref_vc.ptr(), gkc = kc.ptr(), gvc = vc.ptr();
+    launch(kk[5], kern::kvStoreLaunch(1, c.hkv, c.d), {&pr[1], &pr[2], &rkc, &rvc, &p, &one});
+    launch(kk[3], kern::gemvQkvLaunchRule(c.h, c.hkv, c.d, {2, 2, 1}).at(1),
+           {&pw[0], &pb[0], &pw[1], &pb[1], &pw[2], &pb[2], &a, &b, &f, &pg[0], &pg[1], &pg[2], &gkc, &gvc, &p});
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<float> r = ref[i].download<float>(rows[i]), g = got[i].download<float>(rows[i]);
+      CHECK_MESSAGE(std::memcmp(r.data(), g.data(), rows[i] * 4) == 0, "qkv"[i]);
+      CHECK(std::isfinite(relError(g.data(), r.data(), rows[i])));
+    }
+    // The whole caches: the row at kPos as kv_store wrote it, every other row still the poison pattern.
+    CHECK(kc.download<uint16_t>(kCtx * kv_w) == ref_kc.download<uint16_t>(kCtx * kv_w));
+    CHECK(vc.download<uint16_t>(kCtx * kv_w) == ref_vc.download<uint16_t>(kCtx * kv_w));
+  }
+}
+
 TEST_CASE("dense_mm and dense_gemv: F32, F16, BF16") {
   MINFER_REQUIRE_GPU(G);
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})

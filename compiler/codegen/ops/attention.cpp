@@ -1,6 +1,6 @@
 // Op family Attention → kernels/attention.cuh: the batch's K/V into the f16 cache, then causal GQA:
 // prefill kv_store + attn_prefill; decode kv_store + split-KV attn_decode + attn_combine (the split
-// partials in step-local scratch).
+// partials in step-local scratch); no kv_store when the fused QKV GEMV stored K and V (ops/matmul.cpp).
 #include <cmath>
 
 #include "compiler/codegen/ops/op_family.h"
@@ -29,7 +29,8 @@ KernelArgDesc cacheArg(fb::ArgKind kind, const char* name, uint32_t layer, uint3
 namespace {
 
 // `quant` (decode only): the QuantizeAct of the output, fused into the combine launch (ATT_Q8).
-Launches attention(const StepContext& c, const StepContext* quant) {
+// `stored` (decode only): the fused QKV GEMV stored this token's K and V (no kv_store launch).
+Launches attention(const StepContext& c, const StepContext* quant, bool stored) {
   const model::StepDesc& s = c.step();
   auto q = c.input(0, "q");
   if (!q) return q.takeError();
@@ -55,6 +56,7 @@ Launches attention(const StepContext& c, const StepContext* quant) {
   if (s.layer < 0) return c.error("attention step without a KV cache layer");
   if (quant && (c.prefill() || s.head_dim % 32 != 0))
     return quant->error("only a decode attention with heads of whole blocks of 32 can carry the quantization");
+  if (stored && c.prefill()) return c.error("only decode attention can take K and V stored by the QKV GEMV");
   if (quant)
     if (llvm::Error e = checkFusedQuantize(*quant, (*out)->width)) return e;
   const uint32_t h = s.n_head, hkv = s.n_head_kv, d = s.head_dim, layer = static_cast<uint32_t>(s.layer);
@@ -90,12 +92,13 @@ Launches attention(const StepContext& c, const StepContext* quant) {
                     "minfer_kv_store");
   heads(store).define("ATT_KV_STORE", uint64_t{1});
   if (kv_views) store.define("ATT_K_PITCH", uint64_t{k_pitch}).define("ATT_V_PITCH", uint64_t{v_pitch});
-  launches.push_back({store.spec,
-                      {viewArg("k", c.inputId(1), k_pitch, kv, fb::Access::Read),
-                       viewArg("v", c.inputId(2), v_pitch, vv, fb::Access::Read),
-                       cacheArg(fb::ArgKind::KCache, "kc", layer, kv_width, fb::Access::Write),
-                       cacheArg(fb::ArgKind::VCache, "vc", layer, kv_width, fb::Access::Write), pos, ntok},
-                      kern::kvStoreLaunchRule(hkv, d)});
+  if (!stored)
+    launches.push_back({store.spec,
+                        {viewArg("k", c.inputId(1), k_pitch, kv, fb::Access::Read),
+                         viewArg("v", c.inputId(2), v_pitch, vv, fb::Access::Read),
+                         cacheArg(fb::ArgKind::KCache, "kc", layer, kv_width, fb::Access::Write),
+                         cacheArg(fb::ArgKind::VCache, "vc", layer, kv_width, fb::Access::Write), pos, ntok},
+                        kern::kvStoreLaunchRule(hkv, d)});
   if (c.prefill()) {
     const std::string q_tag = q_view ? llvm::formatv("_qp{0}", q_pitch).str() : "";
     SpecBuilder b(llvm::formatv("attn_prefill_h{0}_hkv{1}_d{2}{3}{4}", h, hkv, d, opts, q_tag), "kernels/attention.cuh",
@@ -124,7 +127,8 @@ Launches attention(const StepContext& c, const StepContext* quant) {
 
 }  // namespace
 
-Launches attentionLaunches(const StepContext& c) { return attention(c, nullptr); }
-Launches attentionQuantizeLaunches(const StepContext& c, const StepContext& quant) { return attention(c, &quant); }
+Launches attentionLaunches(const StepContext& c) { return attention(c, nullptr, false); }
+Launches attentionQuantizeLaunches(const StepContext& c, const StepContext& quant) { return attention(c, &quant, false); }
+Launches storedAttentionLaunches(const StepContext& c, const StepContext* quant) { return attention(c, quant, true); }
 
 }  // namespace minfer::codegen

@@ -42,15 +42,32 @@ bool gateUpGluChain(const std::vector<model::StepDesc>& steps, size_t i) {
          gate.outputs[0] != up.outputs[0] && fusesQuantize(glu, steps[i + 3], PlanVariant::kDecode);
 }
 
+// steps[i .. i+4]: MatMul q, MatMul k, MatMul v, the Rope of q and k in place, and the Attention of the
+// three, whole buffers.
+bool qkvChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  const model::StepDesc &q = steps[i], &k = steps[i + 1], &v = steps[i + 2], &rope = steps[i + 3], &att = steps[i + 4];
+  for (const model::StepDesc* s : {&q, &k, &v, &rope, &att})
+    if (!wholeBuffers(*s)) return false;
+  for (const model::StepDesc* s : {&q, &k, &v})
+    if (s->op != fb::OpKind::MatMul || s->outputs.size() != 1) return false;
+  const std::vector<uint32_t> qk{q.outputs[0], k.outputs[0]};
+  return rope.op == fb::OpKind::Rope && att.op == fb::OpKind::Attention && rope.inputs == qk && rope.outputs == qk &&
+         att.inputs == std::vector<uint32_t>{q.outputs[0], k.outputs[0], v.outputs[0]} && q.outputs[0] != k.outputs[0] &&
+         q.outputs[0] != v.outputs[0] && k.outputs[0] != v.outputs[0];
+}
+
 }  // namespace
 
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                       PlanVariant variant, size_t i, size_t tail) {
   const std::vector<model::StepDesc>& steps = planSteps(desc.plan, variant);
   const auto fits = [&](size_t k) { return k < steps.size() && k != tail; };
-  if (variant == PlanVariant::kDecode && fits(i + 1) && fits(i + 2) && fits(i + 3) && gateUpGluChain(steps, i) &&
-      fusesGateUp(StepContext(desc, layouts, variant, i), StepContext(desc, layouts, variant, i + 1)))
+  const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, k); };
+  if (variant == PlanVariant::kDecode && fits(i + 3) && gateUpGluChain(steps, i) && fusesGateUp(ctx(i), ctx(i + 1)))
     return 3;
+  if (variant == PlanVariant::kDecode && fits(i + 4) && qkvChain(steps, i) &&
+      fusesQkv(ctx(i), ctx(i + 1), ctx(i + 2), ctx(i + 3), ctx(i + 4)))
+    return fits(i + 5) && fusesQuantize(steps[i + 4], steps[i + 5], variant) ? 5 : 4;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))
     return fits(i + 2) && fusesQuantize(steps[i + 1], steps[i + 2], variant) ? 2 : 1;
   return fits(i + 1) && fusesQuantize(steps[i], steps[i + 1], variant) ? 1 : 0;
@@ -59,6 +76,12 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
 Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                        PlanVariant variant, size_t i, size_t followers) {
   const StepContext producer(desc, layouts, variant, i), next(desc, layouts, variant, i + 1);
+  const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, k); };
+  if (followers == 4) return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), nullptr);
+  if (followers == 5) {
+    const StepContext quant = ctx(i + 5);
+    return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), &quant);
+  }
   if (followers == 3)
     return gateUpGluLaunches(producer, next, StepContext(desc, layouts, variant, i + 2),
                              StepContext(desc, layouts, variant, i + 3));

@@ -9,6 +9,8 @@
 //   (dense_mm in prefill, dense_gemv in decode).
 // Every plane constant the kernel is compiled with (-D…_PITCH) is taken from the stride table that the
 // launch record's Weight argument carries, so the verifier's load-time check covers it.
+#include <optional>
+
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/dense_matmul.cuh"
 #include "kernels/gemv.cuh"
@@ -227,30 +229,35 @@ Launches quantized(const StepContext& c, const MatMulOperands& m) {
       {b.spec, quantizedArgs(c, m, read, *s, mins), kern::gemvLaunchRule(static_cast<unsigned>(n))}};
 }
 
-// The operands of a decode MatMul that the fused gate|up GEMV can take: a q8 input and a kBlocks plane
-// the decode GEMV reads, no bias; null otherwise.
-const StrideTable* fusibleBlocks(const StepContext& c, const MatMulOperands& m) {
+// The plane of a decode MatMul that a fused GEMV can take: a q8 input and a kBlocks plane the decode
+// GEMV reads (a bias only where `bias_ok`); null otherwise.
+const StrideTable* fusibleBlocks(const StepContext& c, const MatMulOperands& m, bool bias_ok) {
   auto qin = c.input(1, "quantized input");
   if (!qin) {
     llvm::consumeError(qin.takeError());
     return nullptr;
   }
   const bool q8 = (*qin)->type == fb::BufferType::I8 && (*qin)->width == m.k;
-  return !c.prefill() && !m.bias && q8 ? decodeBlocksPlane(*m.w) : nullptr;
+  return !c.prefill() && (bias_ok || !m.bias) && q8 ? decodeBlocksPlane(*m.w) : nullptr;
+}
+
+// A step's matmul operands, or nothing (the unfused path reports the error).
+std::optional<MatMulOperands> fusibleOperands(const StepContext& c) {
+  auto m = operands(c);
+  if (!m) {
+    llvm::consumeError(m.takeError());
+    return std::nullopt;
+  }
+  return *m;
 }
 
 }  // namespace
 
 bool fusesGateUp(const StepContext& gate, const StepContext& up) {
-  auto g = operands(gate);
-  auto u = operands(up);
-  if (!g || !u) {
-    llvm::consumeError(g.takeError());
-    llvm::consumeError(u.takeError());
-    return false;
-  }
-  const StrideTable* gb = fusibleBlocks(gate, *g);
-  const StrideTable* ub = fusibleBlocks(up, *u);
+  const std::optional<MatMulOperands> g = fusibleOperands(gate), u = fusibleOperands(up);
+  if (!g || !u) return false;
+  const StrideTable* gb = fusibleBlocks(gate, *g, false);
+  const StrideTable* ub = fusibleBlocks(up, *u, false);
   return gb && ub && gate.step().inputs == up.step().inputs && g->n == u->n && g->k == u->k && g->n % 32 == 0 &&
          gb->ggml_type == ub->ggml_type && gb->row_pitch == ub->row_pitch && gb->group_pitch == ub->group_pitch;
 }
@@ -296,6 +303,82 @@ Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const
   pushQ8Args(args, "qs", "meta", quant.outputId(0), n, fb::Access::Write);
   args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{n / kern::kQ8Block} * 4});
   return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvGluLaunchRule(n, shape)}};
+}
+
+bool fusesQkv(const StepContext& q, const StepContext& k, const StepContext& v, const StepContext& rope,
+              const StepContext& attention) {
+  const std::optional<MatMulOperands> mq = fusibleOperands(q), mk = fusibleOperands(k), mv = fusibleOperands(v);
+  if (!mq || !mk || !mv || !fusibleBlocks(q, *mq, true) || !fusibleBlocks(k, *mk, true) || !fusibleBlocks(v, *mv, true))
+    return false;
+  const model::StepDesc &r = rope.step(), &a = attention.step();
+  const uint64_t d = a.head_dim;
+  return q.step().inputs == k.step().inputs && q.step().inputs == v.step().inputs && r.n_head == a.n_head &&
+         r.n_head_kv == a.n_head_kv && r.head_dim == a.head_dim && d % 2 == 0 && a.layer >= 0 &&
+         mq->n == a.n_head * d && mk->n == a.n_head_kv * d && mv->n == a.n_head_kv * d && mk->k == mq->k &&
+         mv->k == mq->k;
+}
+
+// MatMul q, k, v, Rope, Attention (decode) → minfer_gemv_qkv (kernels/gemv_blocks.cuh GEMVB_QKV: the three
+// products, biases, the rotation and the K/V cache store) and the attention's decode launches without
+// their store; `quant`, the QuantizeAct of the attention output, rides in its combine launch as before.
+Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const StepContext& v,
+                              const StepContext& rope, const StepContext& attention, const StepContext* quant) {
+  if (!fusesQkv(q, k, v, rope, attention)) return q.error("the q, k and v matmuls cannot run as one fused GEMV");
+  auto rc = ropeConstants(rope);
+  if (!rc) return rc.takeError();
+  auto after = storedAttentionLaunches(attention, quant);
+  if (!after) return after.takeError();
+  const model::StepDesc& a = attention.step();
+  const kern::GemvBlocksShape shape = kern::gemvGluShape(0, 0);  // two rows per group, as the gate|up GEMV
+  const StepContext* mm[3] = {&q, &k, &v};
+  MatMulOperands m[3];
+  const StrideTable* blk[3];
+  for (int i = 0; i < 3; ++i) {
+    m[i] = *fusibleOperands(*mm[i]);
+    blk[i] = decodeBlocksPlane(*m[i].w);
+  }
+  std::string key = llvm::formatv("gemv_qkv_h{0}_hkv{1}_d{2}_k{3}_{4}", a.n_head, a.n_head_kv, a.head_dim, m[0].k, rc->key);
+  for (int i = 0; i < 3; ++i)
+    key += llvm::formatv("_{0}{1}{2}", typeTag(blk[i]->ggml_type), blk[i]->group_pitch, m[i].bias_tag).str();
+  SpecBuilder b(key, "kernels/gemv_blocks.cuh", "minfer_gemv_qkv");
+  b.define("GEMVB_QKV", uint64_t{1})
+      .define("GEMVB_K", m[0].k)
+      .define("QKV_NHEAD", static_cast<uint64_t>(a.n_head))
+      .define("QKV_NHEAD_KV", static_cast<uint64_t>(a.n_head_kv))
+      .define("QKV_HEAD_DIM", static_cast<uint64_t>(a.head_dim))
+      .define("GEMVB_ROW_WARPS", static_cast<uint64_t>(shape.warps))
+      .define("GEMVB_UNROLL", static_cast<uint64_t>(shape.unroll));
+  const char* names[3][4] = {{"GEMVB_Q_TYPE", "GEMVB_Q_PITCH", "GEMVB_Q_GROUP_PITCH", "GEMVB_Q_HAS_BIAS"},
+                             {"GEMVB_K_TYPE", "GEMVB_K_PITCH", "GEMVB_K_GROUP_PITCH", "GEMVB_K_HAS_BIAS"},
+                             {"GEMVB_V_TYPE", "GEMVB_V_PITCH", "GEMVB_V_GROUP_PITCH", "GEMVB_V_HAS_BIAS"}};
+  for (int i = 0; i < 3; ++i)
+    b.define(names[i][0], static_cast<uint64_t>(blk[i]->ggml_type))
+        .define(names[i][1], blk[i]->row_pitch)
+        .define(names[i][2], static_cast<uint64_t>(blk[i]->group_pitch))
+        .define(names[i][3], static_cast<uint64_t>(m[i].bias != nullptr));
+  for (const auto& [name, value] : rc->defines) b.define(name, value);
+  b.flag("--fmad=false");  // the rotation rounds as minfer_rope's (rope.cuh ropeCosSin)
+  const char* w_names[3] = {"wq", "wk", "wv"};
+  const char* b_names[3] = {"bq", "bk", "bv"};
+  std::vector<KernelArgDesc> args;
+  for (int i = 0; i < 3; ++i) {
+    args.push_back(weightArg(w_names[i], mm[i]->weightId(0), *blk[i]));
+    args.push_back(m[i].bias ? weightArg(b_names[i], mm[i]->weightId(1), *m[i].bias) : kindArg(fb::ArgKind::Null, b_names[i]));
+  }
+  const uint32_t k_cols = static_cast<uint32_t>(m[0].k), kv_width = a.n_head_kv * a.head_dim;
+  pushQ8Args(args, "xq", "xmeta", q.inputId(1), k_cols, fb::Access::Read);
+  args.push_back(freqFactorsArg(rope, *rc));
+  const char* out_names[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i)
+    args.push_back(activationArg(out_names[i], mm[i]->outputId(0), static_cast<uint32_t>(m[i].n), fb::Access::Write));
+  const uint32_t layer = static_cast<uint32_t>(a.layer);
+  args.push_back({.kind = fb::ArgKind::KCache, .name = "kc", .access = fb::Access::Write, .width = kv_width, .layer = layer});
+  args.push_back({.kind = fb::ArgKind::VCache, .name = "vc", .access = fb::Access::Write, .width = kv_width, .layer = layer});
+  args.push_back(kindArg(fb::ArgKind::Positions, "pos"));
+  std::vector<KernelLaunch> launches{
+      {b.spec, std::move(args), kern::gemvQkvLaunchRule(a.n_head, a.n_head_kv, a.head_dim, shape)}};
+  for (KernelLaunch& l : *after) launches.push_back(std::move(l));
+  return launches;
 }
 
 Launches matmulLaunches(const StepContext& c) {

@@ -82,6 +82,17 @@ std::string keyNumber(double v);
 // n_head_kv, head_dim ≤ 256). Defined in ops/attention.cpp.
 llvm::Error checkHeads(const StepContext& c, uint32_t q_width, uint32_t kv_width);
 
+// The rotation constants of a Rope step (kernels/rope.cuh ROPE_NROT, _NEOX, _BASE, _SCALE,
+// _FREQ_FACTORS and the optional YaRN / MSCALE ones; not the head counts or pitches), the kernel-key
+// part that names them, and its frequency-factor plane (null without). Defined in ops/rope.cpp.
+struct RopeConstants {
+  std::string key;
+  std::vector<std::pair<const char*, std::string>> defines;
+  const StrideTable* freq_factors = nullptr;
+};
+llvm::Expected<RopeConstants> ropeConstants(const StepContext& rope);
+KernelArgDesc freqFactorsArg(const StepContext& rope, const RopeConstants& r);  // Weight or Null
+
 using Launches = llvm::Expected<std::vector<KernelLaunch>>;
 
 // The families, one per op of schema/op_traits.h MINFER_OPS: Launches <family>Launches(const StepContext&),
@@ -98,8 +109,10 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // ops/attention.cpp); the q8 values are the QuantizeAct kernel's, bit for bit. And an RmsNorm of an
 // Add's output, in the Add's launch (rms_norm.cuh RMS_ADD), with its QuantizeAct too.
 // And in decode, MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct as one fused gate|up GEMV
-// (gemv_blocks.cuh GEMVB_GLU, ops/matmul.cpp) where fusesGateUp allows it.
-// fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 3), none across the
+// (gemv_blocks.cuh GEMVB_GLU, ops/matmul.cpp) where fusesGateUp allows it; MatMul q, k, v, Rope and
+// Attention (and its QuantizeAct) as the fused QKV GEMV and the attention's launches (GEMVB_QKV) where
+// fusesQkv allows it.
+// fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`. fusedLaunches: the launches of steps[i] and those followers.
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                       PlanVariant variant, size_t i, size_t tail);
@@ -113,6 +126,15 @@ Launches attentionQuantizeLaunches(const StepContext& attention, const StepConte
 // minfer_gemv_glu launch: same inputs, no bias, kBlocks planes of one type and geometry that the decode
 // GEMV reads, and a width of whole blocks of 32 (ops/matmul.cpp).
 bool fusesGateUp(const StepContext& gate, const StepContext& up);
+// Decode MatMul steps q, k, v, the Rope of q and k and the Attention of the three (whole buffers, one q8
+// input, kBlocks planes the decode GEMV reads) can run as one minfer_gemv_qkv launch that also stores K
+// and V, followed by the attention's own launches without its store (ops/matmul.cpp).
+bool fusesQkv(const StepContext& q, const StepContext& k, const StepContext& v, const StepContext& rope,
+              const StepContext& attention);
+Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const StepContext& v,
+                              const StepContext& rope, const StepContext& attention, const StepContext* quant);
+// The decode attention's launches after a fused QKV GEMV stored K and V (ops/attention.cpp).
+Launches storedAttentionLaunches(const StepContext& attention, const StepContext* quant);
 Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const StepContext& glu,
                            const StepContext& quant);
 // The check both make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
