@@ -45,8 +45,8 @@
 // summed exactly as minfer_gemv_blocks sums it; out[r] = ewApply<GEMVB_GLU>(gate_r, up_r), bit for bit the
 // unfused steps' value. The q8 form of out (common.cuh quantizeBlock, the QuantizeAct definition) needs
 // whole blocks of 32 rows, which span 32 / (4 / GEMVB_ROW_WARPS) thread blocks: each thread block counts
-// itself done in counters[r / 32] (after a fence), and the one that completes a block of 32 quantizes it
-// (reading out through L2) and sets its counter back to 0.
+// itself done in counters[r / 32] (an acquire-release atomic after a block barrier), and the one that
+// completes a block of 32 quantizes it (reading out through L2) and sets its counter back to 0.
 // Launch ABI:  minfer_gemv_glu(const uint8_t* wg, const uint8_t* wu, const int8_t* xq, const Q8Meta* xmeta,
 //                              float* gate, float* up, float* out, int8_t* qs, Q8Meta* meta, unsigned* counters)
 //   wg, wu: the kBlocks planes of gate and up; gate, up: N f32, the two products (as the unfused MatMul
@@ -57,8 +57,8 @@
 // Fused QKV GEMV (GEMVB_QKV = 1): the decode steps MatMul q, MatMul k, MatMul v (one q8 input), their
 // Rope and the Attention's KV-cache store in one launch. A group's two rows are a rotation pair of one
 // head (rope.cuh: NeoX (i, i + n_rot/2), norm (2i, 2i + 1); rows ≥ n_rot and V rows in consecutive
-// pairs), so it rotates its own two sums: (a, b) → (a·cos − b·sin, a·sin + b·cos) after the bias, cos
-// and sin from rope.cuh ropeCosSin (compiled with --fmad=false, so the rotation rounds as minfer_rope's).
+// pairs), so it rotates its own two sums after the bias with rope.cuh's ropeCosSin and ropeRotate (explicitly
+// rounded: minfer_rope's values); compiled as minfer_gemv_blocks is, its sums are that kernel's bit for bit.
 // It writes q, k, v as the unfused steps leave them (q and k rotated) and k, v as f16 into the caches at
 // position pos[0] (attention.cuh kv_store). Each of q, k, v has its own type, pitches and bias.
 // Compile-time constants: GEMVB_K (cols), QKV_NHEAD, QKV_NHEAD_KV, QKV_HEAD_DIM, GEMVB_ROW_WARPS,
@@ -70,7 +70,9 @@
 //                              uint16_t* vc, const int* pos)
 //   biases: rows f32 or null (as _HAS_BIAS); q: NHEAD·HEAD_DIM f32, k, v: NHEAD_KV·HEAD_DIM f32; kc, vc:
 //   the layer's f16 caches, (n_ctx, NHEAD_KV·HEAD_DIM) position-major.
-// Launch shape: gemvQkvLaunchRule(): 4 warps per block, 4 / GEMVB_ROW_WARPS row pairs per block.
+// Launch shape: gemvQkvLaunchRule(): 4 / GEMVB_ROW_WARPS row pairs per block of 4 + 1 warps: the fifth
+// computes the pairs' cos and sin (double precision: ~2 µs of dependent latency, measured as a slower
+// kernel when the group's own lane did it after its sums) while the others wait for their loads.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -117,11 +119,13 @@ MINFER_HD LaunchRule gemvGluLaunchRule(unsigned n, GemvBlocksShape s) {
   return r;
 }
 
-// The fused QKV GEMV: one row pair (two rows of one head) per group of s.warps warps.
+// The fused QKV GEMV: one row pair (two rows of one head) per group of s.warps warps, and one more warp
+// per block for the rotation angles.
+constexpr unsigned kGemvQkvWarps = kGemvBlocksWarps + 1;
 MINFER_HD LaunchRule gemvQkvLaunchRule(unsigned n_head, unsigned n_head_kv, unsigned head_dim, GemvBlocksShape s) {
   LaunchRule r;
   r.grid[0] = fixedExtent(ceilDiv((n_head + 2 * n_head_kv) * head_dim / 2, kGemvBlocksWarps / s.warps));
-  r.block.x = 32 * kGemvBlocksWarps;
+  r.block.x = 32 * kGemvQkvWarps;
   return r;
 }
 
@@ -274,10 +278,10 @@ __device__ __forceinline__ void accumulateRows(const uint8_t* const (&wr)[kRows]
   }
 }
 
-// Sums acc over the kRowWarps warps of each group of a block of kGemvBlocksWarps warps (warpSum, then
-// warp w + 1's sums added to warp w's through shared memory). Every thread of the block must call it;
-// afterwards every lane of a group's first warp (warp % kRowWarps == 0) holds the group's sums, and the
-// function returns true there.
+// Sums acc over the kRowWarps warps of each group of the block's first kGemvBlocksWarps warps (warpSum,
+// then warp w + 1's sums added to warp w's through shared memory). Every thread of the block must call
+// it (warps past the first kGemvBlocksWarps take part in the barrier only); afterwards every lane of a
+// group's first warp (warp % kRowWarps == 0) holds the group's sums, and the function returns true there.
 template <int kRows, int kRowWarps>
 __device__ __forceinline__ bool groupSum(float (&acc)[kRows]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -285,11 +289,11 @@ __device__ __forceinline__ bool groupSum(float (&acc)[kRows]) {
   for (int i = 0; i < kRows; ++i) acc[i] = warpSum(acc[i]);
   if (kRowWarps == 1) return true;
   __shared__ float partial[kGemvBlocksWarps][kRows];
-  if (lane == 0)
+  if (lane == 0 && warp < static_cast<int>(kGemvBlocksWarps))
 #pragma unroll
     for (int i = 0; i < kRows; ++i) partial[warp][i] = acc[i];
   __syncthreads();
-  if (warp % kRowWarps != 0) return false;
+  if (warp % kRowWarps != 0 || warp >= static_cast<int>(kGemvBlocksWarps)) return false;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) acc[i] += partial[warp + 1][i];
   return true;
@@ -343,15 +347,16 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
     up[row] = acc[1];
     out[row] = ewApply<GEMVB_GLU>(acc[0], acc[1]);
   }
-  // This block's rows are written. Count it in its block of 32 rows (the pattern of a grid barrier: a
-  // block barrier, then one thread's fence and atomic); the block that completes the 32 quantizes them.
+  // This block's rows are written. Count it in its block of 32 rows (a grid barrier's arrival, as
+  // cooperative_groups' grid sync does it: a block barrier, then one thread's release atomic, here
+  // acquire-release so that the block completing the 32 sees the others' rows); that block quantizes them.
   __shared__ bool completes;
   const int blk = first / 32;
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    completes = atomicAdd(counters + blk, 1u) == 32 / kGroupsPerCta - 1;
-    __threadfence();
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blk) : "memory");
+    completes = before == 32 / kGroupsPerCta - 1;
   }
   __syncthreads();
   if (!completes || warp != 0) return;
@@ -451,7 +456,7 @@ __device__ __forceinline__ Pair pairRows(int j, bool rope) {
 
 }  // namespace minfer::kern::qkv
 
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvQkvWarps)
     minfer_gemv_qkv(const uint8_t* __restrict__ wq, const float* __restrict__ bq, const uint8_t* __restrict__ wk,
                     const float* __restrict__ bk, const uint8_t* __restrict__ wv, const float* __restrict__ bv,
                     const int8_t* __restrict__ xq, const minfer::kern::Q8Meta* __restrict__ xmeta,
@@ -461,46 +466,64 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
   using namespace minfer::kern;
   using namespace minfer::kern::qkv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int pair = blockIdx.x * kGroupsPerCta + warp / kRowWarps;
-  const bool active = pair < kPairs;
-  // Segment 0 q, 1 k, 2 v; p = the pair's index in it; rows of its head.
-  const int seg = pair < kNq / 2 ? 0 : pair < kNq / 2 + kNkv / 2 ? 1 : 2;
-  const int p = pair - (seg == 0 ? 0 : seg == 1 ? kNq / 2 : kNq / 2 + kNkv / 2);
-  Pair rows = pairRows(p % (kD / 2), seg < 2);
-  rows.a += p / (kD / 2) * kD;
-  rows.b += p / (kD / 2) * kD;
-  const uint8_t* w = seg == 0 ? wq : seg == 1 ? wk : wv;
-  const int pitch = seg == 0 ? SegQ::kRowPitch : seg == 1 ? SegK::kRowPitch : SegV::kRowPitch;
-  if (active && threadIdx.x % (32 * kRowWarps) == 0) {  // the group's rows start moving to L2 (weights only)
-    prefetchL2(w + static_cast<uint64_t>(rows.a) * pitch, static_cast<unsigned>(pitch));
-    prefetchL2(w + static_cast<uint64_t>(rows.b) * pitch, static_cast<unsigned>(pitch));
+  // Group g of this block: pair blockIdx.x · kGroupsPerCta + g; segment 0 q, 1 k, 2 v; p = the pair's
+  // index in its segment; the rows of its head.
+  struct Where {
+    bool active;
+    int seg, p;
+    Pair rows;
+  };
+  const auto where = [](int g) {
+    const int pair = blockIdx.x * kGroupsPerCta + g;
+    Where w;
+    w.active = pair < kPairs;
+    w.seg = pair < kNq / 2 ? 0 : pair < kNq / 2 + kNkv / 2 ? 1 : 2;
+    w.p = pair - (w.seg == 0 ? 0 : w.seg == 1 ? kNq / 2 : kNq / 2 + kNkv / 2);
+    w.rows = pairRows(w.p % (kD / 2), w.seg < 2);
+    w.rows.a += w.p / (kD / 2) * kD;
+    w.rows.b += w.p / (kD / 2) * kD;
+    return w;
+  };
+  __shared__ float angle[kGroupsPerCta][2];  // cos, sin of each group's pair
+  if (warp == static_cast<int>(kGemvBlocksWarps)) {  // the angle warp: lane g for group g
+    overlapPrologue();
+    const Where w = where(lane);
+    if (lane < kGroupsPerCta && w.active && w.rows.rotate)
+      ropeCosSin(w.p % (kD / 2), pos[0], freq_factors, angle[lane][0], angle[lane][1]);
+    __syncthreads();
+    float none[2] = {0.0f, 0.0f};
+    gemvb::groupSum<2, kRowWarps>(none);  // its barrier
+    return;
+  }
+  const int g = warp / kRowWarps;
+  const Where w = where(g);
+  const uint8_t* wt = w.seg == 0 ? wq : w.seg == 1 ? wk : wv;
+  const int pitch = w.seg == 0 ? SegQ::kRowPitch : w.seg == 1 ? SegK::kRowPitch : SegV::kRowPitch;
+  if (w.active && threadIdx.x % (32 * kRowWarps) == 0) {  // the group's rows start moving to L2 (weights only)
+    prefetchL2(wt + static_cast<uint64_t>(w.rows.a) * pitch, static_cast<unsigned>(pitch));
+    prefetchL2(wt + static_cast<uint64_t>(w.rows.b) * pitch, static_cast<unsigned>(pitch));
   }
   overlapPrologue();
   const int t = (warp % kRowWarps) * 32 + lane;
   float acc[2] = {0.0f, 0.0f};
-  if (active) {
-    if (seg == 0) SegQ::sums(wq, rows.a, rows.b, xq, xmeta, t, acc);
-    else if (seg == 1) SegK::sums(wk, rows.a, rows.b, xq, xmeta, t, acc);
-    else SegV::sums(wv, rows.a, rows.b, xq, xmeta, t, acc);
+  if (w.active) {
+    if (w.seg == 0) SegQ::sums(wq, w.rows.a, w.rows.b, xq, xmeta, t, acc);
+    else if (w.seg == 1) SegK::sums(wk, w.rows.a, w.rows.b, xq, xmeta, t, acc);
+    else SegV::sums(wv, w.rows.a, w.rows.b, xq, xmeta, t, acc);
   }
-  if (!gemvb::groupSum<2, kRowWarps>(acc) || lane != 0 || !active) return;
-  if (seg == 0) SegQ::bias(bq, rows.a, rows.b, acc);
-  else if (seg == 1) SegK::bias(bk, rows.a, rows.b, acc);
-  else SegV::bias(bv, rows.a, rows.b, acc);
-  const int position = pos[0];
+  __syncthreads();  // the angles are in shared memory
+  if (!gemvb::groupSum<2, kRowWarps>(acc) || lane != 0 || !w.active) return;
+  if (w.seg == 0) SegQ::bias(bq, w.rows.a, w.rows.b, acc);
+  else if (w.seg == 1) SegK::bias(bk, w.rows.a, w.rows.b, acc);
+  else SegV::bias(bv, w.rows.a, w.rows.b, acc);
   float a = acc[0], b = acc[1];
-  if (rows.rotate) {
-    float c, s;
-    ropeCosSin(p % (kD / 2), position, freq_factors, c, s);
-    a = acc[0] * c - acc[1] * s;
-    b = acc[0] * s + acc[1] * c;
-  }
-  float* out = seg == 0 ? q : seg == 1 ? k : v;
-  out[rows.a] = a;
-  out[rows.b] = b;
-  if (seg == 0) return;
-  uint16_t* cache = (seg == 1 ? kc : vc) + static_cast<uint64_t>(position) * kNkv;
-  cache[rows.a] = f2h(a);
-  cache[rows.b] = f2h(b);
+  if (w.rows.rotate) ropeRotate(acc[0], acc[1], angle[g][0], angle[g][1], a, b);
+  float* out = w.seg == 0 ? q : w.seg == 1 ? k : v;
+  out[w.rows.a] = a;
+  out[w.rows.b] = b;
+  if (w.seg == 0) return;
+  uint16_t* cache = (w.seg == 1 ? kc : vc) + static_cast<uint64_t>(pos[0]) * kNkv;
+  cache[w.rows.a] = f2h(a);
+  cache[w.rows.b] = f2h(b);
 }
 #endif  // GEMVB_QKV

@@ -111,26 +111,33 @@ MINFER_HD LaunchShape ropeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_
 #endif
 namespace minfer::kern {
 // cos θ_i and sin θ_i of pair i at `position` (the header's definition and operation order, as
-// cpu::rope), each times ROPE_MSCALE; freq_factors as minfer_rope takes them. Also the RoPE of the fused
-// QKV GEMV (gemv_blocks.cuh GEMVB_QKV), compiled with --fmad=false as minfer_rope is.
+// cpu::rope), each times ROPE_MSCALE; freq_factors as minfer_rope takes them. Every product and sum is an
+// explicitly rounded intrinsic, so the result does not depend on --fmad: the fused QKV GEMV
+// (gemv_blocks.cuh GEMVB_QKV, compiled with contraction like the GEMV it fuses) gets minfer_rope's values.
 __device__ __forceinline__ void ropeCosSin(int i, int position, const float* freq_factors, float& c, float& s) {
 #if ROPE_YARN
   const double p = static_cast<double>(position);
 #else
-  const double p = static_cast<double>(position) * static_cast<double>(ROPE_SCALE);
+  const double p = __dmul_rn(static_cast<double>(position), static_cast<double>(ROPE_SCALE));
 #endif
-  double theta = p * pow(static_cast<double>(ROPE_BASE), -2.0 * i / ROPE_NROT);
+  double theta = __dmul_rn(p, pow(static_cast<double>(ROPE_BASE), -2.0 * i / ROPE_NROT));
 #if ROPE_FREQ_FACTORS
-  theta /= static_cast<double>(freq_factors[i]);
+  theta = __ddiv_rn(theta, static_cast<double>(freq_factors[i]));
 #else
   (void)freq_factors;
 #endif
 #if ROPE_YARN  // same operations as cpu::rope
-  const double mix = static_cast<double>(ropeYarnRamp(ROPE_CORR_LO, ROPE_CORR_HI, i) * ROPE_EXT_FACTOR);
-  theta = theta * static_cast<double>(ROPE_SCALE) * (1.0 - mix) + theta * mix;
+  const double mix = static_cast<double>(__fmul_rn(ropeYarnRamp(ROPE_CORR_LO, ROPE_CORR_HI, i), ROPE_EXT_FACTOR));
+  theta = __dadd_rn(__dmul_rn(__dmul_rn(theta, static_cast<double>(ROPE_SCALE)), __dsub_rn(1.0, mix)),
+                    __dmul_rn(theta, mix));
 #endif
-  c = static_cast<float>(cos(theta)) * ROPE_MSCALE;
-  s = static_cast<float>(sin(theta)) * ROPE_MSCALE;
+  c = __fmul_rn(static_cast<float>(cos(theta)), ROPE_MSCALE);
+  s = __fmul_rn(static_cast<float>(sin(theta)), ROPE_MSCALE);
+}
+// The rotation of the pair (a, b): (a·c − b·s, a·s + b·c), each product and sum rounded (no contraction).
+__device__ __forceinline__ void ropeRotate(float a, float b, float c, float s, float& x, float& y) {
+  x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  y = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
 }
 }  // namespace minfer::kern
 
@@ -154,9 +161,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
       if (h >= kHeads) break;
       float* x = h < ROPE_NHEAD ? q + static_cast<uint64_t>(t) * ROPE_Q_PITCH + h * ROPE_HEAD_DIM
                                 : k + static_cast<uint64_t>(t) * ROPE_K_PITCH + (h - ROPE_NHEAD) * ROPE_HEAD_DIM;
-      const float a = x[i0], b = x[i1];
-      x[i0] = a * c - b * s;
-      x[i1] = a * s + b * c;
+      minfer::kern::ropeRotate(x[i0], x[i1], c, s, x[i0], x[i1]);
     }
   }
 }

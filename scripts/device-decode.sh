@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Decode measurements on a GPU machine from what scripts/device-pack.sh packed (issue 12): the GPU suites
 # (MINFER_DEVICE_SUITES=0 skips them), then the 7B-shaped model's pp128 / pp512 / tg128 and tg128 @ d4096
-# with programmatic dependent launch on and off (minfer-bench --no-overlap) and without launch fusion
-# (an artifact compiled with --no-fuse), interleaved, and one --profile run. Logs in $OUT/decode.log.
+# with every launch fusion, without the decode GEMV fusions (--no-fuse-gemv) and without any (--no-fuse),
+# interleaved, programmatic dependent launch off once (minfer-bench --no-overlap), and --profile runs.
+# Logs in $OUT/decode.log.
 set -uo pipefail
 . "$(dirname "$0")/device-common.sh"
 if [ "${MINFER_DEVICE_SUITES:-1}" = 1 ]; then
@@ -11,23 +12,26 @@ if [ "${MINFER_DEVICE_SUITES:-1}" = 1 ]; then
   MINFER_GOLDEN_FILTER=tiny-qwen2-Q4_K_M timeout 120 compute-sanitizer --tool memcheck "$B/test_cuda_e2e" \
     -tc="GPU logits*,decode graph*" > "$OUT/sanitizer-memcheck.log" 2>&1; echo "rc=$?" >> "$OUT/sanitizer-memcheck.log"
   for tool in memcheck racecheck; do  # the kernels with fused outputs, views and experts
-    timeout 200 compute-sanitizer --tool $tool "$B/test_cuda_kernels" -tc="rms_norm*,swiglu*,column*,moe*" \
+    timeout 200 compute-sanitizer --tool $tool "$B/test_cuda_kernels" -tc="rms_norm*,swiglu*,column*,moe*,gemv_glu*,gemv_qkv*" \
       > "$OUT/sanitizer-kernels-$tool.log" 2>&1; echo "rc=$?" >> "$OUT/sanitizer-kernels-$tool.log"
   done
 fi
 {
-  [ -f /tmp/q7.mfb ] || { timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf &&
-    timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb; }
+  [ -f /tmp/q7.gguf ] || timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf
+  [ -f /tmp/q7.mfb ] || timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb
+  [ -f /tmp/q7ng.mfb ] || timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7ng.mfb --no-fuse-gemv
   [ -f /tmp/q7nf.mfb ] || timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7nf.mfb --no-fuse
   for i in 1 2; do
     echo "== fused, overlap on, round $i"; timeout 120 "$B/minfer-bench" /tmp/q7.mfb -p 128,512 -n 128 -r 5
-    echo "== fused, overlap off, round $i"; timeout 120 "$B/minfer-bench" /tmp/q7.mfb -p 128,512 -n 128 -r 5 --no-overlap
+    echo "== fused without the GEMV fusions, overlap on, round $i"; timeout 120 "$B/minfer-bench" /tmp/q7ng.mfb -p 128,512 -n 128 -r 5
     echo "== unfused, overlap on, round $i"; timeout 120 "$B/minfer-bench" /tmp/q7nf.mfb -p 128,512 -n 128 -r 5
   done
+  echo "== fused, overlap off"; timeout 120 "$B/minfer-bench" /tmp/q7.mfb -p 128,512 -n 128 -r 5 --no-overlap
   echo "== depth 4096, fused, overlap on"; timeout 120 "$B/minfer-bench" /tmp/q7.mfb -p 0 -n 128 -d 4096 -r 3
-  echo "== depth 4096, fused, overlap off"; timeout 120 "$B/minfer-bench" /tmp/q7.mfb -p 0 -n 128 -d 4096 -r 3 --no-overlap
+  echo "== depth 4096, fused without the GEMV fusions, overlap on"; timeout 120 "$B/minfer-bench" /tmp/q7ng.mfb -p 0 -n 128 -d 4096 -r 3
   echo "== depth 4096, unfused, overlap on"; timeout 120 "$B/minfer-bench" /tmp/q7nf.mfb -p 0 -n 128 -d 4096 -r 3
   echo "== profile"; timeout 120 "$B/minfer-bench" /tmp/q7.mfb -p 512 -n 128 -r 1 --profile
+  echo "== profile without the GEMV fusions"; timeout 120 "$B/minfer-bench" /tmp/q7ng.mfb -p 0 -n 128 -r 1 --profile
 } > "$OUT/decode.log" 2>&1
 echo "rc=$?" >> "$OUT/decode.log"
 grep -H "rc=" "$OUT"/*.log

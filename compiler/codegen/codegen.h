@@ -28,8 +28,10 @@ struct CodegenOptions {
   std::string cache_dir;             // "" = KernelCache::defaultDirectory(); "off" = no cache
   // Launch fusion (schema Step.fused, ops/fusion.cpp): a QuantizeAct runs inside the launch of the
   // RmsNorm / SwiGlu / GeGlu / decode Attention that produces its input, an RmsNorm inside the residual
-  // Add's before it. Off: every step launches its own kernels (same results, bit for bit).
+  // Add's before it; with fuse_gemv also the decode GEMV fusions (gate|up with its GLU; q, k, v with
+  // their RoPE and KV store). Off: every step launches its own kernels (same results, bit for bit).
   bool fuse_launches = true;
+  bool fuse_gemv = true;
 };
 
 struct KernelImageData {

@@ -274,22 +274,22 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
         total += t.ms;
         CHECK(t.calls == (t.prefill ? 1u : 2u));
         if (t.prefill || (t.op != "MatMul" && t.op != "Attention" && t.op != "Embed")) continue;
-        // Decode bytes: a MatMul reads its weight plane once per call, Embed one row of it; attention
-        // reads K and V of every cached position (f16) and writes one.
+        // Decode bytes, per launch argument over the two calls: a MatMul reads its weight plane once per
+        // call, Embed one row of it; a K or V cache read covers every cached position (f16), a write one
+        // position (the attention's, or the fused QKV GEMV's that a q MatMul step launches).
         const fb::Step* step = nullptr;
         for (const fb::Step* s : *m->decode()->steps())
           if (s->name()->str() == t.name) step = s;
         REQUIRE(step != nullptr);
         double expected = 0;
-        if (t.op == "Attention") {
-          const double row = 2.0 * step->n_head_kv() * step->head_dim();  // f16 bytes per position, K or V
-          expected = 2 * row * ((g.nPrompt() + 1) + (g.nPrompt() + 2)) + 2 * 2 * row;
-        } else {
-          for (const fb::Launch* l : *step->launches())
-            for (const fb::KernelArg* a : *l->args())
-              if (a->kind() == fb::ArgKind::Weight)
-                expected += 2.0 * a->plane()->row_pitch() * (t.op == "Embed" ? 1 : a->plane()->rows());
-        }
+        for (const fb::Launch* l : *step->launches())
+          for (const fb::KernelArg* a : *l->args()) {
+            if (a->kind() == fb::ArgKind::Weight)
+              expected += 2.0 * a->plane()->row_pitch() * (t.op == "Embed" ? 1 : a->plane()->rows());
+            if (a->kind() != fb::ArgKind::KCache && a->kind() != fb::ArgKind::VCache) continue;
+            const double row = 2.0 * a->width();  // f16 bytes per position
+            expected += a->access() == fb::Access::Read ? row * ((g.nPrompt() + 1) + (g.nPrompt() + 2)) : 2 * row;
+          }
         CHECK(t.bytes == doctest::Approx(expected));
         CHECK(t.bytes > 0);
       }

@@ -712,8 +712,8 @@ TEST_CASE("gemv_glu: fused gate|up GEMV, GLU and q8, bit-identical to the unfuse
 }
 
 // minfer_gemv_qkv (gemv_blocks.cuh GEMVB_QKV: the decode steps MatMul q, k, v, their Rope and the
-// attention's KV store in one launch) against those steps' own kernels, all compiled with --fmad=false as
-// the fused kernel is: three minfer_gemv_blocks launches (with the biases), minfer_rope and minfer_kv_store.
+// attention's KV store in one launch) against those steps' own kernels as the codegen compiles them: three
+// minfer_gemv_blocks launches (with the biases), minfer_rope (--fmad=false) and minfer_kv_store.
 // q, k, v and the two cache rows at the position must be bit-identical, and no other cache row written
 // (the caches are poisoned). NeoX and norm style, full and partial rotation, frequency factors and YaRN,
 // head sizes 64 and 128, GQA groups 2 and 7, mixed types (Q6_K v as Q4_K_M makes), biases or none.
@@ -763,11 +763,10 @@ TEST_CASE("gemv_qkv: fused q, k, v GEMV, RoPE and KV store, bit-identical to the
                            {{"GEMVB_N", str(rows[i])}, {"GEMVB_K", str(c.cols)},
                             {"GEMVB_TYPE", str(static_cast<unsigned>(types[i]))}, {"GEMVB_PITCH", pitch},
                             {"GEMVB_GROUP_PITCH", str(gp)}, {"GEMVB_ROWS", "2"}, {"GEMVB_ROW_WARPS", "2"},
-                            {"GEMVB_UNROLL", "1"}, {"GEMVB_HAS_BIAS", c.bias ? "1" : "0"}},
-                           {"--fmad=false"}));
+                            {"GEMVB_UNROLL", "1"}, {"GEMVB_HAS_BIAS", c.bias ? "1" : "0"}}));
     }
     fused.insert(fused.end(), rope.begin(), rope.end());
-    specs.push_back(spec("gemv_qkv_test_fused" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_qkv", fused, {"--fmad=false"}));
+    specs.push_back(spec("gemv_qkv_test_fused" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_qkv", fused));
     auto rope_defs = rope;
     rope_defs.insert(rope_defs.end(), {{"ROPE_NHEAD", str(c.h)}, {"ROPE_NHEAD_KV", str(c.hkv)}, {"ROPE_HEAD_DIM", str(c.d)}});
     specs.push_back(spec("gemv_qkv_test_rope" + tag, "kernels/rope.cuh", "minfer_rope", rope_defs, {"--fmad=false"}));

@@ -59,13 +59,13 @@ bool qkvChain(const std::vector<model::StepDesc>& steps, size_t i) {
 }  // namespace
 
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
-                      PlanVariant variant, size_t i, size_t tail) {
+                      PlanVariant variant, size_t i, size_t tail, bool gemv) {
   const std::vector<model::StepDesc>& steps = planSteps(desc.plan, variant);
   const auto fits = [&](size_t k) { return k < steps.size() && k != tail; };
   const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, k); };
-  if (variant == PlanVariant::kDecode && fits(i + 3) && gateUpGluChain(steps, i) && fusesGateUp(ctx(i), ctx(i + 1)))
+  if (gemv && variant == PlanVariant::kDecode && fits(i + 3) && gateUpGluChain(steps, i) && fusesGateUp(ctx(i), ctx(i + 1)))
     return 3;
-  if (variant == PlanVariant::kDecode && fits(i + 4) && qkvChain(steps, i) &&
+  if (gemv && variant == PlanVariant::kDecode && fits(i + 4) && qkvChain(steps, i) &&
       fusesQkv(ctx(i), ctx(i + 1), ctx(i + 2), ctx(i + 3), ctx(i + 4)))
     return fits(i + 5) && fusesQuantize(steps[i + 4], steps[i + 5], variant) ? 5 : 4;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))

@@ -357,7 +357,6 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
         .define(names[i][2], static_cast<uint64_t>(blk[i]->group_pitch))
         .define(names[i][3], static_cast<uint64_t>(m[i].bias != nullptr));
   for (const auto& [name, value] : rc->defines) b.define(name, value);
-  b.flag("--fmad=false");  // the rotation rounds as minfer_rope's (rope.cuh ropeCosSin)
   const char* w_names[3] = {"wq", "wk", "wv"};
   const char* b_names[3] = {"bq", "bk", "bv"};
   std::vector<KernelArgDesc> args;

@@ -113,9 +113,9 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // Attention (and its QuantizeAct) as the fused QKV GEMV and the attention's launches (GEMVB_QKV) where
 // fusesQkv allows it.
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
-// last-token tail's first step `tail`. fusedLaunches: the launches of steps[i] and those followers.
+// last-token tail's first step `tail`; `gemv` false: not the GEMV fusions. fusedLaunches: the launches of steps[i] and those followers.
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
-                      PlanVariant variant, size_t i, size_t tail);
+                      PlanVariant variant, size_t i, size_t tail, bool gemv = true);
 Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                        PlanVariant variant, size_t i, size_t followers);
 Launches rmsNormQuantizeLaunches(const StepContext& norm, const StepContext& quant);
