@@ -320,11 +320,18 @@ static_assert(GEMVB_PITCH >= static_cast<unsigned long long>(kBlocksPerRow) * GE
               "row pitch smaller than a row of blocks");
 
 }  // namespace minfer::kern::gemvb
+// GEMVB_MIN_BLOCKS (optional, for measurement: minfer-bench-gemv --min-blocks): blocks per SM the
+// register allocation must allow (__launch_bounds__' second operand).
+#ifdef GEMVB_MIN_BLOCKS
+#define MINFER_GEMVB_BOUNDS __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps, GEMVB_MIN_BLOCKS)
+#else
+#define MINFER_GEMVB_BOUNDS __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
+#endif
 
 #if GEMVB_GLU
 static_assert(minfer::kern::gemvb::kRows == 2 && !GEMVB_HAS_BIAS, "the gate|up GEMV takes two rows (gate, up), no bias");
 static_assert(GEMVB_N % 32 == 0, "the q8 output needs whole blocks of 32 rows");
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
+extern "C" __global__ void MINFER_GEMVB_BOUNDS
     minfer_gemv_glu(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, const int8_t* __restrict__ xq,
                     const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ gate, float* __restrict__ up,
                     float* __restrict__ out, int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
@@ -365,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
   if (lane == 0) counters[blk] = 0;
 }
 #else
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
+extern "C" __global__ void MINFER_GEMVB_BOUNDS
     minfer_gemv_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
                        const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out) {
   using namespace minfer::kern;
