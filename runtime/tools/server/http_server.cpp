@@ -132,6 +132,16 @@ void sendError(httplib::Response& res, const ApiError& e) {
   res.set_content(errorBody(e), "application/json");
 }
 
+// A refusal of Scheduler::submit: the request's fault (400), or the server's state (503, retry later).
+ApiError submitError(SubmitError why, const std::string& message) {
+  switch (why) {
+    case SubmitError::kInvalidRequest: return {400, message};
+    case SubmitError::kQueueFull: return {503, message, "", "server_error", "queue_full"};
+    case SubmitError::kStopped: return {503, "the server is shutting down", "", "server_error", "shutting_down"};
+  }
+  return {500, message, "", "server_error"};
+}
+
 std::string sse(const json& j) {
   return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
@@ -290,12 +300,9 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, E
   params.max_tokens = request.max_tokens ? *request.max_tokens : room;
 
   auto channel = std::make_shared<Channel>();
-  auto handle = scheduler_.submit(std::move(params), [channel](const RequestEvent& e) { channel->push(e); });
-  if (!handle) {
-    const bool busy = handle.status().message().starts_with("queue full") ||
-                      handle.status().message().starts_with("the scheduler is stopped");
-    return sendError(res, {busy ? 503 : 400, handle.status().message(), "", busy ? "server_error" : "invalid_request_error"});
-  }
+  SubmitError why = SubmitError::kInvalidRequest;
+  auto handle = scheduler_.submit(std::move(params), [channel](const RequestEvent& e) { channel->push(e); }, &why);
+  if (!handle) return sendError(res, submitError(why, handle.status().message()));
   ResponseMeta meta;
   meta.endpoint = endpoint;
   meta.id = std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + randomHex(next_id_++);
