@@ -246,6 +246,50 @@ TEST_CASE("bad requests get a 4xx OpenAI-style error naming the field; the serve
   CHECK(server.stop() == 0);
 }
 
+TEST_CASE("bodies up to --body-limit are read as JSON whatever their Content-Type; over it 413 with or without one") {
+  if (!minfer::test::haveFixtures()) return;
+  ServerProcess server({artifact(), "--device", "cpu", "-c", "64", "--body-limit", "20000", "-t", "1"});
+  // 12 kB: over cpp-httplib's 8 KiB limit for form bodies, under --body-limit. JSON allows the padding.
+  const std::string body = completion("Once", 2).dump() + std::string(12000, ' ');
+  const std::string big = body + std::string(12000, ' ');
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60);
+  // curl -d's default type, no type at all, and JSON: the same answer.
+  for (const char* type : {"application/x-www-form-urlencoded", "", "application/json"}) {
+    INFO("Content-Type \"" << type << "\"");
+    const auto ok = c.Post("/v1/completions", body, type);
+    REQUIRE(ok);
+    CHECK(ok->status == 200);
+    CHECK(ok->body.find("\"completion_tokens\":2") != std::string::npos);
+    const auto over = c.Post("/v1/completions", big, type);
+    REQUIRE(over);
+    CHECK(over->status == 413);
+    CHECK(over->body.find("exceeds the limit of 20000 bytes (--body-limit)") != std::string::npos);
+  }
+  // Chunked (no Content-Length): the limit is applied while reading.
+  auto chunked = [&](const std::string& text) {
+    return c.Post("/v1/completions", [&text](size_t offset, httplib::DataSink& sink) {
+      sink.write(text.data() + offset, std::min<size_t>(4096, text.size() - offset));
+      if (offset + 4096 >= text.size()) sink.done();
+      return true;
+    }, "application/json");
+  };
+  const auto chunked_ok = chunked(body);
+  REQUIRE(chunked_ok);
+  CHECK(chunked_ok->status == 200);
+  const auto chunked_over = chunked(big);
+  REQUIRE(chunked_over);
+  CHECK(chunked_over->status == 413);
+  CHECK(chunked_over->body.find("(--body-limit)") != std::string::npos);
+  // A multipart form is not JSON: 415, said so.
+  const auto form = c.Post("/v1/completions", httplib::MultipartFormDataItems{{"prompt", "Once", "", ""}});
+  REQUIRE(form);
+  CHECK(form->status == 415);
+  CHECK(form->body.find("multipart/form-data bodies are not supported") != std::string::npos);
+  CHECK(post(server.port(), "/v1/completions", completion("Once", 2).dump()).status == 200);
+  CHECK(server.stop() == 0);
+}
+
 TEST_CASE("bodies nested deeper than kMaxJsonDepth are refused with 400; the handler does not overflow its stack") {
   if (!minfer::test::haveFixtures()) return;
   ServerProcess server({artifact(), "--device", "cpu", "-c", "64", "-t", "1"});  // the default 1 MiB body limit

@@ -239,12 +239,49 @@ void HttpServer::routes() {
     if (!authorized(req, res)) return;
     res.set_content(metricsText(), "text/plain; version=0.0.4");
   });
-  for (const char* path : {"/v1/completions", "/completions"})
-    http_->Post(path, [this](const httplib::Request& req, httplib::Response& res) {
-      generate(req, res, Endpoint::kCompletions);
-    });
-  for (const char* path : {"/v1/chat/completions", "/chat/completions"})
-    http_->Post(path, [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, Endpoint::kChat); });
+  // The generation endpoints read their bodies themselves (readBody): cpp-httplib's own reading parses
+  // an application/x-www-form-urlencoded body (curl -d's default type) as a form and refuses one over 8 KiB
+  // with a 413, whatever --body-limit says.
+  auto post = [this](Endpoint endpoint) {
+    return httplib::Server::HandlerWithContentReader(
+        [this, endpoint](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+          std::string body;
+          if (readBody(req, res, reader, body)) generate(req, res, endpoint, body);
+        });
+  };
+  for (const char* path : {"/v1/completions", "/completions"}) http_->Post(path, post(Endpoint::kCompletions));
+  for (const char* path : {"/v1/chat/completions", "/chat/completions"}) http_->Post(path, post(Endpoint::kChat));
+}
+
+// The request body, whatever its Content-Type (parsed as JSON later), at most max_body_bytes. False with
+// the response set: 413 over the limit (by Content-Length before reading, or while reading a chunked
+// body), 415 for multipart/form-data, 400 when the body cannot be read. After a refusal the connection is
+// closed (the rest of a body may still be unread).
+bool HttpServer::readBody(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                          std::string& body) const {
+  if (req.is_multipart_form_data()) {
+    res.set_header("Connection", "close");
+    sendError(res, {415, "multipart/form-data bodies are not supported: send the request as JSON "
+                         "(Content-Type: application/json)", "", "invalid_request_error", "unsupported_media_type"});
+    return false;
+  }
+  bool too_large = false;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (body.size() + n > options_.max_body_bytes) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (ok) return true;
+  res.set_header("Connection", "close");
+  if (too_large || res.status == 413) {
+    res.status = 413;  // the error handler writes the body, naming --body-limit
+  } else {
+    sendError(res, {400, "the request body could not be read (truncated or malformed chunked encoding)"});
+  }
+  return false;
 }
 
 // The prompt's token ids: the completion prompt tokenized (BOS as the vocabulary says, control-token
@@ -290,10 +327,11 @@ std::optional<ApiError> HttpServer::promptIds(const ParsedRequest& request, std:
   return std::nullopt;
 }
 
-void HttpServer::generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+void HttpServer::generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
+                          const std::string& body) {
   if (!authorized(req, res)) return;
   ParsedRequest request;
-  if (auto e = parseRequest(req.body, endpoint, options_.model_id, options_.limits, request)) return sendError(res, *e);
+  if (auto e = parseRequest(body, endpoint, options_.model_id, options_.limits, request)) return sendError(res, *e);
   RequestParams params = request.params;
   if (auto e = promptIds(request, params.prompt)) return sendError(res, *e);
   const int room = scheduler_.capacity() - static_cast<int>(params.prompt.size());

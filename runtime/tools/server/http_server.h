@@ -28,6 +28,7 @@
 
 namespace httplib {
 class Server;
+class ContentReader;
 struct Request;
 struct Response;
 }  // namespace httplib
@@ -63,7 +64,9 @@ class HttpServer {
  private:
   void routes();
   bool authorized(const httplib::Request& req, httplib::Response& res) const;
-  void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  bool readBody(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                std::string& body) const;
+  void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint, const std::string& body);
   std::optional<ApiError> promptIds(const ParsedRequest& request, std::vector<int32_t>& ids) const;
   std::string metricsText() const;
 
