@@ -120,6 +120,20 @@ class PeerWatch {
   int fd_ = -1;
 };
 
+// Counts a generation request in HttpServer::active_ for as long as it lives (a stream's provider holds
+// it until the response has ended). The increment comes before the draining check, so a request either
+// sees the drain or is counted by it.
+class ActiveRequest {
+ public:
+  explicit ActiveRequest(std::atomic<int>& count) : count_(count) { ++count_; }
+  ~ActiveRequest() { --count_; }
+  ActiveRequest(const ActiveRequest&) = delete;
+  ActiveRequest& operator=(const ActiveRequest&) = delete;
+
+ private:
+  std::atomic<int>& count_;
+};
+
 std::string randomHex(uint64_t counter) {
   static const uint64_t salt = std::chrono::steady_clock::now().time_since_epoch().count();
   char buf[32];
@@ -132,12 +146,15 @@ void sendError(httplib::Response& res, const ApiError& e) {
   res.set_content(errorBody(e), "application/json");
 }
 
+// New requests while draining, and requests the shutdown cancelled.
+ApiError shuttingDown() { return {503, "the server is shutting down", "", "server_error", "shutting_down"}; }
+
 // A refusal of Scheduler::submit: the request's fault (400), or the server's state (503, retry later).
 ApiError submitError(SubmitError why, const std::string& message) {
   switch (why) {
     case SubmitError::kInvalidRequest: return {400, message};
     case SubmitError::kQueueFull: return {503, message, "", "server_error", "queue_full"};
-    case SubmitError::kStopped: return {503, "the server is shutting down", "", "server_error", "shutting_down"};
+    case SubmitError::kStopped: return shuttingDown();
   }
   return {500, message, "", "server_error"};
 }
@@ -226,7 +243,13 @@ void HttpServer::routes() {
     sendError(res, {500, "internal error: " + what, "", "server_error"});
   });
 
-  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_) {
+      res.status = 503;
+      res.set_header("Connection", "close");
+      res.set_content(R"({"status":"shutting down"})", "application/json");
+      return;
+    }
     res.set_content(R"({"status":"ok"})", "application/json");
   });
   auto models = [this](const httplib::Request&, httplib::Response& res) {
@@ -329,6 +352,11 @@ std::optional<ApiError> HttpServer::promptIds(const ParsedRequest& request, std:
 
 void HttpServer::generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
                           const std::string& body) {
+  auto active = std::make_shared<ActiveRequest>(active_);
+  if (draining_) {
+    res.set_header("Connection", "close");
+    return sendError(res, shuttingDown());
+  }
   if (!authorized(req, res)) return;
   ParsedRequest request;
   if (auto e = parseRequest(body, endpoint, options_.model_id, options_.limits, request)) return sendError(res, *e);
@@ -361,7 +389,7 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, E
     }
     const FinishReason reason = channel->reason();
     if (reason == FinishReason::kError) return sendError(res, {500, channel->error(), "", "server_error"});
-    if (reason == FinishReason::kCancelled) return sendError(res, {503, "the server is shutting down", "", "server_error"});
+    if (reason == FinishReason::kCancelled) return sendError(res, shuttingDown());
     res.set_content(completionResponse(meta, text, reason, channel->promptTokens(), channel->completionTokens())
                         .dump(-1, ' ', false, json::error_handler_t::replace),
                     "application/json");
@@ -378,7 +406,8 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, E
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, channel, state, meta, include_usage, watch](size_t, httplib::DataSink& sink) {
+      // `active` is held by the provider: the request counts until the response has ended.
+      [this, channel, state, meta, include_usage, watch, active](size_t, httplib::DataSink& sink) {
         std::string piece;
         const bool finished = channel->take(piece);
         std::string out;
@@ -388,8 +417,8 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, E
         if (finished) {
           const FinishReason reason = channel->reason();
           if (reason == FinishReason::kError || reason == FinishReason::kCancelled) {
-            ApiError e{500, reason == FinishReason::kError ? channel->error() : "the server is shutting down", "",
-                       "server_error"};
+            const ApiError e = reason == FinishReason::kError ? ApiError{500, channel->error(), "", "server_error"}
+                                                              : shuttingDown();
             out += "data: " + errorBody(e) + "\n\n";
           } else {
             out += sse(streamChunk(meta, "", reason, state->first && meta.endpoint == Endpoint::kChat));
