@@ -78,13 +78,13 @@ class BatchedRunner {
   // One run of B sequences: the prompt phase, then TG decode steps; the sequences are closed afterwards.
   Result<RunTimes> run(int n_parallel, int n_prompt, int n_gen, const RunTokens& tokens) {
     std::vector<int> seqs;
-    for (int b = 0; b < n_parallel; ++b) {
+    Status s;
+    for (int b = 0; b < n_parallel && s; ++b) {
       Result<int> id = session_.openSequence();
-      if (!id) return id.takeStatus();
-      seqs.push_back(*id);
+      if (id) seqs.push_back(*id); else s = id.takeStatus();
     }
     RunTimes t;
-    Status s = prompts(seqs, n_prompt, tokens.prompt, t);
+    if (s) s = prompts(seqs, n_prompt, tokens.prompt, t);
     if (s) s = decodes(seqs, n_gen, tokens.decode, t);
     for (int seq : seqs)
       if (Status c = session_.closeSequence(seq); !c && s) s = std::move(c);
