@@ -440,21 +440,23 @@ bool logSays(const ServerProcess& server, const std::string& text) {
   return waitFor([&] { return server.log().find(text) != std::string::npos; });
 }
 
-constexpr int kLongTokens = 2000;  // a few seconds of stories260K on one CPU thread at -c 2048
+constexpr int kLongTokens = 2000;  // ~2 s of stories260K on one CPU thread at -c 2048 (release; ~10x under ASan)
 
 }  // namespace
 
 TEST_CASE("SIGTERM drains: running requests finish, new ones and /health get 503, then exit 0") {
   if (!minfer::test::haveFixtures()) return;
-  ServerProcess server({artifact(), "--device", "cpu", "-np", "2", "-c", "2048", "-t", "1"});
+  // A drain timeout no sanitized build reaches: the requests must finish, not be cancelled.
+  ServerProcess server({artifact(), "--device", "cpu", "-np", "2", "-c", "2048", "-t", "1", "--drain-timeout", "600"});
   const int port = server.port();
+  const int n = kLongTokens / 2;
   minfer::test::HttpResult plain;
   minfer::test::StreamResult streamed;
-  std::thread a([&] { plain = post(port, "/v1/completions", longCompletion(kLongTokens, false).dump()); });
-  std::thread b([&] { streamed = postStream(port, "/v1/completions", longCompletion(kLongTokens, true)); });
+  std::thread a([&] { plain = post(port, "/v1/completions", longCompletion(n, false).dump()); });
+  std::thread b([&] { streamed = postStream(port, "/v1/completions", longCompletion(n, true)); });
   REQUIRE(waitFor([&] { return server.metrics()["minfer_requests_running"] == 2; }));
   server.signal(SIGTERM);
-  REQUIRE(logSays(server, "SIGTERM: stopping; new requests get 503; waiting up to 30 s for 2 running"));
+  REQUIRE(logSays(server, "SIGTERM: stopping; new requests get 503; waiting up to 600 s for 2 running"));
   // Still listening while draining: a new request is refused with 503, and so is /health.
   const minfer::test::HttpResult late = post(port, "/v1/completions", completion("Once", 4).dump());
   INFO(late.body);
@@ -468,12 +470,12 @@ TEST_CASE("SIGTERM drains: running requests finish, new ones and /health get 503
   // The running requests were finished, not cut off.
   INFO(plain.body.substr(0, 300));
   CHECK(plain.status == 200);
-  CHECK(plain.json["usage"]["completion_tokens"] == kLongTokens);
+  CHECK(plain.json["usage"]["completion_tokens"] == n);
   CHECK(plain.json["choices"][0]["finish_reason"] == "length");
   CHECK(streamed.status == 200);
   CHECK(streamed.done);
   CHECK(streamed.finish_reason == "length");
-  CHECK(server.waitExit(30) == 0);
+  CHECK(server.waitExit(60) == 0);
   CHECK(server.log().find("minfer-server: stopped") != std::string::npos);
 }
 
