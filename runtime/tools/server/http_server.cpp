@@ -277,9 +277,10 @@ void HttpServer::routes() {
 }
 
 // The request body, whatever its Content-Type (parsed as JSON later), at most max_body_bytes. False with
-// the response set: 413 over the limit (by Content-Length before reading, or while reading a chunked
-// body), 415 for multipart/form-data, 400 when the body cannot be read. After a refusal the connection is
-// closed (the rest of a body may still be unread).
+// the response set: 413 over the limit (by Content-Length, whose body cpp-httplib then skips, or while
+// reading a chunked body), 415 for multipart/form-data, 400 when the body cannot be read. The rest of a
+// chunked body over the limit is read and dropped, up to kMaxDroppedBytes, so that a client still sending
+// it gets the 413 rather than a reset connection; after a refusal the connection is closed.
 bool HttpServer::readBody(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
                           std::string& body) const {
   if (req.is_multipart_form_data()) {
@@ -288,16 +289,22 @@ bool HttpServer::readBody(const httplib::Request& req, httplib::Response& res, c
                          "(Content-Type: application/json)", "", "invalid_request_error", "unsupported_media_type"});
     return false;
   }
+  constexpr size_t kMaxDroppedBytes = size_t{16} << 20;
   bool too_large = false;
+  size_t dropped = 0;
   const bool ok = reader([&](const char* data, size_t n) {
-    if (body.size() + n > options_.max_body_bytes) {
-      too_large = true;
-      return false;
+    if (!too_large && body.size() + n <= options_.max_body_bytes) {
+      body.append(data, n);
+      return true;
     }
-    body.append(data, n);
-    return true;
+    if (!too_large) {
+      too_large = true;
+      std::string().swap(body);
+    }
+    dropped += n;
+    return dropped <= kMaxDroppedBytes;
   });
-  if (ok) return true;
+  if (ok && !too_large) return true;
   res.set_header("Connection", "close");
   if (too_large || res.status == 413) {
     res.status = 413;  // the error handler writes the body, naming --body-limit
