@@ -86,7 +86,10 @@ Scheduler::Scheduler(BatchSession& session, Tokenizer tokenizer, const Scheduler
 
 Scheduler::~Scheduler() { stop(); }
 
-Result<RequestHandle> Scheduler::submit(RequestParams params, RequestCallback callback) {
+Result<RequestHandle> Scheduler::submit(RequestParams params, RequestCallback callback, SubmitError* why) {
+  SubmitError ignored;
+  SubmitError& reason = why ? *why : ignored;
+  reason = SubmitError::kInvalidRequest;
   const std::vector<int32_t>& prompt = params.prompt;
   if (prompt.empty()) return Status::error("prompt: empty (at least one token is needed)");
   for (size_t i = 0; i < prompt.size(); ++i)
@@ -127,10 +130,15 @@ Result<RequestHandle> Scheduler::submit(RequestParams params, RequestCallback ca
   RequestHandle handle(r->state);
   {
     std::lock_guard<std::mutex> lock(shared_->mutex);
-    if (shared_->stopping) return Status::error("the scheduler is stopped");
-    if (shared_->queued >= options_.max_queue)
+    if (shared_->stopping) {
+      reason = SubmitError::kStopped;
+      return Status::error("the scheduler is stopped");
+    }
+    if (shared_->queued >= options_.max_queue) {
+      reason = SubmitError::kQueueFull;
       return Status::error("queue full: " + std::to_string(shared_->queued) + " requests waiting (at most " +
                            std::to_string(options_.max_queue) + ")");
+    }
     r->state->id = shared_->next_id++;
     ++shared_->queued;
     ++shared_->metrics.requests_submitted;

@@ -12,6 +12,10 @@
 // overlap while profiled, so profiled tg is slower), the bytes each step moved (weight planes, K/V
 // cache) and the bandwidth that gives, against the GPU's DRAM peak.
 // --no-overlap launches every kernel after the previous one has ended (no programmatic dependent launch).
+// --parallel B1,B2,… runs llama-batched-bench's test instead (bench_batched.h): per B, B sequences of a
+// -p token prompt each (default 128) evaluated together, then -n decode steps of one token per sequence,
+// through the public BatchSession API; prompt, aggregate decode and total t/s, time to first token and
+// inter-token latency.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,8 +30,10 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 #include "minfer/artifact.h"
+#include "minfer/runtime.h"
 #include "minfer/version.h"
 #include "runtime/backend.h"
+#include "runtime/tools/bench_batched.h"
 #include "runtime/util/terminal_text.h"
 #if MINFER_HAVE_CUDA_BACKEND
 #include "runtime/cuda/cuda_backend.h"
@@ -62,6 +68,11 @@ llvm::cl::opt<unsigned> kSeed("seed", llvm::cl::desc("Seed of the random tokens 
 llvm::cl::opt<bool> kNoOverlap("no-overlap",
                                llvm::cl::desc("Launch each kernel after the previous one ends (no programmatic dependent launch)"),
                                llvm::cl::cat(kCategory));
+llvm::cl::opt<std::string> kParallel(
+    "parallel",
+    llvm::cl::desc("Batched test (llama-batched-bench): numbers of sequences B, comma-separated, each in 1..4096; "
+                   "per B, B prompts of -p tokens (default 128) then -n decode steps of one token per sequence"),
+    llvm::cl::value_desc("B,B,..."), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kNoVerify("no-verify",
                               llvm::cl::desc("Skip the data segments' checksums (checked by default while loading)"),
                               llvm::cl::cat(kCategory));
@@ -157,6 +168,114 @@ std::string profileTable(const std::string& model, const std::string& test, int 
 }
 #endif
 
+// --parallel: one row per (model, PP, TG, B).
+struct BatchedRow {
+  std::string model, backend;
+  double size_bytes = 0, params = 0, load_s = 0;
+  bool batched_kernels = false;
+  minfer::tools::BatchedResult r;
+};
+
+void printBatched(const std::vector<BatchedRow>& rows) {
+  using minfer::tools::Series;
+  auto f = [](const Series& x, const char* spec) {
+    return llvm::formatv(spec, x.mean(), x.sd()).str();
+  };
+  if (kJson) {
+    auto samples = [](const Series& x) {
+      std::string out;
+      for (double v : x.samples) out += (out.empty() ? "" : ", ") + llvm::formatv("{0:f3}", v).str();
+      return "[" + out + "]";
+    };
+    llvm::outs() << "[\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const BatchedRow& w = rows[i];
+      const minfer::tools::BatchedResult& r = w.r;
+      std::string model;
+      llvm::raw_string_ostream(model) << llvm::json::Value(w.model);
+      llvm::outs() << llvm::formatv(
+          "  {{\"model\": {0}, \"backend\": \"{1}\", \"batched_kernels\": {2}, \"n_prompt\": {3}, \"n_gen\": {4}, "
+          "\"n_parallel\": {5}, \"n_kv\": {6}, \"model_size\": {7:f0}, \"model_n_params\": {8:f0}, \"load_s\": {9:f3}, ",
+          minfer::util::escapeJsonForTerminal(model), w.backend, w.batched_kernels ? "true" : "false", r.n_prompt,
+          r.n_gen, r.n_parallel, int64_t{r.n_parallel} * (r.n_prompt + r.n_gen), w.size_bytes, w.params, w.load_s);
+      llvm::outs() << llvm::formatv(
+          "\"pp_avg_ts\": {0:f3}, \"pp_stddev_ts\": {1:f3}, \"tg_avg_ts\": {2:f3}, \"tg_stddev_ts\": {3:f3}, "
+          "\"total_avg_ts\": {4:f3}, \"total_stddev_ts\": {5:f3}, \"ttft_avg_ms\": {6:f3}, \"ttft_stddev_ms\": {7:f3}, "
+          "\"itl_avg_ms\": {8:f3}, \"itl_stddev_ms\": {9:f3}, \"tg_samples_ts\": {10}}{11}\n",
+          r.prompt_ts.mean(), r.prompt_ts.sd(), r.decode_ts.mean(), r.decode_ts.sd(), r.total_ts.mean(),
+          r.total_ts.sd(), r.ttft_ms.mean(), r.ttft_ms.sd(), r.itl_ms.mean(), r.itl_ms.sd(), samples(r.decode_ts),
+          i + 1 < rows.size() ? "," : "");
+    }
+    llvm::outs() << "]\n";
+  } else if (kCsv) {
+    llvm::outs() << "model,backend,batched_kernels,n_prompt,n_gen,n_parallel,n_kv,model_size,model_n_params,load_s,"
+                    "pp_avg_ts,pp_stddev_ts,tg_avg_ts,tg_stddev_ts,total_avg_ts,total_stddev_ts,ttft_avg_ms,"
+                    "ttft_stddev_ms,itl_avg_ms,itl_stddev_ms\n";
+    for (const BatchedRow& w : rows) {
+      const minfer::tools::BatchedResult& r = w.r;
+      llvm::outs() << llvm::formatv("{0},{1},{2},{3},{4},{5},{6},{7:f0},{8:f0},{9:f3},", minfer::util::escapeForTerminal(w.model),
+                                    w.backend, w.batched_kernels ? 1 : 0, r.n_prompt, r.n_gen, r.n_parallel,
+                                    int64_t{r.n_parallel} * (r.n_prompt + r.n_gen), w.size_bytes, w.params, w.load_s)
+                   << f(r.prompt_ts, "{0:f3},{1:f3},") << f(r.decode_ts, "{0:f3},{1:f3},")
+                   << f(r.total_ts, "{0:f3},{1:f3},") << f(r.ttft_ms, "{0:f3},{1:f3},") << f(r.itl_ms, "{0:f3},{1:f3}")
+                   << "\n";
+    }
+  } else {
+    // llama-batched-bench's PP, TG, B, N_KV; its S_PP, S_TG, S as prompt, decode and total t/s.
+    llvm::outs() << "| model | size | params | backend | PP | TG | B | N_KV | prompt t/s | decode t/s | total t/s | "
+                    "TTFT ms | ITL ms |\n"
+                    "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+    for (const BatchedRow& w : rows) {
+      const minfer::tools::BatchedResult& r = w.r;
+      llvm::outs() << llvm::formatv("| {0} | {1} | {2} | {3} | {4} | {5} | {6} | {7} | ", minfer::util::escapeForTerminal(w.model),
+                                    human(w.size_bytes), humanCount(w.params), w.backend, r.n_prompt, r.n_gen,
+                                    r.n_parallel, int64_t{r.n_parallel} * (r.n_prompt + r.n_gen))
+                   << f(r.prompt_ts, "{0:f2} ± {1:f2} | ") << f(r.decode_ts, "{0:f2} ± {1:f2} | ")
+                   << f(r.total_ts, "{0:f2} ± {1:f2} | ") << f(r.ttft_ms, "{0:f2} ± {1:f2} | ")
+                   << f(r.itl_ms, "{0:f3} ± {1:f3} |") << "\n";
+    }
+  }
+}
+
+// minfer-bench --parallel: every model through Model::open and its BatchSession.
+int batchedMain(const std::vector<int>& parallel, const std::vector<int>& prompts, const std::vector<int>& gens) {
+  auto kind = minfer::parseBackendKind(kDevice.getValue());
+  if (!kind) die("--device: " + kind.status().message());
+  minfer::tools::BatchedBenchOptions options{
+      .parallel = parallel, .prompts = prompts, .gens = gens, .reps = kReps, .n_threads = kThreads, .seed = kSeed};
+  std::vector<BatchedRow> rows;
+  for (const std::string& path : kModels) {
+    const double t0 = now();
+    minfer::ModelOptions model_options;
+    model_options.verify_checksums = !kNoVerify;
+    auto model = minfer::Model::open(path, *kind, model_options);
+    if (!model) die(model.status().message());
+    const double load_s = now() - t0;
+    const std::string backend = (*model)->backendName();
+    const std::string note = (*model)->backendNote().empty() ? backend : (*model)->backendNote();
+    llvm::errs() << llvm::formatv("minfer-bench: {0}: {1}; loaded in {2:f2} s\n", path, note, load_s);
+    bool batched_kernels = false;
+    auto results = minfer::tools::runBatchedBench(**model, options, batched_kernels);
+    if (!results) die(results.status().message());
+    if (!batched_kernels)
+      llvm::errs() << "minfer-bench: " << path << ": no batched kernels on the " << backend
+                   << " backend: each step runs its sequences one after another\n";
+    const minfer::fb::Artifact& m = *(*model)->artifact().manifest();
+    std::string name = m.config()->architecture()->str();
+    if (m.source() && m.source()->name()) name = m.source()->name()->str();
+    for (minfer::tools::BatchedResult& r : *results)
+      rows.push_back({.model = name,
+                      .backend = backend == "cuda" ? "CUDA" : "CPU",
+                      .size_bytes = static_cast<double>((*model)->artifact().fileSize()),
+                      .params = paramCount(m),
+                      .load_s = load_s,
+                      .batched_kernels = batched_kernels,
+                      .r = std::move(r)});
+  }
+  printBatched(rows);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,6 +283,21 @@ int main(int argc, char** argv) {
   llvm::cl::SetVersionPrinter([](llvm::raw_ostream& os) { os << "minfer-bench (minfer) " << minfer::kVersion << "\n"; });
   llvm::cl::ParseCommandLineOptions(argc, argv, "minfer-bench: prompt processing (pp) and generation (tg) speed\n");
   std::vector<int> prompts(kPrompt.begin(), kPrompt.end()), gens(kGen.begin(), kGen.end());
+  if (kParallel.getNumOccurrences() > 0) {  // llama-batched-bench's test
+    auto parallel = minfer::tools::parseIntList("--parallel", kParallel, 1, minfer::tools::kMaxParallel);
+    if (!parallel) die(parallel.status().message());
+    if (prompts.empty()) prompts = {128};
+    if (gens.empty()) gens = {128};
+    for (int p : prompts)
+      if (p < 1) die("-p " + std::to_string(p) + ": with --parallel every prompt needs at least 1 token");
+    for (int n : gens)
+      if (n < 1) die("-n " + std::to_string(n) + ": with --parallel every sequence needs at least 1 decode step");
+    if (kReps < 1) die("-r must be at least 1");
+    if (!kDepth.empty()) die("-d is not supported with --parallel (the sequences start from an empty KV cache)");
+    if (kProfile) die("--profile is not supported with --parallel");
+    if (kDevice != "auto" && kDevice != "cuda" && kDevice != "cpu") die("--device must be auto, cuda or cpu");
+    return batchedMain(*parallel, prompts, gens);
+  }
   if (prompts.empty()) prompts = {512};
   if (gens.empty()) gens = {128};
   std::vector<int> depths(kDepth.begin(), kDepth.end());

@@ -3,6 +3,8 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <string>
@@ -71,6 +73,11 @@ llvm::cl::opt<std::string> kDevice("device", llvm::cl::desc("Backend: auto, cpu 
 llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads (default: the physical cores; also --threads)"),
                             llvm::cl::init(0), llvm::cl::cat(kCategory));
 llvm::cl::alias kThreadsAlias("threads", llvm::cl::desc("Alias for -t"), llvm::cl::aliasopt(kThreads), llvm::cl::cat(kCategory));
+llvm::cl::opt<int> kDrainTimeout("drain-timeout",
+                                 llvm::cl::desc("Seconds that requests running at SIGINT/SIGTERM may take to finish "
+                                                "before they are cancelled; new ones get 503 meanwhile, a second "
+                                                "signal cancels at once (default 30)"),
+                                 llvm::cl::init(30), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kNoVerify("no-verify", llvm::cl::desc("Skip the data segments' checksums at load"),
                               llvm::cl::cat(kCategory));
 
@@ -93,7 +100,51 @@ std::string optionProblem() {
   if (kThreadsHttp < 0 || kThreadsHttp > 4096) return llvm::formatv("--threads-http {0} is out of range 0..4096", kThreadsHttp.getValue());
   if (kMaxQueue < 1) return llvm::formatv("--max-queue {0} must be ≥ 1", kMaxQueue.getValue());
   if (kThreads < 0 || kThreads > 4096) return llvm::formatv("-t {0} is out of range 0..4096", kThreads.getValue());
+  if (kDrainTimeout < 0 || kDrainTimeout > 86400)
+    return llvm::formatv("--drain-timeout {0} is out of range 0..86400 seconds", kDrainTimeout.getValue());
   return "";
+}
+
+void note(const std::string& message) {
+  llvm::errs() << "minfer-server: " << message << "\n";
+  llvm::errs().flush();
+}
+
+// The signal thread: waits for SIGINT/SIGTERM, then shuts down gracefully. New requests get 503 while the
+// running ones finish, for up to --drain-timeout seconds or until a second signal; those still running
+// then are cancelled (the scheduler stops: they are answered "shutting down"); then the server stops and
+// run() returns. Returns at once, doing nothing, when `exiting` is set (main woke it after run() ended).
+void stopOnSignal(const sigset_t& signals, minfer::server::HttpServer& server, minfer::Scheduler& scheduler,
+                  const std::atomic<bool>& exiting) {
+  int sig = 0;
+  sigwait(&signals, &sig);
+  if (exiting) return;
+  server.beginDrain();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kDrainTimeout);
+  const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  if (server.activeRequests() == 0)
+    note(std::string(name) + ": stopping");
+  else
+    note(llvm::formatv("{0}: stopping; new requests get 503; waiting up to {1} s for {2} running (a second signal "
+                       "cancels them)", name, kDrainTimeout.getValue(), server.activeRequests()));
+  while (server.activeRequests() > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      note(llvm::formatv("--drain-timeout {0} s reached: cancelling {1} requests", kDrainTimeout.getValue(),
+                         server.activeRequests()));
+      break;
+    }
+    const timespec poll{0, 50'000'000};  // 50 ms
+    if (sigtimedwait(&signals, nullptr, &poll) > 0) {
+      if (exiting) return;
+      note(llvm::formatv("second signal: cancelling {0} requests", server.activeRequests()));
+      break;
+    }
+  }
+  if (server.activeRequests() > 0) {
+    scheduler.stop();  // every request finishes "cancelled"; its handler answers and ends
+    for (int i = 0; i < 200 && server.activeRequests() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  server.stop();
 }
 
 }  // namespace
@@ -163,11 +214,8 @@ int main(int argc, char** argv) {
   if (!port) return fail(port.status().message());
 
   scheduler.start();
-  std::thread signals([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    server.stop();
-  });
+  std::atomic<bool> exiting{false};
+  std::thread signals([&] { stopOnSignal(stop_signals, server, scheduler, exiting); });
   llvm::errs() << llvm::formatv(
       "minfer-server: {0} ({1}), backend {2}{3}; {4} sequences of {5} positions, {6} KV blocks of {7}, {8} tokens per "
       "step{9}\n",
@@ -180,7 +228,8 @@ int main(int argc, char** argv) {
   llvm::errs().flush();
   server.run();
   // run() returns after stop(): from the signal thread, or because listening failed.
-  pthread_kill(signals.native_handle(), SIGTERM);  // no-op when it already returned
+  exiting = true;
+  pthread_kill(signals.native_handle(), SIGTERM);  // wakes a thread still waiting; no-op when it returned
   signals.join();
   scheduler.stop();
   llvm::errs() << "minfer-server: stopped\n";

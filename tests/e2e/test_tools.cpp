@@ -2,6 +2,7 @@
 // minfer-perplexity reproduces llama-perplexity's value; bad inputs give clear errors and exit 1.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -127,6 +128,69 @@ TEST_CASE("minfer-bench -d: tests at a depth (llama-bench's -d), named and repor
     INFO(e.output);
     CHECK(e.status == 1);
     CHECK(e.output.find("-d values must be in 0..2^24") != std::string::npos);
+  }
+}
+
+TEST_CASE("minfer-bench --parallel: llama-batched-bench's rows per B through the BatchSession; bad lists refused") {
+  if (!minfer::test::haveFixtures()) return;
+  const std::string mfb = compileStories();
+  const std::string bench = tool("minfer-bench") + " " + mfb + " --device cpu -t 1 -p 8 -n 4 -r 2 --parallel 1,2";
+  const RunResult r = run(bench + " --json", true);
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  REQUIRE(j.size() == 2);  // one row per B
+  for (int i = 0; i < 2; ++i) {
+    const int b = i + 1;
+    CHECK(j[i]["backend"] == "CPU");
+    CHECK(j[i]["n_parallel"] == b);
+    CHECK(j[i]["n_prompt"] == 8);
+    CHECK(j[i]["n_gen"] == 4);
+    CHECK(j[i]["n_kv"] == b * (8 + 4));
+    for (const char* key : {"pp_avg_ts", "tg_avg_ts", "total_avg_ts", "ttft_avg_ms", "itl_avg_ms"}) {
+      INFO(key);
+      CHECK(j[i][key].get<double>() > 0);
+    }
+    CHECK(j[i]["tg_samples_ts"].size() == 2);  // -r 2
+  }
+  // The markdown table: PP, TG, B, N_KV, then five "mean ± sd" columns, one row per B.
+  const RunResult md = run(bench, true);
+  REQUIRE(md.status == 0);
+  const std::regex row(R"(\| stories260K\.gguf \| [^|]+ \| [^|]+ \| CPU \| 8 \| 4 \| ([12]) \| (12|24) \|)"
+                       R"(( [0-9.]+ ± [0-9.]+ \|){5}\n)");
+  CHECK(std::distance(std::sregex_iterator(md.output.begin(), md.output.end(), row), std::sregex_iterator()) == 2);
+  const RunResult csv = run(bench + " --csv", true);
+  REQUIRE(csv.status == 0);
+  CHECK(std::count(csv.output.begin(), csv.output.end(), '\n') == 3);  // header + one line per B
+  CHECK(csv.output.rfind("model,backend,batched_kernels,n_prompt,n_gen,n_parallel,n_kv,", 0) == 0);
+
+  // More sequences and tokens than one step holds (--max-batch 4): prompts split across steps, decode
+  // steps split across batches.
+  const std::string small = minfer::test::scratchDir() + "/stories260K-mb4.mfb";
+  REQUIRE(run(tool("minfer-compile") + " " + minfer::test::fixturesDir() + "/models/stories260K.gguf -o " + small +
+              " --target= --max-batch 4").status == 0);
+  const RunResult split = run(tool("minfer-bench") + " " + small + " --device cpu -t 1 -p 6 -n 2 -r 1 --parallel 5 --json", true);
+  INFO(split.output);
+  REQUIRE(split.status == 0);
+  CHECK(nlohmann::json::parse(split.output)[0]["n_kv"] == 5 * 8);
+
+  // Bad values: the option, the value and what is wrong; exit status 1.
+  const std::pair<const char*, const char*> bad[] = {
+      {"--parallel 0", "--parallel 0: element 1 (0) is out of range 1..4096"},
+      {"--parallel 4097", "--parallel 4097: element 1 (4097) is out of range 1..4096"},
+      {"--parallel 1,x", "--parallel 1,x: element 2 (\"x\") is not an integer"},
+      {"--parallel 1,,2", "--parallel 1,,2: element 2 is empty"},
+      {"--parallel 2,", "--parallel 2,: element 2 is empty"},
+      {"--parallel 99999999999", "out of range 1..4096"},
+      {"--parallel 1 -p 0", "-p 0: with --parallel every prompt needs at least 1 token"},
+      {"--parallel 1 -n 0", "-n 0: with --parallel every sequence needs at least 1 decode step"},
+      {"--parallel 1 -d 8", "-d is not supported with --parallel"},
+  };
+  for (const auto& [args, says] : bad) {
+    const RunResult e = run(tool("minfer-bench") + " " + mfb + " --device cpu -r 1 " + args);
+    INFO(args << " → " << e.output);
+    CHECK(e.status == 1);
+    CHECK(e.output.find(says) != std::string::npos);
   }
 }
 

@@ -21,6 +21,9 @@ namespace minfer::test {
 std::string toolPath(const char* name) { return std::string(MINFER_TOOLS_DIR) + "/" + name; }
 
 ServerProcess::ServerProcess(const std::vector<std::string>& args) {
+  // A server that closes a connection the client is still writing to (a refused body) must fail that
+  // request, not kill the test process (cpp-httplib 0.11's client sends without MSG_NOSIGNAL).
+  std::signal(SIGPIPE, SIG_IGN);
   static int counter = 0;
   log_path_ = scratchDir() + "/server-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".log";
   std::vector<std::string> argv = {toolPath("minfer-server")};
@@ -60,20 +63,32 @@ ServerProcess::~ServerProcess() { stop(); }
 int ServerProcess::stop() {
   if (pid_ <= 0) return -1;
   kill(pid_, SIGTERM);
+  if (const int status = waitExit(30); status != -2) return status;
+  kill(pid_, SIGKILL);
   int status = 0;
-  for (int i = 0; i < 300; ++i) {
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  port_ = 0;
+  return -1;
+}
+
+void ServerProcess::signal(int sig) const {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+int ServerProcess::waitExit(double seconds) {
+  if (pid_ <= 0) return -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
       port_ = 0;
       return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (std::chrono::steady_clock::now() >= deadline) return -2;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  kill(pid_, SIGKILL);
-  waitpid(pid_, &status, 0);
-  pid_ = -1;
-  port_ = 0;
-  return -1;
 }
 
 std::string ServerProcess::log() const {

@@ -29,6 +29,11 @@ class ServerProcess {
   bool running() const { return port_ > 0; }
   // Stops the server; its exit status (−1 when killed by a signal).
   int stop();
+  // Sends `sig` and returns at once (stop() and waitExit() still apply).
+  void signal(int sig) const;
+  // Waits up to `seconds` for the server to exit on its own: its exit status, −1 when killed by a signal,
+  // −2 when still running.
+  int waitExit(double seconds);
   std::string log() const;
   // The server's resident set (VmRSS, kB).
   long rssKb() const;

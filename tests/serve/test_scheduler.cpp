@@ -18,6 +18,7 @@ using minfer::FinishReason;
 using minfer::RequestEvent;
 using minfer::RequestParams;
 using minfer::Scheduler;
+using minfer::SubmitError;
 using minfer::test::FakeBatchSession;
 
 // tests/text/spm_vocabulary.h: <unk> <s> </s> (eos), byte tokens 3..258 (byte b = 3 + b), then these.
@@ -372,12 +373,14 @@ TEST_CASE("submit refuses bad requests with the field named") {
   minfer::SchedulerOptions o = options();
   o.max_queue = 2;
   Scheduler s(fake, makeTokenizer(), o);
-  auto refused = [&](RequestParams p, const char* what) {
+  auto refused = [&](RequestParams p, const char* what, SubmitError reason = SubmitError::kInvalidRequest) {
     Collected c;
-    auto h = s.submit(std::move(p), collect(c));
+    SubmitError why = SubmitError::kStopped;
+    auto h = s.submit(std::move(p), collect(c), &why);
     REQUIRE(!h);
     INFO(h.status().message());
     CHECK(h.status().message().find(what) != std::string::npos);
+    CHECK(why == reason);  // typed: the server maps it to 400 or 503 without reading the message
   };
   refused(greedy({}, 1), "prompt: empty");
   refused(greedy({1, 300}, 1), "prompt[1]: token id 300 outside [0, 300)");
@@ -392,10 +395,13 @@ TEST_CASE("submit refuses bad requests with the field named") {
   Collected c1, c2;
   REQUIRE(s.submit(greedy({1}, 1), collect(c1)));
   REQUIRE(s.submit(greedy({1}, 1), collect(c2)));
-  refused(greedy({1}, 1), "queue full");
+  refused(greedy({1}, 1), "queue full", SubmitError::kQueueFull);
   drain(s);
   CHECK(c1.finals == 1);
   CHECK(c2.finals == 1);
+  s.stop();
+  refused(greedy({1}, 1), "stopped", SubmitError::kStopped);
+  refused(greedy({}, 1), "prompt: empty");  // the request's own fault comes first
 }
 
 TEST_CASE("repeat_last_n beyond the capacity is the whole history (not an allocation of that many tokens)") {

@@ -1,13 +1,17 @@
 // minfer-server end to end on the CPU backend: stories260K compiled at test time, the server started on a
 // free loopback port. Concurrent greedy requests give exactly Session::generate's text (also when a small
 // KV pool forces preemption), streaming and non-streaming agree, the chat endpoint renders the template,
-// bad requests and bad options get clear errors, and a client that goes away cancels its request.
+// bad requests and bad options get clear errors, a client that goes away cancels its request, and SIGTERM
+// drains (running requests finish or, after --drain-timeout, are cancelled; new ones get 503).
 #include <doctest/doctest.h>
 
 #include <httplib.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "tests/e2e/golden_support.h"
@@ -199,7 +203,11 @@ TEST_CASE("bad requests get a 4xx OpenAI-style error naming the field; the serve
       {"/v1/completions", R"({"prompt": "x", "stop": 5})", 400, "stop", "string or an array"},
       {"/v1/completions", R"({"prompt": "x", "stop": ["a", ""]})", 400, "stop", "empty"},
       {"/v1/completions", R"({"prompt": "x", "seed": 1.5})", 400, "seed", "must be an integer"},
-      {"/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n", "only 1"},
+      {"/v1/completions", R"({"prompt": "x", "n": 2})", 400, "n", "n: is 2; only n = 1 (one choice per request) is supported: n > 1 is not"},
+      {"/v1/completions", R"({"prompt": "x", "n": 0})", 400, "n", "n: is 0; only n = 1"},
+      {"/v1/completions", R"({"prompt": "x", "n": "x"})", 400, "n", "n: must be an integer, not string"},
+      {"/v1/completions", R"({"prompt": "x", "n": 1.5})", 400, "n", "n: must be an integer, not number"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "n": [2]})", 400, "n", "n: must be an integer, not array"},
       {"/v1/completions", R"({"prompt": [1, 99999]})", 400, "prompt", "token id 99999"},
       {"/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "model", "does not exist"},
       {"/v1/completions", R"({"prompt": "x", "model": 7})", 400, "model", "must be a string"},
@@ -239,6 +247,52 @@ TEST_CASE("bad requests get a 4xx OpenAI-style error naming the field; the serve
   const auto m = server.metrics();
   CHECK(m.at("minfer_requests_submitted_total") == 1);
   CHECK(m.at("minfer_http_errors_total{class=\"4xx\"}") == cases.size() + 3);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("bodies up to --body-limit are read as JSON whatever their Content-Type; over it 413 with or without one") {
+  if (!minfer::test::haveFixtures()) return;
+  ServerProcess server({artifact(), "--device", "cpu", "-c", "64", "--body-limit", "20000", "-t", "1"});
+  // 12 kB: over cpp-httplib's 8 KiB limit for form bodies, under --body-limit. JSON allows the padding.
+  const std::string body = completion("Once", 2).dump() + std::string(12000, ' ');
+  const std::string big = body + std::string(12000, ' ');
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60);
+  // curl -d's default type, no type at all, and JSON: the same answer.
+  for (const char* type : {"application/x-www-form-urlencoded", "", "application/json"}) {
+    INFO("Content-Type \"" << type << "\"");
+    const auto ok = c.Post("/v1/completions", body, type);
+    REQUIRE(ok);
+    CHECK(ok->status == 200);
+    CHECK(ok->body.find("\"completion_tokens\":2") != std::string::npos);
+    const auto over = c.Post("/v1/completions", big, type);
+    REQUIRE(over);
+    CHECK(over->status == 413);
+    CHECK(over->body.find("exceeds the limit of 20000 bytes (--body-limit)") != std::string::npos);
+  }
+  // Chunked (no Content-Length): the limit is applied while reading.
+  auto chunked = [&](const std::string& text) {
+    return c.Post("/v1/completions", [&text](size_t offset, httplib::DataSink& sink) {
+      sink.write(text.data() + offset, std::min<size_t>(4096, text.size() - offset));
+      if (offset + 4096 >= text.size()) sink.done();
+      return true;
+    }, "application/json");
+  };
+  const auto chunked_ok = chunked(body);
+  REQUIRE(chunked_ok);
+  CHECK(chunked_ok->status == 200);
+  // 1 MB more than the limit: the server stops keeping it early but reads the rest, so the 413 arrives
+  // while the client is still sending (not a reset connection).
+  const auto chunked_over = chunked(body + std::string(1 << 20, ' '));
+  REQUIRE(chunked_over);
+  CHECK(chunked_over->status == 413);
+  CHECK(chunked_over->body.find("(--body-limit)") != std::string::npos);
+  // A multipart form is not JSON: 415, said so.
+  const auto form = c.Post("/v1/completions", httplib::MultipartFormDataItems{{"prompt", "Once", "", ""}});
+  REQUIRE(form);
+  CHECK(form->status == 415);
+  CHECK(form->body.find("multipart/form-data bodies are not supported") != std::string::npos);
+  CHECK(post(server.port(), "/v1/completions", completion("Once", 2).dump()).status == 200);
   CHECK(server.stop() == 0);
 }
 
@@ -336,6 +390,7 @@ TEST_CASE("bad options: a clear message and exit status 1") {
       {mfb + " -np 0", "-np 0 is out of range"},
       {mfb + " --kv-block-size 3", "power of two"},
       {mfb + " --body-limit 10", "--body-limit 10"},
+      {mfb + " --drain-timeout -1", "--drain-timeout -1 is out of range 0..86400 seconds"},
       {mfb + " --device tpu", "--device"},
       {mfb + " --chat-template /nonexistent/t.jinja", "cannot read the template"},
       {"/nonexistent.mfb", "/nonexistent.mfb"},
@@ -364,4 +419,111 @@ TEST_CASE("bad options: a clear message and exit status 1") {
   INFO(err);
   CHECK(status == 1);
   CHECK(err.find("cannot listen on 127.0.0.1:" + std::to_string(server.port())) != std::string::npos);
+}
+
+namespace {
+
+// A greedy generation long enough (ignore_eos) to be running when the test signals the server.
+json longCompletion(int max_tokens, bool stream) {
+  return {{"prompt", "Once upon a time"}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"temperature", 0},
+          {"stream", stream}};
+}
+
+// Polls `ready` every 20 ms for up to 60 s.
+bool waitFor(const std::function<bool()>& ready) {
+  for (int i = 0; i < 3000; ++i) {
+    if (ready()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+bool logSays(const ServerProcess& server, const std::string& text) {
+  return waitFor([&] { return server.log().find(text) != std::string::npos; });
+}
+
+constexpr int kLongTokens = 2000;  // ~2 s of stories260K on one CPU thread at -c 2048 (release; ~10x under ASan)
+
+}  // namespace
+
+TEST_CASE("SIGTERM drains: running requests finish, new ones and /health get 503, then exit 0") {
+  if (!minfer::test::haveFixtures()) return;
+  // A drain timeout no sanitized build reaches: the requests must finish, not be cancelled.
+  ServerProcess server({artifact(), "--device", "cpu", "-np", "2", "-c", "2048", "-t", "1", "--drain-timeout", "600"});
+  const int port = server.port();
+  const int n = kLongTokens / 2;
+  minfer::test::HttpResult plain;
+  minfer::test::StreamResult streamed;
+  std::thread a([&] { plain = post(port, "/v1/completions", longCompletion(n, false).dump()); });
+  std::thread b([&] { streamed = postStream(port, "/v1/completions", longCompletion(n, true)); });
+  REQUIRE(waitFor([&] { return server.metrics()["minfer_requests_running"] == 2; }));
+  server.signal(SIGTERM);
+  REQUIRE(logSays(server, "SIGTERM: stopping; new requests get 503; waiting up to 600 s for 2 running"));
+  // Still listening while draining: a new request is refused with 503, and so is /health.
+  const minfer::test::HttpResult late = post(port, "/v1/completions", completion("Once", 4).dump());
+  INFO(late.body);
+  CHECK(late.status == 503);
+  CHECK(late.json["error"]["code"] == "shutting_down");
+  const minfer::test::HttpResult health = get(port, "/health");
+  CHECK(health.status == 503);
+  CHECK(health.json["status"] == "shutting down");
+  a.join();
+  b.join();
+  // The running requests were finished, not cut off.
+  INFO(plain.body.substr(0, 300));
+  CHECK(plain.status == 200);
+  CHECK(plain.json["usage"]["completion_tokens"] == n);
+  CHECK(plain.json["choices"][0]["finish_reason"] == "length");
+  CHECK(streamed.status == 200);
+  CHECK(streamed.done);
+  CHECK(streamed.finish_reason == "length");
+  CHECK(server.waitExit(60) == 0);
+  CHECK(server.log().find("minfer-server: stopped") != std::string::npos);
+}
+
+TEST_CASE("shutdown cancels what is left after --drain-timeout or at a second signal; a full queue is 503 queue_full") {
+  if (!minfer::test::haveFixtures()) return;
+  {
+    // One sequence, one place in the queue: a request runs, one waits, a third is refused for now (503).
+    ServerProcess server({artifact(), "--device", "cpu", "-np", "1", "--max-queue", "1", "-c", "2048", "-t", "1",
+                          "--drain-timeout", "0"});
+    const int port = server.port();
+    minfer::test::HttpResult plain;
+    minfer::test::StreamResult streamed;
+    std::thread a([&] { plain = post(port, "/v1/completions", longCompletion(kLongTokens, false).dump()); });
+    REQUIRE(waitFor([&] { return server.metrics()["minfer_requests_running"] == 1; }));
+    std::thread b([&] { streamed = postStream(port, "/v1/completions", longCompletion(kLongTokens, true)); });
+    REQUIRE(waitFor([&] { return server.metrics()["minfer_requests_waiting"] == 1; }));
+    const minfer::test::HttpResult full = post(port, "/v1/completions", completion("Once", 4).dump());
+    INFO(full.body);
+    CHECK(full.status == 503);
+    CHECK(full.json["error"]["code"] == "queue_full");
+    CHECK(full.json["error"]["message"].get<std::string>().find("queue full") != std::string::npos);
+    server.signal(SIGTERM);
+    a.join();
+    b.join();
+    // Both cancelled at once: the plain one gets 503, the stream an error event, then [DONE].
+    CHECK(plain.status == 503);
+    CHECK(plain.json["error"]["code"] == "shutting_down");
+    CHECK(streamed.status == 200);
+    CHECK(streamed.done);
+    REQUIRE(streamed.events.size() >= 2);
+    CHECK(streamed.events[streamed.events.size() - 2].find("the server is shutting down") != std::string::npos);
+    CHECK(server.waitExit(30) == 0);
+    CHECK(server.log().find("--drain-timeout 0 s reached: cancelling 2 requests") != std::string::npos);
+  }
+  {
+    ServerProcess server({artifact(), "--device", "cpu", "-np", "1", "-c", "2048", "-t", "1"});
+    const int port = server.port();
+    minfer::test::HttpResult plain;
+    std::thread a([&] { plain = post(port, "/v1/completions", longCompletion(kLongTokens, false).dump()); });
+    REQUIRE(waitFor([&] { return server.metrics()["minfer_requests_running"] == 1; }));
+    server.signal(SIGINT);
+    REQUIRE(logSays(server, "SIGINT: stopping; new requests get 503; waiting up to 30 s for 1 running"));
+    server.signal(SIGTERM);
+    a.join();
+    CHECK(plain.status == 503);
+    CHECK(server.waitExit(30) == 0);
+    CHECK(server.log().find("second signal: cancelling 1 requests") != std::string::npos);
+  }
 }

@@ -94,6 +94,10 @@ struct SchedulerMetrics {
   int kv_blocks_total = 0;
 };
 
+// Why submit() refused a request: the request itself is wrong (a client error: HTTP 400), or the
+// scheduler cannot take it now (the server is busy or going away: HTTP 503; retrying later may work).
+enum class SubmitError { kInvalidRequest, kQueueFull, kStopped };
+
 namespace detail {
 struct RequestState;
 }
@@ -122,10 +126,11 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a request; `callback` receives its text and its final event (see RequestEvent). Errors
-  // (nothing is queued; messages name the field and the numbers): empty prompt; a token id outside
-  // [0, n_vocab); a prompt of ≥ capacity() tokens; max_tokens < 1; too many, empty or too long stop
-  // strings; a full queue ("queue full").
-  Result<RequestHandle> submit(RequestParams params, RequestCallback callback);
+  // (nothing is queued; messages name the field and the numbers), with `*why` set when `why` is given:
+  // kInvalidRequest: empty prompt; a token id outside [0, n_vocab); a prompt of ≥ capacity() tokens;
+  // max_tokens < 1; too many, empty or too long stop strings. kQueueFull: max_queue requests are waiting.
+  // kStopped: stop() was called.
+  Result<RequestHandle> submit(RequestParams params, RequestCallback callback, SubmitError* why = nullptr);
 
   // Starts the thread that drives the session (iterates while there is work, sleeps otherwise).
   void start();

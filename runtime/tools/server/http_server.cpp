@@ -120,6 +120,20 @@ class PeerWatch {
   int fd_ = -1;
 };
 
+// Counts a generation request in HttpServer::active_ for as long as it lives (a stream's provider holds
+// it until the response has ended). The increment comes before the draining check, so a request either
+// sees the drain or is counted by it.
+class ActiveRequest {
+ public:
+  explicit ActiveRequest(std::atomic<int>& count) : count_(count) { ++count_; }
+  ~ActiveRequest() { --count_; }
+  ActiveRequest(const ActiveRequest&) = delete;
+  ActiveRequest& operator=(const ActiveRequest&) = delete;
+
+ private:
+  std::atomic<int>& count_;
+};
+
 std::string randomHex(uint64_t counter) {
   static const uint64_t salt = std::chrono::steady_clock::now().time_since_epoch().count();
   char buf[32];
@@ -130,6 +144,19 @@ std::string randomHex(uint64_t counter) {
 void sendError(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(errorBody(e), "application/json");
+}
+
+// New requests while draining, and requests the shutdown cancelled.
+ApiError shuttingDown() { return {503, "the server is shutting down", "", "server_error", "shutting_down"}; }
+
+// A refusal of Scheduler::submit: the request's fault (400), or the server's state (503, retry later).
+ApiError submitError(SubmitError why, const std::string& message) {
+  switch (why) {
+    case SubmitError::kInvalidRequest: return {400, message};
+    case SubmitError::kQueueFull: return {503, message, "", "server_error", "queue_full"};
+    case SubmitError::kStopped: return shuttingDown();
+  }
+  return {500, message, "", "server_error"};
 }
 
 std::string sse(const json& j) {
@@ -216,7 +243,13 @@ void HttpServer::routes() {
     sendError(res, {500, "internal error: " + what, "", "server_error"});
   });
 
-  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_) {
+      res.status = 503;
+      res.set_header("Connection", "close");
+      res.set_content(R"({"status":"shutting down"})", "application/json");
+      return;
+    }
     res.set_content(R"({"status":"ok"})", "application/json");
   });
   auto models = [this](const httplib::Request&, httplib::Response& res) {
@@ -229,12 +262,56 @@ void HttpServer::routes() {
     if (!authorized(req, res)) return;
     res.set_content(metricsText(), "text/plain; version=0.0.4");
   });
-  for (const char* path : {"/v1/completions", "/completions"})
-    http_->Post(path, [this](const httplib::Request& req, httplib::Response& res) {
-      generate(req, res, Endpoint::kCompletions);
-    });
-  for (const char* path : {"/v1/chat/completions", "/chat/completions"})
-    http_->Post(path, [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, Endpoint::kChat); });
+  // The generation endpoints read their bodies themselves (readBody): cpp-httplib's own reading parses
+  // an application/x-www-form-urlencoded body (curl -d's default type) as a form and refuses one over 8 KiB
+  // with a 413, whatever --body-limit says.
+  auto post = [this](Endpoint endpoint) {
+    return httplib::Server::HandlerWithContentReader(
+        [this, endpoint](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+          std::string body;
+          if (readBody(req, res, reader, body)) generate(req, res, endpoint, body);
+        });
+  };
+  for (const char* path : {"/v1/completions", "/completions"}) http_->Post(path, post(Endpoint::kCompletions));
+  for (const char* path : {"/v1/chat/completions", "/chat/completions"}) http_->Post(path, post(Endpoint::kChat));
+}
+
+// The request body, whatever its Content-Type (parsed as JSON later), at most max_body_bytes. False with
+// the response set: 413 over the limit (by Content-Length, whose body cpp-httplib then skips, or while
+// reading a chunked body), 415 for multipart/form-data, 400 when the body cannot be read. The rest of a
+// chunked body over the limit is read and dropped, up to kMaxDroppedBytes, so that a client still sending
+// it gets the 413 rather than a reset connection; after a refusal the connection is closed.
+bool HttpServer::readBody(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                          std::string& body) const {
+  if (req.is_multipart_form_data()) {
+    res.set_header("Connection", "close");
+    sendError(res, {415, "multipart/form-data bodies are not supported: send the request as JSON "
+                         "(Content-Type: application/json)", "", "invalid_request_error", "unsupported_media_type"});
+    return false;
+  }
+  constexpr size_t kMaxDroppedBytes = size_t{16} << 20;
+  bool too_large = false;
+  size_t dropped = 0;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (!too_large && body.size() + n <= options_.max_body_bytes) {
+      body.append(data, n);
+      return true;
+    }
+    if (!too_large) {
+      too_large = true;
+      std::string().swap(body);
+    }
+    dropped += n;
+    return dropped <= kMaxDroppedBytes;
+  });
+  if (ok && !too_large) return true;
+  res.set_header("Connection", "close");
+  if (too_large || res.status == 413) {
+    res.status = 413;  // the error handler writes the body, naming --body-limit
+  } else {
+    sendError(res, {400, "the request body could not be read (truncated or malformed chunked encoding)"});
+  }
+  return false;
 }
 
 // The prompt's token ids: the completion prompt tokenized (BOS as the vocabulary says, control-token
@@ -280,22 +357,25 @@ std::optional<ApiError> HttpServer::promptIds(const ParsedRequest& request, std:
   return std::nullopt;
 }
 
-void HttpServer::generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+void HttpServer::generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
+                          const std::string& body) {
+  auto active = std::make_shared<ActiveRequest>(active_);
+  if (draining_) {
+    res.set_header("Connection", "close");
+    return sendError(res, shuttingDown());
+  }
   if (!authorized(req, res)) return;
   ParsedRequest request;
-  if (auto e = parseRequest(req.body, endpoint, options_.model_id, options_.limits, request)) return sendError(res, *e);
+  if (auto e = parseRequest(body, endpoint, options_.model_id, options_.limits, request)) return sendError(res, *e);
   RequestParams params = request.params;
   if (auto e = promptIds(request, params.prompt)) return sendError(res, *e);
   const int room = scheduler_.capacity() - static_cast<int>(params.prompt.size());
   params.max_tokens = request.max_tokens ? *request.max_tokens : room;
 
   auto channel = std::make_shared<Channel>();
-  auto handle = scheduler_.submit(std::move(params), [channel](const RequestEvent& e) { channel->push(e); });
-  if (!handle) {
-    const bool busy = handle.status().message().starts_with("queue full") ||
-                      handle.status().message().starts_with("the scheduler is stopped");
-    return sendError(res, {busy ? 503 : 400, handle.status().message(), "", busy ? "server_error" : "invalid_request_error"});
-  }
+  SubmitError why = SubmitError::kInvalidRequest;
+  auto handle = scheduler_.submit(std::move(params), [channel](const RequestEvent& e) { channel->push(e); }, &why);
+  if (!handle) return sendError(res, submitError(why, handle.status().message()));
   ResponseMeta meta;
   meta.endpoint = endpoint;
   meta.id = std::string(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + randomHex(next_id_++);
@@ -316,7 +396,7 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, E
     }
     const FinishReason reason = channel->reason();
     if (reason == FinishReason::kError) return sendError(res, {500, channel->error(), "", "server_error"});
-    if (reason == FinishReason::kCancelled) return sendError(res, {503, "the server is shutting down", "", "server_error"});
+    if (reason == FinishReason::kCancelled) return sendError(res, shuttingDown());
     res.set_content(completionResponse(meta, text, reason, channel->promptTokens(), channel->completionTokens())
                         .dump(-1, ' ', false, json::error_handler_t::replace),
                     "application/json");
@@ -333,7 +413,8 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, E
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, channel, state, meta, include_usage, watch](size_t, httplib::DataSink& sink) {
+      // `active` is held by the provider: the request counts until the response has ended.
+      [this, channel, state, meta, include_usage, watch, active](size_t, httplib::DataSink& sink) {
         std::string piece;
         const bool finished = channel->take(piece);
         std::string out;
@@ -343,8 +424,8 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, E
         if (finished) {
           const FinishReason reason = channel->reason();
           if (reason == FinishReason::kError || reason == FinishReason::kCancelled) {
-            ApiError e{500, reason == FinishReason::kError ? channel->error() : "the server is shutting down", "",
-                       "server_error"};
+            const ApiError e = reason == FinishReason::kError ? ApiError{500, channel->error(), "", "server_error"}
+                                                              : shuttingDown();
             out += "data: " + errorBody(e) + "\n\n";
           } else {
             out += sse(streamChunk(meta, "", reason, state->first && meta.endpoint == Endpoint::kChat));

@@ -11,9 +11,15 @@
 // that fails ends the response and cancels it, and while nothing is written the thread checks the
 // connection every 100 ms (PeerWatch: cpp-httplib 0.11 has no Request::is_connection_closed).
 //
+// Shutting down (SIGINT/SIGTERM in minfer-server): beginDrain() makes every new generation request and
+// /health answer 503 ("shutting_down", Connection: close) while the listening socket stays open; requests
+// already accepted carry on (streams keep streaming) and activeRequests() counts them down to 0; then
+// stop(). Requests still running when the caller gives up are ended by stopping the Scheduler (they finish
+// "cancelled": a 503, or an error event then [DONE] on a stream).
+//
 // Thread-safety: handlers run on cpp-httplib's pool (threads_http threads; a waiting or streaming
 // request holds one, and so does an idle keep-alive connection); bind() and run() from one thread,
-// stop() from any.
+// beginDrain(), activeRequests() and stop() from any.
 #pragma once
 
 #include <atomic>
@@ -28,6 +34,7 @@
 
 namespace httplib {
 class Server;
+class ContentReader;
 struct Request;
 struct Response;
 }  // namespace httplib
@@ -59,11 +66,17 @@ class HttpServer {
   // Serves until stop(). Call after bind().
   void run();
   void stop();
+  // New generation requests get 503 from now on (see above). Idempotent.
+  void beginDrain() { draining_ = true; }
+  // Generation requests accepted and not yet answered (a stream counts until its response has ended).
+  int activeRequests() const { return active_; }
 
  private:
   void routes();
   bool authorized(const httplib::Request& req, httplib::Response& res) const;
-  void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  bool readBody(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                std::string& body) const;
+  void generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint, const std::string& body);
   std::optional<ApiError> promptIds(const ParsedRequest& request, std::vector<int32_t>& ids) const;
   std::string metricsText() const;
 
@@ -75,6 +88,8 @@ class HttpServer {
   std::unique_ptr<httplib::Server> http_;
   int listen_socket_ = -1;  // the listening socket (from cpp-httplib's socket-options hook)
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<bool> draining_{false};
+  std::atomic<int> active_{0};
   std::atomic<uint64_t> http_errors_4xx_{0}, http_errors_5xx_{0}, disconnects_{0};
 };
 

@@ -100,8 +100,11 @@ std::optional<ApiError> parseCommon(const json& body, Endpoint endpoint, const A
     if (auto e = number(body, field, -2, 2, p)) return e;
     if (p != 0) return badField(field, "not supported (only 0); use repeat_penalty");
   }
-  v.reset();
-  if (auto e = integer(body, "n", 1, 1, v)) return badField("n", "only 1 choice per request is supported");
+  v.reset();  // choices per request: the type first, then the value minfer supports
+  if (auto e = integer(body, "n", INT64_MIN, INT64_MAX, v)) return e;
+  if (v && *v != 1)
+    return badField("n", "is " + std::to_string(*v) + "; only n = 1 (one choice per request) is supported: n > 1 is not "
+                         "implemented, send separate requests instead");
 
   const char* max_field = "max_tokens";
   if (endpoint == Endpoint::kChat && body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null())
