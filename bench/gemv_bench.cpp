@@ -1,7 +1,7 @@
 // minfer-bench-gemv: memory bandwidth of the decode GEMVs on a 7B's (Qwen2-7B) matmul shapes. Not a test:
 // run it on a GPU machine (needs the NVIDIA driver and NVRTC); H200 numbers are in BENCHMARKS.md.
 //
-// Usage: minfer-bench-gemv [--reps R] [--variants] [--min-blocks N,…] [--shapes q,gate,down,output]
+// Usage: minfer-bench-gemv [--reps R] [--variants] [--min-blocks N,…] [--l2-fetch 128,256] [--shapes …]
 // For each shape: random GGUF blocks (random bits, finite f16 d and dmin as in tests/runtime/weight_builder),
 // laid out
 //   blocks: as a kBlocks plane with 16-byte aligned blocks (Q4_K 144 B, Q6_K 224 B), read by
@@ -50,6 +50,10 @@ llvm::cl::list<unsigned> kMinBlocks("min-blocks", llvm::cl::CommaSeparated,
                                     llvm::cl::desc("also time the codegen's gemv_blocks shape compiled for at least N "
                                                    "blocks per SM (GEMVB_MIN_BLOCKS), for each N given"),
                                     llvm::cl::cat(kCategory));
+llvm::cl::list<unsigned> kL2Fetch("l2-fetch", llvm::cl::CommaSeparated,
+                                  llvm::cl::desc("also time the codegen's gemv_blocks shape loading its weights with "
+                                                 "this L2 fetch granule in bytes (128 or 256; GEMVB_L2_FETCH)"),
+                                  llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kShapes("shapes", llvm::cl::desc("comma-separated subset of q,gate,down,output"),
                                    llvm::cl::init("q,gate,down,output"), llvm::cl::cat(kCategory));
 
@@ -336,17 +340,19 @@ int main(int argc, char** argv) {
     struct Config {
       kern::GemvBlocksShape shape;
       unsigned min_blocks = 0;  // GEMVB_MIN_BLOCKS; 0: none
+      unsigned l2_fetch = 0;    // GEMVB_L2_FETCH; 0: none
     };
     const kern::GemvBlocksShape codegen_shape = kern::gemvBlocksShape(static_cast<unsigned>(s.n), static_cast<unsigned>(s.k));
     std::vector<Config> configs = {{codegen_shape}};
     for (unsigned mb : kMinBlocks) configs.push_back({codegen_shape, mb});
+    for (unsigned f : kL2Fetch) configs.push_back({codegen_shape, 0, f});
     if (kVariants)
       for (unsigned r : {1u, 2u, 4u})
         for (unsigned wp : {1u, 2u})
           for (unsigned u : {1u, 2u}) configs.push_back({{r, wp, u}});
     auto name = [](const Config& c) {
       return "r" + str(c.shape.rows) + " w" + str(c.shape.warps) + " u" + str(c.shape.unroll) +
-             (c.min_blocks ? " min" + str(c.min_blocks) : "");
+             (c.min_blocks ? " min" + str(c.min_blocks) : "") + (c.l2_fetch ? " L2::" + str(c.l2_fetch) + "B" : "");
     };
     std::vector<Kernel> kernels(configs.size());
     {
@@ -357,13 +363,14 @@ int main(int argc, char** argv) {
           for (size_t ci = next++; ci < configs.size(); ci = next++) {
             const Config& c = configs[ci];
             const std::string key = "gemv_blocks_" + tag + "_n" + str(s.n) + "_k" + str(s.k) + "_r" + str(c.shape.rows) +
-                                    "w" + str(c.shape.warps) + "u" + str(c.shape.unroll) + "m" + str(c.min_blocks);
+                                    "w" + str(c.shape.warps) + "u" + str(c.shape.unroll) + "m" + str(c.min_blocks) + "f" + str(c.l2_fetch);
             std::vector<std::pair<std::string, std::string>> defs = {
                 {"GEMVB_N", str(s.n)}, {"GEMVB_K", str(s.k)}, {"GEMVB_TYPE", str(static_cast<unsigned>(s.type))},
                 {"GEMVB_PITCH", str(bt.row_pitch)}, {"GEMVB_GROUP_PITCH", str(bt.group_pitch)},
                 {"GEMVB_ROWS", str(c.shape.rows)}, {"GEMVB_ROW_WARPS", str(c.shape.warps)},
                 {"GEMVB_UNROLL", str(c.shape.unroll)}, {"GEMVB_HAS_BIAS", "0"}};
             if (c.min_blocks) defs.push_back({"GEMVB_MIN_BLOCKS", str(c.min_blocks)});
+            if (c.l2_fetch) defs.push_back({"GEMVB_L2_FETCH", str(c.l2_fetch)});
             kernels[ci] = compile(g, key, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs);
           }
         });

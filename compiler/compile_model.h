@@ -36,7 +36,7 @@ struct CompileOptions {
   planes::PlaneForm plane_form = planes::PlaneForm::kCompact;
   // Launch fusion (codegen::CodegenOptions::fuse_launches, schema Step.fused); false: one launch set per step.
   bool fuse_launches = true;
-  bool fuse_gemv = true;  // codegen::CodegenOptions::fuse_gemv (with fuse_launches)
+  bool fuse_gemv = false;  // codegen::CodegenOptions::fuse_gemv (with fuse_launches)
   // Called after each tensor: (tensors done, tensors total, source bytes done, source bytes total).
   std::function<void(size_t, size_t, uint64_t, uint64_t)> progress;
 };

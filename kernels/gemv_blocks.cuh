@@ -141,18 +141,35 @@ struct Part {
   uint16_t d;     // Q6_K: d
 };
 
+// 16 weight bytes. GEMVB_L2_FETCH = 128 or 256 (optional, for measurement: minfer-bench-gemv --l2-fetch):
+// through the read-only path with that L2 fetch granule (PTX ld's .L2::128B / .L2::256B prefetch-size
+// qualifier), so a miss brings the neighbouring sectors the other lanes' loads need.
+__device__ __forceinline__ uint4 loadWeight16(const uint8_t* p) {
+#if defined(GEMVB_L2_FETCH) && (GEMVB_L2_FETCH == 128 || GEMVB_L2_FETCH == 256)
+  uint4 v;
+#if GEMVB_L2_FETCH == 256
+  asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
+  asm("ld.global.nc.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif
+  return v;
+#else
+  return *reinterpret_cast<const uint4*>(p);
+#endif
+}
+
 template <bool kQ4K>
 __device__ __forceinline__ Part load(const uint8_t* blk, int p) {
   Part w;
   if (kQ4K) {
-    w.a = *reinterpret_cast<const uint4*>(blk);
-    w.b = *reinterpret_cast<const uint4*>(blk + 16 + 32 * p);
-    w.c = *reinterpret_cast<const uint4*>(blk + 32 + 32 * p);
+    w.a = loadWeight16(blk);
+    w.b = loadWeight16(blk + 16 + 32 * p);
+    w.c = loadWeight16(blk + 32 + 32 * p);
   } else {
     const int n = p >> 1, h = p & 1;
-    w.a = *reinterpret_cast<const uint4*>(blk + 64 * n + 16 * h);
-    w.b = *reinterpret_cast<const uint4*>(blk + 64 * n + 32 + 16 * h);
-    w.c = *reinterpret_cast<const uint4*>(blk + 128 + 32 * n + 16 * h);
+    w.a = loadWeight16(blk + 64 * n + 16 * h);
+    w.b = loadWeight16(blk + 64 * n + 32 + 16 * h);
+    w.c = loadWeight16(blk + 128 + 32 * n + 16 * h);
     w.sc = *reinterpret_cast<const uint2*>(blk + 192 + 8 * n);
     w.d = *reinterpret_cast<const uint16_t*>(blk + 208);
   }

@@ -29,9 +29,10 @@ struct CodegenOptions {
   // Launch fusion (schema Step.fused, ops/fusion.cpp): a QuantizeAct runs inside the launch of the
   // RmsNorm / SwiGlu / GeGlu / decode Attention that produces its input, an RmsNorm inside the residual
   // Add's before it; with fuse_gemv also the decode GEMV fusions (gate|up with its GLU; q, k, v with
-  // their RoPE and KV store). Off: every step launches its own kernels (same results, bit for bit).
+  // their RoPE and KV store: off by default, they measured no faster on the H200 and 4% slower at a
+  // depth of 4096, BENCHMARKS.md). Off: every step launches its own kernels (same results, bit for bit).
   bool fuse_launches = true;
-  bool fuse_gemv = true;
+  bool fuse_gemv = false;
 };
 
 struct KernelImageData {

@@ -646,6 +646,7 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
     o.targets = {"sm_90"};
     o.cache_dir = cache;
     o.fuse_launches = fuse;
+    o.fuse_gemv = true;  // the decode GEMV fusions too (off by default)
     auto set = generateKernels(l.desc, l.layouts, o);
     REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
     for (bool prefill : {true, false}) {

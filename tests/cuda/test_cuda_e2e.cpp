@@ -88,7 +88,7 @@ std::vector<std::string> goldenArchs() {
 
 // The fixture fixtures/<dir>/<model> compiled with kernel images for this GPU (once per process), max batch 64 so the
 // 72-token goldens prefill in several batches (pos0 > 0 on the GPU prefill path too).
-// `fuse`: launch fusion (CompileOptions::fuse_launches). `arch`: the kernel target ("" = the GPU's arch;
+// `fuse`: launch fusion (CompileOptions::fuse_launches and fuse_gemv). `arch`: the kernel target ("" = the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 std::string compiled(const std::string& model, const std::string& dir = "models", bool fuse = true,
                      const std::string& arch = "") {
@@ -99,6 +99,7 @@ std::string compiled(const std::string& model, const std::string& dir = "models"
   o.input = fixturesDir() + "/" + dir + "/" + model;
   o.output = scratchDir() + "/" + key + ".gpu.mfb";
   o.fuse_launches = fuse;
+  o.fuse_gemv = fuse;  // every fusion, the decode GEMVs' too (off by default): the unfused artifact is bit-identical
   o.max_batch = 64;
   o.targets = {arch.empty() ? get()->arch : arch};
   const char* cache = std::getenv("MINFER_TEST_KERNEL_CACHE");
