@@ -509,7 +509,7 @@ __device__ __forceinline__ void loadRow(const uint16_t* row, int lane, float (&x
 }  // namespace minfer::kern::attn
 
 // Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys, so
-// each K and V row is read once for all of them (GQA). A warp takes one key at a time (keys begin + w,
+// each K and V row is read once for all of them (GQA). A warp takes two keys at a time (keys begin + w,
 // begin + w + kAttnWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
 // online softmax runs in every lane, and each lane accumulates P·V for its own dimensions. (The earlier
 // form, lane = key, ran HEAD_DIM · kGroup dependent FMAs per key on one lane: 14 µs per layer at a
@@ -548,28 +548,41 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       o[h][i] = 0.0f;
     }
   }
+  // Two keys per iteration (key, key + kAttnWarps): two independent chains of loads, warp sums and
+  // exponentials in flight; a second key past the end has p = 0 (its loads are of the first key).
   const uint64_t col = static_cast<uint64_t>(g) * kD;
-  for (int key = begin + warp; key < end; key += kAttnWarps) {
-    float kr[kDL], vr[kDL];
-    loadRow(kc + static_cast<uint64_t>(key) * kKvW + col, lane, kr);
-    loadRow(vc + static_cast<uint64_t>(key) * kKvW + col, lane, vr);
-    float s[kGroup];
+  for (int key = begin + warp; key < end; key += 2 * kAttnWarps) {
+    const bool two = key + static_cast<int>(kAttnWarps) < end;
+    const int key2 = two ? key + static_cast<int>(kAttnWarps) : key;
+    float kr[2][kDL], vr[2][kDL];
+    loadRow(kc + static_cast<uint64_t>(key) * kKvW + col, lane, kr[0]);
+    loadRow(kc + static_cast<uint64_t>(key2) * kKvW + col, lane, kr[1]);
+    loadRow(vc + static_cast<uint64_t>(key) * kKvW + col, lane, vr[0]);
+    loadRow(vc + static_cast<uint64_t>(key2) * kKvW + col, lane, vr[1]);
+    float s[2][kGroup];
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
-      s[h] = 0.0f;
+      s[0][h] = s[1][h] = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kDL; ++i) s[h] = fmaf(qv[h][i], kr[i], s[h]);
+      for (int i = 0; i < kDL; ++i) {
+        s[0][h] = fmaf(qv[h][i], kr[0][i], s[0][h]);
+        s[1][h] = fmaf(qv[h][i], kr[1][i], s[1][h]);
+      }
     }
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h) s[h] = warpSum(s[h]);
+    for (int h = 0; h < kGroup; ++h) {
+      s[0][h] = warpSum(s[0][h]);
+      s[1][h] = warpSum(s[1][h]);
+    }
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
-      const float sc = capScore(s[h] * scale, 1.0f);
-      const float m_new = fmaxf(m[h], sc);
-      const float p = expf(sc - m_new), corr = expf(m[h] - m_new);
-      l[h] = l[h] * corr + p;
+      const float sc0 = capScore(s[0][h] * scale, 1.0f);
+      const float sc1 = two ? capScore(s[1][h] * scale, 1.0f) : -MINFER_INF;
+      const float m_new = fmaxf(m[h], fmaxf(sc0, sc1));
+      const float p0 = expf(sc0 - m_new), p1 = two ? expf(sc1 - m_new) : 0.0f, corr = expf(m[h] - m_new);
+      l[h] = l[h] * corr + p0 + p1;
 #pragma unroll
-      for (int i = 0; i < kDL; ++i) o[h][i] = fmaf(p, vr[i], o[h][i] * corr);
+      for (int i = 0; i < kDL; ++i) o[h][i] = fmaf(p1, vr[1][i], fmaf(p0, vr[0][i], o[h][i] * corr));
       m[h] = m_new;
     }
   }
