@@ -144,6 +144,20 @@ const StrideTable* decodeBlocksPlane(const planes::TensorLayout& l) {
   return b->group_size == kQK_K && b->cols % kQK_K == 0 && aligned && fits ? b : nullptr;
 }
 
+// The -D constants of a gemv_blocks.cuh GEMV on the kBlocks plane `blk` (n rows of k), work shape `shape`.
+void defineBlocksGemv(SpecBuilder& b, const StrideTable& blk, uint64_t n, uint64_t k, kern::GemvBlocksShape shape,
+                      bool bias) {
+  b.define("GEMVB_N", n)
+      .define("GEMVB_K", k)
+      .define("GEMVB_TYPE", static_cast<uint64_t>(blk.ggml_type))
+      .define("GEMVB_PITCH", blk.row_pitch)
+      .define("GEMVB_GROUP_PITCH", static_cast<uint64_t>(blk.group_pitch))
+      .define("GEMVB_ROWS", static_cast<uint64_t>(shape.rows))
+      .define("GEMVB_ROW_WARPS", static_cast<uint64_t>(shape.warps))
+      .define("GEMVB_UNROLL", static_cast<uint64_t>(shape.unroll))
+      .define("GEMVB_HAS_BIAS", uint64_t{bias ? 1u : 0u});
+}
+
 // Decode GEMV on a kBlocks plane (kernels/gemv_blocks.cuh); the q8 input was checked by the caller.
 Launches blocksGemv(const StepContext& c, const MatMulOperands& m, const StrideTable& blk) {
   const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
@@ -151,15 +165,7 @@ Launches blocksGemv(const StepContext& c, const MatMulOperands& m, const StrideT
   SpecBuilder b(llvm::formatv("gemv_blocks_{0}_g{1}_n{2}_k{3}{4}", typeTag(blk.ggml_type), blk.group_pitch, n, k,
                               m.bias_tag),
                 "kernels/gemv_blocks.cuh", "minfer_gemv_blocks");
-  b.define("GEMVB_N", m.n)
-      .define("GEMVB_K", m.k)
-      .define("GEMVB_TYPE", static_cast<uint64_t>(blk.ggml_type))
-      .define("GEMVB_PITCH", blk.row_pitch)
-      .define("GEMVB_GROUP_PITCH", static_cast<uint64_t>(blk.group_pitch))
-      .define("GEMVB_ROWS", static_cast<uint64_t>(shape.rows))
-      .define("GEMVB_ROW_WARPS", static_cast<uint64_t>(shape.warps))
-      .define("GEMVB_UNROLL", static_cast<uint64_t>(shape.unroll))
-      .define("GEMVB_HAS_BIAS", static_cast<uint64_t>(m.bias != nullptr));
+  defineBlocksGemv(b, blk, m.n, m.k, shape, m.bias != nullptr);
   std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), blk), biasArg(c, m)};
   pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
   args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
@@ -283,16 +289,8 @@ Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const
   SpecBuilder b(llvm::formatv("gemv_{0}_{1}_g{2}_n{3}_k{4}", geglu ? "geglu" : "swiglu", typeTag(gb.ggml_type),
                               gb.group_pitch, n, k),
                 "kernels/gemv_blocks.cuh", "minfer_gemv_glu");
-  b.define("GEMVB_N", m->n)
-      .define("GEMVB_K", m->k)
-      .define("GEMVB_TYPE", static_cast<uint64_t>(gb.ggml_type))
-      .define("GEMVB_PITCH", gb.row_pitch)
-      .define("GEMVB_GROUP_PITCH", static_cast<uint64_t>(gb.group_pitch))
-      .define("GEMVB_ROWS", static_cast<uint64_t>(shape.rows))
-      .define("GEMVB_ROW_WARPS", static_cast<uint64_t>(shape.warps))
-      .define("GEMVB_UNROLL", static_cast<uint64_t>(shape.unroll))
-      .define("GEMVB_HAS_BIAS", uint64_t{0})
-      .define("GEMVB_GLU", uint64_t{geglu ? 3u : 1u});
+  defineBlocksGemv(b, gb, m->n, m->k, shape, false);
+  b.define("GEMVB_GLU", uint64_t{geglu ? 3u : 1u});
   const uint32_t gate_buf = gate.outputId(0), out_buf = glu.outputId(0);
   std::vector<KernelArgDesc> args{weightArg("wg", gate.weightId(0), gb), weightArg("wu", up.weightId(0), ub)};
   pushQ8Args(args, "xq", "xmeta", gate.inputId(1), k, fb::Access::Read);
