@@ -31,22 +31,20 @@
 //   read once for the group), the
 //   positions [s·chunk, (s+1)·chunk) ∩ [0, kv_len), chunk = ⌈kv_len / SPLITS⌉, kv_len = pos0 + 1 read
 //   from device memory, so the grid is fixed and a captured graph stays valid. Writes the partial
-//   (max, sum, unnormalized output) to `part`, then counts itself done in counters[g]; the last of
-//   g's SPLITS blocks merges the group's partials: out[j] = Σ_s e^{m_s−M}·o_s / L (flash-decoding's
-//   reduction, in the same launch) and sets counters[g] back to 0.
-//   minfer_attn_decode(const float* q, const uint16_t* kc, const uint16_t* vc, float* part, const int* pos,
-//                      float* out, unsigned* counters)
+//   (max, sum, unnormalized output) to `part`.
+//   minfer_attn_decode(const float* q, const uint16_t* kc, const uint16_t* vc, float* part, const int* pos)
+//   launch: attnDecodeLaunch(); part: NHEAD × SPLITS × (HEAD_DIM + 2) f32 (attnDecodePartFloats).
+// attn_combine (ATT_COMBINE): merges the SPLITS partials of each head: out[j] = Σ_s e^{m_s−M}·o_s / L.
+//   minfer_attn_combine(const float* part, float* out)       launch: attnCombineLaunch()
 //   With ATT_Q8 = 1 (the QuantizeAct of the output fused into this launch; HEAD_DIM % 32 == 0):
-//   (…, float* out, int8_t* qs, Q8Meta* meta, unsigned* counters), also writing out's q8 form
-//   (quantize_act.cuh's definition, bit for bit; a warp holds one block of 32 of a head).
-//   launch: attnDecodeLaunch(); part: NHEAD × SPLITS × (HEAD_DIM + 2) f32 (attnDecodePartFloats);
-//   counters: NHEAD_KV words, zero on entry and on exit (ArgKind Counters).
+//   minfer_attn_combine(const float* part, float* out, int8_t* qs, Q8Meta* meta), also writing out's q8
+//   form (quantize_act.cuh's definition, bit for bit; a warp holds one block of 32 of a head).
 //
 // Column views (format 1.4, phi3's fused q|k|v rows): ATT_K_PITCH / ATT_V_PITCH (kv_store) and ATT_Q_PITCH
 // (prefill) are the floats between rows of k, v and q (absent: dense rows, NHEAD_KV·HEAD_DIM and
 // NHEAD·HEAD_DIM); the pointers address row 0's first element of the view. The decode kernels read one row.
-// Compile-time constants: ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, ATT_SPLITS (decode) and one of
-// ATT_KV_STORE / ATT_PREFILL / ATT_DECODE = 1; optional ATT_SCALE, ATT_SOFTCAP (float
+// Compile-time constants: ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, ATT_SPLITS (decode/combine) and one of
+// ATT_KV_STORE / ATT_PREFILL / ATT_DECODE / ATT_COMBINE = 1; optional ATT_SCALE, ATT_SOFTCAP (float
 // literals) and ATT_WINDOW (positions) for prefill and decode. A window skips the keys before it (whole
 // tiles in prefill; decode splits only the window's positions); the f32 reference is cpu::attention.
 #pragma once
@@ -108,6 +106,13 @@ MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head_kv, unsigned splits) {
   return attnDecodeLaunchRule(n_head_kv, splits).at(1);
 }
 
+MINFER_HD LaunchRule attnCombineLaunchRule(unsigned n_head) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(n_head);
+  r.block.x = 128;
+  return r;
+}
+MINFER_HD LaunchShape attnCombineLaunch(unsigned n_head) { return attnCombineLaunchRule(n_head).at(1); }
 
 }  // namespace minfer::kern
 
@@ -501,17 +506,36 @@ __device__ __forceinline__ void loadRow(const uint16_t* row, int lane, float (&x
     for (int i = 0; i < kDL; ++i) x[i] = dim(lane, i) < kD ? h2f(row[dim(lane, i)]) : 0.0f;
   }
 }
-// The partials of split `split` (keys [begin, end), not empty) of kv head g's query heads: the warps'
-// online softmax over their keys (see minfer_attn_decode), merged through shared memory into one
-// (max, sum, unnormalized output) per head in `part`. Every thread of the block must call it.
-__device__ __forceinline__ void decodeSplit(const float* __restrict__ q, const uint16_t* __restrict__ kc,
-                                            const uint16_t* __restrict__ vc, float* __restrict__ part, int g,
-                                            int split, int begin, int end) {
+}  // namespace minfer::kern::attn
+
+// Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys, so
+// each K and V row is read once for all of them (GQA). A warp takes two keys at a time (keys begin + w,
+// begin + w + kAttnWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
+// online softmax runs in every lane, and each lane accumulates P·V for its own dimensions. (The earlier
+// form, lane = key, ran HEAD_DIM · kGroup dependent FMAs per key on one lane: 14 µs per layer at a
+// depth of a few keys on the 7B, measured with Nsight Compute.) The warps' partials merge through shared
+// memory into the block's (max, sum, output) per head.
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
+    minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
+                       float* __restrict__ part, const int* __restrict__ pos) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::attn;
   constexpr int kSplits = ATT_SPLITS;
   __shared__ float wm[kAttnWarps][kGroup], wl[kAttnWarps][kGroup];
   __shared__ float wo[kAttnWarps][kGroup][kD];
+
+  const int g = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kv_len = pos[0] + 1, lo = windowStart(kv_len - 1);  // keys [lo, kv_len)
+  const int chunk = (kv_len - lo + kSplits - 1) / kSplits;  // splits past the context exit at once
+  const int begin = lo + split * chunk, end = min(kv_len, begin + chunk);
   const float scale = qkScale();
+  if (begin >= end) {  // an empty split: only its maxima (−inf), which the combine skips
+    for (int h = threadIdx.x; h < kGroup; h += blockDim.x)
+      part[((static_cast<uint64_t>(g) * kGroup + h) * kSplits + split) * (kD + 2)] = -MINFER_INF;
+    return;
+  }
   float qv[kGroup][kDL], m[kGroup], l[kGroup], o[kGroup][kDL];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
@@ -597,80 +621,46 @@ __device__ __forceinline__ void decodeSplit(const float* __restrict__ q, const u
     }
   }
 }
+#endif
 
-// Merges the ATT_SPLITS partials of query head j into out[j·HEAD_DIM …] (and its q8 form with ATT_Q8):
-// M = max_s m_s, L = Σ_s e^{m_s − M}·l_s in split order, out = Σ_s e^{m_s − M}·o_s / L; empty splits
-// (m = −inf) are skipped. The partials were written by other blocks of this grid: read through L2.
-// Every thread of the block must call it.
-__device__ __forceinline__ void combineHead(int j, const float* part, float* out, int8_t* qs, Q8Meta* meta) {
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_COMBINE)
+extern "C" __global__ void __launch_bounds__(128)
+    minfer_attn_combine(const float* __restrict__ part, float* __restrict__ out
+#if ATT_Q8
+                        , int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta
+#endif
+    ) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::attn;
   constexpr int kSplits = ATT_SPLITS;
   __shared__ float w[kSplits];  // e^{m_s − M}, 0 for an empty split (whose sums and outputs are not read)
+  const int j = blockIdx.x;
   const float* src = part + static_cast<uint64_t>(j) * kSplits * (kD + 2);
   if (threadIdx.x < 32) {  // M = max_s m_s, then the weights, by the first warp
     float m = -MINFER_INF;
-    for (int s = threadIdx.x; s < kSplits; s += 32) m = fmaxf(m, __ldcg(src + s * (kD + 2)));
+    for (int s = threadIdx.x; s < kSplits; s += 32) m = fmaxf(m, src[s * (kD + 2)]);
     m = warpMax(m);
     for (int s = threadIdx.x; s < kSplits; s += 32) {
-      const float ms = __ldcg(src + s * (kD + 2));
+      const float ms = src[s * (kD + 2)];
       w[s] = ms != -MINFER_INF ? expf(ms - m) : 0.0f;
     }
   }
   __syncthreads();
-  float lb = 0.0f;  // every thread the same sum
+  float lb = 0.0f;  // L = Σ_s e^{m_s − M}·l_s, in split order (every thread the same sum)
   for (int s = 0; s < kSplits; ++s)
-    if (w[s] != 0.0f) lb += __ldcg(src + s * (kD + 2) + 1) * w[s];
+    if (w[s] != 0.0f) lb += src[s * (kD + 2) + 1] * w[s];
   const float inv = 1.0f / lb;
   for (int d = threadIdx.x; d < kD; d += blockDim.x) {
     float acc = 0.0f;
     for (int s = 0; s < kSplits; ++s)
-      if (w[s] != 0.0f) acc += __ldcg(src + s * (kD + 2) + 2 + d) * w[s];
+      if (w[s] != 0.0f) acc += src[s * (kD + 2) + 2 + d] * w[s];
     out[static_cast<uint64_t>(j) * kD + d] = acc * inv;
 #if ATT_Q8
     static_assert(kD % 32 == 0, "the q8 form needs heads of whole blocks of 32");
     const uint64_t at = static_cast<uint64_t>(j) * kD + (d & ~31);  // this warp's block
     quantizeBlock<1>({acc * inv}, qs + at, meta + at / 32, true);
-#else
-    (void)qs;
-    (void)meta;
 #endif
   }
-  __syncthreads();  // w is the next head's
-}
-}  // namespace minfer::kern::attn
-
-// Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys, so
-// each K and V row is read once for all of them (GQA). A warp takes two keys at a time (keys begin + w,
-// begin + w + kAttnWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
-// online softmax runs in every lane, and each lane accumulates P·V for its own dimensions. (The earlier
-// form, lane = key, ran HEAD_DIM · kGroup dependent FMAs per key on one lane: 14 µs per layer at a
-// depth of a few keys on the 7B, measured with Nsight Compute.) The warps' partials merge through shared
-// memory into the block's (max, sum, output) per head; the last block of kv head g merges the splits.
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
-    minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
-                       float* __restrict__ part, const int* __restrict__ pos, float* __restrict__ out,
-#if ATT_Q8
-                       int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
-#endif
-                       unsigned* __restrict__ counters) {
-#if !ATT_Q8
-  int8_t* const qs = nullptr;
-  minfer::kern::Q8Meta* const meta = nullptr;
-#endif
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  using namespace minfer::kern::attn;
-  constexpr int kSplits = ATT_SPLITS;
-  const int g = blockIdx.x, split = blockIdx.y;
-  const int kv_len = pos[0] + 1, lo = windowStart(kv_len - 1);  // keys [lo, kv_len)
-  const int chunk = (kv_len - lo + kSplits - 1) / kSplits;  // splits past the context exit at once
-  const int begin = lo + split * chunk, end = min(kv_len, begin + chunk);
-  if (begin < end)
-    decodeSplit(q, kc, vc, part, g, split, begin, end);
-  else  // an empty split: only its maxima (−inf), which the merge skips
-    for (int h = threadIdx.x; h < kGroup; h += blockDim.x)
-      part[((static_cast<uint64_t>(g) * kGroup + h) * kSplits + split) * (kD + 2)] = -MINFER_INF;
-  if (countArrival(counters + g) != kSplits - 1) return;
-  for (int h = 0; h < kGroup; ++h) combineHead(g * kGroup + h, part, out, qs, meta);
-  if (threadIdx.x == 0) counters[g] = 0;
 }
 #endif

@@ -240,19 +240,6 @@ __device__ __forceinline__ void overlapPrologue() {
 #endif
 }
 
-// One thread block's arrival at a counter shared by several blocks of a grid (the arrival of a grid
-// barrier, as cooperative_groups' grid sync makes it): the block barrier, then thread 0's acquire-release
-// atomic add, so the writes of the whole block before it are visible to the block that sees the final
-// count, which also sees those of every block before it. Every thread of the block must call it; it
-// returns the count before this block's arrival (the same value in every thread).
-__device__ __forceinline__ unsigned countArrival(unsigned* counter) {
-  __shared__ unsigned before;
-  __syncthreads();
-  if (threadIdx.x == 0) asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
-  __syncthreads();
-  return before;
-}
-
 // Starts moving [p, p + bytes) from HBM into L2 without waiting (sm_90 bulk prefetch; p 16-byte aligned,
 // bytes a multiple of 16); a no-op before sm_90. For weight rows a kernel will read after overlapPrologue().
 __device__ __forceinline__ void prefetchL2(const void* p, unsigned bytes) {

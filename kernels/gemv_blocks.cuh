@@ -371,10 +371,19 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
     up[row] = acc[1];
     out[row] = ewApply<GEMVB_GLU>(acc[0], acc[1]);
   }
-  // This block's rows are written. Count it in its block of 32 rows (common.cuh countArrival); the
-  // block that completes the 32 quantizes them.
+  // This block's rows are written. Count it in its block of 32 rows (a grid barrier's arrival, as
+  // cooperative_groups' grid sync does it: a block barrier, then one thread's release atomic, here
+  // acquire-release so that the block completing the 32 sees the others' rows); that block quantizes them.
+  __shared__ bool completes;
   const int blk = first / 32;
-  if (countArrival(counters + blk) != 32 / kGroupsPerCta - 1 || warp != 0) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blk) : "memory");
+    completes = before == 32 / kGroupsPerCta - 1;
+  }
+  __syncthreads();
+  if (!completes || warp != 0) return;
   const float v[1] = {__ldcg(out + 32 * blk + lane)};
   quantizeBlock<1>(v, qs + 32 * blk, meta + blk, true);
   if (lane == 0) counters[blk] = 0;

@@ -102,7 +102,7 @@ std::vector<std::string> expectedEntries(const Loaded& l, const model::StepDesc&
     case fb::OpKind::Rope: return {"minfer_rope"};
     case fb::OpKind::Attention:
       if (prefill) return {"minfer_kv_store", "minfer_attn_prefill"};
-      return {"minfer_kv_store", "minfer_attn_decode"};
+      return {"minfer_kv_store", "minfer_attn_decode", "minfer_attn_combine"};
     case fb::OpKind::SwiGlu: return {"minfer_swiglu"};
     case fb::OpKind::Add: return {"minfer_add"};
     case fb::OpKind::GeGlu: return {"minfer_geglu"};
@@ -287,7 +287,7 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       // A q MatMul with k, v, the Rope and the Attention fused in runs the QKV GEMV, then the attention.
       if (!is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 4 < steps.size() && (*fused)[i + 4] &&
           steps[i + 3].op == fb::OpKind::Rope)
-        want = {"minfer_gemv_qkv", "minfer_attn_decode"};
+        want = {"minfer_gemv_qkv", "minfer_attn_decode", "minfer_attn_combine"};
       REQUIRE_MESSAGE(lists[i].size() == want.size(), steps[i].name);
       for (size_t k = 0; k < want.size(); ++k) {
         REQUIRE(lists[i][k].images.size() == targets.size());
@@ -708,9 +708,9 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
         const LaunchRecord& r = launches[owner].back();
         const std::string& key = set->images[r.images[0]].key;
         if (in_qkv[i]) {
-          // gemv_blocks.cuh GEMVB_QKV, then attn_decode: together they write the step's outputs, the QKV
-          // GEMV also the layer's K and V cache (no kv_store launch).
-          REQUIRE(launches[owner].size() == 2);
+          // gemv_blocks.cuh GEMVB_QKV, then attn_decode and attn_combine: together they write the step's
+          // outputs, the QKV GEMV also the layer's K and V cache (no kv_store launch).
+          REQUIRE(launches[owner].size() == 3);
           CHECK(set->images[launches[owner][0].images[0]].key.find("gemv_qkv") == 0);
           for (uint32_t out : steps[i].outputs) {
             bool writes = false;

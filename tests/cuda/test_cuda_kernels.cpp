@@ -1060,26 +1060,14 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
     auto att = [&](const char* name, const char* which) {
       std::vector<std::pair<std::string, std::string>> defs = {
           {"ATT_NHEAD", str(h)}, {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)}, {which, "1"}};
-      if (std::string(which) == "ATT_DECODE") defs.push_back({"ATT_SPLITS", "32"});
+      if (std::string(which) == "ATT_DECODE" || std::string(which) == "ATT_COMBINE") defs.push_back({"ATT_SPLITS", "32"});
       return spec(std::string(name) + "_test_d" + str(d), "kernels/attention.cuh", name, defs);
     };
-    // The decode with its output's q8 form fused in (ATT_Q8) where heads are whole blocks of 32.
-    const bool q8 = d % 32 == 0;
-    std::vector<codegen::KernelSpec> specs = {att("minfer_kv_store", "ATT_KV_STORE"),
-                                              att("minfer_attn_prefill", "ATT_PREFILL"),
-                                              att("minfer_attn_decode", "ATT_DECODE")};
-    if (q8) {
-      specs.push_back(specs.back());
-      specs.back().key += "_q8";
-      specs.back().defines.push_back({"ATT_Q8", "1"});
-    }
-    std::vector<Kernel> k = compile(specs);
+    std::vector<Kernel> k = compile({att("minfer_kv_store", "ATT_KV_STORE"), att("minfer_attn_prefill", "ATT_PREFILL"),
+                                     att("minfer_attn_decode", "ATT_DECODE"), att("minfer_attn_combine", "ATT_COMBINE")});
     const int kvw = hkv * d;
     DeviceArray kc(static_cast<uint64_t>(n_ctx) * kvw * 2), vc(static_cast<uint64_t>(n_ctx) * kvw * 2);
     DeviceArray out(kMaxBatch * h * d * 4), part(kern::attnDecodePartFloats(h, d, 32) * 4);
-    DeviceArray counters(hkv * 4), out8(h * d * 4), qs(h * d), meta(h * d / 32 * 8);
-    const std::vector<uint32_t> zeros(hkv, 0);
-    counters.upload(zeros.data(), zeros.size() * 4);
     std::vector<float> ck(static_cast<size_t>(n_ctx) * kvw), cv(ck.size());  // CPU cache (f16-rounded values)
     cpu::KvLayer layer{ck.data(), cv.data(), n_ctx, hkv, d};
 
@@ -1142,22 +1130,12 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
       DeviceArray d_q = DeviceArray::of(q), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
       out.poison();
       part.poison();
-      CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr(),
-                  cn = counters.ptr();
-      launch(k[2], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p, &o, &cn});
-      CHECK(counters.download<uint32_t>(hkv) == zeros);  // the merging blocks set them back
+      CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr();
+      launch(k[2], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p});
+      launch(k[3], kern::attnCombineLaunch(h), {&pt, &o});
       std::vector<float> got = out.download<float>(q.size()), ref(q.size());
       cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data());
       CHECK(track("attn_decode", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
-      if (q8) {  // the same output bit for bit, and its q8 form as quantize_act makes it
-        out8.poison();
-        qs.poison();
-        meta.poison();
-        CUdeviceptr o8 = out8.ptr(), pq = qs.ptr(), pm = meta.ptr();
-        launch(k[3], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p, &o8, &pq, &pm, &cn});
-        checkFusedQ8(out, out8, qs, meta, 1, h * d);
-        CHECK(counters.download<uint32_t>(hkv) == zeros);
-      }
     }
   }
 }
@@ -1337,14 +1315,12 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
             {"ATT_NHEAD", str(h)},        {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)},
             {"ATT_SCALE", "0.0625f"},     {"ATT_SOFTCAP", "3.0f"},    {"ATT_WINDOW", str(window)},
             {which, "1"}};
-        if (std::string(which) == "ATT_DECODE") defs.push_back({"ATT_SPLITS", "32"});
+        if (std::string(which) == "ATT_DECODE" || std::string(which) == "ATT_COMBINE") defs.push_back({"ATT_SPLITS", "32"});
         return spec(std::string(name) + "_gemma_test_d" + str(d) + "_w" + str(window), "kernels/attention.cuh", name,
                     defs);
       };
-      std::vector<Kernel> k = compile({att("minfer_attn_prefill", "ATT_PREFILL"), att("minfer_attn_decode", "ATT_DECODE")});
-      DeviceArray counters(hkv * 4);
-      const std::vector<uint32_t> zeros(hkv, 0);
-      counters.upload(zeros.data(), zeros.size() * 4);
+      std::vector<Kernel> k = compile({att("minfer_attn_prefill", "ATT_PREFILL"), att("minfer_attn_decode", "ATT_DECODE"),
+                                       att("minfer_attn_combine", "ATT_COMBINE")});
       const int kvw = hkv * d;
       // The whole cache random (f16 values on both sides); positions past a query are never read.
       std::vector<uint16_t> kh(static_cast<size_t>(n_ctx) * kvw), vh(kh.size());
@@ -1388,10 +1364,9 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
         DeviceArray d_q = DeviceArray::of(q), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
         out.poison();
         part.poison();
-        CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr(),
-                    cn = counters.ptr();
-        launch(k[1], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p, &o, &cn});
-        CHECK(counters.download<uint32_t>(hkv) == zeros);
+        CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr();
+        launch(k[1], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p});
+        launch(k[2], kern::attnCombineLaunch(h), {&pt, &o});
         std::vector<float> got = out.download<float>(q.size()), ref(q.size());
         cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data(), options);
         CHECK(track("attn_decode softcap+window", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);

@@ -1,7 +1,6 @@
 // Op family Attention → kernels/attention.cuh: the batch's K/V into the f16 cache, then causal GQA:
-// prefill kv_store + attn_prefill; decode kv_store + split-KV attn_decode (the split partials in
-// step-local scratch, merged by each kv head's last block); no kv_store when the fused QKV GEMV stored K
-// and V (ops/matmul.cpp).
+// prefill kv_store + attn_prefill; decode kv_store + split-KV attn_decode + attn_combine (the split
+// partials in step-local scratch); no kv_store when the fused QKV GEMV stored K and V (ops/matmul.cpp).
 #include <cmath>
 
 #include "compiler/codegen/ops/op_family.h"
@@ -29,7 +28,7 @@ KernelArgDesc cacheArg(fb::ArgKind kind, const char* name, uint32_t layer, uint3
 
 namespace {
 
-// `quant` (decode only): the QuantizeAct of the output, fused into the decode launch (ATT_Q8).
+// `quant` (decode only): the QuantizeAct of the output, fused into the combine launch (ATT_Q8).
 // `stored` (decode only): the fused QKV GEMV stored this token's K and V (no kv_store launch).
 Launches attention(const StepContext& c, const StepContext* quant, bool stored) {
   const model::StepDesc& s = c.step();
@@ -112,14 +111,17 @@ Launches attention(const StepContext& c, const StepContext* quant, bool stored) 
   const unsigned splits = attnDecodeSplits(hkv);
   const KernelArgDesc part{.kind = fb::ArgKind::Scratch, .name = "part",
                            .bytes = kern::attnDecodePartFloats(h, d, splits) * sizeof(float)};
-  SpecBuilder b(llvm::formatv("attn_decode_h{0}_hkv{1}_d{2}_s{3}{4}{5}", h, hkv, d, splits, opts, quant ? "_q8" : ""),
-                "kernels/attention.cuh", "minfer_attn_decode");
+  SpecBuilder b(llvm::formatv("attn_decode_h{0}_hkv{1}_d{2}_s{3}{4}", h, hkv, d, splits, opts), "kernels/attention.cuh",
+                "minfer_attn_decode");
   options(heads(b)).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_DECODE", uint64_t{1});
-  if (quant) b.define("ATT_Q8", uint64_t{1});
-  KernelLaunch decode{b.spec, {q_in, kc, vc, part, pos, o}, kern::attnDecodeLaunchRule(hkv, splits)};
-  if (quant) pushQ8Args(decode.args, "qs", "meta", quant->outputId(0), q_width, fb::Access::Write);
-  decode.args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{hkv} * 4});
-  launches.push_back(std::move(decode));
+  launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(hkv, splits)});
+  SpecBuilder comb(llvm::formatv("attn_combine_h{0}_d{1}_s{2}{3}", h, d, splits, quant ? "_q8" : ""),
+                   "kernels/attention.cuh", "minfer_attn_combine");
+  heads(comb).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_COMBINE", uint64_t{1});
+  if (quant) comb.define("ATT_Q8", uint64_t{1});
+  KernelLaunch combine{comb.spec, {part, o}, kern::attnCombineLaunchRule(h)};
+  if (quant) pushQ8Args(combine.args, "qs", "meta", quant->outputId(0), q_width, fb::Access::Write);
+  launches.push_back(std::move(combine));
   return launches;
 }
 

@@ -20,7 +20,7 @@ bool fusesQuantize(const model::StepDesc& producer, const model::StepDesc& quant
   const bool carrier = producer.op == fb::OpKind::RmsNorm || producer.op == fb::OpKind::SwiGlu ||
                        producer.op == fb::OpKind::GeGlu || decode_attention;
   // Attention's output is always a whole buffer; its q, k, v may be views (phi3) without changing the
-  // decode kernel that carries the quantization.
+  // combine kernel that carries the quantization.
   const bool whole = decode_attention ? producer.output_views.empty() : wholeBuffers(producer);
   return carrier && whole && quant.op == fb::OpKind::QuantizeAct && quant.inputs.size() == 1 &&
          consumes(producer, quant);

@@ -318,7 +318,7 @@ bool fusesQkv(const StepContext& q, const StepContext& k, const StepContext& v, 
 
 // MatMul q, k, v, Rope, Attention (decode) → minfer_gemv_qkv (kernels/gemv_blocks.cuh GEMVB_QKV: the three
 // products, biases, the rotation and the K/V cache store) and the attention's decode launches without
-// their store; `quant`, the QuantizeAct of the attention output, rides in its decode launch as before.
+// their store; `quant`, the QuantizeAct of the attention output, rides in its combine launch as before.
 Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const StepContext& v,
                               const StepContext& rope, const StepContext& attention, const StepContext* quant) {
   if (!fusesQkv(q, k, v, rope, attention)) return q.error("the q, k and v matmuls cannot run as one fused GEMV");

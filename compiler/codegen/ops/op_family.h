@@ -105,7 +105,7 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // Launch fusion (schema Step.fused, ops/fusion.cpp): steps that run inside the launch of the step
 // before them. A QuantizeAct that quantizes the output of the step before it, `producer`: RmsNorm
 // (rms_norm.cuh RMS_Q8, ops/norm.cpp), SwiGlu and GeGlu (elementwise.cuh EW_Q8, ops/elementwise.cpp),
-// decode Attention with heads of whole blocks of 32 (attention.cuh ATT_Q8 in the decode launch,
+// decode Attention with heads of whole blocks of 32 (attention.cuh ATT_Q8 in the combine launch,
 // ops/attention.cpp); the q8 values are the QuantizeAct kernel's, bit for bit. And an RmsNorm of an
 // Add's output, in the Add's launch (rms_norm.cuh RMS_ADD), with its QuantizeAct too.
 // And in decode, MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct as one fused gate|up GEMV
