@@ -481,8 +481,9 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE)
 namespace minfer::kern::attn {
 // Decode: lane l holds kDL dimensions of every row, dimension i of the lane at dim(l, i): contiguous
-// (l·kDL … l·kDL + kDL − 1, one 4- to 16-byte load per row) when HEAD_DIM is a multiple of 32, else
-// strided (l + 32·i, 2-byte loads); dimensions ≥ HEAD_DIM are not read (zero).
+// (l·kDL … l·kDL + kDL − 1) when HEAD_DIM is a multiple of 32 — one 2-, 4-, 8- or 16-byte load per row for
+// kDL 1, 2, 4, 8, else one 2-byte load per dimension (HEAD_DIM 96, 160, …) — and strided (l + 32·i,
+// 2-byte loads) otherwise; dimensions ≥ HEAD_DIM are not read (zero).
 constexpr bool kContig = kD % 32 == 0;
 __device__ __forceinline__ int dim(int lane, int i) { return kContig ? lane * kDL + i : lane + 32 * i; }
 __device__ __forceinline__ void loadRow(const uint16_t* row, int lane, float (&x)[kDL]) {

@@ -122,6 +122,8 @@ MINFER_HD LaunchRule gemvGluLaunchRule(unsigned n, GemvBlocksShape s) {
   return r;
 }
 
+// The fused QKV GEMV's shape: two rows per warp (a rotation pair), two warps per pair.
+MINFER_HD GemvBlocksShape gemvQkvShape() { return {2, 2, 1}; }
 // The fused QKV GEMV: one row pair (two rows of one head) per group of s.warps warps, and one more warp
 // per block for the rotation angles.
 constexpr unsigned kGemvQkvWarps = kGemvBlocksWarps + 1;
@@ -309,9 +311,11 @@ __device__ __forceinline__ void accumulateRows(const uint8_t* const (&wr)[kRows]
 }
 
 // Sums acc over the kRowWarps warps of each group of the block's first kGemvBlocksWarps warps (warpSum,
-// then warp w + 1's sums added to warp w's through shared memory). Every thread of the block must call
-// it (warps past the first kGemvBlocksWarps take part in the barrier only); afterwards every lane of a
-// group's first warp (warp % kRowWarps == 0) holds the group's sums, and the function returns true there.
+// then, with kRowWarps 2, warp w + 1's sums added to warp w's through shared memory after one block
+// barrier). Every thread of the block must call it (warps past the first kGemvBlocksWarps take part in
+// that barrier only); afterwards every lane of a group's first warp (warp % kRowWarps == 0) holds the
+// group's sums, and the function returns true there. With kRowWarps 1 there is no barrier and every warp
+// gets true.
 template <int kRows, int kRowWarps>
 __device__ __forceinline__ bool groupSum(float (&acc)[kRows]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -452,7 +456,8 @@ constexpr int kGroupsPerCta = static_cast<int>(kGemvBlocksWarps) / kRowWarps;
 constexpr int kBlocksPerRow = GEMVB_K / 256;
 static_assert(GEMVB_K % 256 == 0 && kD % 2 == 0, "GEMVB_K must be a multiple of 256, QKV_HEAD_DIM even");
 static_assert(ROPE_NROT % 2 == 0 && ROPE_NROT <= QKV_HEAD_DIM, "ROPE_NROT must be even and <= QKV_HEAD_DIM");
-static_assert(kRowWarps == 1 || kRowWarps == 2, "GEMVB_ROW_WARPS must be 1 or 2");
+static_assert(kRowWarps == 2,
+              "the QKV GEMV runs gemvQkvShape(): GEMVB_ROW_WARPS 2 (groupSum's barrier pairs the angle warp's)");
 
 // One of q, k, v: its plane and bias.
 template <int kType, int kPitch, int kGroupPitch, bool kBias>

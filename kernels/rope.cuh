@@ -141,7 +141,7 @@ __device__ __forceinline__ void ropeRotate(float a, float b, float c, float s, f
 }
 }  // namespace minfer::kern
 
-#if !defined(GEMVB_QKV)
+#if defined(ROPE_NHEAD)  // the rotation kernel; without it only ropeCosSin / ropeRotate (gemv_blocks.cuh GEMVB_QKV)
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
     minfer_rope(float* q, float* k, const float* __restrict__ freq_factors, const int* __restrict__ pos,
                 int n_tokens) {
@@ -165,5 +165,5 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
     }
   }
 }
-#endif  // !GEMVB_QKV
+#endif  // ROPE_NHEAD
 #endif

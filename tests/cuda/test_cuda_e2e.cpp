@@ -88,18 +88,19 @@ std::vector<std::string> goldenArchs() {
 
 // The fixture fixtures/<dir>/<model> compiled with kernel images for this GPU (once per process), max batch 64 so the
 // 72-token goldens prefill in several batches (pos0 > 0 on the GPU prefill path too).
-// `fuse`: launch fusion (CompileOptions::fuse_launches and fuse_gemv). `arch`: the kernel target ("" = the GPU's arch;
+// `fuse`: launch fusion (CompileOptions::fuse_launches), `gemv`: the decode GEMV fusions too (fuse_gemv,
+// off by default). `arch`: the kernel target ("" = the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 std::string compiled(const std::string& model, const std::string& dir = "models", bool fuse = true,
-                     const std::string& arch = "") {
+                     const std::string& arch = "", bool gemv = false) {
   static std::map<std::string, std::string> done;
-  const std::string key = model + (fuse ? "" : ".unfused") + (arch.empty() ? "" : "." + arch);
+  const std::string key = model + (fuse ? "" : ".unfused") + (gemv ? ".gemv" : "") + (arch.empty() ? "" : "." + arch);
   if (auto it = done.find(key); it != done.end()) return it->second;
   CompileOptions o;
   o.input = fixturesDir() + "/" + dir + "/" + model;
   o.output = scratchDir() + "/" + key + ".gpu.mfb";
   o.fuse_launches = fuse;
-  o.fuse_gemv = fuse;  // every fusion, the decode GEMVs' too (off by default): the unfused artifact is bit-identical
+  o.fuse_gemv = gemv;
   o.max_batch = 64;
   o.targets = {arch.empty() ? get()->arch : arch};
   const char* cache = std::getenv("MINFER_TEST_KERNEL_CACHE");
@@ -229,17 +230,21 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
   struct Mode {
     bool graph, overlap;
   };
-  // The last mode runs the artifact compiled without launch fusion (every QuantizeAct its own launch).
+  // Mode 3 runs the artifact compiled without launch fusion (every QuantizeAct its own launch), mode 4 the
+  // one with the decode GEMV fusions too.
   auto unfused = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/false));
   REQUIRE_MESSAGE(unfused.isOk(), unfused.status().message());
-  const Mode modes[] = {{true, true}, {true, false}, {false, true}, {true, true}};
-  std::vector<std::vector<float>> rows[4];
-  for (int mi = 0; mi < 4; ++mi) {
+  // And one more with the decode GEMV fusions (--fuse-gemv) too.
+  auto gemv = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/true, "", /*gemv=*/true));
+  REQUIRE_MESSAGE(gemv.isOk(), gemv.status().message());
+  const Mode modes[] = {{true, true}, {true, false}, {false, true}, {true, true}, {true, true}};
+  std::vector<std::vector<float>> rows[5];
+  for (int mi = 0; mi < 5; ++mi) {
     const Mode mode = modes[mi];
     CAPTURE(mode.graph);
     CAPTURE(mode.overlap);
     CAPTURE(mi);
-    auto backend = cuda::CudaBackend::create(mi < 3 ? **file : **unfused,
+    auto backend = cuda::CudaBackend::create(mi < 3 ? **file : mi == 3 ? **unfused : **gemv,
                                              {.device = -1, .decode_graph = mode.graph, .overlap_launches = mode.overlap});
     REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
     MESSAGE((*backend)->note());
@@ -255,7 +260,7 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
       REQUIRE(id.isOk());
       CHECK(*id == std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
-    if (mode.overlap && mi < 3) {
+    if (mode.overlap && mi != 3) {
       // Profiled: the prompt (direct launches) and two decode steps (inside the graph when there is one).
       (*session)->setProfiling(true);
       REQUIRE((*session)->forward(g.prompt_ids, 0, logits.data(), false).isOk());
@@ -298,7 +303,8 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
     }
   }
   // Same kernels, or the fused kernels' bit-identical outputs: the same logits, bit for bit.
-  for (int mi = 1; mi < 4; ++mi) {
+  for (int mi = 1; mi < 5; ++mi) {
+    CAPTURE(mi);
     REQUIRE(rows[0].size() == rows[mi].size());
     for (size_t i = 0; i < rows[0].size(); ++i) CHECK(rows[0][i] == rows[mi][i]);
   }

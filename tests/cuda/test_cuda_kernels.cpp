@@ -1055,7 +1055,8 @@ float roundHalf(float v) { return halfToFloat(floatToHalf(v)); }
 TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU over the same f16 values") {
   MINFER_REQUIRE_GPU(G);
   const int h = 6, hkv = 2, n_ctx = 1200;
-  for (int d : {8, 16, 36, 64, 80, 128}) {  // 36: the decode kernel's scalar tail (not a multiple of 8)
+  for (int d : {8, 16, 32, 36, 64, 80, 96, 128}) {  // decode: 32, 64, 128 contiguous vector loads, 96 contiguous
+                                                     // 2-byte loads, 8, 16, 36, 80 strided lanes
     CAPTURE(d);
     auto att = [&](const char* name, const char* which) {
       std::vector<std::pair<std::string, std::string>> defs = {

@@ -39,7 +39,8 @@ bool gateUpGluChain(const std::vector<model::StepDesc>& steps, size_t i) {
   return gate.op == fb::OpKind::MatMul && up.op == fb::OpKind::MatMul && glu_op && wholeBuffers(gate) &&
          wholeBuffers(up) && wholeBuffers(glu) && gate.outputs.size() == 1 && up.outputs.size() == 1 &&
          glu.inputs.size() == 2 && glu.inputs[0] == gate.outputs[0] && glu.inputs[1] == up.outputs[0] &&
-         gate.outputs[0] != up.outputs[0] && fusesQuantize(glu, steps[i + 3], PlanVariant::kDecode);
+         gate.outputs[0] != up.outputs[0] && glu.outputs.size() == 1 && glu.outputs[0] != up.outputs[0] &&
+         fusesQuantize(glu, steps[i + 3], PlanVariant::kDecode);
 }
 
 // steps[i .. i+4]: MatMul q, MatMul k, MatMul v, the Rope of q and k in place, and the Attention of the
@@ -63,9 +64,15 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
   const std::vector<model::StepDesc>& steps = planSteps(desc.plan, variant);
   const auto fits = [&](size_t k) { return k < steps.size() && k != tail; };
   const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, k); };
-  if (gemv && variant == PlanVariant::kDecode && fits(i + 3) && gateUpGluChain(steps, i) && fusesGateUp(ctx(i), ctx(i + 1)))
+  const auto fitsAll = [&](size_t last) {
+    for (size_t k = i + 1; k <= last; ++k)
+      if (!fits(k)) return false;
+    return true;
+  };
+  if (gemv && variant == PlanVariant::kDecode && fitsAll(i + 3) && gateUpGluChain(steps, i) &&
+      fusesGateUp(ctx(i), ctx(i + 1)))
     return 3;
-  if (gemv && variant == PlanVariant::kDecode && fits(i + 4) && qkvChain(steps, i) &&
+  if (gemv && variant == PlanVariant::kDecode && fitsAll(i + 4) && qkvChain(steps, i) &&
       fusesQkv(ctx(i), ctx(i + 1), ctx(i + 2), ctx(i + 3), ctx(i + 4)))
     return fits(i + 5) && fusesQuantize(steps[i + 4], steps[i + 5], variant) ? 5 : 4;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))

@@ -3,8 +3,9 @@
 //   tensor-core MMA on kI8), or kernels/wgmma_matmul.cuh (Hopper, sm_90a images only) on the kF16 plane
 //   when the weight has one (layout_planner.h f16_prefill), decode kernels/gemv.cuh (the 4-bit kPacked plane where there is one, else kI8),
 //   or kernels/gemv_blocks.cuh on the GGUF blocks themselves when the weight has a kBlocks plane of Q4_K or
-//   Q6_K whose blocks start 16-byte aligned (decodeBlocksPlane); in decode the gate and up matmuls of a
-//   GLU fuse with it and its quantization into one gemv_blocks launch (gateUpGluLaunches);
+//   Q6_K whose blocks start 16-byte aligned (decodeBlocksPlane); with CodegenOptions::fuse_gemv (off by
+//   default), in decode the gate and up matmuls of a GLU fuse with it and its quantization into one
+//   gemv_blocks launch (gateUpGluLaunches), and q, k, v with their RoPE and KV store (qkvAttentionLaunches);
 //   float weights (dense F32 / F16 / BF16 plane), f32 activations: kernels/dense_matmul.cuh
 //   (dense_mm in prefill, dense_gemv in decode).
 // Every plane constant the kernel is compiled with (-D…_PITCH) is taken from the stride table that the
@@ -282,7 +283,7 @@ Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const
   if ((*out)->width != m->n) return glu.error(llvm::formatv("output width {0}, the matmuls give {1}", (*out)->width, m->n));
   if (llvm::Error e = checkFusedQuantize(quant, static_cast<uint32_t>(m->n))) return e;
   const StrideTable& gb = *decodeBlocksPlane(*m->w);
-  const StrideTable& ub = *decodeBlocksPlane(**up.weight(0));
+  const StrideTable& ub = *decodeBlocksPlane(*fusibleOperands(up)->w);
   const unsigned n = static_cast<unsigned>(m->n), k = static_cast<unsigned>(m->k);
   const bool geglu = glu.step().op == fb::OpKind::GeGlu;
   const kern::GemvBlocksShape shape = kern::gemvGluShape(n, k);
@@ -327,7 +328,7 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
   auto after = storedAttentionLaunches(attention, quant);
   if (!after) return after.takeError();
   const model::StepDesc& a = attention.step();
-  const kern::GemvBlocksShape shape = kern::gemvGluShape(0, 0);  // two rows per group, as the gate|up GEMV
+  const kern::GemvBlocksShape shape = kern::gemvQkvShape();
   const StepContext* mm[3] = {&q, &k, &v};
   MatMulOperands m[3];
   const StrideTable* blk[3];

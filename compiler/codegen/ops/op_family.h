@@ -115,7 +115,7 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`; `gemv` false: not the GEMV fusions. fusedLaunches: the launches of steps[i] and those followers.
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
-                      PlanVariant variant, size_t i, size_t tail, bool gemv = true);
+                      PlanVariant variant, size_t i, size_t tail, bool gemv);
 Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                        PlanVariant variant, size_t i, size_t followers);
 Launches rmsNormQuantizeLaunches(const StepContext& norm, const StepContext& quant);
@@ -126,18 +126,23 @@ Launches attentionQuantizeLaunches(const StepContext& attention, const StepConte
 // minfer_gemv_glu launch: same inputs, no bias, kBlocks planes of one type and geometry that the decode
 // GEMV reads, and a width of whole blocks of 32 (ops/matmul.cpp).
 bool fusesGateUp(const StepContext& gate, const StepContext& up);
+// The one launch of those steps and the GLU's QuantizeAct `quant`: writes the gate and up products, the GLU
+// output and its q8 form, with N / 32 counter words. An error naming the step unless fusesGateUp.
+Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const StepContext& glu,
+                           const StepContext& quant);
 // Decode MatMul steps q, k, v, the Rope of q and k and the Attention of the three (whole buffers, one q8
 // input, kBlocks planes the decode GEMV reads) can run as one minfer_gemv_qkv launch that also stores K
 // and V, followed by the attention's own launches without its store (ops/matmul.cpp).
 bool fusesQkv(const StepContext& q, const StepContext& k, const StepContext& v, const StepContext& rope,
               const StepContext& attention);
+// Their launches: minfer_gemv_qkv (q and k rotated, v, and K and V into the layer's caches at the position),
+// then the decode attention's without kv_store; `quant` its QuantizeAct or null. An error naming the step
+// unless fusesQkv.
 Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const StepContext& v,
                               const StepContext& rope, const StepContext& attention, const StepContext* quant);
 // The decode attention's launches after a fused QKV GEMV stored K and V (ops/attention.cpp).
 Launches storedAttentionLaunches(const StepContext& attention, const StepContext* quant);
-Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const StepContext& glu,
-                           const StepContext& quant);
-// The check both make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
+// The check the q8 forms make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
 llvm::Error checkFusedQuantize(const StepContext& quant, uint32_t width);
 
 }  // namespace minfer::codegen
