@@ -12,11 +12,8 @@
 // dot: Σ(q−32)·x = Σq·x − 32·Σx, with Σx the activation block's half sum (Q8Meta).
 //
 // Work split: four lanes share one GGUF block, each taking 64 of its weights ("part" p = 0..3):
-//   Q4_K part p = 2j + h: qs bytes [16p, 16p+16) and [64+16p, 64+16p+16) = weights 16h … 16h+15 of
-//                sub-blocks 2j, 2j+1 (low, high nibbles) and 4+2j, 5+2j, plus the 16-byte block head (d,
-//                dmin, the 12 packed scale/min bytes); so the four lanes of a block read its 128 qs bytes
-//                as two contiguous 64-byte runs (an earlier split, 32 contiguous bytes per lane, made each
-//                load instruction touch twice the sectors).
+//   Q4_K part p: qs bytes [32p, 32p+32) (two 16-byte loads) = sub-blocks 2p (low nibbles) and 2p+1 (high
+//                nibbles), plus the 16-byte block head (d, dmin, the 12 packed scale/min bytes).
 //   Q6_K part p = 2n + h: weights 128n + 32k + 16h + i (k = 0..3, i = 0..15): ql bytes [64n+16h, +16) and
 //                [64n+32+16h, +16) (low nibbles k = 0, 1; high nibbles k = 2, 3), qh bytes
 //                [128+32n+16h, +16) (bit pair 2k), the 8 scale bytes of half n, and d.
@@ -168,8 +165,8 @@ __device__ __forceinline__ Part load(const uint8_t* blk, int p) {
   Part w;
   if (kQ4K) {
     w.a = loadWeight16(blk);
-    w.b = loadWeight16(blk + 16 + 16 * p);
-    w.c = loadWeight16(blk + 80 + 16 * p);
+    w.b = loadWeight16(blk + 16 + 32 * p);
+    w.c = loadWeight16(blk + 32 + 32 * p);
   } else {
     const int n = p >> 1, h = p & 1;
     w.a = loadWeight16(blk + 64 * n + 16 * h);
@@ -182,12 +179,12 @@ __device__ __forceinline__ Part load(const uint8_t* blk, int p) {
 }
 
 // One lane's activations for its part of one block, shared by the rows: the 64 int8 its weights meet,
-// and per activation block met (one half of each of 4) the scale d and the sum term (Q4_K: d·Σx of the
-// half, for the min; Q6_K: 32·Σx of the half, the q − 32 offset).
+// and per activation block met (Q4_K: 2 whole blocks; Q6_K: one half of 4) the scale d and the sum term
+// (Q4_K: d·Σx of the block, for the min; Q6_K: 32·Σx of the half, the q − 32 offset).
 struct Act {
   int4 x[4];
   float d[4];
-  float ds[4];
+  float ds[2];
   int s32[4];
 };
 
@@ -198,18 +195,14 @@ template <bool kQ4K>
 __device__ __forceinline__ Act loadAct(const int8_t* xq, const Q8Meta* xm, int p) {
   Act a;
   if (kQ4K) {
-    // Sub-blocks 2j, 2j + 1, 4 + 2j, 5 + 2j (j = p / 2), half h = p % 2 of each: 16 values at 32·s + 16h.
-    const int j = p >> 1, h = p & 1;
+    const int4* x = reinterpret_cast<const int4*>(xq + 64 * p);
+    const int4 m = *reinterpret_cast<const int4*>(xm + 2 * p);  // Q8Meta 2p, 2p+1: {d, sum_lo | sum_hi << 16}
 #pragma unroll
-    for (int k = 0; k < 4; ++k) a.x[k] = *reinterpret_cast<const int4*>(xq + 32 * (2 * j + (k & 1) + 4 * (k >> 1)) + 16 * h);
-#pragma unroll
-    for (int pair = 0; pair < 2; ++pair) {
-      const int4 m = *reinterpret_cast<const int4*>(xm + 2 * j + 4 * pair);  // {d, sum_lo | sum_hi << 16} × 2
-      a.d[2 * pair] = __int_as_float(m.x);
-      a.d[2 * pair + 1] = __int_as_float(m.z);
-      a.ds[2 * pair] = a.d[2 * pair] * static_cast<float>(h ? sumHi(m.y) : sumLo(m.y));
-      a.ds[2 * pair + 1] = a.d[2 * pair + 1] * static_cast<float>(h ? sumHi(m.w) : sumLo(m.w));
-    }
+    for (int i = 0; i < 4; ++i) a.x[i] = x[i];
+    a.d[0] = __int_as_float(m.x);
+    a.d[1] = __int_as_float(m.z);
+    a.ds[0] = a.d[0] * static_cast<float>(sumLo(m.y) + sumHi(m.y));
+    a.ds[1] = a.d[1] * static_cast<float>(sumLo(m.w) + sumHi(m.w));
   } else {
     const int n = p >> 1, h = p & 1;
     const int4* m = reinterpret_cast<const int4*>(xm + 4 * n);  // Q8Meta 4n … 4n+3
@@ -241,24 +234,18 @@ __device__ __forceinline__ uint4 mask4(uint4 v, int shift, unsigned m) {
 template <bool kQ4K>
 __device__ __forceinline__ float partDot(const Part& w, const Act& a, int p) {
   if (kQ4K) {
-    // Half p % 2 of sub-blocks 2j, 2j + 1 (qs bytes 16p … 16p + 15: low, high nibbles) and 4 + 2j, 5 + 2j
-    // (qs bytes 64 + 16p …), j = p / 2. The 6-bit scale/min pairs (block_formats.h kScaleMin) of all eight
+    // Sub-blocks 2p and 2p+1. The 6-bit scale/min pairs (block_formats.h kScaleMin) of all eight
     // sub-blocks, one byte each: head word 1 = scale bytes 0..3, word 2 = bytes 4..7, word 3 = bytes 8..11.
     const unsigned s03 = w.a.y & 0x3F3F3F3Fu, m03 = w.a.z & 0x3F3F3F3Fu;
     const unsigned s47 = (w.a.w & 0x0F0F0F0Fu) | ((w.a.y >> 2) & 0x30303030u);
     const unsigned m47 = ((w.a.w >> 4) & 0x0F0F0F0Fu) | ((w.a.z >> 2) & 0x30303030u);
-    const int sh = 16 * (p >> 1);  // byte 2j of each word
-    const unsigned sw[2] = {s03 >> sh, s47 >> sh}, mw[2] = {m03 >> sh, m47 >> sh};
-    const uint4 qw[2] = {w.b, w.c};
-    float dots = 0.0f, mins = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int half = k >> 1, nib = k & 1;
-      const int dot = dot16(mask4(qw[half], 4 * nib, 0x0F0F0F0Fu), a.x[k]);
-      const int sc = static_cast<int>((sw[half] >> (8 * nib)) & 0xFF);
-      dots = fmaf(a.d[k], static_cast<float>(sc * dot), dots);
-      mins = fmaf(static_cast<float>((mw[half] >> (8 * nib)) & 0xFF), a.ds[k], mins);
-    }
+    const int sh = 16 * (p & 1);  // byte 2p % 4
+    const unsigned sw = (p < 2 ? s03 : s47) >> sh, mw = (p < 2 ? m03 : m47) >> sh;
+    const int dot0 = dot16(mask4(w.b, 0, 0x0F0F0F0Fu), a.x[0]) + dot16(mask4(w.c, 0, 0x0F0F0F0Fu), a.x[1]);
+    const int dot1 = dot16(mask4(w.b, 4, 0x0F0F0F0Fu), a.x[2]) + dot16(mask4(w.c, 4, 0x0F0F0F0Fu), a.x[3]);
+    const float dots = fmaf(a.d[1], static_cast<float>(static_cast<int>((sw >> 8) & 0xFF) * dot1),
+                            a.d[0] * static_cast<float>(static_cast<int>(sw & 0xFF) * dot0));
+    const float mins = fmaf(static_cast<float>((mw >> 8) & 0xFF), a.ds[1], static_cast<float>(mw & 0xFF) * a.ds[0]);
     const float d = h2f(static_cast<uint16_t>(w.a.x)), dmin = h2f(static_cast<uint16_t>(w.a.x >> 16));
     return fmaf(d, dots, -(dmin * mins));
   } else {
