@@ -226,7 +226,6 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
   const GoldenCase g = loadGolden("tiny-qwen2-Q4_K_M_ids48");
   auto file = ArtifactFile::open(compiled(g.model));
   REQUIRE_MESSAGE(file.isOk(), file.status().message());
-  const auto* m = (*file)->manifest();
   struct Mode {
     bool graph, overlap;
   };
@@ -261,6 +260,7 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
       CHECK(*id == std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     if (mode.overlap && mi != 3) {
+      const auto* pm = (mi < 3 ? **file : **gemv).manifest();  // the profiled artifact's plans
       // Profiled: the prompt (direct launches) and two decode steps (inside the graph when there is one).
       (*session)->setProfiling(true);
       REQUIRE((*session)->forward(g.prompt_ids, 0, logits.data(), false).isOk());
@@ -270,9 +270,9 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
       CHECK(rows[mi][1] == logits);  // profiled decode step = the same step unprofiled
       const auto prof = (*session)->profile();
       size_t launched = 0;  // steps with launches of their own (a fused step's time is its producer's)
-      for (const fb::Plan* plan : {m->prefill(), m->decode()})
+      for (const fb::Plan* plan : {pm->prefill(), pm->decode()})
         for (const fb::Step* s : *plan->steps()) launched += !s->fused();
-      CHECK(launched < m->prefill()->steps()->size() + m->decode()->steps()->size());
+      CHECK(launched < pm->prefill()->steps()->size() + pm->decode()->steps()->size());
       CHECK(prof.size() == launched);
       double total = 0;
       for (const auto& t : prof) {
@@ -284,7 +284,7 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
         // call, Embed one row of it; a K or V cache read covers every cached position (f16), a write one
         // position (the attention's, or the fused QKV GEMV's that a q MatMul step launches).
         const fb::Step* step = nullptr;
-        for (const fb::Step* s : *m->decode()->steps())
+        for (const fb::Step* s : *pm->decode()->steps())
           if (s->name()->str() == t.name) step = s;
         REQUIRE(step != nullptr);
         double expected = 0;
