@@ -19,19 +19,19 @@ fi
 {
   [ -f /tmp/q7.gguf ] || timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf
   [ -f /tmp/q7.mfb ] || timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb
-  [ -f /tmp/q7ng.mfb ] || timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7ng.mfb --fuse-gemv
+  [ -f /tmp/q7g.mfb ] || timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7g.mfb --fuse-gemv
   [ -f /tmp/q7nf.mfb ] || timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7nf.mfb --no-fuse
   for i in 1 2; do
     echo "== fused, overlap on, round $i"; timeout 120 "$B/minfer-bench" /tmp/q7.mfb -p 128,512 -n 128 -r 5
-    echo "== with the GEMV fusions, overlap on, round $i"; timeout 120 "$B/minfer-bench" /tmp/q7ng.mfb -p 128,512 -n 128 -r 5
+    echo "== with the GEMV fusions, overlap on, round $i"; timeout 120 "$B/minfer-bench" /tmp/q7g.mfb -p 128,512 -n 128 -r 5
     echo "== unfused, overlap on, round $i"; timeout 120 "$B/minfer-bench" /tmp/q7nf.mfb -p 128,512 -n 128 -r 5
   done
   echo "== fused, overlap off"; timeout 120 "$B/minfer-bench" /tmp/q7.mfb -p 128,512 -n 128 -r 5 --no-overlap
   echo "== depth 4096, fused, overlap on"; timeout 120 "$B/minfer-bench" /tmp/q7.mfb -p 0 -n 128 -d 4096 -r 3
-  echo "== depth 4096, with the GEMV fusions, overlap on"; timeout 120 "$B/minfer-bench" /tmp/q7ng.mfb -p 0 -n 128 -d 4096 -r 3
+  echo "== depth 4096, with the GEMV fusions, overlap on"; timeout 120 "$B/minfer-bench" /tmp/q7g.mfb -p 0 -n 128 -d 4096 -r 3
   echo "== depth 4096, unfused, overlap on"; timeout 120 "$B/minfer-bench" /tmp/q7nf.mfb -p 0 -n 128 -d 4096 -r 3
   echo "== profile"; timeout 120 "$B/minfer-bench" /tmp/q7.mfb -p 512 -n 128 -r 1 --profile
-  echo "== profile with the GEMV fusions"; timeout 120 "$B/minfer-bench" /tmp/q7ng.mfb -p 0 -n 128 -r 1 --profile
+  echo "== profile with the GEMV fusions"; timeout 120 "$B/minfer-bench" /tmp/q7g.mfb -p 0 -n 128 -r 1 --profile
 } > "$OUT/decode.log" 2>&1
 echo "rc=$?" >> "$OUT/decode.log"
 grep -H "rc=" "$OUT"/*.log

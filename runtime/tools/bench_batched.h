@@ -17,6 +17,7 @@
 // batched kernels (BatchSession::batchedKernels() false) a step runs the sequences one after another.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +40,8 @@ struct BatchedResult {
   int n_parallel = 0;  // B: sequences
   Series prompt_ts, decode_ts, total_ts;  // tokens per second
   Series ttft_ms, itl_ms;                 // milliseconds
+  // N_KV: KV positions the B sequences hold at the end, B·(PP + TG).
+  int64_t nKv() const { return int64_t{n_parallel} * (n_prompt + n_gen); }
 };
 
 struct BatchedBenchOptions {

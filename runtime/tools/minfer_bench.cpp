@@ -197,7 +197,7 @@ void printBatched(const std::vector<BatchedRow>& rows) {
           "  {{\"model\": {0}, \"backend\": \"{1}\", \"batched_kernels\": {2}, \"n_prompt\": {3}, \"n_gen\": {4}, "
           "\"n_parallel\": {5}, \"n_kv\": {6}, \"model_size\": {7:f0}, \"model_n_params\": {8:f0}, \"load_s\": {9:f3}, ",
           minfer::util::escapeJsonForTerminal(model), w.backend, w.batched_kernels ? "true" : "false", r.n_prompt,
-          r.n_gen, r.n_parallel, int64_t{r.n_parallel} * (r.n_prompt + r.n_gen), w.size_bytes, w.params, w.load_s);
+          r.n_gen, r.n_parallel, r.nKv(), w.size_bytes, w.params, w.load_s);
       llvm::outs() << llvm::formatv(
           "\"pp_avg_ts\": {0:f3}, \"pp_stddev_ts\": {1:f3}, \"tg_avg_ts\": {2:f3}, \"tg_stddev_ts\": {3:f3}, "
           "\"total_avg_ts\": {4:f3}, \"total_stddev_ts\": {5:f3}, \"ttft_avg_ms\": {6:f3}, \"ttft_stddev_ms\": {7:f3}, "
@@ -215,7 +215,7 @@ void printBatched(const std::vector<BatchedRow>& rows) {
       const minfer::tools::BatchedResult& r = w.r;
       llvm::outs() << llvm::formatv("{0},{1},{2},{3},{4},{5},{6},{7:f0},{8:f0},{9:f3},", minfer::util::escapeForTerminal(w.model),
                                     w.backend, w.batched_kernels ? 1 : 0, r.n_prompt, r.n_gen, r.n_parallel,
-                                    int64_t{r.n_parallel} * (r.n_prompt + r.n_gen), w.size_bytes, w.params, w.load_s)
+                                    r.nKv(), w.size_bytes, w.params, w.load_s)
                    << f(r.prompt_ts, "{0:f3},{1:f3},") << f(r.decode_ts, "{0:f3},{1:f3},")
                    << f(r.total_ts, "{0:f3},{1:f3},") << f(r.ttft_ms, "{0:f3},{1:f3},") << f(r.itl_ms, "{0:f3},{1:f3}")
                    << "\n";
@@ -229,7 +229,7 @@ void printBatched(const std::vector<BatchedRow>& rows) {
       const minfer::tools::BatchedResult& r = w.r;
       llvm::outs() << llvm::formatv("| {0} | {1} | {2} | {3} | {4} | {5} | {6} | {7} | ", minfer::util::escapeForTerminal(w.model),
                                     human(w.size_bytes), humanCount(w.params), w.backend, r.n_prompt, r.n_gen,
-                                    r.n_parallel, int64_t{r.n_parallel} * (r.n_prompt + r.n_gen))
+                                    r.n_parallel, r.nKv())
                    << f(r.prompt_ts, "{0:f2} ± {1:f2} | ") << f(r.decode_ts, "{0:f2} ± {1:f2} | ")
                    << f(r.total_ts, "{0:f2} ± {1:f2} | ") << f(r.ttft_ms, "{0:f2} ± {1:f2} | ")
                    << f(r.itl_ms, "{0:f3} ± {1:f3} |") << "\n";
