@@ -84,17 +84,17 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
                        PlanVariant variant, size_t i, size_t followers) {
   const StepContext producer(desc, layouts, variant, i), next(desc, layouts, variant, i + 1);
   const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, k); };
-  if (followers == 4) return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), nullptr);
-  if (followers == 5) {
+  // The chain fusedFollowers recognised (by its steps, not by its length alone).
+  const std::vector<model::StepDesc>& steps = planSteps(desc.plan, variant);
+  if (followers >= 4 && qkvChain(steps, i)) {
+    if (followers == 4) return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), nullptr);
     const StepContext quant = ctx(i + 5);
     return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), &quant);
   }
-  if (followers == 3)
-    return gateUpGluLaunches(producer, next, StepContext(desc, layouts, variant, i + 2),
-                             StepContext(desc, layouts, variant, i + 3));
+  if (followers == 3 && gateUpGluChain(steps, i)) return gateUpGluLaunches(producer, next, ctx(i + 2), ctx(i + 3));
   if (producer.step().op == fb::OpKind::Add) {
     if (followers == 1) return addRmsNormLaunches(producer, next, nullptr);
-    const StepContext quant(desc, layouts, variant, i + 2);
+    const StepContext quant = ctx(i + 2);
     return addRmsNormLaunches(producer, next, &quant);
   }
   switch (producer.step().op) {
