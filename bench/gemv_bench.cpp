@@ -1,8 +1,7 @@
 // minfer-bench-gemv: memory bandwidth of the decode GEMVs on a 7B's (Qwen2-7B) matmul shapes. Not a test:
 // run it on a GPU machine (needs the NVIDIA driver and NVRTC); H200 numbers are in BENCHMARKS.md.
 //
-// Usage: minfer-bench-gemv [--reps R] [--variants] [--stage] [--min-blocks N,…] [--l2-fetch 128,256]
-//                          [--shapes …]
+// Usage: minfer-bench-gemv [--reps R] [--variants] [--min-blocks N,…] [--l2-fetch 128,256] [--shapes …]
 // For each shape: random GGUF blocks (random bits, finite f16 d and dmin as in tests/runtime/weight_builder),
 // laid out
 //   blocks: as a kBlocks plane with 16-byte aligned blocks (Q4_K 144 B, Q6_K 224 B), read by
@@ -14,8 +13,7 @@
 // not L2; R timed replays (CUDA events, after one warm-up replay) give mean ± sd of GB/s = plane bytes
 // read per launch / time per launch. The ceiling printed first is a device-to-device copy of 1 GiB
 // (bytes read + written). --variants also times a grid of gemv_blocks work shapes (rows per warp, warps
-// per row, unroll); --stage times each gemv_blocks configuration once more with its weight bytes staged
-// through shared memory (GEMVB_STAGE=1). The two
+// per row, unroll). The two
 // kernels' outputs on the same weights are compared (max |a − b| / max |b|) as a sanity check.
 #include <algorithm>
 #include <atomic>
@@ -48,10 +46,6 @@ llvm::cl::opt<unsigned> kReps("reps", llvm::cl::desc("timed graph replays per ke
                               llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kVariants("variants", llvm::cl::desc("also time every unroll × warps-per-row of gemv_blocks"),
                               llvm::cl::init(false), llvm::cl::cat(kCategory));
-llvm::cl::opt<bool> kStage("stage",
-                           llvm::cl::desc("also time each gemv_blocks configuration with its weight bytes staged "
-                                          "through shared memory (GEMVB_STAGE=1)"),
-                           llvm::cl::init(false), llvm::cl::cat(kCategory));
 llvm::cl::list<unsigned> kMinBlocks("min-blocks", llvm::cl::CommaSeparated,
                                     llvm::cl::desc("also time the codegen's gemv_blocks shape compiled for at least N "
                                                    "blocks per SM (GEMVB_MIN_BLOCKS), for each N given"),
@@ -347,7 +341,6 @@ int main(int argc, char** argv) {
       kern::GemvBlocksShape shape;
       unsigned min_blocks = 0;  // GEMVB_MIN_BLOCKS; 0: none
       unsigned l2_fetch = 0;    // GEMVB_L2_FETCH; 0: none
-      bool stage = false;       // GEMVB_STAGE
     };
     const kern::GemvBlocksShape codegen_shape = kern::gemvBlocksShape(static_cast<unsigned>(s.n), static_cast<unsigned>(s.k));
     std::vector<Config> configs = {{codegen_shape}};
@@ -357,17 +350,9 @@ int main(int argc, char** argv) {
       for (unsigned r : {1u, 2u, 4u})
         for (unsigned wp : {1u, 2u})
           for (unsigned u : {1u, 2u}) configs.push_back({{r, wp, u}});
-    if (kStage) {
-      const size_t n = configs.size();
-      for (size_t i = 0; i < n; ++i) {
-        Config c = configs[i];
-        c.stage = true;
-        configs.push_back(c);
-      }
-    }
     auto name = [](const Config& c) {
       return "r" + str(c.shape.rows) + " w" + str(c.shape.warps) + " u" + str(c.shape.unroll) +
-             (c.min_blocks ? " min" + str(c.min_blocks) : "") + (c.l2_fetch ? " L2::" + str(c.l2_fetch) + "B" : "") + (c.stage ? " staged" : "");
+             (c.min_blocks ? " min" + str(c.min_blocks) : "") + (c.l2_fetch ? " L2::" + str(c.l2_fetch) + "B" : "");
     };
     std::vector<Kernel> kernels(configs.size());
     {
@@ -378,7 +363,7 @@ int main(int argc, char** argv) {
           for (size_t ci = next++; ci < configs.size(); ci = next++) {
             const Config& c = configs[ci];
             const std::string key = "gemv_blocks_" + tag + "_n" + str(s.n) + "_k" + str(s.k) + "_r" + str(c.shape.rows) +
-                                    "w" + str(c.shape.warps) + "u" + str(c.shape.unroll) + "m" + str(c.min_blocks) + "f" + str(c.l2_fetch) + "s" + str(c.stage ? 1 : 0);
+                                    "w" + str(c.shape.warps) + "u" + str(c.shape.unroll) + "m" + str(c.min_blocks) + "f" + str(c.l2_fetch);
             std::vector<std::pair<std::string, std::string>> defs = {
                 {"GEMVB_N", str(s.n)}, {"GEMVB_K", str(s.k)}, {"GEMVB_TYPE", str(static_cast<unsigned>(s.type))},
                 {"GEMVB_PITCH", str(bt.row_pitch)}, {"GEMVB_GROUP_PITCH", str(bt.group_pitch)},
@@ -386,7 +371,6 @@ int main(int argc, char** argv) {
                 {"GEMVB_UNROLL", str(c.shape.unroll)}, {"GEMVB_HAS_BIAS", "0"}};
             if (c.min_blocks) defs.push_back({"GEMVB_MIN_BLOCKS", str(c.min_blocks)});
             if (c.l2_fetch) defs.push_back({"GEMVB_L2_FETCH", str(c.l2_fetch)});
-            if (c.stage) defs.push_back({"GEMVB_STAGE", "1"});
             kernels[ci] = compile(g, key, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs);
           }
         });

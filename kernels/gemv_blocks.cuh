@@ -24,9 +24,6 @@
 // the rows. GEMVB_ROW_WARPS warps (1 or 2) share the rows (each takes every other step), summed through
 // shared memory. GEMVB_UNROLL steps of loads are in flight per lane (all issued before the first is used).
 //
-// GEMVB_STAGE 1 (accumulateRowsStaged): the same lanes and sums, but each step's weight bytes are first
-// copied into shared memory by whole contiguous runs (cp.async), then read from there.
-//
 // Compile-time constants (-D):
 //   GEMVB_N, GEMVB_K        weight rows and cols (K % 256 == 0)
 //   GEMVB_TYPE              12 (Q4_K) or 14 (Q6_K): the plane's ggml_type
@@ -35,7 +32,6 @@
 //   GEMVB_ROWS              rows per warp: gemvBlocksShape(N, K).rows
 //   GEMVB_ROW_WARPS         warps sharing those rows: gemvBlocksShape(N, K).warps
 //   GEMVB_UNROLL            steps in flight per lane: gemvBlocksShape(N, K).unroll
-//   GEMVB_STAGE             0 or 1 (default 0): gemvBlocksShape(N, K).stage
 //   GEMVB_HAS_BIAS          bias vector (N f32)
 // Launch ABI:  minfer_gemv_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                 float* out)
@@ -92,7 +88,6 @@ struct GemvBlocksShape {
   unsigned rows = 1;    // rows per warp
   unsigned warps = 1;   // warps per group of rows (1 or 2)
   unsigned unroll = 1;  // steps of 8 blocks in flight per lane
-  bool stage = false;   // weights staged through shared memory (GEMVB_STAGE; unroll then unused)
 };
 // Measured on an H200 (bench/gemv_bench.cpp --variants, BENCHMARKS.md): 2 rows per warp, 2 warps per
 // group, 1 step in flight was the best of 12 shapes (or within 1%) on the 7B's 3584- and 18944-row
@@ -270,74 +265,13 @@ __device__ __forceinline__ float partDot(const Part& w, const Act& a, int p) {
   }
 }
 
-// The staged form of accumulateRows (GEMVB_STAGE 1), same sums bit for bit: each step, a warp's 8 blocks
-// of each row are one contiguous run of 8·kGroupPitch bytes, which its lanes copy into the warp's part of
-// a shared buffer with cp.async, lane l taking the 16-byte chunks l, l + 32, … (so every copy instruction
-// reads 512 consecutive bytes: whole 128-byte lines, where the lanes' own Part loads touch 9 lines each
-// at the block strides); the lanes then read their Parts from shared memory (the offsets of load(), bank
-// conflict free for both block sizes). With more than one step per warp (K > 8·kStep·256), two stages: the
-// next step's copies are in flight while this one is summed. Loops are warp-uniform; a lane past the
-// row's last block only copies. The warp's slot in the buffer: threadIdx.x / 32 (< kGemvBlocksWarps).
-template <int kRows, int kRowWarps, int kBlocksPerRow, int kGroupPitch>
-struct Stage {
-  static constexpr int kStep = 8 * kRowWarps;
-  static constexpr int kSteps = (kBlocksPerRow + kStep - 1) / kStep;  // of the group's first warp
-  static constexpr int kSpan = 8 * kGroupPitch;                 // bytes of one row in one step
-  static constexpr int kDepth = kSteps > 1 && 2 * kRows * kSpan * static_cast<int>(kGemvBlocksWarps) <= 32 * 1024 ? 2 : 1;
-};
-
-template <bool kQ4K, int kRows, int kRowWarps, int kBlocksPerRow, int kGroupPitch>
-__device__ __forceinline__ void accumulateRowsStaged(const uint8_t* const (&wr)[kRows], const int8_t* xq,
-                                                     const Q8Meta* xm, int p, int b, float (&acc)[kRows]) {
-  using S = Stage<kRows, kRowWarps, kBlocksPerRow, kGroupPitch>;
-  __shared__ __align__(16) uint8_t stage[kGemvBlocksWarps][S::kDepth][kRows][S::kSpan];
-  const int lane = threadIdx.x % 32, sub = lane / 4;  // sub: the lane's block within the warp's 8
-  const int first = b - sub;                          // the warp's first block (warp-uniform)
-  uint8_t(*const buf)[kRows][S::kSpan] = stage[(threadIdx.x / 32) % kGemvBlocksWarps];
-  const int steps = first < kBlocksPerRow ? (kBlocksPerRow - first + S::kStep - 1) / S::kStep : 0;
-  const auto issue = [&](int s) {
-    const int b0 = first + s * S::kStep;
-    const int chunks = min(8, kBlocksPerRow - b0) * kGroupPitch / 16;
-    constexpr int kIters = (S::kSpan / 16 + 31) / 32;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const uint8_t* src = wr[i] + static_cast<uint64_t>(b0) * kGroupPitch;
-#pragma unroll
-      for (int j = 0; j < kIters; ++j) {
-        const int c = lane + 32 * j;
-        if (c < chunks) cpAsync<16>(&buf[s % S::kDepth][i][16 * c], src + 16 * c, true);
-      }
-    }
-    cpAsyncCommit();
-  };
-  if (steps > 0) issue(0);
-  for (int s = 0; s < steps; ++s) {
-    if (S::kDepth == 1 && s > 0) issue(s);
-    if (S::kDepth == 2 && s + 1 < steps) {
-      issue(s + 1);
-      cpAsyncWait<1>();
-    } else {
-      cpAsyncWait<0>();
-    }
-    __syncwarp();
-    const int bl = first + s * S::kStep + sub;
-    if (bl < kBlocksPerRow) {
-      const Act a = loadAct<kQ4K>(xq + 256 * bl, xm + 8 * bl, p);
-#pragma unroll
-      for (int i = 0; i < kRows; ++i)
-        acc[i] += partDot<kQ4K>(load<kQ4K>(&buf[s % S::kDepth][i][sub * kGroupPitch], p), a, p);
-    }
-    __syncwarp();  // every lane has read this stage before a later issue() overwrites it
-  }
-}
-
 // One lane's share of kRows dot products: rows wr[0 .. kRows) of kBlocksPerRow GGUF blocks each
 // (kGroupPitch bytes apart) against the q8 activations xq / xm. Lane t of a group of 32·kRowWarps lanes
 // takes part p = t % 4 of blocks b = t / 4, t / 4 + 8·kRowWarps, … (the header comment), kUnroll steps of
 // loads in flight. The caller sums acc over the group (groupSum).
 template <bool kQ4K, int kRows, int kRowWarps, int kUnroll, int kBlocksPerRow, int kGroupPitch>
-__device__ __forceinline__ void accumulateRowsDirect(const uint8_t* const (&wr)[kRows], const int8_t* xq,
-                                                     const Q8Meta* xm, int p, int b, float (&acc)[kRows]) {
+__device__ __forceinline__ void accumulateRows(const uint8_t* const (&wr)[kRows], const int8_t* xq, const Q8Meta* xm,
+                                               int p, int b, float (&acc)[kRows]) {
   constexpr int kStep = 8 * kRowWarps;  // blocks one group's lanes cover per step
   for (; b + kStep * (kUnroll - 1) < kBlocksPerRow; b += kStep * kUnroll) {
     Part part[kUnroll][kRows];
@@ -361,20 +295,6 @@ __device__ __forceinline__ void accumulateRowsDirect(const uint8_t* const (&wr)[
 #pragma unroll
     for (int i = 0; i < kRows; ++i) acc[i] += partDot<kQ4K>(part[i], a, p);
   }
-}
-
-// GEMVB_STAGE (0 or 1, default 0): whether the weight bytes reach the lanes through shared memory
-// (accumulateRowsStaged; kUnroll unused) or straight from global memory (accumulateRowsDirect).
-#ifndef GEMVB_STAGE
-#define GEMVB_STAGE 0
-#endif
-template <bool kQ4K, int kRows, int kRowWarps, int kUnroll, int kBlocksPerRow, int kGroupPitch>
-__device__ __forceinline__ void accumulateRows(const uint8_t* const (&wr)[kRows], const int8_t* xq, const Q8Meta* xm,
-                                               int p, int b, float (&acc)[kRows]) {
-  if constexpr (GEMVB_STAGE != 0)
-    accumulateRowsStaged<kQ4K, kRows, kRowWarps, kBlocksPerRow, kGroupPitch>(wr, xq, xm, p, b, acc);
-  else
-    accumulateRowsDirect<kQ4K, kRows, kRowWarps, kUnroll, kBlocksPerRow, kGroupPitch>(wr, xq, xm, p, b, acc);
 }
 
 // Sums acc over the kRowWarps warps of each group of the block's first kGemvBlocksWarps warps (warpSum,

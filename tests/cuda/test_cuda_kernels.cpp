@@ -562,8 +562,7 @@ BuiltPlane alignedBlocksPlane(const RandomWeight& w, bool padded) {
 // k = 1, 3, 14, 40, 74 (one block; fewer blocks than a warp covers in one step; the 7B's K = 3584 and
 // 18944), both types, with and without bias and padding, each case with one of six work shapes (rows per
 // warp 1, 2, 4, so row counts not divisible by them; 1 or 2 warps per row; unroll 1 or 2) besides
-// the codegen's gemvBlocksShape. Each case also compiled with GEMVB_STAGE=1 (weights staged through shared
-// memory): its output must be the direct kernel's bit for bit (the same sums in the same order).
+// the codegen's gemvBlocksShape.
 TEST_CASE("gemv_blocks: Q4_K and Q6_K kBlocks planes vs the CPU") {
   MINFER_REQUIRE_GPU(G);
   struct Case {
@@ -587,23 +586,21 @@ TEST_CASE("gemv_blocks: Q4_K and Q6_K kBlocks planes vs the CPU") {
   for (const Case& c : cases) {
     const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(c.type).type_size, 16));
     const uint64_t pitch = c.cols / 256 * gp + (c.padded ? 32 : 0);
-    for (const char* stage : {"0", "1"})
-      specs.push_back(spec("gemv_blocks_test_" + codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) +
-                               "_k" + str(c.cols) + (c.bias ? "_bias" : "") + (c.padded ? "_pad" : "") + "_r" +
-                               str(c.shape.rows) + "w" + str(c.shape.warps) + "u" + str(c.shape.unroll) + "_s" + stage,
-                           "kernels/gemv_blocks.cuh", "minfer_gemv_blocks",
-                           {{"GEMVB_N", str(c.rows)}, {"GEMVB_K", str(c.cols)},
-                            {"GEMVB_TYPE", str(static_cast<unsigned>(c.type))}, {"GEMVB_PITCH", str(pitch)},
-                            {"GEMVB_GROUP_PITCH", str(gp)},
-                            {"GEMVB_ROWS", str(c.shape.rows)}, {"GEMVB_ROW_WARPS", str(c.shape.warps)},
-                            {"GEMVB_UNROLL", str(c.shape.unroll)},
-                            {"GEMVB_HAS_BIAS", c.bias ? "1" : "0"}, {"GEMVB_STAGE", stage}}));
+    specs.push_back(spec("gemv_blocks_test_" + codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) +
+                             "_k" + str(c.cols) + (c.bias ? "_bias" : "") + (c.padded ? "_pad" : "") + "_r" +
+                             str(c.shape.rows) + "w" + str(c.shape.warps) + "u" + str(c.shape.unroll),
+                         "kernels/gemv_blocks.cuh", "minfer_gemv_blocks",
+                         {{"GEMVB_N", str(c.rows)}, {"GEMVB_K", str(c.cols)},
+                          {"GEMVB_TYPE", str(static_cast<unsigned>(c.type))}, {"GEMVB_PITCH", str(pitch)},
+                          {"GEMVB_GROUP_PITCH", str(gp)},
+                          {"GEMVB_ROWS", str(c.shape.rows)}, {"GEMVB_ROW_WARPS", str(c.shape.warps)},
+                          {"GEMVB_UNROLL", str(c.shape.unroll)},
+                          {"GEMVB_HAS_BIAS", c.bias ? "1" : "0"}}));
   }
   std::vector<Kernel> k = compile(specs);
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
-    const Kernel &direct = k[2 * i], &staged = k[2 * i + 1];
-    CAPTURE(direct.key);  // type, rows, cols, bias, padding, work shape
+    CAPTURE(k[i].key);  // type, rows, cols, bias, padding, work shape
     const RandomWeight w = makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f);
     const BuiltPlane plane = alignedBlocksPlane(w, c.padded);
     REQUIRE(plane.table.row_pitch % 16 == 0);
@@ -627,14 +624,9 @@ TEST_CASE("gemv_blocks: Q4_K and Q6_K kBlocks planes vs the CPU") {
                 xm = DeviceArray::of(hq.meta), out(c.rows * 4);
     out.poison();
     CUdeviceptr pw = d_w.ptr(), pb = c.bias ? d_bias.ptr() : 0, a = xq.ptr(), b = xm.ptr(), o = out.ptr();
-    launch(direct, kern::gemvBlocksLaunch(static_cast<unsigned>(c.rows), c.shape), {&pw, &pb, &a, &b, &o});
+    launch(k[i], kern::gemvBlocksLaunch(static_cast<unsigned>(c.rows), c.shape), {&pw, &pb, &a, &b, &o});
     const std::vector<float> got = out.download<float>(c.rows);
     CHECK(track("gemv_blocks", relError(got.data(), ref.data(), c.rows)) <= kGemvBlocksTol);
-    out.poison();
-    launch(staged, kern::gemvBlocksLaunch(static_cast<unsigned>(c.rows), c.shape), {&pw, &pb, &a, &b, &o});
-    const std::vector<float> got_staged = out.download<float>(c.rows);
-    CHECK_MESSAGE(std::memcmp(got.data(), got_staged.data(), c.rows * 4) == 0,
-                  "GEMVB_STAGE=1 differs from the direct kernel (first rows ", got[0], " vs ", got_staged[0], ")");
   }
 }
 
@@ -643,9 +635,8 @@ TEST_CASE("gemv_blocks: Q4_K and Q6_K kBlocks planes vs the CPU") {
 // minfer_gemv_blocks launches, the GLU output bit-identical to the plain elementwise kernel on them, and
 // its q8 form bit-identical to the host mirror of quantize_act (checkFusedQ8). Rows 32 … 18944 (1 … 592
 // blocks of 32, each completed by 16 thread blocks), K 256 … 3584, both types, padded planes, the gate
-// buffer separate or the output's (null), every other case with its weights staged through shared memory
-// (GEMVB_STAGE=1; the plain kernels read directly). Launched twice: the counters must be back to zero after
-// each launch (the second launch's q8 depends on it).
+// buffer separate or the output's (null). Launched twice: the counters must be back to zero after each
+// launch (the second launch's q8 depends on it).
 TEST_CASE("gemv_glu: fused gate|up GEMV, GLU and q8, bit-identical to the unfused kernels; counters left zero") {
   MINFER_REQUIRE_GPU(G);
   struct Case {
@@ -675,7 +666,6 @@ TEST_CASE("gemv_glu: fused gate|up GEMV, GLU and q8, bit-identical to the unfuse
                             (c.padded ? "_pad" : "") + "_op" + str(static_cast<uint64_t>(c.op));
     specs.push_back(spec("gemv_glu_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
     defs.push_back({"GEMVB_GLU", str(static_cast<uint64_t>(c.op))});
-    defs.push_back({"GEMVB_STAGE", (&c - cases.data()) % 2 ? "1" : "0"});  // every other case staged
     specs.push_back(spec("gemv_glu_test_fused_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_glu", defs));
     specs.push_back(spec("gemv_glu_test_ew_" + tag, "kernels/elementwise.cuh", c.op == 1 ? "minfer_swiglu" : "minfer_geglu",
                          {{"EW_WIDTH", str(c.rows)}, {"EW_OP", str(static_cast<uint64_t>(c.op))}}));
@@ -759,8 +749,7 @@ TEST_CASE("gemv_qkv: fused q, k, v GEMV, RoPE and KV store, bit-identical to the
     const std::string tag = "_" + str(ci);
     std::vector<std::pair<std::string, std::string>> fused = {
         {"GEMVB_QKV", "1"}, {"GEMVB_K", str(c.cols)}, {"QKV_NHEAD", str(c.h)}, {"QKV_NHEAD_KV", str(c.hkv)},
-        {"QKV_HEAD_DIM", str(c.d)}, {"GEMVB_ROW_WARPS", "2"}, {"GEMVB_UNROLL", "1"},
-        {"GEMVB_STAGE", ci % 2 ? "1" : "0"}};  // every other case staged (the plain kernels read directly)
+        {"QKV_HEAD_DIM", str(c.d)}, {"GEMVB_ROW_WARPS", "2"}, {"GEMVB_UNROLL", "1"}};
     const GgmlType types[3] = {c.tq, c.tk, c.tv};
     const uint64_t rows[3] = {uint64_t(c.h * c.d), uint64_t(c.hkv * c.d), uint64_t(c.hkv * c.d)};
     const char* seg[3] = {"Q", "K", "V"};

@@ -156,7 +156,6 @@ void defineBlocksGemv(SpecBuilder& b, const StrideTable& blk, uint64_t n, uint64
       .define("GEMVB_ROWS", static_cast<uint64_t>(shape.rows))
       .define("GEMVB_ROW_WARPS", static_cast<uint64_t>(shape.warps))
       .define("GEMVB_UNROLL", static_cast<uint64_t>(shape.unroll))
-      .define("GEMVB_STAGE", uint64_t{shape.stage ? 1u : 0u})
       .define("GEMVB_HAS_BIAS", uint64_t{bias ? 1u : 0u});
 }
 
@@ -347,8 +346,7 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
       .define("QKV_NHEAD_KV", static_cast<uint64_t>(a.n_head_kv))
       .define("QKV_HEAD_DIM", static_cast<uint64_t>(a.head_dim))
       .define("GEMVB_ROW_WARPS", static_cast<uint64_t>(shape.warps))
-      .define("GEMVB_UNROLL", static_cast<uint64_t>(shape.unroll))
-      .define("GEMVB_STAGE", uint64_t{shape.stage ? 1u : 0u});
+      .define("GEMVB_UNROLL", static_cast<uint64_t>(shape.unroll));
   const char* names[3][4] = {{"GEMVB_Q_TYPE", "GEMVB_Q_PITCH", "GEMVB_Q_GROUP_PITCH", "GEMVB_Q_HAS_BIAS"},
                              {"GEMVB_K_TYPE", "GEMVB_K_PITCH", "GEMVB_K_GROUP_PITCH", "GEMVB_K_HAS_BIAS"},
                              {"GEMVB_V_TYPE", "GEMVB_V_PITCH", "GEMVB_V_GROUP_PITCH", "GEMVB_V_HAS_BIAS"}};
