@@ -147,9 +147,11 @@ __device__ __forceinline__ void cpAsync(void* smem, const void* gmem, bool valid
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(s), "l"(gmem), "n"(kBytes), "r"(src_size));
 }
-__device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most kPending of this thread's committed groups are outstanding. The copies are then
+// visible to this thread; other threads see them after a barrier (__syncwarp / __syncthreads).
 template <int kPending>
-__device__ __forceinline__ void cpAsyncWait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending)); }
+__device__ __forceinline__ void cpAsyncWait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
 
 // int8 tensor-core MMA (sm_80+): D(16×8, s32) = A(16×K, s8, row-major) · B(K×8, s8, col-major).
 // Fragment layouts (PTX ISA, "mma.m16n8k32" / "mma.m16n8k16" for .s8): g = lane / 4, t = lane % 4;
