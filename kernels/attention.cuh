@@ -29,15 +29,17 @@
 // attn_decode (ATT_DECODE): one token, split-KV (flash-decoding): block (kv head g, split s) reduces
 //   (a warp per key, lanes over the dimensions), for each query head j of g's group (GQA: each K/V row
 //   read once for the group), the
-//   positions [s·chunk, (s+1)·chunk) ∩ [0, kv_len), chunk = ⌈kv_len / SPLITS⌉, kv_len = pos0 + 1 read
-//   from device memory, so the grid is fixed and a captured graph stays valid. Writes the partial
-//   (max, sum, unnormalized output) to `part`.
+//   positions lo + [s·chunk, (s+1)·chunk) ∩ [lo, kv_len), chunk = max(⌈(kv_len − lo) / SPLITS⌉,
+//   kAttnDecodeMinKeys) (decodeSplits; lo > 0 only with a window), kv_len = pos0 + 1 read from device
+//   memory, so the grid is fixed and a captured graph stays valid; splits past the keys return at once.
+//   Writes the partial (max, sum, unnormalized output) of each non-empty split to `part`.
 //   minfer_attn_decode(const float* q, const uint16_t* kc, const uint16_t* vc, float* part, const int* pos)
 //   launch: attnDecodeLaunch(); part: NHEAD × SPLITS × (HEAD_DIM + 2) f32 (attnDecodePartFloats).
-// attn_combine (ATT_COMBINE): merges the SPLITS partials of each head: out[j] = Σ_s e^{m_s−M}·o_s / L.
-//   minfer_attn_combine(const float* part, float* out)       launch: attnCombineLaunch()
+// attn_combine (ATT_COMBINE): merges the non-empty splits' partials of each head (decodeSplits from pos):
+//   out[j] = Σ_s e^{m_s−M}·o_s / L.
+//   minfer_attn_combine(const float* part, float* out, const int* pos)       launch: attnCombineLaunch()
 //   With ATT_Q8 = 1 (the QuantizeAct of the output fused into this launch; HEAD_DIM % 32 == 0):
-//   minfer_attn_combine(const float* part, float* out, int8_t* qs, Q8Meta* meta), also writing out's q8
+//   minfer_attn_combine(const float* part, float* out, const int* pos, int8_t* qs, Q8Meta* meta), also writing out's q8
 //   form (quantize_act.cuh's definition, bit for bit; a warp holds one block of 32 of a head).
 //
 // Column views (format 1.4, phi3's fused q|k|v rows): ATT_K_PITCH / ATT_V_PITCH (kv_store) and ATT_Q_PITCH
@@ -56,6 +58,7 @@ namespace minfer::kern {
 constexpr unsigned kAttnBQ = 16;       // query tokens per prefill block
 constexpr unsigned kAttnBKV = 32;      // key positions per tile (= warp width: lane = key)
 constexpr unsigned kAttnWarps = 4;
+constexpr unsigned kAttnDecodeMinKeys = 16;  // keys per decode split at least (decodeSplits)
 constexpr unsigned kKvStoreThreads = 256;
 constexpr unsigned kAttnMmaBQ = 64;    // query tokens per tensor-core prefill block (16 per warp)
 constexpr unsigned kAttnMmaBKV = 64;   // key positions per tile
@@ -94,16 +97,22 @@ MINFER_HD unsigned long long attnDecodePartFloats(unsigned n_head, unsigned head
   return static_cast<unsigned long long>(n_head) * splits * (head_dim + 2);
 }
 
+// Warps of an attn_decode block (two keys in flight each): 8, or 4 where 8 warps' partial outputs
+// (warps × group × head_dim floats of shared memory) would pass 40 KiB. 8 rather than 4: +2% tg128 and
+// +x% at a depth of 4096 on the 7B (BENCHMARKS.md).
+MINFER_HD constexpr unsigned attnDecodeWarps(unsigned group, unsigned head_dim) {
+  return 8u * group * head_dim * 4u <= 40u * 1024u ? 8u : 4u;
+}
 // One block per (kv head, split): the query heads sharing a kv head are done together.
-MINFER_HD LaunchRule attnDecodeLaunchRule(unsigned n_head_kv, unsigned splits) {
+MINFER_HD LaunchRule attnDecodeLaunchRule(unsigned n_head, unsigned n_head_kv, unsigned head_dim, unsigned splits) {
   LaunchRule r;
   r.grid[0] = fixedExtent(n_head_kv);
   r.grid[1] = fixedExtent(splits);
-  r.block.x = 32 * kAttnWarps;
+  r.block.x = 32 * attnDecodeWarps(n_head / n_head_kv, head_dim);
   return r;
 }
-MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head_kv, unsigned splits) {
-  return attnDecodeLaunchRule(n_head_kv, splits).at(1);
+MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head, unsigned n_head_kv, unsigned head_dim, unsigned splits) {
+  return attnDecodeLaunchRule(n_head, n_head_kv, head_dim, splits).at(1);
 }
 
 MINFER_HD LaunchRule attnCombineLaunchRule(unsigned n_head) {
@@ -158,6 +167,20 @@ __device__ __forceinline__ float capScore(float s, float unit) {
 __device__ __forceinline__ bool inWindow(int qp, int key) { return kWindow == 0 || qp - key < kWindow; }
 // First key position any query at positions ≥ qp0 can see.
 __device__ __forceinline__ int windowStart(int qp0) { return kWindow == 0 ? 0 : max(0, qp0 - kWindow + 1); }
+#ifdef ATT_SPLITS
+// The split-KV geometry of a decode step whose query is at position kv_len − 1 (attn_decode and
+// attn_combine compute it alike from pos): keys [lo, kv_len) in splits of `chunk` keys, at least
+// kAttnDecodeMinKeys, so that a short context uses fewer splits (each with a few iterations of work)
+// rather than all SPLITS with one or two keys each; splits [0, active) are non-empty, the rest idle.
+struct DecodeSplits {
+  int lo, chunk, active;
+};
+__device__ __forceinline__ DecodeSplits decodeSplits(int kv_len) {
+  const int lo = windowStart(kv_len - 1), n = kv_len - lo;
+  const int chunk = max((n + ATT_SPLITS - 1) / ATT_SPLITS, static_cast<int>(kAttnDecodeMinKeys));
+  return {lo, chunk, (n + chunk - 1) / chunk};
+}
+#endif
 }  // namespace minfer::kern::attn
 // Which prefill form this compilation holds (preprocessor form of attnPrefillUsesMma, checked equal).
 #define MINFER_ATT_PREFILL_MMA (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 128)
@@ -511,32 +534,29 @@ __device__ __forceinline__ void loadRow(const uint16_t* row, int lane, float (&x
 
 // Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys, so
 // each K and V row is read once for all of them (GQA). A warp takes two keys at a time (keys begin + w,
-// begin + w + kAttnWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
+// begin + w + kAttnDecodeWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
 // online softmax runs in every lane, and each lane accumulates P·V for its own dimensions. (The earlier
 // form, lane = key, ran HEAD_DIM · kGroup dependent FMAs per key on one lane: 14 µs per layer at a
 // depth of a few keys on the 7B, measured with Nsight Compute.) The warps' partials merge through shared
 // memory into the block's (max, sum, output) per head.
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::attnDecodeWarps(ATT_NHEAD / ATT_NHEAD_KV, ATT_HEAD_DIM))
     minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
                        float* __restrict__ part, const int* __restrict__ pos) {
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
   constexpr int kSplits = ATT_SPLITS;
-  __shared__ float wm[kAttnWarps][kGroup], wl[kAttnWarps][kGroup];
-  __shared__ float wo[kAttnWarps][kGroup][kD];
+  constexpr int kAttnDecodeWarps = static_cast<int>(attnDecodeWarps(kGroup, kD));
+  __shared__ float wm[kAttnDecodeWarps][kGroup], wl[kAttnDecodeWarps][kGroup];
+  __shared__ float wo[kAttnDecodeWarps][kGroup][kD];
 
   const int g = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kv_len = pos[0] + 1, lo = windowStart(kv_len - 1);  // keys [lo, kv_len)
-  const int chunk = (kv_len - lo + kSplits - 1) / kSplits;  // splits past the context exit at once
-  const int begin = lo + split * chunk, end = min(kv_len, begin + chunk);
+  const int kv_len = pos[0] + 1;
+  const DecodeSplits sp = decodeSplits(kv_len);
+  if (split >= sp.active) return;  // idle: the combine reads splits [0, active) only
+  const int begin = sp.lo + split * sp.chunk, end = min(kv_len, begin + sp.chunk);
   const float scale = qkScale();
-  if (begin >= end) {  // an empty split: only its maxima (−inf), which the combine skips
-    for (int h = threadIdx.x; h < kGroup; h += blockDim.x)
-      part[((static_cast<uint64_t>(g) * kGroup + h) * kSplits + split) * (kD + 2)] = -MINFER_INF;
-    return;
-  }
   float qv[kGroup][kDL], m[kGroup], l[kGroup], o[kGroup][kDL];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
@@ -549,12 +569,12 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       o[h][i] = 0.0f;
     }
   }
-  // Two keys per iteration (key, key + kAttnWarps): two independent chains of loads, warp sums and
+  // Two keys per iteration (key, key + kAttnDecodeWarps): two independent chains of loads, warp sums and
   // exponentials in flight; a second key past the end has p = 0 (its loads are of the first key).
   const uint64_t col = static_cast<uint64_t>(g) * kD;
-  for (int key = begin + warp; key < end; key += 2 * kAttnWarps) {
-    const bool two = key + static_cast<int>(kAttnWarps) < end;
-    const int key2 = two ? key + static_cast<int>(kAttnWarps) : key;
+  for (int key = begin + warp; key < end; key += 2 * kAttnDecodeWarps) {
+    const bool two = key + kAttnDecodeWarps < end;
+    const int key2 = two ? key + kAttnDecodeWarps : key;
     float kr[2][kDL], vr[2][kDL];
     loadRow(kc + static_cast<uint64_t>(key) * kKvW + col, lane, kr[0]);
     loadRow(kc + static_cast<uint64_t>(key2) * kKvW + col, lane, kr[1]);
@@ -603,19 +623,19 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   for (int h = 0; h < kGroup; ++h) {
     float mb = -MINFER_INF;
 #pragma unroll
-    for (int w = 0; w < static_cast<int>(kAttnWarps); ++w) mb = fmaxf(mb, wm[w][h]);
+    for (int w = 0; w < kAttnDecodeWarps; ++w) mb = fmaxf(mb, wm[w][h]);
     float* dst = part + ((static_cast<uint64_t>(g) * kGroup + h) * kSplits + split) * (kD + 2);
     for (int d = threadIdx.x; d < kD; d += blockDim.x) {
       float acc = 0.0f;
 #pragma unroll
-      for (int w = 0; w < static_cast<int>(kAttnWarps); ++w)
+      for (int w = 0; w < kAttnDecodeWarps; ++w)
         if (wm[w][h] != -MINFER_INF) acc += wo[w][h][d] * expf(wm[w][h] - mb);
       dst[2 + d] = acc;
     }
     if (threadIdx.x == 0) {
       float lb = 0.0f;
 #pragma unroll
-      for (int w = 0; w < static_cast<int>(kAttnWarps); ++w)
+      for (int w = 0; w < kAttnDecodeWarps; ++w)
         if (wm[w][h] != -MINFER_INF) lb += wl[w][h] * expf(wm[w][h] - mb);
       dst[0] = mb;  // −inf for an empty split
       dst[1] = lb;
@@ -626,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_COMBINE)
 extern "C" __global__ void __launch_bounds__(128)
-    minfer_attn_combine(const float* __restrict__ part, float* __restrict__ out
+    minfer_attn_combine(const float* __restrict__ part, float* __restrict__ out, const int* __restrict__ pos
 #if ATT_Q8
                         , int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta
 #endif
@@ -635,27 +655,26 @@ extern "C" __global__ void __launch_bounds__(128)
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
   constexpr int kSplits = ATT_SPLITS;
-  __shared__ float w[kSplits];  // e^{m_s − M}, 0 for an empty split (whose sums and outputs are not read)
+  __shared__ float w[kSplits];  // e^{m_s − M} of the active splits
   const int j = blockIdx.x;
+  const int active = decodeSplits(pos[0] + 1).active;  // every one of them non-empty, its partial written
   const float* src = part + static_cast<uint64_t>(j) * kSplits * (kD + 2);
   if (threadIdx.x < 32) {  // M = max_s m_s, then the weights, by the first warp
     float m = -MINFER_INF;
-    for (int s = threadIdx.x; s < kSplits; s += 32) m = fmaxf(m, src[s * (kD + 2)]);
+    for (int s = threadIdx.x; s < active; s += 32) m = fmaxf(m, src[s * (kD + 2)]);
     m = warpMax(m);
-    for (int s = threadIdx.x; s < kSplits; s += 32) {
-      const float ms = src[s * (kD + 2)];
-      w[s] = ms != -MINFER_INF ? expf(ms - m) : 0.0f;
-    }
+    for (int s = threadIdx.x; s < active; s += 32) w[s] = expf(src[s * (kD + 2)] - m);
   }
   __syncthreads();
-  float lb = 0.0f;  // L = Σ_s e^{m_s − M}·l_s, in split order (every thread the same sum)
-  for (int s = 0; s < kSplits; ++s)
-    if (w[s] != 0.0f) lb += src[s * (kD + 2) + 1] * w[s];
+  // L = Σ_s e^{m_s − M}·l_s and the outputs, in split order; four splits' loads in flight per iteration.
+  float lb = 0.0f;  // every thread the same sum
+#pragma unroll 4
+  for (int s = 0; s < active; ++s) lb += src[s * (kD + 2) + 1] * w[s];
   const float inv = 1.0f / lb;
   for (int d = threadIdx.x; d < kD; d += blockDim.x) {
     float acc = 0.0f;
-    for (int s = 0; s < kSplits; ++s)
-      if (w[s] != 0.0f) acc += src[s * (kD + 2) + 2 + d] * w[s];
+#pragma unroll 4
+    for (int s = 0; s < active; ++s) acc += src[s * (kD + 2) + 2 + d] * w[s];
     out[static_cast<uint64_t>(j) * kD + d] = acc * inv;
 #if ATT_Q8
     static_assert(kD % 32 == 0, "the q8 form needs heads of whole blocks of 32");

@@ -1,11 +1,11 @@
 # Sourced by the scripts/device-*.sh scripts on the GPU machine: unpacks what scripts/device-pack.sh
-# packed into a temporary directory, sets $B (its bin/), $OUT (logs; default ./device-logs), the library
+# packed (or the pack $MINFER_PACK names) into a temporary directory, sets $B (its bin/), $OUT (logs; default ./device-logs), the library
 # path (NVRTC from the CUDA toolkit under /usr/local, the packed libtinfo) and the kernel cache, and
 # defines measure LABEL CMD…: runs CMD, then prints its wall time and peak resident set (getrusage of
 # the child) to stderr.
 R=$PWD
 OUT=${OUT:-$R/device-logs}; mkdir -p "$OUT"
-W=$(mktemp -d); tar -C "$W" -xJf .bin/minfer-gpu.tar.xz
+W=$(mktemp -d); tar -C "$W" -xJf "${MINFER_PACK:-.bin/minfer-gpu.tar.xz}"
 NV=$(dirname "$(find /usr/local -name 'libnvrtc.so.1*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH=$NV:$W/lib:${LD_LIBRARY_PATH:-}
 export MINFER_FIXTURES=$R/.fixtures MINFER_CACHE_DIR=/tmp/minfer-kc MINFER_TEST_KERNEL_CACHE=/tmp/minfer-kc TMPDIR=/tmp

@@ -2,8 +2,8 @@
 # Decode measurements on a GPU machine from what scripts/device-pack.sh packed (issue 12): the GPU suites
 # (MINFER_DEVICE_SUITES=0 skips them), then the 7B-shaped model's pp128 / pp512 / tg128 and tg128 @ d4096
 # with the default launch fusions, with the decode GEMV fusions too (--fuse-gemv) and without any (--no-fuse),
-# interleaved, programmatic dependent launch off once (minfer-bench --no-overlap), and --profile runs.
-# Logs in $OUT/decode.log.
+# interleaved, programmatic dependent launch off once (minfer-bench --no-overlap), and --profile runs
+# (MINFER_DEVICE_BENCH=0 skips them). Logs in $OUT/decode.log.
 set -uo pipefail
 . "$(dirname "$0")/device-common.sh"
 if [ "${MINFER_DEVICE_SUITES:-1}" = 1 ]; then
@@ -12,10 +12,11 @@ if [ "${MINFER_DEVICE_SUITES:-1}" = 1 ]; then
   MINFER_GOLDEN_FILTER=tiny-qwen2-Q4_K_M timeout 120 compute-sanitizer --tool memcheck "$B/test_cuda_e2e" \
     -tc="GPU logits*,decode graph*" > "$OUT/sanitizer-memcheck.log" 2>&1; echo "rc=$?" >> "$OUT/sanitizer-memcheck.log"
   for tool in memcheck racecheck; do  # the kernels with fused outputs, views and experts
-    timeout 200 compute-sanitizer --tool $tool "$B/test_cuda_kernels" -tc="rms_norm*,swiglu*,column*,moe*,gemv_glu*,gemv_qkv*" \
+    timeout 200 compute-sanitizer --tool $tool "$B/test_cuda_kernels" -tc="rms_norm*,swiglu*,column*,moe*,gemv_*,attention*" \
       > "$OUT/sanitizer-kernels-$tool.log" 2>&1; echo "rc=$?" >> "$OUT/sanitizer-kernels-$tool.log"
   done
 fi
+[ "${MINFER_DEVICE_BENCH:-1}" = 1 ] || exit 0
 {
   [ -f /tmp/q7.gguf ] || timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf
   [ -f /tmp/q7.mfb ] || timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb

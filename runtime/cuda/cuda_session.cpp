@@ -23,10 +23,11 @@ struct CudaSession::State {
   std::vector<fb::BufferType> buf_type;
   DeviceBuffer arena;                // activations | KV cache | attention partials | pos | argmax
   CUdeviceptr pos = 0, argmax_out = 0;
-  PinnedBuffer pinned;               // ids (max_batch int32) | pos | argmax
+  PinnedBuffer pinned;               // ids (max_batch int32) | pos | argmax | one logits row (n_vocab f32)
   int32_t* h_ids = nullptr;
   int32_t* h_pos = nullptr;
   int32_t* h_argmax = nullptr;
+  float* h_logits = nullptr;         // 16-byte aligned; a single row's download lands here (see forward)
   Stream stream;
   std::vector<Launch> prefill, decode;
   // First prefill launch of the plan's last-token tail (schema Plan: the steps the compiler marked
@@ -228,9 +229,15 @@ Status CudaSession::forward(std::span<const int32_t> tokens, int pos0, float* lo
   const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
   const uint64_t n = tokens.size();
   const CUdeviceptr src = st.buf[st.logits_buffer] + (all_rows ? 0 : st.lastRowOffset(n));
-  MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuMemcpyDtoHAsync(logits, src, all_rows ? n * row : row, st.stream.get()),
-                                       "CUDA forward: logits download"));
+  // One row (every decode step) goes through the pinned row buffer: a DMA straight from the device, then a
+  // host copy, where a download into pageable memory is staged by the driver in pieces (BENCHMARKS.md:
+  // the gap between decode steps). Many rows go straight to the caller's memory.
+  const bool one = !all_rows || n == 1;
+  MINFER_RETURN_IF_ERROR(st.dev->check(
+      st.cu().cuMemcpyDtoHAsync(one ? st.h_logits : logits, src, one ? row : n * row, st.stream.get()),
+      "CUDA forward: logits download"));
   MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(st.stream.get()), "CUDA forward"));
+  if (one) std::memcpy(logits, st.h_logits, row);
   if (st.profiling) st.collectProfile(n > 1);
   return Status::ok();
 }
@@ -363,12 +370,15 @@ class SessionBuilder {
     for (uint64_t off : buf_offset_) st_.buf.push_back(base_ + off);
     st_.pos = base_ + pos_offset_;
     st_.argmax_out = base_ + argmax_offset_;
-    Result<PinnedBuffer> pinned = be_.dev->allocPinned(static_cast<uint64_t>(st_.max_batch) * 4 + 64, "CUDA session");
+    const uint64_t small = alignUp(static_cast<uint64_t>(st_.max_batch) * 4 + 64, 16);
+    Result<PinnedBuffer> pinned =
+        be_.dev->allocPinned(small + static_cast<uint64_t>(st_.n_vocab) * sizeof(float), "CUDA session");
     if (!pinned) return pinned.takeStatus();
     st_.pinned = std::move(*pinned);
     st_.h_ids = static_cast<int32_t*>(st_.pinned.data());
     st_.h_pos = st_.h_ids + st_.max_batch;
     st_.h_argmax = st_.h_pos + 4;
+    st_.h_logits = reinterpret_cast<float*>(static_cast<uint8_t*>(st_.pinned.data()) + small);
     Result<Stream> stream = be_.dev->createStream();
     if (!stream) return stream.takeStatus();
     st_.stream = std::move(*stream);

@@ -299,6 +299,13 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
         }
         checkRecord(l, lists[i][k], set.images[lists[i][k].images[0]]);
       }
+      // A decode attention's combine computes the splits its attn_decode filled (decodeSplits), which
+      // depend on the sliding window: both must be compiled with the same ATT_WINDOW.
+      for (size_t k = 0; k + 1 < want.size(); ++k)
+        if (want[k] == "minfer_attn_decode" && want[k + 1] == "minfer_attn_combine")
+          CHECK_MESSAGE(optionValue(set.images[lists[i][k].images[0]], "ATT_WINDOW") ==
+                            optionValue(set.images[lists[i][k + 1].images[0]], "ATT_WINDOW"),
+                        steps[i].name);
       // Decode GEMV on a 4-bit-packable weight reads the packed plane.
       if (!prefill && steps[i].op == fb::OpKind::MatMul && isQuantizedMatMul(l, steps[i]) &&
           !readsBlocksInDecode(l, steps[i])) {

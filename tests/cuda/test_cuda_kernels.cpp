@@ -1132,8 +1132,8 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
       out.poison();
       part.poison();
       CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr();
-      launch(k[2], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p});
-      launch(k[3], kern::attnCombineLaunch(h), {&pt, &o});
+      launch(k[2], kern::attnDecodeLaunch(h, hkv, d, 32), {&a, &c, &e, &pt, &p});
+      launch(k[3], kern::attnCombineLaunch(h), {&pt, &o, &p});
       std::vector<float> got = out.download<float>(q.size()), ref(q.size());
       cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data());
       CHECK(track("attn_decode", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
@@ -1366,8 +1366,8 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
         out.poison();
         part.poison();
         CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr();
-        launch(k[1], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p});
-        launch(k[2], kern::attnCombineLaunch(h), {&pt, &o});
+        launch(k[1], kern::attnDecodeLaunch(h, hkv, d, 32), {&a, &c, &e, &pt, &p});
+        launch(k[2], kern::attnCombineLaunch(h), {&pt, &o, &p});
         std::vector<float> got = out.download<float>(q.size()), ref(q.size());
         cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data(), options);
         CHECK(track("attn_decode softcap+window", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);

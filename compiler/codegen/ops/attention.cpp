@@ -114,12 +114,15 @@ Launches attention(const StepContext& c, const StepContext* quant, bool stored) 
   SpecBuilder b(llvm::formatv("attn_decode_h{0}_hkv{1}_d{2}_s{3}{4}", h, hkv, d, splits, opts), "kernels/attention.cuh",
                 "minfer_attn_decode");
   options(heads(b)).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_DECODE", uint64_t{1});
-  launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(hkv, splits)});
-  SpecBuilder comb(llvm::formatv("attn_combine_h{0}_d{1}_s{2}{3}", h, d, splits, quant ? "_q8" : ""),
+  launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(h, hkv, d, splits)});
+  // The combine reads the splits decodeSplits() makes non-empty, which depend on the window.
+  const std::string win = s.window != 0 ? "_win" + std::to_string(s.window) : "";
+  SpecBuilder comb(llvm::formatv("attn_combine_h{0}_d{1}_s{2}{3}{4}", h, d, splits, win, quant ? "_q8" : ""),
                    "kernels/attention.cuh", "minfer_attn_combine");
   heads(comb).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_COMBINE", uint64_t{1});
+  if (s.window != 0) comb.define("ATT_WINDOW", static_cast<uint64_t>(s.window));
   if (quant) comb.define("ATT_Q8", uint64_t{1});
-  KernelLaunch combine{comb.spec, {part, o}, kern::attnCombineLaunchRule(h)};
+  KernelLaunch combine{comb.spec, {part, o, pos}, kern::attnCombineLaunchRule(h)};
   if (quant) pushQ8Args(combine.args, "qs", "meta", quant->outputId(0), q_width, fb::Access::Write);
   launches.push_back(std::move(combine));
   return launches;
