@@ -253,6 +253,71 @@ TEST_CASE("minfer-inspect's memory plan shows the local layers' rings") {
   CHECK(text.find("window 16 kv_ring 19") != std::string::npos);  // the Attention steps
 }
 
+// With kernel images (NVRTC, no GPU needed): the ring layers' kv_store, prefill, decode and fused QKV GEMV
+// images are specialized with the ring (key suffix _ring<R>, ATT_KV_RING / QKV_KV_RING = R) and compile; the
+// global layer's launches keep the plain images; every KV cache argument of a ring layer is bound to those.
+TEST_CASE("ring KV caches: the local layers' kernel images carry ATT_KV_RING / QKV_KV_RING, the global layer's do not") {
+  if (!haveFixtures()) return;
+  CompileOptions o;
+  o.input = fixturesDir() + "/arch/models/tiny-gemma2-Q4_K_M.gguf";
+  o.output = scratchDir() + "/gemma2-q4km-ring-sm90.mfb";
+  o.max_batch = 4;
+  o.fuse_gemv = true;  // the decode's q, k, v GEMV stores K and V itself
+  o.targets = {"sm_90"};
+  o.kernel_cache_dir = "off";
+  o.jobs = 2;
+  auto summary = compileModel(o);
+  REQUIRE_MESSAGE(bool(summary), llvm::toString(summary.takeError()));
+  auto art = ArtifactFile::open(o.output);
+  REQUIRE_MESSAGE(art.isOk(), art.status().message());
+  const fb::Artifact* m = (*art)->manifest();
+  // The image each launch uses, and whether its options define the ring.
+  auto ringOf = [&](const fb::Launch* l) -> std::string {
+    const fb::KernelImage* k = m->kernels()->Get(l->images()->Get(0));  // the one target, sm_90
+    std::string defined;
+    if (k->options())
+      for (const auto* opt : *k->options())
+        if (opt->str().find("ATT_KV_RING=") != std::string::npos || opt->str().find("QKV_KV_RING=") != std::string::npos)
+          defined += opt->str();
+    INFO(k->key()->str() << " options with a ring: '" << defined << "'");
+    CHECK((k->key()->str().find("_ring19") != std::string::npos) == !defined.empty());
+    return defined;
+  };
+  std::map<uint32_t, int> ring_launches, plain_launches;  // KV layer → launches binding its cache
+  int gemv_qkv_ring = 0;
+  for (const fb::Plan* plan : {m->prefill(), m->decode()})
+    for (const fb::Step* s : *plan->steps())
+      if (s->launches())
+        for (const fb::Launch* l : *s->launches()) {
+          if (!l->args()) continue;
+          for (const fb::KernelArg* a : *l->args()) {
+            if (a->kind() != fb::ArgKind::KCache) continue;
+            const std::string ring = ringOf(l);
+            CAPTURE(s->name()->str());
+            CAPTURE(a->layer());
+            if (a->layer() == 0) {
+              CHECK(ring.find("_KV_RING=19") != std::string::npos);
+              ++ring_launches[a->layer()];
+            } else {
+              CHECK(ring.empty());
+              ++plain_launches[a->layer()];
+            }
+            if (m->kernels()->Get(l->images()->Get(0))->entry()->str() == "minfer_gemv_qkv" && !ring.empty()) ++gemv_qkv_ring;
+          }
+        }
+  // Layer 0: prefill kv_store + attn_prefill, decode (kv_store or the QKV GEMV) + attn_decode; layer 1 likewise.
+  CHECK(ring_launches[0] >= 4);
+  CHECK(plain_launches[1] >= 4);
+  MESSAGE("ring layer launches " << ring_launches[0] << ", plain " << plain_launches[1] << ", fused QKV GEMV with ring "
+                                 << gemv_qkv_ring);
+  // The ring artifact still runs on the CPU like the full-size one (its kernels are for the GPU).
+  const std::vector<int32_t> ids = tokenIds(60, 3, 512);
+  const std::vector<Op> ops = {{20}, {1}, {1}, {30}, {1}, {1}};
+  const std::string full = compileSwa("tiny-gemma2-Q4_K_M.gguf", 4, true);
+  checkIdentical("tiny-gemma2-Q4_K_M with kernel images", runSchedule(o.output, 60, ids, ops),
+                 runSchedule(full, 60, ids, ops), 512);
+}
+
 TEST_CASE("KvRingTracker: resumable positions after writes and rewinds") {
   KvRingTracker t;
   t.addLayer(/*ring=*/10, /*window=*/4, /*n_ctx=*/100);
