@@ -11,6 +11,8 @@
 #include <cstring>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
 #include "compiler/compile_model.h"
 #include "compiler/gguf/gguf_reader.h"
 #include "compiler/gguf/gguf_writer.h"
@@ -251,6 +253,20 @@ TEST_CASE("minfer-inspect's memory plan shows the local layers' rings") {
   CHECK(text.find("256 bytes/position x n_ctx for the full-size layers, + at most 9728 bytes for the sliding-window "
                   "layers' rings") != std::string::npos);
   CHECK(text.find("window 16 kv_ring 19") != std::string::npos);  // the Attention steps
+  // --json: memory.kv_layers, one per attention layer.
+  const std::string json_out = scratchDir() + "/inspect-ring.json";
+  REQUIRE(std::system((std::string(MINFER_TOOLS_DIR) + "/minfer-inspect --json " + ring + " > " + json_out).c_str()) == 0);
+  const std::vector<uint8_t> jbytes = readFile(json_out);
+  const nlohmann::json j = nlohmann::json::parse(std::string(jbytes.begin(), jbytes.end()));
+  const nlohmann::json& layers = j.at("memory").at("kv_layers");
+  REQUIRE(layers.size() == 3);
+  for (int l = 0; l < 3; ++l) {
+    CAPTURE(l);
+    CHECK(layers[l].at("layer") == l);
+    CHECK(layers[l].at("bytes_per_position") == 256);
+    CHECK(layers[l].at("ring") == (l < 2 ? 19 : 0));
+    CHECK(layers[l].at("window") == (l < 2 ? 16 : 0));
+  }
 }
 
 // With kernel images (NVRTC, no GPU needed): the ring layers' kv_store, prefill, decode and fused QKV GEMV

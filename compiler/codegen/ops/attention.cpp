@@ -71,8 +71,8 @@ Launches attention(const StepContext& c, const StepContext* quant, bool stored) 
   if (s.window != 0) opts += "_win" + std::to_string(s.window);
   // A ring KV cache (schema Step.kv_ring): every launch that reads or writes the cache indexes slot p % ring.
   if (s.kv_ring != 0 && (s.window == 0 || s.kv_ring < s.window))
-    return c.error(llvm::formatv("KV ring of {0} positions needs a window of at most that (window {1})", s.kv_ring,
-                                 s.window));
+    return c.error(llvm::formatv("a KV ring of {0} positions needs a sliding window of 1..{0} positions (window {1})",
+                                 s.kv_ring, s.window));
   const std::string ring_tag = s.kv_ring != 0 ? "_ring" + std::to_string(s.kv_ring) : "";
   opts += ring_tag;
   auto ring = [&](SpecBuilder& b) -> SpecBuilder& {
