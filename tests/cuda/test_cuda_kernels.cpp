@@ -1408,8 +1408,10 @@ TEST_CASE("attention over a ring KV cache (ATT_KV_RING): kv_store slots, prefill
     };
     std::vector<Kernel> k = compile({att("minfer_kv_store", "ATT_KV_STORE"), att("minfer_attn_prefill", "ATT_PREFILL"),
                                      att("minfer_attn_decode", "ATT_DECODE"), att("minfer_attn_combine", "ATT_COMBINE")});
-    DeviceArray kc(static_cast<uint64_t>(ring) * kvw * 2), vc(static_cast<uint64_t>(ring) * kvw * 2);
-    std::vector<float> ck(static_cast<size_t>(ring) * kvw, 0.0f), cv(ck.size(), 0.0f);
+    // Both rings start zeroed (as the sessions' do), so that every slot compares from the first chunk on.
+    const std::vector<uint16_t> zeros(static_cast<size_t>(ring) * kvw, 0);
+    DeviceArray kc = DeviceArray::of(zeros), vc = DeviceArray::of(zeros);
+    std::vector<float> ck(zeros.size(), 0.0f), cv(zeros.size(), 0.0f);
     cpu::KvLayer layer{ck.data(), cv.data(), ring, hkv, d, ring};
     const cpu::AttentionOptions options{.scale = q_scale, .softcap = cap, .window = window};
     const int total = 3 * ring + 11;
