@@ -112,7 +112,7 @@ flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, cons
                                  b.CreateString(s.name), b.CreateVector(records), i >= tail_begin, s.scale, s.softcap,
                                  s.window, s.rope_ext_factor, s.rope_attn_factor, s.rope_beta_fast, s.rope_beta_slow,
                                  s.rope_n_ctx_orig, i < fused.size() && fused[i] != 0, views(s.input_views),
-                                 views(s.output_views), s.n_expert, s.n_expert_used, s.moe_norm));
+                                 views(s.output_views), s.n_expert, s.n_expert_used, s.moe_norm, s.kv_ring));
   }
   return fb::CreatePlan(b, b.CreateVector(out));
 }
@@ -216,6 +216,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
 
   auto desc = model::describeModel(gguf, options.max_batch, options.n_ctx);
   if (!desc) return desc.takeError();
+  if (!options.swa_full) model::ringLocalKvCaches(desc->plan);
 
   auto writer = artifact::ArtifactWriter::create(options.output);
   if (!writer) return writer.takeError();

@@ -37,6 +37,9 @@ struct CompileOptions {
   // Launch fusion (codegen::CodegenOptions::fuse_launches, schema Step.fused); false: one launch set per step.
   bool fuse_launches = true;
   bool fuse_gemv = false;  // codegen::CodegenOptions::fuse_gemv (with fuse_launches)
+  // Sliding-window layers keep n_ctx KV positions like the others (llama.cpp's --swa-full) instead of a ring
+  // of window + max_batch − 1 (model::ringLocalKvCaches, schema Step.kv_ring).
+  bool swa_full = false;
   // Called after each tensor: (tensors done, tensors total, source bytes done, source bytes total).
   std::function<void(size_t, size_t, uint64_t, uint64_t)> progress;
 };

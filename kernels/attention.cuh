@@ -1,13 +1,15 @@
 // Causal grouped-query attention over an f16 KV cache (OpKind Attention): four kernels.
 //
-// KV cache of one layer: K and V, each (n_ctx, n_head_kv, head_dim) f16, position-major (position p of
-// kv head g at element (p·NHEAD_KV + g)·HEAD_DIM), the CPU reference's KvLayer layout in f16.
+// KV cache of one layer: K and V, each (slots, n_head_kv, head_dim) f16, slot-major (position p of kv head g
+// at element (slot(p)·NHEAD_KV + g)·HEAD_DIM), the CPU reference's KvLayer layout in f16. slot(p) = p, or
+// with ATT_KV_RING = R (a sliding-window layer's ring, schema Step.kv_ring) slot(p) = p % R: the cache has
+// min(n_ctx, R) slots and R ≥ ATT_WINDOW + n_tokens − 1, so the keys one call reads never share a slot.
 // For token t at position p = pos0 + t and query head j (kv head g = j / (NHEAD / NHEAD_KV)):
 //   s_i = q[t, j]·K[i, g]·scale for i = lo..p;  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g],
 // scale = ATT_SCALE (default 1/sqrt(HEAD_DIM)); with ATT_SOFTCAP = c > 0 (gemma2) s_i = c·tanh(s_i / c)
 // before the softmax; lo = 0, or with ATT_WINDOW = W > 0 (sliding window) lo = max(0, p − W + 1).
 //
-// kv_store (ATT_KV_STORE):  K, V rows of the batch (f32) → f16 cache at positions pos0 + t.
+// kv_store (ATT_KV_STORE):  K, V rows of the batch (f32) → f16 cache at the slots of positions pos0 + t.
 //   minfer_kv_store(const float* k, const float* v, uint16_t* kc, uint16_t* vc, const int* pos, int n_tokens)
 //   launch: kvStoreLaunch(), one thread per element.
 // attn_prefill (ATT_PREFILL): flash-attention-style (Dao et al. 2022) online softmax, in one of two forms
@@ -47,8 +49,9 @@
 // NHEAD·HEAD_DIM); the pointers address row 0's first element of the view. The decode kernels read one row.
 // Compile-time constants: ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, ATT_SPLITS (decode/combine) and one of
 // ATT_KV_STORE / ATT_PREFILL / ATT_DECODE / ATT_COMBINE = 1; optional ATT_SCALE, ATT_SOFTCAP (float
-// literals) and ATT_WINDOW (positions) for prefill and decode. A window skips the keys before it (whole
-// tiles in prefill; decode splits only the window's positions); the f32 reference is cpu::attention.
+// literals) and ATT_WINDOW (positions) for prefill and decode; ATT_KV_RING (slots) for kv_store, prefill and
+// decode of a layer with a ring cache. A window skips the keys before it (whole tiles in prefill; decode
+// splits only the window's positions); the f32 reference is cpu::attention.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -149,6 +152,19 @@ constexpr int kWindow = ATT_WINDOW;
 constexpr int kWindow = 0;
 #endif
 static_assert(kCap >= 0.0f && kWindow >= 0, "ATT_SOFTCAP and ATT_WINDOW must be ≥ 0");
+#ifdef ATT_KV_RING
+constexpr int kRing = ATT_KV_RING;  // slots of the ring cache (position p in slot p % kRing)
+static_assert(kRing > 0, "ATT_KV_RING must be > 0");
+#if !defined(ATT_KV_STORE)
+static_assert(kWindow > 0 && kRing >= kWindow, "a ring cache belongs to a sliding-window layer: ATT_KV_RING ≥ ATT_WINDOW > 0");
+#endif
+#else
+constexpr int kRing = 0;  // no ring: position p in slot p
+#endif
+// First element of the cache row (all kv heads) that holds position p (≥ 0).
+__device__ __forceinline__ uint64_t kvRow(int p) {
+  return static_cast<uint64_t>(kRing > 0 ? p % kRing : p) * static_cast<uint64_t>(kKvW);
+}
 // The query scale: ATT_SCALE, else 1/sqrt(HEAD_DIM).
 __device__ __forceinline__ float qkScale() {
 #ifdef ATT_SCALE
@@ -200,8 +216,8 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kKvStoreThreads)
 #endif
   const uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<uint64_t>(n_tokens) * attn::kKvW) return;
-  const uint64_t dst = static_cast<uint64_t>(pos[0]) * attn::kKvW + i;  // row t lands at position pos0 + t
   const uint64_t t = i / attn::kKvW, c = i % attn::kKvW;
+  const uint64_t dst = attn::kvRow(pos[0] + static_cast<int>(t)) + c;  // row t lands at position pos0 + t
   kc[dst] = f2h(k[t * kKPitch + c]);
   vc[dst] = f2h(v[t * kVPitch + c]);
 }
@@ -247,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     for (int e = threadIdx.x; e < kBKV * kD; e += blockDim.x) {
       const int i = e / kD, d = e % kD, p = kv0 + i;
       const bool ok = p < kv_end;
-      const uint64_t src = static_cast<uint64_t>(p) * kKvW + g * kD + d;
+      const uint64_t src = ok ? kvRow(p) + g * kD + d : 0;
       sk[i * (kD + 1) + d] = ok ? h2f(kc[src]) : 0.0f;
       sv[i * kD + d] = ok ? h2f(vc[src]) : 0.0f;
     }
@@ -343,7 +359,7 @@ __device__ __forceinline__ void loadKvTile(uint16_t* sk, uint16_t* sv, const uin
   for (int c = threadIdx.x; c < kBKV * kChunks; c += 32 * kAttnWarps) {
     const int i = c / kChunks, col = (c % kChunks) * 8, p = kv0 + i;
     const bool ok = p < kv_end;
-    const uint64_t src = ok ? static_cast<uint64_t>(p) * kKvW + g * kD + col : 0;
+    const uint64_t src = ok ? kvRow(p) + g * kD + col : 0;
     cpAsync<16>(sk + i * kLDH + col, kc + src, ok);
     cpAsync<16>(sv + i * kLDH + col, vc + src, ok);
   }
@@ -576,10 +592,11 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::attnDecodeWarps(
     const bool two = key + kAttnDecodeWarps < end;
     const int key2 = two ? key + kAttnDecodeWarps : key;
     float kr[2][kDL], vr[2][kDL];
-    loadRow(kc + static_cast<uint64_t>(key) * kKvW + col, lane, kr[0]);
-    loadRow(kc + static_cast<uint64_t>(key2) * kKvW + col, lane, kr[1]);
-    loadRow(vc + static_cast<uint64_t>(key) * kKvW + col, lane, vr[0]);
-    loadRow(vc + static_cast<uint64_t>(key2) * kKvW + col, lane, vr[1]);
+    const uint64_t row = kvRow(key), row2 = kvRow(key2);
+    loadRow(kc + row + col, lane, kr[0]);
+    loadRow(kc + row2 + col, lane, kr[1]);
+    loadRow(vc + row + col, lane, vr[0]);
+    loadRow(vc + row2 + col, lane, vr[1]);
     float s[2][kGroup];
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {

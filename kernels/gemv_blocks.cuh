@@ -61,6 +61,7 @@
 // rounded: minfer_rope's values); compiled as minfer_gemv_blocks is, its sums are that kernel's bit for bit.
 // It writes q, k, v as the unfused steps leave them (q and k rotated) and k, v as f16 into the caches at
 // position pos[0] (attention.cuh kv_store). Each of q, k, v has its own type, pitches and bias.
+// With QKV_KV_RING = R (a ring cache, attention.cuh ATT_KV_RING) the store goes to slot pos[0] % R.
 // Compile-time constants: GEMVB_K (cols), QKV_NHEAD, QKV_NHEAD_KV, QKV_HEAD_DIM, GEMVB_ROW_WARPS,
 //   GEMVB_UNROLL; GEMVB_{Q,K,V}_TYPE, _PITCH, _GROUP_PITCH, _HAS_BIAS; rope.cuh's ROPE_NROT, ROPE_NEOX,
 //   ROPE_BASE, ROPE_SCALE, ROPE_FREQ_FACTORS and the optional YaRN / MSCALE constants.
@@ -551,7 +552,11 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvQkvWarps)
   out[w.rows.a] = a;
   out[w.rows.b] = b;
   if (w.seg == 0) return;
+#ifdef QKV_KV_RING  // a sliding-window layer's ring cache (schema Step.kv_ring): position p in slot p % ring
+  uint16_t* cache = (w.seg == 1 ? kc : vc) + static_cast<uint64_t>(pos[0] % QKV_KV_RING) * kNkv;
+#else
   uint16_t* cache = (w.seg == 1 ? kc : vc) + static_cast<uint64_t>(pos[0]) * kNkv;
+#endif
   cache[w.rows.a] = f2h(a);
   cache[w.rows.b] = f2h(b);
 }

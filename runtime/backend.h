@@ -35,13 +35,23 @@ class BackendSession {
   // positions < pos0 from earlier calls (positions ≥ pos0 are overwritten). n == 1 runs the decode
   // plan, n > 1 the prefill plan. Token ids must be in [0, n_vocab) (Session checks).
   // logits: all_rows → n × n_vocab floats, row t = the logits after token t; else n_vocab floats,
-  // the logits after the last token. Requires pos0 + n ≤ n_ctx.
+  // the logits after the last token. Requires pos0 + n ≤ n_ctx. Error (nothing evaluated) when
+  // !canResumeAt(pos0).
   virtual Status forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) = 0;
+  // False when a forward at pos0 would read keys that sliding-window layers' ring caches (schema
+  // Step.kv_ring, runtime/kv_ring.h) have overwritten since: after going back by more than the artifact's
+  // max batch, only position 0 is safe. Always true without rings.
+  virtual bool canResumeAt(int pos0) const {
+    (void)pos0;
+    return true;
+  }
 
   virtual int maxBatch() const = 0;
   virtual int contextLength() const = 0;
   // Bytes this session allocated (activations, KV cache, scratch), for --verbose reporting.
   virtual uint64_t allocatedBytes() const = 0;
+  // Of which the KV cache (every layer's K and V; a ring layer's min(n_ctx, kv_ring) positions).
+  virtual uint64_t kvCacheBytes() const { return 0; }
 };
 
 class Backend {

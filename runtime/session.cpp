@@ -1,5 +1,7 @@
 // Session: positions, batching, logits and the generate loop over one backend session.
+#include <algorithm>
 #include <chrono>
+#include <vector>
 
 #include "minfer/artifact.h"
 #include "minfer/runtime.h"
@@ -19,11 +21,15 @@ const char* stopReasonName(StopReason reason) {
 
 Session::Session(const Model& model, std::unique_ptr<BackendSession> backend, int n_ctx)
     : model_(model), backend_(std::move(backend)), n_ctx_(n_ctx),
-      logits_(static_cast<size_t>(model.info().n_vocab)) {}
+      logits_(static_cast<size_t>(model.info().n_vocab)), tokens_(static_cast<size_t>(n_ctx)) {}
 
 Session::~Session() = default;
 
-uint64_t Session::allocatedBytes() const { return backend_->allocatedBytes() + logits_.size() * sizeof(float); }
+uint64_t Session::allocatedBytes() const {
+  return backend_->allocatedBytes() + logits_.size() * sizeof(float) + tokens_.size() * sizeof(int32_t);
+}
+
+uint64_t Session::kvCacheBytes() const { return backend_->kvCacheBytes(); }
 
 std::span<const float> Session::logits() const {
   if (!has_logits_) return {};
@@ -33,9 +39,17 @@ std::span<const float> Session::logits() const {
 Status Session::rewind(int pos) {
   if (pos < 0 || pos > pos_)
     return Status::error("rewind to position " + std::to_string(pos) + ": must be in 0.." + std::to_string(pos_));
-  pos_ = pos;
   has_logits_ = false;
-  return Status::ok();
+  if (backend_->canResumeAt(pos)) {
+    pos_ = pos;
+    return Status::ok();
+  }
+  // The rings lost the window before pos: evaluate 0 .. pos−1 again (a copy: evaluate() rewrites tokens_).
+  const std::vector<int32_t> again(tokens_.begin(), tokens_.begin() + pos);
+  pos_ = 0;
+  Status st = evaluate(again, {});
+  has_logits_ = false;
+  return st;
 }
 
 Status Session::evaluate(std::span<const int32_t> tokens, std::span<float> all_logits) {
@@ -63,6 +77,7 @@ Status Session::evaluate(std::span<const int32_t> tokens, std::span<float> all_l
       has_logits_ = false;
       return st;
     }
+    std::copy(tokens.begin() + done, tokens.begin() + done + m, tokens_.begin() + pos_);
     pos_ += static_cast<int>(m);
     done += m;
     if (last && !all_logits.empty())

@@ -290,4 +290,12 @@ llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint3
   return desc;
 }
 
+void ringLocalKvCaches(ExecutionPlan& plan) {
+  for (std::vector<StepDesc>* steps : {&plan.prefill, &plan.decode})
+    for (StepDesc& s : *steps) {
+      const uint64_t ring = uint64_t{s.window} + plan.max_batch - 1;
+      if (s.op == fb::OpKind::Attention && s.window > 0 && ring <= (1u << 30)) s.kv_ring = static_cast<uint32_t>(ring);
+    }
+}
+
 }  // namespace minfer::model

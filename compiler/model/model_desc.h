@@ -83,6 +83,9 @@ struct StepDesc {
   // sliding window in positions (0: none). Schema Step.scale / softcap / window (1.3).
   float scale = 0, softcap = 0;
   uint32_t window = 0;
+  // Attention with a window: the single-sequence KV cache of the layer as a ring of kv_ring positions
+  // (schema Step.kv_ring, 1.6; ringLocalKvCaches); 0: n_ctx positions.
+  uint32_t kv_ring = 0;
   // Column views of the operands (format 1.4; only ops with takesColumnViews): empty = whole buffers,
   // else one per inputs / outputs entry (a whole buffer as (0, its width)).
   std::vector<ColumnView> input_views, output_views;
@@ -131,6 +134,12 @@ struct ModelDescription {
 // Errors name the file, the key or tensor, and the numbers (expected vs found); unsupported
 // architectures and tensor types list what is supported; max_batch must be in 1..kArtifactMaxBatch.
 llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint32_t max_batch, uint32_t n_ctx = 0);
+
+// Bounds the KV cache of every sliding-window Attention step (window > 0) of both plans: kv_ring = window +
+// plan.max_batch − 1, the positions one step of up to max_batch tokens reads (llama.cpp's SWA cache keeps
+// n_swa + n_ubatch cells likewise). A ring at least as large as the context is never used as one; rings past
+// 2^30 positions are not made. Without this pass (minfer-compile --swa-full) every layer holds n_ctx positions.
+void ringLocalKvCaches(ExecutionPlan& plan);
 
 // The registry's names, comma-separated: "llama, qwen2, qwen3, gemma2, gemma3, phi3".
 const char* supportedArchitectures();

@@ -4,7 +4,9 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
@@ -144,6 +146,10 @@ std::string stepText(const fb::Step& s, const fb::Artifact& m) {
     case fb::OpKind::Attention:
       line += llvm::formatv(" layer {0} heads {1}/{2} head_dim {3}", s.layer(), s.n_head(), s.n_head_kv(), s.head_dim())
                   .str();
+      if (s.scale() != 0) line += " scale " + num(s.scale());
+      if (s.softcap() != 0) line += " softcap " + num(s.softcap());
+      if (s.window() != 0) line += llvm::formatv(" window {0}", s.window()).str();
+      if (s.kv_ring() != 0) line += llvm::formatv(" kv_ring {0}", s.kv_ring()).str();
       break;
     case fb::OpKind::MoeRoute:
       line += llvm::formatv(" top {0} of {1} experts{2}", s.n_expert_used(), s.n_expert(), s.moe_norm() ? " renormalised" : "")
@@ -241,9 +247,65 @@ llvm::json::Object stepJson(const fb::Step& s, const fb::Artifact& m) {
                             {"rope_n_ctx_orig", int64_t{s.rope_n_ctx_orig()}},
                             {"rows", int64_t{s.rows()}},
                             {"cols", int64_t{s.cols()}},
+                            {"scale", s.scale()},
+                            {"softcap", s.softcap()},
+                            {"window", int64_t{s.window()}},
+                            {"kv_ring", int64_t{s.kv_ring()}},
                             {"tail", s.tail()},
                             {"fused", s.fused()},
                             {"launches", std::move(launches)}};
+}
+
+// The KV cache of one attention layer as its Attention steps declare it: K+V bytes per position (f16) and the
+// ring (schema Step.kv_ring; 0: n_ctx positions) with the window it serves.
+struct KvCacheLayer {
+  int32_t layer = 0;
+  uint64_t bytes_per_position = 0;
+  uint32_t ring = 0, window = 0;
+};
+
+std::vector<KvCacheLayer> kvCacheLayers(const fb::Artifact& m) {
+  std::map<int32_t, KvCacheLayer> layers;
+  for (const fb::Plan* plan : {m.prefill(), m.decode()})
+    if (plan && plan->steps())
+      for (const fb::Step* s : *plan->steps())
+        if (s->op() == fb::OpKind::Attention)
+          layers[s->layer()] = {s->layer(), 2ull * 2ull * s->n_head_kv() * s->head_dim(), s->kv_ring(), s->window()};
+  std::vector<KvCacheLayer> out;
+  for (const auto& [layer, l] : layers) out.push_back(l);
+  return out;
+}
+
+// "KV cache per layer" lines of the memory plan: a ring layer's bytes are bounded whatever n_ctx.
+void printKvCache(const fb::Artifact& m, llvm::raw_ostream& os) {
+  const std::vector<KvCacheLayer> layers = kvCacheLayers(m);
+  if (layers.empty()) return;
+  uint64_t per_position = 0, ring_bytes = 0;
+  for (const KvCacheLayer& l : layers) {
+    if (l.ring) ring_bytes += l.bytes_per_position * l.ring;
+    else per_position += l.bytes_per_position;
+  }
+  os << llvm::formatv("  KV cache (f16 K and V): {0} bytes/position x n_ctx for the full-size layers", per_position);
+  if (ring_bytes) os << llvm::formatv(", + at most {0} bytes for the sliding-window layers' rings", ring_bytes);
+  os << "\n";
+  for (const KvCacheLayer& l : layers) {
+    if (l.ring)
+      os << llvm::formatv("    layer {0,3}: {1} bytes/position, ring of {2} positions (window {3}): at most {4} bytes\n",
+                          l.layer, l.bytes_per_position, l.ring, l.window, l.bytes_per_position * l.ring);
+    else
+      os << llvm::formatv("    layer {0,3}: {1} bytes/position x n_ctx{2}\n", l.layer, l.bytes_per_position,
+                          l.window ? llvm::formatv(" (window {0}, full-size)", l.window).str() : std::string());
+  }
+}
+
+llvm::json::Array kvLayersJson(const fb::Artifact& m) {
+  llvm::json::Array out;
+  for (const KvCacheLayer& l : kvCacheLayers(m))
+    out.push_back(llvm::json::Object{{"layer", int64_t{l.layer}},
+                                     {"bytes_per_position", i64(l.bytes_per_position)},
+                                     {"ring", int64_t{l.ring}},
+                                     {"window", int64_t{l.window}}});
+  return out;
 }
 
 void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
@@ -318,6 +380,7 @@ void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
     os << llvm::formatv("\nmemory plan: max_batch {0}, KV cache {1} bytes/token, input_ids {2}, logits {3}\n",
                         mem->max_batch(), mem->kv_bytes_per_token(), named(buffers, mem->input_ids()),
                         named(buffers, mem->logits()));
+    printKvCache(m, os);
     if (buffers)
       for (uint32_t i = 0; i < buffers->size(); ++i) {
         const fb::Buffer& b = *buffers->Get(i);
@@ -422,6 +485,7 @@ llvm::json::Object toJson(const ArtifactFile& f) {
                                         {"input_ids", int64_t{mem->input_ids()}},
                                         {"logits", int64_t{mem->logits()}},
                                         {"kv_bytes_per_token", i64(mem->kv_bytes_per_token())},
+                                        {"kv_layers", kvLayersJson(m)},
                                         {"buffers", std::move(buffers)}};
   }
   for (const auto& [name, plan] :

@@ -67,6 +67,10 @@ llvm::cl::opt<bool> kFuseGemv("fuse-gemv",
                               llvm::cl::desc("Also fuse the decode GEMVs (gate|up with its GLU; q, k, v with their RoPE "
                                              "and KV store); off by default: not faster on the H200 (BENCHMARKS.md)"),
                               llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kSwaFull("swa-full",
+                             llvm::cl::desc("Give sliding-window layers a full-size KV cache of n_ctx positions (as "
+                                            "llama.cpp's --swa-full) instead of a ring of window + max batch - 1"),
+                             llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kVerbose("v", llvm::cl::desc("Print a progress line after every tensor"), llvm::cl::cat(kCategory));
 
 // The portable default: cubins for Ampere (sm_80, sm_86), Ada (sm_89) and Hopper (sm_90); a newer GPU
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
   options.plane_form = kPlanes;
   options.fuse_launches = !kNoFuse;
   options.fuse_gemv = kFuseGemv;
+  options.swa_full = kSwaFull;
   std::string target_list = kTarget, target_why;
   if (target_list == "auto") target_list = autoTargets(&target_why);
   llvm::SmallVector<llvm::StringRef, 8> archs;

@@ -552,6 +552,18 @@ class SemanticVerifier {
                       " must be finite and > 0"));
     if (s->rope_ext_factor() != 0 && s->rope_n_ctx_orig() == 0)
       return fail(field + ".rope_n_ctx_orig", s, "is 0, but YaRN (rope_ext_factor ≠ 0) needs the original context");
+    // 1.6: a ring KV cache only on a windowed Attention, large enough for one step's keys (schema Step.kv_ring).
+    if (s->kv_ring() != 0) {
+      const uint32_t max_batch = m_->memory() ? m_->memory()->max_batch() : 1;
+      const uint64_t need = uint64_t{s->window()} + max_batch - 1;
+      if (s->op() != fb::OpKind::Attention || s->window() == 0)
+        return fail(field + ".kv_ring", s, cat("KV ring of ", s->kv_ring(), " positions on a ", opName(s->op()),
+                                               " step without a sliding window (window ", s->window(), ")"));
+      if (s->kv_ring() < need || s->kv_ring() > (1u << 30))
+        return fail(field + ".kv_ring", s,
+                    cat("KV ring of ", s->kv_ring(), " positions is outside ", need, "..2^30 (window ", s->window(),
+                        " + memory.max_batch ", max_batch, " - 1 keys are read at once)"));
+    }
     if (s->n_head_kv() > 0 && s->n_head() % s->n_head_kv() != 0)
       return fail(field + ".n_head_kv", s,
                   cat("n_head ", s->n_head(), " is not a multiple of n_head_kv ", s->n_head_kv()));

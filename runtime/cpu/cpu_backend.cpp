@@ -5,7 +5,8 @@
 // parameters against each other (one op family per op: ops/<family>.cpp, see cpu_step.h). A session
 // (allocate phase) then owns the activation buffers (max_batch rows of each F32/I32 buffer the CPU
 // uses; GPU-only I8 buffers are not allocated), an f32 KV cache of n_ctx positions per attention
-// layer, per-thread scratch and a thread pool (CpuExecutor, shared with the batched sessions of
+// layer (a sliding-window layer with a ring, schema Step.kv_ring: min(n_ctx, kv_ring) positions, position p
+// in slot p % kv_ring), per-thread scratch and a thread pool (CpuExecutor, shared with the batched sessions of
 // cpu_batch_session.cpp); forward() (execute phase) allocates nothing. Skipped
 // on the CPU: QuantizeAct steps, kPacked planes, and the 2nd+ inputs of MatMul (GPU-side quantized
 // copies of the input).
@@ -22,25 +23,35 @@
 #include "minfer/artifact.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/cpu_ops.h"
+#include "runtime/kv_ring.h"
 #include "schema/op_traits.h"
 
 namespace minfer {
 namespace cpu {
 namespace {
 
-// One sequence in a contiguous cache of n_ctx positions: the executor's special case of one block.
+// One sequence in a contiguous cache of n_ctx positions: the executor's special case of one block; the
+// layers with a ring (schema Step.kv_ring) keep theirs, which rings_ tracks.
 class CpuSession final : public BackendSession {
  public:
-  CpuSession(const CpuBackend& backend, int n_ctx, int n_threads) : exec_(backend, n_threads), n_ctx_(n_ctx) {}
-  Status allocate() { return exec_.allocate(n_ctx_, n_ctx_, "a CPU session with n_ctx = " + std::to_string(n_ctx_)); }
+  CpuSession(const CpuBackend& backend, int n_ctx, int n_threads)
+      : backend_(backend), exec_(backend, n_threads), n_ctx_(n_ctx) {}
+  Status allocate() {
+    for (const auto& [layer, shape] : backend_.plan_.kv_layers) rings_.addLayer(shape.ring, shape.window, n_ctx_);
+    return exec_.allocate(n_ctx_, n_ctx_, "a CPU session with n_ctx = " + std::to_string(n_ctx_), /*rings=*/true);
+  }
   Status forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) override;
+  bool canResumeAt(int pos0) const override { return rings_.canResumeAt(pos0); }
   int maxBatch() const override { return exec_.maxBatch(); }
   int contextLength() const override { return n_ctx_; }
   uint64_t allocatedBytes() const override { return exec_.allocatedBytes(); }
+  uint64_t kvCacheBytes() const override { return exec_.kvCacheBytes(); }
 
  private:
+  const CpuBackend& backend_;
   CpuExecutor exec_;
   int n_ctx_;
+  KvRingTracker rings_;
 };
 
 }  // namespace
@@ -108,15 +119,19 @@ Result<std::unique_ptr<BackendSession>> CpuBackend::createSession(const BackendS
   return std::unique_ptr<BackendSession>(std::move(session));
 }
 
-Status CpuExecutor::allocate(int64_t kv_slots, int n_ctx, const std::string& what) {
+Status CpuExecutor::allocate(int64_t kv_slots, int n_ctx, const std::string& what, bool rings) {
   const auto* bufs = p_.m->memory()->buffers();
   const uint64_t threads = static_cast<uint64_t>(rc_.pool.threads());
   // Count first, so an impossible request fails with the numbers instead of inside the allocator.
   uint64_t floats = 0;
   for (uint32_t id = 0; id < bufs->size(); ++id)
     if (p_.used[id] && id != p_.ids) floats += uint64_t(p_.max_batch) * bufs->Get(id)->width();
+  // Slots of a layer's cache: kv_slots, or its ring's when smaller.
+  const auto slots = [&](const KvShape& shape) {
+    return rings && shape.ring > 0 ? std::min<int64_t>(kv_slots, shape.ring) : kv_slots;
+  };
   uint64_t kv_floats = 0;
-  for (const auto& [layer, shape] : p_.kv_layers) kv_floats += 2ull * uint64_t(kv_slots) * shape.n_head_kv * shape.head_dim;
+  for (const auto& [layer, shape] : p_.kv_layers) kv_floats += 2ull * uint64_t(slots(shape)) * shape.n_head_kv * shape.head_dim;
   floats += kv_floats + threads * p_.max_matmul_cols + threads * uint64_t(n_ctx);
   const uint64_t bytes = floats * sizeof(float) + uint64_t(p_.max_batch) * (2 * sizeof(int32_t) + sizeof(void*));
   const uint64_t phys = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
@@ -134,10 +149,11 @@ Status CpuExecutor::allocate(int64_t kv_slots, int n_ctx, const std::string& wha
     rc_.kv_storage = KvRowStorage(p_.max_batch);
     rc_.out_rows.reserve(size_t(p_.max_batch));
     for (const auto& [layer, shape] : p_.kv_layers) {
-      const size_t per = size_t(kv_slots) * shape.n_head_kv * shape.head_dim;
+      const size_t per = size_t(slots(shape)) * shape.n_head_kv * shape.head_dim;
       std::vector<float>& kv = kv_[layer];
       kv.assign(2 * per, 0.0f);
-      rc_.kv_views[layer] = KvLayer{kv.data(), kv.data() + per, kv_slots, shape.n_head_kv, shape.head_dim};
+      rc_.kv_views[layer] = KvLayer{kv.data(), kv.data() + per, slots(shape), shape.n_head_kv, shape.head_dim,
+                                    rings ? shape.ring : 0};
     }
     rc_.matmul_scratch.assign(threads * p_.max_matmul_cols, 0.0f);
     rc_.attn_scratch.assign(threads * size_t(n_ctx), 0.0f);
@@ -145,6 +161,7 @@ Status CpuExecutor::allocate(int64_t kv_slots, int n_ctx, const std::string& wha
     return Status::error(p_.file.path() + ": cannot allocate " + std::to_string(bytes) + " bytes for " + what);
   }
   bytes_ = bytes;
+  kv_bytes_ = kv_floats * sizeof(float);
   return Status::ok();
 }
 
@@ -164,6 +181,7 @@ Status CpuSession::forward(std::span<const int32_t> tokens, int pos0, float* log
     return Status::error("cpu forward: " + std::to_string(n) + " tokens at position " + std::to_string(pos0) +
                          " do not fit (max batch " + std::to_string(exec_.maxBatch()) + ", n_ctx " +
                          std::to_string(n_ctx_) + ")");
+  MINFER_RETURN_IF_ERROR(rings_.check(pos0).withContext("cpu "));
   RunContext& rc = exec_.context();
   for (int t = 0; t < n; ++t) {
     if (tokens[t] < 0 || tokens[t] >= n_vocab)
@@ -175,6 +193,7 @@ Status CpuSession::forward(std::span<const int32_t> tokens, int pos0, float* log
   rc.out_rows.clear();
   for (int t = all_rows ? 0 : n - 1; t < n; ++t) rc.out_rows.push_back(t);
   exec_.run(n);
+  rings_.advance(pos0, n);
   for (size_t i = 0; i < rc.out_rows.size(); ++i)
     std::memcpy(logits + i * size_t(n_vocab), exec_.logits(i), sizeof(float) * size_t(n_vocab));
   return Status::ok();

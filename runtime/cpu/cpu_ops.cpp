@@ -294,7 +294,7 @@ void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, c
   const int64_t width = static_cast<int64_t>(cache.n_head_kv) * cache.head_dim;
   const int64_t kp = k_pitch > 0 ? k_pitch : width, vp = v_pitch > 0 ? v_pitch : width;
   for (int t = 0; t < n_rows; ++t) {
-    const int64_t slot = rows.slot(t, rows.pos[t]);
+    const int64_t slot = kvSlot(cache, rows, t, rows.pos[t]);
     std::memcpy(cache.k + slot * width, k + t * kp, sizeof(float) * width);
     std::memcpy(cache.v + slot * width, v + t * vp, sizeof(float) * width);
   }
@@ -303,9 +303,13 @@ void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, c
 namespace {
 
 // fn(i, slot) for the positions i = lo .. hi−1 of row t's sequence, in order; slot = where i lives in the
-// cache. One table lookup per block.
+// cache (kvSlot). One table lookup per block.
 template <typename Fn>
-void forEachSlot(const KvRows& rows, int t, int lo, int hi, Fn fn) {
+void forEachSlot(const KvLayer& cache, const KvRows& rows, int t, int lo, int hi, Fn fn) {
+  if (cache.ring > 0) {
+    for (int i = lo; i < hi; ++i) fn(i, i % cache.ring);
+    return;
+  }
   const int bs = rows.block_size;
   const int32_t* table = rows.tables[t];
   for (int i = lo; i < hi;) {
@@ -335,7 +339,7 @@ void attention(const float* q, const KvLayer& cache, int n_rows, const KvRows& r
       const int lo = options.window > 0 ? std::max(0, n_keys - options.window) : 0;  // sliding window
       const float* qh = q + t * qp + static_cast<int64_t>(j) * hd;
       float max_s = -INFINITY;
-      forEachSlot(rows, t, lo, n_keys, [&](int i, int64_t slot) {
+      forEachSlot(cache, rows, t, lo, n_keys, [&](int i, int64_t slot) {
         float s = dot(qh, cache.k + slot * kv_width + g_off, hd) * scale;
         if (cap > 0) s = cap * std::tanh(s * inv_cap);
         scores[i] = s;
@@ -349,7 +353,7 @@ void attention(const float* q, const KvLayer& cache, int n_rows, const KvRows& r
       const float inv_sum = 1.0f / sum;
       float* oh = out + (static_cast<int64_t>(t) * n_head + j) * hd;
       std::fill(oh, oh + hd, 0.0f);
-      forEachSlot(rows, t, lo, n_keys, [&](int i, int64_t slot) {
+      forEachSlot(cache, rows, t, lo, n_keys, [&](int i, int64_t slot) {
         const float a = scores[i] * inv_sum;
         const float* vh = cache.v + slot * kv_width + g_off;
         for (int d = 0; d < hd; ++d) oh[d] += a * vh[d];

@@ -111,13 +111,15 @@ void rope(float* x, int n_rows, int n_head, int head_dim, int n_rot, RopeStyle s
           int64_t row_pitch = 0);
 
 // One layer's KV cache in float32: k and v are each (n_ctx, n_head_kv, head_dim), slot-major; a slot holds
-// one position of one sequence (KvRows says which).
+// one position of one sequence: KvRows says which, or with ring > 0 (a sliding-window layer of a
+// single-sequence session, schema Step.kv_ring) position p is in slot p % ring, whatever the rows' tables.
 struct KvLayer {
   float* k = nullptr;
   float* v = nullptr;
-  int64_t n_ctx = 0;  // slots
+  int64_t n_ctx = 0;  // slots (a ring's: min(n_ctx of the session, ring))
   int n_head_kv = 0;
   int head_dim = 0;
+  int64_t ring = 0;   // > 0: position p in slot p % ring; 0: the slot KvRows gives
 };
 
 // Where the rows of a batch sit in a KV cache of fixed-size blocks (Kwon et al. 2023, vLLM's paged
@@ -136,6 +138,11 @@ struct KvRows {
   }
 };
 
+// The slot of position p of row t's sequence in `cache`: p % cache.ring for a ring, else rows.slot(t, p).
+inline int64_t kvSlot(const KvLayer& cache, const KvRows& rows, int t, int p) {
+  return cache.ring > 0 ? p % cache.ring : rows.slot(t, p);
+}
+
 // The arrays behind a KvRows for up to max_rows rows, allocated at construction and reused.
 struct KvRowStorage {
   explicit KvRowStorage(int max_rows = 0)
@@ -151,7 +158,7 @@ struct KvRowStorage {
   static constexpr int32_t kFirstBlock[1] = {0};
 };
 
-// Stores the batch's keys and values: row t into the slot of its position rows.pos[t]. k, v: n_rows rows of
+// Stores the batch's keys and values: row t into the slot of its position rows.pos[t] (kvSlot). k, v: n_rows rows of
 // n_head_kv·head_dim floats, row t at t·k_pitch (t·v_pitch); a pitch of 0 is the row width (dense rows).
 void kvStore(const KvLayer& cache, const float* k, const float* v, int n_rows, const KvRows& rows,
              int64_t k_pitch = 0, int64_t v_pitch = 0);
@@ -167,8 +174,9 @@ struct AttentionOptions {
 // for row t (position p = rows.pos[t] of its sequence) and query head j, kv head g = j / (n_head / n_head_kv):
 //   s_i = q[t, j]·K[i, g]·scale for i = lo..p (lo = 0, or max(0, p − window + 1) with a window),
 //   then with a softcap s_i = softcap·tanh(s_i / softcap);  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g],
-// K[i] and V[i] read from the slot of position i of row t's sequence (rows.tables[t]), in position order,
-// so a row's result does not depend on the other rows of the batch.
+// K[i] and V[i] read from the slot of position i of row t's sequence (kvSlot: rows.tables[t], or the ring),
+// in position order, so a row's result does not depend on the other rows of the batch nor on where the
+// positions live (a ring gives bit-identical results to a full cache when it holds every key read).
 // q, out: n_rows × (n_head·head_dim), must not overlap; q's row t at t·q_pitch (0: n_head·head_dim).
 // Requires n_head % n_head_kv == 0.
 // scratch: (pool ? pool->threads() : 1) × rows.n_ctx floats. Parallel over (row, head).

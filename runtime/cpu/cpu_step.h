@@ -58,9 +58,11 @@ struct StepInfo {
   bool tail = false;              // part of the plan's last-token tail (schema Plan; prefill plans)
 };
 
-// The KV cache shape of one attention layer.
+// The KV cache shape of one attention layer, and its ring (schema Step.kv_ring; 0: none) and window.
 struct KvShape {
   int n_head_kv = 0, head_dim = 0;
+  int64_t ring = 0;
+  int window = 0;
 };
 
 // Plan phase: the artifact, its weights resolved into plane views of the mapping, and what the

@@ -88,6 +88,8 @@ class CudaSession final : public BackendSession {
   int maxBatch() const override;
   int contextLength() const override;
   uint64_t allocatedBytes() const override;
+  uint64_t kvCacheBytes() const override;
+  bool canResumeAt(int pos0) const override;
 
   // Like forward, then the argmax of the last row on the device (greedy sampling; 4 bytes copied back
   // instead of the logits row).

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "runtime/cuda/cuda_internal.h"
+#include "runtime/kv_ring.h"
 #include "schema/op_traits.h"
 
 namespace minfer::cuda {
@@ -43,7 +44,8 @@ struct CudaSession::State {
   // decode plan only (see CudaBackendOptions::overlap_launches).
   bool overlap = false;
   bool decoding = false;  // runPlan is launching the decode plan
-  uint64_t allocated = 0;
+  uint64_t allocated = 0, kv_bytes = 0;
+  KvRingTracker rings;    // what the sliding-window layers' ring caches (schema Step.kv_ring) still hold
   // Profiling: one event pair per plan step, accumulated milliseconds and calls.
   bool profiling = false;
   bool capturing = false;                    // inside captureDecodeGraph: events become graph nodes
@@ -188,6 +190,7 @@ struct CudaSession::State {
     if (pos0 < 0 || pos0 + n > n_ctx)
       return Status::error("CUDA forward: positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
                            " exceed the context of " + std::to_string(n_ctx));
+    MINFER_RETURN_IF_ERROR(rings.check(pos0).withContext("CUDA "));
     MINFER_RETURN_IF_ERROR(dev->makeCurrent());
     std::memcpy(h_ids, tokens.data(), static_cast<size_t>(n) * sizeof(int32_t));
     *h_pos = pos0;
@@ -205,6 +208,7 @@ struct CudaSession::State {
           dev->check(cu().cuGraphLaunch(profiling ? profile_exec : graph_exec, s), "CUDA forward: decode graph launch"));
     else
       MINFER_RETURN_IF_ERROR(runPlan(prefill_plan, static_cast<unsigned>(n), last_only));
+    rings.advance(pos0, n);
     return Status::ok();
   }
 
@@ -220,6 +224,8 @@ CudaSession::~CudaSession() = default;
 int CudaSession::maxBatch() const { return s_->max_batch; }
 int CudaSession::contextLength() const { return s_->n_ctx; }
 uint64_t CudaSession::allocatedBytes() const { return s_->allocated; }
+uint64_t CudaSession::kvCacheBytes() const { return s_->kv_bytes; }
+bool CudaSession::canResumeAt(int pos0) const { return s_->rings.canResumeAt(pos0); }
 bool CudaSession::usesDecodeGraph() const { return s_->graph_exec != nullptr; }
 double CudaSession::peakBytesPerSecond() const { return s_->dev->info().peak_bytes_per_s; }
 
@@ -346,6 +352,7 @@ class SessionBuilder {
     act_bytes_ = total_;
     MINFER_RETURN_IF_ERROR(layoutCaches(n_ctx));
     kv_bytes_ = total_ - act_bytes_;
+    st_.kv_bytes = kv_bytes_;
     scratch_offset_ = reserve(scratch_bytes_);
     counter_offset_ = reserve(counter_bytes_);
     pos_offset_ = reserve(4);
@@ -429,9 +436,22 @@ class SessionBuilder {
     return at;
   }
 
-  // One (K, V) pair per layer that a launch record names, each n_ctx × width f16; the step scratch is
-  // the largest any record asks for (the verifier bounded both).
+  // One (K, V) pair per layer that a launch record names, each n_ctx × width f16, or min(n_ctx, kv_ring) ×
+  // width for a layer whose Attention steps have a ring (schema Step.kv_ring: its kernels index slot
+  // p % kv_ring); the step scratch is the largest any record asks for (the verifier bounded all three).
   Status layoutCaches(int n_ctx) {
+    std::map<uint32_t, std::pair<uint32_t, uint32_t>> ring;  // layer → (kv_ring, window) of its Attention steps
+    for (const std::vector<StepKernels>* steps : {&be_.prefill, &be_.decode})
+      for (const StepKernels& sk : *steps) {
+        const fb::Step& s = *sk.step;
+        if (s.op() != fb::OpKind::Attention || s.layer() < 0) continue;
+        auto [it, inserted] = ring.try_emplace(static_cast<uint32_t>(s.layer()), s.kv_ring(), s.window());
+        if (!inserted && it->second != std::pair<uint32_t, uint32_t>(s.kv_ring(), s.window()))
+          return Status::error(path_ + ": " + sk.label + ": KV cache layer " + std::to_string(s.layer()) +
+                               " has a ring of " + std::to_string(s.kv_ring()) + " positions (window " +
+                               std::to_string(s.window()) + ") here but " + std::to_string(it->second.first) +
+                               " (window " + std::to_string(it->second.second) + ") in another step");
+      }
     std::map<uint32_t, uint32_t> width;  // layer → f16 values per position
     for (const std::vector<StepKernels>* steps : {&be_.prefill, &be_.decode})
       for (const StepKernels& sk : *steps)
@@ -448,7 +468,11 @@ class SessionBuilder {
                                      std::to_string(it->second) + " in another launch");
             }
     for (const auto& [layer, w] : width) {
-      const uint64_t bytes = static_cast<uint64_t>(n_ctx) * w * 2;
+      const auto r = ring.find(layer);
+      const uint32_t kv_ring = r != ring.end() ? r->second.first : 0;
+      if (kv_ring > 0) st_.rings.addLayer(kv_ring, static_cast<int>(r->second.second), n_ctx);
+      const uint64_t slots = kv_ring > 0 ? std::min<uint64_t>(n_ctx, kv_ring) : static_cast<uint64_t>(n_ctx);
+      const uint64_t bytes = slots * w * 2;
       const uint64_t k = reserve(bytes);
       kv_[layer] = {k, reserve(bytes)};
     }

@@ -293,6 +293,9 @@ int main(int argc, char** argv) {
   if (!session) return fail(session.status().message());
   printLoaded(**model, session_options.n_ctx,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+  if (kVerbose)  // the session's memory: sliding-window layers' rings make the KV cache less than n_ctx's
+    llvm::errs() << llvm::formatv("minfer-run: session: {0} bytes allocated, of which KV cache {1} bytes\n",
+                                  (*session)->allocatedBytes(), (*session)->kvCacheBytes());
 
   minfer::GenerateParams params = generateParams();
   if (kConversation) {

@@ -88,6 +88,7 @@ struct TestStep {
   float rope_ext_factor = 0, rope_attn_factor = 1, rope_beta_fast = 32, rope_beta_slow = 1;  // 1.3: YaRN
   uint32_t rope_n_ctx_orig = 0;
   std::vector<fb::ColumnView> input_views, output_views;  // 1.4
+  uint32_t window = 0, kv_ring = 0;                          // 1.3 window, 1.6 ring KV cache
 };
 struct TestBuffer {
   std::string name;
@@ -321,10 +322,10 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
       out.push_back(fb::CreateStepDirect(b, st.op, &st.inputs, &st.outputs, &st.weights, st.layer, st.eps, st.n_head,
                                          st.n_head_kv, st.head_dim, st.n_rot, st.rope_style, st.rope_freq_base,
                                          st.rope_freq_scale, st.rows, st.cols, st.name.empty() ? nullptr : st.name.c_str(),
-                                         &launches, st.tail, 0, 0, 0, st.rope_ext_factor, st.rope_attn_factor,
+                                         &launches, st.tail, 0, 0, st.window, st.rope_ext_factor, st.rope_attn_factor,
                                          st.rope_beta_fast, st.rope_beta_slow, st.rope_n_ctx_orig, /*fused=*/false,
                                          st.input_views.empty() ? nullptr : &st.input_views,
-                                         st.output_views.empty() ? nullptr : &st.output_views));
+                                         st.output_views.empty() ? nullptr : &st.output_views, 0, 0, false, st.kv_ring));
     }
     return fb::CreatePlanDirect(b, &out);
   };
@@ -1260,6 +1261,27 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec = g.spec;
     spec.prefill[4].rope_ext_factor = 1;
     refused(spec, g.segs, {"prefill.steps[4].rope_n_ctx_orig", "is 0, but YaRN (rope_ext_factor ≠ 0) needs the original"});
+  }
+  SUBCASE("a ring KV cache (1.6): only on a windowed Attention, at least window + max_batch - 1 positions") {
+    Spec spec = g.spec;
+    const uint32_t max_batch = spec.max_batch;
+    spec.prefill[5].window = spec.decode[3].window = 16;
+    spec.prefill[5].kv_ring = spec.decode[3].kv_ring = 16 + max_batch - 1;
+    writeVariant(g, spec, g.segs, path);
+    CHECK(openError(path) == "");
+    spec.prefill[5].kv_ring = 16 + max_batch - 2;
+    refused(spec, g.segs, {"prefill.steps[5].kv_ring",
+                           "KV ring of " + std::to_string(14 + max_batch) + " positions is outside " +
+                               std::to_string(15 + max_batch) + "..2^30 (window 16 + memory.max_batch " +
+                               std::to_string(max_batch) + " - 1 keys are read at once)"});
+    spec.prefill[5].kv_ring = (1u << 30) + 1;
+    refused(spec, g.segs, {"prefill.steps[5].kv_ring", "is outside"});
+    spec.prefill[5].kv_ring = 100;
+    spec.prefill[5].window = 0;
+    refused(spec, g.segs, {"prefill.steps[5].kv_ring", "KV ring of 100 positions on a Attention step without a sliding window (window 0)"});
+    spec = g.spec;
+    spec.prefill[4].kv_ring = 100;
+    refused(spec, g.segs, {"prefill.steps[4].kv_ring", "on a Rope step without a sliding window"});
   }
   SUBCASE("column views (1.4): inside their buffer, one per operand, only on the ops that take them") {
     Spec spec = g.spec;  // q = columns 0..31 and k = 32..47 of buffer 3: accepted

@@ -1375,6 +1375,98 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
     }
 }
 
+// A sliding-window layer's ring cache (ATT_KV_RING = R = window + B − 1, schema Step.kv_ring): a sequence
+// several rings long goes through kv_store, prefill and decode in chunks of up to B tokens at growing pos0,
+// on the GPU into R f16 slots and on the CPU into a ring KvLayer of the same f16-rounded values. After every
+// chunk: both rings bit for bit (the store's slot p % R), and the chunk's attention against cpu::attention on
+// the CPU ring (whose bit-identity with a full-size cache tests/e2e/test_swa_ring.cpp shows), with the same
+// tolerances as the full-size cache. B up to 200 with window 100 makes a tensor-core prefill tile of 64 keys
+// wrap inside the ring.
+TEST_CASE("attention over a ring KV cache (ATT_KV_RING): kv_store slots, prefill and decode vs the CPU's ring") {
+  MINFER_REQUIRE_GPU(G);
+  const int h = 4, hkv = 2;
+  const float q_scale = 0.125f, cap = 3.0f;
+  struct RingCase {
+    int d, window, batch;
+  };
+  for (const RingCase rc : {RingCase{64, 16, 4}, RingCase{64, 16, 64}, RingCase{128, 100, 200}, RingCase{72, 16, 7},
+                            RingCase{256, 5, 1}, RingCase{64, 3, 2}}) {
+    const int d = rc.d, window = rc.window, batch = rc.batch, ring = window + batch - 1, kvw = hkv * d;
+    CAPTURE(d);
+    CAPTURE(window);
+    CAPTURE(batch);
+    CAPTURE(ring);
+    auto att = [&](const char* name, const char* which) {
+      std::vector<std::pair<std::string, std::string>> defs = {
+          {"ATT_NHEAD", str(h)}, {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)}, {"ATT_KV_RING", str(ring)},
+          {which, "1"}};
+      if (std::string(which) != "ATT_KV_STORE")
+        defs.insert(defs.end(), {{"ATT_SCALE", "0.125f"}, {"ATT_SOFTCAP", "3.0f"}, {"ATT_WINDOW", str(window)}});
+      if (std::string(which) == "ATT_DECODE" || std::string(which) == "ATT_COMBINE") defs.push_back({"ATT_SPLITS", "16"});
+      return spec(std::string(name) + "_ring_test_d" + str(d) + "_w" + str(window) + "_r" + str(ring),
+                  "kernels/attention.cuh", name, defs);
+    };
+    std::vector<Kernel> k = compile({att("minfer_kv_store", "ATT_KV_STORE"), att("minfer_attn_prefill", "ATT_PREFILL"),
+                                     att("minfer_attn_decode", "ATT_DECODE"), att("minfer_attn_combine", "ATT_COMBINE")});
+    // Both rings start zeroed (as the sessions' do), so that every slot compares from the first chunk on.
+    const std::vector<uint16_t> zeros(static_cast<size_t>(ring) * kvw, 0);
+    DeviceArray kc = DeviceArray::of(zeros), vc = DeviceArray::of(zeros);
+    std::vector<float> ck(zeros.size(), 0.0f), cv(zeros.size(), 0.0f);
+    cpu::KvLayer layer{ck.data(), cv.data(), ring, hkv, d, ring};
+    const cpu::AttentionOptions options{.scale = q_scale, .softcap = cap, .window = window};
+    const int total = 3 * ring + 11;
+    std::vector<float> scratch(static_cast<size_t>(total));
+    DeviceArray out(static_cast<uint64_t>(batch) * h * d * 4), part(kern::attnDecodePartFloats(h, d, 16) * 4);
+    // Chunk sizes cycle through a full batch, single tokens and odd sizes.
+    const int sizes[] = {batch, 1, std::max(1, batch / 2 + 1), 1, 1, std::max(1, batch - 1), std::min(3, batch)};
+    int pos0 = 0, chunk = 0;
+    size_t bad_slots = 0;
+    while (pos0 < total) {
+      int n = std::min(sizes[chunk++ % 7], total - pos0);
+      CAPTURE(pos0);
+      CAPTURE(n);
+      // K and V rows, f16-rounded so that both sides store the same values.
+      std::vector<float> kr = activations(n, kvw), vr = activations(n, kvw);
+      for (float& x : kr) x = roundHalf(x);
+      for (float& x : vr) x = roundHalf(x);
+      DeviceArray d_k = DeviceArray::of(kr), d_v = DeviceArray::of(vr), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
+      CUdeviceptr a = d_k.ptr(), b = d_v.ptr(), c = kc.ptr(), e = vc.ptr(), p = d_pos.ptr();
+      launch(k[0], kern::kvStoreLaunch(n, hkv, d), {&a, &b, &c, &e, &p, &n});
+      cpu::KvRowStorage storage(n);  // owns the arrays rows points into
+      const cpu::KvRows rows = storage.contiguous(pos0, n, total);
+      cpu::kvStore(layer, kr.data(), vr.data(), n, rows);
+      // The whole ring, bit for bit (a wrong slot shows as a mismatch in the slot written or the one missed).
+      const std::vector<uint16_t> kbits = kc.download<uint16_t>(ck.size()), vbits = vc.download<uint16_t>(cv.size());
+      for (size_t i = 0; i < ck.size(); ++i) bad_slots += (kbits[i] != floatToHalf(ck[i])) + (vbits[i] != floatToHalf(cv[i]));
+      REQUIRE_MESSAGE(bad_slots == 0, bad_slots << " f16 values of the GPU ring differ from the CPU ring after storing "
+                                                << n << " tokens at " << pos0 << " (slot = position % " << ring << ")");
+      std::vector<float> q = activations(n, h * d);
+      for (float& v : q) v *= 4.0f;  // the cap bends the scores
+      DeviceArray d_q = DeviceArray::of(q);
+      out.poison();
+      CUdeviceptr qp = d_q.ptr(), o = out.ptr(), pt = part.ptr();
+      std::vector<float> ref(q.size());
+      cpu::attention(q.data(), layer, n, rows, h, ref.data(), nullptr, scratch.data(), options);
+      if (n == 1) {
+        part.poison();
+        launch(k[2], kern::attnDecodeLaunch(hkv, 16), {&qp, &c, &e, &pt, &p});
+        launch(k[3], kern::attnCombineLaunch(h), {&pt, &o});
+        const std::vector<float> got = out.download<float>(q.size());
+        CHECK(track("attn_decode ring", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
+      } else {
+        launch(k[1], kern::attnPrefillLaunch(n, h, d), {&qp, &c, &e, &o, &p, &n});
+        const std::vector<float> got = out.download<float>(q.size());
+        const double err = relError(got.data(), ref.data(), ref.size());
+        if (kern::attnPrefillUsesMma(static_cast<unsigned>(d)))
+          CHECK(track("attn_prefill ring (tensor cores)", err) <= kAttnMmaTol);
+        else
+          CHECK(track("attn_prefill ring", err) <= kAttnTol);
+      }
+      pos0 += n;
+    }
+  }
+}
+
 TEST_CASE("geglu and scale (plain and soft-capped, in place)") {
   MINFER_REQUIRE_GPU(G);
   const int widths[] = {130, 2304};  // 130: rows not a multiple of 4 floats

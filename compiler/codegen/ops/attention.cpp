@@ -69,11 +69,21 @@ Launches attention(const StepContext& c, const StepContext* quant, bool stored) 
   if (s.scale != 0) opts += "_sc" + keyNumber(s.scale);
   if (s.softcap != 0) opts += "_cap" + keyNumber(s.softcap);
   if (s.window != 0) opts += "_win" + std::to_string(s.window);
+  // A ring KV cache (schema Step.kv_ring): every launch that reads or writes the cache indexes slot p % ring.
+  if (s.kv_ring != 0 && (s.window == 0 || s.kv_ring < s.window))
+    return c.error(llvm::formatv("a KV ring of {0} positions needs a sliding window of 1..{0} positions (window {1})",
+                                 s.kv_ring, s.window));
+  const std::string ring_tag = s.kv_ring != 0 ? "_ring" + std::to_string(s.kv_ring) : "";
+  opts += ring_tag;
+  auto ring = [&](SpecBuilder& b) -> SpecBuilder& {
+    if (s.kv_ring != 0) b.define("ATT_KV_RING", static_cast<uint64_t>(s.kv_ring));
+    return b;
+  };
   auto options = [&](SpecBuilder& b) -> SpecBuilder& {
     if (s.scale != 0) b.define("ATT_SCALE", floatLiteral(s.scale));
     if (s.softcap != 0) b.define("ATT_SOFTCAP", floatLiteral(s.softcap));
     if (s.window != 0) b.define("ATT_WINDOW", static_cast<uint64_t>(s.window));
-    return b;
+    return ring(b);
   };
   auto heads = [&](SpecBuilder& b) -> SpecBuilder& {
     return b.define("ATT_NHEAD", static_cast<uint64_t>(h))
@@ -88,9 +98,9 @@ Launches attention(const StepContext& c, const StepContext* quant, bool stored) 
 
   std::vector<KernelLaunch> launches;
   const std::string kv_tag = kv_views ? llvm::formatv("_kp{0}_vp{1}", k_pitch, v_pitch).str() : "";
-  SpecBuilder store(llvm::formatv("kv_store_hkv{0}_d{1}{2}", hkv, d, kv_tag), "kernels/attention.cuh",
+  SpecBuilder store(llvm::formatv("kv_store_hkv{0}_d{1}{2}{3}", hkv, d, kv_tag, ring_tag), "kernels/attention.cuh",
                     "minfer_kv_store");
-  heads(store).define("ATT_KV_STORE", uint64_t{1});
+  ring(heads(store)).define("ATT_KV_STORE", uint64_t{1});
   if (kv_views) store.define("ATT_K_PITCH", uint64_t{k_pitch}).define("ATT_V_PITCH", uint64_t{v_pitch});
   if (!stored)
     launches.push_back({store.spec,

@@ -339,6 +339,7 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
   std::string key = llvm::formatv("gemv_qkv_h{0}_hkv{1}_d{2}_k{3}_{4}", a.n_head, a.n_head_kv, a.head_dim, m[0].k, rc->key);
   for (int i = 0; i < 3; ++i)
     key += llvm::formatv("_{0}{1}{2}", typeTag(blk[i]->ggml_type), blk[i]->group_pitch, m[i].bias_tag).str();
+  if (a.kv_ring != 0) key += "_ring" + std::to_string(a.kv_ring);  // the store's slot p % ring (schema Step.kv_ring)
   SpecBuilder b(key, "kernels/gemv_blocks.cuh", "minfer_gemv_qkv");
   b.define("GEMVB_QKV", uint64_t{1})
       .define("GEMVB_K", m[0].k)
@@ -356,6 +357,7 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
         .define(names[i][2], static_cast<uint64_t>(blk[i]->group_pitch))
         .define(names[i][3], static_cast<uint64_t>(m[i].bias != nullptr));
   for (const auto& [name, value] : rc->defines) b.define(name, value);
+  if (a.kv_ring != 0) b.define("QKV_KV_RING", static_cast<uint64_t>(a.kv_ring));
   const char* w_names[3] = {"wq", "wk", "wv"};
   const char* b_names[3] = {"bq", "bk", "bv"};
   std::vector<KernelArgDesc> args;

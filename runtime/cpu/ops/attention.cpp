@@ -29,11 +29,17 @@ Status attentionPrepare(PrepareContext& c, const fb::Step& s, StepInfo& info) {
   MINFER_RETURN_IF_ERROR(c.buffer(info, info.out[0], q_width, "output"));  // a whole buffer (cpu::attention)
   if (info.out_off[0] != 0 || info.out_w[0] != q_width)
     return Status::error(info.label + ": the output must be a whole buffer on the CPU");
-  auto [it, inserted] = c.kv_layers.try_emplace(info.layer, KvShape{info.n_head_kv, info.head_dim});
-  if (!inserted && (it->second.n_head_kv != info.n_head_kv || it->second.head_dim != info.head_dim))
+  // The verifier bounded kv_ring to window + max_batch − 1 .. 2^30 on windowed steps (0 elsewhere).
+  const KvShape shape{info.n_head_kv, info.head_dim, s.kv_ring(), info.attn.window};
+  auto [it, inserted] = c.kv_layers.try_emplace(info.layer, shape);
+  if (!inserted && (it->second.n_head_kv != shape.n_head_kv || it->second.head_dim != shape.head_dim ||
+                    it->second.ring != shape.ring || (shape.ring > 0 && it->second.window != shape.window)))
     return Status::error(info.label + ": layer " + std::to_string(info.layer) + " was used with n_head_kv = " +
-                         std::to_string(it->second.n_head_kv) + ", head_dim = " +
-                         std::to_string(it->second.head_dim) + " by another step");
+                         std::to_string(it->second.n_head_kv) + ", head_dim = " + std::to_string(it->second.head_dim) +
+                         ", KV ring " + std::to_string(it->second.ring) + " (window " +
+                         std::to_string(it->second.window) + ") by another step, here " +
+                         std::to_string(shape.n_head_kv) + ", " + std::to_string(shape.head_dim) + ", " +
+                         std::to_string(shape.ring) + " (window " + std::to_string(shape.window) + ")");
   return Status::ok();
 }
 

@@ -173,7 +173,10 @@ class Session {
 
   int position() const { return pos_; }   // tokens in the KV cache
   int contextLength() const { return n_ctx_; }
-  // Forgets the KV cache from position `pos` on (0 ≤ pos ≤ position()); reset() = rewind(0).
+  // Forgets the KV cache from position `pos` on (0 ≤ pos ≤ position()); reset() = rewind(0). When the
+  // sliding-window layers' ring caches (schema Step.kv_ring) no longer hold the window before `pos` (a
+  // rewind by more than info().max_batch positions), the tokens 0 .. pos−1 are evaluated again (as
+  // llama.cpp re-processes the prompt when its SWA cache lacks them); errors are those of prefill().
   Status rewind(int pos);
   void reset() { pos_ = 0; has_logits_ = false; }
 
@@ -189,6 +192,9 @@ class Session {
 
   const Model& model() const { return model_; }
   uint64_t allocatedBytes() const;
+  // Bytes of the KV cache, included in allocatedBytes(): every layer's K and V for n_ctx positions, a
+  // sliding-window layer's ring for min(n_ctx, window + max_batch − 1) (schema Step.kv_ring).
+  uint64_t kvCacheBytes() const;
 
  private:
   friend class Model;
@@ -201,6 +207,7 @@ class Session {
   int pos_ = 0;
   bool has_logits_ = false;
   std::vector<float> logits_;  // (n_vocab)
+  std::vector<int32_t> tokens_;  // (n_ctx) the token at each position < pos_, for rewind()'s re-evaluation
 };
 
 }  // namespace minfer
