@@ -9,6 +9,7 @@ set -uo pipefail
 if [ "${MINFER_DEVICE_SUITES:-1}" = 1 ]; then
   timeout 200 "$B/test_cuda_kernels" > "$OUT/kernels.log" 2>&1; echo "rc=$?" >> "$OUT/kernels.log"
   timeout 200 "$B/test_cuda_e2e" > "$OUT/e2e.log" 2>&1; echo "rc=$?" >> "$OUT/e2e.log"
+  timeout 200 "$B/test_cuda_swa" > "$OUT/swa.log" 2>&1; echo "rc=$?" >> "$OUT/swa.log"
   MINFER_GOLDEN_FILTER=tiny-qwen2-Q4_K_M timeout 120 compute-sanitizer --tool memcheck "$B/test_cuda_e2e" \
     -tc="GPU logits*,decode graph*" > "$OUT/sanitizer-memcheck.log" 2>&1; echo "rc=$?" >> "$OUT/sanitizer-memcheck.log"
   for tool in memcheck racecheck; do  # the kernels with fused outputs, views and experts

@@ -7,11 +7,12 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export MINFER_BUILD_DIR=${MINFER_BUILD_DIR:-build/device}
 MINFER_CMAKE_ARGS="-DMINFER_STATIC=ON" scripts/build.sh release \
-  minfer-synth minfer-compile minfer-run minfer-bench minfer-bench-gemv minfer-inspect test_cuda_arch test_cuda_kernels test_cuda_e2e \
+  minfer-synth minfer-compile minfer-run minfer-bench minfer-bench-gemv minfer-inspect test_cuda_arch test_cuda_kernels test_cuda_e2e test_cuda_swa \
   minfer-kernel-trace
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib" .bin
-for t in minfer-synth minfer-compile minfer-run minfer-bench minfer-bench-gemv minfer-inspect test_cuda_arch test_cuda_kernels test_cuda_e2e; do
+for t in minfer-synth minfer-compile minfer-run minfer-bench minfer-bench-gemv minfer-inspect test_cuda_arch test_cuda_kernels test_cuda_e2e \
+    test_cuda_swa; do
   cp "$MINFER_BUILD_DIR/bin/$t" "$stage/bin/"
 done
 # The CUPTI kernel trace (bench/kernel_trace.cpp; CUDA_INJECTION64_PATH=$W/lib/libminfer-kernel-trace.so).

@@ -1449,8 +1449,8 @@ TEST_CASE("attention over a ring KV cache (ATT_KV_RING): kv_store slots, prefill
       cpu::attention(q.data(), layer, n, rows, h, ref.data(), nullptr, scratch.data(), options);
       if (n == 1) {
         part.poison();
-        launch(k[2], kern::attnDecodeLaunch(hkv, 16), {&qp, &c, &e, &pt, &p});
-        launch(k[3], kern::attnCombineLaunch(h), {&pt, &o});
+        launch(k[2], kern::attnDecodeLaunch(h, hkv, d, 16), {&qp, &c, &e, &pt, &p});
+        launch(k[3], kern::attnCombineLaunch(h), {&pt, &o, &p});
         const std::vector<float> got = out.download<float>(q.size());
         CHECK(track("attn_decode ring", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
       } else {
