@@ -142,6 +142,13 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
                               const StepContext& rope, const StepContext& attention, const StepContext* quant);
 // The decode attention's launches after a fused QKV GEMV stored K and V (ops/attention.cpp).
 Launches storedAttentionLaunches(const StepContext& attention, const StepContext* quant);
+// The paged launches of prefill step `step_index` (schema Step.paged_launches, ops/paged_attention.cpp): for a
+// Rope step minfer_rope_paged, for an Attention step minfer_kv_store_paged and minfer_attn_paged, all with
+// per-row positions and block tables (kernels/paged_attention.cuh); none for other ops (row-wise launches
+// serve a batch as they are), nor for attention groups too wide for the kernel's shared memory. Errors as
+// the step's own launches.
+Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
+                              size_t step_index);
 // The check the q8 forms make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
 llvm::Error checkFusedQuantize(const StepContext& quant, uint32_t width);
 
