@@ -247,13 +247,19 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
   MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyHtoDAsync(st.tables, st.h_tables, tables.size() * sizeof(int32_t), s),
                                        "CUDA forwardRows: block table upload"));
   MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/true, static_cast<unsigned>(n)));
+  // The wanted rows, runs of consecutive rows in one copy each (a step of decode rows is one copy).
   const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
-  for (size_t i = 0; i < out_rows.size(); ++i) {
-    if (out_rows[i] < 0 || out_rows[i] >= n)
-      return Status::error("CUDA forwardRows: output row " + std::to_string(out_rows[i]) + " of " + std::to_string(n));
+  for (size_t i = 0; i < out_rows.size();) {
+    size_t j = i + 1;
+    while (j < out_rows.size() && out_rows[j] == out_rows[j - 1] + 1) ++j;
+    if (out_rows[i] < 0 || out_rows[j - 1] >= n)
+      return Status::error("CUDA forwardRows: output rows " + std::to_string(out_rows[i]) + ".." +
+                           std::to_string(out_rows[j - 1]) + " of " + std::to_string(n));
     MINFER_RETURN_IF_ERROR(st.dev->check(
-        cu.cuMemcpyDtoHAsync(logits + i * st.n_vocab, st.buf[st.logits_buffer] + static_cast<uint64_t>(out_rows[i]) * row, row, s),
+        cu.cuMemcpyDtoHAsync(logits + i * st.n_vocab, st.buf[st.logits_buffer] + static_cast<uint64_t>(out_rows[i]) * row,
+                             (j - i) * row, s),
         "CUDA forwardRows: logits download"));
+    i = j;
   }
   return st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows");
 }
