@@ -94,7 +94,9 @@ class CudaSession final : public BackendSession {
   // token tokens[t] at position positions[t] of its sequence, whose block table starts at word tables[t] of
   // `tables` (schema ArgKind BlockTables: tables[0 .. rows) are those indices, the tables follow); each row's
   // K and V land in its slot of the pool and it attends to its own sequence's positions 0..positions[t].
-  // logits: out_rows.size() × n_vocab floats, row i = the logits of row out_rows[i]. Requires 1 ≤ rows ≤
+  // logits: out_rows.size() × n_vocab floats, row i = the logits of row out_rows[i] (out_rows increasing;
+  // when they are not every row, the plan's last-token tail runs on those rows alone, gathered to the first
+  // rows of its input buffers: a prompt chunk's other rows skip the output head). Requires 1 ≤ rows ≤
   // maxBatch(), positions.size() == rows, rows ≤ tables.size() ≤ the session's table_words, and tables that
   // cover every row's position with blocks inside the pool (the caller, CudaBatchSession, guarantees it).
   Status forwardRows(std::span<const int32_t> tokens, std::span<const int32_t> positions,

@@ -133,6 +133,56 @@ struct CudaSession::State {
     return Status::ok();
   }
 
+  // Prefill launches [begin, end) on n rows (a paged session's forwardRows; no profiling, no overlap).
+  Status launchRange(size_t begin, size_t end, unsigned n) {
+    decoding = false;
+    for (size_t i = begin; i < end; ++i) MINFER_RETURN_IF_ERROR(launch(prefill[i], n));
+    return Status::ok();
+  }
+
+  // Before the tail runs on rows[0..k) alone: row rows[i] of every buffer the tail reads before writing it
+  // (its inputs from the steps before it) copied to row i, in increasing i. rows is increasing with
+  // rows[i] ≥ i, so a copy never overwrites a row still to be read. F32/I32/F16 buffers whole rows; q8
+  // buffers both parts (values, then the Q8Meta rows). One device copy per moved row and part.
+  Status gatherTailRows(std::span<const int> rows) {
+    std::vector<bool>& written = fresh;  // scratch: buffers the tail has written so far
+    std::fill(written.begin(), written.end(), false);
+    std::vector<bool> moved(buf.size(), false);
+    for (size_t li = tail; li < prefill.size(); ++li) {
+      const Launch& l = prefill[li];
+      for (int r = 0; r < l.n_rows; ++r) {
+        const uint32_t b = l.rows[r].buffer;
+        if (l.rows[r].written || written[b] || moved[b]) continue;
+        moved[b] = true;
+        const uint64_t w = buf_width[b];
+        struct Part {
+          CUdeviceptr base;
+          uint64_t row_bytes;
+        };
+        Part parts[2] = {{buf[b], 0}, {0, 0}};
+        switch (buf_type[b]) {
+          case fb::BufferType::F32: case fb::BufferType::I32: parts[0].row_bytes = 4 * w; break;
+          case fb::BufferType::F16: parts[0].row_bytes = 2 * w; break;
+          case fb::BufferType::I8:
+            parts[0].row_bytes = w;
+            parts[1] = {buf[b] + kern::q8MetaOffset(static_cast<unsigned>(max_batch), static_cast<unsigned>(w)),
+                        w / kern::kQ8Block * sizeof(kern::Q8Meta)};
+            break;
+        }
+        for (const Part& p : parts)
+          for (size_t i = 0; p.row_bytes > 0 && i < rows.size(); ++i)
+            if (static_cast<size_t>(rows[i]) != i)
+              MINFER_RETURN_IF_ERROR(dev->check(
+                  cu().cuMemcpyDtoDAsync(p.base + i * p.row_bytes, p.base + static_cast<uint64_t>(rows[i]) * p.row_bytes,
+                                         p.row_bytes, stream.get()),
+                  "CUDA forwardRows: gathering the tail's input rows"));
+      }
+      for (int r = 0; r < l.n_rows; ++r)
+        if (l.rows[r].written) written[l.rows[r].buffer] = true;
+    }
+    return Status::ok();
+  }
+
   // A profiling event on the stream; while capturing, an event-record node of the graph.
   void record(Event& e) {
     if (capturing)
@@ -246,18 +296,29 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
                                        "CUDA forwardRows: position upload"));
   MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyHtoDAsync(st.tables, st.h_tables, tables.size() * sizeof(int32_t), s),
                                        "CUDA forwardRows: block table upload"));
-  MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/true, static_cast<unsigned>(n)));
+  for (size_t i = 0; i < out_rows.size(); ++i)
+    if (out_rows[i] < 0 || out_rows[i] >= n || (i > 0 && out_rows[i] <= out_rows[i - 1]))
+      return Status::error("CUDA forwardRows: output row " + std::to_string(out_rows[i]) + " (index " + std::to_string(i) +
+                           ") of " + std::to_string(n) + " rows: need increasing rows < the row count");
+  // When some rows' logits are not wanted (prompt chunks) and the plan has a last-token tail, the tail runs
+  // on the wanted rows only, gathered to rows 0 … k−1; their logits are then rows 0 … k−1.
+  const size_t k = out_rows.size();
+  const bool gather = k < tokens.size() && st.tail < st.prefill.size();
+  if (gather) {
+    MINFER_RETURN_IF_ERROR(st.launchRange(0, st.tail, static_cast<unsigned>(n)));
+    MINFER_RETURN_IF_ERROR(st.gatherTailRows(out_rows));
+    MINFER_RETURN_IF_ERROR(st.launchRange(st.tail, st.prefill.size(), static_cast<unsigned>(k)));
+  } else {
+    MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/true, static_cast<unsigned>(n)));
+  }
   // The wanted rows, runs of consecutive rows in one copy each (a step of decode rows is one copy).
   const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
-  for (size_t i = 0; i < out_rows.size();) {
+  for (size_t i = 0; i < k;) {
     size_t j = i + 1;
-    while (j < out_rows.size() && out_rows[j] == out_rows[j - 1] + 1) ++j;
-    if (out_rows[i] < 0 || out_rows[j - 1] >= n)
-      return Status::error("CUDA forwardRows: output rows " + std::to_string(out_rows[i]) + ".." +
-                           std::to_string(out_rows[j - 1]) + " of " + std::to_string(n));
+    while (j < k && out_rows[j] == out_rows[j - 1] + 1) ++j;
+    const uint64_t first = gather ? i : static_cast<uint64_t>(out_rows[i]);
     MINFER_RETURN_IF_ERROR(st.dev->check(
-        cu.cuMemcpyDtoHAsync(logits + i * st.n_vocab, st.buf[st.logits_buffer] + static_cast<uint64_t>(out_rows[i]) * row,
-                             (j - i) * row, s),
+        cu.cuMemcpyDtoHAsync(logits + i * st.n_vocab, st.buf[st.logits_buffer] + first * row, (j - i) * row, s),
         "CUDA forwardRows: logits download"));
     i = j;
   }
