@@ -91,7 +91,7 @@ flatbuffers::Offset<fb::Tokenizer> createTokenizer(flatbuffers::FlatBufferBuilde
 
 // A plan: its steps with their launch records; steps from tail_begin on form the last-token tail.
 // fused[i] != 0: step i is fused into step i − 1's launches (empty when there are no kernels).
-// paged[i]: step i's paged launches (1.6; prefill only, else empty).
+// paged[i]: step i's paged launches (1.6; prefill and decode plans, else empty).
 flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, const std::vector<model::StepDesc>& steps,
                                          const std::vector<std::vector<codegen::LaunchRecord>>& launches,
                                          const std::vector<uint8_t>& fused, size_t tail_begin,
@@ -158,7 +158,8 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
 
   auto prefill = createPlan(b, desc.plan.prefill, kernels.set.prefill, kernels.set.prefill_fused,
                             codegen::lastTokenTailBegin(desc.plan.prefill, desc.plan.logits), kernels.set.prefill_paged);
-  auto decode = createPlan(b, desc.plan.decode, kernels.set.decode, kernels.set.decode_fused, desc.plan.decode.size());
+  auto decode = createPlan(b, desc.plan.decode, kernels.set.decode, kernels.set.decode_fused, desc.plan.decode.size(),
+                           kernels.set.decode_paged);
   auto load = createPlan(b, desc.plan.load, kernels.set.load, {}, desc.plan.load.size());
 
   std::vector<flatbuffers::Offset<fb::KernelImage>> images;

@@ -35,6 +35,9 @@
 //                     const int* tables, int block_size, int n_tokens)
 //   ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, optional ATT_SCALE, ATT_SOFTCAP, ATT_WINDOW, ATT_Q_PITCH;
 //   q: rows of ATT_Q_PITCH floats (default NHEAD·HEAD_DIM), out: n_tokens × NHEAD·HEAD_DIM f32.
+//   With PA_Q8 = 1 (the decode plan's QuantizeAct of the output fused in, as attention.cuh's ATT_Q8; HEAD_DIM
+//   % 32 == 0): minfer_attn_paged(q, kc, vc, out, int8_t* qs, Q8Meta* meta, pos, tables, block_size, n_tokens)
+//   also writes out's q8 form (quantize_act.cuh's definition bit for bit; qs row t at t·NHEAD·HEAD_DIM).
 //   launch: pagedAttnLaunchRule(): grid (n_tokens, NHEAD_KV), 128 threads, static shared memory
 //   4·kGroup·(HEAD_DIM + 2) floats.
 #pragma once
@@ -164,10 +167,16 @@ __device__ __forceinline__ void loadRow(const uint16_t* row, int lane, float (&x
 }
 }  // namespace minfer::kern::paged
 
+#ifndef PA_Q8
+#define PA_Q8 0
+#endif
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kPagedAttnWarps)
     minfer_attn_paged(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
-                      float* __restrict__ out, const int* __restrict__ pos, const int* __restrict__ tables,
-                      int block_size, int n_tokens) {
+                      float* __restrict__ out,
+#if PA_Q8
+                      int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
+#endif
+                      const int* __restrict__ pos, const int* __restrict__ tables, int block_size, int n_tokens) {
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
@@ -249,7 +258,8 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kPagedAttnWarps)
   }
   __syncthreads();
   // Merge: M = max_w m_w, L = Σ_w e^{m_w − M}·l_w, out = Σ_w e^{m_w − M}·o_w / L (every row has key p itself,
-  // so some warp has a finite maximum and L ≥ 1).
+  // so some warp has a finite maximum and L ≥ 1). With PA_Q8 (HEAD_DIM % 32 == 0) a warp's 32 elements are
+  // one block of 32 of one head (kGroup·kD is a multiple of 32, so every lane of a warp runs each iteration).
   for (int e = threadIdx.x; e < kGroup * kD; e += blockDim.x) {
     const int h = e / kD, d = e % kD;
     float mb = -MINFER_INF;
@@ -263,7 +273,12 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kPagedAttnWarps)
         acc += wo[w][h][d] * f;
         lb += wl[w][h] * f;
       }
-    out[(static_cast<uint64_t>(t) * kH + static_cast<uint64_t>(g) * kGroup + h) * kD + d] = acc / lb;
+    const uint64_t at = (static_cast<uint64_t>(t) * kH + static_cast<uint64_t>(g) * kGroup + h) * kD + d;
+    out[at] = acc / lb;
+#if PA_Q8
+    static_assert(kD % 32 == 0, "PA_Q8 needs heads of whole blocks of 32");
+    quantizeBlock<1>({acc / lb}, qs + (at & ~uint64_t{31}), meta + at / 32, true);
+#endif
   }
 }
 #endif

@@ -92,9 +92,9 @@ kern::LaunchRule launchRule(const fb::Launch& record) {
   return r;
 }
 
-bool pagedPlanComplete(const std::vector<StepKernels>& prefill) {
-  if (prefill.empty()) return false;
-  for (const StepKernels& sk : prefill) {
+bool pagedPlanComplete(const std::vector<StepKernels>& plan) {
+  if (plan.empty()) return false;
+  for (const StepKernels& sk : plan) {
     bool positional = false;
     for (const BoundLaunch& bl : sk.launches)
       if (bl.record->args())
@@ -165,6 +165,7 @@ class BackendLoader {
       }
     }
     st_.paged = pagedPlanComplete(st_.prefill);
+    st_.paged_decode = st_.paged && pagedPlanComplete(st_.decode);
     if (m_->argmax()) {
       Result<BoundLaunch> b = bind(*m_->argmax(), "argmax");
       if (!b) return b.takeStatus();

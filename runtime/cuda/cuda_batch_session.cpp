@@ -6,8 +6,9 @@
 // KV pool of n_blocks·block_size slots per attention layer, device arrays for the row positions and block
 // tables) and host arrays of the same sizes (BatchRows). step() lays the chunks out as rows with their
 // positions and block tables (BatchSessionBase::layoutRows; BatchSessionBase grew the tables before run())
-// and asks forwardRows for the logits of each chunk's last row; it allocates nothing. The matmuls are the prefill plan's batched GEMMs; only
-// RoPE, the KV store and attention (Step.paged_launches) read per-row positions and tables.
+// and asks forwardRows for the logits of each chunk's last row; it allocates nothing. The matmuls are the
+// prefill plan's batched GEMMs (a step of one row: the decode plan's GEMVs); only RoPE, the KV store and
+// attention (Step.paged_launches) read per-row positions and tables.
 #include "runtime/batch_session.h"
 #include "runtime/cuda/cuda_backend.h"
 

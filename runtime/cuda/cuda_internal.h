@@ -63,8 +63,9 @@ struct CudaBackend::State {
   std::vector<StepKernels> load;  // run once by CudaBackend::create, after the upload
   BoundLaunch argmax;     // image −1 when the artifact has none
   // The prefill plan can run a batch of rows from several sequences (pagedPlanComplete): batch sessions
-  // are CudaBatchSessions, else the sequential fallback.
-  bool paged = false;
+  // are CudaBatchSessions, else the sequential fallback. paged_decode: the decode plan can too (a step of
+  // one row then runs it: the GEMVs and a graph instead of the prefill plan's GEMMs).
+  bool paged = false, paged_decode = false;
   DeviceBuffer weights;   // every plane, 256-byte aligned, one allocation
   std::vector<DeviceTensor> tensors;
   std::string note;
@@ -144,10 +145,10 @@ inline constexpr uint64_t kHashPieceBytes = 256ull << 10;   // memcpy then XXH64
 // offset and errno), the driver's copy/stream errors (with the byte counts).
 Status uploadSegments(const CudaDevice& dev, const std::vector<UploadSegment>& segments, std::vector<uint64_t>* hashes);
 
-// True when every prefill step whose launches read the batch's first position (ArgKind Positions, or the
+// True when every step of a plan whose launches read the batch's first position (ArgKind Positions, or the
 // KV cache) has paged launches (Step.paged_launches, format 1.6), and the plan is not empty: then the plan,
 // each such step's paged launches in place of its own, runs rows of many sequences at once.
-bool pagedPlanComplete(const std::vector<StepKernels>& prefill);
+bool pagedPlanComplete(const std::vector<StepKernels>& plan);
 
 // The LaunchRule (kernels/common.cuh) a launch record carries.
 kern::LaunchRule launchRule(const fb::Launch& record);

@@ -28,7 +28,8 @@ struct CudaSession::State {
   int32_t* h_pos = nullptr;
   int32_t* h_argmax = nullptr;
   // A paged session (CudaBackend::createPagedSession): the prefill plan with each step's paged launches
-  // (Step.paged_launches), the KV cache a pool of kv_slots slots, rows placed by forwardRows; no decode plan.
+  // (Step.paged_launches), the KV cache a pool of kv_slots slots, rows placed by forwardRows; the decode plan
+  // likewise (and its graph) when every positional decode step has paged launches (CudaBackend paged_decode).
   bool paged = false;
   int block_size = 0, table_words = 0;
   CUdeviceptr row_pos = 0, tables = 0;      // (max_batch) int32; (table_words) int32 (schema BlockTables)
@@ -296,6 +297,18 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
                                        "CUDA forwardRows: position upload"));
   MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyHtoDAsync(st.tables, st.h_tables, tables.size() * sizeof(int32_t), s),
                                        "CUDA forwardRows: block table upload"));
+  const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
+  if (n == 1 && !st.decode.empty()) {  // one row: the decode plan (GEMVs), as its graph when there is one
+    if (out_rows.size() != 1 || out_rows[0] != 0)
+      return Status::error("CUDA forwardRows: one row, " + std::to_string(out_rows.size()) + " output rows");
+    if (st.graph_exec)
+      MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuGraphLaunch(st.graph_exec, s), "CUDA forwardRows: decode graph launch"));
+    else
+      MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/false, 1));
+    MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyDtoHAsync(logits, st.buf[st.logits_buffer], row, s),
+                                         "CUDA forwardRows: logits download"));
+    return st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows");
+  }
   for (size_t i = 0; i < out_rows.size(); ++i)
     if (out_rows[i] < 0 || out_rows[i] >= n || (i > 0 && out_rows[i] <= out_rows[i - 1]))
       return Status::error("CUDA forwardRows: output row " + std::to_string(out_rows[i]) + " (index " + std::to_string(i) +
@@ -312,7 +325,6 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
     MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/true, static_cast<unsigned>(n)));
   }
   // The wanted rows, runs of consecutive rows in one copy each (a step of decode rows is one copy).
-  const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
   for (size_t i = 0; i < k;) {
     size_t j = i + 1;
     while (j < k && out_rows[j] == out_rows[j - 1] + 1) ++j;
@@ -518,7 +530,7 @@ class SessionBuilder {
   // The generic binder: every launch of both plans (and the argmax) from its record alone.
   void bind() {
     for (bool prefill : {true, false}) {
-      if (st_.paged && !prefill) continue;  // a paged session runs the prefill plan only
+      if (st_.paged && !prefill && !be_.paged_decode) continue;  // a paged session without a paged decode plan
       const std::vector<StepKernels>& steps = prefill ? be_.prefill : be_.decode;
       std::vector<Launch>& out = prefill ? st_.prefill : st_.decode;
       for (size_t si = 0; si < steps.size(); ++si) {
@@ -559,7 +571,7 @@ class SessionBuilder {
   Status layoutCaches(int64_t kv_slots) {
     std::map<uint32_t, uint32_t> width;  // layer → f16 values per position
     for (const std::vector<StepKernels>* steps : {&be_.prefill, &be_.decode}) {
-      if (st_.paged && steps == &be_.decode) continue;  // not bound in a paged session
+      if (st_.paged && steps == &be_.decode && !be_.paged_decode) continue;  // not bound in this paged session
       for (const StepKernels& sk : *steps)
         for (const BoundLaunch& bl : used(sk))
           if (bl.record->args())
@@ -688,6 +700,7 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createPagedSession(const Paged
   MINFER_RETURN_IF_ERROR(builder.layout(config.n_ctx, config.kv_slots, config.block_size, config.table_words));
   MINFER_RETURN_IF_ERROR(builder.allocate());
   builder.bind();
+  MINFER_RETURN_IF_ERROR(builder.captureDecodeGraph());  // when the decode plan is bound (paged_decode)
   MINFER_RETURN_IF_ERROR(s_->dev->check(s_->dev->cu().cuStreamSynchronize(st->stream.get()), "CUDA session: setup"));
   return std::make_unique<CudaSession>(std::move(st));
 }

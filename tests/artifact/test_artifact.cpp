@@ -1172,7 +1172,7 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
       refused(spec, g.segs, {"prefill.steps[3].launches[0].args[3].bytes", "counters of " + std::to_string(bytes) + " bytes"});
     }
   }
-  SUBCASE("paged launches (1.6): only on prefill Rope and Attention steps, row arguments only there") {
+  SUBCASE("paged launches (1.6): only on Rope and Attention steps with launches, row arguments only there") {
     // A launch record for the Rope step (the verifier checks records, not which kernel they name) and a paged
     // form of it whose fourth argument is the per-row positions.
     Spec base = g.spec;
@@ -1187,10 +1187,10 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     refused(spec, g.segs, {"prefill.steps[3].launches[0].args[3].kind", "BlockTables argument outside a paged launch"});
     spec = g.spec;
     spec.prefill[3].paged = {paged};  // a MatMul
-    refused(spec, g.segs, {"prefill.steps[3].paged_launches", "only the prefill plan's Rope and Attention steps"});
+    refused(spec, g.segs, {"prefill.steps[3].paged_launches", "only the prefill and decode plans' Rope and Attention steps"});
     spec = g.spec;
-    spec.decode[3].paged = {paged};  // the decode plan's Attention
-    refused(spec, g.segs, {"decode.steps[3].paged_launches", "only the prefill plan's"});
+    spec.decode[3].paged = {paged};  // the decode plan's Attention, which has no launches here
+    refused(spec, g.segs, {"decode.steps[3].paged_launches", "without launches"});
     spec = g.spec;
     spec.prefill[5].paged = {paged};  // an Attention without launches of its own
     refused(spec, g.segs, {"prefill.steps[5].paged_launches", "without launches"});

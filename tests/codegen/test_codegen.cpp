@@ -310,27 +310,38 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       }
     }
   }
-  // Paged launches (Step.paged_launches, 1.6): the prefill plan's Rope and Attention steps that are neither
-  // fused nor fuse followers have them, with per-row positions and block tables and never Positions.
-  REQUIRE(set.prefill_paged.size() == l.desc.plan.prefill.size());
-  for (size_t i = 0; i < l.desc.plan.prefill.size(); ++i) {
-    const model::StepDesc& s = l.desc.plan.prefill[i];
-    const bool alone = !set.prefill_fused[i] && (i + 1 >= set.prefill_fused.size() || !set.prefill_fused[i + 1]);
-    std::vector<std::string> want;
-    if (alone && s.op == fb::OpKind::Rope) want = {"minfer_rope_paged"};
-    if (alone && s.op == fb::OpKind::Attention) want = {"minfer_kv_store_paged", "minfer_attn_paged"};
-    REQUIRE_MESSAGE(set.prefill_paged[i].size() == want.size(), s.name);
-    for (size_t k = 0; k < want.size(); ++k) {
-      const LaunchRecord& r = set.prefill_paged[i][k];
-      REQUIRE(r.images.size() == targets.size());
-      CHECK_MESSAGE(set.images[r.images[0]].entry == want[k], s.name);
-      checkRecord(l, r, set.images[r.images[0]]);
-      bool rows = false;
-      for (const KernelArgDesc& a : r.args) {
-        CHECK_MESSAGE(a.kind != fb::ArgKind::Positions, s.name);
-        rows |= a.kind == fb::ArgKind::RowPositions;
+  // Paged launches (Step.paged_launches, 1.6): the Rope and Attention steps of both plans that are not fused
+  // into another step's launch have them (a decode Attention with its QuantizeAct fused in, the q8 form too:
+  // PA_Q8), with per-row positions and block tables and never Positions.
+  for (const bool prefill : {true, false}) {
+    const auto& steps = prefill ? l.desc.plan.prefill : l.desc.plan.decode;
+    const auto& paged = prefill ? set.prefill_paged : set.decode_paged;
+    const auto& fused = prefill ? set.prefill_fused : set.decode_fused;
+    REQUIRE(paged.size() == steps.size());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const model::StepDesc& s = steps[i];
+      const bool quant_follows = i + 1 < steps.size() && fused[i + 1] && steps[i + 1].op == fb::OpKind::QuantizeAct &&
+                                 (i + 2 >= steps.size() || !fused[i + 2]);
+      const bool follows = i + 1 < steps.size() && fused[i + 1];
+      std::vector<std::string> want;
+      if (!fused[i] && !follows && s.op == fb::OpKind::Rope) want = {"minfer_rope_paged"};
+      if (!fused[i] && (!follows || (quant_follows && s.head_dim % 32 == 0)) && s.op == fb::OpKind::Attention)
+        want = {"minfer_kv_store_paged", "minfer_attn_paged"};
+      REQUIRE_MESSAGE(paged[i].size() == want.size(), (prefill ? "prefill " : "decode ") << s.name);
+      for (size_t k = 0; k < want.size(); ++k) {
+        const LaunchRecord& r = paged[i][k];
+        REQUIRE(r.images.size() == targets.size());
+        const KernelImageData& img = set.images[r.images[0]];
+        CHECK_MESSAGE(img.entry == want[k], s.name);
+        checkRecord(l, r, img);
+        if (img.entry == "minfer_attn_paged") CHECK((optionValue(img, "PA_Q8") == "1") == follows);
+        bool rows = false;
+        for (const KernelArgDesc& a : r.args) {
+          CHECK_MESSAGE(a.kind != fb::ArgKind::Positions, s.name);
+          rows |= a.kind == fb::ArgKind::RowPositions;
+        }
+        CHECK_MESSAGE(rows, s.name);
       }
-      CHECK_MESSAGE(rows, s.name);
     }
   }
   size_t argmax = 0;
@@ -372,8 +383,9 @@ TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches eq
       views += !optionValue(img, "ROPE_Q_PITCH").empty() + !optionValue(img, "ATT_K_PITCH").empty() +
                !optionValue(img, "ATT_Q_PITCH").empty() + !optionValue(img, "EW_A_PITCH").empty() +
                !optionValue(img, "PA_Q_PITCH").empty();
-    // rope, kv_store, the prefill attention and swiglu, and the paged rope, kv store and attention (1.6): one
-    // specialization each
+    // rope, kv_store, the prefill attention and swiglu, and the paged rope, kv store and attention (1.6; the
+    // decode plan's are the same specializations: these heads are not whole blocks of 32, so no q8 form is
+    // fused into the decode attention): one specialization each
     CHECK(views == 7);
   }
 }

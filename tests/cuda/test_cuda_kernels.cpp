@@ -1830,10 +1830,18 @@ TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and de
     if (c.q_extra != 0) opts.push_back({"ATT_Q_PITCH", str(q_pitch)});
     const std::string tag = "_h" + str(h) + "_hkv" + str(hkv) + "_d" + str(d) + "_w" + str(c.window) + "_qp" + str(q_pitch) +
                             (c.softcap != 0 ? "_cap" : "");
-    std::vector<Kernel> k = compile({spec("kv_store_paged_test" + tag, "kernels/paged_attention.cuh",
-                                          "minfer_kv_store_paged", defs("PA_KV_STORE", {})),
-                                     spec("attn_paged_test" + tag, "kernels/paged_attention.cuh", "minfer_attn_paged",
-                                          defs("PA_ATTN", opts))});
+    // With whole blocks of 32 per head, also the form with the decode plan's QuantizeAct fused in (PA_Q8).
+    const bool q8 = d % 32 == 0;
+    std::vector<codegen::KernelSpec> specs = {
+        spec("kv_store_paged_test" + tag, "kernels/paged_attention.cuh", "minfer_kv_store_paged", defs("PA_KV_STORE", {})),
+        spec("attn_paged_test" + tag, "kernels/paged_attention.cuh", "minfer_attn_paged", defs("PA_ATTN", opts))};
+    if (q8) {
+      auto q8_opts = opts;
+      q8_opts.push_back({"PA_Q8", "1"});
+      specs.push_back(spec("attn_paged_q8_test" + tag, "kernels/paged_attention.cuh", "minfer_attn_paged",
+                           defs("PA_ATTN", q8_opts)));
+    }
+    std::vector<Kernel> k = compile(specs);
     for (const PagedShape& shape : kPagedShapes) {
       CAPTURE(shape.block_size);
       const PagedStep st = pagedStep(shape.block_size, shape.len, shape.add, 3);
@@ -1893,6 +1901,17 @@ TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and de
       CHECK_MESSAGE(err <= kPagedAttnTol, "worst row " << worst_row << " (sequence " << st.row_seq[static_cast<size_t>(worst_row)]
                                                         << ", position " << st.row_pos[static_cast<size_t>(worst_row)]
                                                         << ") rel error " << worst);
+      if (q8) {  // rows bit-identical to the plain form's (same pool: the store already ran), q8 = quantize_act's
+        const int w = h * d;
+        DeviceArray out8(static_cast<uint64_t>(n) * w * 4), qs(static_cast<uint64_t>(n) * w),
+            meta(static_cast<uint64_t>(n) * w / 32 * sizeof(kern::Q8Meta));
+        out8.poison();
+        qs.poison();
+        meta.poison();
+        CUdeviceptr o8 = out8.ptr(), pq = qs.ptr(), pm = meta.ptr();
+        launch(k[2], kern::pagedAttnLaunchRule(hkv).at(n), {&qp, &kp, &vp, &o8, &pq, &pm, &p, &t, &bs, &n});
+        checkFusedQ8(out, out8, qs, meta, n, w);
+      }
     }
   }
 }

@@ -1,7 +1,8 @@
 // Paged launches (schema Step.paged_launches, format 1.6) → kernels/paged_attention.cuh: what a batch session
-// runs for the prefill plan's Rope and Attention steps instead of their launches: per-row positions and
-// block tables into a paged KV pool (minfer_rope_paged; minfer_kv_store_paged + minfer_attn_paged). Every
-// other step's launches are row-wise and serve a batch of rows from several sequences as they are.
+// runs for the Rope and Attention steps instead of their launches: per-row positions and block tables into a
+// paged KV pool (minfer_rope_paged; minfer_kv_store_paged + minfer_attn_paged, in the decode plan with the
+// fused QuantizeAct's q8 output when the step has it). Every other step's launches are row-wise and serve a
+// batch of rows from several sequences as they are.
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/paged_attention.cuh"
 
@@ -40,7 +41,8 @@ Launches pagedRope(const StepContext& c) {
   return std::vector<KernelLaunch>{std::move(l)};
 }
 
-Launches pagedAttention(const StepContext& c) {
+// `quant`: the decode plan's QuantizeAct fused into the attention (its output's q8 form, PA_Q8), or null.
+Launches pagedAttention(const StepContext& c, const StepContext* quant) {
   const model::StepDesc& s = c.step();
   auto q = c.input(0, "q");
   if (!q) return q.takeError();
@@ -61,6 +63,9 @@ Launches pagedAttention(const StepContext& c) {
   // group gets no paged launches, and its batch sessions run sequentially (as the decode kernel, whose
   // shared memory is the same, could not be compiled for it either).
   if (kern::pagedAttnSmemBytes(h, hkv, d) > 48u * 1024u) return std::vector<KernelLaunch>{};
+  if (quant && d % 32 != 0) return std::vector<KernelLaunch>{};  // no q8 form for such heads: no paged launches
+  if (quant)
+    if (llvm::Error e = checkFusedQuantize(*quant, (*out)->width)) return e;
   const uint32_t kv_width = hkv * d, q_pitch = (*q)->width, k_pitch = (*k)->width, v_pitch = (*v)->width;
   const bool kv_views = k_pitch != kv.width || v_pitch != vv.width, q_view = q_pitch != qv.width;
   // The same key parts and constants as the single-sequence attention (ops/attention.cpp).
@@ -89,32 +94,40 @@ Launches pagedAttention(const StepContext& c) {
                        pagedCacheArg(fb::ArgKind::VCache, "vc", layer, kv_width, fb::Access::Write), pos, tables, bs, ntok},
                       kern::pagedKvStoreLaunchRule(hkv, d)});
   const std::string q_tag = q_view ? llvm::formatv("_qp{0}", q_pitch).str() : "";
-  SpecBuilder b(llvm::formatv("attn_paged_h{0}_hkv{1}_d{2}{3}{4}", h, hkv, d, opts, q_tag), "kernels/paged_attention.cuh",
-                "minfer_attn_paged");
+  SpecBuilder b(llvm::formatv("attn_paged_h{0}_hkv{1}_d{2}{3}{4}{5}", h, hkv, d, opts, q_tag, quant ? "_q8" : ""),
+                "kernels/paged_attention.cuh", "minfer_attn_paged");
   heads(b).define("PA_ATTN", uint64_t{1});
+  if (quant) b.define("PA_Q8", uint64_t{1});
   if (s.scale != 0) b.define("ATT_SCALE", floatLiteral(s.scale));
   if (s.softcap != 0) b.define("ATT_SOFTCAP", floatLiteral(s.softcap));
   if (s.window != 0) b.define("ATT_WINDOW", static_cast<uint64_t>(s.window));
   if (q_view) b.define("ATT_Q_PITCH", uint64_t{q_pitch});
-  launches.push_back({b.spec,
-                      {viewArg("q", c.inputId(0), q_pitch, qv, fb::Access::Read),
-                       pagedCacheArg(fb::ArgKind::KCache, "kc", layer, kv_width, fb::Access::Read),
-                       pagedCacheArg(fb::ArgKind::VCache, "vc", layer, kv_width, fb::Access::Read),
-                       activationArg("out", c.outputId(0), qv.width, fb::Access::Write), pos, tables, bs, ntok},
-                      kern::pagedAttnLaunchRule(hkv)});
+  KernelLaunch attn{b.spec,
+                    {viewArg("q", c.inputId(0), q_pitch, qv, fb::Access::Read),
+                     pagedCacheArg(fb::ArgKind::KCache, "kc", layer, kv_width, fb::Access::Read),
+                     pagedCacheArg(fb::ArgKind::VCache, "vc", layer, kv_width, fb::Access::Read),
+                     activationArg("out", c.outputId(0), qv.width, fb::Access::Write)},
+                    kern::pagedAttnLaunchRule(hkv)};
+  if (quant) pushQ8Args(attn.args, "qs", "meta", quant->outputId(0), qv.width, fb::Access::Write);
+  attn.args.insert(attn.args.end(), {pos, tables, bs, ntok});
+  launches.push_back(std::move(attn));
   return launches;
 }
 
 }  // namespace
 
 Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
-                              size_t step_index) {
-  const StepContext c(desc, layouts, PlanVariant::kPrefill, step_index);
-  switch (c.step().op) {
-    case fb::OpKind::Rope: return pagedRope(c);
-    case fb::OpKind::Attention: return pagedAttention(c);
-    default: return std::vector<KernelLaunch>{};
+                              PlanVariant variant, size_t step_index, size_t followers) {
+  const StepContext c(desc, layouts, variant, step_index);
+  const auto& steps = planSteps(desc.plan, variant);
+  if (followers == 0 && c.step().op == fb::OpKind::Rope) return pagedRope(c);
+  if (followers == 0 && c.step().op == fb::OpKind::Attention) return pagedAttention(c, nullptr);
+  if (followers == 1 && c.step().op == fb::OpKind::Attention && step_index + 1 < steps.size() &&
+      steps[step_index + 1].op == fb::OpKind::QuantizeAct) {
+    const StepContext quant(desc, layouts, variant, step_index + 1);
+    return pagedAttention(c, &quant);
   }
+  return std::vector<KernelLaunch>{};
 }
 
 }  // namespace minfer::codegen
