@@ -458,12 +458,14 @@ TEST_CASE("checksums while staging: each segment's XXH64 over chunk boundaries; 
 // the tensor-core prefill attention (f16 Q and P) but against f32 attention, like the paged kernel's.
 // Declared tolerances, max|Δ| / max|reference| per logits row:
 // - sm_80/sm_90 images: the batch's matmuls are the prefill plan's (MMQ on the same q8 activations as the
-//   decode GEMV; dense f32 for float weights), so only f32 summation order differs, and through the layers
-//   an occasional q8 rounding flip of an activation: float weights 1e-4, quantized 1e-2. Not yet measured
-//   (no GPU where this was written): the test prints the largest error per model; tighten from those.
+//   decode GEMV; dense f32 for float weights; a step of one row runs the decode plan itself), so only f32
+//   summation order differs, and through the layers an occasional rounding flip where a value sits at a
+//   rounding boundary: of a K or V element to f16 (one f16 ulp, 2^-11 relative, of one key's term) and, for
+//   quantized weights, of an activation to q8. Float weights 1e-3, quantized 1e-2. Not yet measured (no GPU
+//   where this was written): the test prints the largest error per model and run; tighten from those.
 // - sm_90a images (Hopper prefill plan: wgmma on f16 planes and f16-rounded activations): the golden bounds
 //   of that model's kind (the prefill plan vs the decode plan is exactly what the golden test bounds).
-constexpr double kBatchFloatRel = 1e-4;
+constexpr double kBatchFloatRel = 1e-3;
 constexpr double kBatchQuantRel = 1e-2;
 
 // What happened to one sequence slot, in order: a chunk (its tokens and the logits row the batch gave), or
