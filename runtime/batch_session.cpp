@@ -111,6 +111,39 @@ Status BatchSessionBase::check(std::span<const Chunk> chunks, std::span<float> l
   return Status::ok();
 }
 
+int64_t BatchRows::tableWords(const BatchConfig& c) {
+  const int64_t per_seq = (int64_t{c.n_ctx} + c.block_size - 1) / c.block_size;
+  return c.max_tokens + std::min(c.max_tokens, c.n_seq_max) * per_seq;
+}
+
+BatchRows::BatchRows(const BatchConfig& config)
+    : ids(static_cast<size_t>(config.max_tokens)),
+      pos(static_cast<size_t>(config.max_tokens)),
+      tables(static_cast<size_t>(tableWords(config))) {
+  out_rows.reserve(static_cast<size_t>(std::min(config.max_tokens, config.n_seq_max)));
+}
+
+void BatchSessionBase::layoutRows(std::span<const Chunk> chunks, BatchRows& out) const {
+  out.rows = 0;
+  for (const Chunk& c : chunks) out.rows += static_cast<int>(c.tokens.size());
+  out.words = static_cast<size_t>(out.rows);  // the tables follow the rows' indices
+  out.out_rows.clear();
+  size_t row = 0;
+  for (const Chunk& c : chunks) {
+    const std::span<const int32_t> table = blocks_.table(c.seq);
+    const int32_t at = static_cast<int32_t>(out.words);
+    std::copy(table.begin(), table.end(), out.tables.begin() + static_cast<std::ptrdiff_t>(out.words));
+    out.words += table.size();
+    const int pos0 = lengths_[static_cast<size_t>(c.seq)];
+    for (size_t j = 0; j < c.tokens.size(); ++j, ++row) {
+      out.ids[row] = c.tokens[j];
+      out.pos[row] = pos0 + static_cast<int32_t>(j);
+      out.tables[row] = at;
+    }
+    out.out_rows.push_back(static_cast<int>(row) - 1);
+  }
+}
+
 Status BatchSessionBase::step(std::span<const Chunk> chunks, std::span<float> logits) {
   MINFER_RETURN_IF_ERROR(check(chunks, logits));
   for (const Chunk& c : chunks) {

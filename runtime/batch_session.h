@@ -31,6 +31,26 @@ struct BatchConfig {
   int n_vocab = 0;
 };
 
+// A step's rows as batched kernels take them (schema ArgKind RowPositions and BlockTables; the CUDA batch
+// session uploads them): the chunks' tokens as consecutive rows, chunk 0 first; each row's position in its
+// sequence; `tables` = one word per row, the index in `tables` of the row's block table, then the block
+// tables of the step's sequences (each blocks().table(seq) as it covers the step's positions); and per chunk
+// its last row (whose logits the step returns). The arrays are allocated once, at their largest
+// (BatchRows(config)), and refilled by BatchSessionBase::layoutRows.
+struct BatchRows {
+  explicit BatchRows(const BatchConfig& config);
+  // int32 words of `tables` one step can need: one per row, then a table of at most ceil(n_ctx / block_size)
+  // blocks per chunk (at most one chunk per sequence and per row).
+  static int64_t tableWords(const BatchConfig& config);
+
+  int rows = 0;                  // rows of the last layout
+  size_t words = 0;              // words of `tables` in use
+  std::vector<int32_t> ids;      // (max_tokens) token of each row
+  std::vector<int32_t> pos;      // (max_tokens) position of each row in its sequence
+  std::vector<int32_t> tables;   // (tableWords) rows' table indices, then the tables
+  std::vector<int> out_rows;     // per chunk: its last row
+};
+
 class BatchSessionBase : public BatchSession {
  public:
   explicit BatchSessionBase(const BatchConfig& config);
@@ -60,6 +80,8 @@ class BatchSessionBase : public BatchSession {
   virtual Status run(std::span<const Chunk> chunks, std::span<float> logits) = 0;
   const KvBlockAllocator& blocks() const { return blocks_; }
   const BatchConfig& config() const { return config_; }
+  // Fills `out` (allocated for this session's config) for checked chunks inside run(). Allocates nothing.
+  void layoutRows(std::span<const Chunk> chunks, BatchRows& out) const;
 
  private:
   Status check(std::span<const Chunk> chunks, std::span<float> logits);

@@ -75,9 +75,17 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
       std::vector<LaunchRecord> records;
       for (KernelLaunch& l : *launches) records.push_back(record(std::move(l)));
       out.push_back(std::move(records));
+      auto* paged = v == PlanVariant::kPrefill ? &set.prefill_paged : v == PlanVariant::kDecode ? &set.decode_paged : nullptr;
+      if (paged) {
+        auto launches = pagedLaunchesForStep(desc, layouts, v, i, followers);
+        if (!launches) return launches.takeError();
+        paged->emplace_back();
+        for (KernelLaunch& l : *launches) paged->back().push_back(record(std::move(l)));
+      }
       for (size_t f = 0; f < followers; ++f) {
         out.emplace_back();  // done by step i's launches
         fused[++i] = 1;
+        if (paged) paged->emplace_back();
       }
     }
     if (v == PlanVariant::kPrefill) set.prefill_fused = std::move(fused);

@@ -4,7 +4,7 @@
 // spec + launch record); identical specs (layers share shapes) are compiled once per arch; each
 // (spec, arch) is looked up in the on-disk cache (kernel_cache.h) or compiled, in parallel on `jobs`
 // threads. The result is deterministic whatever the thread count or cache state: images are ordered by
-// first use (prefill steps, then decode steps, then load steps, then argmax), archs in the requested order.
+// first use (prefill steps, each followed by its paged launches, then decode steps likewise, then load steps, then argmax), archs in the requested order.
 //
 // Launch records (Step.launches in the artifact): per kernel use, its arguments and launch rule and the
 // image index of every target arch, in target order; a runtime takes the one of its chosen arch.
@@ -73,6 +73,10 @@ struct KernelSet {
   // Per step of prefill / decode: 1 when the step is fused into the previous step's launches (schema
   // Step.fused; its launch list is empty).
   std::vector<uint8_t> prefill_fused, decode_fused;
+  // Per prefill / decode step: its paged launches (schema Step.paged_launches, 1.6), the kernels a batch
+  // session runs instead of the step's launches: Rope and Attention steps that are not fused (ops/op_family.h
+  // pagedLaunchesForStep).
+  std::vector<std::vector<LaunchRecord>> prefill_paged, decode_paged;
   LaunchRecord argmax;
   CodegenStats stats;
 };

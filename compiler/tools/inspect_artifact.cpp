@@ -163,6 +163,10 @@ std::string stepText(const fb::Step& s, const fb::Artifact& m) {
   if (s.op() != fb::OpKind::Attention && s.layer() >= 0) line += llvm::formatv(" layer {0}", s.layer()).str();
   if (s.launches())
     for (const fb::Launch* l : *s.launches()) line += " k" + plainIds(l->images());
+  if (s.paged_launches() && s.paged_launches()->size() > 0) {  // 1.6: what batch sessions launch instead
+    line += " paged";
+    for (const fb::Launch* l : *s.paged_launches()) line += " k" + plainIds(l->images());
+  }
   if (s.fused()) line += " fused (done by the previous step's launch)";
   if (s.tail()) line += " tail";
   return line;
@@ -223,9 +227,11 @@ llvm::json::Object launchJson(const fb::Launch& l, const fb::Artifact& m) {
 }
 
 llvm::json::Object stepJson(const fb::Step& s, const fb::Artifact& m) {
-  llvm::json::Array launches;
+  llvm::json::Array launches, paged;
   if (s.launches())
     for (const fb::Launch* l : *s.launches()) launches.push_back(launchJson(*l, m));
+  if (s.paged_launches())
+    for (const fb::Launch* l : *s.paged_launches()) paged.push_back(launchJson(*l, m));
   return llvm::json::Object{{"op", fb::EnumNameOpKind(s.op())},
                             {"name", jstr(s.name())},
                             {"inputs", jsonIds(s.inputs())},
@@ -253,7 +259,8 @@ llvm::json::Object stepJson(const fb::Step& s, const fb::Artifact& m) {
                             {"kv_ring", int64_t{s.kv_ring()}},
                             {"tail", s.tail()},
                             {"fused", s.fused()},
-                            {"launches", std::move(launches)}};
+                            {"launches", std::move(launches)},
+                            {"paged_launches", std::move(paged)}};  // 1.6
 }
 
 // The KV cache of one attention layer as its Attention steps declare it: K+V bytes per position (f16) and the

@@ -50,9 +50,10 @@ struct LaunchProblem {
 // runs on a plane of another); grid extents in CUDA's limits for 1..memory.max_batch tokens; block
 // and dynamic shared memory in range. In a `tail` step (schema Plan): no in-place buffer, KV cache,
 // positions or scratch argument. Weight arguments are read, except in the load plan, whose launches
-// write derived planes (Plane.derived) and read only stored ones. Returns false and fills *problem on
-// the first failure.
-enum class LaunchPlace { kStep, kTailStep, kLoadStep };  // kStep also for Artifact.argmax
+// write derived planes (Plane.derived) and read only stored ones. The paged arguments (RowPositions,
+// BlockTables, BlockSize; 1.6) appear in paged launches (Step.paged_launches) only, which take no
+// Positions. Returns false and fills *problem on the first failure.
+enum class LaunchPlace { kStep, kTailStep, kLoadStep, kPagedStep };  // kStep also for Artifact.argmax
 bool checkLaunch(const fb::Artifact& m, const fb::Launch& launch, LaunchPlace place, LaunchProblem* problem);
 
 }  // namespace minfer::artifact

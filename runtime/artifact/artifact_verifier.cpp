@@ -466,9 +466,26 @@ class SemanticVerifier {
       if (s->launches())
         for (flatbuffers::uoffset_t k = 0; k < s->launches()->size(); ++k)
           MINFER_RETURN_IF_ERROR(checkLaunchAt(*s->launches()->Get(k), cat(field, ".launches[", k, "]"), who, place));
+      MINFER_RETURN_IF_ERROR(checkPagedLaunches(s, field, who, load));
       if (s->fused() && load) return fail(field + ".fused", s, cat(who, " in the load plan is fused (its launches are all it does)"));
       if (s->fused()) MINFER_RETURN_IF_ERROR(checkFused(plan, i, field, who));
     }
+    return Status::ok();
+  }
+
+  // 1.6 paged launches: only on the prefill and decode plans' Rope and Attention steps that have launches of
+  // their own (not fused, not in the tail), each a valid launch record in the paged place (artifact_file.h
+  // checkLaunch).
+  Status checkPagedLaunches(const fb::Step* s, const std::string& field, const std::string& who, bool load) const {
+    const auto* paged = s->paged_launches();
+    if (!paged || paged->size() == 0) return Status::ok();
+    if (load || (s->op() != fb::OpKind::Rope && s->op() != fb::OpKind::Attention))
+      return fail(field + ".paged_launches", s, cat(who, " has ", paged->size(), " paged launches (only the prefill and ",
+                                                    "decode plans' Rope and Attention steps have them)"));
+    if (s->fused() || s->tail() || !s->launches() || s->launches()->size() == 0)
+      return fail(field + ".paged_launches", s, cat(who, " has paged launches but is fused, in the tail, or without launches"));
+    for (flatbuffers::uoffset_t k = 0; k < paged->size(); ++k)
+      MINFER_RETURN_IF_ERROR(checkLaunchAt(*paged->Get(k), cat(field, ".paged_launches[", k, "]"), who, LaunchPlace::kPagedStep));
     return Status::ok();
   }
 

@@ -19,7 +19,12 @@ std::string shown(const flatbuffers::String* s) {
 class LaunchChecker {
  public:
   LaunchChecker(const fb::Artifact& m, const fb::Launch& l, LaunchPlace place, LaunchProblem* p)
-      : m_(m), l_(l), tail_(place == LaunchPlace::kTailStep), load_(place == LaunchPlace::kLoadStep), p_(p) {}
+      : m_(m),
+        l_(l),
+        tail_(place == LaunchPlace::kTailStep),
+        load_(place == LaunchPlace::kLoadStep),
+        paged_(place == LaunchPlace::kPagedStep),
+        p_(p) {}
 
   bool run() { return images() && args() && shape(); }
 
@@ -88,7 +93,15 @@ class LaunchChecker {
           return fail(f + ".bytes", &a, cat("counters of ", a.bytes(), " bytes: need a multiple of 4 in 4..",
                                          kArtifactMaxCounterBytes));
         return true;
-      case fb::ArgKind::Positions: return notInTail(f, a, "the positions");
+      case fb::ArgKind::Positions:
+        if (paged_)
+          return fail(f + ".kind", &a, cat("a paged launch takes per-row positions (RowPositions), not Positions (", kernel(), ")"));
+        return notInTail(f, a, "the positions");
+      case fb::ArgKind::RowPositions: case fb::ArgKind::BlockTables: case fb::ArgKind::BlockSize:
+        if (!paged_)
+          return fail(f + ".kind", &a, cat(fb::EnumNameArgKind(a.kind()), " argument outside a paged launch (Step.paged_launches) (",
+                                           kernel(), ")"));
+        return true;
       default: return true;
     }
   }
@@ -212,6 +225,7 @@ class LaunchChecker {
   const fb::Launch& l_;
   bool tail_;
   bool load_;
+  bool paged_;  // Step.paged_launches (1.6)
   LaunchProblem* p_;
 };
 

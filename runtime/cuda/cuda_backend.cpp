@@ -92,6 +92,20 @@ kern::LaunchRule launchRule(const fb::Launch& record) {
   return r;
 }
 
+bool pagedPlanComplete(const std::vector<StepKernels>& plan) {
+  if (plan.empty()) return false;
+  for (const StepKernels& sk : plan) {
+    bool positional = false;
+    for (const BoundLaunch& bl : sk.launches)
+      if (bl.record->args())
+        for (const fb::KernelArg* a : *bl.record->args())
+          positional |= a->kind() == fb::ArgKind::Positions || a->kind() == fb::ArgKind::KCache ||
+                        a->kind() == fb::ArgKind::VCache;
+    if (positional && sk.paged.empty()) return false;
+  }
+  return true;
+}
+
 namespace {
 
 // The plan phase of CudaBackend::create, one step per function: device and arch, kernel images
@@ -141,9 +155,17 @@ class BackendLoader {
           if (!b) return b.takeStatus();
           sk.launches.push_back(*b);
         }
+        if (step->paged_launches())
+          for (uint32_t k = 0; k < step->paged_launches()->size(); ++k) {
+            Result<BoundLaunch> b = bind(*step->paged_launches()->Get(k), sk.label + " (paged)");
+            if (!b) return b.takeStatus();
+            sk.paged.push_back(*b);
+          }
         out.push_back(std::move(sk));
       }
     }
+    st_.paged = pagedPlanComplete(st_.prefill);
+    st_.paged_decode = st_.paged && pagedPlanComplete(st_.decode);
     if (m_->argmax()) {
       Result<BoundLaunch> b = bind(*m_->argmax(), "argmax");
       if (!b) return b.takeStatus();
@@ -220,7 +242,8 @@ class BackendLoader {
         return Status::error(path_ + ": " + where + ": kernel " + img.key + " takes " + std::to_string(i) +
                              " arguments; its launch record has " + std::to_string(n));
       const fb::ArgKind kind = l.args()->Get(i)->kind();
-      const size_t want = kind == fb::ArgKind::TokenCount || kind == fb::ArgKind::Int ? 4 : sizeof(CUdeviceptr);
+      const size_t want =
+          kind == fb::ArgKind::TokenCount || kind == fb::ArgKind::Int || kind == fb::ArgKind::BlockSize ? 4 : sizeof(CUdeviceptr);
       if (size != want)
         return Status::error(path_ + ": " + where + ": kernel " + img.key + " argument " + std::to_string(i) + " is " +
                              std::to_string(size) + " bytes; the launch record passes a " +

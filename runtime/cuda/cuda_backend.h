@@ -91,6 +91,21 @@ class CudaSession final : public BackendSession {
   uint64_t kvCacheBytes() const override;
   bool canResumeAt(int pos0) const override;
 
+  // A paged session (CudaBackend::createPagedSession) only: evaluates rows of several sequences in one pass
+  // of the prefill plan with each positional step's paged launches (kernels/paged_attention.cuh); a single
+  // row runs the decode plan so (its GEMVs, as a CUDA graph) where every positional decode step has paged
+  // launches too (the default artifact; not with the --fuse-gemv QKV fusion). Row t is
+  // token tokens[t] at position positions[t] of its sequence, whose block table starts at word tables[t] of
+  // `tables` (schema ArgKind BlockTables: tables[0 .. rows) are those indices, the tables follow); each row's
+  // K and V land in its slot of the pool and it attends to its own sequence's positions 0..positions[t].
+  // logits: out_rows.size() × n_vocab floats, row i = the logits of row out_rows[i] (out_rows increasing;
+  // when they are not every row, the plan's last-token tail runs on those rows alone, gathered to the first
+  // rows of its input buffers: a prompt chunk's other rows skip the output head). Requires 1 ≤ rows ≤
+  // maxBatch(), positions.size() == rows, rows ≤ tables.size() ≤ the session's table_words, and tables that
+  // cover every row's position with blocks inside the pool (the caller, CudaBatchSession, guarantees it).
+  Status forwardRows(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                     std::span<const int32_t> tables, std::span<const int> out_rows, float* logits);
+
   // Like forward, then the argmax of the last row on the device (greedy sampling; 4 bytes copied back
   // instead of the logits row).
   Result<int32_t> forwardArgmax(std::span<const int32_t> tokens, int pos0);
@@ -114,6 +129,21 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
   Result<std::unique_ptr<BackendSession>> createSession(const BackendSessionConfig& config) const override;
   Result<std::unique_ptr<CudaSession>> createCudaSession(const BackendSessionConfig& config) const;
+  // A CudaBatchSession (cuda_batch_session.cpp) when supportsPagedSessions(), else null (Model then builds
+  // the sequential fallback). Errors: out of device memory (bytes needed and free).
+  Result<std::unique_ptr<BatchSession>> createBatchSession(const BatchConfig& config) const override;
+
+  // Sessions whose rows come from several sequences over a paged KV pool (CudaSession::forwardRows): the
+  // artifact has paged launches for every positional prefill step (format 1.6; older artifacts have none).
+  bool supportsPagedSessions() const;
+  struct PagedSessionConfig {
+    int n_ctx = 0;        // positions per sequence at most
+    int64_t kv_slots = 0; // KV pool slots per layer (n_blocks · block_size)
+    int block_size = 0;   // positions per block
+    int table_words = 0;  // int32 words of the largest `tables` argument of forwardRows
+  };
+  // Errors: no paged launches in the artifact, out of device memory.
+  Result<std::unique_ptr<CudaSession>> createPagedSession(const PagedSessionConfig& config) const;
 
   // "NVIDIA H200 (sm_90, 132 SMs, 143 GB), driver 13.0: 26 kernel images (sm_90 cubins), 5.2 GB of
   // weights uploaded in 1.3 s".

@@ -49,6 +49,7 @@ struct BoundLaunch {
 struct StepKernels {
   const fb::Step* step = nullptr;
   std::vector<BoundLaunch> launches;
+  std::vector<BoundLaunch> paged;  // Step.paged_launches (1.6): what a batch session launches instead
   std::string label;  // "prefill step 12 'blk.0.attn_q' (MatMul)"
 };
 
@@ -61,6 +62,10 @@ struct CudaBackend::State {
   std::vector<StepKernels> prefill, decode;
   std::vector<StepKernels> load;  // run once by CudaBackend::create, after the upload
   BoundLaunch argmax;     // image −1 when the artifact has none
+  // The prefill plan can run a batch of rows from several sequences (pagedPlanComplete): batch sessions
+  // are CudaBatchSessions, else the sequential fallback. paged_decode: the decode plan can too (a step of
+  // one row then runs it: the GEMVs and a graph instead of the prefill plan's GEMMs).
+  bool paged = false, paged_decode = false;
   DeviceBuffer weights;   // every plane, 256-byte aligned, one allocation
   std::vector<DeviceTensor> tensors;
   std::string note;
@@ -139,6 +144,11 @@ inline constexpr uint64_t kHashPieceBytes = 256ull << 10;   // memcpy then XXH64
 // the segment's digest in (*hashes)[i]. Errors: pinned allocation, a failed or short pread (with the
 // offset and errno), the driver's copy/stream errors (with the byte counts).
 Status uploadSegments(const CudaDevice& dev, const std::vector<UploadSegment>& segments, std::vector<uint64_t>* hashes);
+
+// True when every step of a plan whose launches read the batch's first position (ArgKind Positions, or the
+// KV cache) has paged launches (Step.paged_launches, format 1.6), and the plan is not empty: then the plan,
+// each such step's paged launches in place of its own, runs rows of many sequences at once.
+bool pagedPlanComplete(const std::vector<StepKernels>& plan);
 
 // The LaunchRule (kernels/common.cuh) a launch record carries.
 kern::LaunchRule launchRule(const fb::Launch& record);

@@ -22,13 +22,22 @@ struct CudaSession::State {
   std::vector<CUdeviceptr> buf;      // buffer id → device address
   std::vector<uint32_t> buf_width;   // buffer id → width
   std::vector<fb::BufferType> buf_type;
-  DeviceBuffer arena;                // activations | KV cache | attention partials | pos | argmax
+  DeviceBuffer arena;                // activations | KV cache | attention partials | pos | argmax [| rows]
   CUdeviceptr pos = 0, argmax_out = 0;
-  PinnedBuffer pinned;               // ids (max_batch int32) | pos | argmax | one logits row (n_vocab f32)
+  PinnedBuffer pinned;               // ids (max_batch int32) | pos | argmax [| row positions | block tables]
+                                     // | one logits row (n_vocab f32)
   int32_t* h_ids = nullptr;
   int32_t* h_pos = nullptr;
   int32_t* h_argmax = nullptr;
   float* h_logits = nullptr;         // 16-byte aligned; a single row's download lands here (see forward)
+  // A paged session (CudaBackend::createPagedSession): the prefill plan with each step's paged launches
+  // (Step.paged_launches), the KV cache a pool of kv_slots slots, rows placed by forwardRows; the decode plan
+  // likewise (and its graph) when every positional decode step has paged launches (CudaBackend paged_decode).
+  bool paged = false;
+  int block_size = 0, table_words = 0;
+  CUdeviceptr row_pos = 0, tables = 0;      // (max_batch) int32; (table_words) int32 (schema BlockTables)
+  int32_t* h_row_pos = nullptr;             // pinned mirrors of the two
+  int32_t* h_tables = nullptr;
   Stream stream;
   std::vector<Launch> prefill, decode;
   // First prefill launch of the plan's last-token tail (schema Plan: the steps the compiler marked
@@ -129,6 +138,56 @@ struct CudaSession::State {
     return Status::ok();
   }
 
+  // Prefill launches [begin, end) on n rows (a paged session's forwardRows; no profiling, no overlap).
+  Status launchRange(size_t begin, size_t end, unsigned n) {
+    decoding = false;
+    for (size_t i = begin; i < end; ++i) MINFER_RETURN_IF_ERROR(launch(prefill[i], n));
+    return Status::ok();
+  }
+
+  // Before the tail runs on rows[0..k) alone: row rows[i] of every buffer the tail reads before writing it
+  // (its inputs from the steps before it) copied to row i, in increasing i. rows is increasing with
+  // rows[i] ≥ i, so a copy never overwrites a row still to be read. F32/I32/F16 buffers whole rows; q8
+  // buffers both parts (values, then the Q8Meta rows). One device copy per moved row and part.
+  Status gatherTailRows(std::span<const int> rows) {
+    std::vector<bool>& written = fresh;  // scratch: buffers the tail has written so far
+    std::fill(written.begin(), written.end(), false);
+    std::vector<bool> moved(buf.size(), false);
+    for (size_t li = tail; li < prefill.size(); ++li) {
+      const Launch& l = prefill[li];
+      for (int r = 0; r < l.n_rows; ++r) {
+        const uint32_t b = l.rows[r].buffer;
+        if (l.rows[r].written || written[b] || moved[b]) continue;
+        moved[b] = true;
+        const uint64_t w = buf_width[b];
+        struct Part {
+          CUdeviceptr base;
+          uint64_t row_bytes;
+        };
+        Part parts[2] = {{buf[b], 0}, {0, 0}};
+        switch (buf_type[b]) {
+          case fb::BufferType::F32: case fb::BufferType::I32: parts[0].row_bytes = 4 * w; break;
+          case fb::BufferType::F16: parts[0].row_bytes = 2 * w; break;
+          case fb::BufferType::I8:
+            parts[0].row_bytes = w;
+            parts[1] = {buf[b] + kern::q8MetaOffset(static_cast<unsigned>(max_batch), static_cast<unsigned>(w)),
+                        w / kern::kQ8Block * sizeof(kern::Q8Meta)};
+            break;
+        }
+        for (const Part& p : parts)
+          for (size_t i = 0; p.row_bytes > 0 && i < rows.size(); ++i)
+            if (static_cast<size_t>(rows[i]) != i)
+              MINFER_RETURN_IF_ERROR(dev->check(
+                  cu().cuMemcpyDtoDAsync(p.base + i * p.row_bytes, p.base + static_cast<uint64_t>(rows[i]) * p.row_bytes,
+                                         p.row_bytes, stream.get()),
+                  "CUDA forwardRows: gathering the tail's input rows"));
+      }
+      for (int r = 0; r < l.n_rows; ++r)
+        if (l.rows[r].written) written[l.rows[r].buffer] = true;
+    }
+    return Status::ok();
+  }
+
   // A profiling event on the stream; while capturing, an event-record node of the graph.
   void record(Event& e) {
     if (capturing)
@@ -183,6 +242,7 @@ struct CudaSession::State {
   // last_only: only the last token's logits are needed (they land in row 0 of the logits buffer
   // when the plan has a tail, see lastRowOffset).
   Status forward(std::span<const int32_t> tokens, int pos0, bool last_only) {
+    if (paged) return Status::error("CUDA forward: a paged session runs rows placed by forwardRows only");
     const int n = static_cast<int>(tokens.size());
     if (n < 1 || n > max_batch)
       return Status::error("CUDA forward: " + std::to_string(n) + " tokens; the artifact's max batch is " +
@@ -218,6 +278,70 @@ struct CudaSession::State {
     return tail_ran ? 0 : (n_tokens - 1) * static_cast<uint64_t>(n_vocab) * sizeof(float);
   }
 };
+
+Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                                std::span<const int32_t> tables, std::span<const int> out_rows, float* logits) {
+  State& st = *s_;
+  const int n = static_cast<int>(tokens.size());
+  if (!st.paged) return Status::error("CUDA forwardRows: not a paged session (CudaBackend::createPagedSession)");
+  if (n < 1 || n > st.max_batch || positions.size() != tokens.size())
+    return Status::error("CUDA forwardRows: " + std::to_string(n) + " rows (" + std::to_string(positions.size()) +
+                         " positions); the artifact's max batch is " + std::to_string(st.max_batch));
+  if (tables.size() < tokens.size() || tables.size() > static_cast<size_t>(st.table_words))
+    return Status::error("CUDA forwardRows: block tables of " + std::to_string(tables.size()) + " words for " +
+                         std::to_string(n) + " rows (at least one per row, at most " + std::to_string(st.table_words) + ")");
+  MINFER_RETURN_IF_ERROR(st.dev->makeCurrent());
+  const size_t rows_bytes = tokens.size() * sizeof(int32_t);
+  std::memcpy(st.h_ids, tokens.data(), rows_bytes);
+  std::memcpy(st.h_row_pos, positions.data(), rows_bytes);
+  std::memcpy(st.h_tables, tables.data(), tables.size() * sizeof(int32_t));
+  CUstream s = st.stream.get();
+  const CudaDriver& cu = st.cu();
+  MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyHtoDAsync(st.buf[st.ids_buffer], st.h_ids, rows_bytes, s),
+                                       "CUDA forwardRows: token upload"));
+  MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyHtoDAsync(st.row_pos, st.h_row_pos, rows_bytes, s),
+                                       "CUDA forwardRows: position upload"));
+  MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyHtoDAsync(st.tables, st.h_tables, tables.size() * sizeof(int32_t), s),
+                                       "CUDA forwardRows: block table upload"));
+  const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
+  if (n == 1 && !st.decode.empty()) {  // one row: the decode plan (GEMVs), as its graph when there is one
+    if (out_rows.size() != 1 || out_rows[0] != 0)
+      return Status::error("CUDA forwardRows: one row, " + std::to_string(out_rows.size()) + " output rows");
+    if (st.graph_exec)
+      MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuGraphLaunch(st.graph_exec, s), "CUDA forwardRows: decode graph launch"));
+    else
+      MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/false, 1));
+    MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyDtoHAsync(logits, st.buf[st.logits_buffer], row, s),
+                                         "CUDA forwardRows: logits download"));
+    return st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows");
+  }
+  for (size_t i = 0; i < out_rows.size(); ++i)
+    if (out_rows[i] < 0 || out_rows[i] >= n || (i > 0 && out_rows[i] <= out_rows[i - 1]))
+      return Status::error("CUDA forwardRows: output row " + std::to_string(out_rows[i]) + " (index " + std::to_string(i) +
+                           ") of " + std::to_string(n) + " rows: need increasing rows < the row count");
+  // When some rows' logits are not wanted (prompt chunks) and the plan has a last-token tail, the tail runs
+  // on the wanted rows only, gathered to rows 0 … k−1; their logits are then rows 0 … k−1.
+  const size_t k = out_rows.size();
+  const bool gather = k < tokens.size() && st.tail < st.prefill.size();
+  if (gather) {
+    MINFER_RETURN_IF_ERROR(st.launchRange(0, st.tail, static_cast<unsigned>(n)));
+    MINFER_RETURN_IF_ERROR(st.gatherTailRows(out_rows));
+    MINFER_RETURN_IF_ERROR(st.launchRange(st.tail, st.prefill.size(), static_cast<unsigned>(k)));
+  } else {
+    MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/true, static_cast<unsigned>(n)));
+  }
+  // The wanted rows, runs of consecutive rows in one copy each (a step of decode rows is one copy).
+  for (size_t i = 0; i < k;) {
+    size_t j = i + 1;
+    while (j < k && out_rows[j] == out_rows[j - 1] + 1) ++j;
+    const uint64_t first = gather ? i : static_cast<uint64_t>(out_rows[i]);
+    MINFER_RETURN_IF_ERROR(st.dev->check(
+        cu.cuMemcpyDtoHAsync(logits + i * st.n_vocab, st.buf[st.logits_buffer] + first * row, (j - i) * row, s),
+        "CUDA forwardRows: logits download"));
+    i = j;
+  }
+  return st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows");
+}
 
 CudaSession::CudaSession(std::unique_ptr<State> state) : s_(std::move(state)) {}
 CudaSession::~CudaSession() = default;
@@ -326,7 +450,12 @@ class SessionBuilder {
   SessionBuilder(const CudaBackend::State& be, CudaSession::State& st)
       : be_(be), st_(st), m_(be.artifact->manifest()), path_(be.artifact->path()) {}
 
-  Status layout(int n_ctx) {
+  // kv_slots: positions of the KV cache per layer (n_ctx, or a paged session's pool); table_words > 0: a
+  // paged session (its row positions and block tables are laid out too).
+  Status layout(int n_ctx, int64_t kv_slots, int block_size = 0, int table_words = 0) {
+    st_.paged = table_words > 0;
+    st_.block_size = block_size;
+    st_.table_words = table_words;
     const fb::MemoryPlan* mem = m_->memory();
     if (!mem || !mem->buffers()) return Status::error(path_ + ": the artifact has no memory plan");
     if (n_ctx < 1) return Status::error("CUDA session: n_ctx must be ≥ 1");
@@ -350,13 +479,17 @@ class SessionBuilder {
       st_.buf_type.push_back(b->type());
     }
     act_bytes_ = total_;
-    MINFER_RETURN_IF_ERROR(layoutCaches(n_ctx));
+    MINFER_RETURN_IF_ERROR(layoutCaches(kv_slots));
     kv_bytes_ = total_ - act_bytes_;
     st_.kv_bytes = kv_bytes_;
     scratch_offset_ = reserve(scratch_bytes_);
     counter_offset_ = reserve(counter_bytes_);
     pos_offset_ = reserve(4);
     argmax_offset_ = reserve(4);
+    if (st_.paged) {
+      row_pos_offset_ = reserve(4ull * st_.max_batch);
+      tables_offset_ = reserve(4ull * static_cast<uint64_t>(table_words));
+    }
     return Status::ok();
   }
 
@@ -377,7 +510,8 @@ class SessionBuilder {
     for (uint64_t off : buf_offset_) st_.buf.push_back(base_ + off);
     st_.pos = base_ + pos_offset_;
     st_.argmax_out = base_ + argmax_offset_;
-    const uint64_t small = alignUp(static_cast<uint64_t>(st_.max_batch) * 4 + 64, 16);
+    const uint64_t paged_words = st_.paged ? static_cast<uint64_t>(st_.max_batch) + st_.table_words : 0;
+    const uint64_t small = alignUp((static_cast<uint64_t>(st_.max_batch) + paged_words) * 4 + 64, 16);
     Result<PinnedBuffer> pinned =
         be_.dev->allocPinned(small + static_cast<uint64_t>(st_.n_vocab) * sizeof(float), "CUDA session");
     if (!pinned) return pinned.takeStatus();
@@ -386,6 +520,12 @@ class SessionBuilder {
     st_.h_pos = st_.h_ids + st_.max_batch;
     st_.h_argmax = st_.h_pos + 4;
     st_.h_logits = reinterpret_cast<float*>(static_cast<uint8_t*>(st_.pinned.data()) + small);
+    if (st_.paged) {
+      st_.row_pos = base_ + row_pos_offset_;
+      st_.tables = base_ + tables_offset_;
+      st_.h_row_pos = st_.h_pos + 16;
+      st_.h_tables = st_.h_row_pos + st_.max_batch;
+    }
     Result<Stream> stream = be_.dev->createStream();
     if (!stream) return stream.takeStatus();
     st_.stream = std::move(*stream);
@@ -398,14 +538,21 @@ class SessionBuilder {
                           "CUDA session: memset");
   }
 
+  // The launches a step runs in this session: a paged session takes the step's paged launches where it
+  // has them (CudaBackend::State::paged says every positional step does).
+  const std::vector<BoundLaunch>& used(const StepKernels& sk) const {
+    return st_.paged && !sk.paged.empty() ? sk.paged : sk.launches;
+  }
+
   // The generic binder: every launch of both plans (and the argmax) from its record alone.
   void bind() {
     for (bool prefill : {true, false}) {
+      if (st_.paged && !prefill && !be_.paged_decode) continue;  // a paged session without a paged decode plan
       const std::vector<StepKernels>& steps = prefill ? be_.prefill : be_.decode;
       std::vector<Launch>& out = prefill ? st_.prefill : st_.decode;
       for (size_t si = 0; si < steps.size(); ++si) {
         if (prefill && steps[si].step->tail() && st_.tail == SIZE_MAX) st_.tail = out.size();
-        for (const BoundLaunch& bl : steps[si].launches) {
+        for (const BoundLaunch& bl : used(steps[si])) {
           out.push_back(bindLaunch(bl, static_cast<int>(si)));
           out.back().window = steps[si].step->window();
           out.back().gathers = steps[si].step->op() == fb::OpKind::Embed;
@@ -415,7 +562,7 @@ class SessionBuilder {
     }
     if (st_.tail == SIZE_MAX) st_.tail = st_.prefill.size();
     st_.fresh.assign(st_.buf.size(), false);
-    if (be_.argmax.record) {
+    if (be_.argmax.record && !st_.paged) {
       st_.argmax = bindLaunch(be_.argmax, -1);
       st_.argmax.overlap = false;  // launched after a graph or a download, not after a kernel of the plan
       st_.have_argmax = true;
@@ -436,15 +583,16 @@ class SessionBuilder {
     return at;
   }
 
-  // One (K, V) pair per layer that a launch record names, each n_ctx × width f16, or min(n_ctx, kv_ring) ×
-  // width for a layer whose Attention steps have a ring (schema Step.kv_ring: its kernels index slot
-  // p % kv_ring); the step scratch is the largest any record asks for (the verifier bounded all three).
-  Status layoutCaches(int n_ctx) {
+  // One (K, V) pair per layer that a launch record names, each kv_slots × width f16, or min(kv_slots,
+  // kv_ring) × width in a single-sequence session for a layer whose Attention steps have a ring (schema
+  // Step.kv_ring: its kernels index slot p % kv_ring; a paged session's pool holds every position); the
+  // step scratch is the largest any record asks for (the verifier bounded all three).
+  Status layoutCaches(int64_t kv_slots) {
     std::map<uint32_t, std::pair<uint32_t, uint32_t>> ring;  // layer → (kv_ring, window) of its Attention steps
     for (const std::vector<StepKernels>* steps : {&be_.prefill, &be_.decode})
       for (const StepKernels& sk : *steps) {
         const fb::Step& s = *sk.step;
-        if (s.op() != fb::OpKind::Attention || s.layer() < 0) continue;
+        if (st_.paged || s.op() != fb::OpKind::Attention || s.layer() < 0) continue;
         auto [it, inserted] = ring.try_emplace(static_cast<uint32_t>(s.layer()), s.kv_ring(), s.window());
         if (!inserted && it->second != std::pair<uint32_t, uint32_t>(s.kv_ring(), s.window()))
           return Status::error(path_ + ": " + sk.label + ": KV cache layer " + std::to_string(s.layer()) +
@@ -453,9 +601,10 @@ class SessionBuilder {
                                " (window " + std::to_string(it->second.second) + ") in another step");
       }
     std::map<uint32_t, uint32_t> width;  // layer → f16 values per position
-    for (const std::vector<StepKernels>* steps : {&be_.prefill, &be_.decode})
+    for (const std::vector<StepKernels>* steps : {&be_.prefill, &be_.decode}) {
+      if (st_.paged && steps == &be_.decode && !be_.paged_decode) continue;  // not bound in this paged session
       for (const StepKernels& sk : *steps)
-        for (const BoundLaunch& bl : sk.launches)
+        for (const BoundLaunch& bl : used(sk))
           if (bl.record->args())
             for (const fb::KernelArg* a : *bl.record->args()) {
               if (a->kind() == fb::ArgKind::Scratch) scratch_bytes_ = std::max(scratch_bytes_, a->bytes());
@@ -467,11 +616,12 @@ class SessionBuilder {
                                      " is " + std::to_string(a->width()) + " wide here but " +
                                      std::to_string(it->second) + " in another launch");
             }
+    }
     for (const auto& [layer, w] : width) {
       const auto r = ring.find(layer);
       const uint32_t kv_ring = r != ring.end() ? r->second.first : 0;
-      if (kv_ring > 0) st_.rings.addLayer(kv_ring, static_cast<int>(r->second.second), n_ctx);
-      const uint64_t slots = kv_ring > 0 ? std::min<uint64_t>(n_ctx, kv_ring) : static_cast<uint64_t>(n_ctx);
+      if (kv_ring > 0) st_.rings.addLayer(kv_ring, static_cast<int>(r->second.second), static_cast<int>(kv_slots));
+      const uint64_t slots = kv_ring > 0 ? std::min<uint64_t>(kv_slots, kv_ring) : static_cast<uint64_t>(kv_slots);
       const uint64_t bytes = slots * w * 2;
       const uint64_t k = reserve(bytes);
       kv_[layer] = {k, reserve(bytes)};
@@ -533,6 +683,9 @@ class SessionBuilder {
           case fb::ArgKind::TokenCount: l.pushTokens(); break;
           case fb::ArgKind::Int: l.pushInt(a->value()); break;
           case fb::ArgKind::TokenOut: l.push(st_.argmax_out); break;
+          case fb::ArgKind::RowPositions: l.push(st_.row_pos); break;   // paged sessions only (verifier)
+          case fb::ArgKind::BlockTables: l.push(st_.tables); break;
+          case fb::ArgKind::BlockSize: l.pushInt(st_.block_size); break;
         }
       }
     return l;
@@ -544,6 +697,7 @@ class SessionBuilder {
   const std::string path_;
   uint64_t total_ = 0, act_bytes_ = 0, kv_bytes_ = 0, scratch_bytes_ = 0, counter_bytes_ = 0;
   uint64_t scratch_offset_ = 0, counter_offset_ = 0, pos_offset_ = 0, argmax_offset_ = 0;
+  uint64_t row_pos_offset_ = 0, tables_offset_ = 0;  // paged sessions
   std::vector<uint64_t> buf_offset_;
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> kv_;  // layer → arena offsets of K and V
   CUdeviceptr base_ = 0;
@@ -556,10 +710,32 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createCudaSession(const Backen
   st->be = s_.get();
   st->dev = s_->dev;
   SessionBuilder builder(*s_, *st);
-  MINFER_RETURN_IF_ERROR(builder.layout(config.n_ctx));
+  MINFER_RETURN_IF_ERROR(builder.layout(config.n_ctx, config.n_ctx));
   MINFER_RETURN_IF_ERROR(builder.allocate());
   builder.bind();
   MINFER_RETURN_IF_ERROR(builder.captureDecodeGraph());
+  MINFER_RETURN_IF_ERROR(s_->dev->check(s_->dev->cu().cuStreamSynchronize(st->stream.get()), "CUDA session: setup"));
+  return std::make_unique<CudaSession>(std::move(st));
+}
+
+bool CudaBackend::supportsPagedSessions() const { return s_->paged; }
+
+Result<std::unique_ptr<CudaSession>> CudaBackend::createPagedSession(const PagedSessionConfig& config) const {
+  if (!s_->paged)
+    return Status::error(s_->artifact->path() + ": the artifact's prefill plan has no paged launches for every "
+                         "positional step (Step.paged_launches, format 1.6): recompile it for batched sessions");
+  if (config.n_ctx < 1 || config.kv_slots < 0 || config.block_size < 1 || config.table_words < 1)
+    return Status::error("CUDA paged session: n_ctx " + std::to_string(config.n_ctx) + ", kv_slots " +
+                         std::to_string(config.kv_slots) + ", block_size " + std::to_string(config.block_size) +
+                         ", table_words " + std::to_string(config.table_words) + ": need kv_slots ≥ 0, the rest ≥ 1");
+  auto st = std::make_unique<CudaSession::State>();
+  st->be = s_.get();
+  st->dev = s_->dev;
+  SessionBuilder builder(*s_, *st);
+  MINFER_RETURN_IF_ERROR(builder.layout(config.n_ctx, config.kv_slots, config.block_size, config.table_words));
+  MINFER_RETURN_IF_ERROR(builder.allocate());
+  builder.bind();
+  MINFER_RETURN_IF_ERROR(builder.captureDecodeGraph());  // when the decode plan is bound (paged_decode)
   MINFER_RETURN_IF_ERROR(s_->dev->check(s_->dev->cu().cuStreamSynchronize(st->stream.get()), "CUDA session: setup"));
   return std::make_unique<CudaSession>(std::move(st));
 }

@@ -89,6 +89,7 @@ struct TestStep {
   uint32_t rope_n_ctx_orig = 0;
   std::vector<fb::ColumnView> input_views, output_views;  // 1.4
   uint32_t window = 0, kv_ring = 0;                          // 1.3 window, 1.6 ring KV cache
+  std::vector<TestLaunch> paged;                          // 1.6: Step.paged_launches
 };
 struct TestBuffer {
   std::string name;
@@ -319,13 +320,16 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
     for (const auto& st : steps) {
       std::vector<flatbuffers::Offset<fb::Launch>> launches;
       for (const TestLaunch& l : st.launches) launches.push_back(launch(l));
+      std::vector<flatbuffers::Offset<fb::Launch>> paged;
+      for (const TestLaunch& l : st.paged) paged.push_back(launch(l));
       out.push_back(fb::CreateStepDirect(b, st.op, &st.inputs, &st.outputs, &st.weights, st.layer, st.eps, st.n_head,
                                          st.n_head_kv, st.head_dim, st.n_rot, st.rope_style, st.rope_freq_base,
                                          st.rope_freq_scale, st.rows, st.cols, st.name.empty() ? nullptr : st.name.c_str(),
                                          &launches, st.tail, 0, 0, st.window, st.rope_ext_factor, st.rope_attn_factor,
                                          st.rope_beta_fast, st.rope_beta_slow, st.rope_n_ctx_orig, /*fused=*/false,
                                          st.input_views.empty() ? nullptr : &st.input_views,
-                                         st.output_views.empty() ? nullptr : &st.output_views, 0, 0, false, st.kv_ring));
+                                         st.output_views.empty() ? nullptr : &st.output_views, 0, 0, false, st.kv_ring,
+                                         st.paged.empty() ? nullptr : &paged));
     }
     return fb::CreatePlanDirect(b, &out);
   };
@@ -1168,6 +1172,35 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
       spec.prefill[3].launches[0].args[3] = TestArg{.kind = fb::ArgKind::Counters, .name = "counters", .bytes = bytes};
       refused(spec, g.segs, {"prefill.steps[3].launches[0].args[3].bytes", "counters of " + std::to_string(bytes) + " bytes"});
     }
+  }
+  SUBCASE("paged launches (1.6): only on Rope and Attention steps with launches, row arguments only there") {
+    // A launch record for the Rope step (the verifier checks records, not which kernel they name) and a paged
+    // form of it whose fourth argument is the per-row positions.
+    Spec base = g.spec;
+    base.prefill[4].launches = {base.prefill[3].launches[0]};
+    TestLaunch paged = base.prefill[3].launches[0];
+    paged.args[3] = TestArg{.kind = fb::ArgKind::RowPositions, .name = "pos"};
+    base.prefill[4].paged = {paged};
+    writeVariant(g, base, g.segs, path);
+    CHECK(openError(path) == "");  // control: accepted
+    Spec spec = g.spec;
+    spec.prefill[3].launches[0].args[3] = TestArg{.kind = fb::ArgKind::BlockTables, .name = "tables"};
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].args[3].kind", "BlockTables argument outside a paged launch"});
+    spec = g.spec;
+    spec.prefill[3].paged = {paged};  // a MatMul
+    refused(spec, g.segs, {"prefill.steps[3].paged_launches", "only the prefill and decode plans' Rope and Attention steps"});
+    spec = g.spec;
+    spec.decode[3].paged = {paged};  // the decode plan's Attention, which has no launches here
+    refused(spec, g.segs, {"decode.steps[3].paged_launches", "without launches"});
+    spec = g.spec;
+    spec.prefill[5].paged = {paged};  // an Attention without launches of its own
+    refused(spec, g.segs, {"prefill.steps[5].paged_launches", "without launches"});
+    spec = base;
+    spec.prefill[4].paged[0].args[3] = TestArg{.kind = fb::ArgKind::Positions, .name = "pos"};
+    refused(spec, g.segs, {"prefill.steps[4].paged_launches[0].args[3].kind", "takes per-row positions (RowPositions), not Positions"});
+    spec = base;
+    spec.prefill[4].paged[0].args[4].buffer = 6;
+    refused(spec, g.segs, {"prefill.steps[4].paged_launches[0].args[4].buffer", "buffer id 6 is out of range"});
   }
   SUBCASE("launch records: a kernel specialized for another stride than the plane it binds (offset gate)") {
     // The q8 weight plane is 512 bytes per row; a kernel compiled for 528 would read the right bytes at

@@ -94,5 +94,68 @@ TEST_CASE("a failed run() changes nothing: lengths, tables, free blocks, and the
   CHECK(b.freeBlocks() == free - 4);
 }
 
+// A stand-in that lays out every step's rows as the batched CUDA session uploads them.
+class LayoutBatch final : public BatchSessionBase {
+ public:
+  explicit LayoutBatch(const BatchConfig& c) : BatchSessionBase(c), rows(c) {}
+  uint64_t allocatedBytes() const override { return 0; }
+  bool batchedKernels() const override { return true; }
+  std::vector<int32_t> table(int seq) const {
+    const std::span<const int32_t> t = blocks().table(seq);
+    return {t.begin(), t.end()};
+  }
+  BatchRows rows;
+
+ protected:
+  Status run(std::span<const Chunk> chunks, std::span<float>) override {
+    layoutRows(chunks, rows);
+    return Status::ok();
+  }
+};
+
+TEST_CASE("layoutRows: consecutive rows per chunk, positions from each length, block tables after the row indices") {
+  const BatchConfig config{.n_ctx = 16, .n_seq_max = 3, .n_blocks = 12, .block_size = 4, .n_threads = 1,
+                           .max_tokens = 16, .n_vocab = 5};
+  CHECK(BatchRows::tableWords(config) == 16 + 3 * 4);  // rows, then a full table per chunk (3 sequences)
+  LayoutBatch b(config);
+  CHECK(b.rows.tables.size() == 28u);
+  CHECK(b.rows.ids.size() == 16u);
+  const int s0 = *b.openSequence(), s1 = *b.openSequence(), s2 = *b.openSequence();
+  const std::vector<int32_t> six = {1, 2, 3, 4, 0, 1}, one = {3}, two = {2, 4};
+  std::vector<float> logits(3 * 5);
+  REQUIRE(b.step(std::vector<BatchSession::Chunk>{{s0, six}, {s1, one}}, std::span(logits).first(10)).isOk());
+  // s0: blocks 0, 1 (6 positions); s1: block 2.
+  CHECK(b.rows.rows == 7);
+  CHECK(std::vector<int32_t>(b.rows.ids.begin(), b.rows.ids.begin() + 7) == std::vector<int32_t>{1, 2, 3, 4, 0, 1, 3});
+  CHECK(std::vector<int32_t>(b.rows.pos.begin(), b.rows.pos.begin() + 7) == std::vector<int32_t>{0, 1, 2, 3, 4, 5, 0});
+  CHECK(b.rows.words == 7u + 2u + 1u);
+  CHECK(std::vector<int32_t>(b.rows.tables.begin(), b.rows.tables.begin() + 10) ==
+        std::vector<int32_t>{7, 7, 7, 7, 7, 7, 9, 0, 1, 2});
+  CHECK(b.rows.out_rows == std::vector<int>{5, 6});
+  // Then a decode row for s0 (position 6, still block 1), a prompt for s2 and two tokens for s1 (positions 1, 2),
+  // in that chunk order: s2's table is its new block 3.
+  REQUIRE(b.step(std::vector<BatchSession::Chunk>{{s0, one}, {s2, six}, {s1, two}}, logits).isOk());
+  CHECK(b.rows.rows == 9);
+  CHECK(std::vector<int32_t>(b.rows.pos.begin(), b.rows.pos.begin() + 9) ==
+        std::vector<int32_t>{6, 0, 1, 2, 3, 4, 5, 1, 2});
+  const std::vector<int32_t> t0 = b.table(s0), t1 = b.table(s1), t2 = b.table(s2);
+  CHECK(t0 == std::vector<int32_t>{0, 1});
+  CHECK(t1 == std::vector<int32_t>{2});
+  CHECK(t2 == std::vector<int32_t>{3, 4});
+  // Every row's table, read through its index, is its sequence's; and covers its position.
+  const int seq_of_row[] = {s0, s2, s2, s2, s2, s2, s2, s1, s1};
+  for (int r = 0; r < 9; ++r) {
+    CAPTURE(r);
+    const std::vector<int32_t> want = b.table(seq_of_row[r]);
+    const int32_t at = b.rows.tables[static_cast<size_t>(r)];
+    REQUIRE(at >= 9);
+    REQUIRE(static_cast<size_t>(at) + want.size() <= b.rows.words);
+    CHECK(std::vector<int32_t>(b.rows.tables.begin() + at, b.rows.tables.begin() + at + static_cast<long>(want.size())) == want);
+    CHECK(b.rows.pos[static_cast<size_t>(r)] / config.block_size < static_cast<int>(want.size()));
+  }
+  CHECK(b.rows.words == 9u + 2u + 2u + 1u);
+  CHECK(b.rows.out_rows == std::vector<int>{0, 6, 8});
+}
+
 }  // namespace
 }  // namespace minfer

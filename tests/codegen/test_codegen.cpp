@@ -149,7 +149,8 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
     params.push_back((*it)[1]);
   REQUIRE_MESSAGE(params.size() == r.args.size(), img.key);
   for (size_t i = 0; i < params.size(); ++i) {
-    const bool is_int = r.args[i].kind == fb::ArgKind::TokenCount || r.args[i].kind == fb::ArgKind::Int;
+    const bool is_int = r.args[i].kind == fb::ArgKind::TokenCount || r.args[i].kind == fb::ArgKind::Int ||
+                        r.args[i].kind == fb::ArgKind::BlockSize;
     CHECK_MESSAGE((params[i].substr(1) == "32") == is_int, img.key << " parameter " << i << " " << r.args[i].name);
   }
   size_t pitches = 0;
@@ -187,7 +188,8 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
   // addresses (the buffer's width, which the verifier checks at load), and the view lies in the row.
   static const std::pair<const char*, const char*> kActivationPitchArgs[] = {
       {"ROPE_Q_PITCH", "q"}, {"ROPE_K_PITCH", "k"}, {"ATT_Q_PITCH", "q"},   {"ATT_K_PITCH", "k"},
-      {"ATT_V_PITCH", "v"},  {"EW_A_PITCH", "a"},   {"EW_B_PITCH", "b"},    {"EW_OUT_PITCH", "out"}};
+      {"ATT_V_PITCH", "v"},  {"EW_A_PITCH", "a"},   {"EW_B_PITCH", "b"},    {"EW_OUT_PITCH", "out"},
+      {"PA_Q_PITCH", "q"},   {"PA_K_PITCH", "k"}};
   for (const auto& [define, name] : kActivationPitchArgs) {
     const std::string v = optionValue(img, define);
     if (v.empty()) continue;
@@ -201,7 +203,7 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
                   img.key << " " << a.name);
   const bool reads_weights = img.entry != "minfer_quantize_act" && img.entry.find("moe_") == std::string::npos &&
                              img.entry.find("attn") == std::string::npos &&
-                             img.entry != "minfer_kv_store" && img.entry != "minfer_rope" &&
+                             img.entry.find("kv_store") == std::string::npos && img.entry.find("rope") == std::string::npos &&
                              img.entry != "minfer_swiglu" && img.entry != "minfer_add" &&
                              img.entry != "minfer_argmax" && img.entry.find("norm") == std::string::npos;
   if (reads_weights) CHECK_MESSAGE(pitches > 0, img.key);
@@ -315,6 +317,40 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       }
     }
   }
+  // Paged launches (Step.paged_launches, 1.6): the Rope and Attention steps of both plans that are not fused
+  // into another step's launch have them (a decode Attention with its QuantizeAct fused in, the q8 form too:
+  // PA_Q8), with per-row positions and block tables and never Positions.
+  for (const bool prefill : {true, false}) {
+    const auto& steps = prefill ? l.desc.plan.prefill : l.desc.plan.decode;
+    const auto& paged = prefill ? set.prefill_paged : set.decode_paged;
+    const auto& fused = prefill ? set.prefill_fused : set.decode_fused;
+    REQUIRE(paged.size() == steps.size());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const model::StepDesc& s = steps[i];
+      const bool quant_follows = i + 1 < steps.size() && fused[i + 1] && steps[i + 1].op == fb::OpKind::QuantizeAct &&
+                                 (i + 2 >= steps.size() || !fused[i + 2]);
+      const bool follows = i + 1 < steps.size() && fused[i + 1];
+      std::vector<std::string> want;
+      if (!fused[i] && !follows && s.op == fb::OpKind::Rope) want = {"minfer_rope_paged"};
+      if (!fused[i] && (!follows || (quant_follows && s.head_dim % 32 == 0)) && s.op == fb::OpKind::Attention)
+        want = {"minfer_kv_store_paged", "minfer_attn_paged"};
+      REQUIRE_MESSAGE(paged[i].size() == want.size(), (prefill ? "prefill " : "decode ") << s.name);
+      for (size_t k = 0; k < want.size(); ++k) {
+        const LaunchRecord& r = paged[i][k];
+        REQUIRE(r.images.size() == targets.size());
+        const KernelImageData& img = set.images[r.images[0]];
+        CHECK_MESSAGE(img.entry == want[k], s.name);
+        checkRecord(l, r, img);
+        if (img.entry == "minfer_attn_paged") CHECK((optionValue(img, "PA_Q8") == "1") == follows);
+        bool rows = false;
+        for (const KernelArgDesc& a : r.args) {
+          CHECK_MESSAGE(a.kind != fb::ArgKind::Positions, s.name);
+          rows |= a.kind == fb::ArgKind::RowPositions;
+        }
+        CHECK_MESSAGE(rows, s.name);
+      }
+    }
+  }
   size_t argmax = 0;
   for (const KernelImageData& img : set.images) argmax += img.entry == "minfer_argmax";
   CHECK(argmax == targets.size());
@@ -352,8 +388,12 @@ TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches eq
     size_t views = 0;
     for (const KernelImageData& img : set.images)
       views += !optionValue(img, "ROPE_Q_PITCH").empty() + !optionValue(img, "ATT_K_PITCH").empty() +
-               !optionValue(img, "ATT_Q_PITCH").empty() + !optionValue(img, "EW_A_PITCH").empty();
-    CHECK(views == 4);  // rope, kv_store, the prefill attention and swiglu: one specialization each
+               !optionValue(img, "ATT_Q_PITCH").empty() + !optionValue(img, "EW_A_PITCH").empty() +
+               !optionValue(img, "PA_Q_PITCH").empty();
+    // rope, kv_store, the prefill attention and swiglu, and the paged rope, kv store and attention (1.6; the
+    // decode plan's are the same specializations: these heads are not whole blocks of 32, so no q8 form is
+    // fused into the decode attention): one specialization each
+    CHECK(views == 7);
   }
 }
 

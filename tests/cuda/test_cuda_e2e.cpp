@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <random>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 
 #include "compiler/compile_model.h"
 #include "minfer/artifact.h"
+#include "minfer/batch.h"
 #include "minfer/runtime.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_internal.h"
@@ -445,6 +447,318 @@ TEST_CASE("checksums while staging: each segment's XXH64 over chunk boundaries; 
       CHECK_MESSAGE(loaded.isOk(), loaded.status().message());
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batched sessions (CudaBatchSession, kernels/paged_attention.cuh): many sequences in one forward pass of the
+// prefill plan over a paged KV pool.
+//
+// Reference: each sequence alone in a single-sequence CUDA session fed one token at a time (the decode plan:
+// GEMV and split-KV attention, both f32-exact given their inputs), so prompt rows are not compared against
+// the tensor-core prefill attention (f16 Q and P) but against f32 attention, like the paged kernel's.
+// Declared tolerances, max|Δ| / max|reference| per logits row:
+// - sm_80/sm_90 images: the batch's matmuls are the prefill plan's (MMQ on the same q8 activations as the
+//   decode GEMV; dense f32 for float weights; a step of one row runs the decode plan itself), so only f32
+//   summation order differs, and through the layers an occasional rounding flip where a value sits at a
+//   rounding boundary: of a K or V element to f16 (one f16 ulp, 2^-11 relative, of one key's term) and, for
+//   quantized weights, of an activation to q8. Float weights 1e-3, quantized 1e-2. Not yet measured (no GPU
+//   where this was written): the test prints the largest error per model and run; tighten from those.
+// - sm_90a images (Hopper prefill plan: wgmma on f16 planes and f16-rounded activations): the golden bounds
+//   of that model's kind (the prefill plan vs the decode plan is exactly what the golden test bounds).
+constexpr double kBatchFloatRel = 1e-3;
+constexpr double kBatchQuantRel = 1e-2;
+
+// What happened to one sequence slot, in order: a chunk (its tokens and the logits row the batch gave), or
+// a truncation to `pos` (tokens empty).
+struct BatchEvent {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  int pos = 0;
+};
+
+// One entry of a step: slot → n > 0 new (random) tokens; n == 0 closes the slot's sequence and n < 0
+// truncates it to position −n, both before the step's chunks (a closed slot is not used again; a later slot
+// may get its sequence id and, through the free stack, its blocks).
+using BatchPlan = std::vector<std::vector<std::pair<int, int>>>;
+
+// Steps `b` through `plan`; returns each slot's events. A slot opens at its first chunk.
+std::vector<std::vector<BatchEvent>> runBatchScript(BatchSession& b, int n_vocab, const BatchPlan& plan, int slots) {
+  std::mt19937 rng(20261130);
+  std::vector<int> id(static_cast<size_t>(slots), -1);
+  std::vector<std::vector<BatchEvent>> events(static_cast<size_t>(slots));
+  for (size_t si = 0; si < plan.size(); ++si) {
+    CAPTURE(si);
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<int> slot_of;
+    for (const auto& [slot, n] : plan[si]) {
+      const size_t sl = static_cast<size_t>(slot);
+      if (n <= 0) {
+        REQUIRE(id[sl] >= 0);
+        if (n == 0) {
+          REQUIRE(b.closeSequence(id[sl]).isOk());
+          id[sl] = -1;
+        } else {
+          REQUIRE(b.truncate(id[sl], -n).isOk());
+          events[sl].push_back({{}, {}, -n});
+        }
+        continue;
+      }
+      if (id[sl] < 0) {
+        Result<int> opened = b.openSequence();
+        REQUIRE_MESSAGE(opened.isOk(), opened.status().message());
+        id[sl] = *opened;
+      }
+      std::vector<int32_t> t(static_cast<size_t>(n));
+      for (int32_t& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(n_vocab));
+      tokens.push_back(std::move(t));
+      slot_of.push_back(slot);
+    }
+    std::vector<BatchSession::Chunk> chunks;
+    for (size_t i = 0; i < tokens.size(); ++i) chunks.push_back({id[static_cast<size_t>(slot_of[i])], tokens[i]});
+    std::vector<float> logits(chunks.size() * static_cast<size_t>(n_vocab), NAN);
+    const Status st = b.step(chunks, logits);
+    REQUIRE_MESSAGE(st.isOk(), st.message());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const float* row = logits.data() + i * n_vocab;
+      events[static_cast<size_t>(slot_of[i])].push_back({tokens[i], std::vector<float>(row, row + n_vocab), 0});
+    }
+  }
+  return events;
+}
+
+// The script: prompts of different lengths (odd, crossing blocks; a step holds ≤ the 64-row max batch) beside
+// decode rows; a sequence joining late; a prompt arriving in two chunks; steps of a single decode row and of
+// decode rows only.
+const BatchPlan& batchPlan() {
+  static const BatchPlan plan = {
+      {{0, 7}, {1, 3}, {2, 17}},
+      {{0, 1}, {1, 1}, {2, 1}},
+      {{0, 1}, {3, 23}, {1, 1}},   // a prompt joins beside decode rows
+      {{2, 1}},                    // one decode row alone
+      {{3, 1}, {2, 1}, {1, 1}, {0, 1}},
+      {{4, 9}, {0, 1}, {3, 1}},    // the first chunk of 4's prompt …
+      {{4, 14}, {2, 1}, {1, 1}},   // … and its second
+      {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}},
+      {{4, 1}, {3, 1}, {2, 1}, {1, 1}, {0, 1}},
+  };
+  return plan;
+}
+
+// Sequences leaving, joining on their ids and blocks, and truncated and regrown (preemption by recomputation),
+// over a pool with no spare block: the blocks a new sequence gets still hold the old one's K and V, which it
+// must never read.
+const BatchPlan& recyclePlan() {
+  static const BatchPlan plan = {
+      {{0, 13}, {1, 6}, {2, 21}},
+      {{0, 1}, {1, 1}, {2, 1}},
+      {{1, 0}, {3, 11}, {0, 1}, {2, 1}},   // 1 leaves; 3 takes its id and blocks
+      {{2, -5}, {2, 9}, {3, 1}, {0, 1}},   // 2 truncated to 5 and regrown in the same step
+      {{0, 0}, {4, 17}, {2, 1}, {3, 1}},   // 0 leaves; 4 takes its id and blocks
+      {{4, 1}, {3, 1}, {2, 1}},
+      {{3, -1}, {3, 2}, {4, 1}, {2, 1}},   // 3 back to its first token
+      {{2, 1}, {3, 1}, {4, 1}},
+  };
+  return plan;
+}
+
+// Each slot's events replayed alone in a single-sequence CUDA session fed one token at a time (see above);
+// the worst row's relative error, and the rows whose argmax differs where the reference's top two are further
+// apart than bound·|top| (a near-tie may flip within the bound).
+struct BatchCompare {
+  double worst = 0;
+  int rows = 0, argmax_differ = 0;
+  std::string where;
+};
+BatchCompare compareWithSessions(const Model& m, const std::vector<std::vector<BatchEvent>>& events, double bound) {
+  BatchCompare c;
+  for (size_t slot = 0; slot < events.size(); ++slot) {
+    if (events[slot].empty()) continue;
+    auto s = m.createSession({.n_ctx = 64});
+    REQUIRE_MESSAGE(s.isOk(), s.status().message());
+    for (size_t e = 0; e < events[slot].size(); ++e) {
+      const BatchEvent& ev = events[slot][e];
+      if (ev.tokens.empty()) {
+        REQUIRE((*s)->rewind(ev.pos).isOk());
+        continue;
+      }
+      for (int32_t t : ev.tokens) {
+        const Status st = (*s)->prefill(std::span<const int32_t>(&t, 1));  // one token: the decode plan
+        REQUIRE_MESSAGE(st.isOk(), st.message());
+      }
+      const std::span<const float> want = (*s)->logits();
+      const double err = relError(ev.logits.data(), want.data(), want.size());
+      ++c.rows;
+      if (err > c.worst) {
+        c.worst = err;
+        c.where = "slot " + std::to_string(slot) + ", event " + std::to_string(e) + ": a chunk of " +
+                  std::to_string(ev.tokens.size()) + " tokens ending at position " + std::to_string((*s)->position() - 1);
+      }
+      const size_t ga = static_cast<size_t>(std::max_element(ev.logits.begin(), ev.logits.end()) - ev.logits.begin());
+      const size_t wa = static_cast<size_t>(std::max_element(want.begin(), want.end()) - want.begin());
+      if (ga != wa && std::fabs(want[ga] - want[wa]) > bound * std::fabs(want[wa]) + 1e-6) ++c.argmax_differ;
+    }
+  }
+  return c;
+}
+
+TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequence's own session logits") {
+  MINFER_REQUIRE_GPU(G);
+  if (!haveFixtures()) return;
+  const std::pair<const char*, const char*> models[] = {
+      {"stories260K.gguf", "models"},               // llama, F32, head_dim 8 (strided lanes)
+      {"tiny-llama-Q4_K_M.gguf", "models"},         // quantized MMQ rows
+      {"tiny-qwen2-Q4_K_M.gguf", "models"},         // q/k/v biases, NeoX RoPE
+      {"tiny-gemma2-F32.gguf", "arch/models"},      // sliding window, query scale, soft-cap
+      {"tiny-gemma3-Q8_0.gguf", "arch/models"},     // sliding window layers, QK norm, per-layer RoPE bases
+      {"tiny-phi3-Q8_0.gguf", "arch/models"},       // q|k|v column views (PA_/ATT_ pitches)
+      {"tiny-qwen3moe-Q4_K_M.gguf", "arch/models"}, // MoE FFN between the paged steps
+      {"tiny-llama31-Q8_0.gguf", "arch/models"},    // RoPE frequency factors
+  };
+  for (const std::string& arch : goldenArchs())
+    for (const auto& [model, dir] : models) {
+      const std::string name = model;
+      CAPTURE(arch);
+      CAPTURE(name);
+      const std::string path = compiled(model, dir, true, arch);
+      REQUIRE(!path.empty());
+      auto m = Model::open(path, BackendKind::kCuda);
+      REQUIRE_MESSAGE(m.isOk(), m.status().message());
+      const int n_vocab = (*m)->info().n_vocab;
+      const Kind kind = kindOf(model);
+      const bool float_model = kind != Kind::kQuant;
+      const bool gemma = name.rfind("tiny-gemma", 0) == 0, llama31 = name.rfind("tiny-llama31-", 0) == 0;
+      const double bound = arch == "sm_90a" ? (gemma ? (float_model ? kGemmaFloatRel : kGemmaQuantRel)
+                                               : float_model ? (kind == Kind::kBF16 ? kBf16GoldenRel : kFloatRel)
+                                               : llama31 ? kQuantRelLlama31 : kQuantRel)
+                                            : (float_model ? kBatchFloatRel : kBatchQuantRel);
+      // Blocks of 4 positions handed out as the sequences grow step by step (every table scattered); then blocks
+      // of 1 and 16 with sequences leaving, joining and truncated over a pool without spare blocks.
+      struct Run {
+        const char* what;
+        BatchOptions options;
+        const BatchPlan* plan;
+      };
+      const Run runs[] = {{"mixed steps, blocks of 4", {.n_ctx = 64, .n_seq_max = 6, .n_blocks = 0, .block_size = 4}, &batchPlan()},
+                          {"recycled blocks of 1", {.n_ctx = 64, .n_seq_max = 3, .n_blocks = 64, .block_size = 1}, &recyclePlan()},
+                          {"recycled blocks of 16", {.n_ctx = 64, .n_seq_max = 3, .n_blocks = 6, .block_size = 16}, &recyclePlan()}};
+      for (const Run& run : runs) {
+        CAPTURE(run.what);
+        auto b = (*m)->createBatchSession(run.options);
+        REQUIRE_MESSAGE(b.isOk(), b.status().message());
+        REQUIRE_MESSAGE((*b)->batchedKernels(), "the CUDA backend built the sequential fallback: the artifact's prefill "
+                                                "plan lacks paged launches for some positional step");
+        const auto events = runBatchScript(**b, n_vocab, *run.plan, 5);
+        const BatchCompare c = compareWithSessions(**m, events, bound);
+        MESSAGE(name << " (" << arch << ", " << run.what << "): batched vs each sequence alone: max rel " << c.worst
+                     << " (bound " << bound << ") over " << c.rows << " rows, at " << c.where);
+        CHECK_MESSAGE(c.worst <= bound, "worst at " << c.where);
+        CHECK_MESSAGE(c.argmax_differ == 0, c.argmax_differ << " rows' argmax differ beyond a near-tie");
+      }
+    }
+}
+
+TEST_CASE("batched session: greedy texts of sequences stepped together equal each sequence's own greedy text") {
+  MINFER_REQUIRE_GPU(G);
+  if (!haveFixtures()) return;
+  const char* prompts[] = {"Once upon a time", "The little dog", "Lily and Ben went to the park. They saw a big",
+                           "One day, a girl named Sue found a box"};
+  constexpr int kGenerate = 24;
+  for (const char* model : {"stories260K.gguf", "stories260K-Q8_0.gguf"})
+    for (const std::string& arch : goldenArchs()) {
+      const std::string name = model;
+      CAPTURE(name);
+      CAPTURE(arch);
+      auto m = Model::open(compiled(model, "models", true, arch), BackendKind::kCuda);
+      REQUIRE_MESSAGE(m.isOk(), m.status().message());
+      const int n_vocab = (*m)->info().n_vocab;
+      std::vector<std::vector<int32_t>> prompt_ids;
+      for (const char* p : prompts) {
+        auto ids = (*m)->tokenize(p);
+        REQUIRE(ids.isOk());
+        prompt_ids.push_back(*ids);
+      }
+      auto argmax = [&](const float* row) {
+        return static_cast<int32_t>(std::max_element(row, row + n_vocab) - row);
+      };
+      // Alone: prompt, then kGenerate greedy tokens, each fed back.
+      std::vector<std::vector<int32_t>> alone;
+      for (const auto& ids : prompt_ids) {
+        auto s = (*m)->createSession({.n_ctx = 128});
+        REQUIRE(s.isOk());
+        REQUIRE((*s)->prefill(ids).isOk());
+        std::vector<int32_t> out;
+        for (int i = 0; i < kGenerate; ++i) {
+          out.push_back(argmax((*s)->logits().data()));
+          REQUIRE((*s)->decode(out.back()).isOk());
+        }
+        alone.push_back(out);
+      }
+      // Together: sequence i's prompt joins at step i (beside the others' decode rows); each step feeds every
+      // joined, unfinished sequence its last greedy token.
+      auto b = (*m)->createBatchSession({.n_ctx = 128, .n_seq_max = 4, .n_blocks = 0, .block_size = 16});
+      REQUIRE_MESSAGE(b.isOk(), b.status().message());
+      CHECK((*b)->batchedKernels());
+      const size_t n_seq = prompt_ids.size();
+      std::vector<int> id(n_seq, -1);
+      std::vector<std::vector<int32_t>> together(n_seq);
+      for (int step = 0; step < kGenerate + static_cast<int>(n_seq); ++step) {
+        std::vector<BatchSession::Chunk> chunks;
+        std::vector<size_t> who;
+        std::vector<int32_t> last(n_seq);
+        for (size_t i = 0; i < n_seq; ++i) {
+          if (static_cast<int>(i) == step) {
+            Result<int> opened = (*b)->openSequence();
+            REQUIRE(opened.isOk());
+            id[i] = *opened;
+            chunks.push_back({id[i], prompt_ids[i]});
+            who.push_back(i);
+          } else if (id[i] >= 0 && static_cast<int>(together[i].size()) < kGenerate) {
+            last[i] = together[i].back();
+            chunks.push_back({id[i], std::span<const int32_t>(&last[i], 1)});
+            who.push_back(i);
+          }
+        }
+        if (chunks.empty()) break;
+        std::vector<float> logits(chunks.size() * static_cast<size_t>(n_vocab));
+        const Status st = (*b)->step(chunks, logits);
+        REQUIRE_MESSAGE(st.isOk(), st.message());
+        for (size_t c = 0; c < chunks.size(); ++c)
+          if (static_cast<int>(together[who[c]].size()) < kGenerate)
+            together[who[c]].push_back(argmax(logits.data() + c * n_vocab));
+      }
+      for (size_t i = 0; i < n_seq; ++i) {
+        CAPTURE(i);
+        auto ta = (*m)->detokenize(alone[i]), tt = (*m)->detokenize(together[i]);
+        REQUIRE(ta.isOk());
+        REQUIRE(tt.isOk());
+        CHECK_MESSAGE(together[i] == alone[i], "alone: \"" << *ta << "\"\ntogether: \"" << *tt << "\"");
+        MESSAGE(name << " (" << arch << ") sequence " << i << ": " << *tt);
+      }
+    }
+}
+
+TEST_CASE("batched session: the sequential fallback on request, and its logits equal the batched ones within the bound") {
+  MINFER_REQUIRE_GPU(G);
+  if (!haveFixtures()) return;
+  auto m = Model::open(compiled("tiny-llama-Q4_K_M.gguf"), BackendKind::kCuda);
+  REQUIRE_MESSAGE(m.isOk(), m.status().message());
+  const int n_vocab = (*m)->info().n_vocab;
+  std::vector<std::vector<BatchEvent>> ev[2];
+  for (int sequential = 0; sequential < 2; ++sequential) {
+    BatchOptions o{.n_ctx = 64, .n_seq_max = 6, .n_blocks = 0, .block_size = 8};
+    o.sequential = sequential != 0;
+    auto b = (*m)->createBatchSession(o);
+    REQUIRE_MESSAGE(b.isOk(), b.status().message());
+    CHECK((*b)->batchedKernels() == !o.sequential);
+    ev[sequential] = runBatchScript(**b, n_vocab, batchPlan(), 5);
+  }
+  // The fallback runs prompt chunks through the tensor-core prefill attention (f16 Q and P): the golden bound.
+  double worst = 0;
+  for (size_t s = 0; s < ev[0].size(); ++s)
+    for (size_t e = 0; e < ev[0][s].size(); ++e)
+      worst = std::max(worst, relError(ev[0][s][e].logits.data(), ev[1][s][e].logits.data(), ev[1][s][e].logits.size()));
+  MESSAGE("batched vs sequential fallback: max rel " << worst);
+  CHECK(worst <= kQuantRel);
 }
 
 }  // namespace

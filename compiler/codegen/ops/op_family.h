@@ -142,6 +142,16 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
                               const StepContext& rope, const StepContext& attention, const StepContext* quant);
 // The decode attention's launches after a fused QKV GEMV stored K and V (ops/attention.cpp).
 Launches storedAttentionLaunches(const StepContext& attention, const StepContext* quant);
+// The paged launches of step `step_index` of the prefill or decode plan (schema Step.paged_launches,
+// ops/paged_attention.cpp), given how many steps after it run in its launches (`followers`): for a Rope step
+// without followers minfer_rope_paged; for an Attention step minfer_kv_store_paged and minfer_attn_paged, all
+// with per-row positions and block tables (kernels/paged_attention.cuh); with one follower that is a
+// QuantizeAct (the decode plan's fusion) the attention also writes its q8 form (PA_Q8). None for other ops
+// (row-wise launches serve a batch as they are) or other fusions, for attention groups too wide for the
+// kernel's shared memory, or a q8 form of heads that are not whole blocks of 32. Errors as the step's own
+// launches.
+Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
+                              PlanVariant variant, size_t step_index, size_t followers);
 // The check the q8 forms make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
 llvm::Error checkFusedQuantize(const StepContext& quant, uint32_t width);
 

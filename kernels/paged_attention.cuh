@@ -1,0 +1,284 @@
+// Paged (batched) forms of the position-dependent kernels: RoPE, the KV store and causal GQA attention for
+// a batch whose rows come from several sequences, each row with its own position and its sequence's block
+// table into a pool of fixed-size KV blocks (Kwon et al. 2023, vLLM's paged attention). The CPU reference
+// is cpu::rope / cpu::kvStore / cpu::attention with a paged cpu::KvRows (runtime/cpu/cpu_ops.h).
+//
+// Row addressing (schema ArgKind RowPositions, BlockTables, BlockSize):
+//   pos[t]      position of row t in its own sequence (0-based);
+//   tables[t]   index into `tables` of row t's block table: entry b = tables[tables[t] + b] is the pool block
+//               holding that sequence's positions b·bs .. b·bs + bs − 1 (bs = block_size, a power of two);
+//   slot(t, p)  = tables[tables[t] + p / bs]·bs + p % bs: where position p of row t's sequence lives.
+// KV pool of one layer: K and V, each (n_blocks·bs, NHEAD_KV, HEAD_DIM) f16, slot-major (attention.cuh's
+// cache layout with slots for positions). The rows of a batch need not be sorted, and rows of one sequence
+// share its table; a row's result depends only on its own sequence's keys (positions 0..pos[t]).
+//
+// rope_paged (PA_ROPE): minfer_rope's rotation (rope.cuh ropeCosSin / ropeRotate, the same constants
+//   ROPE_NROT, ROPE_NEOX, ROPE_BASE, ROPE_SCALE, ROPE_FREQ_FACTORS, optional ROPE_YARN…, ROPE_MSCALE) at
+//   position pos[t] for row t; heads PA_NHEAD, PA_NHEAD_KV, PA_HEAD_DIM; optional PA_Q_PITCH / PA_K_PITCH
+//   (column views, as ROPE_Q_PITCH / ROPE_K_PITCH). Compiled with --fmad=false like minfer_rope.
+//   minfer_rope_paged(float* q, float* k, const float* freq_factors, const int* pos, int n_tokens)
+//   launch: kern::ropeLaunchRule (rope.cuh): grid (n_tokens, head groups), 64 threads.
+// kv_store_paged (PA_KV_STORE): row t's K and V (f32) → f16 at slot(t, pos[t]).
+//   minfer_kv_store_paged(const float* k, const float* v, uint16_t* kc, uint16_t* vc, const int* pos,
+//                         const int* tables, int block_size, int n_tokens)
+//   ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM; optional ATT_K_PITCH / ATT_V_PITCH (column views).
+//   launch: pagedKvStoreLaunchRule(), one thread per element.
+// attn_paged (PA_ATTN): out[t, j] = softmax_i(q[t, j]·K[i, g]·scale)·V[i, g] over i = lo..pos[t] of row t's
+//   sequence (lo = 0, or pos[t] − ATT_WINDOW + 1 with a window; soft-cap as ATT_SOFTCAP), the definitions and
+//   helpers of attention.cuh (qkScale, capScore, windowStart). One block per (row t, kv head g): its 4 warps
+//   take keys lo + w, lo + w + 4, … two at a time (two independent load/reduce chains), lanes over the
+//   dimensions, for all kGroup query heads of g at once (each K/V row read once per group: GQA), an online
+//   softmax per warp, then the warps' partials merge through shared memory. Cost: row t reads
+//   (pos[t] + 1)·2·HEAD_DIM f16 per kv head; no tensor cores (a straightforward first form: decode rows
+//   are what batching multiplies; long prompt chunks cost O(n²) CUDA-core FMAs).
+//   minfer_attn_paged(const float* q, const uint16_t* kc, const uint16_t* vc, float* out, const int* pos,
+//                     const int* tables, int block_size, int n_tokens)
+//   ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, optional ATT_SCALE, ATT_SOFTCAP, ATT_WINDOW, ATT_Q_PITCH;
+//   q: rows of ATT_Q_PITCH floats (default NHEAD·HEAD_DIM), out: n_tokens × NHEAD·HEAD_DIM f32.
+//   With PA_Q8 = 1 (the decode plan's QuantizeAct of the output fused in, as attention.cuh's ATT_Q8; HEAD_DIM
+//   % 32 == 0): minfer_attn_paged(q, kc, vc, out, int8_t* qs, Q8Meta* meta, pos, tables, block_size, n_tokens)
+//   also writes out's q8 form (quantize_act.cuh's definition bit for bit; qs row t at t·NHEAD·HEAD_DIM).
+//   launch: pagedAttnLaunchRule(): grid (n_tokens, NHEAD_KV), 128 threads, static shared memory
+//   4·kGroup·(HEAD_DIM + 2) floats.
+#pragma once
+
+#include "kernels/attention.cuh"
+#include "kernels/rope.cuh"
+
+namespace minfer::kern {
+
+constexpr unsigned kPagedAttnWarps = 4;
+
+MINFER_HD LaunchRule pagedKvStoreLaunchRule(unsigned n_head_kv, unsigned head_dim) {
+  return kvStoreLaunchRule(n_head_kv, head_dim);  // same element-per-thread shape as kv_store
+}
+
+MINFER_HD LaunchRule pagedAttnLaunchRule(unsigned n_head_kv) {
+  LaunchRule r;
+  r.grid[0] = perToken(1);
+  r.grid[1] = fixedExtent(n_head_kv);
+  r.block.x = 32 * kPagedAttnWarps;
+  return r;
+}
+
+// Static shared memory of attn_paged in bytes (the per-warp partials); ≤ 48 KiB for the kernel to compile.
+MINFER_HD constexpr unsigned pagedAttnSmemBytes(unsigned n_head, unsigned n_head_kv, unsigned head_dim) {
+  return 4u * kPagedAttnWarps * (n_head / n_head_kv) * (head_dim + 2);
+}
+
+}  // namespace minfer::kern
+
+#if defined(MINFER_DEVICE_CODE) && (defined(PA_KV_STORE) || defined(PA_ATTN) || defined(PA_ROPE))
+namespace minfer::kern::paged {
+// Slot of position p of the sequence whose block table is `table` (entry b = block of positions b·bs …).
+__device__ __forceinline__ uint64_t slot(const int* __restrict__ table, int p, int block_size) {
+  const int b = p / block_size;
+  return static_cast<uint64_t>(table[b]) * static_cast<uint64_t>(block_size) + static_cast<uint64_t>(p - b * block_size);
+}
+}  // namespace minfer::kern::paged
+#endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(PA_ROPE)
+#ifndef PA_Q_PITCH
+#define PA_Q_PITCH (PA_NHEAD * PA_HEAD_DIM)
+#endif
+#ifndef PA_K_PITCH
+#define PA_K_PITCH (PA_NHEAD_KV * PA_HEAD_DIM)
+#endif
+extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
+    minfer_rope_paged(float* q, float* k, const float* __restrict__ freq_factors, const int* __restrict__ pos,
+                      int n_tokens) {
+  minfer::kern::overlapPrologue();
+  static_assert(ROPE_NROT % 2 == 0 && ROPE_NROT <= PA_HEAD_DIM, "ROPE_NROT must be even and <= PA_HEAD_DIM");
+  constexpr int kHeads = PA_NHEAD + PA_NHEAD_KV;
+  const int per_block = (kHeads + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+  const int t = blockIdx.x, h0 = blockIdx.y * per_block;
+  if (t >= n_tokens) return;
+  const int p = pos[t];
+  for (int i = threadIdx.x; i < ROPE_NROT / 2; i += blockDim.x) {
+    float c, s;
+    minfer::kern::ropeCosSin(i, p, freq_factors, c, s);
+    const int i0 = ROPE_NEOX ? i : 2 * i;
+    const int i1 = ROPE_NEOX ? i + ROPE_NROT / 2 : 2 * i + 1;
+    for (int hh = 0; hh < per_block; ++hh) {
+      const int h = h0 + hh;
+      if (h >= kHeads) break;
+      float* x = h < PA_NHEAD ? q + static_cast<uint64_t>(t) * PA_Q_PITCH + h * PA_HEAD_DIM
+                              : k + static_cast<uint64_t>(t) * PA_K_PITCH + (h - PA_NHEAD) * PA_HEAD_DIM;
+      minfer::kern::ropeRotate(x[i0], x[i1], c, s, x[i0], x[i1]);
+    }
+  }
+}
+#endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(PA_KV_STORE)
+extern "C" __global__ void __launch_bounds__(minfer::kern::kKvStoreThreads)
+    minfer_kv_store_paged(const float* __restrict__ k, const float* __restrict__ v, uint16_t* __restrict__ kc,
+                          uint16_t* __restrict__ vc, const int* __restrict__ pos, const int* __restrict__ tables,
+                          int block_size, int n_tokens) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+#ifdef ATT_K_PITCH
+  constexpr uint64_t kKPitch = ATT_K_PITCH, kVPitch = ATT_V_PITCH;
+#else
+  constexpr uint64_t kKPitch = attn::kKvW, kVPitch = attn::kKvW;
+#endif
+  const uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<uint64_t>(n_tokens) * attn::kKvW) return;
+  const int t = static_cast<int>(i / attn::kKvW);
+  const uint64_t c = i % attn::kKvW;
+  const uint64_t dst = paged::slot(tables + tables[t], pos[t], block_size) * attn::kKvW + c;
+  kc[dst] = f2h(k[t * kKPitch + c]);
+  vc[dst] = f2h(v[t * kVPitch + c]);
+}
+#endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(PA_ATTN)
+namespace minfer::kern::paged {
+using attn::kD;
+using attn::kDL;
+using attn::kGroup;
+// Lane l holds dimensions dim(l, i), i < kDL: contiguous (l·kDL …) when HEAD_DIM is a multiple of 32 — one
+// 2-, 4-, 8- or 16-byte load per row for kDL 1, 2, 4, 8 (a slot row of one kv head starts at a multiple of
+// HEAD_DIM halves, so these loads are aligned) — else strided (l + 32·i, 2-byte loads); dimensions ≥ HEAD_DIM
+// read as 0. (The same scheme as attention.cuh's decode kernel, whose loader is private to ATT_DECODE.)
+constexpr bool kContig = kD % 32 == 0;
+__device__ __forceinline__ int dim(int lane, int i) { return kContig ? lane * kDL + i : lane + 32 * i; }
+__device__ __forceinline__ void loadRow(const uint16_t* row, int lane, float (&x)[kDL]) {
+  if constexpr (kContig && (kDL == 1 || kDL == 2 || kDL == 4 || kDL == 8)) {
+    unsigned w[kDL == 8 ? 4 : kDL == 4 ? 2 : 1];
+    if constexpr (kDL == 8) {
+      const uint4 v = *reinterpret_cast<const uint4*>(row + lane * 8);
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else if constexpr (kDL == 4) {
+      const uint2 v = *reinterpret_cast<const uint2*>(row + lane * 4);
+      w[0] = v.x, w[1] = v.y;
+    } else if constexpr (kDL == 2) {
+      w[0] = *reinterpret_cast<const unsigned*>(row + lane * 2);
+    } else {
+      w[0] = row[lane];
+    }
+#pragma unroll
+    for (int i = 0; i < kDL; ++i) x[i] = h2f(static_cast<uint16_t>(kDL == 1 ? w[0] : w[i / 2] >> (16 * (i % 2))));
+  } else {
+#pragma unroll
+    for (int i = 0; i < kDL; ++i) x[i] = dim(lane, i) < kD ? h2f(row[dim(lane, i)]) : 0.0f;
+  }
+}
+}  // namespace minfer::kern::paged
+
+#ifndef PA_Q8
+#define PA_Q8 0
+#endif
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kPagedAttnWarps)
+    minfer_attn_paged(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
+                      float* __restrict__ out,
+#if PA_Q8
+                      int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
+#endif
+                      const int* __restrict__ pos, const int* __restrict__ tables, int block_size, int n_tokens) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::attn;
+  using paged::dim;
+  using paged::loadRow;
+  constexpr int kW = kPagedAttnWarps;
+  __shared__ float wm[kW][kGroup], wl[kW][kGroup];
+  __shared__ float wo[kW][kGroup][kD];
+
+  const int t = blockIdx.x, g = blockIdx.y;
+  if (t >= n_tokens) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int p = pos[t], lo = windowStart(p), end = p + 1;  // keys [lo, end) of row t's sequence
+  const int* table = tables + tables[t];
+  const float scale = qkScale();
+  const uint64_t col = static_cast<uint64_t>(g) * kD;
+
+  float qv[kGroup][kDL], m[kGroup], l[kGroup], o[kGroup][kDL];
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) {
+    m[h] = -MINFER_INF;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDL; ++i) {
+      const int d = dim(lane, i);
+      qv[h][i] = d < kD ? q[static_cast<uint64_t>(t) * kQPitch + (static_cast<uint64_t>(g) * kGroup + h) * kD + d] : 0.0f;
+      o[h][i] = 0.0f;
+    }
+  }
+  // Two keys per iteration (key, key + kW); a second key past the end has p = 0 (its loads repeat the first).
+  for (int key = lo + warp; key < end; key += 2 * kW) {
+    const bool two = key + kW < end;
+    const int key2 = two ? key + kW : key;
+    const uint64_t s0 = paged::slot(table, key, block_size) * kKvW + col;
+    const uint64_t s1 = paged::slot(table, key2, block_size) * kKvW + col;
+    float kr[2][kDL], vr[2][kDL];
+    loadRow(kc + s0, lane, kr[0]);
+    loadRow(kc + s1, lane, kr[1]);
+    loadRow(vc + s0, lane, vr[0]);
+    loadRow(vc + s1, lane, vr[1]);
+    float s[2][kGroup];
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      s[0][h] = s[1][h] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kDL; ++i) {
+        s[0][h] = fmaf(qv[h][i], kr[0][i], s[0][h]);
+        s[1][h] = fmaf(qv[h][i], kr[1][i], s[1][h]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      s[0][h] = warpSum(s[0][h]);
+      s[1][h] = warpSum(s[1][h]);
+    }
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      const float sc0 = capScore(s[0][h] * scale, 1.0f);
+      const float sc1 = two ? capScore(s[1][h] * scale, 1.0f) : -MINFER_INF;
+      const float m_new = fmaxf(m[h], fmaxf(sc0, sc1));
+      const float p0 = expf(sc0 - m_new), p1 = two ? expf(sc1 - m_new) : 0.0f, corr = expf(m[h] - m_new);
+      l[h] = l[h] * corr + p0 + p1;
+#pragma unroll
+      for (int i = 0; i < kDL; ++i) o[h][i] = fmaf(p1, vr[1][i], fmaf(p0, vr[0][i], o[h][i] * corr));
+      m[h] = m_new;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) {
+    if (lane == 0) {
+      wm[warp][h] = m[h];  // −inf for a warp that had no key
+      wl[warp][h] = l[h];
+    }
+#pragma unroll
+    for (int i = 0; i < kDL; ++i) {
+      const int d = dim(lane, i);
+      if (d < kD) wo[warp][h][d] = o[h][i];
+    }
+  }
+  __syncthreads();
+  // Merge: M = max_w m_w, L = Σ_w e^{m_w − M}·l_w, out = Σ_w e^{m_w − M}·o_w / L (every row has key p itself,
+  // so some warp has a finite maximum and L ≥ 1). With PA_Q8 (HEAD_DIM % 32 == 0) a warp's 32 elements are
+  // one block of 32 of one head (kGroup·kD is a multiple of 32, so every lane of a warp runs each iteration).
+  for (int e = threadIdx.x; e < kGroup * kD; e += blockDim.x) {
+    const int h = e / kD, d = e % kD;
+    float mb = -MINFER_INF;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) mb = fmaxf(mb, wm[w][h]);
+    float acc = 0.0f, lb = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kW; ++w)
+      if (wm[w][h] != -MINFER_INF) {
+        const float f = expf(wm[w][h] - mb);
+        acc += wo[w][h][d] * f;
+        lb += wl[w][h] * f;
+      }
+    const uint64_t at = (static_cast<uint64_t>(t) * kH + static_cast<uint64_t>(g) * kGroup + h) * kD + d;
+    out[at] = acc / lb;
+#if PA_Q8
+    static_assert(kD % 32 == 0, "PA_Q8 needs heads of whole blocks of 32");
+    quantizeBlock<1>({acc / lb}, qs + (at & ~uint64_t{31}), meta + at / 32, true);
+#endif
+  }
+}
+#endif

@@ -1,0 +1,58 @@
+// CUDA BatchSession: one forward pass of the prefill plan over the rows of every chunk of a step, each row
+// with its own position and its sequence's block table into a paged f16 KV pool (the CUDA twin of
+// runtime/cpu/cpu_batch_session.cpp; kernels/paged_attention.cuh).
+//
+// Allocate phase (CudaBackend::createBatchSession): a paged CudaSession (activations for max_batch rows, a
+// KV pool of n_blocks·block_size slots per attention layer, device arrays for the row positions and block
+// tables) and host arrays of the same sizes (BatchRows). step() lays the chunks out as rows with their
+// positions and block tables (BatchSessionBase::layoutRows; BatchSessionBase grew the tables before run())
+// and asks forwardRows for the logits of each chunk's last row; it allocates nothing. The matmuls are the
+// prefill plan's batched GEMMs (a step of one row: the decode plan's GEMVs); only RoPE, the KV store and
+// attention (Step.paged_launches) read per-row positions and tables.
+#include "runtime/batch_session.h"
+#include "runtime/cuda/cuda_backend.h"
+
+namespace minfer::cuda {
+namespace {
+
+class CudaBatchSession final : public BatchSessionBase {
+ public:
+  CudaBatchSession(const BatchConfig& config, std::unique_ptr<CudaSession> session)
+      : BatchSessionBase(config), session_(std::move(session)), rows_(config) {}
+
+  uint64_t allocatedBytes() const override { return session_->allocatedBytes(); }
+  bool batchedKernels() const override { return true; }
+
+ protected:
+  Status run(std::span<const Chunk> chunks, std::span<float> logits) override {
+    layoutRows(chunks, rows_);
+    const size_t n = static_cast<size_t>(rows_.rows);
+    return session_->forwardRows(std::span<const int32_t>(rows_.ids.data(), n),
+                                 std::span<const int32_t>(rows_.pos.data(), n),
+                                 std::span<const int32_t>(rows_.tables.data(), rows_.words), rows_.out_rows,
+                                 logits.data());
+  }
+
+ private:
+  std::unique_ptr<CudaSession> session_;
+  BatchRows rows_;  // the step's rows, refilled by every run()
+};
+
+}  // namespace
+
+Result<std::unique_ptr<BatchSession>> CudaBackend::createBatchSession(const BatchConfig& config) const {
+  if (!supportsPagedSessions()) return std::unique_ptr<BatchSession>();  // Model builds the sequential fallback
+  const int64_t words = BatchRows::tableWords(config);
+  if (words > (int64_t{1} << 30))
+    return Status::error("CUDA batch session: block tables of " + std::to_string(words) +
+                         " words per step; lower n_seq_max or raise block_size");
+  Result<std::unique_ptr<CudaSession>> session = createPagedSession(
+      {.n_ctx = config.n_ctx,
+       .kv_slots = int64_t{config.n_blocks} * config.block_size,
+       .block_size = config.block_size,
+       .table_words = static_cast<int>(words)});
+  if (!session) return session.takeStatus().withContext("CUDA batch session: ");
+  return std::unique_ptr<BatchSession>(std::make_unique<CudaBatchSession>(config, std::move(*session)));
+}
+
+}  // namespace minfer::cuda
