@@ -233,7 +233,10 @@ TEST_CASE("CUDA ring KV caches: the same logits as the --swa-full artifact (only
   if (!haveFixtures()) return;
   for (const Case& c : cases()) {
     CAPTURE(caseName(c));
-    const std::vector<Op> ops = schedule(c, true);
+    // Without rewinds: a rewind past what a ring holds re-evaluates the prefix through the prefill plan (the
+    // full-size artifact keeps its decode-computed K and V), which rounds differently; the first case
+    // covers rewinds against the CPU's bounds.
+    const std::vector<Op> ops = schedule(c, false);
     const Trace ring = run(compiled(c, false), BackendKind::kCuda, c, ops);
     const Trace full = run(compiled(c, true), BackendKind::kCuda, c, ops);
     const Trace full2 = run(compiled(c, true), BackendKind::kCuda, c, ops);
