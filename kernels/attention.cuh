@@ -61,7 +61,8 @@ namespace minfer::kern {
 constexpr unsigned kAttnBQ = 16;       // query tokens per prefill block
 constexpr unsigned kAttnBKV = 32;      // key positions per tile (= warp width: lane = key)
 constexpr unsigned kAttnWarps = 4;
-constexpr unsigned kAttnDecodeMinKeys = 16;  // keys per decode split at least (decodeSplits)
+// Keys per decode split at least (decodeSplits): one iteration of the block's warps, two keys each.
+constexpr unsigned kAttnDecodeMinKeys = 2 * kAttnWarps;
 constexpr unsigned kKvStoreThreads = 256;
 constexpr unsigned kAttnMmaBQ = 64;    // query tokens per tensor-core prefill block (16 per warp)
 constexpr unsigned kAttnMmaBKV = 64;   // key positions per tile
@@ -100,11 +101,12 @@ MINFER_HD unsigned long long attnDecodePartFloats(unsigned n_head, unsigned head
   return static_cast<unsigned long long>(n_head) * splits * (head_dim + 2);
 }
 
-// Warps of an attn_decode block (two keys in flight each): 8, or 4 where 8 warps' partial outputs
-// (warps × group × head_dim floats of shared memory) would pass 40 KiB. 8 rather than 4: +2% tg128 and
-// +x% at a depth of 4096 on the 7B (BENCHMARKS.md).
+// Warps of an attn_decode block (two keys in flight each). 8 measured no faster than 4 at a depth of 4096
+// and slower at a short context (BENCHMARKS.md); the function keeps the choice in one place.
 MINFER_HD constexpr unsigned attnDecodeWarps(unsigned group, unsigned head_dim) {
-  return 8u * group * head_dim * 4u <= 40u * 1024u ? 8u : 4u;
+  (void)group;
+  (void)head_dim;
+  return kAttnWarps;
 }
 // One block per (kv head, split): the query heads sharing a kv head are done together.
 MINFER_HD LaunchRule attnDecodeLaunchRule(unsigned n_head, unsigned n_head_kv, unsigned head_dim, unsigned splits) {
@@ -186,7 +188,7 @@ __device__ __forceinline__ int windowStart(int qp0) { return kWindow == 0 ? 0 : 
 #ifdef ATT_SPLITS
 // The split-KV geometry of a decode step whose query is at position kv_len − 1 (attn_decode and
 // attn_combine compute it alike from pos): keys [lo, kv_len) in splits of `chunk` keys, at least
-// kAttnDecodeMinKeys, so that a short context uses fewer splits (each with a few iterations of work)
+// kAttnDecodeMinKeys, so that a short context uses fewer, fuller splits
 // rather than all SPLITS with one or two keys each; splits [0, active) are non-empty, the rest idle.
 struct DecodeSplits {
   int lo, chunk, active;
