@@ -461,12 +461,15 @@ TEST_CASE("checksums while staging: each segment's XXH64 over chunk boundaries; 
 //   decode GEMV; dense f32 for float weights; a step of one row runs the decode plan itself), so only f32
 //   summation order differs, and through the layers an occasional rounding flip where a value sits at a
 //   rounding boundary: of a K or V element to f16 (one f16 ulp, 2^-11 relative, of one key's term) and, for
-//   quantized weights, of an activation to q8. Float weights 1e-3, quantized 1e-2. Not yet measured (no GPU
-//   where this was written): the test prints the largest error per model and run; tighten from those.
+//   quantized weights, of an activation to q8. Measured on the H200 (2026-11-30, largest over the three
+//   setups): float weights 3.7e-4 (stories260K), 1.3e-4 (tiny-gemma2-F32); quantized 8.5e-3 (tiny-llama31-
+//   Q8_0), 8.3e-3 (tiny-qwen2-Q4_K_M), 8.2e-3 (tiny-llama-Q4_K_M), 4.9e-3 (tiny-qwen3moe), 7.6e-4 (tiny-phi3),
+//   and 1.5e-2 on tiny-gemma3-Q8_0 (its q/k RMS norms and soft-capped layers amplify a q8 flip). Bounds:
+//   float 1e-3, quantized 3e-2 (2× the largest measured).
 // - sm_90a images (Hopper prefill plan: wgmma on f16 planes and f16-rounded activations): the golden bounds
 //   of that model's kind (the prefill plan vs the decode plan is exactly what the golden test bounds).
 constexpr double kBatchFloatRel = 1e-3;
-constexpr double kBatchQuantRel = 1e-2;
+constexpr double kBatchQuantRel = 3e-2;
 
 // What happened to one sequence slot, in order: a chunk (its tokens and the logits row the batch gave), or
 // a truncation to `pos` (tokens empty).
