@@ -9,7 +9,8 @@ set -uo pipefail
 { nvidia-smi -L; git -C "$R" rev-parse HEAD 2>/dev/null || true; } > "$OUT/env.log" 2>&1
 timeout 60 "$B/test_cuda_arch" > "$OUT/arch.log" 2>&1; echo "rc=$?" >> "$OUT/arch.log"
 timeout 200 "$B/test_cuda_kernels" > "$OUT/kernels.log" 2>&1; echo "rc=$?" >> "$OUT/kernels.log"
-timeout 200 "$B/test_cuda_e2e" > "$OUT/e2e.log" 2>&1; echo "rc=$?" >> "$OUT/e2e.log"
+timeout 300 "$B/test_cuda_e2e" > "$OUT/e2e.log" 2>&1; echo "rc=$?" >> "$OUT/e2e.log"
+timeout 200 "$B/test_cuda_swa" > "$OUT/swa.log" 2>&1; echo "rc=$?" >> "$OUT/swa.log"
 for tool in memcheck racecheck; do
   MINFER_GOLDEN_FILTER=tiny-qwen2-Q4_K_M timeout 120 compute-sanitizer --tool $tool "$B/test_cuda_e2e" \
     -tc="GPU logits*,last-token*" > "$OUT/sanitizer-$tool.log" 2>&1; echo "rc=$?" >> "$OUT/sanitizer-$tool.log"
