@@ -101,23 +101,17 @@ MINFER_HD unsigned long long attnDecodePartFloats(unsigned n_head, unsigned head
   return static_cast<unsigned long long>(n_head) * splits * (head_dim + 2);
 }
 
-// Warps of an attn_decode block (two keys in flight each). 8 measured no faster than 4 at a depth of 4096
-// and slower at a short context (BENCHMARKS.md); the function keeps the choice in one place.
-MINFER_HD constexpr unsigned attnDecodeWarps(unsigned group, unsigned head_dim) {
-  (void)group;
-  (void)head_dim;
-  return kAttnWarps;
-}
 // One block per (kv head, split): the query heads sharing a kv head are done together.
-MINFER_HD LaunchRule attnDecodeLaunchRule(unsigned n_head, unsigned n_head_kv, unsigned head_dim, unsigned splits) {
+// (4 warps: 8 measured no faster at a depth of 4096 and slower at a short context, BENCHMARKS.md.)
+MINFER_HD LaunchRule attnDecodeLaunchRule(unsigned n_head_kv, unsigned splits) {
   LaunchRule r;
   r.grid[0] = fixedExtent(n_head_kv);
   r.grid[1] = fixedExtent(splits);
-  r.block.x = 32 * attnDecodeWarps(n_head / n_head_kv, head_dim);
+  r.block.x = 32 * kAttnWarps;
   return r;
 }
-MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head, unsigned n_head_kv, unsigned head_dim, unsigned splits) {
-  return attnDecodeLaunchRule(n_head, n_head_kv, head_dim, splits).at(1);
+MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head_kv, unsigned splits) {
+  return attnDecodeLaunchRule(n_head_kv, splits).at(1);
 }
 
 MINFER_HD LaunchRule attnCombineLaunchRule(unsigned n_head) {
@@ -519,9 +513,9 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 }
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE)
+#if defined(MINFER_DEVICE_CODE) && (defined(ATT_DECODE) || defined(PA_ATTN))
 namespace minfer::kern::attn {
-// Decode: lane l holds kDL dimensions of every row, dimension i of the lane at dim(l, i): contiguous
+// Decode (and the paged kernels' attention, paged_attention.cuh): lane l holds kDL dimensions of every row, dimension i of the lane at dim(l, i): contiguous
 // (l·kDL … l·kDL + kDL − 1) when HEAD_DIM is a multiple of 32 — one 2-, 4-, 8- or 16-byte load per row for
 // kDL 1, 2, 4, 8, else one 2-byte load per dimension (HEAD_DIM 96, 160, …) — and strided (l + 32·i,
 // 2-byte loads) otherwise; dimensions ≥ HEAD_DIM are not read (zero).
@@ -548,57 +542,36 @@ __device__ __forceinline__ void loadRow(const uint16_t* row, int lane, float (&x
     for (int i = 0; i < kDL; ++i) x[i] = dim(lane, i) < kD ? h2f(row[dim(lane, i)]) : 0.0f;
   }
 }
-}  // namespace minfer::kern::attn
 
-// Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys, so
-// each K and V row is read once for all of them (GQA). A warp takes two keys at a time (keys begin + w,
-// begin + w + kAttnDecodeWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
-// online softmax runs in every lane, and each lane accumulates P·V for its own dimensions. (The earlier
-// form, lane = key, ran HEAD_DIM · kGroup dependent FMAs per key on one lane: 14 µs per layer at a
-// depth of a few keys on the 7B, measured with Nsight Compute.) The warps' partials merge through shared
-// memory into the block's (max, sum, output) per head.
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::attnDecodeWarps(ATT_NHEAD / ATT_NHEAD_KV, ATT_HEAD_DIM))
-    minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
-                       float* __restrict__ part, const int* __restrict__ pos) {
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  using namespace minfer::kern::attn;
-  constexpr int kSplits = ATT_SPLITS;
-  constexpr int kAttnDecodeWarps = static_cast<int>(attnDecodeWarps(kGroup, kD));
-  __shared__ float wm[kAttnDecodeWarps][kGroup], wl[kAttnDecodeWarps][kGroup];
-  __shared__ float wo[kAttnDecodeWarps][kGroup][kD];
-
-  const int g = blockIdx.x, split = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kv_len = pos[0] + 1;
-  const DecodeSplits sp = decodeSplits(kv_len);
-  if (split >= sp.active) return;  // idle: the combine reads splits [0, active) only
-  const int begin = sp.lo + split * sp.chunk, end = min(kv_len, begin + sp.chunk);
-  const float scale = qkScale();
+// One warp's online softmax over its keys for the kGroup query heads of a kv head (lanes over the
+// dimensions, as loadRow): the queries, the running maxima m, sums l and unnormalized outputs o.
+struct WarpAttention {
   float qv[kGroup][kDL], m[kGroup], l[kGroup], o[kGroup][kDL];
+
+  // q0: the first query head's row of the group (kGroup rows of kD floats).
+  __device__ __forceinline__ void init(const float* q0, int lane) {
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    m[h] = -MINFER_INF;
-    l[h] = 0.0f;
+    for (int h = 0; h < kGroup; ++h) {
+      m[h] = -MINFER_INF;
+      l[h] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kDL; ++i) {
-      const int d = dim(lane, i);
-      qv[h][i] = d < kD ? q[(static_cast<uint64_t>(g) * kGroup + h) * kD + d] : 0.0f;
-      o[h][i] = 0.0f;
+      for (int i = 0; i < kDL; ++i) {
+        const int d = dim(lane, i);
+        qv[h][i] = d < kD ? q0[static_cast<uint64_t>(h) * kD + d] : 0.0f;
+        o[h][i] = 0.0f;
+      }
     }
   }
-  // Two keys per iteration (key, key + kAttnDecodeWarps): two independent chains of loads, warp sums and
-  // exponentials in flight; a second key past the end has p = 0 (its loads are of the first key).
-  const uint64_t col = static_cast<uint64_t>(g) * kD;
-  for (int key = begin + warp; key < end; key += 2 * kAttnDecodeWarps) {
-    const bool two = key + kAttnDecodeWarps < end;
-    const int key2 = two ? key + kAttnDecodeWarps : key;
+
+  // Two keys at once (rows k0/v0 and k1/v1 of this kv head): two independent chains of loads, warp sums and
+  // exponentials in flight; without `two` the second key has p = 0 (pass the first key's rows again).
+  __device__ __forceinline__ void keyPair(const uint16_t* k0, const uint16_t* k1, const uint16_t* v0,
+                                          const uint16_t* v1, bool two, float scale, int lane) {
     float kr[2][kDL], vr[2][kDL];
-    const uint64_t row = kvRow(key), row2 = kvRow(key2);
-    loadRow(kc + row + col, lane, kr[0]);
-    loadRow(kc + row2 + col, lane, kr[1]);
-    loadRow(vc + row + col, lane, vr[0]);
-    loadRow(vc + row2 + col, lane, vr[1]);
+    loadRow(k0, lane, kr[0]);
+    loadRow(k1, lane, kr[1]);
+    loadRow(v0, lane, vr[0]);
+    loadRow(v1, lane, vr[1]);
     float s[2][kGroup];
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
@@ -626,18 +599,64 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::attnDecodeWarps(
       m[h] = m_new;
     }
   }
+
+  // This warp's (m, l, o) into the block's shared arrays at index `warp` (m = −inf for a warp without keys).
+  template <int kWarps>
+  __device__ __forceinline__ void stash(int warp, int lane, float (&wm)[kWarps][kGroup], float (&wl)[kWarps][kGroup],
+                                        float (&wo)[kWarps][kGroup][kD]) const {
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    if (lane == 0) {
-      wm[warp][h] = m[h];  // −inf for a warp that had no key
-      wl[warp][h] = l[h];
-    }
+    for (int h = 0; h < kGroup; ++h) {
+      if (lane == 0) {
+        wm[warp][h] = m[h];
+        wl[warp][h] = l[h];
+      }
 #pragma unroll
-    for (int i = 0; i < kDL; ++i) {
-      const int d = dim(lane, i);
-      if (d < kD) wo[warp][h][d] = o[h][i];
+      for (int i = 0; i < kDL; ++i) {
+        const int d = dim(lane, i);
+        if (d < kD) wo[warp][h][d] = o[h][i];
+      }
     }
   }
+};
+}  // namespace minfer::kern::attn
+#endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE)
+// Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys, so
+// each K and V row is read once for all of them (GQA). A warp takes two keys at a time (keys begin + w,
+// begin + w + kAttnDecodeWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
+// online softmax runs in every lane, and each lane accumulates P·V for its own dimensions. (The earlier
+// form, lane = key, ran HEAD_DIM · kGroup dependent FMAs per key on one lane: 14 µs per layer at a
+// depth of a few keys on the 7B, measured with Nsight Compute.) The warps' partials merge through shared
+// memory into the block's (max, sum, output) per head.
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
+    minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
+                       float* __restrict__ part, const int* __restrict__ pos) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::attn;
+  constexpr int kSplits = ATT_SPLITS;
+  constexpr int kAttnDecodeWarps = static_cast<int>(kAttnWarps);
+  __shared__ float wm[kAttnDecodeWarps][kGroup], wl[kAttnDecodeWarps][kGroup];
+  __shared__ float wo[kAttnDecodeWarps][kGroup][kD];
+
+  const int g = blockIdx.x, split = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kv_len = pos[0] + 1;
+  const DecodeSplits sp = decodeSplits(kv_len);
+  if (split >= sp.active) return;  // idle: the combine reads splits [0, active) only
+  const int begin = sp.lo + split * sp.chunk, end = min(kv_len, begin + sp.chunk);
+  const float scale = qkScale();
+  WarpAttention wa;
+  wa.init(q + static_cast<uint64_t>(g) * kGroup * kD, lane);
+  // Two keys per iteration (key, key + kAttnDecodeWarps).
+  const uint64_t col = static_cast<uint64_t>(g) * kD;
+  for (int key = begin + warp; key < end; key += 2 * kAttnDecodeWarps) {
+    const bool two = key + kAttnDecodeWarps < end;
+    const uint64_t row = kvRow(key) + col, row2 = kvRow(two ? key + kAttnDecodeWarps : key) + col;
+    wa.keyPair(kc + row, kc + row2, vc + row, vc + row2, two, scale, lane);
+  }
+  wa.stash(warp, lane, wm, wl, wo);
   __syncthreads();
   for (int h = 0; h < kGroup; ++h) {
     float mb = -MINFER_INF;

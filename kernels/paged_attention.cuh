@@ -134,39 +134,6 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kKvStoreThreads)
 #endif
 
 #if defined(MINFER_DEVICE_CODE) && defined(PA_ATTN)
-namespace minfer::kern::paged {
-using attn::kD;
-using attn::kDL;
-using attn::kGroup;
-// Lane l holds dimensions dim(l, i), i < kDL: contiguous (l·kDL …) when HEAD_DIM is a multiple of 32 — one
-// 2-, 4-, 8- or 16-byte load per row for kDL 1, 2, 4, 8 (a slot row of one kv head starts at a multiple of
-// HEAD_DIM halves, so these loads are aligned) — else strided (l + 32·i, 2-byte loads); dimensions ≥ HEAD_DIM
-// read as 0. (The same scheme as attention.cuh's decode kernel, whose loader is private to ATT_DECODE.)
-constexpr bool kContig = kD % 32 == 0;
-__device__ __forceinline__ int dim(int lane, int i) { return kContig ? lane * kDL + i : lane + 32 * i; }
-__device__ __forceinline__ void loadRow(const uint16_t* row, int lane, float (&x)[kDL]) {
-  if constexpr (kContig && (kDL == 1 || kDL == 2 || kDL == 4 || kDL == 8)) {
-    unsigned w[kDL == 8 ? 4 : kDL == 4 ? 2 : 1];
-    if constexpr (kDL == 8) {
-      const uint4 v = *reinterpret_cast<const uint4*>(row + lane * 8);
-      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-    } else if constexpr (kDL == 4) {
-      const uint2 v = *reinterpret_cast<const uint2*>(row + lane * 4);
-      w[0] = v.x, w[1] = v.y;
-    } else if constexpr (kDL == 2) {
-      w[0] = *reinterpret_cast<const unsigned*>(row + lane * 2);
-    } else {
-      w[0] = row[lane];
-    }
-#pragma unroll
-    for (int i = 0; i < kDL; ++i) x[i] = h2f(static_cast<uint16_t>(kDL == 1 ? w[0] : w[i / 2] >> (16 * (i % 2))));
-  } else {
-#pragma unroll
-    for (int i = 0; i < kDL; ++i) x[i] = dim(lane, i) < kD ? h2f(row[dim(lane, i)]) : 0.0f;
-  }
-}
-}  // namespace minfer::kern::paged
-
 #ifndef PA_Q8
 #define PA_Q8 0
 #endif
@@ -180,8 +147,6 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kPagedAttnWarps)
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
-  using paged::dim;
-  using paged::loadRow;
   constexpr int kW = kPagedAttnWarps;
   __shared__ float wm[kW][kGroup], wl[kW][kGroup];
   __shared__ float wo[kW][kGroup][kD];
@@ -194,68 +159,17 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kPagedAttnWarps)
   const float scale = qkScale();
   const uint64_t col = static_cast<uint64_t>(g) * kD;
 
-  float qv[kGroup][kDL], m[kGroup], l[kGroup], o[kGroup][kDL];
-#pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    m[h] = -MINFER_INF;
-    l[h] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kDL; ++i) {
-      const int d = dim(lane, i);
-      qv[h][i] = d < kD ? q[static_cast<uint64_t>(t) * kQPitch + (static_cast<uint64_t>(g) * kGroup + h) * kD + d] : 0.0f;
-      o[h][i] = 0.0f;
-    }
-  }
-  // Two keys per iteration (key, key + kW); a second key past the end has p = 0 (its loads repeat the first).
+  // The lanes over the dimensions, a warp's keys with an online softmax: attention.cuh's WarpAttention
+  // (the decode kernel's), two keys per iteration (key, key + kW).
+  attn::WarpAttention wa;
+  wa.init(q + static_cast<uint64_t>(t) * kQPitch + static_cast<uint64_t>(g) * kGroup * kD, lane);
   for (int key = lo + warp; key < end; key += 2 * kW) {
     const bool two = key + kW < end;
-    const int key2 = two ? key + kW : key;
     const uint64_t s0 = paged::slot(table, key, block_size) * kKvW + col;
-    const uint64_t s1 = paged::slot(table, key2, block_size) * kKvW + col;
-    float kr[2][kDL], vr[2][kDL];
-    loadRow(kc + s0, lane, kr[0]);
-    loadRow(kc + s1, lane, kr[1]);
-    loadRow(vc + s0, lane, vr[0]);
-    loadRow(vc + s1, lane, vr[1]);
-    float s[2][kGroup];
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      s[0][h] = s[1][h] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kDL; ++i) {
-        s[0][h] = fmaf(qv[h][i], kr[0][i], s[0][h]);
-        s[1][h] = fmaf(qv[h][i], kr[1][i], s[1][h]);
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      s[0][h] = warpSum(s[0][h]);
-      s[1][h] = warpSum(s[1][h]);
-    }
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      const float sc0 = capScore(s[0][h] * scale, 1.0f);
-      const float sc1 = two ? capScore(s[1][h] * scale, 1.0f) : -MINFER_INF;
-      const float m_new = fmaxf(m[h], fmaxf(sc0, sc1));
-      const float p0 = expf(sc0 - m_new), p1 = two ? expf(sc1 - m_new) : 0.0f, corr = expf(m[h] - m_new);
-      l[h] = l[h] * corr + p0 + p1;
-#pragma unroll
-      for (int i = 0; i < kDL; ++i) o[h][i] = fmaf(p1, vr[1][i], fmaf(p0, vr[0][i], o[h][i] * corr));
-      m[h] = m_new;
-    }
+    const uint64_t s1 = paged::slot(table, two ? key + kW : key, block_size) * kKvW + col;
+    wa.keyPair(kc + s0, kc + s1, vc + s0, vc + s1, two, scale, lane);
   }
-#pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    if (lane == 0) {
-      wm[warp][h] = m[h];  // −inf for a warp that had no key
-      wl[warp][h] = l[h];
-    }
-#pragma unroll
-    for (int i = 0; i < kDL; ++i) {
-      const int d = dim(lane, i);
-      if (d < kD) wo[warp][h][d] = o[h][i];
-    }
-  }
+  wa.stash(warp, lane, wm, wl, wo);
   __syncthreads();
   // Merge: M = max_w m_w, L = Σ_w e^{m_w − M}·l_w, out = Σ_w e^{m_w − M}·o_w / L (every row has key p itself,
   // so some warp has a finite maximum and L ≥ 1). With PA_Q8 (HEAD_DIM % 32 == 0) a warp's 32 elements are

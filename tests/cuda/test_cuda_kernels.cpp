@@ -1135,7 +1135,7 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
       out.poison();
       part.poison();
       CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr();
-      launch(k[2], kern::attnDecodeLaunch(h, hkv, d, 32), {&a, &c, &e, &pt, &p});
+      launch(k[2], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p});
       launch(k[3], kern::attnCombineLaunch(h), {&pt, &o, &p});
       std::vector<float> got = out.download<float>(q.size()), ref(q.size());
       cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data());
@@ -1369,7 +1369,7 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
         out.poison();
         part.poison();
         CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr();
-        launch(k[1], kern::attnDecodeLaunch(h, hkv, d, 32), {&a, &c, &e, &pt, &p});
+        launch(k[1], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p});
         launch(k[2], kern::attnCombineLaunch(h), {&pt, &o, &p});
         std::vector<float> got = out.download<float>(q.size()), ref(q.size());
         cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data(), options);
@@ -1452,7 +1452,7 @@ TEST_CASE("attention over a ring KV cache (ATT_KV_RING): kv_store slots, prefill
       cpu::attention(q.data(), layer, n, rows, h, ref.data(), nullptr, scratch.data(), options);
       if (n == 1) {
         part.poison();
-        launch(k[2], kern::attnDecodeLaunch(h, hkv, d, 16), {&qp, &c, &e, &pt, &p});
+        launch(k[2], kern::attnDecodeLaunch(hkv, 16), {&qp, &c, &e, &pt, &p});
         launch(k[3], kern::attnCombineLaunch(h), {&pt, &o, &p});
         const std::vector<float> got = out.download<float>(q.size());
         CHECK(track("attn_decode ring", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);

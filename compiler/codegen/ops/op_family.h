@@ -92,6 +92,9 @@ struct RopeConstants {
 };
 llvm::Expected<RopeConstants> ropeConstants(const StepContext& rope);
 KernelArgDesc freqFactorsArg(const StepContext& rope, const RopeConstants& r);  // Weight or Null
+// A Rope step's launch: minfer_rope, or with `paged` minfer_rope_paged (per-row positions; schema
+// Step.paged_launches). Defined in ops/rope.cpp.
+llvm::Expected<std::vector<KernelLaunch>> ropeLaunchesOf(const StepContext& rope, bool paged);
 
 using Launches = llvm::Expected<std::vector<KernelLaunch>>;
 

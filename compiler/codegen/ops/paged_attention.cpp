@@ -13,34 +13,6 @@ KernelArgDesc pagedCacheArg(fb::ArgKind kind, const char* name, uint32_t layer, 
   return {.kind = kind, .name = name, .access = access, .width = width, .layer = layer};
 }
 
-Launches pagedRope(const StepContext& c) {
-  const model::StepDesc& s = c.step();
-  auto q = c.input(0, "q");
-  if (!q) return q.takeError();
-  auto k = c.input(1, "k");
-  if (!k) return k.takeError();
-  const model::ColumnView qv = c.inputView(0), kv = c.inputView(1);
-  if (auto e = checkHeads(c, qv.width, kv.width)) return e;
-  const bool views = qv.width != (*q)->width || kv.width != (*k)->width;
-  auto rc = ropeConstants(c);
-  if (!rc) return rc.takeError();
-  std::string key = llvm::formatv("rope_paged_h{0}_hkv{1}_d{2}_{3}", s.n_head, s.n_head_kv, s.head_dim, rc->key);
-  if (views) key += llvm::formatv("_qp{0}_kp{1}", (*q)->width, (*k)->width).str();
-  SpecBuilder b(key, "kernels/paged_attention.cuh", "minfer_rope_paged");
-  b.define("PA_ROPE", uint64_t{1})
-      .define("PA_NHEAD", static_cast<uint64_t>(s.n_head))
-      .define("PA_NHEAD_KV", static_cast<uint64_t>(s.n_head_kv))
-      .define("PA_HEAD_DIM", static_cast<uint64_t>(s.head_dim));
-  for (const auto& [name, value] : rc->defines) b.define(name, value);
-  if (views) b.define("PA_Q_PITCH", uint64_t{(*q)->width}).define("PA_K_PITCH", uint64_t{(*k)->width});
-  b.flag("--fmad=false");  // rotation rounded like the CPU reference (as minfer_rope)
-  KernelLaunch l{b.spec, {}, kern::ropeLaunchRule(s.n_head, s.n_head_kv)};
-  l.args = {viewArg("q", c.inputId(0), (*q)->width, qv, fb::Access::ReadWrite),
-            viewArg("k", c.inputId(1), (*k)->width, kv, fb::Access::ReadWrite), freqFactorsArg(c, *rc),
-            kindArg(fb::ArgKind::RowPositions, "pos"), kindArg(fb::ArgKind::TokenCount, "n_tokens")};
-  return std::vector<KernelLaunch>{std::move(l)};
-}
-
 // `quant`: the decode plan's QuantizeAct fused into the attention (its output's q8 form, PA_Q8), or null.
 Launches pagedAttention(const StepContext& c, const StepContext* quant) {
   const model::StepDesc& s = c.step();
@@ -120,7 +92,7 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
                               PlanVariant variant, size_t step_index, size_t followers) {
   const StepContext c(desc, layouts, variant, step_index);
   const auto& steps = planSteps(desc.plan, variant);
-  if (followers == 0 && c.step().op == fb::OpKind::Rope) return pagedRope(c);
+  if (followers == 0 && c.step().op == fb::OpKind::Rope) return ropeLaunchesOf(c, true);
   if (followers == 0 && c.step().op == fb::OpKind::Attention) return pagedAttention(c, nullptr);
   if (followers == 1 && c.step().op == fb::OpKind::Attention && step_index + 1 < steps.size() &&
       steps[step_index + 1].op == fb::OpKind::QuantizeAct) {

@@ -49,7 +49,9 @@ KernelArgDesc freqFactorsArg(const StepContext& c, const RopeConstants& r) {
                         : kindArg(fb::ArgKind::Null, "freq_factors");
 }
 
-Launches ropeLaunches(const StepContext& c) {
+// minfer_rope (kernels/rope.cuh; positions pos0 + t) or, `paged`, minfer_rope_paged (kernels/paged_attention.cuh;
+// each row's own position, ArgKind RowPositions): the same rotation constants, rounding and launch shape.
+Launches ropeLaunchesOf(const StepContext& c, bool paged) {
   const model::StepDesc& s = c.step();
   auto q = c.input(0, "q");
   if (!q) return q.takeError();
@@ -61,20 +63,28 @@ Launches ropeLaunches(const StepContext& c) {
   const bool views = qv.width != (*q)->width || kv.width != (*k)->width;
   auto rc = ropeConstants(c);
   if (!rc) return rc.takeError();
-  std::string key = llvm::formatv("rope_h{0}_hkv{1}_d{2}_{3}", s.n_head, s.n_head_kv, s.head_dim, rc->key);
+  std::string key = llvm::formatv("{0}_h{1}_hkv{2}_d{3}_{4}", paged ? "rope_paged" : "rope", s.n_head, s.n_head_kv,
+                                  s.head_dim, rc->key);
   if (views) key += llvm::formatv("_qp{0}_kp{1}", (*q)->width, (*k)->width).str();
-  SpecBuilder b(key, "kernels/rope.cuh", "minfer_rope");
-  b.define("ROPE_NHEAD", static_cast<uint64_t>(s.n_head))
-      .define("ROPE_NHEAD_KV", static_cast<uint64_t>(s.n_head_kv))
-      .define("ROPE_HEAD_DIM", static_cast<uint64_t>(s.head_dim));
+  SpecBuilder b(key, paged ? "kernels/paged_attention.cuh" : "kernels/rope.cuh",
+                paged ? "minfer_rope_paged" : "minfer_rope");
+  if (paged) b.define("PA_ROPE", uint64_t{1});
+  b.define(paged ? "PA_NHEAD" : "ROPE_NHEAD", static_cast<uint64_t>(s.n_head))
+      .define(paged ? "PA_NHEAD_KV" : "ROPE_NHEAD_KV", static_cast<uint64_t>(s.n_head_kv))
+      .define(paged ? "PA_HEAD_DIM" : "ROPE_HEAD_DIM", static_cast<uint64_t>(s.head_dim));
   for (const auto& [name, value] : rc->defines) b.define(name, value);
-  if (views) b.define("ROPE_Q_PITCH", uint64_t{(*q)->width}).define("ROPE_K_PITCH", uint64_t{(*k)->width});
+  if (views)
+    b.define(paged ? "PA_Q_PITCH" : "ROPE_Q_PITCH", uint64_t{(*q)->width})
+        .define(paged ? "PA_K_PITCH" : "ROPE_K_PITCH", uint64_t{(*k)->width});
   b.flag("--fmad=false");  // rotation rounded like the CPU reference
   KernelLaunch l{b.spec, {}, kern::ropeLaunchRule(s.n_head, s.n_head_kv)};
   l.args = {viewArg("q", c.inputId(0), (*q)->width, qv, fb::Access::ReadWrite),
             viewArg("k", c.inputId(1), (*k)->width, kv, fb::Access::ReadWrite), freqFactorsArg(c, *rc),
-            kindArg(fb::ArgKind::Positions, "pos"), kindArg(fb::ArgKind::TokenCount, "n_tokens")};
+            kindArg(paged ? fb::ArgKind::RowPositions : fb::ArgKind::Positions, "pos"),
+            kindArg(fb::ArgKind::TokenCount, "n_tokens")};
   return std::vector<KernelLaunch>{std::move(l)};
 }
+
+Launches ropeLaunches(const StepContext& c) { return ropeLaunchesOf(c, false); }
 
 }  // namespace minfer::codegen
