@@ -4,10 +4,12 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 namespace minfer::test {
 
@@ -49,12 +51,24 @@ std::vector<float> readF32File(const std::string& path) {
   return out;
 }
 
+// One fresh directory per test process (mkdtemp: a reused pid never meets an earlier run's files, which made
+// output-safety tests fail at random), removed with everything in it when the process exits. The path is
+// leaked on purpose: the exit handler runs after function-local statics are destroyed.
 std::string scratchDir() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string base = (tmp && *tmp) ? tmp : "/tmp";
-  std::string dir = base + "/minfer-test-" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
-  return dir;
+  static const std::string* dir = [] {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string((tmp && *tmp) ? tmp : "/tmp") + "/minfer-test-XXXXXX";
+    std::vector<char> buf(pattern.begin(), pattern.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) FAIL("cannot create a scratch directory " << pattern << ": " << std::strerror(errno));
+    const std::string* made = new std::string(buf.data());
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(*dir, ec);
+    });
+    return made;
+  }();
+  return *dir;
 }
 
 long procStatusKb(const char* key) {
