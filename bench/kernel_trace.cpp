@@ -7,7 +7,9 @@
 // The driver loads the library and calls InitializeInjection() at CUDA initialisation (CUPTI
 // documentation, "Injection"); the activity API (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) hands over filled
 // record buffers, whose kernel records are kept in memory until exit. CSV columns: start_ns, end_ns
-// (GPU timestamps), graph_id, graph_node_id (0 outside graphs), grid_x, block_x, registers, name.
+// (GPU timestamps), graph_id, graph_node_id (0 outside graphs), grid_x, block_x, registers, name (quoted).
+// The records are read as CUpti_ActivityKernel10, the layout of the CUPTI it is built against (CUDA 13):
+// build it with the toolkit of the machine it runs on.
 // scripts/kernel-trace-summary.py attributes a decode step's time to its kernels from this file.
 // Errors (CUPTI calls failing, the file not writable) are printed to stderr; the traced process goes on.
 #include <cupti.h>
@@ -28,6 +30,13 @@ struct KernelRecord {
   uint16_t registers;
   std::string name;
 };
+
+// A kernel name as the body of a quoted CSV field (RFC 4180: quotes doubled).
+std::string csvText(const char* s) {
+  std::string out;
+  for (; *s; ++s) out += *s == '"' ? std::string("\"\"") : std::string(1, *s);
+  return out;
+}
 
 std::mutex g_mutex;
 std::vector<KernelRecord>* g_records = nullptr;  // leaked on purpose: written from an atexit handler
@@ -54,7 +63,7 @@ void CUPTIAPI bufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
     g_records->push_back({k->start, k->end, k->graphNodeId, k->graphId, k->gridX, k->blockX, k->registersPerThread,
-                          k->name ? k->name : "?"});
+                          csvText(k->name ? k->name : "?")});
   }
   std::free(buffer);
 }
@@ -70,7 +79,7 @@ void writeTrace() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::fprintf(f, "start_ns,end_ns,graph_id,graph_node_id,grid_x,block_x,registers,name\n");
   for (const KernelRecord& r : *g_records)
-    std::fprintf(f, "%llu,%llu,%u,%llu,%d,%d,%u,%s\n", static_cast<unsigned long long>(r.start),
+    std::fprintf(f, "%llu,%llu,%u,%llu,%d,%d,%u,\"%s\"\n", static_cast<unsigned long long>(r.start),
                  static_cast<unsigned long long>(r.end), r.graph, static_cast<unsigned long long>(r.graph_node), r.grid_x,
                  r.block_x, static_cast<unsigned>(r.registers), r.name.c_str());
   if (f != stderr) std::fclose(f);

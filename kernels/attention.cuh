@@ -3,7 +3,9 @@
 // KV cache of one layer: K and V, each (slots, n_head_kv, head_dim) f16, slot-major (position p of kv head g
 // at element (slot(p)·NHEAD_KV + g)·HEAD_DIM), the CPU reference's KvLayer layout in f16. slot(p) = p, or
 // with ATT_KV_RING = R (a sliding-window layer's ring, schema Step.kv_ring) slot(p) = p % R: the cache has
-// min(n_ctx, R) slots and R ≥ ATT_WINDOW + n_tokens − 1, so the keys one call reads never share a slot.
+// min(n_ctx, R) slots and R ≥ ATT_WINDOW + n_tokens − 1, so the keys any query of one call attends to never
+// share a slot (the tensor-core prefill's first tile may load older slots below the window, which its window
+// mask zeroes).
 // For token t at position p = pos0 + t and query head j (kv head g = j / (NHEAD / NHEAD_KV)):
 //   s_i = q[t, j]·K[i, g]·scale for i = lo..p;  a = softmax(s);  out[t, j] = Σ_i a_i·V[i, g],
 // scale = ATT_SCALE (default 1/sqrt(HEAD_DIM)); with ATT_SOFTCAP = c > 0 (gemma2) s_i = c·tanh(s_i / c)
@@ -29,8 +31,8 @@
 //                       int n_tokens)
 //   q, out: n_tokens × NHEAD·HEAD_DIM f32. launch: attnPrefillLaunch(), dynamic shared memory.
 // attn_decode (ATT_DECODE): one token, split-KV (flash-decoding): block (kv head g, split s) reduces
-//   (a warp per key, lanes over the dimensions), for each query head j of g's group (GQA: each K/V row
-//   read once for the group), the
+//   (each warp two keys at a time, lanes over the dimensions: WarpAttention), for each query head j of g's
+//   group (GQA: each K/V row read once for the group), the
 //   positions lo + [s·chunk, (s+1)·chunk) ∩ [lo, kv_len), chunk = max(⌈(kv_len − lo) / SPLITS⌉,
 //   kAttnDecodeMinKeys) (decodeSplits; lo > 0 only with a window), kv_len = pos0 + 1 read from device
 //   memory, so the grid is fixed and a captured graph stays valid; splits past the keys return at once.
@@ -624,7 +626,7 @@ struct WarpAttention {
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE)
 // Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys, so
 // each K and V row is read once for all of them (GQA). A warp takes two keys at a time (keys begin + w,
-// begin + w + kAttnDecodeWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
+// begin + w + kWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
 // online softmax runs in every lane, and each lane accumulates P·V for its own dimensions. (The earlier
 // form, lane = key, ran HEAD_DIM · kGroup dependent FMAs per key on one lane: 14 µs per layer at a
 // depth of a few keys on the 7B, measured with Nsight Compute.) The warps' partials merge through shared
@@ -636,9 +638,9 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
   constexpr int kSplits = ATT_SPLITS;
-  constexpr int kAttnDecodeWarps = static_cast<int>(kAttnWarps);
-  __shared__ float wm[kAttnDecodeWarps][kGroup], wl[kAttnDecodeWarps][kGroup];
-  __shared__ float wo[kAttnDecodeWarps][kGroup][kD];
+  constexpr int kWarps = static_cast<int>(kAttnWarps);
+  __shared__ float wm[kWarps][kGroup], wl[kWarps][kGroup];
+  __shared__ float wo[kWarps][kGroup][kD];
 
   const int g = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -649,11 +651,11 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   const float scale = qkScale();
   WarpAttention wa;
   wa.init(q + static_cast<uint64_t>(g) * kGroup * kD, lane);
-  // Two keys per iteration (key, key + kAttnDecodeWarps).
+  // Two keys per iteration (key, key + kWarps).
   const uint64_t col = static_cast<uint64_t>(g) * kD;
-  for (int key = begin + warp; key < end; key += 2 * kAttnDecodeWarps) {
-    const bool two = key + kAttnDecodeWarps < end;
-    const uint64_t row = kvRow(key) + col, row2 = kvRow(two ? key + kAttnDecodeWarps : key) + col;
+  for (int key = begin + warp; key < end; key += 2 * kWarps) {
+    const bool two = key + kWarps < end;
+    const uint64_t row = kvRow(key) + col, row2 = kvRow(two ? key + kWarps : key) + col;
     wa.keyPair(kc + row, kc + row2, vc + row, vc + row2, two, scale, lane);
   }
   wa.stash(warp, lane, wm, wl, wo);
@@ -661,19 +663,19 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   for (int h = 0; h < kGroup; ++h) {
     float mb = -MINFER_INF;
 #pragma unroll
-    for (int w = 0; w < kAttnDecodeWarps; ++w) mb = fmaxf(mb, wm[w][h]);
+    for (int w = 0; w < kWarps; ++w) mb = fmaxf(mb, wm[w][h]);
     float* dst = part + ((static_cast<uint64_t>(g) * kGroup + h) * kSplits + split) * (kD + 2);
     for (int d = threadIdx.x; d < kD; d += blockDim.x) {
       float acc = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kAttnDecodeWarps; ++w)
+      for (int w = 0; w < kWarps; ++w)
         if (wm[w][h] != -MINFER_INF) acc += wo[w][h][d] * expf(wm[w][h] - mb);
       dst[2 + d] = acc;
     }
     if (threadIdx.x == 0) {
       float lb = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kAttnDecodeWarps; ++w)
+      for (int w = 0; w < kWarps; ++w)
         if (wm[w][h] != -MINFER_INF) lb += wl[w][h] * expf(wm[w][h] - mb);
       dst[0] = mb;  // −inf for an empty split
       dst[1] = lb;

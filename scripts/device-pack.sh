@@ -7,8 +7,11 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export MINFER_BUILD_DIR=${MINFER_BUILD_DIR:-build/device}
 MINFER_CMAKE_ARGS="-DMINFER_STATIC=ON" scripts/build.sh release \
-  minfer-synth minfer-compile minfer-run minfer-bench minfer-bench-gemv minfer-inspect test_cuda_arch test_cuda_kernels test_cuda_e2e test_cuda_swa \
-  minfer-kernel-trace
+  minfer-synth minfer-compile minfer-run minfer-bench minfer-bench-gemv minfer-inspect test_cuda_arch test_cuda_kernels test_cuda_e2e test_cuda_swa
+# The CUPTI kernel trace where the toolkit has CUPTI (bench/CMakeLists.txt defines the target only then).
+if grep -q "minfer-kernel-trace" "$MINFER_BUILD_DIR/Makefile" 2>/dev/null; then
+  MINFER_CMAKE_ARGS="-DMINFER_STATIC=ON" scripts/build.sh release minfer-kernel-trace
+fi
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib" .bin
 for t in minfer-synth minfer-compile minfer-run minfer-bench minfer-bench-gemv minfer-inspect test_cuda_arch test_cuda_kernels test_cuda_e2e \
@@ -16,7 +19,9 @@ for t in minfer-synth minfer-compile minfer-run minfer-bench minfer-bench-gemv m
   cp "$MINFER_BUILD_DIR/bin/$t" "$stage/bin/"
 done
 # The CUPTI kernel trace (bench/kernel_trace.cpp; CUDA_INJECTION64_PATH=$W/lib/libminfer-kernel-trace.so).
-cp "$MINFER_BUILD_DIR/bin/libminfer-kernel-trace.so" "$stage/lib/"
+if [ -f "$MINFER_BUILD_DIR/bin/libminfer-kernel-trace.so" ]; then
+  cp "$MINFER_BUILD_DIR/bin/libminfer-kernel-trace.so" "$stage/lib/"
+fi
 # libtinfo comes with LLVM Support; the other machine may lack this version of it.
 cp -L "$(ldconfig -p | awk '/libtinfo.so.6 /{print $NF; exit}')" "$stage/lib/"
 tar -C "$stage" -cJf .bin/minfer-gpu.tar.xz bin lib

@@ -5,6 +5,10 @@
 # MINFER_TRACE_ARTIFACTS: the artifacts to trace (default /tmp/q7.mfb, compiled here if missing).
 set -uo pipefail
 . "$(dirname "$0")/device-common.sh"
+if [ ! -f "$W/lib/libminfer-kernel-trace.so" ]; then
+  echo "device-trace.sh: the pack has no libminfer-kernel-trace.so (built without CUPTI)" | tee -a "$OUT/trace.log"
+  exit 1
+fi
 [ -f /tmp/q7.gguf ] || timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf
 [ -f /tmp/q7.mfb ] || timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb
 for a in ${MINFER_TRACE_ARTIFACTS:-/tmp/q7.mfb}; do
@@ -14,14 +18,13 @@ for a in ${MINFER_TRACE_ARTIFACTS:-/tmp/q7.mfb}; do
     echo "== $a untraced, depth 4096"; timeout 120 "$B/minfer-bench" "$a" -p 0 -n 128 -d 4096 -r 2
     echo "== $a traced"
     CUDA_INJECTION64_PATH=$W/lib/libminfer-kernel-trace.so MINFER_KERNEL_TRACE=$OUT/trace-$n.csv \
-      timeout 120 "$B/minfer-bench" "$a" -p 0 -n 128 -r 3
+      timeout 120 "$B/minfer-bench" "$a" -p 0 -n 128 -r 3; echo "rc=$?"
     echo "== $a traced, depth 4096"
     CUDA_INJECTION64_PATH=$W/lib/libminfer-kernel-trace.so MINFER_KERNEL_TRACE=$OUT/trace-$n-d4096.csv \
-      timeout 120 "$B/minfer-bench" "$a" -p 0 -n 128 -d 4096 -r 2
+      timeout 120 "$B/minfer-bench" "$a" -p 0 -n 128 -d 4096 -r 2; echo "rc=$?"
   } >> "$OUT/trace.log" 2>&1
   for t in "$OUT/trace-$n.csv" "$OUT/trace-$n-d4096.csv"; do
     [ -f "$t" ] && python3 "$(dirname "$0")/kernel-trace-summary.py" "$t" > "${t%.csv}.txt" 2>&1
     [ -f "$t" ] && xz -T0 "$t"
   done
 done
-echo "rc=$?" >> "$OUT/trace.log"

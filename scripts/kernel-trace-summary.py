@@ -66,7 +66,7 @@ def main():
     print(f"graph {g}: {len(replays)} replays of {nodes} kernels; wall per replay median {med(walls):.1f} us "
           f"(min {min(walls):.1f}), kernel durations summed {med(busy):.1f} us")
     print(f"{'kernel <grid x block>':64} {'per replay':>10} {'dur us':>8} {'gap us':>8} {'crit us/replay':>15} {'share':>6}")
-    total = sum(med(cls[k]["crit"]) for k in cls_order)
+    total = sum(med(cls[k]["crit"]) for k in cls_order) or 1.0
     for k in sorted(cls_order, key=lambda k: -med(cls[k]["crit"])):
         c = cls[k]
         cr = med(c["crit"])

@@ -102,7 +102,8 @@ class CudaSession final : public BackendSession {
   // when they are not every row, the plan's last-token tail runs on those rows alone, gathered to the first
   // rows of its input buffers: a prompt chunk's other rows skip the output head). Requires 1 ≤ rows ≤
   // maxBatch(), positions.size() == rows, rows ≤ tables.size() ≤ the session's table_words, and tables that
-  // cover every row's position with blocks inside the pool (the caller, CudaBatchSession, guarantees it).
+  // cover every row's position with blocks inside the pool; each is checked before anything is uploaded and
+  // a violation is an error naming the row, the value and the bound.
   Status forwardRows(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                      std::span<const int32_t> tables, std::span<const int> out_rows, float* logits);
 

@@ -35,6 +35,7 @@ struct CudaSession::State {
   // likewise (and its graph) when every positional decode step has paged launches (CudaBackend paged_decode).
   bool paged = false;
   int block_size = 0, table_words = 0;
+  int64_t kv_slots = 0;                     // slots of the pool per layer (kv_slots / block_size blocks)
   CUdeviceptr row_pos = 0, tables = 0;      // (max_batch) int32; (table_words) int32 (schema BlockTables)
   int32_t* h_row_pos = nullptr;             // pinned mirrors of the two
   int32_t* h_tables = nullptr;
@@ -263,12 +264,14 @@ struct CudaSession::State {
     const bool prefill_plan = n > 1;
     if (!prefill_plan && graph_exec && profiling && !profile_exec)
       MINFER_RETURN_IF_ERROR(capture(&profile_graph, &profile_exec));
+    // Counted before the launches: a run that fails part way may already have overwritten ring slots, and
+    // the tracker must then refuse to resume from the positions they held.
+    rings.advance(pos0, n);
     if (!prefill_plan && graph_exec)
       MINFER_RETURN_IF_ERROR(
           dev->check(cu().cuGraphLaunch(profiling ? profile_exec : graph_exec, s), "CUDA forward: decode graph launch"));
     else
       MINFER_RETURN_IF_ERROR(runPlan(prefill_plan, static_cast<unsigned>(n), last_only));
-    rings.advance(pos0, n);
     return Status::ok();
   }
 
@@ -290,6 +293,34 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
   if (tables.size() < tokens.size() || tables.size() > static_cast<size_t>(st.table_words))
     return Status::error("CUDA forwardRows: block tables of " + std::to_string(tables.size()) + " words for " +
                          std::to_string(n) + " rows (at least one per row, at most " + std::to_string(st.table_words) + ")");
+  // Every index the kernels take from these arrays, bounded before anything is uploaded (the paged KV store
+  // writes where they point): each row's position inside the context, its table inside `tables` after the
+  // row offsets, and every block it covers inside the pool.
+  const int64_t n_blocks = st.kv_slots / st.block_size;
+  for (int t = 0; t < n; ++t) {
+    const int64_t p = positions[static_cast<size_t>(t)], at = tables[static_cast<size_t>(t)];
+    if (p < 0 || p >= st.n_ctx)
+      return Status::error("CUDA forwardRows: row " + std::to_string(t) + ": position " + std::to_string(p) +
+                           " outside the context of " + std::to_string(st.n_ctx));
+    const int64_t last = at + p / st.block_size;  // the word of the block that holds position p
+    if (at < n || last >= static_cast<int64_t>(tables.size()))
+      return Status::error("CUDA forwardRows: row " + std::to_string(t) + ": its block table at word " +
+                           std::to_string(at) + " needs words up to " + std::to_string(last) + " of " +
+                           std::to_string(tables.size()) + " (after the " + std::to_string(n) + " row offsets)");
+    for (int64_t w = at; w <= last; ++w)
+      if (tables[static_cast<size_t>(w)] < 0 || tables[static_cast<size_t>(w)] >= n_blocks)
+        return Status::error("CUDA forwardRows: row " + std::to_string(t) + ": block " +
+                             std::to_string(tables[static_cast<size_t>(w)]) + " (table word " + std::to_string(w) +
+                             ") outside the pool of " + std::to_string(n_blocks) + " blocks");
+  }
+  const bool one = n == 1 && !st.decode.empty();  // one row: the decode plan (GEMVs), as its graph when there is one
+  if (one && (out_rows.size() != 1 || out_rows[0] != 0))
+    return Status::error("CUDA forwardRows: one row, " + std::to_string(out_rows.size()) + " output rows");
+  for (size_t i = 0; i < out_rows.size(); ++i)
+    if (out_rows[i] < 0 || out_rows[i] >= n || (i > 0 && out_rows[i] <= out_rows[i - 1]))
+      return Status::error("CUDA forwardRows: output row " + std::to_string(out_rows[i]) + " (index " + std::to_string(i) +
+                           ") of " + std::to_string(n) + " rows: need increasing rows < the row count");
+  if (out_rows.empty()) return Status::error("CUDA forwardRows: no output rows");
   MINFER_RETURN_IF_ERROR(st.dev->makeCurrent());
   const size_t rows_bytes = tokens.size() * sizeof(int32_t);
   std::memcpy(st.h_ids, tokens.data(), rows_bytes);
@@ -304,21 +335,18 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
   MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyHtoDAsync(st.tables, st.h_tables, tables.size() * sizeof(int32_t), s),
                                        "CUDA forwardRows: block table upload"));
   const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
-  if (n == 1 && !st.decode.empty()) {  // one row: the decode plan (GEMVs), as its graph when there is one
-    if (out_rows.size() != 1 || out_rows[0] != 0)
-      return Status::error("CUDA forwardRows: one row, " + std::to_string(out_rows.size()) + " output rows");
+  if (one) {
     if (st.graph_exec)
       MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuGraphLaunch(st.graph_exec, s), "CUDA forwardRows: decode graph launch"));
     else
       MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/false, 1));
-    MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyDtoHAsync(logits, st.buf[st.logits_buffer], row, s),
+    // Through the pinned row buffer, as CudaSession::forward.
+    MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyDtoHAsync(st.h_logits, st.buf[st.logits_buffer], row, s),
                                          "CUDA forwardRows: logits download"));
-    return st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows");
+    MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows"));
+    std::memcpy(logits, st.h_logits, row);
+    return Status::ok();
   }
-  for (size_t i = 0; i < out_rows.size(); ++i)
-    if (out_rows[i] < 0 || out_rows[i] >= n || (i > 0 && out_rows[i] <= out_rows[i - 1]))
-      return Status::error("CUDA forwardRows: output row " + std::to_string(out_rows[i]) + " (index " + std::to_string(i) +
-                           ") of " + std::to_string(n) + " rows: need increasing rows < the row count");
   // When some rows' logits are not wanted (prompt chunks) and the plan has a last-token tail, the tail runs
   // on the wanted rows only, gathered to rows 0 … k−1; their logits are then rows 0 … k−1.
   const size_t k = out_rows.size();
@@ -455,6 +483,7 @@ class SessionBuilder {
   Status layout(int n_ctx, int64_t kv_slots, int block_size = 0, int table_words = 0) {
     st_.paged = table_words > 0;
     st_.block_size = block_size;
+    st_.kv_slots = kv_slots;
     st_.table_words = table_words;
     const fb::MemoryPlan* mem = m_->memory();
     if (!mem || !mem->buffers()) return Status::error(path_ + ": the artifact has no memory plan");
