@@ -7,7 +7,7 @@
 //   (the cases of tests/gguf/test_gguf_corruption.cpp, re-made here on a smaller base), files whose
 //   counts and lengths lie, and the first bytes of fixture models (when ../shared/fixtures exists).
 // fuzz_artifact: artifacts compiled by compileModel (no kernel targets) from the small models (and the
-//   tiny-phi3 / tiny-qwen3moe fixtures: column views, expert axes), the
+//   tiny-phi3 / tiny-qwen3moe / tiny-gemma2 fixtures: column views, expert axes, ring KV caches), the
 //   same truncated to the manifest, and one with a damaged data segment.
 // fuzz_tokenizer: llama.cpp's vocab test strings (fixtures) or built-in strings, with several flag
 //   bytes, invalid UTF-8, special-token texts and raw id sequences.
@@ -276,9 +276,11 @@ void artifactSeeds(const fs::path& scratch) {
     damaged[bytes.size() - 100] ^= 0x40;  // inside the last data segment: checksums fail, the model still opens
     put(T, name + "-damaged-segment.artifact", damaged);
   }
-  // Format 1.4 structures the writer-made models lack, from the fixtures when present: column views
-  // (phi3's fused q|k|v and gate|up) and expert axes with the MoE ops (qwen3moe).
-  for (const char* model : {"tiny-phi3-Q4_K_M", "tiny-qwen3moe-Q4_K_M"}) {
+  // Structures the writer-made models lack, from the fixtures when present: column views (format 1.4,
+  // phi3's fused q|k|v and gate|up), expert axes with the MoE ops (qwen3moe) and the sliding-window layers'
+  // ring KV caches (format 1.6 Step.kv_ring, gemma2). Paged launches (1.6) need kernel images, which these
+  // CPU-only seeds do not carry.
+  for (const char* model : {"tiny-phi3-Q4_K_M", "tiny-qwen3moe-Q4_K_M", "tiny-gemma2-Q4_K_M"}) {
     const fs::path gguf = fs::path(fixturesDir()) / "arch" / "models" / (std::string(model) + ".gguf");
     if (!fs::exists(gguf)) continue;
     const fs::path mfb = scratch / (std::string(model) + ".mfb");
