@@ -89,8 +89,8 @@ std::string compiledFixture(const std::string& model, const std::string& dir) {
   return options.output;
 }
 
-std::string ggufVariant(const std::string& src, const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit,
-                        const TensorEdit& tensor_edit, uint32_t n_ctx) {
+std::string ggufCopy(const std::string& src, const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit,
+                     const TensorEdit& tensor_edit) {
   auto file = gguf::GgufFile::open(fixturesDir() + "/" + src);
   REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
   gguf::GgufWriter w(3);
@@ -102,12 +102,17 @@ std::string ggufVariant(const std::string& src, const std::string& name, const s
     w.addTensor(t.name, t.type, std::vector<uint64_t>(t.ne, t.ne + t.n_dims), std::move(bytes));
   }
   edit(w);
-  const std::string base = scratchDir() + "/" + name;
-  llvm::Error written = w.write(base + ".gguf");
+  const std::string path = scratchDir() + "/" + name + ".gguf";
+  llvm::Error written = w.write(path);
   REQUIRE_MESSAGE(!written, llvm::toString(std::move(written)));
+  return path;
+}
+
+std::string ggufVariant(const std::string& src, const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit,
+                        const TensorEdit& tensor_edit, uint32_t n_ctx) {
   CompileOptions options;
-  options.input = base + ".gguf";
-  options.output = base + ".mfb";
+  options.input = ggufCopy(src, name, edit, tensor_edit);
+  options.output = scratchDir() + "/" + name + ".mfb";
   options.max_batch = 64;
   options.n_ctx = n_ctx;
   auto summary = compileModel(options);

@@ -45,9 +45,13 @@ std::string compiledFixture(const std::string& model, const std::string& dir = "
 using TensorEdit = std::function<void(const std::string& name, std::vector<uint8_t>& data)>;
 
 // fixtures/<src> copied key by key and tensor by tensor with the GGUF writer (`tensor_edit` applied to
-// each tensor's bytes), then `edit` applied; compiled at test time (max batch 64) for context `n_ctx`
-// (0: the model's) into the test's scratch directory as <name>.mfb. Returns the artifact's path; fails
-// the test on an error.
+// each tensor's bytes), then `edit` applied, written into the test's scratch directory as <name>.gguf.
+// Returns its path; fails the test on an error.
+std::string ggufCopy(const std::string& src, const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit,
+                     const TensorEdit& tensor_edit = {});
+
+// ggufCopy, then compiled at test time (max batch 64) for context `n_ctx` (0: the model's) as <name>.mfb.
+// Returns the artifact's path; fails the test on an error.
 std::string ggufVariant(const std::string& src, const std::string& name, const std::function<void(gguf::GgufWriter&)>& edit,
                         const TensorEdit& tensor_edit = {}, uint32_t n_ctx = 0);
 

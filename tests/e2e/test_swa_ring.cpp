@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include "compiler/compile_model.h"
-#include "compiler/gguf/gguf_reader.h"
 #include "compiler/gguf/gguf_writer.h"
 #include "minfer/artifact.h"
 #include "minfer/runtime.h"
@@ -34,19 +33,10 @@ std::string compileSwa(const std::string& model, uint32_t max_batch, bool swa_fu
   if (auto it = done.find(stem); it != done.end()) return it->second;
   std::string input = fixturesDir() + "/arch/models/" + model;
   if (window > 0) {
-    auto file = gguf::GgufFile::open(input);
-    REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
-    gguf::GgufWriter w(3);
-    for (const gguf::KeyValue& kv : (*file)->metadata()) w.set(kv.key, gguf::MetaValue::fromParsed(kv.value));
-    for (const gguf::TensorInfo& t : (*file)->tensors()) {
-      const llvm::ArrayRef<uint8_t> data = (*file)->tensorData(t);
-      w.addTensor(t.name, t.type, std::vector<uint64_t>(t.ne, t.ne + t.n_dims), std::vector<uint8_t>(data.begin(), data.end()));
-    }
     const std::string arch = model.rfind("tiny-gemma3", 0) == 0 ? "gemma3" : "gemma2";
-    w.set(arch + ".attention.sliding_window", gguf::MetaValue::u32(window));
-    input = scratchDir() + "/" + stem + ".gguf";
-    llvm::Error e = w.write(input);
-    REQUIRE_MESSAGE(!e, llvm::toString(std::move(e)));
+    input = ggufCopy("arch/models/" + model, stem, [&](gguf::GgufWriter& w) {
+      w.set(arch + ".attention.sliding_window", gguf::MetaValue::u32(window));
+    });
   }
   CompileOptions o;
   o.input = input;
