@@ -111,14 +111,20 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // decode Attention with heads of whole blocks of 32 (attention.cuh ATT_Q8 in the combine launch,
 // ops/attention.cpp); the q8 values are the QuantizeAct kernel's, bit for bit. And an RmsNorm of an
 // Add's output, in the Add's launch (rms_norm.cuh RMS_ADD), with its QuantizeAct too.
-// And in decode, MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct as one fused gate|up GEMV
-// (gemv_blocks.cuh GEMVB_GLU, ops/matmul.cpp) where fusesGateUp allows it; MatMul q, k, v, Rope and
-// Attention (and its QuantizeAct) as the fused QKV GEMV and the attention's launches (GEMVB_QKV) where
-// fusesQkv allows it.
+// And in decode, with `gemv.glu`, MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct as one fused
+// gate|up GEMV (gemv_blocks.cuh GEMVB_GLU, ops/matmul.cpp) where fusesGateUp allows it; with `gemv.qkv`
+// MatMul q, k, v, Rope and Attention (and its QuantizeAct) as the fused QKV GEMV and the attention's
+// launches (GEMVB_QKV) where fusesQkv allows it. And in decode always: a MatMul, the residual Add of its
+// output, the RmsNorm of the sum and its QuantizeAct as one GEMV whose last thread block normalizes the row
+// (GEMVB_NORM) where fusesMatMulAddNorm allows it.
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
-// last-token tail's first step `tail`; `gemv` false: not the GEMV fusions. fusedLaunches: the launches of steps[i] and those followers.
+// last-token tail's first step `tail`; `gemv`: which decode GEMV fusions (CodegenOptions fuse_qkv,
+// fuse_glu). fusedLaunches: the launches of steps[i] and those followers.
+struct GemvFusions {
+  bool qkv = false, glu = false;
+};
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
-                      PlanVariant variant, size_t i, size_t tail, bool gemv);
+                      PlanVariant variant, size_t i, size_t tail, GemvFusions gemv);
 Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                        PlanVariant variant, size_t i, size_t followers);
 Launches rmsNormQuantizeLaunches(const StepContext& norm, const StepContext& quant);
@@ -133,6 +139,15 @@ bool fusesGateUp(const StepContext& gate, const StepContext& up);
 // output and its q8 form, with N / 32 counter words. An error naming the step unless fusesGateUp.
 Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const StepContext& glu,
                            const StepContext& quant);
+// A decode MatMul, the residual Add of its output (`add`, whose other input is the residual) and the
+// RmsNorm of the sum can run as one minfer_gemv_add_norm launch: a q8 input and a kBlocks plane the decode
+// GEMV reads (a bias allowed), and a norm as wide as the product, whole blocks of 32 (ops/matmul.cpp).
+bool fusesMatMulAddNorm(const StepContext& matmul, const StepContext& add, const StepContext& norm);
+// The one launch of those steps and the norm's QuantizeAct `quant` (gemv_blocks.cuh GEMVB_NORM): writes the
+// product, the sum, the normalized row and its q8 form, with one counter word. An error naming the step
+// unless fusesMatMulAddNorm.
+Launches matmulAddNormLaunches(const StepContext& matmul, const StepContext& add, const StepContext& norm,
+                               const StepContext& quant);
 // Decode MatMul steps q, k, v, the Rope of q and k and the Attention of the three (whole buffers, one q8
 // input, kBlocks planes the decode GEMV reads) can run as one minfer_gemv_qkv launch that also stores K
 // and V, followed by the attention's own launches without its store (ops/matmul.cpp).
@@ -149,8 +164,10 @@ Launches storedAttentionLaunches(const StepContext& attention, const StepContext
 // ops/paged_attention.cpp), given how many steps after it run in its launches (`followers`): for a Rope step
 // without followers minfer_rope_paged; for an Attention step minfer_kv_store_paged and minfer_attn_paged, all
 // with per-row positions and block tables (kernels/paged_attention.cuh); with one follower that is a
-// QuantizeAct (the decode plan's fusion) the attention also writes its q8 form (PA_Q8). None for other ops
-// (row-wise launches serve a batch as they are) or other fusions, for attention groups too wide for the
+// QuantizeAct (the decode plan's fusion) the attention also writes its q8 form (PA_Q8); for a q MatMul with
+// the fused QKV GEMV's chain (4 or 5 followers) the three GEMVs' own launches, minfer_rope_paged and the
+// attention's paged launches. None for other ops (row-wise launches serve a batch as they are) or other
+// fusions, for attention groups too wide for the
 // kernel's shared memory, or a q8 form of heads that are not whole blocks of 32. Errors as the step's own
 // launches.
 Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
