@@ -259,7 +259,8 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     co.jobs = options.jobs;
     co.cache_dir = options.kernel_cache_dir;
     co.fuse_launches = options.fuse_launches;
-    co.fuse_gemv = options.fuse_gemv;
+    co.fuse_qkv = options.fuse_qkv;
+    co.fuse_glu = options.fuse_glu;
     auto set = codegen::generateKernels(*desc, layouts, co);
     if (!set) return set.takeError();
     kernels.set = std::move(*set);

@@ -36,7 +36,8 @@ struct CompileOptions {
   planes::PlaneForm plane_form = planes::PlaneForm::kCompact;
   // Launch fusion (codegen::CodegenOptions::fuse_launches, schema Step.fused); false: one launch set per step.
   bool fuse_launches = true;
-  bool fuse_gemv = false;  // codegen::CodegenOptions::fuse_gemv (with fuse_launches)
+  bool fuse_qkv = true;    // codegen::CodegenOptions::fuse_qkv (with fuse_launches)
+  bool fuse_glu = false;   // codegen::CodegenOptions::fuse_glu (with fuse_launches)
   // Sliding-window layers keep n_ctx KV positions like the others (llama.cpp's --swa-full) instead of a ring
   // of window + max_batch − 1 (model::ringLocalKvCaches, schema Step.kv_ring).
   bool swa_full = false;

@@ -28,11 +28,13 @@ struct CodegenOptions {
   std::string cache_dir;             // "" = KernelCache::defaultDirectory(); "off" = no cache
   // Launch fusion (schema Step.fused, ops/fusion.cpp): a QuantizeAct runs inside the launch of the
   // RmsNorm / SwiGlu / GeGlu / decode Attention that produces its input, an RmsNorm inside the residual
-  // Add's before it; with fuse_gemv also the decode GEMV fusions (gate|up with its GLU; q, k, v with
-  // their RoPE and KV store: off by default, they measured no faster on the H200 and 4% slower at a
-  // depth of 4096, BENCHMARKS.md). Off: every step launches its own kernels (same results, bit for bit).
+  // Add's before it, a decode GEMV's residual Add and RmsNorm (and its QuantizeAct) in the GEMV's launch;
+  // with fuse_qkv (the default) also the decode q, k, v GEMVs with their RoPE and KV store in one launch,
+  // with fuse_glu the decode gate|up GEMVs with their GLU (off by default: slower on the H200,
+  // BENCHMARKS.md). Off: every step launches its own kernels (same results, bit for bit).
   bool fuse_launches = true;
-  bool fuse_gemv = false;
+  bool fuse_qkv = true;
+  bool fuse_glu = false;
 };
 
 struct KernelImageData {
@@ -74,8 +76,8 @@ struct KernelSet {
   // Step.fused; its launch list is empty).
   std::vector<uint8_t> prefill_fused, decode_fused;
   // Per prefill / decode step: its paged launches (schema Step.paged_launches, 1.6), the kernels a batch
-  // session runs instead of the step's launches: Rope and Attention steps that are not fused (ops/op_family.h
-  // pagedLaunchesForStep).
+  // session runs instead of the step's launches: Rope and Attention steps that are not fused, and the q
+  // MatMul that runs the fused QKV GEMV (ops/op_family.h pagedLaunchesForStep).
   std::vector<std::vector<LaunchRecord>> prefill_paged, decode_paged;
   LaunchRecord argmax;
   CodegenStats stats;

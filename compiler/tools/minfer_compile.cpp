@@ -63,10 +63,16 @@ llvm::cl::opt<bool> kNoFuse("no-fuse",
                             llvm::cl::desc("Give every plan step its own kernel launches (no quantization or norm "
                                            "fused into the kernel before it; same results)"),
                             llvm::cl::cat(kCategory));
-llvm::cl::opt<bool> kFuseGemv("fuse-gemv",
-                              llvm::cl::desc("Also fuse the decode GEMVs (gate|up with its GLU; q, k, v with their RoPE "
-                                             "and KV store); off by default: not faster on the H200 (BENCHMARKS.md)"),
-                              llvm::cl::cat(kCategory));
+enum class GemvFusion { kNone, kQkv, kAll };
+llvm::cl::opt<GemvFusion> kFuseGemv(
+    "fuse-gemv", llvm::cl::ValueOptional, llvm::cl::init(GemvFusion::kQkv),
+    llvm::cl::desc("Decode GEMV fusions: qkv (the default: q, k, v with their RoPE and KV store in one launch), "
+                   "all (gate|up with its GLU too; slower on the H200, BENCHMARKS.md; a bare --fuse-gemv), none"),
+    llvm::cl::values(clEnumValN(GemvFusion::kNone, "none", "no decode GEMV fusion"),
+                     clEnumValN(GemvFusion::kQkv, "qkv", "q, k, v GEMVs, RoPE and KV store in one launch"),
+                     clEnumValN(GemvFusion::kAll, "all", "and gate|up GEMVs with their GLU"),
+                     clEnumValN(GemvFusion::kAll, "", "")),
+    llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kSwaFull("swa-full",
                              llvm::cl::desc("Give sliding-window layers a full-size KV cache of n_ctx positions (as "
                                             "llama.cpp's --swa-full) instead of a ring of window + max batch - 1"),
@@ -124,7 +130,8 @@ int main(int argc, char** argv) {
   options.kernel_cache_dir = kKernelCache;
   options.plane_form = kPlanes;
   options.fuse_launches = !kNoFuse;
-  options.fuse_gemv = kFuseGemv;
+  options.fuse_qkv = kFuseGemv != GemvFusion::kNone;
+  options.fuse_glu = kFuseGemv == GemvFusion::kAll;
   options.swa_full = kSwaFull;
   std::string target_list = kTarget, target_why;
   if (target_list == "auto") target_list = autoTargets(&target_why);

@@ -473,17 +473,24 @@ class SemanticVerifier {
     return Status::ok();
   }
 
-  // 1.6 paged launches: only on the prefill and decode plans' Rope and Attention steps that have launches of
-  // their own (not fused, not in the tail), each a valid launch record in the paged place (artifact_file.h
-  // checkLaunch).
+  // 1.6 paged launches: only on the prefill and decode plans' Rope and Attention steps and steps whose
+  // launches take positions or a KV cache (a q MatMul running the fused QKV GEMV), with launches of their own
+  // (not fused, not in the tail), each a valid launch record in the paged place (artifact_file.h checkLaunch).
   Status checkPagedLaunches(const fb::Step* s, const std::string& field, const std::string& who, bool load) const {
     const auto* paged = s->paged_launches();
     if (!paged || paged->size() == 0) return Status::ok();
-    if (load || (s->op() != fb::OpKind::Rope && s->op() != fb::OpKind::Attention))
-      return fail(field + ".paged_launches", s, cat(who, " has ", paged->size(), " paged launches (only the prefill and ",
-                                                    "decode plans' Rope and Attention steps have them)"));
     if (s->fused() || s->tail() || !s->launches() || s->launches()->size() == 0)
       return fail(field + ".paged_launches", s, cat(who, " has paged launches but is fused, in the tail, or without launches"));
+    bool positional = false;
+    for (const fb::Launch* l : *s->launches())
+      if (l->args())
+        for (const fb::KernelArg* a : *l->args())
+          positional |= a->kind() == fb::ArgKind::Positions || a->kind() == fb::ArgKind::KCache ||
+                        a->kind() == fb::ArgKind::VCache;
+    if (load || (s->op() != fb::OpKind::Rope && s->op() != fb::OpKind::Attention && !positional))
+      return fail(field + ".paged_launches", s, cat(who, " has ", paged->size(), " paged launches (only the prefill and ",
+                                                    "decode plans' Rope and Attention steps and steps whose launches take "
+                                                    "positions or a KV cache have them)"));
     for (flatbuffers::uoffset_t k = 0; k < paged->size(); ++k)
       MINFER_RETURN_IF_ERROR(checkLaunchAt(*paged->Get(k), cat(field, ".paged_launches[", k, "]"), who, LaunchPlace::kPagedStep));
     return Status::ok();

@@ -94,7 +94,7 @@ class CudaSession final : public BackendSession {
   // A paged session (CudaBackend::createPagedSession) only: evaluates rows of several sequences in one pass
   // of the prefill plan with each positional step's paged launches (kernels/paged_attention.cuh); a single
   // row runs the decode plan so (its GEMVs, as a CUDA graph) where every positional decode step has paged
-  // launches too (the default artifact; not with the --fuse-gemv QKV fusion). Row t is
+  // launches too (artifacts of format 1.6 with paged launches on every positional step). Row t is
   // token tokens[t] at position positions[t] of its sequence, whose block table starts at word tables[t] of
   // `tables` (schema ArgKind BlockTables: tables[0 .. rows) are those indices, the tables follow); each row's
   // K and V land in its slot of the pool and it attends to its own sequence's positions 0..positions[t].

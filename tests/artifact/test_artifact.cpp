@@ -1173,7 +1173,7 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
       refused(spec, g.segs, {"prefill.steps[3].launches[0].args[3].bytes", "counters of " + std::to_string(bytes) + " bytes"});
     }
   }
-  SUBCASE("paged launches (1.6): only on Rope and Attention steps with launches, row arguments only there") {
+  SUBCASE("paged launches (1.6): only on steps with positional launches, row arguments only there") {
     // A launch record for the Rope step (the verifier checks records, not which kernel they name) and a paged
     // form of it whose fourth argument is the per-row positions.
     Spec base = g.spec;
@@ -1187,8 +1187,9 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec.prefill[3].launches[0].args[3] = TestArg{.kind = fb::ArgKind::BlockTables, .name = "tables"};
     refused(spec, g.segs, {"prefill.steps[3].launches[0].args[3].kind", "BlockTables argument outside a paged launch"});
     spec = g.spec;
-    spec.prefill[3].paged = {paged};  // a MatMul
-    refused(spec, g.segs, {"prefill.steps[3].paged_launches", "only the prefill and decode plans' Rope and Attention steps"});
+    spec.prefill[3].paged = {paged};  // a MatMul: its launches take no positions or KV cache
+    refused(spec, g.segs, {"prefill.steps[3].paged_launches", "only the prefill and decode plans' Rope and Attention steps "
+                                                              "and steps whose launches take positions or a KV cache"});
     spec = g.spec;
     spec.decode[3].paged = {paged};  // the decode plan's Attention, which has no launches here
     refused(spec, g.segs, {"decode.steps[3].paged_launches", "without launches"});

@@ -282,13 +282,16 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       const bool is_fused = fused && (*fused)[i] != 0;
       std::vector<std::string> want = is_fused ? std::vector<std::string>{} : expectedEntries(l, steps[i], prefill);
       // A residual Add with the RmsNorm after it fused in runs the norm's kernel (RMS_ADD).
-      if (steps[i].op == fb::OpKind::Add && fused && i + 1 < steps.size() && (*fused)[i + 1]) want = {"minfer_rms_norm"};
+      if (!is_fused && steps[i].op == fb::OpKind::Add && fused && i + 1 < steps.size() && (*fused)[i + 1])
+        want = {"minfer_rms_norm"};
+      const bool mm_leads = !is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 1 < steps.size() && (*fused)[i + 1];
+      // A MatMul with the residual Add of its output, the RmsNorm and its quantization fused in runs the GEMV
+      // whose last block normalizes (GEMVB_NORM).
+      if (mm_leads && steps[i + 1].op == fb::OpKind::Add) want = {"minfer_gemv_add_norm"};
       // A gate MatMul with the up MatMul, the GLU and its quantization fused in runs the gate|up GEMV.
-      if (!is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 1 < steps.size() && (*fused)[i + 1])
-        want = {"minfer_gemv_glu"};
+      if (mm_leads && steps[i + 1].op == fb::OpKind::MatMul) want = {"minfer_gemv_glu"};
       // A q MatMul with k, v, the Rope and the Attention fused in runs the QKV GEMV, then the attention.
-      if (!is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 4 < steps.size() && (*fused)[i + 4] &&
-          steps[i + 3].op == fb::OpKind::Rope)
+      if (mm_leads && i + 4 < steps.size() && (*fused)[i + 4] && steps[i + 3].op == fb::OpKind::Rope)
         want = {"minfer_gemv_qkv", "minfer_attn_decode", "minfer_attn_combine"};
       REQUIRE_MESSAGE(lists[i].size() == want.size(), steps[i].name);
       for (size_t k = 0; k < want.size(); ++k) {
@@ -319,7 +322,8 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
   }
   // Paged launches (Step.paged_launches, 1.6): the Rope and Attention steps of both plans that are not fused
   // into another step's launch have them (a decode Attention with its QuantizeAct fused in, the q8 form too:
-  // PA_Q8), with per-row positions and block tables and never Positions.
+  // PA_Q8), with per-row positions and block tables and never Positions; and a decode q MatMul running the
+  // fused QKV GEMV: the three GEMVs, then the paged RoPE and attention.
   for (const bool prefill : {true, false}) {
     const auto& steps = prefill ? l.desc.plan.prefill : l.desc.plan.decode;
     const auto& paged = prefill ? set.prefill_paged : set.decode_paged;
@@ -334,6 +338,13 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       if (!fused[i] && !follows && s.op == fb::OpKind::Rope) want = {"minfer_rope_paged"};
       if (!fused[i] && (!follows || (quant_follows && s.head_dim % 32 == 0)) && s.op == fb::OpKind::Attention)
         want = {"minfer_kv_store_paged", "minfer_attn_paged"};
+      const bool qkv = !fused[i] && follows && s.op == fb::OpKind::MatMul && i + 4 < steps.size() && fused[i + 4] &&
+                       steps[i + 3].op == fb::OpKind::Rope;
+      if (qkv) {
+        want = {"minfer_gemv_blocks", "minfer_gemv_blocks", "minfer_gemv_blocks", "minfer_rope_paged",
+                "minfer_kv_store_paged", "minfer_attn_paged"};
+        CHECK(steps[i + 4].op == fb::OpKind::Attention);
+      }
       REQUIRE_MESSAGE(paged[i].size() == want.size(), (prefill ? "prefill " : "decode ") << s.name);
       for (size_t k = 0; k < want.size(); ++k) {
         const LaunchRecord& r = paged[i][k];
@@ -341,7 +352,9 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
         const KernelImageData& img = set.images[r.images[0]];
         CHECK_MESSAGE(img.entry == want[k], s.name);
         checkRecord(l, r, img);
-        if (img.entry == "minfer_attn_paged") CHECK((optionValue(img, "PA_Q8") == "1") == follows);
+        if (img.entry == "minfer_attn_paged")
+          CHECK((optionValue(img, "PA_Q8") == "1") == (qkv ? i + 5 < steps.size() && fused[i + 5] : follows));
+        if (img.entry == "minfer_gemv_blocks") continue;  // a GEMV of one row: no positions
         bool rows = false;
         for (const KernelArgDesc& a : r.args) {
           CHECK_MESSAGE(a.kind != fb::ArgKind::Positions, s.name);
@@ -683,7 +696,7 @@ TEST_CASE("the last-token tail is everything after the last attention, for every
   }
 }
 
-TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residual Add before it; off, none is fused") {
+TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residual Add before it, decode GEMV chains; off, none is fused") {
   if (!test::haveFixtures()) return;
   const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf");
   const std::string cache = test::scratchDir() + "/kernel-cache-fusion";
@@ -693,7 +706,7 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
     o.targets = {"sm_90"};
     o.cache_dir = cache;
     o.fuse_launches = fuse;
-    o.fuse_gemv = true;  // the decode GEMV fusions too (off by default)
+    o.fuse_qkv = o.fuse_glu = true;  // every decode GEMV fusion (the GLU's is off by default)
     auto set = generateKernels(l.desc, l.layouts, o);
     REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
     for (bool prefill : {true, false}) {
@@ -711,8 +724,18 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
       // QuantizeAct run as the gate MatMul's one launch.
       // And MatMul q, k, v (same inputs, Q4_K / Q6_K kBlocks planes), the Rope of q and k and the Attention
       // of the three run as the q MatMul's launches.
-      size_t quant_pairs = 0, add_norms = 0, glu_chains = 0, qkv_chains = 0;
-      std::vector<bool> in_glu(steps.size(), false), in_qkv(steps.size(), false);
+      // And a MatMul (Q4_K / Q6_K kBlocks plane), the residual Add of its output, the RmsNorm of the sum and
+      // its QuantizeAct run as the MatMul's one launch (GEMVB_NORM).
+      size_t quant_pairs = 0, add_norms = 0, glu_chains = 0, qkv_chains = 0, norm_chains = 0;
+      std::vector<bool> in_glu(steps.size(), false), in_qkv(steps.size(), false), in_norm(steps.size(), false);
+      for (size_t i = 0; !prefill && i + 3 < steps.size(); ++i) {
+        const model::StepDesc &mm = steps[i], &add = steps[i + 1], &norm = steps[i + 2], &quant = steps[i + 3];
+        const bool chain = mm.op == fb::OpKind::MatMul && readsBlocksInDecode(l, mm) && add.op == fb::OpKind::Add &&
+                           std::count(add.inputs.begin(), add.inputs.end(), mm.outputs[0]) == 1 &&
+                           norm.op == fb::OpKind::RmsNorm && norm.inputs[0] == add.outputs[0] &&
+                           quant.op == fb::OpKind::QuantizeAct && quant.inputs[0] == norm.outputs[0];
+        if (chain) in_norm[i + 1] = in_norm[i + 2] = in_norm[i + 3] = true, ++norm_chains;
+      }
       for (size_t i = 0; !prefill && i + 4 < steps.size(); ++i) {
         const model::StepDesc &q = steps[i], &k = steps[i + 1], &v = steps[i + 2], &rope = steps[i + 3], &att = steps[i + 4];
         const bool mats = q.op == fb::OpKind::MatMul && k.op == fb::OpKind::MatMul && v.op == fb::OpKind::MatMul &&
@@ -742,7 +765,7 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
                                 (prev == fb::OpKind::RmsNorm || prev == fb::OpKind::SwiGlu ||
                                  (prev == fb::OpKind::Attention && !prefill && steps[i - 1].head_dim % 32 == 0));
         const bool add_norm = reads_prev && steps[i].op == fb::OpKind::RmsNorm && prev == fb::OpKind::Add;
-        const bool is_fused = fuse && (quant_pair || add_norm || in_glu[i] || in_qkv[i]);
+        const bool is_fused = fuse && (quant_pair || add_norm || in_glu[i] || in_qkv[i] || in_norm[i]);
         quant_pairs += quant_pair;
         add_norms += add_norm;
         CHECK((fused[i] != 0) == is_fused);
@@ -770,6 +793,20 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
           for (const KernelArgDesc& a : launches[owner][0].args)
             cache_writes += (a.kind == fb::ArgKind::KCache || a.kind == fb::ArgKind::VCache) && a.access == fb::Access::Write;
           CHECK(cache_writes == 2);
+          continue;
+        }
+        if (in_norm[i]) {
+          // gemv_blocks.cuh GEMVB_NORM: one launch writing the step's outputs, counting in one word.
+          REQUIRE(launches[owner].size() == 1);
+          CHECK(key.find("gemv_add_norm") == 0);
+          for (uint32_t out : steps[i].outputs) {
+            bool writes = false;
+            for (const KernelArgDesc& a : r.args)
+              writes |= a.kind != fb::ArgKind::Weight && a.access != fb::Access::Read && a.buffer == out;
+            CHECK(writes);
+          }
+          CHECK(r.args.back().kind == fb::ArgKind::Counters);
+          CHECK(r.args.back().bytes == 4);
           continue;
         }
         if (in_glu[i]) {
@@ -815,6 +852,7 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
       CHECK(glu_chains == (prefill ? 0 : l.desc.config.n_layer));
       CHECK(qkv_chains == (prefill ? 0 : l.desc.config.n_layer));
       CHECK(add_norms == 2 * l.desc.config.n_layer);
+      CHECK(norm_chains == (prefill ? 0 : 2 * l.desc.config.n_layer));  // attn_output and ffn_down
     }
   }
 }

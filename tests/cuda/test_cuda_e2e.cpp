@@ -90,8 +90,8 @@ std::vector<std::string> goldenArchs() {
 
 // The fixture fixtures/<dir>/<model> compiled with kernel images for this GPU (once per process), max batch 64 so the
 // 72-token goldens prefill in several batches (pos0 > 0 on the GPU prefill path too).
-// `fuse`: launch fusion (CompileOptions::fuse_launches), `gemv`: the decode GEMV fusions too (fuse_gemv,
-// off by default). `arch`: the kernel target ("" = the GPU's arch;
+// `fuse`: launch fusion (CompileOptions::fuse_launches, with the default fused QKV GEMV), `gemv`: the
+// gate|up GLU GEMV fusion too (fuse_glu, off by default). `arch`: the kernel target ("" = the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 std::string compiled(const std::string& model, const std::string& dir = "models", bool fuse = true,
                      const std::string& arch = "", bool gemv = false) {
@@ -102,7 +102,7 @@ std::string compiled(const std::string& model, const std::string& dir = "models"
   o.input = fixturesDir() + "/" + dir + "/" + model;
   o.output = scratchDir() + "/" + key + ".gpu.mfb";
   o.fuse_launches = fuse;
-  o.fuse_gemv = gemv;
+  o.fuse_glu = gemv;
   o.max_batch = 64;
   o.targets = {arch.empty() ? get()->arch : arch};
   const char* cache = std::getenv("MINFER_TEST_KERNEL_CACHE");
@@ -235,7 +235,7 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
   // one with the decode GEMV fusions too.
   auto unfused = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/false));
   REQUIRE_MESSAGE(unfused.isOk(), unfused.status().message());
-  // And one more with the decode GEMV fusions (--fuse-gemv) too.
+  // And one more with every decode GEMV fusion (--fuse-gemv=all).
   auto gemv = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/true, "", /*gemv=*/true));
   REQUIRE_MESSAGE(gemv.isOk(), gemv.status().message());
   const Mode modes[] = {{true, true}, {true, false}, {false, true}, {true, true}, {true, true}};

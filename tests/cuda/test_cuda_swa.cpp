@@ -32,7 +32,7 @@ constexpr double kGemmaQuantRel = 1e-1, kGemmaQuantRms = 5e-2;
 struct Case {
   const char* model;
   uint32_t max_batch, window;  // window 0: the fixture's (16)
-  bool gemv;                   // --fuse-gemv: the fused QKV GEMV stores K and V (QKV_KV_RING) in decode
+  bool gemv;                   // the fused QKV GEMV (the default) stores K and V (QKV_KV_RING) in decode; false: --fuse-gemv=none
   int n_ctx;
 };
 
@@ -51,7 +51,7 @@ const std::vector<Case>& cases() {
 
 std::string caseName(const Case& c) {
   return std::string(c.model) + " max_batch " + std::to_string(c.max_batch) + " window " +
-         std::to_string(c.window ? c.window : 16) + (c.gemv ? " --fuse-gemv" : "");
+         std::to_string(c.window ? c.window : 16) + (c.gemv ? "" : " --fuse-gemv=none");
 }
 
 // The case's fixture (window overridden when set) compiled with kernel images for this GPU, with rings or
@@ -73,7 +73,7 @@ std::string compiled(const Case& c, bool swa_full) {
   o.output = scratchDir() + "/" + stem + ".mfb";
   o.max_batch = c.max_batch;
   o.swa_full = swa_full;
-  o.fuse_gemv = c.gemv;
+  o.fuse_qkv = c.gemv;
   o.targets = {get()->arch};
   const char* cache = std::getenv("MINFER_TEST_KERNEL_CACHE");
   o.kernel_cache_dir = cache && *cache ? cache : MINFER_TEST_KERNEL_CACHE;

@@ -268,7 +268,7 @@ TEST_CASE("ring KV caches: the local layers' kernel images carry ATT_KV_RING / Q
   o.input = fixturesDir() + "/arch/models/tiny-gemma2-Q4_K_M.gguf";
   o.output = scratchDir() + "/gemma2-q4km-ring-sm90.mfb";
   o.max_batch = 4;
-  o.fuse_gemv = true;  // the decode's q, k, v GEMV stores K and V itself
+  o.fuse_qkv = true;  // the decode's q, k, v GEMV stores K and V itself (the default)
   o.targets = {"sm_90"};
   o.kernel_cache_dir = "off";
   o.jobs = 2;

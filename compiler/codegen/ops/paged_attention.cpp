@@ -1,8 +1,10 @@
 // Paged launches (schema Step.paged_launches, format 1.6) → kernels/paged_attention.cuh: what a batch session
-// runs for the Rope and Attention steps instead of their launches: per-row positions and block tables into a
+// runs for the Rope and Attention steps (and a fused QKV GEMV's chain) instead of their launches: per-row positions and block tables into a
 // paged KV pool (minfer_rope_paged; minfer_kv_store_paged + minfer_attn_paged, in the decode plan with the
 // fused QuantizeAct's q8 output when the step has it). Every other step's launches are row-wise and serve a
 // batch of rows from several sequences as they are.
+#include <optional>
+
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/paged_attention.cuh"
 
@@ -98,6 +100,28 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
       steps[step_index + 1].op == fb::OpKind::QuantizeAct) {
     const StepContext quant(desc, layouts, variant, step_index + 1);
     return pagedAttention(c, &quant);
+  }
+  // The fused QKV GEMV's chain (MatMul q, k, v, Rope, Attention [, QuantizeAct]; ops/fusion.cpp): the three
+  // GEMVs as they are (one row), then the paged RoPE, KV store and attention.
+  if (followers >= 4 && c.step().op == fb::OpKind::MatMul && steps[step_index + 3].op == fb::OpKind::Rope &&
+      steps[step_index + 4].op == fb::OpKind::Attention) {
+    const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, step_index + k); };
+    std::vector<KernelLaunch> all;
+    for (size_t k = 0; k < 3; ++k) {
+      auto m = matmulLaunches(ctx(k));
+      if (!m) return m.takeError();
+      all.insert(all.end(), m->begin(), m->end());
+    }
+    auto rope = ropeLaunchesOf(ctx(3), true);
+    if (!rope) return rope.takeError();
+    std::optional<StepContext> quant;
+    if (followers == 5) quant.emplace(ctx(5));
+    auto att = pagedAttention(ctx(4), quant ? &*quant : nullptr);
+    if (!att) return att.takeError();
+    if (att->empty()) return std::vector<KernelLaunch>{};  // no paged attention for these heads: none at all
+    all.insert(all.end(), rope->begin(), rope->end());
+    all.insert(all.end(), att->begin(), att->end());
+    return all;
   }
   return std::vector<KernelLaunch>{};
 }
