@@ -418,8 +418,8 @@ std::string halfCloseAfter(int port, const std::string& request, const std::func
   return got;
 }
 
-// HTTP/1.1 has no meaning for a client's half-close (RFC 9112 §9.6 defines only closing the whole
-// connection), and cpp-httplib 0.11 (Debian's) refuses every write once the peer's FIN has arrived
+// HTTP/1.1 defines no meaning for a client's half-close (RFC 9112 §9.6 describes half-closing only as a
+// server's staged close), and cpp-httplib 0.11 (Debian's) refuses every write once the peer's FIN has arrived
 // (SocketStream::write checks is_socket_alive: a zero-byte MSG_PEEK): a half-closed client could not get
 // its answer. So the server takes a half-close as the client leaving, like a close: it cancels at once
 // (PeerWatch's POLLRDHUP) instead of generating an answer it cannot send.
