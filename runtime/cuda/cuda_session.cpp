@@ -185,8 +185,9 @@ struct CudaSession::State {
   // i. rows is increasing with rows[i] ≥ i, so a copy never overwrites a row still to be read. Consecutive
   // rows move together: a run rows[i..j) of consecutive rows is one copy per part, split into pieces of at
   // most rows[i] − i rows where source and destination would overlap (each piece's destination ends where
-  // its source begins; the stream orders the pieces). Cost: (runs + overlap splits) × parts device copies
-  // (a step of decode rows after one prompt chunk: one per part); allocates nothing.
+  // its source begins; the stream orders the pieces). Cost: (runs + overlap splits) × parts device copies,
+  // no allocation. D decode rows then a chunk: one copy per part (the decode rows stay); a chunk of C rows
+  // then D decode rows: ⌈(D + 1) / (C − 1)⌉ per part (before: D + 1 per part either way).
   Status gatherTailRows(std::span<const int> rows) {
     for (size_t i = 0; i < rows.size();) {
       size_t j = i + 1;
