@@ -187,7 +187,7 @@ struct CudaSession::State {
   // most rows[i] − i rows where source and destination would overlap (each piece's destination ends where
   // its source begins; the stream orders the pieces). Cost: (runs + overlap splits) × parts device copies,
   // no allocation. D decode rows then a chunk: one copy per part (the decode rows stay); a chunk of C rows
-  // then D decode rows: ⌈(D + 1) / (C − 1)⌉ per part (before: D + 1 per part either way).
+  // then D decode rows: ⌈(D + 1) / (C − 1)⌉ per part, where a copy per moved row made D + 1.
   Status gatherTailRows(std::span<const int> rows) {
     for (size_t i = 0; i < rows.size();) {
       size_t j = i + 1;
