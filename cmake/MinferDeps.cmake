@@ -51,3 +51,20 @@ endif()
 # cpp-httplib (minfer-server's HTTP): Debian builds it as a shared library with OpenSSL, zlib and brotli
 # support; its header's class layouts depend on the same defines, which pkg-config's Cflags carry.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# Debian ships it only as that shared library (its httplib.h is the split header, declarations only), built
+# against the shared libstdc++; there is no static form to link. So under MINFER_STATIC an executable using it
+# links the shared libstdc++ too (one C++ runtime in the process, not a static copy beside the library's) and
+# looks for libcpp-httplib.so.0.11 (and its brotli libraries) in ../lib beside its bin/, where
+# scripts/device-pack.sh puts them; OpenSSL, zlib and the C++ runtime come from the other machine's system.
+function(minfer_link_httplib target)
+  target_link_libraries(${target} PRIVATE PkgConfig::HTTPLIB)
+  if(MINFER_STATIC)
+    get_target_property(options ${target} LINK_OPTIONS)
+    if(options)
+      list(REMOVE_ITEM options -static-libstdc++ -static-libgcc)
+      set_target_properties(${target} PROPERTIES LINK_OPTIONS "${options}")
+    endif()
+    set_target_properties(${target} PROPERTIES BUILD_RPATH "\$ORIGIN/../lib")
+  endif()
+endfunction()
+

@@ -146,14 +146,19 @@ struct CudaSession::State {
     return Status::ok();
   }
 
-  // Before the tail runs on rows[0..k) alone: row rows[i] of every buffer the tail reads before writing it
-  // (its inputs from the steps before it) copied to row i, in increasing i. rows is increasing with
-  // rows[i] ≥ i, so a copy never overwrites a row still to be read. F32/I32/F16 buffers whole rows; q8
-  // buffers both parts (values, then the Q8Meta rows). One device copy per moved row and part.
-  Status gatherTailRows(std::span<const int> rows) {
-    std::vector<bool>& written = fresh;  // scratch: buffers the tail has written so far
-    std::fill(written.begin(), written.end(), false);
-    std::vector<bool> moved(buf.size(), false);
+  // One row-major part of a buffer the tail reads before writing it: `row_bytes` per row from `base`.
+  struct TailInput {
+    CUdeviceptr base;
+    uint64_t row_bytes;
+  };
+  std::vector<TailInput> tail_inputs;  // gatherTailRows' copies, found once from the plan (findTailInputs)
+
+  // The parts gatherTailRows moves: every buffer the tail (prefill launches [tail, end)) reads before it
+  // writes it, its inputs from the steps before the tail. F32/I32/F16 buffers whole rows; q8 buffers both
+  // parts (values, then the Q8Meta rows). Called once, after the plan is bound.
+  void findTailInputs() {
+    tail_inputs.clear();
+    std::vector<bool> written(buf.size(), false), moved(buf.size(), false);
     for (size_t li = tail; li < prefill.size(); ++li) {
       const Launch& l = prefill[li];
       for (int r = 0; r < l.n_rows; ++r) {
@@ -161,30 +166,42 @@ struct CudaSession::State {
         if (l.rows[r].written || written[b] || moved[b]) continue;
         moved[b] = true;
         const uint64_t w = buf_width[b];
-        struct Part {
-          CUdeviceptr base;
-          uint64_t row_bytes;
-        };
-        Part parts[2] = {{buf[b], 0}, {0, 0}};
         switch (buf_type[b]) {
-          case fb::BufferType::F32: case fb::BufferType::I32: parts[0].row_bytes = 4 * w; break;
-          case fb::BufferType::F16: parts[0].row_bytes = 2 * w; break;
+          case fb::BufferType::F32: case fb::BufferType::I32: tail_inputs.push_back({buf[b], 4 * w}); break;
+          case fb::BufferType::F16: tail_inputs.push_back({buf[b], 2 * w}); break;
           case fb::BufferType::I8:
-            parts[0].row_bytes = w;
-            parts[1] = {buf[b] + kern::q8MetaOffset(static_cast<unsigned>(max_batch), static_cast<unsigned>(w)),
-                        w / kern::kQ8Block * sizeof(kern::Q8Meta)};
+            tail_inputs.push_back({buf[b], w});
+            tail_inputs.push_back({buf[b] + kern::q8MetaOffset(static_cast<unsigned>(max_batch), static_cast<unsigned>(w)),
+                                   w / kern::kQ8Block * sizeof(kern::Q8Meta)});
             break;
         }
-        for (const Part& p : parts)
-          for (size_t i = 0; p.row_bytes > 0 && i < rows.size(); ++i)
-            if (static_cast<size_t>(rows[i]) != i)
-              MINFER_RETURN_IF_ERROR(dev->check(
-                  cu().cuMemcpyDtoDAsync(p.base + i * p.row_bytes, p.base + static_cast<uint64_t>(rows[i]) * p.row_bytes,
-                                         p.row_bytes, stream.get()),
-                  "CUDA forwardRows: gathering the tail's input rows"));
       }
       for (int r = 0; r < l.n_rows; ++r)
         if (l.rows[r].written) written[l.rows[r].buffer] = true;
+    }
+  }
+
+  // Before the tail runs on rows[0..k) alone: row rows[i] of every tail input (tail_inputs) copied to row
+  // i. rows is increasing with rows[i] ≥ i, so a copy never overwrites a row still to be read. Consecutive
+  // rows move together: a run rows[i..j) of consecutive rows is one copy per part, split into pieces of at
+  // most rows[i] − i rows where source and destination would overlap (each piece's destination ends where
+  // its source begins; the stream orders the pieces). Cost: (runs + overlap splits) × parts device copies,
+  // no allocation. D decode rows then a chunk: one copy per part (the decode rows stay); a chunk of C rows
+  // then D decode rows: ⌈(D + 1) / (C − 1)⌉ per part, where a copy per moved row made D + 1.
+  Status gatherTailRows(std::span<const int> rows) {
+    for (size_t i = 0; i < rows.size();) {
+      size_t j = i + 1;
+      while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+      const uint64_t shift = static_cast<uint64_t>(rows[i]) - i;  // ≥ 0; the same for the whole run
+      for (size_t p = i; shift > 0 && p < j;) {
+        const size_t len = std::min<uint64_t>(j - p, shift);
+        for (const TailInput& t : tail_inputs)
+          MINFER_RETURN_IF_ERROR(dev->check(cu().cuMemcpyDtoDAsync(t.base + p * t.row_bytes, t.base + (p + shift) * t.row_bytes,
+                                                                   len * t.row_bytes, stream.get()),
+                                            "CUDA forwardRows: gathering the tail's input rows"));
+        p += len;
+      }
+      i = j;
     }
     return Status::ok();
   }
@@ -591,6 +608,7 @@ class SessionBuilder {
     }
     if (st_.tail == SIZE_MAX) st_.tail = st_.prefill.size();
     st_.fresh.assign(st_.buf.size(), false);
+    st_.findTailInputs();
     if (be_.argmax.record && !st_.paged) {
       st_.argmax = bindLaunch(be_.argmax, -1);
       st_.argmax.overlap = false;  // launched after a graph or a download, not after a kernel of the plan

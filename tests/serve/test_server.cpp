@@ -7,7 +7,13 @@
 
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <fstream>
@@ -371,6 +377,91 @@ TEST_CASE("a client that goes away cancels its request and its blocks return to 
   CHECK(m["minfer_generated_tokens_total"] < 2 * 8000);
   CHECK(m["minfer_kv_blocks_used"] == 0);
   CHECK(m["minfer_requests_running"] == 0);
+}
+
+// A raw loopback connection (cpp-httplib's client cannot half-close): sends `request`, reads until `enough`
+// says the bytes so far suffice (or the server closes), then shuts its write side and reads to the end.
+// Everything received; kStillOpen appended when the server kept the connection open for 30 s.
+constexpr const char* kStillOpen = "[still open after 30 s]";
+
+std::string halfCloseAfter(int port, const std::string& request, const std::function<bool(const std::string&)>& enough) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size()));
+  std::string got;
+  char buf[4096];
+  bool shut = false;
+  for (;;) {
+    if (!shut && enough(got)) {
+      shutdown(fd, SHUT_WR);
+      shut = true;
+    }
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) break;
+    if (n < 0) {
+      if (errno != EINTR) {
+        got += kStillOpen;
+        break;
+      }
+      continue;
+    }
+    got.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return got;
+}
+
+// HTTP/1.1 defines no meaning for a client's half-close (RFC 9112 §9.6 describes half-closing only as a
+// server's staged close), and cpp-httplib 0.11 (Debian's) refuses every write once the peer's FIN has arrived
+// (SocketStream::write checks is_socket_alive: a zero-byte MSG_PEEK): a half-closed client could not get
+// its answer. So the server takes a half-close as the client leaving, like a close: it cancels at once
+// (PeerWatch's POLLRDHUP) instead of generating an answer it cannot send.
+TEST_CASE("a client that half-closes (shutdown SHUT_WR) is taken as gone: request cancelled, blocks freed") {
+  if (!minfer::test::haveFixtures()) return;
+  ServerProcess server({artifact(), "--device", "cpu", "-c", "8192", "-np", "2", "-t", "1"});
+  auto request = [](bool stream) {
+    const std::string body = json{{"prompt", "Once upon a time"}, {"max_tokens", 8000}, {"ignore_eos", true},
+                                  {"temperature", 1.0}, {"stream", stream}}.dump();
+    return "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  };
+  // Streamed: half-closed after the first event; the server then ends the response without [DONE].
+  const std::string streamed = halfCloseAfter(server.port(), request(true), [](const std::string& got) {
+    return got.find("data: ") != std::string::npos;
+  });
+  INFO("streamed: " << streamed.substr(0, 400));
+  CHECK(streamed.find("200 OK") != std::string::npos);
+  CHECK(streamed.find("[DONE]") == std::string::npos);
+  CHECK(streamed.find(kStillOpen) == std::string::npos);
+  // Not streamed: half-closed once the request is generating; no completion comes back.
+  const std::string plain = halfCloseAfter(server.port(), request(false), [&](const std::string&) {
+    for (int i = 0; i < 300 && server.metrics()["minfer_requests_running"] < 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return true;
+  });
+  INFO("not streamed: " << plain.substr(0, 400));
+  CHECK(plain.find("\"choices\"") == std::string::npos);
+  CHECK(plain.find(kStillOpen) == std::string::npos);
+  std::map<std::string, double> m;
+  for (int i = 0; i < 300; ++i) {
+    m = server.metrics();
+    if (m["minfer_requests_finished_total{finish_reason=\"cancelled\"}"] == 2 && m["minfer_kv_blocks_used"] == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(m["minfer_requests_finished_total{finish_reason=\"cancelled\"}"] == 2);
+  CHECK(m["minfer_client_disconnects_total"] == 2);
+  CHECK(m["minfer_generated_tokens_total"] < 2 * 8000);
+  CHECK(m["minfer_kv_blocks_used"] == 0);
+  CHECK(m["minfer_requests_running"] == 0);
+  // The server still answers.
+  CHECK(post(server.port(), "/v1/completions", completion("Once", 4).dump()).status == 200);
 }
 
 TEST_CASE("bad options: a clear message and exit status 1") {

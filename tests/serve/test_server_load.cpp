@@ -5,16 +5,12 @@
 // Prints requests, tokens/s, p50/p99 time to first token and inter-token latency.
 #include <doctest/doctest.h>
 
-#include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <thread>
 
-#include <httplib.h>
-
+#include "runtime/tools/server/load_client.h"
 #include "tests/e2e/golden_support.h"
 #include "tests/serve/server_process.h"
 #include "tests/test_support.h"
@@ -33,89 +29,25 @@ constexpr long kRssGrowthLimitKb = 96 * 1024;
 constexpr long kRssGrowthLimitKb = 32 * 1024;
 #endif
 
-struct Load {
-  std::mutex mutex;
-  std::vector<double> ttft_ms, itl_ms;  // time to first text; gaps between text chunks
-  long requests = 0, answered = 0, tokens = 0;
-  std::vector<std::string> failures;
-};
+using minfer::server::LoadStats;
+using minfer::server::percentile;
 
-// One streamed completion, timed: the first text chunk's arrival and the gaps between text chunks.
-void oneRequest(int port, int client, int k, Load& load) {
+// kClients threads issuing streamed completions back to back (stories260K prompts, sampled, 8–48 tokens)
+// until `seconds` have passed and each has made at least `min_requests` (in-flight ones complete).
+void drive(int port, double seconds, int min_requests, LoadStats& load) {
   static const char* prompts[] = {"Once upon a time", "Tom had a big red ball.", "Lily and her mom", "The cat sat",
                                   "One day, a little boy", "There was a dog", "Sam liked to", "In the park"};
-  const json body = {{"prompt", prompts[(client + k) % 8]},
-                     {"max_tokens", 8 + (client * 7 + k * 13) % 41},
-                     {"temperature", 0.8},
-                     {"seed", client * 1000 + k},
-                     {"stream", true},
-                     {"stream_options", {{"include_usage", true}}}};
-  const Clock::time_point t0 = Clock::now();
-  std::vector<Clock::time_point> arrivals;
-  httplib::Client cli("127.0.0.1", port);
-  cli.set_read_timeout(600);
-  cli.set_connection_timeout(60);
-  std::string buffer, finish;
-  bool done = false;
-  long tokens = -1;
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = body.dump();
-  req.headers.emplace("Content-Type", "application/json");
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    buffer.append(data, n);
-    for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
-      const std::string event = buffer.substr(6, end - 6);  // after "data: "
-      buffer.erase(0, end + 2);
-      if (event == "[DONE]") {
-        done = true;
-        continue;
-      }
-      const json j = json::parse(event, nullptr, false);
-      if (j.is_discarded()) continue;
-      if (j.contains("usage")) tokens = j["usage"]["completion_tokens"].get<long>();
-      if (j["choices"].empty()) continue;
-      const json& c = j["choices"][0];
-      if (!c["text"].get<std::string>().empty()) arrivals.push_back(Clock::now());
-      if (!c["finish_reason"].is_null()) finish = c["finish_reason"].get<std::string>();
-    }
-    return true;
-  };
-  auto res = cli.send(req);
-  std::lock_guard<std::mutex> lock(load.mutex);
-  ++load.requests;
-  const bool ok = res && res->status == 200 && done && (finish == "stop" || finish == "length") && tokens >= 0;
-  if (!ok) {
-    if (load.failures.size() < 10)
-      load.failures.push_back("client " + std::to_string(client) + " request " + std::to_string(k) + ": status " +
-                              (res ? std::to_string(res->status) : "none (" + httplib::to_string(res.error()) + ")") +
-                              ", done " + std::to_string(done) + ", finish \"" + finish + "\"");
-    return;
-  }
-  ++load.answered;
-  load.tokens += tokens;
-  if (!arrivals.empty()) load.ttft_ms.push_back(std::chrono::duration<double, std::milli>(arrivals[0] - t0).count());
-  for (size_t i = 1; i < arrivals.size(); ++i)
-    load.itl_ms.push_back(std::chrono::duration<double, std::milli>(arrivals[i] - arrivals[i - 1]).count());
-}
-
-// kClients threads issuing requests back to back until `seconds` have passed and each has made at least
-// `min_requests` (in-flight ones complete).
-void drive(int port, double seconds, int min_requests, Load& load) {
-  const Clock::time_point end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  std::vector<std::thread> clients;
-  for (int c = 0; c < kClients; ++c)
-    clients.emplace_back([&, c] {
-      for (int k = 0; k < min_requests || Clock::now() < end; ++k) oneRequest(port, c, k, load);
-    });
-  for (auto& t : clients) t.join();
-}
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+  minfer::server::LoadOptions options;
+  options.port = port;
+  options.clients = kClients;
+  options.seconds = seconds;
+  options.min_requests = min_requests;
+  minfer::server::driveLoad(options, [](int client, int k) {
+    return json{{"prompt", prompts[(client + k) % 8]},
+                {"max_tokens", 8 + (client * 7 + k * 13) % 41},
+                {"temperature", 0.8},
+                {"seed", client * 1000 + k}};
+  }, load);
 }
 
 // Waits (≤ 60 s) until nothing is queued or running; the metrics then.
@@ -144,14 +76,14 @@ TEST_CASE("64 concurrent streaming clients: every request answered, none lost, R
                                       "-c", "256", "--threads-http", std::to_string(kClients + 16), "-t", "1"});
   REQUIRE(server.running());
 
-  Load warmup;
+  LoadStats warmup;
   drive(server.port(), std::min(5.0, seconds), 2, warmup);  // every client twice: the allocator's steady state
   CHECK(warmup.failures.empty());
   const auto before = idleMetrics(server);
   const long rss_before = server.rssKb();
   CHECK(before.at("minfer_kv_blocks_used") == 0);
 
-  Load load;
+  LoadStats load;
   const Clock::time_point t0 = Clock::now();
   drive(server.port(), seconds, 1, load);
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -159,7 +91,7 @@ TEST_CASE("64 concurrent streaming clients: every request answered, none lost, R
   const long rss_after = server.rssKb();
 
   std::printf("load: %d streaming clients for %.1f s: %ld requests, %ld answered, %ld tokens (%.0f tokens/s)\n", kClients,
-              elapsed, load.requests, load.answered, load.tokens, load.tokens / elapsed);
+              elapsed, load.requests, load.answered, load.completion_tokens, load.completion_tokens / elapsed);
   std::printf("load: time to first token p50 %.1f ms, p99 %.1f ms; inter-token (between text chunks) p50 %.2f ms, "
               "p99 %.2f ms\n",
               percentile(load.ttft_ms, 0.5), percentile(load.ttft_ms, 0.99), percentile(load.itl_ms, 0.5),
@@ -183,7 +115,7 @@ TEST_CASE("64 concurrent streaming clients: every request answered, none lost, R
   CHECK(finished == load.requests);
   CHECK(after.at("minfer_requests_finished_total{finish_reason=\"cancelled\"}") == 0);
   CHECK(after.at("minfer_requests_finished_total{finish_reason=\"error\"}") == 0);
-  CHECK(after.at("minfer_generated_tokens_total") - before.at("minfer_generated_tokens_total") == load.tokens);
+  CHECK(after.at("minfer_generated_tokens_total") - before.at("minfer_generated_tokens_total") == load.completion_tokens);
   CHECK(after.at("minfer_kv_blocks_used") == 0);
   CHECK(rss_after - rss_before <= kRssGrowthLimitKb);
   CHECK(server.stop() == 0);

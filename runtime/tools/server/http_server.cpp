@@ -66,6 +66,13 @@ class Channel {
 // The socket of the request's connection, found by its address pair among this process's descriptors
 // (cpp-httplib 0.11 does not expose it). closed(): the client shut its side or reset (POLLRDHUP/HUP/ERR).
 // Found once per request: O(open descriptors) getsockname/getpeername calls.
+// A half-close (the client's shutdown(SHUT_WR), a FIN while its read side stays open) counts as gone, like a
+// close, which the server cannot tell apart from it before writing: HTTP/1.1 defines no meaning for a
+// client's half-close (RFC 9112 §9.6 describes half-closing only as a server's staged close), and
+// cpp-httplib 0.11 itself refuses every write once the peer's FIN has arrived (SocketStream::write →
+// is_socket_alive, a zero-byte MSG_PEEK), so no answer could reach such a client anyway. Cancelling at the
+// FIN frees the sequence's KV blocks within kPoll, for a stream waiting on its first token as for a request
+// answered at the end (tests/serve "half-closes").
 class PeerWatch {
  public:
   explicit PeerWatch(const httplib::Request& req) {
