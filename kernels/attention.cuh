@@ -16,17 +16,26 @@
 //   launch: kvStoreLaunch(), one thread per element.
 // attn_prefill (ATT_PREFILL): flash-attention-style (Dao et al. 2022) online softmax, in one of two forms
 //   chosen by the head size (attnPrefillUsesMma):
-//   - tensor cores (HEAD_DIM a multiple of 16, at most 128; FlashAttention-2's loop order, Dao 2023):
+//   - tensor cores (HEAD_DIM a multiple of 16, at most 256; FlashAttention-2's loop order, Dao 2023):
 //     a block takes kAttnMmaBQ = 64 query tokens of one query head, 16 per warp; K and V tiles of
-//     kAttnMmaBKV = 64 positions stream through shared memory as f16 (cp.async, double-buffered, rows
+//     attnMmaBKV positions stream through shared memory as f16 (cp.async, double-buffered, rows
 //     padded by 16 bytes for ldmatrix). S = Q·Kᵀ with mma.m16n8k16 (Q rounded to f16 after scaling by
-//     log2(e)/sqrt(HEAD_DIM), f32 accumulation), online softmax in f32 on the accumulator fragments
+//     log2(e)·scale, f32 accumulation), online softmax in f32 on the accumulator fragments
 //     (exp2), P rounded to f16 and O += P·V with mma.m16n8k16 (V fragments by ldmatrix.trans), O in f32.
 //     The two f16 roundings (Q, P) are what separates it from the f32 form (tolerance in the tests).
+//     Heads ≤ 128: 64-key tiles, each warp's Q fragments held in registers (HEAD_DIM / 4 per lane).
+//     Heads > 128 (attnMmaQInSmem; gemma2/gemma3's 256): the O accumulator alone is HEAD_DIM / 2 f32 per
+//     lane (128 at 256), so each warp keeps its 16 Q rows in shared memory (after the K/V stages) and
+//     re-reads them by ldmatrix per k16 step of every tile, and tiles are 32 keys (16 score registers).
+//     At 256: 219 registers, no spills (sm_90), 101,376 bytes of shared memory: two blocks (8 warps) per SM,
+//     as at 128 (172 registers).
 //   - SIMT (other head sizes, ≤ 256): kAttnBQ = 16 query tokens of one query head (4 warps × 4 tokens);
 //     keys and values in tiles of 32 positions converted to f32. Scores: lane = key (the K tile is padded
 //     to HEAD_DIM + 1 floats per row: conflict-free); output: lane = dimension d, d + 32, ….
-//   Both read keys up to the block's last causal position only.
+//   Both read keys up to the block's last causal position only: a block of query tokens [qt0, qt0 + BQ)
+//   loads and multiplies the key tiles up to pos0 + its last token and no further (the causal blocks above
+//   the diagonal are skipped, not masked; only the tile on the diagonal is masked), and with a window it
+//   starts at the tile holding its first query's first visible key.
 //   minfer_attn_prefill(const float* q, const uint16_t* kc, const uint16_t* vc, float* out, const int* pos,
 //                       int n_tokens)
 //   q, out: n_tokens × NHEAD·HEAD_DIM f32. launch: attnPrefillLaunch(), dynamic shared memory.
@@ -67,10 +76,15 @@ constexpr unsigned kAttnWarps = 4;
 constexpr unsigned kAttnDecodeMinKeys = 2 * kAttnWarps;
 constexpr unsigned kKvStoreThreads = 256;
 constexpr unsigned kAttnMmaBQ = 64;    // query tokens per tensor-core prefill block (16 per warp)
-constexpr unsigned kAttnMmaBKV = 64;   // key positions per tile
 
 // True when the prefill takes the tensor-core form for this head size.
-MINFER_HD constexpr bool attnPrefillUsesMma(unsigned head_dim) { return head_dim % 16 == 0 && head_dim <= 128; }
+MINFER_HD constexpr bool attnPrefillUsesMma(unsigned head_dim) { return head_dim % 16 == 0 && head_dim <= 256; }
+// Tensor-core prefill, heads above 128: the warp's Q rows live in shared memory (re-read by ldmatrix every key
+// tile) instead of registers, and key tiles are 32 positions, so that the 16 × HEAD_DIM f32 accumulator
+// (HEAD_DIM / 2 registers per lane) fits beside the scores without spilling.
+MINFER_HD constexpr bool attnMmaQInSmem(unsigned head_dim) { return head_dim > 128; }
+// Key positions per tensor-core prefill tile.
+MINFER_HD constexpr unsigned attnMmaBKV(unsigned head_dim) { return attnMmaQInSmem(head_dim) ? 32 : 64; }
 
 MINFER_HD LaunchRule kvStoreLaunchRule(unsigned n_head_kv, unsigned head_dim) {
   LaunchRule r;
@@ -83,7 +97,9 @@ MINFER_HD LaunchShape kvStoreLaunch(unsigned n_tokens, unsigned n_head_kv, unsig
 }
 
 MINFER_HD unsigned attnPrefillSmemBytes(unsigned head_dim) {
-  if (attnPrefillUsesMma(head_dim)) return 2u * 2u * kAttnMmaBKV * (head_dim + 8) * 2u;  // 2 stages × (K, V) f16
+  if (attnPrefillUsesMma(head_dim))  // 2 stages × (K, V) f16 tiles, then the block's Q rows (f16) for large heads
+    return 2u * 2u * attnMmaBKV(head_dim) * (head_dim + 8) * 2u +
+           (attnMmaQInSmem(head_dim) ? kAttnMmaBQ * (head_dim + 8) * 2u : 0u);
   return 4u * (kAttnBQ * head_dim + kAttnBKV * (head_dim + 1) + kAttnBKV * head_dim);
 }
 
@@ -197,7 +213,7 @@ __device__ __forceinline__ DecodeSplits decodeSplits(int kv_len) {
 #endif
 }  // namespace minfer::kern::attn
 // Which prefill form this compilation holds (preprocessor form of attnPrefillUsesMma, checked equal).
-#define MINFER_ATT_PREFILL_MMA (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 128)
+#define MINFER_ATT_PREFILL_MMA (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 256)
 static_assert(minfer::kern::attnPrefillUsesMma(ATT_HEAD_DIM) == MINFER_ATT_PREFILL_MMA, "prefill form predicate");
 #endif
 
@@ -316,7 +332,8 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL) && MINFER_ATT_PREFILL_MMA
 namespace minfer::kern::attn {
-constexpr int kBQ = kAttnMmaBQ, kBKV = kAttnMmaBKV;
+constexpr int kBQ = kAttnMmaBQ, kBKV = attnMmaBKV(kD);
+constexpr bool kQSmem = attnMmaQInSmem(kD);  // Q rows in shared memory (after the K/V stages), not registers
 constexpr int kLDH = kD + 8;        // smem row pitch in halves (16 bytes of padding: ldmatrix rows hit distinct banks)
 constexpr int kTileH = kBKV * kLDH;  // halves per K or V tile
 constexpr int kKS = kD / 16;         // k16 steps over the head dimension
@@ -385,20 +402,32 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   loadKvTile(smem_h, smem_h + kTileH, kc, vc, first_tile * kBKV, kv_end, g);
   cpAsyncCommit();
 
-  // Q fragments of this warp's 16 tokens (rows gr and gr + 8), scaled by log2(e)·scale, as f16.
+  // This warp's 16 query tokens (rows gr and gr + 8 of its fragments), scaled by log2(e)·scale, as f16:
+  // A fragments in registers, or (kQSmem) the warp's own 16 rows of shared memory, which only it reads.
   constexpr float kLog2e = 1.4426950408889634f;
   const float qscale = kLog2e * qkScale();
   const int t_lo = qt0 + warp * 16 + gr, t_hi = t_lo + 8;  // this thread's two query tokens
-  unsigned qf[kKS][4];
-#pragma unroll
-  for (int ks = 0; ks < kKS; ++ks)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int tok = (r % 2) ? t_hi : t_lo, d = ks * 16 + (r / 2) * 8 + 2 * t4;
+  unsigned qf[kQSmem ? 1 : kKS][4];
+  uint16_t* const sq = smem_h + 4 * kTileH + warp * 16 * kLDH;  // kQSmem: [16][kLDH] halves
+  if constexpr (kQSmem) {
+    for (int e = lane; e < 16 * (kD / 2); e += 32) {  // a warp reads whole rows: coalesced
+      const int r = e / (kD / 2), d = 2 * (e % (kD / 2)), tok = qt0 + warp * 16 + r;
       float2 v = make_float2(0.0f, 0.0f);
       if (tok < n_tokens) v = *reinterpret_cast<const float2*>(q + static_cast<uint64_t>(tok) * kQPitch + j * kD + d);
-      qf[ks][r] = packHalf2(v.x * qscale, v.y * qscale);
+      *reinterpret_cast<unsigned*>(sq + r * kLDH + d) = packHalf2(v.x * qscale, v.y * qscale);
     }
+    __syncwarp();
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int tok = (r % 2) ? t_hi : t_lo, d = ks * 16 + (r / 2) * 8 + 2 * t4;
+        float2 v = make_float2(0.0f, 0.0f);
+        if (tok < n_tokens) v = *reinterpret_cast<const float2*>(q + static_cast<uint64_t>(tok) * kQPitch + j * kD + d);
+        qf[ks][r] = packHalf2(v.x * qscale, v.y * qscale);
+      }
+  }
 
   float o[kDT][4];
 #pragma unroll
@@ -421,24 +450,43 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     const uint16_t* sk = smem_h + stage * 2 * kTileH;
     const uint16_t* sv = sk + kTileH;
 
-    // S = Q·Kᵀ: 16 × BKV per warp. K fragments: x4 = (positions nt·8.., dims ks·16 + 0/8/16/24).
+    // S = Q·Kᵀ: 16 × BKV per warp.
     float s[kNT][4];
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    if constexpr (kQSmem) {
+      // Per k16 step: the A fragment by ldmatrix x4 = (rows 0/8, dims ks·16 + 0/8), then K fragments x4 =
+      // (positions (nt + 0/1)·8.., dims ks·16 + 0/8) for two n8 tiles at a time.
 #pragma unroll
-      for (int ks = 0; ks < kKS; ks += 2) {
-        unsigned b[4];
-        if (ks + 1 < kKS) {
-          ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + mq * 8);
-          mmaF16(s[nt], qf[ks], b[0], b[1]);
-          mmaF16(s[nt], qf[ks + 1], b[2], b[3]);
-        } else {  // odd number of k16 steps: the last one alone (matrices 2, 3 re-read 0, 1)
-          ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
-          mmaF16(s[nt], qf[ks], b[0], b[1]);
+      for (int ks = 0; ks < kKS; ++ks) {
+        unsigned a[4];
+        ldsmX4(a, sq + ((mq % 2) * 8 + r8) * kLDH + ks * 16 + (mq / 2) * 8);
+#pragma unroll
+        for (int nt = 0; nt < kNT; nt += 2) {
+          unsigned b[4];
+          ldsmX4(b, sk + ((nt + mq / 2) * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
+          mmaF16(s[nt], a, b[0], b[1]);
+          mmaF16(s[nt + 1], a, b[2], b[3]);
         }
       }
+    } else {
+      // Q fragments held; K fragments x4 = (positions nt·8.., dims ks·16 + 0/8/16/24).
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int ks = 0; ks < kKS; ks += 2) {
+          unsigned b[4];
+          if (ks + 1 < kKS) {
+            ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + mq * 8);
+            mmaF16(s[nt], qf[ks], b[0], b[1]);
+            mmaF16(s[nt], qf[ks + 1], b[2], b[3]);
+          } else {  // odd number of k16 steps: the last one alone (matrices 2, 3 re-read 0, 1)
+            ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
+            mmaF16(s[nt], qf[ks], b[0], b[1]);
+          }
+        }
     }
 
     // Causal mask (only tiles that reach past the first query's position need it) and online softmax
