@@ -35,7 +35,8 @@
 //   Both read keys up to the block's last causal position only: a block of query tokens [qt0, qt0 + BQ)
 //   loads and multiplies the key tiles up to pos0 + its last token and no further (the causal blocks above
 //   the diagonal are skipped, not masked; only the tile on the diagonal is masked), and with a window it
-//   starts at the tile holding its first query's first visible key.
+//   starts at the tile holding its first query's first visible key. Grid: (query head, query tile), the
+//   tiles in reverse prompt order (attnPrefillQueryTile: the causally heaviest blocks start first).
 //   minfer_attn_prefill(const float* q, const uint16_t* kc, const uint16_t* vc, float* out, const int* pos,
 //                       int n_tokens)
 //   q, out: n_tokens × NHEAD·HEAD_DIM f32. launch: attnPrefillLaunch(), dynamic shared memory.
@@ -105,8 +106,8 @@ MINFER_HD unsigned attnPrefillSmemBytes(unsigned head_dim) {
 
 MINFER_HD LaunchRule attnPrefillLaunchRule(unsigned n_head, unsigned head_dim) {
   LaunchRule r;
-  r.grid[0] = perToken(1, attnPrefillUsesMma(head_dim) ? kAttnMmaBQ : kAttnBQ);
-  r.grid[1] = fixedExtent(n_head);
+  r.grid[0] = fixedExtent(n_head);
+  r.grid[1] = perToken(1, attnPrefillUsesMma(head_dim) ? kAttnMmaBQ : kAttnBQ);
   r.block.x = 32 * kAttnWarps;
   r.smem = attnPrefillSmemBytes(head_dim);
   return r;
@@ -193,6 +194,11 @@ __device__ __forceinline__ float capScore(float s, float unit) {
   if constexpr (kCap > 0.0f) return (kCap * unit) * tanhf(s * (1.0f / (kCap * unit)));
   return s;
 }
+// The prefill block's query tile, heaviest first: block (head j, y) takes tile gridDim.y − 1 − y, so that
+// blocks start (in order of linear id: x = head fastest) with the last tiles of every head, which read
+// the most keys, and end with the first tiles, the lightest (longest-processing-time-first list
+// scheduling: the tail of the launch is short blocks; with tiles in prompt order it was the longest).
+__device__ __forceinline__ int attnPrefillQueryTile() { return static_cast<int>(gridDim.y - 1 - blockIdx.y); }
 // True when the key at position key is inside the window of the query at position qp (≤ qp assumed).
 __device__ __forceinline__ bool inWindow(int qp, int key) { return kWindow == 0 || qp - key < kWindow; }
 // First key position any query at positions ≥ qp0 can see.
@@ -251,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   float* sk = sq + kBQ * kD;               // [kBKV][kD + 1]
   float* sv = sk + kBKV * (kD + 1);        // [kBKV][kD]
 
-  const int qt0 = blockIdx.x * kBQ, j = blockIdx.y, g = j / kGroup;
+  const int qt0 = attnPrefillQueryTile() * kBQ, j = blockIdx.x, g = j / kGroup;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pos0 = pos[0];
   const float scale = qkScale();
@@ -390,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   using namespace minfer::kern::attn;
   extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]
 
-  const int qt0 = blockIdx.x * kBQ, j = blockIdx.y, g = j / kGroup;
+  const int qt0 = attnPrefillQueryTile() * kBQ, j = blockIdx.x, g = j / kGroup;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = lane / 4, t4 = lane % 4;  // fragment row group and column pair
   const int pos0 = pos[0];
