@@ -62,8 +62,9 @@
 // Compile-time constants: ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, ATT_SPLITS (decode/combine) and one of
 // ATT_KV_STORE / ATT_PREFILL / ATT_DECODE / ATT_COMBINE = 1; optional ATT_SCALE, ATT_SOFTCAP (float
 // literals) and ATT_WINDOW (positions) for prefill and decode; ATT_KV_RING (slots) for kv_store, prefill and
-// decode of a layer with a ring cache. A window skips the keys before it (whole tiles in prefill; decode
-// splits only the window's positions); the f32 reference is cpu::attention.
+// decode of a layer with a ring cache; ATT_PREFILL_SIMT = 1 (tests) the SIMT prefill at any head size. A
+// window skips the keys before it (whole tiles in prefill; decode splits only the window's positions); the
+// f32 reference is cpu::attention.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -97,23 +98,25 @@ MINFER_HD LaunchShape kvStoreLaunch(unsigned n_tokens, unsigned n_head_kv, unsig
   return kvStoreLaunchRule(n_head_kv, head_dim).at(n_tokens);
 }
 
-MINFER_HD unsigned attnPrefillSmemBytes(unsigned head_dim) {
-  if (attnPrefillUsesMma(head_dim))  // 2 stages × (K, V) f16 tiles, then the block's Q rows (f16) for large heads
+// `simt`: the SIMT form compiled for a head size that would take tensor cores (ATT_PREFILL_SIMT = 1; tests
+// and measurements only, the codegen never asks for it).
+MINFER_HD unsigned attnPrefillSmemBytes(unsigned head_dim, bool simt = false) {
+  if (attnPrefillUsesMma(head_dim) && !simt)  // 2 stages × (K, V) f16 tiles, then the block's Q rows (f16) for large heads
     return 2u * 2u * attnMmaBKV(head_dim) * (head_dim + 8) * 2u +
            (attnMmaQInSmem(head_dim) ? kAttnMmaBQ * (head_dim + 8) * 2u : 0u);
   return 4u * (kAttnBQ * head_dim + kAttnBKV * (head_dim + 1) + kAttnBKV * head_dim);
 }
 
-MINFER_HD LaunchRule attnPrefillLaunchRule(unsigned n_head, unsigned head_dim) {
+MINFER_HD LaunchRule attnPrefillLaunchRule(unsigned n_head, unsigned head_dim, bool simt = false) {
   LaunchRule r;
   r.grid[0] = fixedExtent(n_head);
-  r.grid[1] = perToken(1, attnPrefillUsesMma(head_dim) ? kAttnMmaBQ : kAttnBQ);
+  r.grid[1] = perToken(1, attnPrefillUsesMma(head_dim) && !simt ? kAttnMmaBQ : kAttnBQ);
   r.block.x = 32 * kAttnWarps;
-  r.smem = attnPrefillSmemBytes(head_dim);
+  r.smem = attnPrefillSmemBytes(head_dim, simt);
   return r;
 }
-MINFER_HD LaunchShape attnPrefillLaunch(unsigned n_tokens, unsigned n_head, unsigned head_dim) {
-  return attnPrefillLaunchRule(n_head, head_dim).at(n_tokens);
+MINFER_HD LaunchShape attnPrefillLaunch(unsigned n_tokens, unsigned n_head, unsigned head_dim, bool simt = false) {
+  return attnPrefillLaunchRule(n_head, head_dim, simt).at(n_tokens);
 }
 
 MINFER_HD unsigned long long attnDecodePartFloats(unsigned n_head, unsigned head_dim, unsigned splits) {
@@ -218,9 +221,14 @@ __device__ __forceinline__ DecodeSplits decodeSplits(int kv_len) {
 }
 #endif
 }  // namespace minfer::kern::attn
-// Which prefill form this compilation holds (preprocessor form of attnPrefillUsesMma, checked equal).
-#define MINFER_ATT_PREFILL_MMA (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 256)
-static_assert(minfer::kern::attnPrefillUsesMma(ATT_HEAD_DIM) == MINFER_ATT_PREFILL_MMA, "prefill form predicate");
+// Which prefill form this compilation holds (preprocessor form of attnPrefillUsesMma, checked equal);
+// ATT_PREFILL_SIMT = 1 forces the SIMT form (attnPrefillLaunch's `simt`).
+#ifndef ATT_PREFILL_SIMT
+#define ATT_PREFILL_SIMT 0
+#endif
+#define MINFER_ATT_PREFILL_MMA (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 256 && !ATT_PREFILL_SIMT)
+static_assert((minfer::kern::attnPrefillUsesMma(ATT_HEAD_DIM) && !ATT_PREFILL_SIMT) == MINFER_ATT_PREFILL_MMA,
+              "prefill form predicate");
 #endif
 
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_KV_STORE)
