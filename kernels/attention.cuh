@@ -18,8 +18,8 @@
 //   chosen by the head size (attnPrefillUsesMma):
 //   - tensor cores (HEAD_DIM a multiple of 16, at most 256; FlashAttention-2's loop order, Dao 2023):
 //     a block takes kAttnMmaBQ = 64 query tokens of one query head, 16 per warp; K and V tiles of
-//     attnMmaBKV positions stream through shared memory as f16 (cp.async, double-buffered, rows
-//     padded by 16 bytes for ldmatrix). S = Q·Kᵀ with mma.m16n8k16 (Q rounded to f16 after scaling by
+//     attnMmaBKV positions stream through shared memory as f16 (cp.async, double-buffered: tile i + 1 is
+//     copied while tile i is multiplied, one barrier per tile; rows padded by 16 bytes for ldmatrix). S = Q·Kᵀ with mma.m16n8k16 (Q rounded to f16 after scaling by
 //     log2(e)·scale, f32 accumulation), online softmax in f32 on the accumulator fragments
 //     (exp2), P rounded to f16 and O += P·V with mma.m16n8k16 (V fragments by ldmatrix.trans), O in f32.
 //     The two f16 roundings (Q, P) are what separates it from the f32 form (tolerance in the tests).
@@ -454,13 +454,16 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 
   for (int it = first_tile; it < n_tiles; ++it) {
     const int kv0 = it * kBKV, stage = (it - first_tile) & 1;
+    // One barrier per tile: past it, this tile's copies (each thread's own waited for) are visible to all, and
+    // every warp has finished tile it − 1, so its stage can take tile it + 1, whose copies then overlap this
+    // tile's arithmetic.
+    cpAsyncWait<0>();
+    __syncthreads();
     if (it + 1 < n_tiles) {
       uint16_t* nb = smem_h + (stage ^ 1) * 2 * kTileH;
       loadKvTile(nb, nb + kTileH, kc, vc, kv0 + kBKV, kv_end, g);
     }
     cpAsyncCommit();
-    cpAsyncWait<1>();
-    __syncthreads();
     const uint16_t* sk = smem_h + stage * 2 * kTileH;
     const uint16_t* sv = sk + kTileH;
 
@@ -561,7 +564,6 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
         mmaF16(o[dt + 1], pa, b[2], b[3]);
       }
     }
-    __syncthreads();  // this stage's tiles are refilled two iterations on
   }
 
 #pragma unroll
