@@ -412,6 +412,11 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   const int kv_end = pos0 + last_t + 1;  // keys [0, kv_end) are visible to some query of this block
   const int n_tiles = (kv_end + kBKV - 1) / kBKV;
   const int first_tile = windowStart(pos0 + qt0) / kBKV;  // tiles wholly before every query's window: skipped
+  // Keys [warp_lo, warp_hi) are the only ones this warp's valid tokens see (none when all its 16 rows are past
+  // n_tokens): a tile outside them it skips (barriers and copies kept). That is exact: every score of such a
+  // tile would be −inf, leaving m, l and O as they were.
+  const int warp_t0 = qt0 + warp * 16, warp_last = min(warp_t0 + 15, n_tokens - 1);
+  const int warp_lo = windowStart(pos0 + warp_t0), warp_hi = warp_last < warp_t0 ? 0 : pos0 + warp_last + 1;
 
   loadKvTile(smem_h, smem_h + kTileH, kc, vc, first_tile * kBKV, kv_end, g);
   cpAsyncCommit();
@@ -464,6 +469,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       loadKvTile(nb, nb + kTileH, kc, vc, kv0 + kBKV, kv_end, g);
     }
     cpAsyncCommit();
+    if (kv0 >= warp_hi || kv0 + kBKV <= warp_lo) continue;
     const uint16_t* sk = smem_h + stage * 2 * kTileH;
     const uint16_t* sv = sk + kTileH;
 
