@@ -19,22 +19,24 @@
 //   - tensor cores (HEAD_DIM a multiple of 16, at most 256; FlashAttention-2's loop order, Dao 2023):
 //     a block takes kAttnMmaBQ = 64 query tokens of one query head, 16 per warp; K and V tiles of
 //     attnMmaBKV positions stream through shared memory as f16 (cp.async, double-buffered: tile i + 1 is
-//     copied while tile i is multiplied, one barrier per tile; rows padded by 16 bytes for ldmatrix). S = Q·Kᵀ with mma.m16n8k16 (Q rounded to f16 after scaling by
-//     log2(e)·scale, f32 accumulation), online softmax in f32 on the accumulator fragments
-//     (exp2), P rounded to f16 and O += P·V with mma.m16n8k16 (V fragments by ldmatrix.trans), O in f32.
+//     copied while tile i is multiplied, one barrier per tile; rows padded by 16 bytes for ldmatrix).
+//     S = Q·Kᵀ with mma.m16n8k16 (Q rounded to f16 after scaling by log2(e)·scale, f32 accumulation),
+//     online softmax in f32 on the accumulator fragments (exp2), P rounded to f16 and O += P·V with
+//     mma.m16n8k16 (V fragments by ldmatrix.trans), O in f32.
 //     The two f16 roundings (Q, P) are what separates it from the f32 form (tolerance in the tests).
 //     Heads ≤ 128: 64-key tiles, each warp's Q fragments held in registers (HEAD_DIM / 4 per lane).
 //     Heads > 128 (attnMmaQInSmem; gemma2/gemma3's 256): the O accumulator alone is HEAD_DIM / 2 f32 per
 //     lane (128 at 256), so each warp keeps its 16 Q rows in shared memory (after the K/V stages) and
 //     re-reads them by ldmatrix per k16 step of every tile, and tiles are 32 keys (16 score registers).
-//     At 256: 219 registers, no spills (sm_90), 101,376 bytes of shared memory: two blocks (8 warps) per SM,
-//     as at 128 (172 registers).
+//     At 256: 221 registers, no spills (sm_90), 101,376 bytes of shared memory: two blocks (8 warps) per SM,
+//     as at 128 (173 registers; both limited by registers, 128 also by its 69,632 bytes to three).
+//     A warp skips the arithmetic of tiles none of its valid tokens sees (exact: their scores are all −inf).
 //   - SIMT (other head sizes, ≤ 256): kAttnBQ = 16 query tokens of one query head (4 warps × 4 tokens);
 //     keys and values in tiles of 32 positions converted to f32. Scores: lane = key (the K tile is padded
 //     to HEAD_DIM + 1 floats per row: conflict-free); output: lane = dimension d, d + 32, ….
 //   Both read keys up to the block's last causal position only: a block of query tokens [qt0, qt0 + BQ)
 //   loads and multiplies the key tiles up to pos0 + its last token and no further (the causal blocks above
-//   the diagonal are skipped, not masked; only the tile on the diagonal is masked), and with a window it
+//   the diagonal are skipped, not masked; only the tiles the diagonal crosses are masked), and with a window it
 //   starts at the tile holding its first query's first visible key. Grid: (query head, query tile), the
 //   tiles in reverse prompt order (attnPrefillQueryTile: the causally heaviest blocks start first).
 //   minfer_attn_prefill(const float* q, const uint16_t* kc, const uint16_t* vc, float* out, const int* pos,
@@ -101,7 +103,8 @@ MINFER_HD LaunchShape kvStoreLaunch(unsigned n_tokens, unsigned n_head_kv, unsig
 // `simt`: the SIMT form compiled for a head size that would take tensor cores (ATT_PREFILL_SIMT = 1; tests
 // and measurements only, the codegen never asks for it).
 MINFER_HD unsigned attnPrefillSmemBytes(unsigned head_dim, bool simt = false) {
-  if (attnPrefillUsesMma(head_dim) && !simt)  // 2 stages × (K, V) f16 tiles, then the block's Q rows (f16) for large heads
+  // Tensor cores: 2 stages × (K, V) f16 tiles, then (large heads) the block's Q rows in f16.
+  if (attnPrefillUsesMma(head_dim) && !simt)
     return 2u * 2u * attnMmaBKV(head_dim) * (head_dim + 8) * 2u +
            (attnMmaQInSmem(head_dim) ? kAttnMmaBQ * (head_dim + 8) * 2u : 0u);
   return 4u * (kAttnBQ * head_dim + kAttnBKV * (head_dim + 1) + kAttnBKV * head_dim);

@@ -557,7 +557,8 @@ TEST_CASE("attention prefill: tensor cores for head sizes 64, 80, 96, 112, 128, 
     spec.key = "attn_prefill_spill_probe_d" + std::to_string(v.d) + (v.extra.empty() ? "" : "_" + v.extra[0].first);
     spec.source = "kernels/attention.cuh";
     spec.entry = "minfer_attn_prefill";
-    spec.defines = {{"ATT_NHEAD", "16"}, {"ATT_NHEAD_KV", "8"}, {"ATT_HEAD_DIM", std::to_string(v.d)}, {"ATT_PREFILL", "1"}};
+    spec.defines = {
+        {"ATT_NHEAD", "16"}, {"ATT_NHEAD_KV", "8"}, {"ATT_HEAD_DIM", std::to_string(v.d)}, {"ATT_PREFILL", "1"}};
     spec.defines.insert(spec.defines.end(), v.extra.begin(), v.extra.end());
     if (no_spills) spec.flags = {"-Xptxas", "--warn-on-spills", "-Xptxas", "--warning-as-error"};
     CAPTURE(spec.key);

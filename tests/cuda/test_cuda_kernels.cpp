@@ -1494,8 +1494,8 @@ TEST_CASE("attention prefill, heads 128 and 256: query column view (ATT_Q_PITCH)
       std::vector<std::pair<std::string, std::string>> defs = {
           {"ATT_NHEAD", str(h)}, {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)}, {"ATT_PREFILL", "1"}};
       if (view) defs.push_back({"ATT_Q_PITCH", str(pitch)});
-      return spec("minfer_attn_prefill_view_test_d" + str(d) + (view ? "_qp" + str(pitch) : ""), "kernels/attention.cuh",
-                  "minfer_attn_prefill", defs);
+      return spec("minfer_attn_prefill_view_test_d" + str(d) + (view ? "_qp" + str(pitch) : ""),
+                  "kernels/attention.cuh", "minfer_attn_prefill", defs);
     };
     std::vector<Kernel> k = compile({att(false), att(true)});
     for (const std::pair<int, int>& shape : {std::pair{0, 33}, std::pair{5, 513}, std::pair{5, 2048}}) {
@@ -1517,11 +1517,13 @@ TEST_CASE("attention prefill, heads 128 and 256: query column view (ATT_Q_PITCH)
       const std::vector<float> q = activations(n, h * d);
       std::vector<float> wide(static_cast<size_t>(n) * pitch, std::numeric_limits<float>::quiet_NaN());
       for (int t = 0; t < n; ++t)
-        std::copy_n(q.data() + static_cast<size_t>(t) * h * d, h * d, wide.data() + static_cast<size_t>(t) * pitch + col);
+        std::copy_n(q.data() + static_cast<size_t>(t) * h * d, h * d,
+                    wide.data() + static_cast<size_t>(t) * pitch + col);
       std::vector<float> ref(q.size()), scratch(static_cast<size_t>(n_ctx));
       cpu::attention(q.data(), layer, n, cpu::KvRowStorage(n).contiguous(pos0, n, n_ctx), h, ref.data(), nullptr,
                      scratch.data());
-      DeviceArray d_q = DeviceArray::of(q), d_wide = DeviceArray::of(wide), d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
+      DeviceArray d_q = DeviceArray::of(q), d_wide = DeviceArray::of(wide),
+                  d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
       DeviceArray out(static_cast<uint64_t>(n) * h * d * 4);
       for (int view : {0, 1}) {
         CAPTURE(view);
@@ -1556,7 +1558,8 @@ TEST_CASE("attention prefill of an 8,192-token prompt (qwen2-7b, gemma2-9b shape
     int window;
   };
   const int n = 8192;
-  for (const Shape& sh : {Shape{"qwen2-7b", 28, 4, 128, "", "", 0}, Shape{"gemma2-9b global", 16, 8, 256, "0.0625f", "50.0f", 0},
+  for (const Shape& sh : {Shape{"qwen2-7b", 28, 4, 128, "", "", 0},
+                          Shape{"gemma2-9b global", 16, 8, 256, "0.0625f", "50.0f", 0},
                           Shape{"gemma2-9b sliding", 16, 8, 256, "0.0625f", "50.0f", 4096}}) {
     CAPTURE(sh.name);
     const int h = sh.h, hkv = sh.hkv, d = sh.d, kvw = hkv * d;
@@ -1568,9 +1571,9 @@ TEST_CASE("attention prefill of an 8,192-token prompt (qwen2-7b, gemma2-9b shape
     auto simt = defs;
     simt.push_back({"ATT_PREFILL_SIMT", "1"});
     const std::string tag = "_h" + str(h) + "_d" + str(d) + "_w" + str(sh.window);
-    std::vector<Kernel> k = compile({spec("minfer_attn_prefill_long_test" + tag, "kernels/attention.cuh", "minfer_attn_prefill", defs),
-                                     spec("minfer_attn_prefill_long_test_simt" + tag, "kernels/attention.cuh",
-                                          "minfer_attn_prefill", simt)});
+    const char *src = "kernels/attention.cuh", *entry = "minfer_attn_prefill";
+    std::vector<Kernel> k = compile({spec("minfer_attn_prefill_long_test" + tag, src, entry, defs),
+                                     spec("minfer_attn_prefill_long_test_simt" + tag, src, entry, simt)});
     std::vector<uint16_t> kh(static_cast<size_t>(n) * kvw), vh(kh.size());
     std::vector<float> ck(kh.size()), cv(kh.size());
     {
@@ -1601,8 +1604,8 @@ TEST_CASE("attention prefill of an 8,192-token prompt (qwen2-7b, gemma2-9b shape
       const auto t0 = std::chrono::steady_clock::now();
       for (int r = 0; r < 3; ++r) launch(k[form], shape, {&a, &c, &e, &o, &p, &nn});
       ms[form] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 3;
-      MESSAGE(sh.name << ": attn_prefill (" << (form ? "SIMT" : "tensor cores") << ") of " << n << " tokens " << ms[form]
-                      << " ms, " << 4.0 * h * d * keys / (ms[form] * 1e-3) / 1e12 << " TFLOP/s (causal)");
+      MESSAGE(sh.name << ": attn_prefill (" << (form ? "SIMT" : "tensor cores") << ") of " << n << " tokens "
+                      << ms[form] << " ms, " << 4.0 * h * d * keys / (ms[form] * 1e-3) / 1e12 << " TFLOP/s (causal)");
       const std::vector<float> got = out.download<float>(q.size());
       std::vector<float> ref(static_cast<size_t>(h) * d), scratch(static_cast<size_t>(n));
       for (int t : {0, 63, 64, 4095, 4096, 5000, n - 1}) {
