@@ -405,7 +405,8 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
-  extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]
+  // [2 stages][K tile, V tile], then (kQSmem) [4 warps][16 rows][kLDH] of Q
+  extern __shared__ __align__(16) uint16_t smem_h[];
 
   const int qt0 = attnPrefillQueryTile() * kBQ, j = blockIdx.x, g = j / kGroup;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
