@@ -1484,7 +1484,7 @@ TEST_CASE("attention over a ring KV cache (ATT_KV_RING): kv_store slots, prefill
 // rows; the columns beside the view NaN, so a read outside it shows) and the dense form, over prompts up to
 // 2,048 tokens after 5 cached positions (32 query blocks: the first reads one key tile, the last all of
 // them up to its own causal diagonal), against cpu::attention on the dense q.
-TEST_CASE("attention prefill, heads 128 and 256: query column view (ATT_Q_PITCH) and a long prompt vs the CPU") {
+TEST_CASE("attention prefill at heads 128 and 256: query column view (ATT_Q_PITCH) and a long prompt vs the CPU") {
   MINFER_REQUIRE_GPU(G);
   const int h = 4, hkv = 2, col = 2;
   for (int d : {128, 256}) {
@@ -1548,7 +1548,7 @@ TEST_CASE("attention prefill, heads 128 and 256: query column view (ATT_Q_PITCH)
 // before), each checked with its own tolerance. Each kernel's time (mean of 3 synchronized launches after a
 // warm-up, host clock) and its rate in causal FLOP (4·h·d per visible key) are printed: an A/B measure, not a
 // bound.
-TEST_CASE("attention prefill of an 8,192-token prompt (qwen2-7b, gemma2-9b shapes): sampled tokens vs the CPU") {
+TEST_CASE("attention prefill of an 8192-token prompt (qwen2-7b and gemma2-9b shapes): sampled tokens vs the CPU") {
   MINFER_REQUIRE_GPU(G);
   struct Shape {
     const char* name;
