@@ -525,7 +525,7 @@ TEST_CASE("an NVRTC failure reports the key, the arch and the compiler log") {
 // compiles for sm_90, and heads 128 and 256 without a register spill (ptxas --warn-on-spills as an error):
 // plain, with gemma2's scale, cap, window and ring, and (256) through a query column view. (Heads 64, 96 and 112
 // do spill 4–20 bytes under NVRTC 13.0, ptxas holding them to 128 and 168 registers: measured, not asserted.)
-TEST_CASE("attention prefill: tensor cores for head sizes 64 to 128 and 256, heads 128 and 256 without spills") {
+TEST_CASE("attention prefill: tensor cores for head sizes 64 to 128 and 256 (heads 128 and 256 without spills)") {
   for (unsigned d : {64u, 80u, 96u, 112u, 128u, 144u, 192u, 256u}) {
     CAPTURE(d);
     CHECK(kern::attnPrefillUsesMma(d));
