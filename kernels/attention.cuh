@@ -16,17 +16,29 @@
 //   launch: kvStoreLaunch(), one thread per element.
 // attn_prefill (ATT_PREFILL): flash-attention-style (Dao et al. 2022) online softmax, in one of two forms
 //   chosen by the head size (attnPrefillUsesMma):
-//   - tensor cores (HEAD_DIM a multiple of 16, at most 128; FlashAttention-2's loop order, Dao 2023):
+//   - tensor cores (HEAD_DIM a multiple of 16, at most 256; FlashAttention-2's loop order, Dao 2023):
 //     a block takes kAttnMmaBQ = 64 query tokens of one query head, 16 per warp; K and V tiles of
-//     kAttnMmaBKV = 64 positions stream through shared memory as f16 (cp.async, double-buffered, rows
-//     padded by 16 bytes for ldmatrix). S = Q·Kᵀ with mma.m16n8k16 (Q rounded to f16 after scaling by
-//     log2(e)/sqrt(HEAD_DIM), f32 accumulation), online softmax in f32 on the accumulator fragments
-//     (exp2), P rounded to f16 and O += P·V with mma.m16n8k16 (V fragments by ldmatrix.trans), O in f32.
+//     attnMmaBKV positions stream through shared memory as f16 (cp.async, double-buffered: tile i + 1 is
+//     copied while tile i is multiplied, one barrier per tile; rows padded by 16 bytes for ldmatrix).
+//     S = Q·Kᵀ with mma.m16n8k16 (Q rounded to f16 after scaling by log2(e)·scale, f32 accumulation),
+//     online softmax in f32 on the accumulator fragments (exp2), P rounded to f16 and O += P·V with
+//     mma.m16n8k16 (V fragments by ldmatrix.trans), O in f32.
 //     The two f16 roundings (Q, P) are what separates it from the f32 form (tolerance in the tests).
+//     Heads ≤ 128: 64-key tiles, each warp's Q fragments held in registers (HEAD_DIM / 4 per lane).
+//     Heads > 128 (attnMmaQInSmem; gemma2/gemma3's 256): the O accumulator alone is HEAD_DIM / 2 f32 per
+//     lane (128 at 256), so each warp keeps its 16 Q rows in shared memory (after the K/V stages) and
+//     re-reads them by ldmatrix per k16 step of every tile, and tiles are 32 keys (16 score registers).
+//     At 256: 221 registers, no spills (sm_90), 101,376 bytes of shared memory: two blocks (8 warps) per SM,
+//     as at 128 (173 registers; both limited by registers, 128 also by its 69,632 bytes to three).
+//     A warp skips the arithmetic of tiles none of its valid tokens sees (exact: their scores are all −inf).
 //   - SIMT (other head sizes, ≤ 256): kAttnBQ = 16 query tokens of one query head (4 warps × 4 tokens);
 //     keys and values in tiles of 32 positions converted to f32. Scores: lane = key (the K tile is padded
 //     to HEAD_DIM + 1 floats per row: conflict-free); output: lane = dimension d, d + 32, ….
-//   Both read keys up to the block's last causal position only.
+//   Both read keys up to the block's last causal position only: a block of query tokens [qt0, qt0 + BQ)
+//   loads and multiplies the key tiles up to pos0 + its last token and no further (the causal blocks above
+//   the diagonal are skipped, not masked; only the tiles the diagonal crosses are masked), and with a window it
+//   starts at the tile holding its first query's first visible key. Grid: (query head, query tile), the
+//   tiles in reverse prompt order (attnPrefillQueryTile: the causally heaviest blocks start first).
 //   minfer_attn_prefill(const float* q, const uint16_t* kc, const uint16_t* vc, float* out, const int* pos,
 //                       int n_tokens)
 //   q, out: n_tokens × NHEAD·HEAD_DIM f32. launch: attnPrefillLaunch(), dynamic shared memory.
@@ -52,8 +64,9 @@
 // Compile-time constants: ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, ATT_SPLITS (decode/combine) and one of
 // ATT_KV_STORE / ATT_PREFILL / ATT_DECODE / ATT_COMBINE = 1; optional ATT_SCALE, ATT_SOFTCAP (float
 // literals) and ATT_WINDOW (positions) for prefill and decode; ATT_KV_RING (slots) for kv_store, prefill and
-// decode of a layer with a ring cache. A window skips the keys before it (whole tiles in prefill; decode
-// splits only the window's positions); the f32 reference is cpu::attention.
+// decode of a layer with a ring cache; ATT_PREFILL_SIMT = 1 (tests) the SIMT prefill at any head size. A
+// window skips the keys before it (whole tiles in prefill; decode splits only the window's positions); the
+// f32 reference is cpu::attention.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -70,10 +83,15 @@ constexpr unsigned kAttnDecodeKeys = 4;
 constexpr unsigned kAttnDecodeMinKeys = 2 * kAttnWarps;
 constexpr unsigned kKvStoreThreads = 256;
 constexpr unsigned kAttnMmaBQ = 64;    // query tokens per tensor-core prefill block (16 per warp)
-constexpr unsigned kAttnMmaBKV = 64;   // key positions per tile
 
 // True when the prefill takes the tensor-core form for this head size.
-MINFER_HD constexpr bool attnPrefillUsesMma(unsigned head_dim) { return head_dim % 16 == 0 && head_dim <= 128; }
+MINFER_HD constexpr bool attnPrefillUsesMma(unsigned head_dim) { return head_dim % 16 == 0 && head_dim <= 256; }
+// Tensor-core prefill, heads above 128: the warp's Q rows live in shared memory (re-read by ldmatrix every key
+// tile) instead of registers, and key tiles are 32 positions, so that the 16 × HEAD_DIM f32 accumulator
+// (HEAD_DIM / 2 registers per lane) fits beside the scores without spilling.
+MINFER_HD constexpr bool attnMmaQInSmem(unsigned head_dim) { return head_dim > 128; }
+// Key positions per tensor-core prefill tile.
+MINFER_HD constexpr unsigned attnMmaBKV(unsigned head_dim) { return attnMmaQInSmem(head_dim) ? 32 : 64; }
 
 MINFER_HD LaunchRule kvStoreLaunchRule(unsigned n_head_kv, unsigned head_dim) {
   LaunchRule r;
@@ -85,21 +103,26 @@ MINFER_HD LaunchShape kvStoreLaunch(unsigned n_tokens, unsigned n_head_kv, unsig
   return kvStoreLaunchRule(n_head_kv, head_dim).at(n_tokens);
 }
 
-MINFER_HD unsigned attnPrefillSmemBytes(unsigned head_dim) {
-  if (attnPrefillUsesMma(head_dim)) return 2u * 2u * kAttnMmaBKV * (head_dim + 8) * 2u;  // 2 stages × (K, V) f16
+// `simt`: the SIMT form compiled for a head size that would take tensor cores (ATT_PREFILL_SIMT = 1; tests
+// and measurements only, the codegen never asks for it).
+MINFER_HD unsigned attnPrefillSmemBytes(unsigned head_dim, bool simt = false) {
+  // Tensor cores: 2 stages × (K, V) f16 tiles, then (large heads) the block's Q rows in f16.
+  if (attnPrefillUsesMma(head_dim) && !simt)
+    return 2u * 2u * attnMmaBKV(head_dim) * (head_dim + 8) * 2u +
+           (attnMmaQInSmem(head_dim) ? kAttnMmaBQ * (head_dim + 8) * 2u : 0u);
   return 4u * (kAttnBQ * head_dim + kAttnBKV * (head_dim + 1) + kAttnBKV * head_dim);
 }
 
-MINFER_HD LaunchRule attnPrefillLaunchRule(unsigned n_head, unsigned head_dim) {
+MINFER_HD LaunchRule attnPrefillLaunchRule(unsigned n_head, unsigned head_dim, bool simt = false) {
   LaunchRule r;
-  r.grid[0] = perToken(1, attnPrefillUsesMma(head_dim) ? kAttnMmaBQ : kAttnBQ);
-  r.grid[1] = fixedExtent(n_head);
+  r.grid[0] = fixedExtent(n_head);
+  r.grid[1] = perToken(1, attnPrefillUsesMma(head_dim) && !simt ? kAttnMmaBQ : kAttnBQ);
   r.block.x = 32 * kAttnWarps;
-  r.smem = attnPrefillSmemBytes(head_dim);
+  r.smem = attnPrefillSmemBytes(head_dim, simt);
   return r;
 }
-MINFER_HD LaunchShape attnPrefillLaunch(unsigned n_tokens, unsigned n_head, unsigned head_dim) {
-  return attnPrefillLaunchRule(n_head, head_dim).at(n_tokens);
+MINFER_HD LaunchShape attnPrefillLaunch(unsigned n_tokens, unsigned n_head, unsigned head_dim, bool simt = false) {
+  return attnPrefillLaunchRule(n_head, head_dim, simt).at(n_tokens);
 }
 
 MINFER_HD unsigned long long attnDecodePartFloats(unsigned n_head, unsigned head_dim, unsigned splits) {
@@ -180,6 +203,11 @@ __device__ __forceinline__ float capScore(float s, float unit) {
   if constexpr (kCap > 0.0f) return (kCap * unit) * tanhf(s * (1.0f / (kCap * unit)));
   return s;
 }
+// The prefill block's query tile, heaviest first: block (head j, y) takes tile gridDim.y − 1 − y, so that
+// blocks start (in order of linear id: x = head fastest) with the last tiles of every head, which read
+// the most keys, and end with the first tiles, the lightest (longest-processing-time-first list
+// scheduling: the tail of the launch is short blocks; with tiles in prompt order it was the longest).
+__device__ __forceinline__ int attnPrefillQueryTile() { return static_cast<int>(gridDim.y - 1 - blockIdx.y); }
 // True when the key at position key is inside the window of the query at position qp (≤ qp assumed).
 __device__ __forceinline__ bool inWindow(int qp, int key) { return kWindow == 0 || qp - key < kWindow; }
 // First key position any query at positions ≥ qp0 can see.
@@ -199,9 +227,14 @@ __device__ __forceinline__ DecodeSplits decodeSplits(int kv_len) {
 }
 #endif
 }  // namespace minfer::kern::attn
-// Which prefill form this compilation holds (preprocessor form of attnPrefillUsesMma, checked equal).
-#define MINFER_ATT_PREFILL_MMA (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 128)
-static_assert(minfer::kern::attnPrefillUsesMma(ATT_HEAD_DIM) == MINFER_ATT_PREFILL_MMA, "prefill form predicate");
+// Which prefill form this compilation holds (preprocessor form of attnPrefillUsesMma, checked equal);
+// ATT_PREFILL_SIMT = 1 forces the SIMT form (attnPrefillLaunch's `simt`).
+#ifndef ATT_PREFILL_SIMT
+#define ATT_PREFILL_SIMT 0
+#endif
+#define MINFER_ATT_PREFILL_MMA (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 256 && !ATT_PREFILL_SIMT)
+static_assert((minfer::kern::attnPrefillUsesMma(ATT_HEAD_DIM) && !ATT_PREFILL_SIMT) == MINFER_ATT_PREFILL_MMA,
+              "prefill form predicate");
 #endif
 
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_KV_STORE)
@@ -238,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   float* sk = sq + kBQ * kD;               // [kBKV][kD + 1]
   float* sv = sk + kBKV * (kD + 1);        // [kBKV][kD]
 
-  const int qt0 = blockIdx.x * kBQ, j = blockIdx.y, g = j / kGroup;
+  const int qt0 = attnPrefillQueryTile() * kBQ, j = blockIdx.x, g = j / kGroup;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pos0 = pos[0];
   const float scale = qkScale();
@@ -319,7 +352,8 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL) && MINFER_ATT_PREFILL_MMA
 namespace minfer::kern::attn {
-constexpr int kBQ = kAttnMmaBQ, kBKV = kAttnMmaBKV;
+constexpr int kBQ = kAttnMmaBQ, kBKV = attnMmaBKV(kD);
+constexpr bool kQSmem = attnMmaQInSmem(kD);  // Q rows in shared memory (after the K/V stages), not registers
 constexpr int kLDH = kD + 8;        // smem row pitch in halves (16 bytes of padding: ldmatrix rows hit distinct banks)
 constexpr int kTileH = kBKV * kLDH;  // halves per K or V tile
 constexpr int kKS = kD / 16;         // k16 steps over the head dimension
@@ -374,9 +408,10 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
-  extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]
+  // [2 stages][K tile, V tile], then (kQSmem) [4 warps][16 rows][kLDH] of Q
+  extern __shared__ __align__(16) uint16_t smem_h[];
 
-  const int qt0 = blockIdx.x * kBQ, j = blockIdx.y, g = j / kGroup;
+  const int qt0 = attnPrefillQueryTile() * kBQ, j = blockIdx.x, g = j / kGroup;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = lane / 4, t4 = lane % 4;  // fragment row group and column pair
   const int pos0 = pos[0];
@@ -384,24 +419,41 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   const int kv_end = pos0 + last_t + 1;  // keys [0, kv_end) are visible to some query of this block
   const int n_tiles = (kv_end + kBKV - 1) / kBKV;
   const int first_tile = windowStart(pos0 + qt0) / kBKV;  // tiles wholly before every query's window: skipped
+  // Keys [warp_lo, warp_hi) are the only ones this warp's valid tokens see (none when all its 16 rows are past
+  // n_tokens): a tile outside them it skips (barriers and copies kept). That is exact: every score of such a
+  // tile would be −inf, leaving m, l and O as they were.
+  const int warp_t0 = qt0 + warp * 16, warp_last = min(warp_t0 + 15, n_tokens - 1);
+  const int warp_lo = windowStart(pos0 + warp_t0), warp_hi = warp_last < warp_t0 ? 0 : pos0 + warp_last + 1;
 
   loadKvTile(smem_h, smem_h + kTileH, kc, vc, first_tile * kBKV, kv_end, g);
   cpAsyncCommit();
 
-  // Q fragments of this warp's 16 tokens (rows gr and gr + 8), scaled by log2(e)·scale, as f16.
+  // This warp's 16 query tokens (rows gr and gr + 8 of its fragments), scaled by log2(e)·scale, as f16:
+  // A fragments in registers, or (kQSmem) the warp's own 16 rows of shared memory, which only it reads.
   constexpr float kLog2e = 1.4426950408889634f;
   const float qscale = kLog2e * qkScale();
   const int t_lo = qt0 + warp * 16 + gr, t_hi = t_lo + 8;  // this thread's two query tokens
-  unsigned qf[kKS][4];
-#pragma unroll
-  for (int ks = 0; ks < kKS; ++ks)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int tok = (r % 2) ? t_hi : t_lo, d = ks * 16 + (r / 2) * 8 + 2 * t4;
+  unsigned qf[kQSmem ? 1 : kKS][4];
+  uint16_t* const sq = smem_h + 4 * kTileH + warp * 16 * kLDH;  // kQSmem: [16][kLDH] halves
+  if constexpr (kQSmem) {
+    for (int e = lane; e < 16 * (kD / 2); e += 32) {  // a warp reads whole rows: coalesced
+      const int r = e / (kD / 2), d = 2 * (e % (kD / 2)), tok = qt0 + warp * 16 + r;
       float2 v = make_float2(0.0f, 0.0f);
       if (tok < n_tokens) v = *reinterpret_cast<const float2*>(q + static_cast<uint64_t>(tok) * kQPitch + j * kD + d);
-      qf[ks][r] = packHalf2(v.x * qscale, v.y * qscale);
+      *reinterpret_cast<unsigned*>(sq + r * kLDH + d) = packHalf2(v.x * qscale, v.y * qscale);
     }
+    __syncwarp();
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int tok = (r % 2) ? t_hi : t_lo, d = ks * 16 + (r / 2) * 8 + 2 * t4;
+        float2 v = make_float2(0.0f, 0.0f);
+        if (tok < n_tokens) v = *reinterpret_cast<const float2*>(q + static_cast<uint64_t>(tok) * kQPitch + j * kD + d);
+        qf[ks][r] = packHalf2(v.x * qscale, v.y * qscale);
+      }
+  }
 
   float o[kDT][4];
 #pragma unroll
@@ -414,34 +466,57 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 
   for (int it = first_tile; it < n_tiles; ++it) {
     const int kv0 = it * kBKV, stage = (it - first_tile) & 1;
+    // One barrier per tile: past it, this tile's copies (each thread's own waited for) are visible to all, and
+    // every warp has finished tile it − 1, so its stage can take tile it + 1, whose copies then overlap this
+    // tile's arithmetic.
+    cpAsyncWait<0>();
+    __syncthreads();
     if (it + 1 < n_tiles) {
       uint16_t* nb = smem_h + (stage ^ 1) * 2 * kTileH;
       loadKvTile(nb, nb + kTileH, kc, vc, kv0 + kBKV, kv_end, g);
     }
     cpAsyncCommit();
-    cpAsyncWait<1>();
-    __syncthreads();
+    if (kv0 >= warp_hi || kv0 + kBKV <= warp_lo) continue;
     const uint16_t* sk = smem_h + stage * 2 * kTileH;
     const uint16_t* sv = sk + kTileH;
 
-    // S = Q·Kᵀ: 16 × BKV per warp. K fragments: x4 = (positions nt·8.., dims ks·16 + 0/8/16/24).
+    // S = Q·Kᵀ: 16 × BKV per warp.
     float s[kNT][4];
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    if constexpr (kQSmem) {
+      // Per k16 step: the A fragment by ldmatrix x4 = (rows 0/8, dims ks·16 + 0/8), then K fragments x4 =
+      // (positions (nt + 0/1)·8.., dims ks·16 + 0/8) for two n8 tiles at a time.
 #pragma unroll
-      for (int ks = 0; ks < kKS; ks += 2) {
-        unsigned b[4];
-        if (ks + 1 < kKS) {
-          ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + mq * 8);
-          mmaF16(s[nt], qf[ks], b[0], b[1]);
-          mmaF16(s[nt], qf[ks + 1], b[2], b[3]);
-        } else {  // odd number of k16 steps: the last one alone (matrices 2, 3 re-read 0, 1)
-          ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
-          mmaF16(s[nt], qf[ks], b[0], b[1]);
+      for (int ks = 0; ks < kKS; ++ks) {
+        unsigned a[4];
+        ldsmX4(a, sq + ((mq % 2) * 8 + r8) * kLDH + ks * 16 + (mq / 2) * 8);
+#pragma unroll
+        for (int nt = 0; nt < kNT; nt += 2) {
+          unsigned b[4];
+          ldsmX4(b, sk + ((nt + mq / 2) * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
+          mmaF16(s[nt], a, b[0], b[1]);
+          mmaF16(s[nt + 1], a, b[2], b[3]);
         }
       }
+    } else {
+      // Q fragments held; K fragments x4 = (positions nt·8.., dims ks·16 + 0/8/16/24).
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int ks = 0; ks < kKS; ks += 2) {
+          unsigned b[4];
+          if (ks + 1 < kKS) {
+            ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + mq * 8);
+            mmaF16(s[nt], qf[ks], b[0], b[1]);
+            mmaF16(s[nt], qf[ks + 1], b[2], b[3]);
+          } else {  // odd number of k16 steps: the last one alone (matrices 2, 3 re-read 0, 1)
+            ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
+            mmaF16(s[nt], qf[ks], b[0], b[1]);
+          }
+        }
     }
 
     // Causal mask (only tiles that reach past the first query's position need it) and online softmax
@@ -502,7 +577,6 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
         mmaF16(o[dt + 1], pa, b[2], b[3]);
       }
     }
-    __syncthreads();  // this stage's tiles are refilled two iterations on
   }
 
 #pragma unroll

@@ -9,9 +9,11 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <random>
 #include <tuple>
@@ -61,8 +63,11 @@ constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums; mea
 constexpr double kRopeTol = 1e-6;        // same double θ, f32 rotation without FMA; measured 0
 constexpr double kAttnTol = 2e-5;        // online vs two-pass softmax in f32 over the same f16 K/V;
                                          // measured 2.6e-6 prefill, 1.7e-6 decode
-constexpr double kAttnMmaTol = 2e-3;     // tensor-core prefill (head sizes 16k ≤ 128): Q and P rounded to f16
-                                         // too, unit roundoff 2^-11 = 4.9e-4 each; measured 8.3e-4 (H200)
+constexpr double kAttnMmaTol = 2e-3;     // tensor-core prefill (head sizes 16k ≤ 256): Q and P rounded to f16
+                                         // too, unit roundoff 2^-11 = 4.9e-4 each; measured 8.3e-4 (H200,
+                                         // heads ≤ 128)
+constexpr double kAttnLongTol = 1e-4;    // the SIMT prefill over up to 8,192 keys: f32 sums ~7× longer than the
+                                         // 1,200 of kAttnTol's cases (not yet measured on a GPU)
 constexpr double kSwiGluTol = 1e-6;      // expf vs std::exp; measured 1.4e-7
 constexpr double kAddTol = 0.0;          // measured 0
 constexpr double kGeGluTol = 1e-6;       // device tanhf vs std::tanh; measured 2.8e-8 (H200)
@@ -1152,8 +1157,11 @@ float roundHalf(float v) { return halfToFloat(floatToHalf(v)); }
 TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU over the same f16 values") {
   MINFER_REQUIRE_GPU(G);
   const int h = 6, hkv = 2, n_ctx = 1200;
-  for (int d : {8, 16, 32, 36, 64, 80, 96, 128}) {  // decode: 32, 64, 128 contiguous vector loads, 96 contiguous
-                                                     // 2-byte loads, 8, 16, 36, 80 strided lanes
+  // Prefill: 8, 36 SIMT; 16 … 128 tensor cores with Q fragments in registers (112: an odd number of k16 steps);
+  // 144, 256 tensor cores with Q rows in shared memory and 32-key tiles (144: odd k16 steps there too).
+  // Decode: 32, 64, 128, 256 contiguous vector loads, 96 contiguous 2-byte loads, 8, 16, 36, 80, 112, 144
+  // strided lanes.
+  for (int d : {8, 16, 32, 36, 64, 80, 96, 112, 128, 144, 256}) {
     CAPTURE(d);
     auto att = [&](const char* name, const char* which) {
       std::vector<std::pair<std::string, std::string>> defs = {
@@ -1400,8 +1408,9 @@ TEST_CASE("column views: rope, kv_store, prefill attention and swiglu on rows wi
 
 TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2) vs the CPU") {
   MINFER_REQUIRE_GPU(G);
-  // Odd shapes: 5 query heads over 1 kv head; head sizes for both prefill forms (64, 128: tensor cores;
-  // 72, 256: SIMT); windows shorter and longer than a key tile; the query scale and cap of gemma2.
+  // Odd shapes: 5 query heads over 1 kv head; head sizes for both prefill forms (64, 128: tensor cores, Q in
+  // registers; 256: tensor cores, Q in shared memory, gemma2/gemma3's head; 72: SIMT); windows shorter and
+  // longer than a key tile; the query scale and cap of gemma2.
   const int h = 5, hkv = 1, n_ctx = 1300;
   const float q_scale = 0.0625f, cap = 3.0f;
   for (int d : {64, 72, 128, 256})
@@ -1478,7 +1487,7 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
 // chunk: both rings bit for bit (the store's slot p % R), and the chunk's attention against cpu::attention on
 // the CPU ring (whose bit-identity with a full-size cache tests/e2e/test_swa_ring.cpp shows), with the same
 // tolerances as the full-size cache. B up to 200 with window 100 makes a tensor-core prefill tile of 64 keys
-// wrap inside the ring.
+// wrap inside the ring; head 256 with window 40 and B 70 a tile of 32 keys (the form with Q in shared memory).
 TEST_CASE("attention over a ring KV cache (ATT_KV_RING): kv_store slots, prefill and decode vs the CPU's ring") {
   MINFER_REQUIRE_GPU(G);
   const int h = 4, hkv = 2;
@@ -1487,7 +1496,7 @@ TEST_CASE("attention over a ring KV cache (ATT_KV_RING): kv_store slots, prefill
     int d, window, batch;
   };
   for (const RingCase rc : {RingCase{64, 16, 4}, RingCase{64, 16, 64}, RingCase{128, 100, 200}, RingCase{72, 16, 7},
-                            RingCase{256, 5, 1}, RingCase{64, 3, 2}}) {
+                            RingCase{256, 5, 1}, RingCase{256, 40, 70}, RingCase{64, 3, 2}}) {
     const int d = rc.d, window = rc.window, batch = rc.batch, ring = window + batch - 1, kvw = hkv * d;
     CAPTURE(d);
     CAPTURE(window);
@@ -1561,6 +1570,151 @@ TEST_CASE("attention over a ring KV cache (ATT_KV_RING): kv_store slots, prefill
       }
       pos0 += n;
     }
+  }
+}
+
+// The tensor-core prefill of both Q placements (head 128: fragments in registers; 256: rows in shared memory)
+// through a query column view (ATT_Q_PITCH: q at column 2 of rows wider than h·d, as in phi3's fused q|k|v
+// rows; the columns beside the view NaN, so a read outside it shows) and the dense form, over prompts up to
+// 2,048 tokens after 5 cached positions (32 query blocks: the first reads one key tile, the last all of
+// them up to its own causal diagonal), against cpu::attention on the dense q.
+TEST_CASE("attention prefill at heads 128 and 256: query column view (ATT_Q_PITCH) and a long prompt vs the CPU") {
+  MINFER_REQUIRE_GPU(G);
+  const int h = 4, hkv = 2, col = 2;
+  for (int d : {128, 256}) {
+    CAPTURE(d);
+    const int kvw = hkv * d, pitch = h * d + 6;
+    auto att = [&](bool view) {
+      std::vector<std::pair<std::string, std::string>> defs = {
+          {"ATT_NHEAD", str(h)}, {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)}, {"ATT_PREFILL", "1"}};
+      if (view) defs.push_back({"ATT_Q_PITCH", str(pitch)});
+      return spec("minfer_attn_prefill_view_test_d" + str(d) + (view ? "_qp" + str(pitch) : ""),
+                  "kernels/attention.cuh", "minfer_attn_prefill", defs);
+    };
+    std::vector<Kernel> k = compile({att(false), att(true)});
+    for (const std::pair<int, int>& shape : {std::pair{0, 33}, std::pair{5, 513}, std::pair{5, 2048}}) {
+      const int pos0 = shape.first, n = shape.second;
+      CAPTURE(pos0);
+      CAPTURE(n);
+      const int n_ctx = pos0 + n;
+      std::vector<uint16_t> kh(static_cast<size_t>(n_ctx) * kvw), vh(kh.size());
+      std::vector<float> ck(kh.size()), cv(kh.size());
+      const std::vector<float> kr = activations(n_ctx, kvw), vr = activations(n_ctx, kvw);
+      for (size_t i = 0; i < kh.size(); ++i) {
+        kh[i] = floatToHalf(kr[i]);
+        vh[i] = floatToHalf(vr[i]);
+        ck[i] = halfToFloat(kh[i]);
+        cv[i] = halfToFloat(vh[i]);
+      }
+      DeviceArray kc = DeviceArray::of(kh), vc = DeviceArray::of(vh);
+      cpu::KvLayer layer{ck.data(), cv.data(), n_ctx, hkv, d};
+      const std::vector<float> q = activations(n, h * d);
+      std::vector<float> wide(static_cast<size_t>(n) * pitch, std::numeric_limits<float>::quiet_NaN());
+      for (int t = 0; t < n; ++t)
+        std::copy_n(q.data() + static_cast<size_t>(t) * h * d, h * d,
+                    wide.data() + static_cast<size_t>(t) * pitch + col);
+      std::vector<float> ref(q.size()), scratch(static_cast<size_t>(n_ctx));
+      cpu::attention(q.data(), layer, n, cpu::KvRowStorage(n).contiguous(pos0, n, n_ctx), h, ref.data(), nullptr,
+                     scratch.data());
+      DeviceArray d_q = DeviceArray::of(q), d_wide = DeviceArray::of(wide),
+                  d_pos = DeviceArray::of(std::vector<int32_t>{pos0});
+      DeviceArray out(static_cast<uint64_t>(n) * h * d * 4);
+      for (int view : {0, 1}) {
+        CAPTURE(view);
+        out.poison();
+        CUdeviceptr a = view ? d_wide.ptr() + static_cast<CUdeviceptr>(col) * 4 : d_q.ptr(), c = kc.ptr(), e = vc.ptr(),
+                    o = out.ptr(), p = d_pos.ptr();
+        int nn = n;
+        launch(k[view], kern::attnPrefillLaunch(n, h, d), {&a, &c, &e, &o, &p, &nn});
+        const std::vector<float> got = out.download<float>(q.size());
+        CHECK(track("attn_prefill (tensor cores)", relError(got.data(), ref.data(), ref.size())) <= kAttnMmaTol);
+      }
+    }
+  }
+}
+
+// One 8,192-token prompt through the prefill at two models' attention shapes: qwen2-7b (28 query heads over 4,
+// head 128: Q in registers, 64-key tiles) and gemma2-9b (16 over 8, head 256: Q in shared memory, 32-key tiles;
+// query scale 1/16 and cap 50, and its sliding-window layers' 4,096 positions). A CPU reference of every token
+// would take minutes, so the rows of sampled tokens (the first, both ends of a query block, the window's edge,
+// the last) are checked, each against cpu::attention of that token alone at its position over the same cache.
+// Both forms run: the tensor-core one and the SIMT one forced (ATT_PREFILL_SIMT, the form head 256 took
+// before), each checked with its own tolerance. Each kernel's time (mean of 3 synchronized launches after a
+// warm-up, host clock) and its rate in causal FLOP (4·h·d per visible key) are printed: an A/B measure, not a
+// bound.
+TEST_CASE("attention prefill of an 8192-token prompt (qwen2-7b and gemma2-9b shapes): sampled tokens vs the CPU") {
+  MINFER_REQUIRE_GPU(G);
+  struct Shape {
+    const char* name;
+    int h, hkv, d;
+    const char* scale;  // ATT_SCALE / ATT_SOFTCAP literals ("" = not set)
+    const char* cap;
+    int window;
+  };
+  const int n = 8192;
+  for (const Shape& sh : {Shape{"qwen2-7b", 28, 4, 128, "", "", 0},
+                          Shape{"gemma2-9b global", 16, 8, 256, "0.0625f", "50.0f", 0},
+                          Shape{"gemma2-9b sliding", 16, 8, 256, "0.0625f", "50.0f", 4096}}) {
+    CAPTURE(sh.name);
+    const int h = sh.h, hkv = sh.hkv, d = sh.d, kvw = hkv * d;
+    std::vector<std::pair<std::string, std::string>> defs = {
+        {"ATT_NHEAD", str(h)}, {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)}, {"ATT_PREFILL", "1"}};
+    if (*sh.scale) defs.push_back({"ATT_SCALE", sh.scale});
+    if (*sh.cap) defs.push_back({"ATT_SOFTCAP", sh.cap});
+    if (sh.window) defs.push_back({"ATT_WINDOW", str(sh.window)});
+    auto simt = defs;
+    simt.push_back({"ATT_PREFILL_SIMT", "1"});
+    const std::string tag = "_h" + str(h) + "_d" + str(d) + "_w" + str(sh.window);
+    const char *src = "kernels/attention.cuh", *entry = "minfer_attn_prefill";
+    std::vector<Kernel> k = compile({spec("minfer_attn_prefill_long_test" + tag, src, entry, defs),
+                                     spec("minfer_attn_prefill_long_test_simt" + tag, src, entry, simt)});
+    std::vector<uint16_t> kh(static_cast<size_t>(n) * kvw), vh(kh.size());
+    std::vector<float> ck(kh.size()), cv(kh.size());
+    {
+      const std::vector<float> kr = activations(n, kvw), vr = activations(n, kvw);
+      for (size_t i = 0; i < kh.size(); ++i) {
+        kh[i] = floatToHalf(kr[i]);
+        vh[i] = floatToHalf(vr[i]);
+        ck[i] = halfToFloat(kh[i]);
+        cv[i] = halfToFloat(vh[i]);
+      }
+    }
+    const std::vector<float> q = activations(n, h * d);
+    DeviceArray kc = DeviceArray::of(kh), vc = DeviceArray::of(vh), d_q = DeviceArray::of(q),
+                d_pos = DeviceArray::of(std::vector<int32_t>{0}), out(static_cast<uint64_t>(n) * h * d * 4);
+    cpu::KvLayer layer{ck.data(), cv.data(), n, hkv, d};
+    const cpu::AttentionOptions options{.scale = *sh.scale ? std::stof(sh.scale) : 0.0f,
+                                        .softcap = *sh.cap ? std::stof(sh.cap) : 0.0f, .window = sh.window};
+    double keys = 0;  // Σ over tokens of the keys each sees
+    for (int t = 0; t < n; ++t) keys += sh.window ? std::min(t + 1, sh.window) : t + 1;
+    double ms[2] = {0, 0};
+    for (int form : {0, 1}) {  // 0: tensor cores, 1: SIMT
+      CAPTURE(form);
+      out.poison();
+      CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr();
+      int nn = n;
+      const kern::LaunchShape shape = kern::attnPrefillLaunch(n, h, d, form == 1);
+      launch(k[form], shape, {&a, &c, &e, &o, &p, &nn});  // warm-up (and the result checked below)
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < 3; ++r) launch(k[form], shape, {&a, &c, &e, &o, &p, &nn});
+      ms[form] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 3;
+      MESSAGE(sh.name << ": attn_prefill (" << (form ? "SIMT" : "tensor cores") << ") of " << n << " tokens "
+                      << ms[form] << " ms, " << 4.0 * h * d * keys / (ms[form] * 1e-3) / 1e12 << " TFLOP/s (causal)");
+      const std::vector<float> got = out.download<float>(q.size());
+      std::vector<float> ref(static_cast<size_t>(h) * d), scratch(static_cast<size_t>(n));
+      for (int t : {0, 63, 64, 4095, 4096, 5000, n - 1}) {
+        CAPTURE(t);
+        const size_t row = static_cast<size_t>(t) * h * d;
+        cpu::attention(q.data() + row, layer, 1, cpu::KvRowStorage(1).contiguous(t, 1, n), h, ref.data(), nullptr,
+                       scratch.data(), options);
+        const double err = relError(got.data() + row, ref.data(), ref.size());
+        if (form == 0)
+          CHECK(track("attn_prefill (tensor cores)", err) <= kAttnMmaTol);
+        else
+          CHECK(track("attn_prefill 8,192 keys (SIMT)", err) <= kAttnLongTol);
+      }
+    }
+    MESSAGE(sh.name << ": tensor cores " << ms[1] / ms[0] << "x the SIMT form's speed");
   }
 }
 
