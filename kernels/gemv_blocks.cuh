@@ -39,21 +39,6 @@
 //   max_batch·K bytes into a 256-byte aligned buffer); out: N f32.
 // Launch shape: gemvBlocksLaunchRule(): 4 warps per block, 4 / GEMVB_ROW_WARPS · GEMVB_ROWS rows per block.
 //
-// GEMV with the residual Add and RMSNorm after it (GEMVB_NORM = 1): the decode steps MatMul, Add (its output
-// and a residual row), RmsNorm of the sum and QuantizeAct in one launch. Every thread block computes its rows
-// as minfer_gemv_blocks does (bit for bit), then counts itself done (an acquire-release atomic after a block
-// barrier); the last one normalizes the whole row with rms_norm.cuh's RowNorm (128 threads: the sum of squares
-// in another order than minfer_rms_norm's, within its tolerance), writes the q8 form and sets the counter
-// back to 0. It replaces a launch whose one block waited for the GEMV to end (~5 µs per norm on the 7B).
-// Compile-time constants: minfer_gemv_blocks' and GEMVB_NORM_EPS (float literal); GEMVB_N % 32 == 0.
-// Launch ABI:  minfer_gemv_add_norm(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
-//                                   float* out, const float* resid, float* sum, const float* norm_w, float* y,
-//                                   int8_t* qs, Q8Meta* meta, unsigned* counter)
-//   out: the product (N f32); sum = resid + out (N f32, may alias resid); y = RMSNorm(sum) ⊙ norm_w (N f32,
-//   may alias out); qs, meta: row 0 of y's q8 buffer; counter: one word, zero on entry (ArgKind Counters),
-//   zero again on exit.
-// Launch shape: gemvBlocksLaunchRule(), as minfer_gemv_blocks.
-//
 // Fused gate|up GEMV (GEMVB_GLU = 1 SwiGLU or 3 GeGLU, elementwise.cuh's EW_OP codes): the decode steps
 // MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct in one launch. A group's two "rows" are gate row r
 // and up row r (GEMVB_ROWS = 2; both weights of GEMVB_TYPE with the same pitches, no bias), so each is
@@ -93,7 +78,6 @@
 
 #include "kernels/common.cuh"
 #include "kernels/elementwise.cuh"
-#include "kernels/rms_norm.cuh"
 #include "kernels/rope.cuh"
 
 namespace minfer::kern {
@@ -410,11 +394,11 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
   if (lane == 0) counters[blk] = 0;
 }
 #else
-namespace minfer::kern::gemvb {
-// This block's rows of out = W·x (+ bias): gemv_blocks' whole work but for the launch's prologue.
-__device__ __forceinline__ void gemvBlockRows(const uint8_t* __restrict__ w, const float* __restrict__ bias,
-                                              const int8_t* __restrict__ xq, const Q8Meta* __restrict__ xmeta,
-                                              float* out) {
+extern "C" __global__ void MINFER_GEMVB_BOUNDS
+    minfer_gemv_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
+                       const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::gemvb;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = (blockIdx.x * kGroupsPerCta + warp / kRowWarps) * kRows;
   // While the previous kernel still runs (programmatic launch), this block's weight rows start moving
@@ -447,42 +431,6 @@ __device__ __forceinline__ void gemvBlockRows(const uint8_t* __restrict__ w, con
       out[row0 + i] = acc[i];
     }
 }
-}  // namespace minfer::kern::gemvb
-
-#if GEMVB_NORM
-static_assert(GEMVB_N % 32 == 0, "the q8 output needs whole blocks of 32 rows");
-// The GEMV, the residual Add of its output and the RMSNorm of that sum (with its q8 form) in one launch:
-// the last block to finish its rows (an acquire-release count, as minfer_gemv_glu's) normalizes the whole
-// row with rms_norm.cuh's RowNorm.
-extern "C" __global__ void MINFER_GEMVB_BOUNDS
-    minfer_gemv_add_norm(const uint8_t* __restrict__ w, const float* __restrict__ bias,
-                         const int8_t* __restrict__ xq, const minfer::kern::Q8Meta* __restrict__ xmeta, float* out,
-                         const float* resid, float* sum, const float* __restrict__ norm_w, float* y,
-                         int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
-                         unsigned* __restrict__ counter) {
-  using namespace minfer::kern;
-  using namespace minfer::kern::gemvb;
-  gemvBlockRows(w, bias, xq, xmeta, out);
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned before;
-    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
-    last = before == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  rms::RowNorm<32 * static_cast<int>(kGemvBlocksWarps), kN, 0> row;
-  row.normalize<true, true>(resid, out, sum, norm_w, y, GEMVB_NORM_EPS, qs, meta);
-  if (threadIdx.x == 0) *counter = 0;
-}
-#else
-extern "C" __global__ void MINFER_GEMVB_BOUNDS
-    minfer_gemv_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
-                       const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out) {
-  minfer::kern::gemvb::gemvBlockRows(w, bias, xq, xmeta, out);
-}
-#endif  // GEMVB_NORM
 #endif  // GEMVB_GLU
 #endif
 

@@ -51,95 +51,20 @@ MINFER_HD LaunchShape headRmsNormLaunch(unsigned n_tokens, unsigned n_head) {
 
 }  // namespace minfer::kern
 
-#if defined(MINFER_DEVICE_CODE)
-namespace minfer::kern::rms {
-// The RMSNorm of one row of kWidth values by the kThreads threads of one block, every thread calling:
-//   x = a + b (kAdd; x written to `sum`, which may alias a or b) or x = a;
-//   y = x / sqrt(mean(x²) + eps) ⊙ w  (y may alias a, b or sum: a thread reads and writes its own elements)
-// and with kQ8 y's q8 form (common.cuh quantizeBlock, quantize_act.cuh's definition, bit for bit).
-// Whatever kThreads (a divisor of kRmsThreads), the arithmetic is minfer_rms_norm's, bit for bit: thread t
-// plays the kRmsThreads-thread block's threads v = t + kThreads·j, each summing the squares of elements
-// v, v + kRmsThreads, … in order, then warpSum per (virtual) warp and the kRmsThreads / 32 warp sums in
-// order; a warp's 32 values of a pass are one q8 block (kWidth % 32 == 0 with kQ8). Rows of at most
-// kHoldPasses values per thread are held in registers between the two passes; longer ones are read again
-// (from where this thread wrote them). a and b are read through L2 (__ldcg): b may be another block's
-// output of the same grid (gemv_blocks.cuh GEMVB_NORM).
-template <int kThreads, int kWidth, int kHoldPasses>
-struct RowNorm {
-  static constexpr int kV = static_cast<int>(kRmsThreads);  // the threads whose arithmetic is reproduced
-  static constexpr int kJ = kV / kThreads;                   // virtual threads per thread
-  static constexpr int kPasses = (kWidth + kV - 1) / kV;     // elements per virtual thread (at most)
-  static constexpr bool kHold = kJ * kPasses <= kHoldPasses;
-  static_assert(kThreads % 32 == 0 && kV % kThreads == 0, "whole warps, a divisor of kRmsThreads");
-  float wv[kHold ? kJ * kPasses : 1];
-
-  __device__ static int element(int j, int p) { return static_cast<int>(threadIdx.x) + kThreads * j + kV * p; }
-
-  // The weight into registers (held rows only), e.g. before waiting for the previous kernel.
-  __device__ __forceinline__ void loadWeight(const float* __restrict__ w) {
-    if (kHold)
-#pragma unroll
-      for (int j = 0; j < kJ; ++j)
-#pragma unroll
-        for (int p = 0; p < kPasses; ++p) wv[j * kPasses + p] = element(j, p) < kWidth ? w[element(j, p)] : 0.0f;
-  }
-
-  template <bool kAdd, bool kQ8>
-  __device__ __forceinline__ void normalize(const float* a, const float* b, float* sum, const float* __restrict__ w,
-                                            float* y, float eps, int8_t* qs, Q8Meta* meta) {
-    static_assert(!kQ8 || kWidth % 32 == 0, "the q8 form needs whole blocks of 32");
-    const float* x = kAdd ? sum : a;
-    const auto load = [&](int i) {
-      if (!kAdd) return __ldcg(a + i);
-      const float v = __ldcg(a + i) + __ldcg(b + i);
-      sum[i] = v;
-      return v;
-    };
-    float xv[kHold ? kJ * kPasses : 1];
-    float ss[kJ];
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      ss[j] = 0.0f;
-#pragma unroll
-      for (int p = 0; p < kPasses; ++p) {
-        const int i = element(j, p);
-        if (i >= kWidth) break;
-        const float v = load(i);
-        if (kHold) xv[j * kPasses + p] = v;
-        ss[j] += v * v;
-      }
-    }
-    __shared__ float partial[kV / 32];
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      const float s = warpSum(ss[j]);
-      if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32 + kThreads / 32 * j] = s;
-    }
-    __syncthreads();
-    float total = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kV / 32; ++i) total += partial[i];
-    const float inv = 1.0f / sqrtf(total / static_cast<float>(kWidth) + eps);
-#pragma unroll
-    for (int j = 0; j < kJ; ++j)
-#pragma unroll
-      for (int p = 0; p < kPasses; ++p) {
-        const int i = element(j, p);
-        if (i >= kWidth) break;  // whole warps leave together (kWidth % 32 == 0 with kQ8)
-        const float v = (kHold ? xv[j * kPasses + p] : x[i]) * inv * (kHold ? wv[j * kPasses + p] : w[i]);
-        y[i] = v;
-        if (kQ8) quantizeBlock<1>({v}, qs + (i & ~31), meta + i / 32, true);
-      }
-  }
-};
-}  // namespace minfer::kern::rms
-#endif
-
 #if defined(MINFER_DEVICE_CODE) && defined(RMS_WIDTH)
+#if RMS_Q8
+static_assert(RMS_WIDTH % 32 == 0, "the q8 form needs whole blocks of 32");
+#endif
+namespace minfer::kern::rms {
+// Values per thread; rows up to kRmsThreads · 8 values are held in registers between the two passes.
+constexpr int kPasses = (RMS_WIDTH + static_cast<int>(kRmsThreads) - 1) / static_cast<int>(kRmsThreads);
+constexpr bool kHold = kPasses <= 8;
+}  // namespace minfer::kern::rms
+
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
     minfer_rms_norm(
 #if RMS_ADD
-        const float* a, const float* b, float* sum,  // the row normalized: a + b, written to sum
+        const float* a, const float* b, float* x,  // x = a + b: the row normalized
 #else
         const float* x,
 #endif
@@ -149,26 +74,69 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
 #endif
                     int n_tokens) {
   using namespace minfer::kern;
-  rms::RowNorm<static_cast<int>(kRmsThreads), RMS_WIDTH, 8> row;
-  row.loadWeight(w);  // a plane no kernel writes: read before waiting for the previous kernel
+  using namespace minfer::kern::rms;
+  // The weight (a plane no kernel writes) is read before waiting for the previous kernel.
+  float wv[kHold ? kPasses : 1];
+  if (kHold)
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int i = threadIdx.x + p * static_cast<int>(kRmsThreads);
+      wv[p] = i < RMS_WIDTH ? w[i] : 0.0f;
+    }
   overlapPrologue();
   const int t = blockIdx.x;
   if (t >= n_tokens) return;
-  const uint64_t at = static_cast<uint64_t>(t) * RMS_WIDTH;
-#if RMS_Q8
-  constexpr bool kQ8 = true;
-  int8_t* qr = qs + at;
-  Q8Meta* mr = meta + at / 32;
-#else
-  constexpr bool kQ8 = false;
-  int8_t* qr = nullptr;
-  Q8Meta* mr = nullptr;
-#endif
 #if RMS_ADD
-  row.normalize<true, kQ8>(a + at, b + at, sum + at, w, out + at, RMS_EPS, qr, mr);
+  // Each thread adds, writes and later reads back only its own elements (sum may alias a or b).
+  const float* ar = a + static_cast<uint64_t>(t) * RMS_WIDTH;
+  const float* br = b + static_cast<uint64_t>(t) * RMS_WIDTH;
+  float* sr = x + static_cast<uint64_t>(t) * RMS_WIDTH;
+#define MINFER_RMS_LOAD(i) (sr[i] = ar[i] + br[i])
 #else
-  row.normalize<false, kQ8>(x + at, nullptr, nullptr, w, out + at, RMS_EPS, qr, mr);
+#define MINFER_RMS_LOAD(i) xr[i]
 #endif
+  const float* xr = x + static_cast<uint64_t>(t) * RMS_WIDTH;
+  float* yr = out + static_cast<uint64_t>(t) * RMS_WIDTH;
+  float xv[kHold ? kPasses : 1];
+  float ss = 0.0f;
+  if (kHold) {
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int i = threadIdx.x + p * static_cast<int>(kRmsThreads);
+      xv[p] = i < RMS_WIDTH ? MINFER_RMS_LOAD(i) : 0.0f;
+      ss += xv[p] * xv[p];
+    }
+  } else {
+    for (int i = threadIdx.x; i < RMS_WIDTH; i += kRmsThreads) {
+      const float v = MINFER_RMS_LOAD(i);
+      ss += v * v;
+    }
+  }
+#undef MINFER_RMS_LOAD
+  __shared__ float partial[kRmsThreads / 32];
+  ss = warpSum(ss);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(kRmsThreads / 32); ++i) total += partial[i];
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(RMS_WIDTH) + RMS_EPS);
+#if RMS_Q8
+  // A warp's 32 values of a pass are one q8 block (passes start at multiples of kRmsThreads; whole warps
+  // are in or out of the row since RMS_WIDTH % 32 == 0).
+  int8_t* qr = qs + static_cast<uint64_t>(t) * RMS_WIDTH;
+  Q8Meta* mr = meta + static_cast<uint64_t>(t) * (RMS_WIDTH / 32);
+#endif
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int i = threadIdx.x + p * static_cast<int>(kRmsThreads);
+    if (i >= RMS_WIDTH) break;  // whole warps leave together (see above)
+    const float y = (kHold ? xv[p] : xr[i]) * inv * (kHold ? wv[p] : w[i]);
+    yr[i] = y;
+#if RMS_Q8
+    quantizeBlock<1>({y}, qr + (i & ~31), mr + i / 32, true);
+#endif
+  }
 }
 #endif
 

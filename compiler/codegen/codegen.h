@@ -28,8 +28,7 @@ struct CodegenOptions {
   std::string cache_dir;             // "" = KernelCache::defaultDirectory(); "off" = no cache
   // Launch fusion (schema Step.fused, ops/fusion.cpp): a QuantizeAct runs inside the launch of the
   // RmsNorm / SwiGlu / GeGlu / decode Attention that produces its input, an RmsNorm inside the residual
-  // Add's before it, a decode GEMV's residual Add and RmsNorm (and its QuantizeAct) in the GEMV's launch;
-  // with fuse_qkv (the default) also the decode q, k, v GEMVs with their RoPE and KV store in one launch,
+  // Add's before it; with fuse_qkv (the default) also the decode q, k, v GEMVs with their RoPE and KV store in one launch,
   // with fuse_glu the decode gate|up GEMVs with their GLU (off by default: slower on the H200,
   // BENCHMARKS.md). Off: every step launches its own kernels (same results, bit for bit).
   bool fuse_launches = true;

@@ -57,16 +57,6 @@ bool qkvChain(const std::vector<model::StepDesc>& steps, size_t i) {
          q.outputs[0] != v.outputs[0] && k.outputs[0] != v.outputs[0];
 }
 
-// steps[i .. i+3]: a MatMul, the residual Add of its output and another buffer, the RmsNorm of the sum and
-// its QuantizeAct (gemv_blocks.cuh GEMVB_NORM).
-bool matmulAddNormChain(const std::vector<model::StepDesc>& steps, size_t i) {
-  const model::StepDesc &mm = steps[i], &add = steps[i + 1], &norm = steps[i + 2];
-  if (mm.op != fb::OpKind::MatMul || !wholeBuffers(mm) || mm.outputs.size() != 1 || add.inputs.size() != 2) return false;
-  const uint32_t product = mm.outputs[0];
-  const bool adds_product = (add.inputs[0] == product) != (add.inputs[1] == product);
-  return adds_product && fusesAddNorm(add, norm) && fusesQuantize(norm, steps[i + 3], PlanVariant::kDecode);
-}
-
 }  // namespace
 
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
@@ -85,9 +75,6 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
   if (gemv.qkv && variant == PlanVariant::kDecode && fitsAll(i + 4) && qkvChain(steps, i) &&
       fusesQkv(ctx(i), ctx(i + 1), ctx(i + 2), ctx(i + 3), ctx(i + 4)))
     return fits(i + 5) && fusesQuantize(steps[i + 4], steps[i + 5], variant) ? 5 : 4;
-  if (variant == PlanVariant::kDecode && fitsAll(i + 3) && matmulAddNormChain(steps, i) &&
-      fusesMatMulAddNorm(ctx(i), ctx(i + 1), ctx(i + 2)))
-    return 3;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))
     return fits(i + 2) && fusesQuantize(steps[i + 1], steps[i + 2], variant) ? 2 : 1;
   return fits(i + 1) && fusesQuantize(steps[i], steps[i + 1], variant) ? 1 : 0;
@@ -105,7 +92,6 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
     return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), &quant);
   }
   if (followers == 3 && gateUpGluChain(steps, i)) return gateUpGluLaunches(producer, next, ctx(i + 2), ctx(i + 3));
-  if (followers == 3 && matmulAddNormChain(steps, i)) return matmulAddNormLaunches(producer, next, ctx(i + 2), ctx(i + 3));
   if (producer.step().op == fb::OpKind::Add) {
     if (followers == 1) return addRmsNormLaunches(producer, next, nullptr);
     const StepContext quant = ctx(i + 2);

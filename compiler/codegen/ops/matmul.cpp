@@ -7,8 +7,6 @@
 //   KV store into one gemv_blocks launch (CodegenOptions::fuse_qkv, on by default: qkvAttentionLaunches),
 //   and with fuse_glu (off by default) the gate and up matmuls of a GLU with it and its quantization
 //   (gateUpGluLaunches);
-//   by default a decode GEMV on GGUF blocks followed by the residual Add of its output and the RmsNorm of
-//   the sum (and its quantization) runs as one gemv_blocks launch (matmulAddNormLaunches);
 //   float weights (dense F32 / F16 / BF16 plane), f32 activations: kernels/dense_matmul.cuh
 //   (dense_mm in prefill, dense_gemv in decode).
 // Every plane constant the kernel is compiled with (-D…_PITCH) is taken from the stride table that the
@@ -305,57 +303,6 @@ Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const
   pushQ8Args(args, "qs", "meta", quant.outputId(0), n, fb::Access::Write);
   args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{n / kern::kQ8Block} * 4});
   return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvGluLaunchRule(n, shape)}};
-}
-
-bool fusesMatMulAddNorm(const StepContext& matmul, const StepContext& add, const StepContext& norm) {
-  const std::optional<MatMulOperands> m = fusibleOperands(matmul);
-  if (!m || !fusibleBlocks(matmul, *m, true)) return false;
-  // The addends, the sum and the normalized row: all as wide as the product.
-  const auto as_wide = [&](llvm::Expected<const model::BufferDesc*> b) {
-    if (!b) {
-      llvm::consumeError(b.takeError());
-      return false;
-    }
-    return (*b)->width == m->n;
-  };
-  return as_wide(add.input(0, "addend")) && as_wide(add.input(1, "addend")) && as_wide(norm.input(0, "input")) &&
-         as_wide(norm.output(0, "output")) && m->n % kern::kQ8Block == 0;
-}
-
-// MatMul, Add, RmsNorm, QuantizeAct (decode) → one minfer_gemv_add_norm launch (kernels/gemv_blocks.cuh
-// GEMVB_NORM). It writes every buffer the four steps write: the product, the sum (the Add's output), the
-// normalized row and its q8 form.
-Launches matmulAddNormLaunches(const StepContext& matmul, const StepContext& add, const StepContext& norm,
-                               const StepContext& quant) {
-  if (!fusesMatMulAddNorm(matmul, add, norm))
-    return matmul.error("the matmul, residual add and RMSNorm cannot run as one fused GEMV");
-  auto m = operands(matmul);
-  if (!m) return m.takeError();
-  const unsigned n = static_cast<unsigned>(m->n), k = static_cast<unsigned>(m->k);
-  if (llvm::Error e = checkFusedQuantize(quant, n)) return e;
-  auto nw = norm.vector(0, n);
-  if (!nw) return nw.takeError();
-  const StrideTable& blk = *decodeBlocksPlane(*m->w);
-  const kern::GemvBlocksShape shape = kern::gemvBlocksShape(n, k);
-  const float eps = norm.step().eps;
-  SpecBuilder b(llvm::formatv("gemv_add_norm_{0}_g{1}_n{2}_k{3}{4}_eps{5}", typeTag(blk.ggml_type), blk.group_pitch, n,
-                              k, m->bias_tag, keyNumber(eps)),
-                "kernels/gemv_blocks.cuh", "minfer_gemv_add_norm");
-  defineBlocksGemv(b, blk, m->n, m->k, shape, m->bias != nullptr);
-  b.define("GEMVB_NORM", uint64_t{1}).define("GEMVB_NORM_EPS", floatLiteral(eps));
-  const uint32_t product = matmul.outputId(0);
-  const uint32_t resid = add.step().inputs[0] == product ? add.inputId(1) : add.inputId(0);
-  std::vector<KernelArgDesc> args{weightArg("w", matmul.weightId(0), blk), biasArg(matmul, *m)};
-  pushQ8Args(args, "xq", "xmeta", matmul.inputId(1), k, fb::Access::Read);
-  // The product is written by every block and read back by the last (the Add's addend).
-  args.push_back(activationArg("out", product, n, fb::Access::ReadWrite));
-  args.push_back(activationArg("resid", resid, n, fb::Access::Read));
-  args.push_back(activationArg("sum", add.outputId(0), n, fb::Access::Write));
-  args.push_back(weightArg("norm_w", norm.weightId(0), **nw));
-  args.push_back(activationArg("y", norm.outputId(0), n, fb::Access::Write));
-  pushQ8Args(args, "qs", "meta", quant.outputId(0), n, fb::Access::Write);
-  args.push_back({.kind = fb::ArgKind::Counters, .name = "counter", .bytes = 4});
-  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvBlocksLaunchRule(n, shape)}};
 }
 
 bool fusesQkv(const StepContext& q, const StepContext& k, const StepContext& v, const StepContext& rope,

@@ -114,9 +114,7 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // And in decode, with `gemv.glu`, MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct as one fused
 // gate|up GEMV (gemv_blocks.cuh GEMVB_GLU, ops/matmul.cpp) where fusesGateUp allows it; with `gemv.qkv`
 // MatMul q, k, v, Rope and Attention (and its QuantizeAct) as the fused QKV GEMV and the attention's
-// launches (GEMVB_QKV) where fusesQkv allows it. And in decode always: a MatMul, the residual Add of its
-// output, the RmsNorm of the sum and its QuantizeAct as one GEMV whose last thread block normalizes the row
-// (GEMVB_NORM) where fusesMatMulAddNorm allows it.
+// launches (GEMVB_QKV) where fusesQkv allows it.
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`; `gemv`: which decode GEMV fusions (CodegenOptions fuse_qkv,
 // fuse_glu). fusedLaunches: the launches of steps[i] and those followers.
@@ -139,15 +137,6 @@ bool fusesGateUp(const StepContext& gate, const StepContext& up);
 // output and its q8 form, with N / 32 counter words. An error naming the step unless fusesGateUp.
 Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const StepContext& glu,
                            const StepContext& quant);
-// A decode MatMul, the residual Add of its output (`add`, whose other input is the residual) and the
-// RmsNorm of the sum can run as one minfer_gemv_add_norm launch: a q8 input and a kBlocks plane the decode
-// GEMV reads (a bias allowed), and a norm as wide as the product, whole blocks of 32 (ops/matmul.cpp).
-bool fusesMatMulAddNorm(const StepContext& matmul, const StepContext& add, const StepContext& norm);
-// The one launch of those steps and the norm's QuantizeAct `quant` (gemv_blocks.cuh GEMVB_NORM): writes the
-// product, the sum, the normalized row and its q8 form, with one counter word. An error naming the step
-// unless fusesMatMulAddNorm.
-Launches matmulAddNormLaunches(const StepContext& matmul, const StepContext& add, const StepContext& norm,
-                               const StepContext& quant);
 // Decode MatMul steps q, k, v, the Rope of q and k and the Attention of the three (whole buffers, one q8
 // input, kBlocks planes the decode GEMV reads) can run as one minfer_gemv_qkv launch that also stores K
 // and V, followed by the attention's own launches without its store (ops/matmul.cpp).
