@@ -115,6 +115,25 @@ std::vector<float> activations(int n, int k) {
   return x;
 }
 
+// Random K and V caches of n rows of width w (activations()): their f16 bits for the device and the same
+// values as f32 for the CPU reference.
+struct F16Kv {
+  std::vector<uint16_t> kh, vh;
+  std::vector<float> ck, cv;
+};
+F16Kv randomF16Kv(int n, int w) {
+  const std::vector<float> kr = activations(n, w), vr = activations(n, w);
+  F16Kv kv{std::vector<uint16_t>(kr.size()), std::vector<uint16_t>(kr.size()), std::vector<float>(kr.size()),
+           std::vector<float>(kr.size())};
+  for (size_t i = 0; i < kr.size(); ++i) {
+    kv.kh[i] = floatToHalf(kr[i]);
+    kv.vh[i] = floatToHalf(vr[i]);
+    kv.ck[i] = halfToFloat(kv.kh[i]);
+    kv.cv[i] = halfToFloat(kv.vh[i]);
+  }
+  return kv;
+}
+
 // Host mirror of quantize_act.cuh (same float operations, so q and d match bit for bit).
 struct HostQ8 {
   std::vector<int8_t> qs;
@@ -1336,16 +1355,9 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
                                        att("minfer_attn_combine", "ATT_COMBINE")});
       const int kvw = hkv * d;
       // The whole cache random (f16 values on both sides); positions past a query are never read.
-      std::vector<uint16_t> kh(static_cast<size_t>(n_ctx) * kvw), vh(kh.size());
-      std::vector<float> ck(kh.size()), cv(kh.size());
-      const std::vector<float> kr = activations(n_ctx, kvw), vr = activations(n_ctx, kvw);
-      for (size_t i = 0; i < kh.size(); ++i) {
-        kh[i] = floatToHalf(kr[i]);
-        vh[i] = floatToHalf(vr[i]);
-        ck[i] = halfToFloat(kh[i]);
-        cv[i] = halfToFloat(vh[i]);
-      }
-      DeviceArray kc = DeviceArray::of(kh), vc = DeviceArray::of(vh);
+      F16Kv kv = randomF16Kv(n_ctx, kvw);
+      std::vector<float>&ck = kv.ck, &cv = kv.cv;
+      DeviceArray kc = DeviceArray::of(kv.kh), vc = DeviceArray::of(kv.vh);
       DeviceArray out(kMaxBatch * h * d * 4), part(kern::attnDecodePartFloats(h, d, 32) * 4);
       cpu::KvLayer layer{ck.data(), cv.data(), n_ctx, hkv, d};
       const cpu::AttentionOptions options{.scale = q_scale, .softcap = cap, .window = window};
@@ -1503,16 +1515,9 @@ TEST_CASE("attention prefill at heads 128 and 256: query column view (ATT_Q_PITC
       CAPTURE(pos0);
       CAPTURE(n);
       const int n_ctx = pos0 + n;
-      std::vector<uint16_t> kh(static_cast<size_t>(n_ctx) * kvw), vh(kh.size());
-      std::vector<float> ck(kh.size()), cv(kh.size());
-      const std::vector<float> kr = activations(n_ctx, kvw), vr = activations(n_ctx, kvw);
-      for (size_t i = 0; i < kh.size(); ++i) {
-        kh[i] = floatToHalf(kr[i]);
-        vh[i] = floatToHalf(vr[i]);
-        ck[i] = halfToFloat(kh[i]);
-        cv[i] = halfToFloat(vh[i]);
-      }
-      DeviceArray kc = DeviceArray::of(kh), vc = DeviceArray::of(vh);
+      F16Kv kv = randomF16Kv(n_ctx, kvw);
+      std::vector<float>&ck = kv.ck, &cv = kv.cv;
+      DeviceArray kc = DeviceArray::of(kv.kh), vc = DeviceArray::of(kv.vh);
       cpu::KvLayer layer{ck.data(), cv.data(), n_ctx, hkv, d};
       const std::vector<float> q = activations(n, h * d);
       std::vector<float> wide(static_cast<size_t>(n) * pitch, std::numeric_limits<float>::quiet_NaN());
@@ -1574,19 +1579,10 @@ TEST_CASE("attention prefill of an 8192-token prompt (qwen2-7b and gemma2-9b sha
     const char *src = "kernels/attention.cuh", *entry = "minfer_attn_prefill";
     std::vector<Kernel> k = compile({spec("minfer_attn_prefill_long_test" + tag, src, entry, defs),
                                      spec("minfer_attn_prefill_long_test_simt" + tag, src, entry, simt)});
-    std::vector<uint16_t> kh(static_cast<size_t>(n) * kvw), vh(kh.size());
-    std::vector<float> ck(kh.size()), cv(kh.size());
-    {
-      const std::vector<float> kr = activations(n, kvw), vr = activations(n, kvw);
-      for (size_t i = 0; i < kh.size(); ++i) {
-        kh[i] = floatToHalf(kr[i]);
-        vh[i] = floatToHalf(vr[i]);
-        ck[i] = halfToFloat(kh[i]);
-        cv[i] = halfToFloat(vh[i]);
-      }
-    }
+    F16Kv kv = randomF16Kv(n, kvw);
+    std::vector<float>&ck = kv.ck, &cv = kv.cv;
     const std::vector<float> q = activations(n, h * d);
-    DeviceArray kc = DeviceArray::of(kh), vc = DeviceArray::of(vh), d_q = DeviceArray::of(q),
+    DeviceArray kc = DeviceArray::of(kv.kh), vc = DeviceArray::of(kv.vh), d_q = DeviceArray::of(q),
                 d_pos = DeviceArray::of(std::vector<int32_t>{0}), out(static_cast<uint64_t>(n) * h * d * 4);
     cpu::KvLayer layer{ck.data(), cv.data(), n, hkv, d};
     const cpu::AttentionOptions options{.scale = *sh.scale ? std::stof(sh.scale) : 0.0f,

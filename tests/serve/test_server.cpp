@@ -46,6 +46,22 @@ json completion(const std::string& prompt, int max_tokens, bool stream = false) 
 }
 
 // Every prompt twice at once (streamed and not), against the single-sequence references.
+// After two requests of up to 8000 tokens whose clients left: within 30 s both are counted cancelled and as
+// disconnects, stopped early, and their blocks are back in the pool with nothing running.
+void checkTwoCancelledByDisconnect(const ServerProcess& server) {
+  std::map<std::string, double> m;
+  for (int i = 0; i < 300; ++i) {
+    m = server.metrics();
+    if (m["minfer_requests_finished_total{finish_reason=\"cancelled\"}"] == 2 && m["minfer_kv_blocks_used"] == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  CHECK(m["minfer_requests_finished_total{finish_reason=\"cancelled\"}"] == 2);
+  CHECK(m["minfer_client_disconnects_total"] == 2);
+  CHECK(m["minfer_generated_tokens_total"] < 2 * 8000);
+  CHECK(m["minfer_kv_blocks_used"] == 0);
+  CHECK(m["minfer_requests_running"] == 0);
+}
+
 void checkConcurrentGreedy(const ServerProcess& server) {
   std::vector<Reference> want;
   for (const std::string& p : kPrompts) want.push_back(single(artifact(), p, kMaxTokens));
@@ -366,17 +382,7 @@ TEST_CASE("a client that goes away cancels its request and its blocks return to 
     c.send(req);
     CHECK(events >= 1);
   }
-  std::map<std::string, double> m;
-  for (int i = 0; i < 300; ++i) {
-    m = server.metrics();
-    if (m["minfer_requests_finished_total{finish_reason=\"cancelled\"}"] == 2 && m["minfer_kv_blocks_used"] == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  CHECK(m["minfer_requests_finished_total{finish_reason=\"cancelled\"}"] == 2);
-  CHECK(m["minfer_client_disconnects_total"] == 2);
-  CHECK(m["minfer_generated_tokens_total"] < 2 * 8000);
-  CHECK(m["minfer_kv_blocks_used"] == 0);
-  CHECK(m["minfer_requests_running"] == 0);
+  checkTwoCancelledByDisconnect(server);
 }
 
 // A raw loopback connection (cpp-httplib's client cannot half-close): sends `request`, reads until `enough`
@@ -449,17 +455,7 @@ TEST_CASE("a client that half-closes (shutdown SHUT_WR) is taken as gone: reques
   INFO("not streamed: " << plain.substr(0, 400));
   CHECK(plain.find("\"choices\"") == std::string::npos);
   CHECK(plain.find(kStillOpen) == std::string::npos);
-  std::map<std::string, double> m;
-  for (int i = 0; i < 300; ++i) {
-    m = server.metrics();
-    if (m["minfer_requests_finished_total{finish_reason=\"cancelled\"}"] == 2 && m["minfer_kv_blocks_used"] == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  CHECK(m["minfer_requests_finished_total{finish_reason=\"cancelled\"}"] == 2);
-  CHECK(m["minfer_client_disconnects_total"] == 2);
-  CHECK(m["minfer_generated_tokens_total"] < 2 * 8000);
-  CHECK(m["minfer_kv_blocks_used"] == 0);
-  CHECK(m["minfer_requests_running"] == 0);
+  checkTwoCancelledByDisconnect(server);
   // The server still answers.
   CHECK(post(server.port(), "/v1/completions", completion("Once", 4).dump()).status == 200);
 }
