@@ -17,7 +17,9 @@
 //              packedOffset), which is the m16n8k32 A fragment: lane (g, t)'s word at byte 4t gives k 4t..4t+3
 //              (a0/a1, low nibbles) and k 16+4t.. (a2/a3, high nibbles); q = nibble + SB_Q_OFFSET, the
 //              offset applied through the activation sums (Σ (u + o)·x = Σ u·x + o·Σ x).
-//   SB_BITS 8: the kI8 plane (every quantized type): lane (g, t)'s words at bytes 4t and 16 + 4t of the block.
+//   SB_BITS 8: the kI8 plane (every quantized type): groups of 32, lane (g, t)'s 8 bytes at 8t of the block as
+//              the fragment's k 4t..4t+3 and 16+4t.. (any order of k that A and B share gives the block's sum);
+//              groups of 16, its words at bytes 4t and 16 + 4t (each k16 MMA must see one group only).
 //   Groups of 32 take one mma.m16n8k32 per activation block; groups of 16 (Q2_K, Q3_K, Q6_K) two
 //   mma.m16n8k16 on the same registers (k 0..15 and 16..31), each scaled with its own group's s and m.
 //
@@ -28,8 +30,12 @@
 // to the step scratch, counts itself in counters[blockIdx.x] (a block barrier, then one acquire-release
 // atomic, as gemv_blocks.cuh's GLU epilogue), and the block that completes a row group sums the splits in
 // split order (deterministic), adds the bias, writes `out` and zeroes its counter again.
-// Cost: one pass over the plane (4-byte loads, kSbUnroll activation blocks of loads in flight per lane);
-// the activations (n·K bytes + n·K/32 Q8Meta) are read through L1/L2 once per warp.
+// Staging: per kChunk activation blocks, the call's activations and Q8Meta and the block's scales (and mins) go
+// to shared memory by cp.async, the next stage's copies in flight while this one is computed; each lane issues a
+// stage's weight loads (4 or 8 bytes per row and block, straight to registers) before waiting for its copies.
+// Cost: one pass over the plane; the activations (n·K bytes + n·K/32 Q8Meta) once per block. Measured (H200,
+// BENCHMARKS.md): 0.9–1.3 TB/s of kI8 at 1 row, the time growing about linearly with the rows (the per-element
+// epilogue, as mmq's), hence kGemmSmallRows below.
 //
 // Compile-time constants (-D):
 //   SB_N, SB_K              weight rows and cols (K % 32 == 0)
@@ -48,7 +54,8 @@
 //   f32 (row stride N); partial: scratch of gemmSmallScratchBytes() (unused with SB_SPLITS 1); counters:
 //   ⌈N / kSbRowsPerBlock⌉ words, zero on entry, zero again on exit (ArgKind Counters); 1 ≤ n_tokens ≤ 64.
 // Launch shape: gemmSmallLaunchRule(): grid (⌈N / kSbRowsPerBlock⌉, SB_SPLITS), kSbWarps warps, no dynamic
-// shared memory; independent of n_tokens.
+// shared memory (two static stages, 18–41 KB); independent of n_tokens.
+// SB_CHUNK, SB_MT, SB_MIN_BLOCKS, SB_PREFETCH: variant overrides for bench/gemm_small_bench.cu only.
 #pragma once
 
 #include "kernels/common.cuh"
