@@ -35,7 +35,7 @@
 // stage's weight loads (4 or 8 bytes per row and block, straight to registers) before waiting for its copies.
 // Cost: one pass over the plane; the activations (n·K bytes + n·K/32 Q8Meta) once per block. Measured (H200,
 // BENCHMARKS.md): 0.9–1.3 TB/s of kI8 at 1 row, the time growing about linearly with the rows (the per-element
-// epilogue, as mmq's), hence kGemmSmallRows below.
+// epilogue, as mmq's), hence the row limits below.
 //
 // Compile-time constants (-D):
 //   SB_N, SB_K              weight rows and cols (K % 32 == 0)
@@ -63,12 +63,15 @@
 namespace minfer::kern {
 
 constexpr unsigned kGemmSmallMaxRows = 64;  // tokens per call the kernel takes (8 n8 tiles)
-// Calls the compiler gives it (Step.small_rows, with the artifact's max_batch as a bound): up to 16 rows. Measured
-// on an H200 (bench/gemm_small_bench.cu, the 7B's Q4_K kI8 shapes, scripts/device-gemm-small.sh): its time grows
-// from 14 / 51 µs at 1 row to 20 / 66 at 16, 29 / 90 at 32 and 49 / 139 at 64 (3584² / 18944 × 3584), so a 7B
-// decode step's matmuls take ~7.5 ms at 16 rows and ~17 ms at 64, where the whole step through the prefill plan's
-// GEMMs takes 13.4 ms (BENCHMARKS.md, issue 14): beyond ~24 rows the GEMM tiles win.
-constexpr unsigned kGemmSmallRows = 16;
+// Calls the compiler gives it (Step.small_rows, bounded by the artifact's max_batch), by what the step runs
+// otherwise. Measured on an H200 (BENCHMARKS.md; bench/gemm_small_bench.cu and bench/mmq_variants.cu, the 7B's
+// Q4_K-like shapes): this kernel's time grows with the rows (3584² 14 → 49 µs, 18944 × 3584 51 → 139 µs and
+// 3584 × 18944 51 → 151 µs from 1 to 64 rows) while mmq's stays flat (61, 99, 304 µs at 1..64 tokens, one
+// column of tiles), so over a layer's seven matmuls it is faster up to 64 rows (598 against 732 µs at 64):
+// kGemmSmallRowsVsMmq. Against the Hopper f16 prefill (wgmma_matmul.cuh) it was not measured: up to 16 rows,
+// where it is 3–5× faster than mmq, kGemmSmallRowsVsWgmma.
+constexpr unsigned kGemmSmallRowsVsMmq = 64;
+constexpr unsigned kGemmSmallRowsVsWgmma = 16;
 constexpr unsigned kSbWarps = 4;
 #ifndef SB_MT  // benchmark override only (host and device see the same value): m16 tiles per warp
 #define SB_MT 2

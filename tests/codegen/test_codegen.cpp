@@ -355,7 +355,7 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
   }
   // Small-batch launches (Step.small_launches, 1.7): every prefill MatMul with a kI8 plane and a q8 input that is
   // not fused has one minfer_gemm_small launch on the plane the decode GEMV reads, with the codegen's split count,
-  // for calls of up to min(kGemmSmallRows, max_batch) rows; every other step none.
+  // for calls of up to min(64, or 16 beside a Hopper kF16 plane, max_batch) rows; every other step none.
   REQUIRE(set.prefill_small.size() == l.desc.plan.prefill.size());
   REQUIRE(set.prefill_small_rows.size() == l.desc.plan.prefill.size());
   size_t small_steps = 0;
@@ -365,7 +365,9 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
     const bool follows = i + 1 < l.desc.plan.prefill.size() && set.prefill_fused[i + 1];
     const bool want = s.op == fb::OpKind::MatMul && !set.prefill_fused[i] && !follows && isQuantizedMatMul(l, s);
     REQUIRE_MESSAGE(set.prefill_small[i].size() == (want ? 1u : 0u), s.name);
-    CHECK(set.prefill_small_rows[i] == (want ? std::min(kern::kGemmSmallRows, l.desc.plan.max_batch) : 0u));
+    const bool f16 = want && l.layouts[s.weights[0]].find(PlaneKind::kF16) >= 0;
+    const unsigned rows = f16 ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq;
+    CHECK(set.prefill_small_rows[i] == (want ? std::min(rows, l.desc.plan.max_batch) : 0u));
     if (!want) continue;
     ++small_steps;
     const LaunchRecord& r = set.prefill_small[i][0];

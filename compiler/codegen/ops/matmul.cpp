@@ -442,7 +442,9 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
   SmallLaunches out;
   if (launches->empty()) return out;
   out.launches = std::move(*launches);
-  out.rows = std::min<uint32_t>(kern::kGemmSmallRows, c.maxBatch());
+  // The rows up to which it beats what the step runs otherwise (gemm_small.cuh): mmq, or the Hopper f16 GEMM.
+  const bool wgmma = findPlane(*m->w, PlaneKind::kF16) != nullptr;
+  out.rows = std::min<uint32_t>(wgmma ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq, c.maxBatch());
   return out;
 }
 
