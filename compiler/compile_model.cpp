@@ -91,11 +91,14 @@ flatbuffers::Offset<fb::Tokenizer> createTokenizer(flatbuffers::FlatBufferBuilde
 
 // A plan: its steps with their launch records; steps from tail_begin on form the last-token tail.
 // fused[i] != 0: step i is fused into step i − 1's launches (empty when there are no kernels).
-// paged[i]: step i's paged launches (1.6; prefill and decode plans, else empty).
+// paged[i]: step i's paged launches (1.6; prefill and decode plans, else empty). small[i], small_rows[i]: its
+// small-batch launches and the largest call they serve (1.7; prefill plan, else empty).
 flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, const std::vector<model::StepDesc>& steps,
                                          const std::vector<std::vector<codegen::LaunchRecord>>& launches,
                                          const std::vector<uint8_t>& fused, size_t tail_begin,
-                                         const std::vector<std::vector<codegen::LaunchRecord>>& paged = {}) {
+                                         const std::vector<std::vector<codegen::LaunchRecord>>& paged = {},
+                                         const std::vector<std::vector<codegen::LaunchRecord>>& small = {},
+                                         const std::vector<uint32_t>& small_rows = {}) {
   std::vector<flatbuffers::Offset<fb::Step>> out;
   auto views = [&](const std::vector<model::ColumnView>& v) -> flatbuffers::Offset<flatbuffers::Vector<const fb::ColumnView*>> {
     if (v.empty()) return 0;  // whole buffers (1.3 and older read the same)
@@ -111,6 +114,10 @@ flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, cons
     std::vector<flatbuffers::Offset<fb::Launch>> paged_records;
     if (i < paged.size())
       for (const codegen::LaunchRecord& r : paged[i]) paged_records.push_back(createLaunch(b, r));
+    std::vector<flatbuffers::Offset<fb::Launch>> small_records;
+    if (i < small.size())
+      for (const codegen::LaunchRecord& r : small[i]) small_records.push_back(createLaunch(b, r));
+    const uint32_t rows = small_records.empty() || i >= small_rows.size() ? 0 : small_rows[i];
     out.push_back(fb::CreateStep(b, s.op, b.CreateVector(s.inputs), b.CreateVector(s.outputs),
                                  b.CreateVector(s.weights), s.layer, s.eps, s.n_head, s.n_head_kv, s.head_dim, s.n_rot,
                                  s.rope_style, s.rope_freq_base, s.rope_freq_scale, s.rows, s.cols,
@@ -118,7 +125,7 @@ flatbuffers::Offset<fb::Plan> createPlan(flatbuffers::FlatBufferBuilder& b, cons
                                  s.window, s.rope_ext_factor, s.rope_attn_factor, s.rope_beta_fast, s.rope_beta_slow,
                                  s.rope_n_ctx_orig, i < fused.size() && fused[i] != 0, views(s.input_views),
                                  views(s.output_views), s.n_expert, s.n_expert_used, s.moe_norm, s.kv_ring,
-                                 b.CreateVector(paged_records)));
+                                 b.CreateVector(paged_records), b.CreateVector(small_records), rows));
   }
   return fb::CreatePlan(b, b.CreateVector(out));
 }
@@ -157,7 +164,8 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
   }
 
   auto prefill = createPlan(b, desc.plan.prefill, kernels.set.prefill, kernels.set.prefill_fused,
-                            codegen::lastTokenTailBegin(desc.plan.prefill, desc.plan.logits), kernels.set.prefill_paged);
+                            codegen::lastTokenTailBegin(desc.plan.prefill, desc.plan.logits), kernels.set.prefill_paged,
+                            kernels.set.prefill_small, kernels.set.prefill_small_rows);
   auto decode = createPlan(b, desc.plan.decode, kernels.set.decode, kernels.set.decode_fused, desc.plan.decode.size(),
                            kernels.set.decode_paged);
   auto load = createPlan(b, desc.plan.load, kernels.set.load, {}, desc.plan.load.size());

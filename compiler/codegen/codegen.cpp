@@ -82,10 +82,21 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
         paged->emplace_back();
         for (KernelLaunch& l : *launches) paged->back().push_back(record(std::move(l)));
       }
+      if (v == PlanVariant::kPrefill) {
+        auto small = smallLaunchesForStep(desc, layouts, v, i, followers);
+        if (!small) return small.takeError();
+        set.prefill_small.emplace_back();
+        for (KernelLaunch& l : small->launches) set.prefill_small.back().push_back(record(std::move(l)));
+        set.prefill_small_rows.push_back(small->rows);
+      }
       for (size_t f = 0; f < followers; ++f) {
         out.emplace_back();  // done by step i's launches
         fused[++i] = 1;
         if (paged) paged->emplace_back();
+        if (v == PlanVariant::kPrefill) {
+          set.prefill_small.emplace_back();
+          set.prefill_small_rows.push_back(0);
+        }
       }
     }
     if (v == PlanVariant::kPrefill) set.prefill_fused = std::move(fused);

@@ -78,6 +78,10 @@ struct KernelSet {
   // session runs instead of the step's launches: Rope and Attention steps that are not fused, and the q
   // MatMul that runs the fused QKV GEMV (ops/op_family.h pagedLaunchesForStep).
   std::vector<std::vector<LaunchRecord>> prefill_paged, decode_paged;
+  // Per prefill step: its small-batch launches and the largest call they serve (schema Step.small_launches and
+  // small_rows, 1.7; ops/op_family.h smallLaunchesForStep): empty and 0 on every step but a MatMul's.
+  std::vector<std::vector<LaunchRecord>> prefill_small;
+  std::vector<uint32_t> prefill_small_rows;
   LaunchRecord argmax;
   CodegenStats stats;
 };

@@ -167,6 +167,10 @@ std::string stepText(const fb::Step& s, const fb::Artifact& m) {
     line += " paged";
     for (const fb::Launch* l : *s.paged_launches()) line += " k" + plainIds(l->images());
   }
+  if (s.small_launches() && s.small_launches()->size() > 0) {  // 1.7: what calls of ≤ small_rows rows launch instead
+    line += llvm::formatv(" small(<={0} rows)", s.small_rows()).str();
+    for (const fb::Launch* l : *s.small_launches()) line += " k" + plainIds(l->images());
+  }
   if (s.fused()) line += " fused (done by the previous step's launch)";
   if (s.tail()) line += " tail";
   return line;
@@ -227,11 +231,13 @@ llvm::json::Object launchJson(const fb::Launch& l, const fb::Artifact& m) {
 }
 
 llvm::json::Object stepJson(const fb::Step& s, const fb::Artifact& m) {
-  llvm::json::Array launches, paged;
+  llvm::json::Array launches, paged, small;
   if (s.launches())
     for (const fb::Launch* l : *s.launches()) launches.push_back(launchJson(*l, m));
   if (s.paged_launches())
     for (const fb::Launch* l : *s.paged_launches()) paged.push_back(launchJson(*l, m));
+  if (s.small_launches())
+    for (const fb::Launch* l : *s.small_launches()) small.push_back(launchJson(*l, m));
   return llvm::json::Object{{"op", fb::EnumNameOpKind(s.op())},
                             {"name", jstr(s.name())},
                             {"inputs", jsonIds(s.inputs())},
@@ -260,7 +266,9 @@ llvm::json::Object stepJson(const fb::Step& s, const fb::Artifact& m) {
                             {"tail", s.tail()},
                             {"fused", s.fused()},
                             {"launches", std::move(launches)},
-                            {"paged_launches", std::move(paged)}};  // 1.6
+                            {"paged_launches", std::move(paged)},  // 1.6
+                            {"small_launches", std::move(small)},  // 1.7
+                            {"small_rows", int64_t{s.small_rows()}}};
 }
 
 // The KV cache of one attention layer as its Attention steps declare it: K+V bytes per position (f16) and the

@@ -467,6 +467,7 @@ class SemanticVerifier {
         for (flatbuffers::uoffset_t k = 0; k < s->launches()->size(); ++k)
           MINFER_RETURN_IF_ERROR(checkLaunchAt(*s->launches()->Get(k), cat(field, ".launches[", k, "]"), who, place));
       MINFER_RETURN_IF_ERROR(checkPagedLaunches(s, field, who, load));
+      MINFER_RETURN_IF_ERROR(checkSmallLaunches(s, field, who, plan == m_->prefill(), place));
       if (s->fused() && load) return fail(field + ".fused", s, cat(who, " in the load plan is fused (its launches are all it does)"));
       if (s->fused()) MINFER_RETURN_IF_ERROR(checkFused(plan, i, field, who));
     }
@@ -493,6 +494,30 @@ class SemanticVerifier {
                                                     "positions or a KV cache have them)"));
     for (flatbuffers::uoffset_t k = 0; k < paged->size(); ++k)
       MINFER_RETURN_IF_ERROR(checkLaunchAt(*paged->Get(k), cat(field, ".paged_launches[", k, "]"), who, LaunchPlace::kPagedStep));
+    return Status::ok();
+  }
+
+  // 1.7 small-batch launches: only on the prefill plan's MatMul steps that have launches of their own (not
+  // fused), with 1 ≤ small_rows ≤ memory.max_batch; small_rows without small launches is refused too. Each is
+  // a valid launch record in the step's own place (a tail step's run on one row).
+  Status checkSmallLaunches(const fb::Step* s, const std::string& field, const std::string& who, bool prefill,
+                            LaunchPlace place) const {
+    const auto* small = s->small_launches();
+    const uint32_t n = small ? small->size() : 0;
+    if (n == 0 && s->small_rows() == 0) return Status::ok();
+    if (n == 0)
+      return fail(field + ".small_rows", s, cat(who, " has small_rows ", s->small_rows(), " but no small launches"));
+    if (!prefill || s->op() != fb::OpKind::MatMul)
+      return fail(field + ".small_launches", s, cat(who, " has ", n, " small-batch launches (only the prefill plan's ",
+                                                    "MatMul steps have them)"));
+    if (s->fused() || !s->launches() || s->launches()->size() == 0)
+      return fail(field + ".small_launches", s, cat(who, " has small-batch launches but is fused or without launches"));
+    const uint32_t max_batch = m_->memory() ? m_->memory()->max_batch() : 0;
+    if (s->small_rows() < 1 || s->small_rows() > max_batch)
+      return fail(field + ".small_rows", s, cat(who, ": small_rows ", s->small_rows(), " outside 1..memory.max_batch (",
+                                                max_batch, ")"));
+    for (uint32_t k = 0; k < n; ++k)
+      MINFER_RETURN_IF_ERROR(checkLaunchAt(*small->Get(k), cat(field, ".small_launches[", k, "]"), who, place));
     return Status::ok();
   }
 

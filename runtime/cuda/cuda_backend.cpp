@@ -161,6 +161,14 @@ class BackendLoader {
             if (!b) return b.takeStatus();
             sk.paged.push_back(*b);
           }
+        if (step->small_launches()) {  // the verifier allows them on prefill MatMul steps only
+          for (uint32_t k = 0; k < step->small_launches()->size(); ++k) {
+            Result<BoundLaunch> b = bind(*step->small_launches()->Get(k), sk.label + " (small batch)");
+            if (!b) return b.takeStatus();
+            sk.small.push_back(*b);
+          }
+          sk.small_rows = sk.small.empty() ? 0 : step->small_rows();
+        }
         out.push_back(std::move(sk));
       }
     }

@@ -7,8 +7,9 @@
 // tables) and host arrays of the same sizes (BatchRows). step() lays the chunks out as rows with their
 // positions and block tables (BatchSessionBase::layoutRows; BatchSessionBase grew the tables before run())
 // and asks forwardRows for the logits of each chunk's last row; it allocates nothing. The matmuls are the
-// prefill plan's batched GEMMs (a step of one row: the decode plan's GEMVs); only RoPE, the KV store and
-// attention (Step.paged_launches) read per-row positions and tables.
+// prefill plan's: its small-batch kernels for a step of 2 … Step.small_rows rows (format 1.7,
+// kernels/gemm_small.cuh: up to 64 rows, 16 beside Hopper f16 planes), its batched GEMMs above that (a step of one row: the decode plan's GEMVs); only RoPE,
+// the KV store and attention (Step.paged_launches) read per-row positions and tables.
 #include "runtime/batch_session.h"
 #include "runtime/cuda/cuda_backend.h"
 

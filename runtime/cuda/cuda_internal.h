@@ -50,6 +50,8 @@ struct StepKernels {
   const fb::Step* step = nullptr;
   std::vector<BoundLaunch> launches;
   std::vector<BoundLaunch> paged;  // Step.paged_launches (1.6): what a batch session launches instead
+  std::vector<BoundLaunch> small;  // Step.small_launches (1.7): what a call of n ≤ small_rows launches instead
+  uint32_t small_rows = 0;
   std::string label;  // "prefill step 12 'blk.0.attn_q' (MatMul)"
 };
 
@@ -88,6 +90,10 @@ struct Launch {
   int n_args = 0;
   int ntok = -1;
   int step = -1;  // index into the plan's steps (profiling)
+  // The calls this launch serves: n_tokens in [min_rows, max_rows] (a step with small-batch launches,
+  // schema Step.small_launches, binds both forms and each call runs one; every other launch serves all).
+  uint32_t min_rows = 0, max_rows = UINT32_MAX;
+  bool serves(unsigned n_tokens) const { return n_tokens >= min_rows && n_tokens <= max_rows; }
   bool overlap = false;  // schema Launch.overlap: may start before the previous kernel ends (sm_90+)
   // Bytes this launch moves, for profiles: weight planes read (whole planes), K/V cache bytes per
   // cached position read (attention) and per token written (the store).

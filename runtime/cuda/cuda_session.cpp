@@ -81,6 +81,7 @@ struct CudaSession::State {
   // at row row_shift, everything else at row 0.
   Status launch(const Launch& l, unsigned n_tokens, unsigned row_shift = 0, const std::vector<bool>* fresh = nullptr) {
     void* argp[kArtifactMaxKernelArgs];
+    if (!l.serves(n_tokens)) return Status::ok();  // the step's other form (small-batch or not) runs this call
     Launch::Arg args[kArtifactMaxKernelArgs];
     std::memcpy(args, l.args, sizeof args);
     if (row_shift > 0)
@@ -129,7 +130,7 @@ struct CudaSession::State {
       }
       if (i < tail_begin) {
         MINFER_RETURN_IF_ERROR(launch(l, n));
-      } else {
+      } else if (l.serves(1)) {
         MINFER_RETURN_IF_ERROR(launch(l, 1, n - 1, &fresh));
         for (int r = 0; r < l.n_rows; ++r)
           if (l.rows[r].written) fresh[l.rows[r].buffer] = true;
@@ -237,6 +238,7 @@ struct CudaSession::State {
     std::vector<uint64_t>& calls = prefill ? calls_prefill : calls_decode;
     std::vector<double>& bytes = prefill ? bytes_prefill : bytes_decode;
     for (const Launch& l : ls) {
+      if (!l.serves(static_cast<unsigned>(last_n))) continue;  // the step's other form ran
       uint64_t kv_positions = static_cast<uint64_t>(last_pos0 + last_n);
       if (l.window > 0) kv_positions = std::min<uint64_t>(kv_positions, l.window);
       const uint64_t slices = std::min<uint64_t>(l.experts, uint64_t{l.experts_used} * last_n);
@@ -598,11 +600,19 @@ class SessionBuilder {
       std::vector<Launch>& out = prefill ? st_.prefill : st_.decode;
       for (size_t si = 0; si < steps.size(); ++si) {
         if (prefill && steps[si].step->tail() && st_.tail == SIZE_MAX) st_.tail = out.size();
-        for (const BoundLaunch& bl : used(steps[si])) {
+        const StepKernels& sk = steps[si];
+        for (const BoundLaunch& bl : used(sk)) {
           out.push_back(bindLaunch(bl, static_cast<int>(si)));
-          out.back().window = steps[si].step->window();
-          out.back().gathers = steps[si].step->op() == fb::OpKind::Embed;
-          out.back().experts_used = steps[si].step->n_expert_used();
+          if (!sk.small.empty()) out.back().min_rows = sk.small_rows + 1;
+        }
+        for (const BoundLaunch& bl : sk.small) {  // Step.small_launches (1.7): calls of n ≤ small_rows
+          out.push_back(bindLaunch(bl, static_cast<int>(si)));
+          out.back().max_rows = sk.small_rows;
+        }
+        for (size_t k = out.size() - used(sk).size() - sk.small.size(); k < out.size(); ++k) {
+          out[k].window = sk.step->window();
+          out[k].gathers = sk.step->op() == fb::OpKind::Embed;
+          out[k].experts_used = sk.step->n_expert_used();
         }
       }
     }
@@ -651,18 +661,19 @@ class SessionBuilder {
     for (const std::vector<StepKernels>* steps : {&be_.prefill, &be_.decode}) {
       if (st_.paged && steps == &be_.decode && !be_.paged_decode) continue;  // not bound in this paged session
       for (const StepKernels& sk : *steps)
-        for (const BoundLaunch& bl : used(sk))
-          if (bl.record->args())
-            for (const fb::KernelArg* a : *bl.record->args()) {
-              if (a->kind() == fb::ArgKind::Scratch) scratch_bytes_ = std::max(scratch_bytes_, a->bytes());
-              if (a->kind() == fb::ArgKind::Counters) counter_bytes_ = std::max(counter_bytes_, a->bytes());
-              if (a->kind() != fb::ArgKind::KCache && a->kind() != fb::ArgKind::VCache) continue;
-              auto [it, inserted] = width.try_emplace(a->layer(), a->width());
-              if (!inserted && it->second != a->width())
-                return Status::error(path_ + ": " + sk.label + ": KV cache layer " + std::to_string(a->layer()) +
-                                     " is " + std::to_string(a->width()) + " wide here but " +
-                                     std::to_string(it->second) + " in another launch");
-            }
+        for (const std::vector<BoundLaunch>* list : {&used(sk), &sk.small})
+          for (const BoundLaunch& bl : *list)
+            if (bl.record->args())
+              for (const fb::KernelArg* a : *bl.record->args()) {
+                if (a->kind() == fb::ArgKind::Scratch) scratch_bytes_ = std::max(scratch_bytes_, a->bytes());
+                if (a->kind() == fb::ArgKind::Counters) counter_bytes_ = std::max(counter_bytes_, a->bytes());
+                if (a->kind() != fb::ArgKind::KCache && a->kind() != fb::ArgKind::VCache) continue;
+                auto [it, inserted] = width.try_emplace(a->layer(), a->width());
+                if (!inserted && it->second != a->width())
+                  return Status::error(path_ + ": " + sk.label + ": KV cache layer " + std::to_string(a->layer()) +
+                                       " is " + std::to_string(a->width()) + " wide here but " +
+                                       std::to_string(it->second) + " in another launch");
+              }
     }
     for (const auto& [layer, w] : width) {
       const auto r = ring.find(layer);

@@ -90,6 +90,8 @@ struct TestStep {
   std::vector<fb::ColumnView> input_views, output_views;  // 1.4
   uint32_t window = 0, kv_ring = 0;                          // 1.3 window, 1.6 ring KV cache
   std::vector<TestLaunch> paged;                          // 1.6: Step.paged_launches
+  std::vector<TestLaunch> small;                          // 1.7: Step.small_launches
+  uint32_t small_rows = 0;                                // 1.7: Step.small_rows
 };
 struct TestBuffer {
   std::string name;
@@ -322,6 +324,8 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
       for (const TestLaunch& l : st.launches) launches.push_back(launch(l));
       std::vector<flatbuffers::Offset<fb::Launch>> paged;
       for (const TestLaunch& l : st.paged) paged.push_back(launch(l));
+      std::vector<flatbuffers::Offset<fb::Launch>> small;
+      for (const TestLaunch& l : st.small) small.push_back(launch(l));
       out.push_back(fb::CreateStepDirect(b, st.op, &st.inputs, &st.outputs, &st.weights, st.layer, st.eps, st.n_head,
                                          st.n_head_kv, st.head_dim, st.n_rot, st.rope_style, st.rope_freq_base,
                                          st.rope_freq_scale, st.rows, st.cols, st.name.empty() ? nullptr : st.name.c_str(),
@@ -329,7 +333,8 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
                                          st.rope_beta_fast, st.rope_beta_slow, st.rope_n_ctx_orig, /*fused=*/false,
                                          st.input_views.empty() ? nullptr : &st.input_views,
                                          st.output_views.empty() ? nullptr : &st.output_views, 0, 0, false, st.kv_ring,
-                                         st.paged.empty() ? nullptr : &paged));
+                                         st.paged.empty() ? nullptr : &paged, st.small.empty() ? nullptr : &small,
+                                         st.small_rows));
     }
     return fb::CreatePlanDirect(b, &out);
   };
@@ -1202,6 +1207,36 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec = base;
     spec.prefill[4].paged[0].args[4].buffer = 6;
     refused(spec, g.segs, {"prefill.steps[4].paged_launches[0].args[4].buffer", "buffer id 6 is out of range"});
+  }
+  SUBCASE("small-batch launches (1.7): only on the prefill plan's MatMul steps, for 1..max_batch rows") {
+    // The MatMul's own record as its small-batch form (the verifier checks records, not which kernel they name).
+    Spec base = g.spec;
+    base.prefill[3].small = {base.prefill[3].launches[0]};
+    base.prefill[3].small_rows = 16;
+    writeVariant(g, base, g.segs, path);
+    CHECK(openError(path) == "");  // control: accepted
+    Spec spec = base;
+    spec.prefill[3].small_rows = 0;
+    refused(spec, g.segs, {"prefill.steps[3].small_rows", "small_rows 0 outside 1..memory.max_batch (64)"});
+    spec.prefill[3].small_rows = 65;
+    refused(spec, g.segs, {"prefill.steps[3].small_rows", "small_rows 65 outside 1..memory.max_batch (64)"});
+    spec = g.spec;
+    spec.prefill[3].small_rows = 8;  // without launches
+    refused(spec, g.segs, {"prefill.steps[3].small_rows", "has small_rows 8 but no small launches"});
+    spec = g.spec;
+    spec.decode[2].small = {g.spec.prefill[3].launches[0]};  // the decode plan's MatMul
+    spec.decode[2].small_rows = 8;
+    refused(spec, g.segs, {"decode.steps[2].small_launches", "only the prefill plan's MatMul steps have them"});
+    spec = g.spec;
+    spec.prefill[4].small = {g.spec.prefill[3].launches[0]};  // a Rope
+    spec.prefill[4].small_rows = 8;
+    refused(spec, g.segs, {"prefill.steps[4].small_launches", "only the prefill plan's MatMul steps have them"});
+    spec = base;
+    spec.prefill[3].small[0].args[4].buffer = 6;
+    refused(spec, g.segs, {"prefill.steps[3].small_launches[0].args[4].buffer", "buffer id 6 is out of range"});
+    spec = base;
+    spec.prefill[3].small[0].args[0].plane->row_pitch = 528;  // the offset gate covers them too
+    refused(spec, g.segs, {"prefill.steps[3].small_launches[0].args[0].plane.row_pitch", "specialized for row_pitch 528"});
   }
   SUBCASE("launch records: a kernel specialized for another stride than the plane it binds (offset gate)") {
     // The q8 weight plane is 512 bytes per row; a kernel compiled for 528 would read the right bytes at

@@ -15,6 +15,7 @@
 #include "compiler/codegen/plan_rewrite.h"
 #include "compiler/gguf/gguf_reader.h"
 #include "kernels/attention.cuh"
+#include "kernels/gemm_small.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "tests/test_support.h"
 
@@ -128,7 +129,8 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
       {"EXPAND_I8_PITCH", "q"}, {"EXPAND_S_PITCH", "scale"}, {"EXPAND_M_PITCH", "min"},
       {"EXPAND_P_PITCH", "packed"}, {"MOE_G_PITCH", "gq"}, {"MOE_G_S_PITCH", "gs"}, {"MOE_G_M_PITCH", "gm"},
       {"MOE_U_PITCH", "uq"}, {"MOE_U_S_PITCH", "us"}, {"MOE_U_M_PITCH", "um"}, {"MOE_D_PITCH", "dq"},
-      {"MOE_D_S_PITCH", "ds"}, {"MOE_D_M_PITCH", "dm"}};
+      {"MOE_D_S_PITCH", "ds"}, {"MOE_D_M_PITCH", "dm"}, {"SB_PITCH", "wq"}, {"SB_S_PITCH", "wscale"},
+      {"SB_M_PITCH", "wmin"}};
   // Expert pitches (-D…EPITCH) likewise equal the expert_pitch of the table their argument carries.
   static const std::pair<const char*, const char*> kExpertPitchArgs[] = {
       {"MOE_G_EPITCH", "gq"}, {"MOE_G_S_EPITCH", "gs"}, {"MOE_G_M_EPITCH", "gm"}, {"MOE_U_EPITCH", "uq"},
@@ -362,6 +364,45 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       }
     }
   }
+  // Small-batch launches (Step.small_launches, 1.7): every prefill MatMul with a kI8 plane and a q8 input that is
+  // not fused has one minfer_gemm_small launch on the plane the decode GEMV reads, with the codegen's split count,
+  // for calls of up to min(64, or 16 beside a Hopper kF16 plane, max_batch) rows; every other step none.
+  REQUIRE(set.prefill_small.size() == l.desc.plan.prefill.size());
+  REQUIRE(set.prefill_small_rows.size() == l.desc.plan.prefill.size());
+  size_t small_steps = 0;
+  const size_t tail = lastTokenTailBegin(l.desc.plan.prefill, l.desc.plan.logits);
+  for (size_t i = 0; i < l.desc.plan.prefill.size(); ++i) {
+    const model::StepDesc& s = l.desc.plan.prefill[i];
+    const bool follows = i + 1 < l.desc.plan.prefill.size() && set.prefill_fused[i + 1];
+    const bool want = s.op == fb::OpKind::MatMul && !set.prefill_fused[i] && !follows && isQuantizedMatMul(l, s);
+    REQUIRE_MESSAGE(set.prefill_small[i].size() == (want ? 1u : 0u), s.name);
+    const bool f16 = want && l.layouts[s.weights[0]].find(PlaneKind::kF16) >= 0;
+    const unsigned rows = f16 ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq;
+    CHECK(set.prefill_small_rows[i] == (want ? std::min(rows, l.desc.plan.max_batch) : 0u));
+    if (!want) continue;
+    ++small_steps;
+    const LaunchRecord& r = set.prefill_small[i][0];
+    const KernelImageData& img = set.images[r.images[0]];
+    CHECK(img.entry == "minfer_gemm_small");
+    checkRecord(l, r, img);
+    const planes::TensorLayout& w = l.layouts[s.weights[0]];
+    const bool packed = w.find(PlaneKind::kPacked) >= 0;
+    CHECK(optionValue(img, "SB_BITS") == (packed ? "4" : "8"));
+    // A tail step takes no scratch (the verifier's rule for tail launches): one split there.
+    const unsigned splits = i >= tail ? 1u : kern::gemmSmallSplits(static_cast<unsigned>(w.desc.rows),
+                                                                   static_cast<unsigned>(w.desc.cols));
+    CHECK(optionValue(img, "SB_SPLITS") == std::to_string(splits));
+    bool scratch = false, tokens = false;
+    for (const KernelArgDesc& a : r.args) {
+      scratch |= a.kind == fb::ArgKind::Scratch;
+      tokens |= a.kind == fb::ArgKind::TokenCount;
+    }
+    CHECK(scratch == (splits > 1));
+    CHECK(tokens);
+  }
+  bool quantized = false;
+  for (const model::StepDesc& s : l.desc.plan.prefill) quantized |= isQuantizedMatMul(l, s);
+  CHECK((small_steps > 0) == quantized);
   size_t argmax = 0;
   for (const KernelImageData& img : set.images) argmax += img.entry == "minfer_argmax";
   CHECK(argmax == targets.size());

@@ -27,6 +27,7 @@
 #include "kernels/elementwise.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/expand_blocks.cuh"
+#include "kernels/gemm_small.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
@@ -57,6 +58,8 @@ constexpr double kEmbedTol = 0.0;        // bit-identical (same dequantizeBlock,
 constexpr double kRmsNormTol = 2e-6;     // f32 tree vs sequential sum of squares; measured 3.0e-7 (head 2.1e-7)
 constexpr double kMmqTol = 2e-5;         // vs W·dequant(q8(x)) in f32, summation order only; measured 5.7e-7
 constexpr double kGemvTol = 2e-5;        // same definition as MMQ; measured 3.8e-7
+constexpr double kGemmSmallTol = 2e-5;   // same definition and q8 activations as MMQ / GEMV: f32 summation
+                                         // order only (split-K partials summed in split order)
 constexpr double kGemvBlocksTol = 1e-5;  // GEMV's definition on GGUF blocks, K ≤ 18944; measured 1.4e-6–1.6e-6
 constexpr double kQ8ActTol = 2.5e-2;     // vs W·x: int8 activation rounding (README §4: 3e-2); measured 6.4e-3
 constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums; measured 1.0e-6 (GEMV 2.2e-7)
@@ -558,6 +561,84 @@ TEST_CASE("mmq and gemv: padded row pitches (offset gate)") {
   MINFER_REQUIRE_GPU(G);
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_1, GgmlType::Q2_K})
     checkQuantizedMatmul(t, 136, 512, true, true, 64);
+}
+
+// minfer_gemm_small (batched decode rows) on the planes the decode GEMV reads (kPacked for Q4_0 / Q4_1, else
+// kI8) against the CPU matmul on the same q8 activations: row counts 1 … 64 (partial n8 tiles), N not a
+// multiple of 16 or of the 128 rows of a block, the codegen's split count and one split, with and without a
+// bias; the counters must be zero after every launch (the split-K epilogue resets them).
+void checkGemmSmall(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool bias, bool padded) {
+  CAPTURE(ggmlTypeTraits(type).name);
+  CAPTURE(n_rows);
+  CAPTURE(k_cols);
+  CAPTURE(bias);
+  CAPTURE(padded);
+  const GpuWeight g = makeWeight(type, n_rows, k_cols, planes::TensorRole::kMatMul, padded);
+  const StrideTable* q = g.table(PlaneKind::kI8);
+  const StrideTable* s = g.table(PlaneKind::kScale);
+  const StrideTable* m = g.table(PlaneKind::kMin);
+  const StrideTable* packed = g.table(PlaneKind::kPacked);
+  REQUIRE(q);
+  REQUIRE(s);
+  const bool four = packed && packed->bits == 4 && s->group_size == 32;
+  const StrideTable* read = four ? packed : q;
+  const unsigned n = static_cast<unsigned>(n_rows), auto_splits = kern::gemmSmallSplits(n, static_cast<unsigned>(k_cols));
+  const unsigned split_counts[2] = {1, std::max(2u, auto_splits)};
+  std::vector<codegen::KernelSpec> specs;
+  for (unsigned splits : split_counts)
+    specs.push_back(spec("gemm_small_test_" + codegen::typeTag(static_cast<uint32_t>(type)) + "_n" + str(n_rows) + "_k" +
+                             str(k_cols) + "_s" + str(splits) + (bias ? "_bias" : "") + (padded ? "_pad" : ""),
+                         "kernels/gemm_small.cuh", "minfer_gemm_small",
+                         {{"SB_N", str(n_rows)}, {"SB_K", str(k_cols)}, {"SB_BITS", four ? "4" : "8"},
+                          {"SB_PITCH", str(read->row_pitch)}, {"SB_Q_OFFSET", std::to_string(four ? packed->q_offset : 0)},
+                          {"SB_GROUP", str(s->group_size)}, {"SB_S_PITCH", str(s->row_pitch)},
+                          {"SB_HAS_MIN", m ? "1" : "0"}, {"SB_M_PITCH", m ? str(m->row_pitch) : "0"},
+                          {"SB_HAS_BIAS", bias ? "1" : "0"}, {"SB_SPLITS", str(splits)}}));
+  std::vector<Kernel> k = compile(specs);
+  const std::vector<float> bias_v = randomFloats(n_rows, rng());
+  const uint64_t counter_words = kern::gemmSmallCounterBytes(n) / 4;
+  const std::vector<uint32_t> zeros(counter_words, 0);
+  DeviceArray d_bias = DeviceArray::of(bias_v), out(kern::kGemmSmallMaxRows * n_rows * 4),
+      partial(std::max<uint64_t>(4, kern::gemmSmallScratchBytes(n, split_counts[1]))), counters(counter_words * 4);
+  counters.upload(zeros.data(), zeros.size() * 4);
+  CUdeviceptr wp = four ? g.ptr(PlaneKind::kPacked) : g.ptr(PlaneKind::kI8), ws = g.ptr(PlaneKind::kScale),
+              wm = g.ptr(PlaneKind::kMin), wb = bias ? d_bias.ptr() : 0, pp = partial.ptr(), pc = counters.ptr();
+  for (int rows : {1, 2, 7, 8, 9, 33, 64}) {
+    CAPTURE(rows);
+    const std::vector<float> x = activations(rows, static_cast<int>(k_cols));
+    const HostQ8 hq = quantizeHost(x, rows, static_cast<int>(k_cols));
+    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta);
+    const std::vector<float> ref = cpuMatmul(g, cpu::RowSource::kQuantized, bias ? bias_v.data() : nullptr, hq.deq, rows);
+    for (size_t i = 0; i < 2; ++i) {
+      CAPTURE(split_counts[i]);
+      out.poison();
+      partial.poison();
+      CUdeviceptr a = xq.ptr(), b = xm.ptr(), o = out.ptr();
+      int nt = rows;
+      launch(k[i], kern::gemmSmallLaunch(n, split_counts[i]), {&wp, &ws, &wm, &wb, &a, &b, &o, &pp, &pc, &nt});
+      const std::vector<float> got = out.download<float>(static_cast<size_t>(rows) * n_rows);
+      CHECK(track("gemm_small", relError(got.data(), ref.data(), ref.size())) <= kGemmSmallTol);
+      CHECK(counters.download<uint32_t>(counter_words) == zeros);
+      // Nothing written past the call's rows.
+      const std::vector<float> after = out.download<float>(n_rows, static_cast<uint64_t>(rows) * n_rows * 4);
+      CHECK(std::all_of(after.begin(), after.end(), [](float v) { return std::isnan(v); }));
+    }
+  }
+}
+
+TEST_CASE("gemm_small: Q4_K, Q4_0, Q4_1, Q6_K, Q8_0, Q2_K planes, 1 to 64 rows, odd N, split-K") {
+  MINFER_REQUIRE_GPU(G);
+  checkGemmSmall(GgmlType::Q4_K, 328, 768, true, false);
+  checkGemmSmall(GgmlType::Q4_0, 200, 352, false, false);   // kPacked, q offset −8; K/32 = 11 (uneven splits)
+  checkGemmSmall(GgmlType::Q4_1, 136, 1024, true, false);   // kPacked with a kMin plane
+  checkGemmSmall(GgmlType::Q6_K, 211, 512, true, false);    // groups of 16: two k16 MMAs
+  checkGemmSmall(GgmlType::Q8_0, 520, 4096, false, false);  // several row blocks, many splits
+  checkGemmSmall(GgmlType::Q2_K, 24, 256, true, false);     // groups of 16 with mins; N < one m16 pair
+}
+
+TEST_CASE("gemm_small: padded row pitches (offset gate)") {
+  MINFER_REQUIRE_GPU(G);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0}) checkGemmSmall(t, 136, 512, true, true);
 }
 
 // The kBlocks plane of a quantized matmul weight as the layout planner makes it for the decode GEMV: the

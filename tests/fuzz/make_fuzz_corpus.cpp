@@ -278,8 +278,8 @@ void artifactSeeds(const fs::path& scratch) {
   }
   // Structures the writer-made models lack, from the fixtures when present: column views (format 1.4,
   // phi3's fused q|k|v and gate|up), expert axes with the MoE ops (qwen3moe) and the sliding-window layers'
-  // ring KV caches (format 1.6 Step.kv_ring, gemma2). Paged launches (1.6) need kernel images, which these
-  // CPU-only seeds do not carry.
+  // ring KV caches (format 1.6 Step.kv_ring, gemma2). Paged launches (1.6) and small-batch launches (1.7) need kernel
+  // images, which these CPU-only seeds do not carry.
   for (const char* model : {"tiny-phi3-Q4_K_M", "tiny-qwen3moe-Q4_K_M", "tiny-gemma2-Q4_K_M"}) {
     const fs::path gguf = fs::path(fixturesDir()) / "arch" / "models" / (std::string(model) + ".gguf");
     if (!fs::exists(gguf)) continue;

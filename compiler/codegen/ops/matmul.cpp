@@ -15,6 +15,7 @@
 
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/dense_matmul.cuh"
+#include "kernels/gemm_small.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
@@ -237,6 +238,53 @@ Launches quantized(const StepContext& c, const MatMulOperands& m) {
       {b.spec, quantizedArgs(c, m, read, *s, mins), kern::gemvLaunchRule(static_cast<unsigned>(n))}};
 }
 
+// The small-batch form of a prefill MatMul (kernels/gemm_small.cuh) on the plane the decode GEMV reads (the 4-bit
+// kPacked plane where there is one, else kI8), split over K (gemmSmallSplits) except in the last-token tail;
+// nothing for weights without a kI8 plane or a geometry that quantized() would refuse (its launches report those).
+Launches smallBatchMatmul(const StepContext& c, const MatMulOperands& m) {
+  const planes::TensorLayout& l = *m.w;
+  const StrideTable* q = findPlane(l, PlaneKind::kI8);
+  const StrideTable* s = findPlane(l, PlaneKind::kScale);
+  const StrideTable* mins = findPlane(l, PlaneKind::kMin);
+  auto qin = c.input(1, "quantized input");
+  if (!qin) return qin.takeError();
+  const bool q8 = (*qin)->type == fb::BufferType::I8 && (*qin)->width == m.k;
+  if (!q || !s || !q8 || m.k % 32 != 0 || (s->group_size != 16 && s->group_size != 32) || s->group_pitch != 4 ||
+      (mins && (mins->group_size != s->group_size || mins->group_pitch != 4)) || q->row_pitch % 16 != 0 ||
+      m.n > (uint64_t{1} << 30) || m.k > (uint64_t{1} << 30))
+    return std::vector<KernelLaunch>{};
+  const StrideTable* packed = findPlane(l, PlaneKind::kPacked);
+  const bool four = packed && packed->bits == 4 && s->group_size == 32 && packed->row_pitch % 16 == 0;
+  const StrideTable& read = four ? *packed : *q;
+  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
+  // A step of the last-token tail may not use scratch (it runs on one row, see wgmmaMatmul): one split there.
+  const unsigned splits = c.inTail() ? 1u : kern::gemmSmallSplits(n, k);
+  SpecBuilder b(llvm::formatv("gemm_small_{0}_{1}_n{2}_k{3}_s{4}{5}", four ? "packed4" : "i8",
+                              typeTag(static_cast<uint32_t>(l.desc.type)), n, k, splits, m.bias_tag),
+                "kernels/gemm_small.cuh", "minfer_gemm_small");
+  b.define("SB_N", m.n)
+      .define("SB_K", m.k)
+      .define("SB_BITS", static_cast<uint64_t>(four ? 4 : 8))
+      .define("SB_PITCH", read.row_pitch)
+      .define("SB_Q_OFFSET", static_cast<int64_t>(four ? packed->q_offset : 0))
+      .define("SB_GROUP", static_cast<uint64_t>(s->group_size))
+      .define("SB_S_PITCH", s->row_pitch)
+      .define("SB_HAS_MIN", uint64_t{mins ? 1u : 0u})
+      .define("SB_M_PITCH", mins ? mins->row_pitch : 0)
+      .define("SB_HAS_BIAS", uint64_t{m.bias ? 1u : 0u})
+      .define("SB_SPLITS", static_cast<uint64_t>(splits));
+  std::vector<KernelArgDesc> args = quantizedArgs(c, m, read, *s, mins);
+  if (splits > 1) {
+    args.push_back({.kind = fb::ArgKind::Scratch, .name = "partial", .bytes = kern::gemmSmallScratchBytes(n, splits)});
+    args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = kern::gemmSmallCounterBytes(n)});
+  } else {
+    args.push_back(kindArg(fb::ArgKind::Null, "partial"));
+    args.push_back(kindArg(fb::ArgKind::Null, "counters"));
+  }
+  args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemmSmallLaunchRule(n, splits)}};
+}
+
 // The plane of a decode MatMul that a fused GEMV can take: a q8 input and a kBlocks plane the decode
 // GEMV reads (a bias only where `bias_ok`); null otherwise.
 const StrideTable* fusibleBlocks(const StepContext& c, const MatMulOperands& m, bool bias_ok) {
@@ -380,6 +428,25 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
       {b.spec, std::move(args), kern::gemvQkvLaunchRule(a.n_head, a.n_head_kv, a.head_dim, shape)}};
   for (KernelLaunch& l : *after) launches.push_back(std::move(l));
   return launches;
+}
+
+llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
+                                                   llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
+                                                   size_t step_index, size_t followers) {
+  const StepContext c(desc, layouts, variant, step_index);
+  if (variant != PlanVariant::kPrefill || followers != 0 || c.step().op != fb::OpKind::MatMul) return SmallLaunches{};
+  auto m = operands(c);
+  if (!m) return m.takeError();
+  if (!findPlane(*m->w, PlaneKind::kI8) || c.step().weights.empty()) return SmallLaunches{};
+  auto launches = smallBatchMatmul(c, *m);
+  if (!launches) return launches.takeError();
+  SmallLaunches out;
+  if (launches->empty()) return out;
+  out.launches = std::move(*launches);
+  // The rows up to which it beats what the step runs otherwise (gemm_small.cuh): mmq, or the Hopper f16 GEMM.
+  const bool wgmma = findPlane(*m->w, PlaneKind::kF16) != nullptr;
+  out.rows = std::min<uint32_t>(wgmma ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq, c.maxBatch());
+  return out;
 }
 
 Launches matmulLaunches(const StepContext& c) {

@@ -161,6 +161,20 @@ Launches storedAttentionLaunches(const StepContext& attention, const StepContext
 // launches.
 Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                               PlanVariant variant, size_t step_index, size_t followers);
+// The small-batch launches of step `step_index` of the prefill plan (schema Step.small_launches, 1.7,
+// ops/matmul.cpp) and the largest call they serve (small_rows): for a MatMul step with no followers on a
+// quantized weight with a kI8 plane and a q8 input, minfer_gemm_small (kernels/gemm_small.cuh) on the plane the
+// decode GEMV reads, for calls of 1 ≤ n_tokens ≤ min(kGemmSmallRowsVsMmq or, for a weight with a kF16 plane
+// (Hopper prefill), kGemmSmallRowsVsWgmma, max_batch). None (small_rows 0) for other
+// steps, plans or weights (float weights, a weight whose only prefill plane is kF16). Errors as the step's own
+// launches.
+struct SmallLaunches {
+  std::vector<KernelLaunch> launches;
+  uint32_t rows = 0;
+};
+llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
+                                                   llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
+                                                   size_t step_index, size_t followers);
 // The check the q8 forms make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
 llvm::Error checkFusedQuantize(const StepContext& quant, uint32_t width);
 
