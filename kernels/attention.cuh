@@ -43,7 +43,7 @@
 //                       int n_tokens)
 //   q, out: n_tokens × NHEAD·HEAD_DIM f32. launch: attnPrefillLaunch(), dynamic shared memory.
 // attn_decode (ATT_DECODE): one token, split-KV (flash-decoding): block (kv head g, split s) reduces
-//   (each warp kAttnDecodeKeys keys at a time, lanes over the dimensions: WarpAttention), for each query head j of g's
+//   (each warp two keys at a time, lanes over the dimensions: WarpAttention), for each query head j of g's
 //   group (GQA: each K/V row read once for the group), the
 //   positions lo + [s·chunk, (s+1)·chunk) ∩ [lo, kv_len), chunk = max(⌈(kv_len − lo) / SPLITS⌉,
 //   kAttnDecodeMinKeys) (decodeSplits; lo > 0 only with a window), kv_len = pos0 + 1 read from device
@@ -76,10 +76,7 @@ namespace minfer::kern {
 constexpr unsigned kAttnBQ = 16;       // query tokens per prefill block
 constexpr unsigned kAttnBKV = 32;      // key positions per tile (= warp width: lane = key)
 constexpr unsigned kAttnWarps = 4;
-// Keys per warp and iteration of attn_decode (WarpAttention::keys: their loads in flight together).
-constexpr unsigned kAttnDecodeKeys = 4;
-// Keys per decode split at least (decodeSplits): the block's warps two keys each (at a short context more
-// splits over more SMs are faster than fuller iterations: 8 warps × 2 keys measured slower, BENCHMARKS.md).
+// Keys per decode split at least (decodeSplits): one iteration of the block's warps, two keys each.
 constexpr unsigned kAttnDecodeMinKeys = 2 * kAttnWarps;
 constexpr unsigned kKvStoreThreads = 256;
 constexpr unsigned kAttnMmaBQ = 64;    // query tokens per tensor-core prefill block (16 per warp)
@@ -642,63 +639,41 @@ struct WarpAttention {
     }
   }
 
-  // kN keys at once (rows k[i] / v[i] of this kv head): kN independent chains of loads, warp sums and
-  // exponentials in flight; keys i ≥ valid have p = 0 (pass the first key's rows again for them). The
-  // online softmax merges them in order: m' = max(m, s_0, …), l' = l·c + p_0 + p_1 + …,
-  // o' = fma(p_{kN−1}, v_{kN−1}, … fma(p_0, v_0, o·c)), c = e^{m − m'}.
-  template <int kN>
-  __device__ __forceinline__ void keys(const uint16_t* const (&k)[kN], const uint16_t* const (&v)[kN], int valid,
-                                       float scale, int lane) {
-    float kr[kN][kDL], vr[kN][kDL];
-#pragma unroll
-    for (int n = 0; n < kN; ++n) loadRow(k[n], lane, kr[n]);
-#pragma unroll
-    for (int n = 0; n < kN; ++n) loadRow(v[n], lane, vr[n]);
-    float s[kN][kGroup];
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-#pragma unroll
-      for (int n = 0; n < kN; ++n) s[n][h] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kDL; ++i)
-#pragma unroll
-        for (int n = 0; n < kN; ++n) s[n][h] = fmaf(qv[h][i], kr[n][i], s[n][h]);
-    }
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h)
-#pragma unroll
-      for (int n = 0; n < kN; ++n) s[n][h] = warpSum(s[n][h]);
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      float sc[kN];
-#pragma unroll
-      for (int n = 0; n < kN; ++n) sc[n] = n < valid ? capScore(s[n][h] * scale, 1.0f) : -MINFER_INF;
-      float top = sc[0];
-#pragma unroll
-      for (int n = 1; n < kN; ++n) top = fmaxf(top, sc[n]);
-      const float m_new = fmaxf(m[h], top), corr = expf(m[h] - m_new);
-      float p[kN];
-#pragma unroll
-      for (int n = 0; n < kN; ++n) p[n] = n < valid ? expf(sc[n] - m_new) : 0.0f;
-      float lsum = l[h] * corr;
-#pragma unroll
-      for (int n = 0; n < kN; ++n) lsum += p[n];
-      l[h] = lsum;
-#pragma unroll
-      for (int i = 0; i < kDL; ++i) {
-        float acc = o[h][i] * corr;
-#pragma unroll
-        for (int n = 0; n < kN; ++n) acc = fmaf(p[n], vr[n][i], acc);
-        o[h][i] = acc;
-      }
-      m[h] = m_new;
-    }
-  }
-
-  // Two keys (keys<2>); without `two` the second has p = 0 (pass the first key's rows again).
+  // Two keys at once (rows k0/v0 and k1/v1 of this kv head): two independent chains of loads, warp sums and
+  // exponentials in flight; without `two` the second key has p = 0 (pass the first key's rows again).
   __device__ __forceinline__ void keyPair(const uint16_t* k0, const uint16_t* k1, const uint16_t* v0,
                                           const uint16_t* v1, bool two, float scale, int lane) {
-    keys<2>({k0, k1}, {v0, v1}, two ? 2 : 1, scale, lane);
+    float kr[2][kDL], vr[2][kDL];
+    loadRow(k0, lane, kr[0]);
+    loadRow(k1, lane, kr[1]);
+    loadRow(v0, lane, vr[0]);
+    loadRow(v1, lane, vr[1]);
+    float s[2][kGroup];
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      s[0][h] = s[1][h] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kDL; ++i) {
+        s[0][h] = fmaf(qv[h][i], kr[0][i], s[0][h]);
+        s[1][h] = fmaf(qv[h][i], kr[1][i], s[1][h]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      s[0][h] = warpSum(s[0][h]);
+      s[1][h] = warpSum(s[1][h]);
+    }
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      const float sc0 = capScore(s[0][h] * scale, 1.0f);
+      const float sc1 = two ? capScore(s[1][h] * scale, 1.0f) : -MINFER_INF;
+      const float m_new = fmaxf(m[h], fmaxf(sc0, sc1));
+      const float p0 = expf(sc0 - m_new), p1 = two ? expf(sc1 - m_new) : 0.0f, corr = expf(m[h] - m_new);
+      l[h] = l[h] * corr + p0 + p1;
+#pragma unroll
+      for (int i = 0; i < kDL; ++i) o[h][i] = fmaf(p1, vr[1][i], fmaf(p0, vr[0][i], o[h][i] * corr));
+      m[h] = m_new;
+    }
   }
 
   // This warp's (m, l, o) into the block's shared arrays at index `warp` (m = −inf for a warp without keys).
@@ -750,22 +725,12 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   const float scale = qkScale();
   WarpAttention wa;
   wa.init(q + static_cast<uint64_t>(g) * kGroup * kD, lane);
-  // kAttnDecodeKeys keys per warp and iteration (key, key + kWarps, …), their loads in flight together.
-  constexpr int kN = static_cast<int>(kAttnDecodeKeys);
+  // Two keys per iteration (key, key + kWarps).
   const uint64_t col = static_cast<uint64_t>(g) * kD;
-  for (int key = begin + warp; key < end; key += kN * kWarps) {
-    const uint16_t* kr[kN];
-    const uint16_t* vr[kN];
-    int valid = 0;
-#pragma unroll
-    for (int n = 0; n < kN; ++n) {
-      const int kn = key + n * kWarps;
-      valid += kn < end;
-      const uint64_t row = kvRow(kn < end ? kn : key) + col;
-      kr[n] = kc + row;
-      vr[n] = vc + row;
-    }
-    wa.keys<kN>(kr, vr, valid, scale, lane);
+  for (int key = begin + warp; key < end; key += 2 * kWarps) {
+    const bool two = key + kWarps < end;
+    const uint64_t row = kvRow(key) + col, row2 = kvRow(two ? key + kWarps : key) + col;
+    wa.keyPair(kc + row, kc + row2, vc + row, vc + row2, two, scale, lane);
   }
   wa.stash(warp, lane, wm, wl, wo);
   __syncthreads();
