@@ -487,7 +487,8 @@ TEST_CASE("quantize_act: q, d and sums bit-identical to the host mirror") {
 
 // MMQ (prefill) and GEMV (decode) on one quantized weight; returns nothing, checks inside.
 void checkQuantizedMatmul(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool bias, bool padded, unsigned tm) {
-  CAPTURE(ggmlTypeTraits(type).name);
+  const std::string type_name = ggmlTypeTraits(type).name;
+  CAPTURE(type_name);
   CAPTURE(n_rows);
   CAPTURE(k_cols);
   CAPTURE(bias);
@@ -568,7 +569,8 @@ TEST_CASE("mmq and gemv: padded row pitches (offset gate)") {
 // multiple of 16 or of the 128 rows of a block, the codegen's split count and one split, with and without a
 // bias; the counters must be zero after every launch (the split-K epilogue resets them).
 void checkGemmSmall(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool bias, bool padded) {
-  CAPTURE(ggmlTypeTraits(type).name);
+  const std::string type_name = ggmlTypeTraits(type).name;
+  CAPTURE(type_name);
   CAPTURE(n_rows);
   CAPTURE(k_cols);
   CAPTURE(bias);
@@ -598,7 +600,8 @@ void checkGemmSmall(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool bias, 
   const std::vector<float> bias_v = randomFloats(n_rows, rng());
   const uint64_t counter_words = kern::gemmSmallCounterBytes(n) / 4;
   const std::vector<uint32_t> zeros(counter_words, 0);
-  DeviceArray d_bias = DeviceArray::of(bias_v), out(kern::kGemmSmallMaxRows * n_rows * 4),
+  // One row more than the kernel takes: the check that nothing is written past the call's rows reads it.
+  DeviceArray d_bias = DeviceArray::of(bias_v), out((kern::kGemmSmallMaxRows + 1) * n_rows * 4),
       partial(std::max<uint64_t>(4, kern::gemmSmallScratchBytes(n, split_counts[1]))), counters(counter_words * 4);
   counters.upload(zeros.data(), zeros.size() * 4);
   CUdeviceptr wp = four ? g.ptr(PlaneKind::kPacked) : g.ptr(PlaneKind::kI8), ws = g.ptr(PlaneKind::kScale),
