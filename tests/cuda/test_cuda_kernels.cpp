@@ -66,9 +66,10 @@ constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums; mea
 constexpr double kRopeTol = 1e-6;        // same double θ, f32 rotation without FMA; measured 0
 constexpr double kAttnTol = 2e-5;        // online vs two-pass softmax in f32 over the same f16 K/V;
                                          // measured 2.6e-6 prefill, 1.7e-6 decode
-constexpr double kAttnMmaTol = 2e-3;     // tensor-core prefill (head sizes 16k ≤ 256): Q and P rounded to f16
-                                         // too, unit roundoff 2^-11 = 4.9e-4 each; measured 8.3e-4 (H200,
-                                         // heads ≤ 128), 1.23e-3 with heads 112–256 (`d812eeb`)
+// Tensor-core prefill (head sizes 16k ≤ 256): Q and P rounded to f16 too, unit roundoff 2^-11 = 4.9e-4 each,
+// the scores' error growing with the dot products' length: measured 8.3e-4 at heads ≤ 128 (H200), 1.23e-3 and
+// 2.34e-3 at heads 144–256 with soft-capping and a window (two H200 runs, `d812eeb`, `b45066f`).
+double attnMmaTol(int head_dim) { return head_dim <= 128 ? 2e-3 : 5e-3; }
 constexpr double kAttnLongTol = 1e-4;    // the SIMT prefill over up to 8,192 keys: f32 sums ~7× longer than the
                                          // 1,200 of kAttnTol's cases; measured 5.6e-6 (H200, `d812eeb`)
 constexpr double kSwiGluTol = 1e-6;      // expf vs std::exp; measured 1.4e-7
@@ -1233,7 +1234,7 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
         cpu::attention(q.data(), layer, n, cpu::KvRowStorage(n).contiguous(pos0, n, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data());
         const double err = relError(got.data(), ref.data(), ref.size());
         if (kern::attnPrefillUsesMma(static_cast<unsigned>(d)))
-          CHECK(track("attn_prefill (tensor cores)", err) <= kAttnMmaTol);
+          CHECK(track("attn_prefill (tensor cores)", err) <= attnMmaTol(d));
         else
           CHECK(track("attn_prefill", err) <= kAttnTol);
       }
@@ -1396,7 +1397,7 @@ TEST_CASE("column views: rope, kv_store, prefill attention and swiglu on rows wi
     std::vector<float> ref(static_cast<size_t>(n) * qw);
     cpu::attention(got.data(), layer, n, cpu::KvRowStorage(n).contiguous(pos0, n, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data(), {}, pitch);
     const std::vector<float> att_got = out.download<float>(ref.size());
-    CHECK(track("attn_prefill (tensor cores)", relError(att_got.data(), ref.data(), ref.size())) <= kAttnMmaTol);
+    CHECK(track("attn_prefill (tensor cores)", relError(att_got.data(), ref.data(), ref.size())) <= attnMmaTol(d));
     for (size_t wi = 0; wi < 2; ++wi) {
       const int w = widths[wi];
       CAPTURE(w);
@@ -1462,7 +1463,7 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
           cpu::attention(q.data(), layer, n, cpu::KvRowStorage(n).contiguous(pos0, n, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data(), options);
           const double err = relError(got.data(), ref.data(), ref.size());
           if (kern::attnPrefillUsesMma(static_cast<unsigned>(d)))
-            CHECK(track("attn_prefill softcap+window (tensor cores)", err) <= kAttnMmaTol);
+            CHECK(track("attn_prefill softcap+window (tensor cores)", err) <= attnMmaTol(d));
           else
             CHECK(track("attn_prefill softcap+window", err) <= kAttnTol);
         }
@@ -1566,7 +1567,7 @@ TEST_CASE("attention over a ring KV cache (ATT_KV_RING): kv_store slots, prefill
         const std::vector<float> got = out.download<float>(q.size());
         const double err = relError(got.data(), ref.data(), ref.size());
         if (kern::attnPrefillUsesMma(static_cast<unsigned>(d)))
-          CHECK(track("attn_prefill ring (tensor cores)", err) <= kAttnMmaTol);
+          CHECK(track("attn_prefill ring (tensor cores)", err) <= attnMmaTol(d));
         else
           CHECK(track("attn_prefill ring", err) <= kAttnTol);
       }
@@ -1622,7 +1623,7 @@ TEST_CASE("attention prefill at heads 128 and 256: query column view (ATT_Q_PITC
         int nn = n;
         launch(k[view], kern::attnPrefillLaunch(n, h, d), {&a, &c, &e, &o, &p, &nn});
         const std::vector<float> got = out.download<float>(q.size());
-        CHECK(track("attn_prefill (tensor cores)", relError(got.data(), ref.data(), ref.size())) <= kAttnMmaTol);
+        CHECK(track("attn_prefill (tensor cores)", relError(got.data(), ref.data(), ref.size())) <= attnMmaTol(d));
       }
     }
   }
@@ -1697,7 +1698,7 @@ TEST_CASE("attention prefill of an 8192-token prompt (qwen2-7b and gemma2-9b sha
                        scratch.data(), options);
         const double err = relError(got.data() + row, ref.data(), ref.size());
         if (form == 0)
-          CHECK(track("attn_prefill (tensor cores)", err) <= kAttnMmaTol);
+          CHECK(track("attn_prefill (tensor cores)", err) <= attnMmaTol(d));
         else
           CHECK(track("attn_prefill 8,192 keys (SIMT)", err) <= kAttnLongTol);
       }
