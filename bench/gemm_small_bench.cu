@@ -15,14 +15,7 @@
 
 #include "kernels/gemm_small.cuh"
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                                 \
-    }                                                                                           \
-  } while (0)
+#include "bench/cuda_check.h"
 
 int main() {
   using minfer::kern::Q8Meta;

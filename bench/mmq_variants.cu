@@ -13,14 +13,7 @@
 
 #include "kernels/mmq.cuh"
 
-#define CK(x)                                                                           \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                         \
-    }                                                                                   \
-  } while (0)
+#include "bench/cuda_check.h"
 
 int main(int argc, char** argv) {
   using namespace minfer::kern;

@@ -15,14 +15,7 @@
 
 #include "kernels/wgmma_matmul.cuh"
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                                 \
-    }                                                                                           \
-  } while (0)
+#include "bench/cuda_check.h"
 
 static uint16_t toHalf(float f) { return __half_as_ushort(__float2half_rn(f)); }
 static float fromHalf(uint16_t h) { return __half2float(__ushort_as_half(h)); }
