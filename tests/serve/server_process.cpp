@@ -1,6 +1,8 @@
 // minfer-server as a child process, and HTTP helpers (server_process.h).
 #include "tests/serve/server_process.h"
 
+#include "runtime/tools/server/load_client.h"
+
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -156,7 +158,6 @@ StreamResult postStream(int port, const std::string& path, const nlohmann::json&
   StreamResult out;
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(600);
-  std::string buffer;
   httplib::Request req;
   req.method = "POST";
   req.path = path;
@@ -167,27 +168,23 @@ StreamResult postStream(int port, const std::string& path, const nlohmann::json&
     out.status = res.status;
     return true;
   };
+  server::SseSplitter sse;
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    buffer.append(data, n);
-    for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
-      std::string event = buffer.substr(0, end);
-      buffer.erase(0, end + 2);
-      if (event.rfind("data: ", 0) != 0) continue;
-      event.erase(0, 6);
+    sse.feed(data, n, [&](const std::string& event) {
       out.events.push_back(event);
       if (event == "[DONE]") {
         out.done = true;
-        continue;
+        return;
       }
       const nlohmann::json j = nlohmann::json::parse(event, nullptr, false);
-      if (j.is_discarded() || !j.contains("choices")) continue;
+      if (j.is_discarded() || !j.contains("choices")) return;
       if (j.contains("usage") && !j["usage"].is_null()) out.usage = j["usage"];
       for (const auto& c : j["choices"]) {
         if (c.contains("text")) out.text += c["text"].get<std::string>();
         if (c.contains("delta") && c["delta"].contains("content")) out.text += c["delta"]["content"].get<std::string>();
         if (!c["finish_reason"].is_null()) out.finish_reason = c["finish_reason"].get<std::string>();
       }
-    }
+    });
     return true;
   };
   auto r = client.send(req);

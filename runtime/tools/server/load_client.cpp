@@ -20,7 +20,7 @@ void streamRequest(const LoadOptions& options, json body, const std::string& wha
   httplib::Client cli(options.host, options.port);
   cli.set_read_timeout(static_cast<time_t>(options.read_timeout_s));
   cli.set_connection_timeout(60);
-  std::string buffer, finish;
+  std::string finish;
   bool done = false;
   long prompt_tokens = -1, completion_tokens = -1;
   httplib::Request req;
@@ -28,30 +28,25 @@ void streamRequest(const LoadOptions& options, json body, const std::string& wha
   req.path = options.path;
   req.body = body.dump();
   req.headers.emplace("Content-Type", "application/json");
-  // Events end with a blank line; only their "data: " lines count (an SSE comment, ": …", is skipped).
+  SseSplitter sse;
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    buffer.append(data, n);
-    for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
-      std::string event = buffer.substr(0, end);
-      buffer.erase(0, end + 2);
-      if (event.rfind("data: ", 0) != 0) continue;
-      event.erase(0, 6);
+    sse.feed(data, n, [&](const std::string& event) {
       if (event == "[DONE]") {
         done = true;
-        continue;
+        return;
       }
       const json j = json::parse(event, nullptr, false);
-      if (j.is_discarded() || !j.contains("choices")) continue;
+      if (j.is_discarded() || !j.contains("choices")) return;
       if (j.contains("usage") && j["usage"].is_object()) {
         prompt_tokens = j["usage"].value("prompt_tokens", -1L);
         completion_tokens = j["usage"].value("completion_tokens", -1L);
       }
-      if (j["choices"].empty()) continue;
+      if (j["choices"].empty()) return;
       const json& c = j["choices"][0];
       const json* text = c.contains("text") ? &c["text"] : c.contains("delta") && c["delta"].contains("content") ? &c["delta"]["content"] : nullptr;
       if (text && text->is_string() && !text->get<std::string>().empty()) arrivals.push_back(Clock::now());
       if (c.contains("finish_reason") && c["finish_reason"].is_string()) finish = c["finish_reason"].get<std::string>();
-    }
+    });
     return true;
   };
   auto res = cli.send(req);

@@ -26,6 +26,23 @@ struct LoadStats {
 // stream_options.include_usage itself.
 using RequestBody = std::function<nlohmann::json(int client, int k)>;
 
+// Server-sent events from a byte stream read in arbitrary pieces: each event ends with a blank line; only its
+// "data: " payload counts (an SSE comment, ": …", is skipped). feed() calls on_data(payload) per whole event.
+class SseSplitter {
+ public:
+  void feed(const char* data, size_t n, const std::function<void(const std::string&)>& on_data) {
+    buffer_.append(data, n);
+    for (size_t end; (end = buffer_.find("\n\n")) != std::string::npos;) {
+      std::string event = buffer_.substr(0, end);
+      buffer_.erase(0, end + 2);
+      if (event.rfind("data: ", 0) == 0) on_data(event.substr(6));
+    }
+  }
+
+ private:
+  std::string buffer_;
+};
+
 struct LoadOptions {
   std::string host = "127.0.0.1";
   int port = 0;
