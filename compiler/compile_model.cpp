@@ -269,6 +269,8 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     co.fuse_launches = options.fuse_launches;
     co.fuse_qkv = options.fuse_qkv;
     co.fuse_glu = options.fuse_glu;
+    co.fuse_pair = options.fuse_pair;
+    co.fuse_norm = options.fuse_norm;
     auto set = codegen::generateKernels(*desc, layouts, co);
     if (!set) return set.takeError();
     kernels.set = std::move(*set);

@@ -39,6 +39,34 @@
 //   max_batch·K bytes into a 256-byte aligned buffer); out: N f32.
 // Launch shape: gemvBlocksLaunchRule(): 4 warps per block, 4 / GEMVB_ROW_WARPS · GEMVB_ROWS rows per block.
 //
+// GEMV pair (GEMVB_PAIR = 1): two decode MatMul steps of one q8 input whose weights have one type and
+// geometry (e.g. gate and up) in one launch, each summed exactly as minfer_gemv_blocks sums it: the first
+// half of the grid computes out0 = w0·x (+ bias0), the second out1 = w1·x (+ bias1); one kernel boundary less.
+// Launch ABI:  minfer_gemv_pair(const uint8_t* w0, const float* bias0, const uint8_t* w1, const float* bias1,
+//                               const int8_t* xq, const Q8Meta* xmeta, float* out0, float* out1)
+// Launch shape: gemvPairLaunchRule(): twice gemvBlocksLaunchRule()'s blocks.
+//
+// GEMV + residual Add + RMSNorm + q8 (GEMVB_NORM = 1): the decode steps MatMul (o or down), the Add of the
+// residual, the RmsNorm of the sum and its QuantizeAct in one launch. A block owns 32 consecutive rows
+// (gemvNormShape: 8 warps × 4 rows), sums them as minfer_gemv_blocks does, and writes out = W·x (+ bias),
+// sum = res + out, u = sum ⊙ nw (into y), the q8 form of u (quantizeBlock: the block's 32 rows are one q8
+// block) and its Σ sum² into partial[block]. It counts itself done in counters[0] (a block barrier, then one
+// acquire-release atomic, as minfer_gemv_glu); the last block adds the partials in block order, takes
+// inv = 1 / sqrt(Σ / N + eps) (rms_norm.cuh's formula) and scales y and every q8 block's d by it, so
+// y = sum·nw·inv and the q8 values are those of y up to rounding: q8(u) with d·inv instead of q8(u·inv),
+// the same integers except where u·inv rounds across a half-step. Not bit-identical to the unfused
+// steps (their sum of squares is a 1024-thread tree, their product order x·inv·w): within 1 ulp of y,
+// and the consumers' dot products within the q8 rounding the unfused path has (GPU parity test).
+// Constants: as minfer_gemv_blocks with GEMVB_ROWS 4, GEMVB_ROW_WARPS 1; GEMVB_NORM_EPS (float literal);
+// GEMVB_N % 32 == 0.
+// Launch ABI:  minfer_gemv_add_norm(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
+//                                   float* out, const float* res, float* sum, const float* nw, float* y,
+//                                   int8_t* qs, Q8Meta* meta, float* partial, unsigned* counters)
+//   out, res, sum, y: N f32 (res and sum may alias; out null where y reuses the product's buffer); nw: N f32 (the
+//   norm weight); qs, meta: row 0 of y's q8
+//   buffer; partial: N / 32 f32 (scratch); counters: 1 word, zero on entry and again on exit.
+// Launch shape: gemvNormLaunchRule(N): N / 32 blocks of 256 threads.
+//
 // Fused gate|up GEMV (GEMVB_GLU = 1 SwiGLU or 3 GeGLU, elementwise.cuh's EW_OP codes): the decode steps
 // MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct in one launch. A group's two "rows" are gate row r
 // and up row r (GEMVB_ROWS = 2; both weights of GEMVB_TYPE with the same pitches, no bias), so each is
@@ -112,11 +140,27 @@ MINFER_HD LaunchRule gemvBlocksLaunchRule(unsigned n, GemvBlocksShape s) {
   return r;
 }
 MINFER_HD LaunchShape gemvBlocksLaunch(unsigned n, GemvBlocksShape s) { return gemvBlocksLaunchRule(n, s).at(1); }
+// Two GEMVs of n rows in one launch (GEMVB_PAIR): twice gemvBlocksLaunchRule's blocks.
+MINFER_HD LaunchRule gemvPairLaunchRule(unsigned n, GemvBlocksShape s) {
+  LaunchRule r = gemvBlocksLaunchRule(n, s);
+  r.grid[0] = fixedExtent(2 * ceilDiv(n, kGemvBlocksWarps / s.warps * s.rows));
+  return r;
+}
 // The fused gate|up GEMV: one output (a gate row and an up row) per group of s.warps warps.
 MINFER_HD LaunchRule gemvGluLaunchRule(unsigned n, GemvBlocksShape s) {
   LaunchRule r;
   r.grid[0] = fixedExtent(ceilDiv(n, kGemvBlocksWarps / s.warps));
   r.block.x = 32 * kGemvBlocksWarps;
+  return r;
+}
+
+// The GEMV + residual Add + RMSNorm's shape (GEMVB_NORM): four rows per warp, eight warps per block, so a
+// block's 32 rows are one q8 block of the normalized row.
+MINFER_HD GemvBlocksShape gemvNormShape() { return {4, 1, 1}; }
+MINFER_HD LaunchRule gemvNormLaunchRule(unsigned n) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(n / 32);
+  r.block.x = 32 * 32 / gemvNormShape().rows;
   return r;
 }
 
@@ -350,7 +394,92 @@ static_assert(GEMVB_PITCH >= static_cast<unsigned long long>(kBlocksPerRow) * GE
 #define MINFER_GEMVB_BOUNDS __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
 #endif
 
-#if GEMVB_GLU
+#if GEMVB_NORM
+namespace minfer::kern::gemvb {
+constexpr int kNormWarps = 32 / kRows;  // a block's rows: one q8 block of 32
+constexpr int kNormPer = (kN + 32 * kNormWarps - 1) / (32 * kNormWarps);  // y values per thread in the tail
+static_assert(kRowWarps == 1 && 32 % kRows == 0 && kN % 32 == 0, "the GEMV + Add + RMSNorm shape (gemvNormShape)");
+}  // namespace minfer::kern::gemvb
+// `res` and `sum` may alias (the residual updated in place): each element is read, then written, by one thread.
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::gemvb::kNormWarps)
+    minfer_gemv_add_norm(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
+                         const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out, const float* res,
+                         float* sum, const float* __restrict__ nw, float* __restrict__ y, int8_t* __restrict__ qs,
+                         minfer::kern::Q8Meta* __restrict__ meta, float* __restrict__ partial,
+                         unsigned* __restrict__ counters) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::gemvb;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r0 = blockIdx.x * 32, row0 = r0 + warp * kRows;
+  if (threadIdx.x == 0) prefetchL2(w + static_cast<uint64_t>(r0) * GEMVB_PITCH, 32u * GEMVB_PITCH);
+  const float wn = nw[r0 + lane];  // the norm weight: a plane, readable before the wait
+  overlapPrologue();
+  float acc[kRows];
+  const uint8_t* wr[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    acc[i] = 0.0f;
+    wr[i] = w + static_cast<uint64_t>(row0 + i) * GEMVB_PITCH;
+  }
+  accumulateRows<kQ4K, kRows, 1, kUnroll, kBlocksPerRow, GEMVB_GROUP_PITCH>(wr, xq, xmeta, lane % 4, lane / 4, acc);
+  groupSum<kRows, 1>(acc);
+  __shared__ float os[32];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+    if (lane == i) os[warp * kRows + i] = acc[i];
+  __syncthreads();
+  if (warp == 0) {
+    const int r = r0 + lane;
+    float o = os[lane];
+#if GEMVB_HAS_BIAS
+    o += bias[r];
+#endif
+    if (out) out[r] = o;
+    const float s = res[r] + o;
+    sum[r] = s;
+    const float u = s * wn;
+    y[r] = u;  // scaled by 1/rms in the tail
+    quantizeBlock<1>({u}, qs + r0, meta + blockIdx.x, true);
+    const float ss = warpSum(s * s);
+    if (lane == 0) partial[blockIdx.x] = ss;
+  }
+  // Count this block done (a block barrier, then one acquire-release atomic, as minfer_gemv_glu); the last
+  // block applies the row's 1/rms.
+  __shared__ bool last;
+  __shared__ float inv_s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters) : "memory");
+    last = before == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  if (warp == 0) {
+    float t = 0.0f;  // the blocks' sums of squares in a fixed order
+    for (int b = lane; b < static_cast<int>(gridDim.x); b += 32) t += __ldcg(partial + b);
+    t = warpSum(t);
+    if (lane == 0) {
+      inv_s = 1.0f / sqrtf(t / static_cast<float>(kN) + GEMVB_NORM_EPS);
+      counters[0] = 0;
+    }
+  }
+  __syncthreads();
+  const float inv = inv_s;
+  float v[kNormPer];  // every load issued before the first store
+#pragma unroll
+  for (int j = 0; j < kNormPer; ++j) {
+    const int i = threadIdx.x + j * 32 * kNormWarps;
+    v[j] = i < kN ? __ldcg(y + i) : 0.0f;
+  }
+  for (int b = threadIdx.x; b < kN / 32; b += 32 * kNormWarps) meta[b].d = __ldcg(&meta[b].d) * inv;
+#pragma unroll
+  for (int j = 0; j < kNormPer; ++j) {
+    const int i = threadIdx.x + j * 32 * kNormWarps;
+    if (i < kN) y[i] = v[j] * inv;
+  }
+}
+#elif GEMVB_GLU
 static_assert(minfer::kern::gemvb::kRows == 2 && !GEMVB_HAS_BIAS, "the gate|up GEMV takes two rows (gate, up), no bias");
 static_assert(GEMVB_N % 32 == 0, "the q8 output needs whole blocks of 32 rows");
 extern "C" __global__ void MINFER_GEMVB_BOUNDS
@@ -394,17 +523,17 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
   if (lane == 0) counters[blk] = 0;
 }
 #else
-extern "C" __global__ void MINFER_GEMVB_BOUNDS
-    minfer_gemv_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
-                       const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out) {
-  using namespace minfer::kern;
-  using namespace minfer::kern::gemvb;
+namespace minfer::kern::gemvb {
+// Thread block `bx` of the GEMV of weight w (the kernel's grid, gemvBlocksLaunchRule).
+__device__ __forceinline__ void gemvBlock(const uint8_t* w, const float* bias,
+                                          const int8_t* xq, const Q8Meta* xmeta,
+                                          float* out, unsigned bx) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row0 = (blockIdx.x * kGroupsPerCta + warp / kRowWarps) * kRows;
+  const int row0 = (bx * kGroupsPerCta + warp / kRowWarps) * kRows;
   // While the previous kernel still runs (programmatic launch), this block's weight rows start moving
   // to L2: they are consecutive, kGroupsPerCta · kRows rows of GEMVB_PITCH bytes.
   if (threadIdx.x == 0) {
-    const int first = blockIdx.x * kGroupsPerCta * kRows;
+    const int first = bx * kGroupsPerCta * kRows;
     const int rows = min(kGroupsPerCta * kRows, kN - first);
     prefetchL2(w + static_cast<uint64_t>(first) * GEMVB_PITCH, static_cast<unsigned>(rows) * GEMVB_PITCH);
   }
@@ -431,6 +560,29 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
       out[row0 + i] = acc[i];
     }
 }
+}  // namespace minfer::kern::gemvb
+
+#if GEMVB_PAIR
+// Two GEMVs of one input and one shape in one launch (the first gridDim.x / 2 blocks the first, the rest
+// the second): each computed exactly as minfer_gemv_blocks computes it.
+extern "C" __global__ void MINFER_GEMVB_BOUNDS
+    minfer_gemv_pair(const uint8_t* __restrict__ w0, const float* __restrict__ bias0, const uint8_t* __restrict__ w1,
+                     const float* __restrict__ bias1, const int8_t* __restrict__ xq,
+                     const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out0,
+                     float* __restrict__ out1) {
+  const unsigned half = gridDim.x / 2, bx = blockIdx.x;
+  if (bx < half)
+    minfer::kern::gemvb::gemvBlock(w0, bias0, xq, xmeta, out0, bx);
+  else
+    minfer::kern::gemvb::gemvBlock(w1, bias1, xq, xmeta, out1, bx - half);
+}
+#else
+extern "C" __global__ void MINFER_GEMVB_BOUNDS
+    minfer_gemv_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
+                       const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out) {
+  minfer::kern::gemvb::gemvBlock(w, bias, xq, xmeta, out, blockIdx.x);
+}
+#endif  // GEMVB_PAIR
 #endif  // GEMVB_GLU
 #endif
 

@@ -69,7 +69,7 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
     // Fused steps stay on one side of the last-token tail (the tail runs whole launches on one row).
     const size_t tail = v == PlanVariant::kPrefill ? lastTokenTailBegin(steps, desc.plan.logits) : n;
     for (size_t i = 0; i < n; ++i) {
-      const size_t followers = options.fuse_launches && v != PlanVariant::kLoad ? fusedFollowers(desc, layouts, v, i, tail, {options.fuse_qkv, options.fuse_glu}) : 0;
+      const size_t followers = options.fuse_launches && v != PlanVariant::kLoad ? fusedFollowers(desc, layouts, v, i, tail, {options.fuse_qkv, options.fuse_glu, options.fuse_pair, options.fuse_norm}) : 0;
       auto launches = followers ? fusedLaunches(desc, layouts, v, i, followers) : launchesForStep(desc, layouts, v, i);
       if (!launches) return launches.takeError();
       std::vector<LaunchRecord> records;

@@ -30,10 +30,16 @@ struct CodegenOptions {
   // RmsNorm / SwiGlu / GeGlu / decode Attention that produces its input, an RmsNorm inside the residual
   // Add's before it; with fuse_qkv (the default) also the decode q, k, v GEMVs with their RoPE and KV store in one launch,
   // with fuse_glu the decode gate|up GEMVs with their GLU (off by default: slower on the H200,
-  // BENCHMARKS.md). Off: every step launches its own kernels (same results, bit for bit).
+  // BENCHMARKS.md), with fuse_pair (the default) two decode GEMVs of one input (gate and up) in one launch.
+  // Off: every step launches its own kernels (same results, bit for bit).
   bool fuse_launches = true;
   bool fuse_qkv = true;
   bool fuse_glu = false;
+  bool fuse_pair = true;
+  // With fuse_norm (the default) the decode o and down GEMVs with the residual Add, RmsNorm and QuantizeAct
+  // after them in one launch (gemv_blocks.cuh GEMVB_NORM; equal to the unfused steps up to rounding, not bit
+  // for bit).
+  bool fuse_norm = true;
 };
 
 struct KernelImageData {

@@ -63,13 +63,17 @@ llvm::cl::opt<bool> kNoFuse("no-fuse",
                             llvm::cl::desc("Give every plan step its own kernel launches (no quantization or norm "
                                            "fused into the kernel before it; same results)"),
                             llvm::cl::cat(kCategory));
-enum class GemvFusion { kNone, kQkv, kAll };
+enum class GemvFusion { kNone, kQkv, kPair, kNorm, kAll };
 llvm::cl::opt<GemvFusion> kFuseGemv(
-    "fuse-gemv", llvm::cl::ValueOptional, llvm::cl::init(GemvFusion::kQkv),
-    llvm::cl::desc("Decode GEMV fusions: qkv (the default: q, k, v with their RoPE and KV store in one launch), "
-                   "all (gate|up with its GLU too; slower on the H200, BENCHMARKS.md; a bare --fuse-gemv), none"),
+    "fuse-gemv", llvm::cl::ValueOptional, llvm::cl::init(GemvFusion::kNorm),
+    llvm::cl::desc("Decode GEMV fusions: norm (the default: q, k, v with their RoPE and KV store in one launch, "
+                   "gate and up in one launch, the o and down GEMVs with the residual Add and RMSNorm after "
+                   "them), pair (the first two), qkv (the first only), all (norm, with gate|up and its GLU "
+                   "instead of the pair; slower on the H200, BENCHMARKS.md; a bare --fuse-gemv), none"),
     llvm::cl::values(clEnumValN(GemvFusion::kNone, "none", "no decode GEMV fusion"),
                      clEnumValN(GemvFusion::kQkv, "qkv", "q, k, v GEMVs, RoPE and KV store in one launch"),
+                     clEnumValN(GemvFusion::kPair, "pair", "and the gate and up GEMVs in one launch"),
+                     clEnumValN(GemvFusion::kNorm, "norm", "and the o and down GEMVs with the Add and RMSNorm"),
                      clEnumValN(GemvFusion::kAll, "all", "and gate|up GEMVs with their GLU"),
                      clEnumValN(GemvFusion::kAll, "", "")),
     llvm::cl::cat(kCategory));
@@ -132,6 +136,8 @@ int main(int argc, char** argv) {
   options.fuse_launches = !kNoFuse;
   options.fuse_qkv = kFuseGemv != GemvFusion::kNone;
   options.fuse_glu = kFuseGemv == GemvFusion::kAll;
+  options.fuse_pair = kFuseGemv == GemvFusion::kPair || kFuseGemv == GemvFusion::kNorm;
+  options.fuse_norm = kFuseGemv == GemvFusion::kNorm || kFuseGemv == GemvFusion::kAll;
   options.swa_full = kSwaFull;
   std::string target_list = kTarget, target_why;
   if (target_list == "auto") target_list = autoTargets(&target_why);

@@ -823,6 +823,154 @@ TEST_CASE("gemv_glu: fused gate|up GEMV, GLU and q8, bit-identical to the unfuse
   }
 }
 
+// The -D constants of a gemv_blocks.cuh kernel on an aligned test plane of `type` (rows × cols, padded or not).
+std::vector<std::pair<std::string, std::string>> gemvBlocksDefs(GgmlType type, uint64_t rows, uint64_t cols,
+                                                                bool padded, kern::GemvBlocksShape sh, bool bias) {
+  const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(type).type_size, 16));
+  const uint64_t pitch = cols / 256 * gp + (padded ? 32 : 0);
+  return {{"GEMVB_N", str(rows)},         {"GEMVB_K", str(cols)},          {"GEMVB_TYPE", str(static_cast<unsigned>(type))},
+          {"GEMVB_PITCH", str(pitch)},     {"GEMVB_GROUP_PITCH", str(gp)},  {"GEMVB_ROWS", str(sh.rows)},
+          {"GEMVB_ROW_WARPS", str(sh.warps)}, {"GEMVB_UNROLL", str(sh.unroll)}, {"GEMVB_HAS_BIAS", bias ? "1" : "0"}};
+}
+
+// minfer_gemv_pair (gemv_blocks.cuh GEMVB_PAIR: two decode MatMuls of one input in one launch) against two
+// minfer_gemv_blocks launches of the same constants: both outputs bit-identical. Odd row counts (the last
+// block of each half partly empty), both types, biases, padded planes.
+TEST_CASE("gemv_pair: two GEMVs of one input in one launch, bit-identical to two minfer_gemv_blocks launches") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded;
+  };
+  const std::vector<Case> cases = {{GgmlType::Q4_K, 7, 256, false, false},   {GgmlType::Q6_K, 33, 768, true, true},
+                                   {GgmlType::Q4_K, 257, 3584, true, false}, {GgmlType::Q6_K, 512, 3584, false, true},
+                                   {GgmlType::Q4_K, 4100, 1024, false, true}};
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    const kern::GemvBlocksShape sh = kern::gemvBlocksShape(static_cast<unsigned>(c.rows), static_cast<unsigned>(c.cols));
+    auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, sh, c.bias);
+    const std::string tag = codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) + "_k" + str(c.cols) +
+                            (c.bias ? "_bias" : "") + (c.padded ? "_pad" : "");
+    specs.push_back(spec("gemv_pair_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+    defs.push_back({"GEMVB_PAIR", "1"});
+    specs.push_back(spec("gemv_pair_test_fused_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_pair", defs));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Kernel &plain = k[2 * i], &fused = k[2 * i + 1];
+    CAPTURE(fused.key);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const kern::GemvBlocksShape sh = kern::gemvBlocksShape(n, static_cast<unsigned>(c.cols));
+    const BuiltPlane p0 = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const BuiltPlane p1 = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    DeviceArray w0 = DeviceArray::of(p0.bytes), w1 = DeviceArray::of(p1.bytes), b0 = DeviceArray::of(randomFloats(n, rng())),
+                b1 = DeviceArray::of(randomFloats(n, rng())), xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta),
+                r0(n * 4), r1(n * 4), o0(n * 4), o1(n * 4);
+    for (DeviceArray* a : {&r0, &r1, &o0, &o1}) a->poison();
+    CUdeviceptr pw0 = w0.ptr(), pw1 = w1.ptr(), pb0 = c.bias ? b0.ptr() : 0, pb1 = c.bias ? b1.ptr() : 0, a = xq.ptr(),
+                b = xm.ptr(), pr0 = r0.ptr(), pr1 = r1.ptr(), po0 = o0.ptr(), po1 = o1.ptr();
+    launch(plain, kern::gemvBlocksLaunch(n, sh), {&pw0, &pb0, &a, &b, &pr0});
+    launch(plain, kern::gemvBlocksLaunch(n, sh), {&pw1, &pb1, &a, &b, &pr1});
+    launch(fused, kern::gemvPairLaunchRule(n, sh).at(1), {&pw0, &pb0, &pw1, &pb1, &a, &b, &po0, &po1});
+    CHECK(r0.download<float>(n) == o0.download<float>(n));
+    CHECK(r1.download<float>(n) == o1.download<float>(n));
+  }
+}
+
+// minfer_gemv_add_norm (gemv_blocks.cuh GEMVB_NORM: a decode MatMul, the residual Add, RmsNorm and QuantizeAct
+// in one launch). The matmul output bit-identical to minfer_gemv_blocks with the same work shape, the sum
+// bit-identical to res + out on the host; y against a float64 RMSNorm of that sum (kRmsNormTol); the q8 form: each
+// block's d = max|y| / 127 of the launch's y (1e-6 relative: d(u)·inv instead of d(u·inv)), every q within one
+// step of y / d (the rounding of u / d(u) may differ from y / d at a half-step), |q| ≤ 127, and the block's
+// half sums equal to its q. Rows 32 … 3584 (1 … 112 blocks), K 256 … 18944, both types, bias, padding, the
+// residual updated in place (res = sum) or not, the product written or not (out null); launched twice
+// (counters back to zero).
+TEST_CASE("gemv_add_norm: fused GEMV, residual Add, RMSNorm and q8 vs the unfused kernels and float64; counters left zero") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded, in_place, no_out;  // no_out: out null (y reuses the product's buffer)
+  };
+  const std::vector<Case> cases = {{GgmlType::Q4_K, 32, 256, false, false, true, false},
+                                   {GgmlType::Q6_K, 96, 768, true, true, false, true},
+                                   {GgmlType::Q4_K, 224, 3584, true, false, true, false},
+                                   {GgmlType::Q6_K, 3584, 3584, false, true, true, true},
+                                   {GgmlType::Q4_K, 3584, 18944, false, false, false, false},
+                                   {GgmlType::Q6_K, 3584, 18944, true, false, true, true}};
+  const float eps = 1e-6f;
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, kern::gemvNormShape(), c.bias);
+    const std::string tag = codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) + "_k" + str(c.cols) +
+                            (c.bias ? "_bias" : "") + (c.padded ? "_pad" : "");
+    specs.push_back(spec("gemv_norm_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+    defs.push_back({"GEMVB_NORM", "1"});
+    defs.push_back({"GEMVB_NORM_EPS", "1e-6f"});
+    specs.push_back(spec("gemv_norm_test_fused_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_add_norm", defs));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Kernel &plain = k[2 * i], &fused = k[2 * i + 1];
+    CAPTURE(fused.key);
+    CAPTURE(c.in_place);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const BuiltPlane pw = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    const std::vector<float> res_v = activations(1, static_cast<int>(n)), nw_v = randomFloats(n, rng());
+    DeviceArray w = DeviceArray::of(pw.bytes), bias = DeviceArray::of(randomFloats(n, rng())), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), nw = DeviceArray::of(nw_v), ref(n * 4), out(n * 4), res(n * 4),
+                sum(n * 4), y(n * 4), qs(n), meta(n / 32 * 8), partial(n / 32 * 4), counters(4);
+    ref.poison();
+    CUdeviceptr pw_ = w.ptr(), pb = c.bias ? bias.ptr() : 0, a = xq.ptr(), b = xm.ptr(), pref = ref.ptr();
+    launch(plain, kern::gemvBlocksLaunch(n, kern::gemvNormShape()), {&pw_, &pb, &a, &b, &pref});
+    const std::vector<float> mm = ref.download<float>(n);
+    const uint32_t zero = 0;
+    counters.upload(&zero, 4);
+    for (int round = 0; round < 2; ++round) {
+      CAPTURE(round);
+      for (DeviceArray* d : {&out, &sum, &y, &qs, &meta, &partial}) d->poison();
+      res.upload(res_v.data(), n * 4);
+      CUdeviceptr po = c.no_out ? 0 : out.ptr(), pr = res.ptr(), ps = c.in_place ? res.ptr() : sum.ptr(), pnw = nw.ptr(), py = y.ptr(),
+                  pq = qs.ptr(), pm = meta.ptr(), pp = partial.ptr(), pc = counters.ptr();
+      launch(fused, kern::gemvNormLaunchRule(n).at(1), {&pw_, &pb, &a, &b, &po, &pr, &ps, &pnw, &py, &pq, &pm, &pp, &pc});
+      if (!c.no_out) CHECK(out.download<float>(n) == mm);
+      const std::vector<float> got_sum = (c.in_place ? res : sum).download<float>(n), got_y = y.download<float>(n);
+      std::vector<float> want_sum(n), want_y(n);
+      double ss = 0;
+      for (unsigned r = 0; r < n; ++r) {
+        want_sum[r] = res_v[r] + mm[r];
+        ss += static_cast<double>(want_sum[r]) * want_sum[r];
+      }
+      CHECK(got_sum == want_sum);
+      const double inv = 1.0 / std::sqrt(ss / n + eps);
+      for (unsigned r = 0; r < n; ++r) want_y[r] = static_cast<float>(want_sum[r] * inv * nw_v[r]);
+      CHECK(track("gemv_add_norm y", relError(got_y.data(), want_y.data(), n)) <= kRmsNormTol);
+      const std::vector<int8_t> q = qs.download<int8_t>(n);
+      const std::vector<kern::Q8Meta> m = meta.download<kern::Q8Meta>(n / 32);
+      int bad = 0;
+      for (unsigned blk = 0; blk < n / 32; ++blk) {
+        float amax = 0;
+        int lo = 0, hi = 0;
+        for (unsigned j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(got_y[32 * blk + j]));
+        if (std::fabs(m[blk].d - amax / 127.0f) > 1e-6f * amax / 127.0f) ++bad;
+        for (unsigned j = 0; j < 32; ++j) {
+          const int qv = q[32 * blk + j];
+          (j < 16 ? lo : hi) += qv;
+          if (qv > 127 || qv < -127 || std::fabs(qv - got_y[32 * blk + j] / m[blk].d) > 0.5f + 1e-3f) ++bad;
+        }
+        if (lo != m[blk].sum_lo || hi != m[blk].sum_hi) ++bad;
+      }
+      CHECK(bad == 0);
+      CHECK(counters.download<uint32_t>(1)[0] == 0u);
+    }
+  }
+}
+
 // minfer_gemv_qkv (gemv_blocks.cuh GEMVB_QKV: the decode steps MatMul q, k, v, their Rope and the
 // attention's KV store in one launch) against those steps' own kernels as the codegen compiles them: three
 // minfer_gemv_blocks launches (with the biases), minfer_rope (--fmad=false) and minfer_kv_store.

@@ -57,6 +57,23 @@ bool qkvChain(const std::vector<model::StepDesc>& steps, size_t i) {
          q.outputs[0] != v.outputs[0] && k.outputs[0] != v.outputs[0];
 }
 
+// steps[i .. i+3]: a MatMul, the Add of its output and one other buffer, the RmsNorm of the sum and its
+// QuantizeAct, whole buffers.
+bool gemvNormChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  const model::StepDesc &mm = steps[i], &add = steps[i + 1], &norm = steps[i + 2];
+  return mm.op == fb::OpKind::MatMul && wholeBuffers(mm) && mm.outputs.size() == 1 && add.op == fb::OpKind::Add &&
+         add.inputs.size() == 2 && (add.inputs[0] == mm.outputs[0] || add.inputs[1] == mm.outputs[0]) &&
+         fusesAddNorm(add, norm) && wholeBuffers(norm) && norm.outputs.size() == 1 &&
+         fusesQuantize(norm, steps[i + 3], PlanVariant::kDecode);
+}
+
+// steps[i], steps[i+1]: two MatMuls of one input into distinct whole buffers (gate and up).
+bool gemvPairChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  const model::StepDesc &a = steps[i], &b = steps[i + 1];
+  return a.op == fb::OpKind::MatMul && b.op == fb::OpKind::MatMul && wholeBuffers(a) && wholeBuffers(b) &&
+         a.outputs.size() == 1 && b.outputs.size() == 1 && a.outputs[0] != b.outputs[0] && a.inputs == b.inputs;
+}
+
 }  // namespace
 
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
@@ -75,6 +92,12 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
   if (gemv.qkv && variant == PlanVariant::kDecode && fitsAll(i + 4) && qkvChain(steps, i) &&
       fusesQkv(ctx(i), ctx(i + 1), ctx(i + 2), ctx(i + 3), ctx(i + 4)))
     return fits(i + 5) && fusesQuantize(steps[i + 4], steps[i + 5], variant) ? 5 : 4;
+  if (gemv.norm && variant == PlanVariant::kDecode && fitsAll(i + 3) && gemvNormChain(steps, i) &&
+      fusesGemvAddNorm(ctx(i), ctx(i + 1), ctx(i + 2)))
+    return 3;
+  if (gemv.pair && variant == PlanVariant::kDecode && fits(i + 1) && gemvPairChain(steps, i) &&
+      fusesGemvPair(ctx(i), ctx(i + 1)))
+    return 1;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))
     return fits(i + 2) && fusesQuantize(steps[i + 1], steps[i + 2], variant) ? 2 : 1;
   return fits(i + 1) && fusesQuantize(steps[i], steps[i + 1], variant) ? 1 : 0;
@@ -92,6 +115,8 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
     return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), &quant);
   }
   if (followers == 3 && gateUpGluChain(steps, i)) return gateUpGluLaunches(producer, next, ctx(i + 2), ctx(i + 3));
+  if (followers == 1 && gemvPairChain(steps, i)) return gemvPairLaunches(producer, next);
+  if (followers == 3 && gemvNormChain(steps, i)) return gemvAddNormLaunches(producer, next, ctx(i + 2), ctx(i + 3));
   if (producer.step().op == fb::OpKind::Add) {
     if (followers == 1) return addRmsNormLaunches(producer, next, nullptr);
     const StepContext quant = ctx(i + 2);

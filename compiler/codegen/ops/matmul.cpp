@@ -318,6 +318,89 @@ bool fusesGateUp(const StepContext& gate, const StepContext& up) {
          gb->ggml_type == ub->ggml_type && gb->row_pitch == ub->row_pitch && gb->group_pitch == ub->group_pitch;
 }
 
+bool fusesGemvPair(const StepContext& a, const StepContext& b) {
+  const std::optional<MatMulOperands> ma = fusibleOperands(a), mb = fusibleOperands(b);
+  if (!ma || !mb) return false;
+  const StrideTable* ba = fusibleBlocks(a, *ma, true);
+  const StrideTable* bb = fusibleBlocks(b, *mb, true);
+  return ba && bb && a.step().inputs == b.step().inputs && a.outputId(0) != b.outputId(0) && ma->n == mb->n &&
+         ma->k == mb->k && (ma->bias == nullptr) == (mb->bias == nullptr) && ba->ggml_type == bb->ggml_type &&
+         ba->row_pitch == bb->row_pitch && ba->group_pitch == bb->group_pitch;
+}
+
+// MatMul a, MatMul b of one q8 input (decode) → one minfer_gemv_pair launch (kernels/gemv_blocks.cuh
+// GEMVB_PAIR) with minfer_gemv_blocks' constants: each output exactly as its own GEMV writes it.
+Launches gemvPairLaunches(const StepContext& a, const StepContext& b) {
+  if (!fusesGemvPair(a, b)) return a.error("the two matmuls cannot run as one GEMV pair");
+  const MatMulOperands ma = *fusibleOperands(a), mb = *fusibleOperands(b);
+  const StrideTable& ba = *decodeBlocksPlane(*ma.w);
+  const StrideTable& bb = *decodeBlocksPlane(*mb.w);
+  const unsigned n = static_cast<unsigned>(ma.n), k = static_cast<unsigned>(ma.k);
+  const kern::GemvBlocksShape shape = kern::gemvBlocksShape(n, k);
+  SpecBuilder sb(llvm::formatv("gemv_pair_{0}_g{1}_n{2}_k{3}{4}", typeTag(ba.ggml_type), ba.group_pitch, n, k,
+                               ma.bias_tag),
+                 "kernels/gemv_blocks.cuh", "minfer_gemv_pair");
+  defineBlocksGemv(sb, ba, ma.n, ma.k, shape, ma.bias != nullptr);
+  sb.define("GEMVB_PAIR", uint64_t{1});
+  std::vector<KernelArgDesc> args{weightArg("w0", a.weightId(0), ba), biasArg(a, ma), weightArg("w1", b.weightId(0), bb),
+                                  biasArg(b, mb)};
+  args[1].name = "bias0";
+  args[3].name = "bias1";
+  pushQ8Args(args, "xq", "xmeta", a.inputId(1), k, fb::Access::Read);
+  args.push_back(activationArg("out0", a.outputId(0), n, fb::Access::Write));
+  args.push_back(activationArg("out1", b.outputId(0), n, fb::Access::Write));
+  return std::vector<KernelLaunch>{{sb.spec, std::move(args), kern::gemvPairLaunchRule(n, shape)}};
+}
+
+bool fusesGemvAddNorm(const StepContext& mm, const StepContext& add, const StepContext& norm) {
+  const std::optional<MatMulOperands> m = fusibleOperands(mm);
+  if (!m || !fusibleBlocks(mm, *m, true) || m->n % kern::kQ8Block != 0) return false;
+  const model::StepDesc &ms = mm.step(), &as = add.step(), &ns = norm.step();
+  const uint32_t o = ms.outputs[0], s = as.outputs[0], y = ns.outputs[0];
+  const uint32_t res = as.inputs[0] == o ? as.inputs[1] : as.inputs[0];
+  auto width = norm.input(0, "input");
+  if (!width) {
+    llvm::consumeError(width.takeError());
+    return false;
+  }
+  // y may be the matmul's buffer (the plan reuses it: nothing reads the product after the Add).
+  return (as.inputs[0] == o) != (as.inputs[1] == o) && (*width)->width == m->n && y != s && y != res && o != res &&
+         o != s;
+}
+
+// MatMul (o or down), the residual Add, its RmsNorm and QuantizeAct (decode) → one minfer_gemv_add_norm launch
+// (kernels/gemv_blocks.cuh GEMVB_NORM), writing every buffer the four steps write.
+Launches gemvAddNormLaunches(const StepContext& mm, const StepContext& add, const StepContext& norm,
+                             const StepContext& quant) {
+  if (!fusesGemvAddNorm(mm, add, norm)) return mm.error("the matmul, Add and RmsNorm cannot run as one GEMV launch");
+  const MatMulOperands m = *fusibleOperands(mm);
+  const StrideTable& blk = *decodeBlocksPlane(*m.w);
+  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
+  if (llvm::Error e = checkFusedQuantize(quant, n)) return e;
+  auto nw = norm.vector(0, n);
+  if (!nw) return nw.takeError();
+  const float eps = norm.step().eps;
+  const uint32_t o = mm.outputId(0);
+  const uint32_t res = add.inputId(0) == o ? add.inputId(1) : add.inputId(0);
+  SpecBuilder b(llvm::formatv("gemv_add_norm_{0}_g{1}_n{2}_k{3}{4}_eps{5}", typeTag(blk.ggml_type), blk.group_pitch, n,
+                              k, m.bias_tag, keyNumber(eps)),
+                "kernels/gemv_blocks.cuh", "minfer_gemv_add_norm");
+  defineBlocksGemv(b, blk, m.n, m.k, kern::gemvNormShape(), m.bias != nullptr);
+  b.define("GEMVB_NORM", uint64_t{1}).define("GEMVB_NORM_EPS", floatLiteral(eps));
+  std::vector<KernelArgDesc> args{weightArg("w", mm.weightId(0), blk), biasArg(mm, m)};
+  pushQ8Args(args, "xq", "xmeta", mm.inputId(1), k, fb::Access::Read);
+  // Where the norm's output reuses the product's buffer, the product is not written (its last writer is y).
+  args.push_back(o == norm.outputId(0) ? kindArg(fb::ArgKind::Null, "out") : activationArg("out", o, n, fb::Access::Write));
+  args.push_back(activationArg("res", res, n, fb::Access::Read));
+  args.push_back(activationArg("sum", add.outputId(0), n, fb::Access::Write));
+  args.push_back(weightArg("nw", norm.weightId(0), **nw));
+  args.push_back(activationArg("y", norm.outputId(0), n, fb::Access::Write));
+  pushQ8Args(args, "qs", "meta", quant.outputId(0), n, fb::Access::Write);
+  args.push_back({.kind = fb::ArgKind::Scratch, .name = "partial", .bytes = uint64_t{n / kern::kQ8Block} * 4});
+  args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = 4});
+  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvNormLaunchRule(n)}};
+}
+
 // MatMul gate, MatMul up, SwiGlu / GeGlu, QuantizeAct (decode) → one minfer_gemv_glu launch
 // (kernels/gemv_blocks.cuh GEMVB_GLU). It writes every buffer the four steps write: the gate and up
 // products (the gate buffer only when the GLU does not write its output there), the GLU output and

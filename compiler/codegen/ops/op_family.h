@@ -114,12 +114,15 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // And in decode, with `gemv.glu`, MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct as one fused
 // gate|up GEMV (gemv_blocks.cuh GEMVB_GLU, ops/matmul.cpp) where fusesGateUp allows it; with `gemv.qkv`
 // MatMul q, k, v, Rope and Attention (and its QuantizeAct) as the fused QKV GEMV and the attention's
-// launches (GEMVB_QKV) where fusesQkv allows it.
+// launches (GEMVB_QKV) where fusesQkv allows it; with `gemv.pair` two MatMuls of one input (gate and up,
+// when the GLU fusion does not take them) as one GEMV pair launch (GEMVB_PAIR) where fusesGemvPair allows it;
+// with `gemv.norm` MatMul, Add, RmsNorm and QuantizeAct as one GEMV launch (GEMVB_NORM) where fusesGemvAddNorm
+// allows it.
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`; `gemv`: which decode GEMV fusions (CodegenOptions fuse_qkv,
-// fuse_glu). fusedLaunches: the launches of steps[i] and those followers.
+// fuse_glu, fuse_pair, fuse_norm). fusedLaunches: the launches of steps[i] and those followers.
 struct GemvFusions {
-  bool qkv = false, glu = false;
+  bool qkv = false, glu = false, pair = false, norm = false;
 };
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                       PlanVariant variant, size_t i, size_t tail, GemvFusions gemv);
@@ -132,6 +135,21 @@ Launches attentionQuantizeLaunches(const StepContext& attention, const StepConte
 // Decode MatMul steps `gate` and `up` (the two inputs of the GLU step that follows them) can run as one
 // minfer_gemv_glu launch: same inputs, no bias, kBlocks planes of one type and geometry that the decode
 // GEMV reads, and a width of whole blocks of 32 (ops/matmul.cpp).
+// Whether a decode MatMul (o or down), the residual Add of its output, the RmsNorm of the sum (and the
+// QuantizeAct after it, checked by the launches) can run as one minfer_gemv_add_norm launch (gemv_blocks.cuh
+// GEMVB_NORM): a q8 input and a kBlocks plane the decode GEMV reads, N % 32 == 0, the norm as wide as the
+// matmul, and the norm's output distinct from the other buffers.
+bool fusesGemvAddNorm(const StepContext& mm, const StepContext& add, const StepContext& norm);
+// Their launch, writing the matmul's, the Add's, the RmsNorm's and the QuantizeAct's outputs. An error naming
+// the matmul step unless fusesGemvAddNorm; the QuantizeAct's and the weight's errors as theirs.
+Launches gemvAddNormLaunches(const StepContext& mm, const StepContext& add, const StepContext& norm,
+                             const StepContext& quant);
+// Whether two decode MatMul steps (e.g. gate and up) can run as one GEMV pair launch (gemv_blocks.cuh
+// GEMVB_PAIR): one q8 input, distinct outputs, kBlocks planes of one type and geometry, the same n and k,
+// both with a bias or neither.
+bool fusesGemvPair(const StepContext& a, const StepContext& b);
+// Their launch: minfer_gemv_pair, writing both outputs. An error naming step `a` unless fusesGemvPair.
+Launches gemvPairLaunches(const StepContext& a, const StepContext& b);
 bool fusesGateUp(const StepContext& gate, const StepContext& up);
 // The one launch of those steps and the GLU's QuantizeAct `quant`: writes the gate and up products, the GLU
 // output and its q8 form, with N / 32 counter words. An error naming the step unless fusesGateUp.
