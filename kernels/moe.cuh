@@ -32,7 +32,9 @@
 //     rounded up to a power of two ≤ 32; with more than 8 blocks each lane steps over blocks 8 apart),
 //     so a warp computes 32 / L rows at once and a thread block of kMoeWarps warps 8·32 / L rows per
 //     pass; gate_up's thread block covers moeBlocksRows(E, a_q8) rows (a multiple of 32 with
-//     MOE_A_Q8, so that it quantizes whole blocks of A from shared memory).
+//     MOE_A_Q8, so that it quantizes whole blocks of A from shared memory). Each thread block first asks
+//     for its rows (consecutive bytes of one expert) to be moved to L2 (prefetchL2), so that gate_up's
+//     passes after the first find them there.
 //   * the derived kI8 + kScale [+ kMin] planes as s·q [+ m], or a float weight's dense plane, with f32
 //     activations and f32 dot products, one warp per row: where the width is a multiple of 4 and the
 //     plane is i8 or f32, each lane loads 4 consecutive weights at once (one 4-byte i8 word or one
@@ -509,6 +511,11 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
   if (ex < 0) return;
   const unsigned e = static_cast<unsigned>(ex), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const unsigned r0 = blockIdx.x * kCtaRows;
+  if (threadIdx.x == 0) {  // the block's gate and up rows (consecutive) start moving to L2 for the passes
+    const unsigned rows = min(kCtaRows, kF - r0);
+    prefetchL2(GateW::row(gq, e, r0), static_cast<unsigned>(rows * MOE_G_PITCH));
+    prefetchL2(UpW::row(uq, e, r0), static_cast<unsigned>(rows * MOE_U_PITCH));
+  }
   const int begin = offsets(scratch)[e], end = offsets(scratch)[e + 1];
   const int* list = slotList(scratch);
   float* a_out = regionA(scratch);
@@ -638,6 +645,9 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
   const unsigned e = static_cast<unsigned>(ex), lane = threadIdx.x % 32;
   const unsigned r = blockIdx.x * kCtaRows + threadIdx.x / 32 * (32 / kL) + lane / kL;
   const unsigned rr = r < kE ? r : kE - 1;  // rows past the end read the last row (not written)
+  if (threadIdx.x == 0)  // the block's rows (consecutive) start moving to L2
+    prefetchL2(DownW::row(dq, e, blockIdx.x * kCtaRows),
+               static_cast<unsigned>(min(kCtaRows, kE - blockIdx.x * kCtaRows) * MOE_D_PITCH));
   const int begin = offsets(scratch)[e], end = offsets(scratch)[e + 1];
   const int* list = slotList(scratch);
   const int8_t* aq0 = aqOf(scratch);
