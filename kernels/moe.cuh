@@ -457,6 +457,24 @@ struct BlocksWeight {
   static constexpr unsigned long long kGroupPitch = kGP;
   __device__ static const uint8_t* row(const uint8_t* w, unsigned e, unsigned r) { return w + e * kEPitch + r * kPitch; }
 };
+
+// The slots of one group (list[g] … list[g + n − 1]) and their rows of a q8 buffer of kWidth values per row
+// (q0, m0: its values and meta): row slot / kK (x: kTokenRows) or row slot (A).
+template <unsigned kWidth, bool kTokenRows>
+struct Q8Rows {
+  int slot[kMoeGroup];
+  const int8_t* q[kMoeGroup];
+  const Q8Meta* m[kMoeGroup];
+  __device__ __forceinline__ Q8Rows(const int* list, int g, unsigned n, const int8_t* q0, const Q8Meta* m0) {
+#pragma unroll
+    for (unsigned i = 0; i < kMoeGroup; ++i) {
+      slot[i] = i < n ? list[g + i] : 0;
+      const unsigned long long row = kTokenRows ? static_cast<unsigned>(slot[i]) / kK : static_cast<unsigned>(slot[i]);
+      q[i] = q0 + row * kWidth;
+      m[i] = m0 + row * (kWidth / 32);
+    }
+  }
+};
 }  // namespace minfer::kern::moe
 #endif
 
@@ -466,24 +484,48 @@ struct BlocksWeight {
 #endif
 static_assert(!MOE_A_Q8 || MOE_F % 256 == 0, "A is quantized for a kBlocks down weight: F is a multiple of 256");
 namespace minfer::kern::moe {
-// With MOE_A_Q8: the q8 form of the A rows r0 … r0 + kRows − 1 (kRows a multiple of 32) of the group's n
-// slots, whose values the thread block staged in shared memory (staged[i][r − r0]): one warp per block of
-// 32 rows of one slot, after a barrier; a second barrier frees `staged` for the next group. Every thread
-// of the block calls it.
+// The thread block's shared kMoeGroup × kRows floats of A for quantizeStaged with MOE_A_Q8, else null.
 template <unsigned kRows>
-__device__ __forceinline__ void quantizeStaged(const float (&staged)[kMoeGroup][kRows], unsigned n,
-                                               const int (&slot)[kMoeGroup], unsigned r0, float* scratch) {
+__device__ __forceinline__ float* stagingRows() {
+#if MOE_A_Q8
+  __shared__ float staged[kMoeGroup * kRows];
+  return staged;
+#else
+  return nullptr;
+#endif
+}
+// With MOE_A_Q8: the q8 form of the A rows r0 … r0 + kRows − 1 (kRows a multiple of 32) of the group's n
+// slots (slots[0 .. n)), whose values the thread block staged in shared memory (staged[i·kRows + r − r0]):
+// one warp per block of 32 rows of one slot, after a barrier; a second barrier frees `staged` for the next
+// group. Every thread of the block calls it.
+template <unsigned kRows>
+__device__ __forceinline__ void quantizeStaged(const float* staged, unsigned n, const int* slots, unsigned r0,
+                                               float* scratch) {
   static_assert(kRows % 32 == 0, "whole blocks of 32 rows");
   __syncthreads();
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (unsigned job = warp; job < n * (kRows / 32); job += kMoeWarps) {  // (slot i, rows 32·j …): one warp
     const unsigned i = job / (kRows / 32), j = job % (kRows / 32), rb = r0 + 32 * j;
     if (rb >= kF) continue;  // kF % 32 == 0: a block of 32 rows is whole or past the end
-    const float v[1] = {staged[i][32 * j + lane]};
-    const unsigned long long s = static_cast<unsigned>(slot[i]);
+    const float v[1] = {staged[i * kRows + 32 * j + lane]};
+    const unsigned long long s = static_cast<unsigned>(slots[i]);
     quantizeBlock<1>(v, aqOf(scratch) + s * kF + rb, ametaOf(scratch) + s * (kF / 32) + rb / 32, true);
   }
   __syncthreads();
+}
+// A[s][r] = silu(g)·u of the group's n slots from their gate and up sums (one lane per row calls it),
+// also into staged (kMoeGroup × kRows floats; rl = r − r0) when that is not null (MOE_A_Q8).
+template <unsigned kRows>
+__device__ __forceinline__ void writeA(const float (&dg)[kMoeGroup], const float (&du)[kMoeGroup], unsigned n,
+                                       const int (&slot)[kMoeGroup], unsigned r, unsigned rl, float* a_out,
+                                       float* staged) {
+#pragma unroll
+  for (unsigned i = 0; i < kMoeGroup; ++i)
+    if (i < n) {
+      const float a = dg[i] / (1.0f + expf(-dg[i])) * du[i];
+      a_out[static_cast<unsigned long long>(slot[i]) * kF + r] = a;
+      if (staged) staged[i * kRows + rl] = a;
+    }
 }
 }  // namespace minfer::kern::moe
 #endif
@@ -521,21 +563,11 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
   float* a_out = regionA(scratch);
   const int8_t* xq0 = xqOf(scratch);
   const Q8Meta* xm0 = xmetaOf(scratch);
-#if MOE_A_Q8
-  __shared__ float staged[kMoeGroup][kCtaRows];
-#endif
+  float* const staged = stagingRows<kCtaRows>();
   for (int g = begin; g < end; g += kMoeGroup) {
     const unsigned n = min(static_cast<unsigned>(end - g), kMoeGroup);
-    const int8_t* xq[kMoeGroup];
-    const Q8Meta* xm[kMoeGroup];
-    int slot[kMoeGroup];
-#pragma unroll
-    for (unsigned i = 0; i < kMoeGroup; ++i) {
-      slot[i] = i < n ? list[g + i] : 0;
-      const unsigned long long t = static_cast<unsigned>(slot[i]) / kK;
-      xq[i] = xq0 + t * kE;
-      xm[i] = xm0 + t * (kE / 32);
-    }
+    const Q8Rows<kE, true> in(list, g, n, xq0, xm0);
+    const int(&slot)[kMoeGroup] = in.slot;
 #pragma unroll
     for (unsigned pass = 0; pass < kPasses; ++pass) {
       const unsigned rl = pass * kPassRows + warp * (32 / kL) + lane / kL, r = r0 + rl;  // rl: row in the block
@@ -544,28 +576,19 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
       if constexpr (MOE_G_TYPE == MOE_U_TYPE && MOE_G_GP == MOE_U_GP) {  // one pass over both rows' blocks
         const uint8_t* wr[2] = {GateW::row(gq, e, rr), UpW::row(uq, e, rr)};
         float acc[2][kMoeGroup];
-        blockDots<GateW::kQ4K, 2, kE / 256, kL, GateW::kGroupPitch>(wr, xq, xm, n, acc);
+        blockDots<GateW::kQ4K, 2, kE / 256, kL, GateW::kGroupPitch>(wr, in.q, in.m, n, acc);
 #pragma unroll
         for (unsigned i = 0; i < kMoeGroup; ++i) dg[0][i] = acc[0][i], du[0][i] = acc[1][i];
       } else {
         const uint8_t* wg[1] = {GateW::row(gq, e, rr)};
         const uint8_t* wu[1] = {UpW::row(uq, e, rr)};
-        blockDots<GateW::kQ4K, 1, kE / 256, kL, GateW::kGroupPitch>(wg, xq, xm, n, dg);
-        blockDots<UpW::kQ4K, 1, kE / 256, kL, UpW::kGroupPitch>(wu, xq, xm, n, du);
+        blockDots<GateW::kQ4K, 1, kE / 256, kL, GateW::kGroupPitch>(wg, in.q, in.m, n, dg);
+        blockDots<UpW::kQ4K, 1, kE / 256, kL, UpW::kGroupPitch>(wu, in.q, in.m, n, du);
       }
-      if (lane % kL == 0 && r < kF)
-#pragma unroll
-        for (unsigned i = 0; i < kMoeGroup; ++i)
-          if (i < n) {
-            const float a = dg[0][i] / (1.0f + expf(-dg[0][i])) * du[0][i];
-            a_out[static_cast<unsigned long long>(slot[i]) * kF + r] = a;
-#if MOE_A_Q8
-            staged[i][rl] = a;
-#endif
-          }
+      if (lane % kL == 0 && r < kF) writeA<kCtaRows>(dg[0], du[0], n, slot, r, rl, a_out, staged);
     }
 #if MOE_A_Q8
-    quantizeStaged<kCtaRows>(staged, n, slot, r0, scratch);
+    quantizeStaged<kCtaRows>(staged, n, list + g, r0, scratch);
 #endif
   }
 }
@@ -591,9 +614,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
   const int begin = offsets(scratch)[e], end = offsets(scratch)[e + 1];
   const int* list = slotList(scratch);
   float* a_out = regionA(scratch);
-#if MOE_A_Q8
-  __shared__ float staged[kMoeGroup][kCtaRows];
-#endif
+  float* const staged = stagingRows<kCtaRows>();
   for (int g = begin; g < end; g += kMoeGroup) {
     const unsigned n = min(static_cast<unsigned>(end - g), kMoeGroup);
     const float* in[kMoeGroup];
@@ -608,19 +629,10 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
       if (r >= kF) break;
       float dg[kMoeGroup], du[kMoeGroup];
       groupDots<kE, true>(gate, up, e, r, in, n, dg, du);
-      if (threadIdx.x % 32 == 0)
-#pragma unroll
-        for (unsigned i = 0; i < kMoeGroup; ++i)
-          if (i < n) {
-            const float a = dg[i] / (1.0f + expf(-dg[i])) * du[i];
-            a_out[static_cast<unsigned long long>(slot[i]) * kF + r] = a;
-#if MOE_A_Q8
-            staged[i][rl] = a;
-#endif
-          }
+      if (threadIdx.x % 32 == 0) writeA<kCtaRows>(dg, du, n, slot, r, rl, a_out, staged);
     }
 #if MOE_A_Q8
-    quantizeStaged<kCtaRows>(staged, n, slot, r0, scratch);
+    quantizeStaged<kCtaRows>(staged, n, list + g, r0, scratch);
 #endif
   }
 }
@@ -656,17 +668,10 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
   const uint8_t* wr[1] = {DownW::row(dq, e, rr)};
   for (int g = begin; g < end; g += kMoeGroup) {
     const unsigned n = min(static_cast<unsigned>(end - g), kMoeGroup);
-    const int8_t* aq[kMoeGroup];
-    const Q8Meta* am[kMoeGroup];
-    int slot[kMoeGroup];
-#pragma unroll
-    for (unsigned i = 0; i < kMoeGroup; ++i) {
-      slot[i] = i < n ? list[g + i] : 0;
-      aq[i] = aq0 + static_cast<unsigned long long>(slot[i]) * kF;
-      am[i] = am0 + static_cast<unsigned long long>(slot[i]) * (kF / 32);
-    }
+    const Q8Rows<kF, false> in(list, g, n, aq0, am0);
+    const int(&slot)[kMoeGroup] = in.slot;
     float dd[1][kMoeGroup];
-    blockDots<DownW::kQ4K, 1, kF / 256, kL, DownW::kGroupPitch>(wr, aq, am, n, dd);
+    blockDots<DownW::kQ4K, 1, kF / 256, kL, DownW::kGroupPitch>(wr, in.q, in.m, n, dd);
     if (lane % kL == 0 && r < kE)
 #pragma unroll
       for (unsigned i = 0; i < kMoeGroup; ++i)
