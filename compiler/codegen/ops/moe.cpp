@@ -141,7 +141,7 @@ Launches moeFfnLaunches(const StepContext& c) {
   if (!down) return down.takeError();
   // Gate and up share one kernel's plane set: both kBlocks, or neither.
   const bool gu_blocks = gate->blocks(), dn_blocks = down->blocks();
-  if (gate->blocks() != up->blocks())
+  if (gu_blocks != up->blocks())
     return c.error(llvm::formatv("gate '{0}' ({1}) and up '{2}' ({3}): the expert kernels read both from blocks "
                                  "(Q4_K, Q6_K) or neither",
                                  (*c.weight(0))->desc.name, weightTag(*gate), (*c.weight(1))->desc.name,
@@ -176,7 +176,8 @@ Launches moeFfnLaunches(const StepContext& c) {
   addWeight(c, 0, "G", *gate, gu, gu_args);
   addWeight(c, 1, "U", *up, gu, gu_args);
   gu_args.push_back(scratch);
-  launches.push_back({gu.spec, std::move(gu_args), kern::moeExpertsLaunchRule(f, kern::moeGateUpRows(gu_blocks, e, dn_blocks), nexp, k)});
+  launches.push_back({gu.spec, std::move(gu_args),
+                      kern::moeExpertsLaunchRule(f, kern::moeGateUpRows(gu_blocks, e, dn_blocks), nexp, k)});
 
   SpecBuilder dn(llvm::formatv("moe_down_{0}_{1}_p{2}", shape, weightTag(*down), down->q->row_pitch),
                  "kernels/moe.cuh", "minfer_moe_down");
@@ -184,7 +185,8 @@ Launches moeFfnLaunches(const StepContext& c) {
   std::vector<KernelArgDesc> dn_args;
   addWeight(c, 2, "D", *down, dn, dn_args);
   dn_args.push_back(scratch);
-  launches.push_back({dn.spec, std::move(dn_args), kern::moeExpertsLaunchRule(e, kern::moeDownRows(dn_blocks, f), nexp, k)});
+  launches.push_back(
+      {dn.spec, std::move(dn_args), kern::moeExpertsLaunchRule(e, kern::moeDownRows(dn_blocks, f), nexp, k)});
 
   SpecBuilder comb("moe_combine_" + shape, "kernels/moe.cuh", "minfer_moe_combine");
   common(comb, "MOE_COMBINE");
