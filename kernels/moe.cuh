@@ -6,12 +6,13 @@
 // llama.cpp's build_moe_ffn with softmax gating and SiLU.
 //
 // One step MoeFfn is four launches sharing the step's scratch (layout: moeScratch* below, in 4-byte words):
-//   minfer_moe_sort     slots s = t·K + j (token t, choice j) grouped by expert: counting sort of ids
-//                       (thread block 0): offsets[e] .. offsets[e+1] index list[] (slot order within an
-//                       expert is not fixed; every slot's result is computed alone, so results do not
-//                       depend on it), and the chosen experts in id order: used[0] = their count u,
-//                       used[1 .. u]. With MOE_X_Q8 the further thread blocks write the q8 form of x
-//                       (common.cuh quantizeBlock, QuantizeAct's definition) into the scratch's Xq buffer.
+//   minfer_moe_sort     slots s = t·K + j (token t, choice j) grouped by expert: counting sort of ids in
+//                       thread block 0 (shared-memory counts, one warp's scan): offsets[e] .. offsets[e+1]
+//                       index list[] (slot order within an expert is not fixed; every slot's result is
+//                       computed alone, so results do not depend on it), and the chosen experts in id
+//                       order: used[0] = their count u, used[1 .. u]. With MOE_X_Q8 the further thread
+//                       blocks write the q8 form of x (common.cuh quantizeBlock, QuantizeAct's
+//                       definition) into the scratch's Xq buffer.
 //   minfer_moe_gate_up  per (chosen expert e, row r of the expert width F), for every slot s of e:
 //                       A[s][r] = silu(gate_e(r)·x[t]) · (up_e(r)·x[t])   (and, with MOE_A_Q8, the q8
 //                       form of A[s] in the scratch's Aq buffer, for a down weight read from blocks)
@@ -77,12 +78,11 @@ constexpr unsigned kMoeGroup = 8;      // slots whose dot products share one pas
 constexpr unsigned kMoeSortThreads = 1024;
 constexpr unsigned kMoeCombineThreads = 256;
 
-// Scratch layout of a MoeFfn step, in 4-byte words: offsets (NEXP + 1 ints), cursors (NEXP ints), the
-// sorted slot list (max_batch·K ints), the chosen experts (NEXP + 1 ints: the count, then the ids), A
+// Scratch layout of a MoeFfn step, in 4-byte words: offsets (NEXP + 1 ints), the sorted slot list (max_batch·K ints), the chosen experts (NEXP + 1 ints: the count, then the ids), A
 // (max_batch·K × F floats), Y (max_batch·K × E floats), Xq (the q8 buffer of x: common.cuh layout,
 // max_batch rows of E), Aq (the q8 buffer of A: max_batch·K rows of F). Regions from A on start 16-byte
 // aligned (q8 meta rows are 16-byte aligned inside Xq and Aq when E and F are multiples of 256).
-MINFER_HD unsigned long long moeScratchList(unsigned n_exp) { return 2ull * n_exp + 1; }
+MINFER_HD unsigned long long moeScratchList(unsigned n_exp) { return n_exp + 1ull; }
 MINFER_HD unsigned long long moeScratchUsed(unsigned n_exp, unsigned max_batch, unsigned k) {
   return moeScratchList(n_exp) + 1ull * max_batch * k;
 }
@@ -209,7 +209,6 @@ struct ExpertWeight {
 };
 
 __device__ __forceinline__ int* offsets(float* scratch) { return reinterpret_cast<int*>(scratch); }
-__device__ __forceinline__ int* cursors(float* scratch) { return reinterpret_cast<int*>(scratch) + kNexp + 1; }
 __device__ __forceinline__ int* slotList(float* scratch) { return reinterpret_cast<int*>(scratch) + moeScratchList(kNexp); }
 __device__ __forceinline__ float* regionA(float* scratch) { return scratch + moeScratchA(kNexp, kMaxBatch, kK); }
 __device__ __forceinline__ float* regionY(float* scratch) { return scratch + moeScratchY(kNexp, kMaxBatch, kK, kF); }
@@ -325,9 +324,9 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
   (void)x;
 #endif
   int* off = offsets(scratch);
-  int* cur = cursors(scratch);
   int* list = slotList(scratch);
   int* used = usedExperts(scratch);
+  __shared__ int cur[kNexp];  // slots per expert, then each expert's next place in list
   const unsigned n_slots = static_cast<unsigned>(n_tokens) * kK;
   for (unsigned e = threadIdx.x; e < kNexp; e += blockDim.x) cur[e] = 0;
   __syncthreads();
@@ -336,17 +335,26 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
     if (e >= 0 && e < static_cast<int>(kNexp)) atomicAdd(&cur[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0, n_used = 0;
-    for (unsigned e = 0; e < kNexp; ++e) {
+  if (threadIdx.x < 32) {  // exclusive scan of the counts and of the chosen experts: lane l takes kChunk of them
+    constexpr unsigned kChunk = (kNexp + 31) / 32;
+    const unsigned lane = threadIdx.x, first = lane * kChunk;
+    int slots = 0, chosen = 0;
+    for (unsigned e = first; e < first + kChunk && e < kNexp; ++e) slots += cur[e], chosen += cur[e] > 0;
+    int slots_incl = slots, chosen_incl = chosen;  // inclusive warp scans
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, slots_incl, o), c = __shfl_up_sync(0xffffffffu, chosen_incl, o);
+      if (static_cast<int>(lane) >= o) slots_incl += a, chosen_incl += c;
+    }
+    int run = slots_incl - slots, n_used = chosen_incl - chosen;
+    for (unsigned e = first; e < first + kChunk && e < kNexp; ++e) {
       const int n = cur[e];
       off[e] = run;
       cur[e] = run;
       run += n;
       if (n > 0) used[1 + n_used++] = static_cast<int>(e);
     }
-    off[kNexp] = run;
-    used[0] = n_used;
+    if (lane == 31) off[kNexp] = slots_incl, used[0] = chosen_incl;
   }
   __syncthreads();
   for (unsigned s = threadIdx.x; s < n_slots; s += blockDim.x) {

@@ -1905,7 +1905,8 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
   // Q8_0, and 128 experts choosing 8. kBlocks (Q4_K, Q6_K): both kernels from blocks with 16 (down) and 8
   // (gate/up) lanes per row; gate Q6_K with up Q4_K and n_embd of 9 blocks (32 lanes stepping over blocks)
   // with 4 lanes per down row; i8 gate/up writing q8 A for a Q6_K down whose 96 rows end inside its second
-  // thread block of 64; Q4_K gate/up with an F32 down and 40 rows of A; and 128 experts choosing 8.
+  // thread block of 64 (37 experts: the sort scan's lanes hold 2 each, the last ones none); Q4_K gate/up
+  // with an F32 down and 40 rows of A; and 128 experts choosing 8.
   const Case cases[] = {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q5_0, 8, 2, 32, 256},
                         {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, 5, 3, 64, 96},
                         {GgmlType::F32, GgmlType::F32, GgmlType::F32, 5, 3, 40, 72},
@@ -1914,7 +1915,7 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
                         {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q8_0, 128, 8, 64, 256},
                         {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 9, 3, 768, 512},
                         {GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q4_K, 6, 2, 256, 2304},
-                        {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q6_K, 7, 3, 256, 96},
+                        {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q6_K, 37, 3, 256, 96},
                         {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::F32, 5, 2, 40, 256},
                         {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 128, 8, 256, 1024}};
   for (const Case& c : cases) {
