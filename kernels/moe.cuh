@@ -1,50 +1,75 @@
 // Mixture of experts (OpKind MoeRoute, MoeFfn; qwen3moe): the softmax router's top-k, and the expert FFN
 // computed per expert over the token slots routed to it (a grouped matrix-vector product over the slots
-// sorted by expert: each expert's weight rows are read once per group of kMoeGroup slots, and an
-// expert no slot chose is not read at all, so decode reads only the selected experts' rows).
+// sorted by expert: each expert's weight rows are read once per group of kMoeGroup slots, and only the
+// experts some slot chose are launched, so decode reads only the selected experts' rows).
 // The f32 references are cpu::moeRoute and cpu::moeFfn (runtime/cpu/cpu_ops.h); the formulas are
 // llama.cpp's build_moe_ffn with softmax gating and SiLU.
 //
 // One step MoeFfn is four launches sharing the step's scratch (layout: moeScratch* below, in 4-byte words):
-//   minfer_moe_sort     slots s = t·K + j (token t, choice j) grouped by expert: counting sort of ids
-//                       (one block): offsets[e] .. offsets[e+1] index list[] (slot order within an expert
-//                       is not fixed; every slot's result is computed alone, so results do not depend on it)
-//   minfer_moe_gate_up  per (expert e, row r of the expert width F), for every slot s of e:
-//                       A[s][r] = silu(gate_e(r)·x[t]) · (up_e(r)·x[t])
-//   minfer_moe_down     per (expert e, row r of n_embd E), for every slot s of e: Y[s][r] = down_e(r)·A[s]
+//   minfer_moe_sort     slots s = t·K + j (token t, choice j) grouped by expert: counting sort of ids in
+//                       thread block 0 (shared-memory counts, one warp's scan): offsets[e] .. offsets[e+1]
+//                       index list[] (slot order within an expert is not fixed; every slot's result is
+//                       computed alone, so results do not depend on it), and the chosen experts in id
+//                       order: used[0] = their count u, used[1 .. u]. With MOE_X_Q8 the further thread
+//                       blocks write the q8 form of x (common.cuh quantizeBlock, QuantizeAct's
+//                       definition) into the scratch's Xq buffer.
+//   minfer_moe_gate_up  per (chosen expert e, row r of the expert width F), for every slot s of e:
+//                       A[s][r] = silu(gate_e(r)·x[t]) · (up_e(r)·x[t])   (and, with MOE_A_Q8, the q8
+//                       form of A[s] in the scratch's Aq buffer, for a down weight read from blocks)
+//   minfer_moe_down     per (chosen expert e, row r of n_embd E), for every slot s of e: Y[s][r] = down_e(r)·A[s]
 //   minfer_moe_combine  out[t][r] = Σ_j w[t][j]·Y[t·K + j][r], j = 0..K−1 in order (slots whose id is not
 //                       an expert are skipped, as cpu::moeFfn does)
+// The expert kernels' grid.y walks the chosen experts (used[1 + blockIdx.y]; thread blocks past u exit):
+// min(n_tokens·K, NEXP) of them (moeExpertsLaunchRule), so an expert no slot chose costs nothing.
 // A weight element (e, r, c) is read through its planes' stride tables with the expert axis
-// (kernels/stride_table.h): row bytes at e·EPITCH + r·PITCH of each plane; quantized weights from the
-// derived kI8 + kScale [+ kMin] planes as s·q [+ m], float weights from their dense plane. Dot products
-// are f32 (activations are not quantized). Where the width is a multiple of 4 and the plane is i8 or f32,
-// each lane loads 4 consecutive weights at once (one 4-byte i8 word or one float4) and the matching
-// float4 of each slot's input; otherwise one element per lane and load.
+// (kernels/stride_table.h): row bytes at e·EPITCH + r·PITCH of each plane, from one of two plane sets:
+//   * kBlocks (Q4_K, Q6_K; MOE_X_PLANE 7): the GGUF blocks, decoded as kernels/gemv_blocks.cuh decodes
+//     them (its gemvb:: device functions: 16-byte loads, four lanes per block, int8 dot products with
+//     the q8 activations, then the block's scales), so a token reads the chosen experts' GGUF bytes
+//     (Q4_K 0.5625 B/weight, Q6_K 0.875) and nothing else. Activations are q8 (x for gate/up, A for down):
+//     the result is W·(d·q) up to f32 rounding, as every quantized matmul of minfer (and llama.cpp's
+//     GPU matmuls) computes it; the f32 reference differs by the activation rounding (tests: kQ8ActTol).
+//     Lanes: a row of cols/256 blocks takes L = moeBlocksLanes(cols) consecutive lanes (four per block,
+//     rounded up to a power of two ≤ 32; with more than 8 blocks each lane steps over blocks 8 apart),
+//     so a warp computes 32 / L rows at once and a thread block of kMoeWarps warps 8·32 / L rows per
+//     pass; gate_up's thread block covers moeBlocksRows(E, a_q8) rows (a multiple of 32 with
+//     MOE_A_Q8, so that it quantizes whole blocks of A from shared memory). Each thread block first asks
+//     for its rows (consecutive bytes of one expert) to be moved to L2 (prefetchL2), so that gate_up's
+//     passes after the first find them there.
+//   * the derived kI8 + kScale [+ kMin] planes as s·q [+ m], or a float weight's dense plane, with f32
+//     activations and f32 dot products, one warp per row: where the width is a multiple of 4 and the
+//     plane is i8 or f32, each lane loads 4 consecutive weights at once (one 4-byte i8 word or one
+//     float4) and the matching float4 of each slot's input; otherwise one element per lane and load.
+// Gate and up are read from the same plane set (blocks, or not); down may differ (MOE_A_Q8 says blocks).
 //
 // Compile-time constants (-D):
 //   all:      MOE_NEXP (experts), MOE_K (experts per token), MOE_F (expert width), MOE_E (n_embd),
 //             MOE_MAX_BATCH (the plan's max batch: sizes the scratch regions)
 //   router:   MOE_ROUTE, MOE_NORM (1: divide the chosen p by their sum)
-//   gate_up:  MOE_GATE_UP; per weight X ∈ {G (gate), U (up)}: MOE_X_PLANE (PlaneKind of the plane read
-//             first: 0 kI8, 4 kF32, 5 kF16, 6 kBF16), MOE_X_PITCH, MOE_X_EPITCH (its row and expert
-//             pitch), MOE_X_S_PITCH, MOE_X_S_EPITCH (scale plane), MOE_X_M_PITCH, MOE_X_M_EPITCH (min
-//             plane; 0: none), MOE_X_GS (scale group size)
+//   gate_up:  MOE_GATE_UP; MOE_A_Q8 (1: also write A's q8 form); per weight X ∈ {G (gate), U (up)}:
+//             MOE_X_PLANE (PlaneKind of the plane read first: 0 kI8, 4 kF32, 5 kF16, 6 kBF16, 7 kBlocks),
+//             MOE_X_PITCH, MOE_X_EPITCH (its row and expert pitch), MOE_X_S_PITCH, MOE_X_S_EPITCH (scale
+//             plane), MOE_X_M_PITCH, MOE_X_M_EPITCH (min plane; 0: none), MOE_X_GS (scale group size);
+//             kBlocks: MOE_X_TYPE (12 Q4_K, 14 Q6_K), MOE_X_GP (bytes from one block to the next)
 //   down:     MOE_DOWN; the same constants for X = D
-//   sort:     MOE_SORT;  combine: MOE_COMBINE
+//   sort:     MOE_SORT, MOE_X_Q8 (1: quantize x, for gate/up read from blocks);  combine: MOE_COMBINE
 // Launch ABI (x, out: n_tokens × E f32; ids: n_tokens × K i32; w: n_tokens × K f32; logits n_tokens × NEXP):
 //   minfer_moe_route(const float* logits, int* ids, float* w)                 grid n_tokens × 32 threads
-//   minfer_moe_sort(const int* ids, float* scratch, int n_tokens)             1 × 1024 threads
+//   minfer_moe_sort(const int* ids, const float* x, float* scratch, int n_tokens)
+//                                                   moeSortLaunchRule(E, x_q8): 1 (+ ⌈n_tokens·E/8192⌉) × 1024
 //   minfer_moe_gate_up(const float* x, const uint8_t* gq, const uint8_t* gs, const uint8_t* gm,
 //                      const uint8_t* uq, const uint8_t* us, const uint8_t* um, float* scratch)
-//                                                                              grid (⌈F/8⌉, NEXP) × 256
+//                                   grid (⌈F/rows⌉, min(n_tokens·K, NEXP)) × 256, rows = moeGateUpRows()
 //   minfer_moe_down(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch)
-//                                                                              grid (⌈E/8⌉, NEXP) × 256
+//                                   grid (⌈E/rows⌉, min(n_tokens·K, NEXP)) × 256, rows = moeDownRows()
 //   minfer_moe_combine(const int* ids, const float* w, const float* scratch, float* out, int n_tokens)
 //                                                                              grid ⌈n_tokens·E/256⌉ × 256
-//   gs/gm/us/um/ds/dm are null for float weights and for absent min planes.
+//   gs/gm/us/um/ds/dm are null for kBlocks and float weights and for absent min planes; x of the
+//   gate_up kernel is unused when gate/up are read from blocks (it reads the scratch's Xq).
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/gemv_blocks.cuh"
 
 namespace minfer::kern {
 
@@ -53,18 +78,48 @@ constexpr unsigned kMoeGroup = 8;      // slots whose dot products share one pas
 constexpr unsigned kMoeSortThreads = 1024;
 constexpr unsigned kMoeCombineThreads = 256;
 
-// Scratch layout of a MoeFfn step, in 4-byte words: offsets (NEXP + 1 ints), cursors (NEXP ints), the
-// sorted slot list (max_batch·K ints), A (max_batch·K × F floats), Y (max_batch·K × E floats).
-MINFER_HD unsigned long long moeScratchList(unsigned n_exp) { return 2ull * n_exp + 1; }
+// Scratch layout of a MoeFfn step, in 4-byte words: offsets (NEXP + 1 ints), the sorted slot list (max_batch·K ints), the chosen experts (NEXP + 1 ints: the count, then the ids), A
+// (max_batch·K × F floats), Y (max_batch·K × E floats), Xq (the q8 buffer of x: common.cuh layout,
+// max_batch rows of E), Aq (the q8 buffer of A: max_batch·K rows of F). Regions from A on start 16-byte
+// aligned (q8 meta rows are 16-byte aligned inside Xq and Aq when E and F are multiples of 256).
+MINFER_HD unsigned long long moeScratchList(unsigned n_exp) { return n_exp + 1ull; }
+MINFER_HD unsigned long long moeScratchUsed(unsigned n_exp, unsigned max_batch, unsigned k) {
+  return moeScratchList(n_exp) + 1ull * max_batch * k;
+}
+MINFER_HD unsigned long long moeAlign4(unsigned long long words) { return (words + 3) / 4 * 4; }
 MINFER_HD unsigned long long moeScratchA(unsigned n_exp, unsigned max_batch, unsigned k) {
-  return (moeScratchList(n_exp) + 1ull * max_batch * k + 3) / 4 * 4;  // 16-byte aligned
+  return moeAlign4(moeScratchUsed(n_exp, max_batch, k) + n_exp + 1);
 }
 MINFER_HD unsigned long long moeScratchY(unsigned n_exp, unsigned max_batch, unsigned k, unsigned f) {
   return moeScratchA(n_exp, max_batch, k) + 1ull * max_batch * k * f;
 }
-MINFER_HD unsigned long long moeScratchBytes(unsigned n_exp, unsigned max_batch, unsigned k, unsigned f, unsigned e) {
-  return 4ull * (moeScratchY(n_exp, max_batch, k, f) + 1ull * max_batch * k * e);
+MINFER_HD unsigned long long moeScratchXq(unsigned n_exp, unsigned max_batch, unsigned k, unsigned f, unsigned e) {
+  return moeAlign4(moeScratchY(n_exp, max_batch, k, f) + 1ull * max_batch * k * e);
 }
+MINFER_HD unsigned long long moeScratchAq(unsigned n_exp, unsigned max_batch, unsigned k, unsigned f, unsigned e) {
+  return moeAlign4(moeScratchXq(n_exp, max_batch, k, f, e) + (q8BufferBytes(max_batch, e) + 3) / 4);
+}
+MINFER_HD unsigned long long moeScratchBytes(unsigned n_exp, unsigned max_batch, unsigned k, unsigned f, unsigned e) {
+  return 4ull * moeAlign4(moeScratchAq(n_exp, max_batch, k, f, e) + (q8BufferBytes(max_batch * k, f) + 3) / 4);
+}
+
+// kBlocks expert matvec: lanes per row of `cols` weights (four per 256-weight block, rounded up to a
+// power of two, at most 32), and rows per thread block: one pass of kMoeWarps warps (32 / lanes rows
+// each), at least 32 rows when the kernel quantizes its output (gate_up with MOE_A_Q8).
+MINFER_HD constexpr unsigned moeBlocksLanes(unsigned cols) {
+  unsigned l = 4;
+  while (l < 32 && l < 4 * (cols / 256)) l *= 2;
+  return l;
+}
+MINFER_HD constexpr unsigned moeBlocksRows(unsigned cols, bool q8_out) {
+  const unsigned pass = kMoeWarps * 32 / moeBlocksLanes(cols);
+  return q8_out && pass < 32 ? 32 : pass;
+}
+// Rows per thread block of gate_up (F rows of E weights) and down (E rows of F weights), by plane set.
+MINFER_HD constexpr unsigned moeGateUpRows(bool blocks, unsigned e, bool a_q8) {
+  return blocks ? moeBlocksRows(e, a_q8) : a_q8 ? 32 : kMoeWarps;
+}
+MINFER_HD constexpr unsigned moeDownRows(bool blocks, unsigned f) { return blocks ? moeBlocksRows(f, false) : kMoeWarps; }
 
 MINFER_HD LaunchRule moeRouteLaunchRule() {
   LaunchRule r;
@@ -72,16 +127,22 @@ MINFER_HD LaunchRule moeRouteLaunchRule() {
   r.block.x = 32;
   return r;
 }
-MINFER_HD LaunchRule moeSortLaunchRule() {
+// Thread block 0 sorts; with x_q8, ⌈n_tokens·E/8192⌉ more quantize x (256 blocks of 32 values each).
+MINFER_HD LaunchRule moeSortLaunchRule(unsigned e, bool x_q8) {
   LaunchRule r;
+  constexpr unsigned kPerCta = kMoeSortThreads / 4;  // q8 blocks of 32 values per thread block
+  r.grid[0] = x_q8 ? GridExtent{e / kQ8Block, kPerCta, kPerCta} : fixedExtent(1);
   r.block.x = kMoeSortThreads;
   return r;
 }
-// The expert matvec kernels: `rows` output rows per expert (F for gate_up, E for down).
-MINFER_HD LaunchRule moeExpertsLaunchRule(unsigned rows, unsigned n_exp) {
+// The expert matvec kernels: `rows` output rows per expert (F for gate_up, E for down), `per_cta` of them
+// per thread block; grid.y = min(n_tokens·K, NEXP) chosen experts (all NEXP from ⌈NEXP / K⌉ tokens on).
+MINFER_HD LaunchRule moeExpertsLaunchRule(unsigned rows, unsigned per_cta, unsigned n_exp, unsigned k) {
   LaunchRule r;
-  r.grid[0] = fixedExtent(ceilDiv(rows, kMoeWarps));
-  r.grid[1] = fixedExtent(n_exp);
+  r.grid[0] = r.grid_large[0] = fixedExtent(ceilDiv(rows, per_cta));
+  r.grid[1] = perToken(k);
+  r.grid_large[1] = fixedExtent(n_exp);
+  r.large_from = ceilDiv(n_exp, k);
   r.block.x = 32 * kMoeWarps;
   return r;
 }
@@ -148,10 +209,31 @@ struct ExpertWeight {
 };
 
 __device__ __forceinline__ int* offsets(float* scratch) { return reinterpret_cast<int*>(scratch); }
-__device__ __forceinline__ int* cursors(float* scratch) { return reinterpret_cast<int*>(scratch) + kNexp + 1; }
 __device__ __forceinline__ int* slotList(float* scratch) { return reinterpret_cast<int*>(scratch) + moeScratchList(kNexp); }
 __device__ __forceinline__ float* regionA(float* scratch) { return scratch + moeScratchA(kNexp, kMaxBatch, kK); }
 __device__ __forceinline__ float* regionY(float* scratch) { return scratch + moeScratchY(kNexp, kMaxBatch, kK, kF); }
+// The chosen experts: used[0] = their count, used[1 ..] their ids (written by the sort).
+__device__ __forceinline__ int* usedExperts(float* scratch) {
+  return reinterpret_cast<int*>(scratch) + moeScratchUsed(kNexp, kMaxBatch, kK);
+}
+// The q8 buffers of x (kMaxBatch rows of E) and of A (kMaxBatch·K rows of F): common.cuh's layout.
+__device__ __forceinline__ int8_t* xqOf(float* scratch) {
+  return reinterpret_cast<int8_t*>(scratch + moeScratchXq(kNexp, kMaxBatch, kK, kF, kE));
+}
+__device__ __forceinline__ Q8Meta* xmetaOf(float* scratch) {
+  return reinterpret_cast<Q8Meta*>(xqOf(scratch) + q8MetaOffset(kMaxBatch, kE));
+}
+__device__ __forceinline__ int8_t* aqOf(float* scratch) {
+  return reinterpret_cast<int8_t*>(scratch + moeScratchAq(kNexp, kMaxBatch, kK, kF, kE));
+}
+__device__ __forceinline__ Q8Meta* ametaOf(float* scratch) {
+  return reinterpret_cast<Q8Meta*>(aqOf(scratch) + q8MetaOffset(kMaxBatch * kK, kF));
+}
+// The expert thread block blockIdx.y works on (its chosen expert), or −1 past the chosen ones.
+__device__ __forceinline__ int blockExpert(float* scratch) {
+  const int* used = usedExperts(scratch);
+  return static_cast<int>(blockIdx.y) < used[0] ? used[1 + blockIdx.y] : -1;
+}
 
 }  // namespace minfer::kern::moe
 
@@ -216,15 +298,35 @@ extern "C" __global__ void __launch_bounds__(32) minfer_moe_route(const float* l
 #endif  // MOE_ROUTE
 
 #if defined(MOE_SORT)
-// Counting sort of the n_tokens·K slots by expert, in one block.
+// Thread block 0: counting sort of the n_tokens·K slots by expert, and the list of chosen experts.
+// With MOE_X_Q8, thread block 1 + i quantizes blocks 256·i … of 32 values of x (four lanes per block).
 extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
-    minfer_moe_sort(const int* ids, float* scratch, int n_tokens) {
+    minfer_moe_sort(const int* ids, const float* x, float* scratch, int n_tokens) {
   minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
   using namespace minfer::kern::moe;
-  int* off = offsets(scratch);
-  int* cur = cursors(scratch);
-  int* list = slotList(scratch);
   if (n_tokens > static_cast<int>(kMaxBatch)) __trap();  // the scratch regions hold MOE_MAX_BATCH tokens
+#if MOE_X_Q8
+  static_assert(kE % 256 == 0, "x is quantized for kBlocks gate/up weights: E is a multiple of 256");
+  if (blockIdx.x > 0) {
+    const unsigned block = (blockIdx.x - 1) * (kMoeSortThreads / 4) + threadIdx.x / 4, sub = threadIdx.x % 4;
+    const bool active = block < static_cast<unsigned>(n_tokens) * (kE / 32);  // inactive lanes join the shuffles
+    float v[8] = {};
+    if (active) {
+      const float4* p = reinterpret_cast<const float4*>(x + 32ull * block + 8 * sub);
+      const float4 a = p[0], b = p[1];
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+    quantizeBlock<8>(v, xqOf(scratch) + 32ull * block, xmetaOf(scratch) + block, active);
+    return;
+  }
+#else
+  (void)x;
+#endif
+  int* off = offsets(scratch);
+  int* list = slotList(scratch);
+  int* used = usedExperts(scratch);
+  __shared__ int cur[kNexp];  // slots per expert, then each expert's next place in list
   const unsigned n_slots = static_cast<unsigned>(n_tokens) * kK;
   for (unsigned e = threadIdx.x; e < kNexp; e += blockDim.x) cur[e] = 0;
   __syncthreads();
@@ -233,15 +335,26 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
     if (e >= 0 && e < static_cast<int>(kNexp)) atomicAdd(&cur[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0;
-    for (unsigned e = 0; e < kNexp; ++e) {
+  if (threadIdx.x < 32) {  // exclusive scan of the counts and of the chosen experts: lane l takes kChunk of them
+    constexpr unsigned kChunk = (kNexp + 31) / 32;
+    const unsigned lane = threadIdx.x, first = lane * kChunk;
+    int slots = 0, chosen = 0;
+    for (unsigned e = first; e < first + kChunk && e < kNexp; ++e) slots += cur[e], chosen += cur[e] > 0;
+    int slots_incl = slots, chosen_incl = chosen;  // inclusive warp scans
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, slots_incl, o), c = __shfl_up_sync(0xffffffffu, chosen_incl, o);
+      if (static_cast<int>(lane) >= o) slots_incl += a, chosen_incl += c;
+    }
+    int run = slots_incl - slots, n_used = chosen_incl - chosen;
+    for (unsigned e = first; e < first + kChunk && e < kNexp; ++e) {
       const int n = cur[e];
       off[e] = run;
       cur[e] = run;
       run += n;
+      if (n > 0) used[1 + n_used++] = static_cast<int>(e);
     }
-    off[kNexp] = run;
+    if (lane == 31) off[kNexp] = slots_incl, used[0] = chosen_incl;
   }
   __syncthreads();
   for (unsigned s = threadIdx.x; s < n_slots; s += blockDim.x) {
@@ -306,10 +419,191 @@ __device__ __forceinline__ void groupDots(const W& wa, const V& wb, unsigned e, 
     db[i] = kTwo ? warpSum(acc_b[i]) : 0.0f;
   }
 }
+
+// kBlocks weights: the dot products of kR rows (wr[i]: the row's first block; all of one type, blocks
+// kGP bytes apart, kBpr per row) with the q8 inputs of n ≤ kMoeGroup slots (xq[i], xm[i]: the slot's row
+// of a q8 buffer), on kL = moeBlocksLanes lanes per row: lane u of the row's lanes takes part u % 4 of
+// blocks u / 4, u / 4 + kL / 4, … (gemv_blocks.cuh's split), every row's parts loaded before the slots'
+// activations (each loaded once for the kR rows). Afterwards every lane of the kL holds the sums.
+template <bool kQ4K, int kR, unsigned kBpr, unsigned kL, unsigned long long kGP>
+__device__ __forceinline__ void blockDots(const uint8_t* const (&wr)[kR], const int8_t* const (&xq)[kMoeGroup],
+                                          const Q8Meta* const (&xm)[kMoeGroup], unsigned n,
+                                          float (&acc)[kR][kMoeGroup]) {
+  static_assert(kGP % 16 == 0 && kGP >= (kQ4K ? 144 : 210), "blocks start 16-byte aligned, kGP ≥ the block");
+  const unsigned u = threadIdx.x % kL;
+  const int p = static_cast<int>(u % 4);
+#pragma unroll
+  for (int i = 0; i < kR; ++i)
+#pragma unroll
+    for (unsigned s = 0; s < kMoeGroup; ++s) acc[i][s] = 0.0f;
+  for (unsigned b = u / 4; b < kBpr; b += kL / 4) {
+    gemvb::Part part[kR];
+#pragma unroll
+    for (int i = 0; i < kR; ++i) part[i] = gemvb::load<kQ4K>(wr[i] + b * kGP, p);
+#pragma unroll
+    for (unsigned s = 0; s < kMoeGroup; ++s)
+      if (s < n) {
+        const gemvb::Act a = gemvb::loadAct<kQ4K>(xq[s] + 256 * b, xm[s] + 8 * b, p);
+#pragma unroll
+        for (int i = 0; i < kR; ++i) acc[i][s] += gemvb::partDot<kQ4K>(part[i], a, p);
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < kR; ++i)
+#pragma unroll
+    for (unsigned s = 0; s < kMoeGroup; ++s)
+#pragma unroll
+      for (unsigned o = kL / 2; o > 0; o >>= 1) acc[i][s] += __shfl_xor_sync(0xffffffffu, acc[i][s], o);
+}
+
+// A kBlocks expert weight: its type and pitches (MOE_X_TYPE, _GP, _PITCH, _EPITCH).
+template <int kType, unsigned long long kGP, unsigned long long kPitch, unsigned long long kEPitch>
+struct BlocksWeight {
+  static_assert(kType == 12 || kType == 14, "kBlocks expert weights are Q4_K (12) or Q6_K (14)");
+  static_assert(kPitch % 16 == 0 && kEPitch % 16 == 0, "kBlocks rows start 16-byte aligned");
+  static constexpr bool kQ4K = kType == 12;
+  static constexpr unsigned long long kGroupPitch = kGP;
+  __device__ static const uint8_t* row(const uint8_t* w, unsigned e, unsigned r) { return w + e * kEPitch + r * kPitch; }
+};
+
+// The slots of one group (list[g] … list[g + n − 1]) and their rows of a q8 buffer of kWidth values per row
+// (q0, m0: its values and meta): row slot / kK (x: kTokenRows) or row slot (A).
+template <unsigned kWidth, bool kTokenRows>
+struct Q8Rows {
+  int slot[kMoeGroup];
+  const int8_t* q[kMoeGroup];
+  const Q8Meta* m[kMoeGroup];
+  __device__ __forceinline__ Q8Rows(const int* list, int g, unsigned n, const int8_t* q0, const Q8Meta* m0) {
+#pragma unroll
+    for (unsigned i = 0; i < kMoeGroup; ++i) {
+      slot[i] = i < n ? list[g + i] : 0;
+      const unsigned long long row = kTokenRows ? static_cast<unsigned>(slot[i]) / kK : static_cast<unsigned>(slot[i]);
+      q[i] = q0 + row * kWidth;
+      m[i] = m0 + row * (kWidth / 32);
+    }
+  }
+};
 }  // namespace minfer::kern::moe
 #endif
 
 #if defined(MOE_GATE_UP)
+#ifndef MOE_A_Q8
+#define MOE_A_Q8 0
+#endif
+static_assert(!MOE_A_Q8 || MOE_F % 256 == 0, "A is quantized for a kBlocks down weight: F is a multiple of 256");
+namespace minfer::kern::moe {
+// The thread block's shared kMoeGroup × kRows floats of A for quantizeStaged with MOE_A_Q8, else null.
+template <unsigned kRows>
+__device__ __forceinline__ float* stagingRows() {
+#if MOE_A_Q8
+  __shared__ float staged[kMoeGroup * kRows];
+  return staged;
+#else
+  return nullptr;
+#endif
+}
+// With MOE_A_Q8: the q8 form of the A rows r0 … r0 + kRows − 1 (kRows a multiple of 32) of the group's n
+// slots (slots[0 .. n)), whose values the thread block staged in shared memory (staged[i·kRows + r − r0]):
+// one warp per block of 32 rows of one slot, after a barrier; a second barrier frees `staged` for the next
+// group. Every thread of the block calls it.
+template <unsigned kRows>
+__device__ __forceinline__ void quantizeStaged(const float* staged, unsigned n, const int* slots, unsigned r0,
+                                               float* scratch) {
+  static_assert(kRows % 32 == 0, "whole blocks of 32 rows");
+  __syncthreads();
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (unsigned job = warp; job < n * (kRows / 32); job += kMoeWarps) {  // (slot i, rows 32·j …): one warp
+    const unsigned i = job / (kRows / 32), j = job % (kRows / 32), rb = r0 + 32 * j;
+    if (rb >= kF) continue;  // kF % 32 == 0: a block of 32 rows is whole or past the end
+    const float v[1] = {staged[i * kRows + 32 * j + lane]};
+    const unsigned long long s = static_cast<unsigned>(slots[i]);
+    quantizeBlock<1>(v, aqOf(scratch) + s * kF + rb, ametaOf(scratch) + s * (kF / 32) + rb / 32, true);
+  }
+  __syncthreads();
+}
+// A[s][r] = silu(g)·u of the group's n slots from their gate and up sums (one lane per row calls it),
+// also into staged (kMoeGroup × kRows floats; rl = r − r0) when that is not null (MOE_A_Q8).
+template <unsigned kRows>
+__device__ __forceinline__ void writeA(const float (&dg)[kMoeGroup], const float (&du)[kMoeGroup], unsigned n,
+                                       const int (&slot)[kMoeGroup], unsigned r, unsigned rl, float* a_out,
+                                       float* staged) {
+#pragma unroll
+  for (unsigned i = 0; i < kMoeGroup; ++i)
+    if (i < n) {
+      const float a = dg[i] / (1.0f + expf(-dg[i])) * du[i];
+      a_out[static_cast<unsigned long long>(slot[i]) * kF + r] = a;
+      if (staged) staged[i * kRows + rl] = a;
+    }
+}
+}  // namespace minfer::kern::moe
+#endif
+
+#if defined(MOE_GATE_UP) && MOE_G_PLANE == 7
+static_assert(MOE_U_PLANE == 7, "gate and up are read from the same plane set");
+static_assert(MOE_E % 256 == 0, "kBlocks rows are whole 256-weight blocks");
+namespace minfer::kern::moe {
+using GateW = BlocksWeight<MOE_G_TYPE, MOE_G_GP, MOE_G_PITCH, MOE_G_EPITCH>;
+using UpW = BlocksWeight<MOE_U_TYPE, MOE_U_GP, MOE_U_PITCH, MOE_U_EPITCH>;
+constexpr unsigned kL = moeBlocksLanes(kE), kPassRows = kMoeWarps * 32 / kL;
+constexpr unsigned kCtaRows = moeBlocksRows(kE, MOE_A_Q8), kPasses = kCtaRows / kPassRows;
+}  // namespace minfer::kern::moe
+// Thread block (x, y): rows kCtaRows·x … of chosen expert y, in kPasses passes of kPassRows rows (lanes
+// kL·j … of warp w: row w·32/kL + j of the pass). With MOE_A_Q8 the block's A values of each slot group
+// are staged in shared memory and quantized in blocks of 32 rows (one warp each) after a barrier.
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
+    minfer_moe_gate_up(const float* x, const uint8_t* gq, const uint8_t* gs, const uint8_t* gm, const uint8_t* uq,
+                       const uint8_t* us, const uint8_t* um, float* scratch) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::moe;
+  (void)x, (void)gs, (void)gm, (void)us, (void)um;
+  const int ex = blockExpert(scratch);
+  if (ex < 0) return;
+  const unsigned e = static_cast<unsigned>(ex), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const unsigned r0 = blockIdx.x * kCtaRows;
+  if (threadIdx.x == 0) {  // the block's gate and up rows (consecutive) start moving to L2 for the passes
+    const unsigned rows = min(kCtaRows, kF - r0);
+    prefetchL2(GateW::row(gq, e, r0), static_cast<unsigned>(rows * MOE_G_PITCH));
+    prefetchL2(UpW::row(uq, e, r0), static_cast<unsigned>(rows * MOE_U_PITCH));
+  }
+  const int begin = offsets(scratch)[e], end = offsets(scratch)[e + 1];
+  const int* list = slotList(scratch);
+  float* a_out = regionA(scratch);
+  const int8_t* xq0 = xqOf(scratch);
+  const Q8Meta* xm0 = xmetaOf(scratch);
+  float* const staged = stagingRows<kCtaRows>();
+  for (int g = begin; g < end; g += kMoeGroup) {
+    const unsigned n = min(static_cast<unsigned>(end - g), kMoeGroup);
+    const Q8Rows<kE, true> in(list, g, n, xq0, xm0);
+    const int(&slot)[kMoeGroup] = in.slot;
+#pragma unroll
+    for (unsigned pass = 0; pass < kPasses; ++pass) {
+      const unsigned rl = pass * kPassRows + warp * (32 / kL) + lane / kL, r = r0 + rl;  // rl: row in the block
+      const unsigned rr = r < kF ? r : kF - 1;  // rows past the end read the last row (not written)
+      float dg[1][kMoeGroup], du[1][kMoeGroup];
+      if constexpr (MOE_G_TYPE == MOE_U_TYPE && MOE_G_GP == MOE_U_GP) {  // one pass over both rows' blocks
+        const uint8_t* wr[2] = {GateW::row(gq, e, rr), UpW::row(uq, e, rr)};
+        float acc[2][kMoeGroup];
+        blockDots<GateW::kQ4K, 2, kE / 256, kL, GateW::kGroupPitch>(wr, in.q, in.m, n, acc);
+#pragma unroll
+        for (unsigned i = 0; i < kMoeGroup; ++i) dg[0][i] = acc[0][i], du[0][i] = acc[1][i];
+      } else {
+        const uint8_t* wg[1] = {GateW::row(gq, e, rr)};
+        const uint8_t* wu[1] = {UpW::row(uq, e, rr)};
+        blockDots<GateW::kQ4K, 1, kE / 256, kL, GateW::kGroupPitch>(wg, in.q, in.m, n, dg);
+        blockDots<UpW::kQ4K, 1, kE / 256, kL, UpW::kGroupPitch>(wu, in.q, in.m, n, du);
+      }
+      if (lane % kL == 0 && r < kF) writeA<kCtaRows>(dg[0], du[0], n, slot, r, rl, a_out, staged);
+    }
+#if MOE_A_Q8
+    quantizeStaged<kCtaRows>(staged, n, list + g, r0, scratch);
+#endif
+  }
+}
+#elif defined(MOE_GATE_UP)
+namespace minfer::kern::moe {
+constexpr unsigned kCtaRows = moeGateUpRows(false, kE, MOE_A_Q8);  // rows per thread block: kCtaRows / 8 passes
+}
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
     minfer_moe_gate_up(const float* x, const uint8_t* gq, const uint8_t* gs, const uint8_t* gm, const uint8_t* uq,
                        const uint8_t* us, const uint8_t* um, float* scratch) {
@@ -322,11 +616,13 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
   const ExpertWeight<MOE_U_PLANE, MOE_U_PITCH, MOE_U_EPITCH, MOE_U_S_PITCH, MOE_U_S_EPITCH, MOE_U_M_PITCH,
                      MOE_U_M_EPITCH, MOE_U_GS>
       up{uq, us, um};
-  const unsigned e = blockIdx.y, r = blockIdx.x * kMoeWarps + threadIdx.x / 32;
-  if (r >= kF) return;
+  const int ex = blockExpert(scratch);
+  if (ex < 0) return;
+  const unsigned e = static_cast<unsigned>(ex), r0 = blockIdx.x * kCtaRows;
   const int begin = offsets(scratch)[e], end = offsets(scratch)[e + 1];
   const int* list = slotList(scratch);
   float* a_out = regionA(scratch);
+  float* const staged = stagingRows<kCtaRows>();
   for (int g = begin; g < end; g += kMoeGroup) {
     const unsigned n = min(static_cast<unsigned>(end - g), kMoeGroup);
     const float* in[kMoeGroup];
@@ -336,17 +632,61 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
       slot[i] = i < n ? list[g + i] : 0;
       in[i] = x + static_cast<unsigned long long>(slot[i] / kK) * kE;
     }
-    float dg[kMoeGroup], du[kMoeGroup];
-    groupDots<kE, true>(gate, up, e, r, in, n, dg, du);
-    if (threadIdx.x % 32 == 0)
-#pragma unroll
-      for (unsigned i = 0; i < kMoeGroup; ++i)
-        if (i < n) a_out[static_cast<unsigned long long>(slot[i]) * kF + r] = dg[i] / (1.0f + expf(-dg[i])) * du[i];
+    for (unsigned rl = threadIdx.x / 32; rl < kCtaRows; rl += kMoeWarps) {  // one warp per row
+      const unsigned r = r0 + rl;
+      if (r >= kF) break;
+      float dg[kMoeGroup], du[kMoeGroup];
+      groupDots<kE, true>(gate, up, e, r, in, n, dg, du);
+      if (threadIdx.x % 32 == 0) writeA<kCtaRows>(dg, du, n, slot, r, rl, a_out, staged);
+    }
+#if MOE_A_Q8
+    quantizeStaged<kCtaRows>(staged, n, list + g, r0, scratch);
+#endif
   }
 }
 #endif  // MOE_GATE_UP
 
-#if defined(MOE_DOWN)
+#if defined(MOE_DOWN) && MOE_D_PLANE == 7
+static_assert(MOE_F % 256 == 0, "kBlocks rows are whole 256-weight blocks");
+namespace minfer::kern::moe {
+using DownW = BlocksWeight<MOE_D_TYPE, MOE_D_GP, MOE_D_PITCH, MOE_D_EPITCH>;
+constexpr unsigned kL = moeBlocksLanes(kF), kCtaRows = moeBlocksRows(kF, false);
+}  // namespace minfer::kern::moe
+// Thread block (x, y): rows kCtaRows·x … of chosen expert y (lanes kL·j … of warp w: row w·32/kL + j),
+// against the q8 rows of A that gate_up wrote (MOE_A_Q8).
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
+    minfer_moe_down(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::moe;
+  (void)ds, (void)dm;
+  const int ex = blockExpert(scratch);
+  if (ex < 0) return;
+  const unsigned e = static_cast<unsigned>(ex), lane = threadIdx.x % 32;
+  const unsigned r = blockIdx.x * kCtaRows + threadIdx.x / 32 * (32 / kL) + lane / kL;
+  const unsigned rr = r < kE ? r : kE - 1;  // rows past the end read the last row (not written)
+  if (threadIdx.x == 0)  // the block's rows (consecutive) start moving to L2
+    prefetchL2(DownW::row(dq, e, blockIdx.x * kCtaRows),
+               static_cast<unsigned>(min(kCtaRows, kE - blockIdx.x * kCtaRows) * MOE_D_PITCH));
+  const int begin = offsets(scratch)[e], end = offsets(scratch)[e + 1];
+  const int* list = slotList(scratch);
+  const int8_t* aq0 = aqOf(scratch);
+  const Q8Meta* am0 = ametaOf(scratch);
+  float* y_out = regionY(scratch);
+  const uint8_t* wr[1] = {DownW::row(dq, e, rr)};
+  for (int g = begin; g < end; g += kMoeGroup) {
+    const unsigned n = min(static_cast<unsigned>(end - g), kMoeGroup);
+    const Q8Rows<kF, false> in(list, g, n, aq0, am0);
+    const int(&slot)[kMoeGroup] = in.slot;
+    float dd[1][kMoeGroup];
+    blockDots<DownW::kQ4K, 1, kF / 256, kL, DownW::kGroupPitch>(wr, in.q, in.m, n, dd);
+    if (lane % kL == 0 && r < kE)
+#pragma unroll
+      for (unsigned i = 0; i < kMoeGroup; ++i)
+        if (i < n) y_out[static_cast<unsigned long long>(slot[i]) * kE + r] = dd[0][i];
+  }
+}
+#elif defined(MOE_DOWN)
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
     minfer_moe_down(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch) {
   minfer::kern::overlapPrologue();
@@ -355,8 +695,9 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
   const ExpertWeight<MOE_D_PLANE, MOE_D_PITCH, MOE_D_EPITCH, MOE_D_S_PITCH, MOE_D_S_EPITCH, MOE_D_M_PITCH,
                      MOE_D_M_EPITCH, MOE_D_GS>
       down{dq, ds, dm};
-  const unsigned e = blockIdx.y, r = blockIdx.x * kMoeWarps + threadIdx.x / 32;
-  if (r >= kE) return;
+  const int ex = blockExpert(scratch);
+  const unsigned e = static_cast<unsigned>(ex), r = blockIdx.x * kMoeWarps + threadIdx.x / 32;
+  if (ex < 0 || r >= kE) return;
   const int begin = offsets(scratch)[e], end = offsets(scratch)[e + 1];
   const int* list = slotList(scratch);
   const float* a_in = regionA(scratch);

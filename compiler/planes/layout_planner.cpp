@@ -172,7 +172,9 @@ llvm::Expected<TensorLayout> planLayout(const TensorDesc& desc, PlaneForm form, 
         break;
       }
       layout.planes.push_back(blocksTable(desc.type, rows, cols, matmul && blocksReadByGemv(desc.type)));
-      if (matmul) addDerivedPlanes(desc.type, rows, cols, f16_prefill && desc.experts == 1, layout.planes);
+      // Q4_K and Q6_K expert tensors: the MoE kernels read their kBlocks plane only (kernels/moe.cuh).
+      if (matmul && !(desc.experts > 1 && blocksReadByGemv(desc.type)))
+        addDerivedPlanes(desc.type, rows, cols, f16_prefill && desc.experts == 1, layout.planes);
       break;
     default:
       return fail(llvm::formatv("unknown role {0}", static_cast<unsigned>(desc.role)));

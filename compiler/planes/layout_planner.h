@@ -12,6 +12,7 @@
 //   kEmbeddingMatMul quantized                    kBlocks, then the kMatMul derived planes
 //   (f16_prefill: the derived planes of a quantized matmul end with a kF16 plane, and are that plane
 //   alone for Q4_K and Q6_K, whose decode reads kBlocks; not on expert tensors)
+//   (expert axis)   Q4_K, Q6_K                    kBlocks only (the MoE kernels read the GGUF blocks)
 //   (tied output)   F32 / F16 / BF16              the dense plane only (it serves both uses)
 //   kVector         any supported type            kF32 (norm weights, biases; dequantized exactly)
 //   ([kMin] only where hasMin(type): Q4_1, Q5_1, Q2_K, Q4_K, Q5_K.)

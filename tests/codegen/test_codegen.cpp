@@ -466,12 +466,26 @@ TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/u
       if (st.op != fb::OpKind::MoeFfn) continue;
       ++moe_steps;
       // gate/up and down read every expert weight through planes with the step's expert axis.
-      for (const LaunchRecord& r : set.decode[i])
+      for (const LaunchRecord& r : set.decode[i]) {
+        bool reads_experts = false;
         for (const KernelArgDesc& a : r.args)
           if (a.kind == fb::ArgKind::Weight) {
+            reads_experts = true;
             CHECK(a.plane.experts == 8);
             CHECK(a.plane.expert_pitch == a.plane.rows / 8 * a.plane.row_pitch);
+            // Q4_K / Q6_K experts are read from their GGUF blocks (their only plane), other quantized
+            // types from kI8 + kScale, float ones from their dense plane.
+            const auto type = static_cast<GgmlType>(a.plane.ggml_type);
+            if (type == GgmlType::Q4_K || type == GgmlType::Q6_K) CHECK(a.plane.kind == PlaneKind::kBlocks);
+            else CHECK(a.plane.kind != PlaneKind::kBlocks);
           }
+        // gate/up and down launch only the chosen experts: n_tokens·K of the 8 (top-2) until all 8.
+        if (reads_experts) {
+          CHECK(r.rule.at(1).grid.y == 2);
+          CHECK(r.rule.at(3).grid.y == 6);
+          CHECK(r.rule.at(l.desc.plan.max_batch).grid.y == 8);
+        }
+      }
     }
     CHECK(moe_steps == 2);
     // MoeFfn uses step scratch, so the last-token tail starts after the last one.

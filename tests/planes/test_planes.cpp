@@ -436,6 +436,12 @@ TEST_CASE("expert axis: 3-D expert tensors get experts / expert_pitch on every p
         CHECK(t.rows == rows);
         CHECK(expertRows(t) == 7);
       }
+      // Q4_K and Q6_K experts are read from their GGUF blocks (kernels/moe.cuh): no derived planes;
+      // the other quantized types keep kI8 + kScale for the MoE kernels.
+      if (type == GgmlType::Q4_K || type == GgmlType::Q6_K)
+        CHECK((L.planes.size() == 1 && L.planes[0].kind == PlaneKind::kBlocks && L.planes[0].group_pitch % 16 == 0));
+      else if (type != GgmlType::F32)
+        CHECK((L.find(PlaneKind::kI8) >= 0 && L.find(PlaneKind::kScale) >= 0));
       const auto planes = transformAll(L, src, 2);
       CHECK(runGates(L, src, planes, ref));  // the whole plane as rows × cols
       CHECK(expertGate(L, planes, ref) == 0);

@@ -1,26 +1,41 @@
 // Op families MoeRoute and MoeFfn → kernels/moe.cuh: the softmax router's top-k (one launch), and the
-// expert FFN as four launches (sort the token slots by expert, gate/up per expert, down per expert,
-// weighted combine) sharing the step's scratch. Every -D…PITCH / …EPITCH constant is taken from the
-// stride table the launch record's Weight argument carries (row pitch and expert pitch).
+// expert FFN as four launches (sort the token slots by expert, gate/up per chosen expert, down per chosen
+// expert, weighted combine) sharing the step's scratch. Every -D…PITCH / …EPITCH constant is taken from the
+// stride table the launch record's Weight argument carries (row pitch and expert pitch). Q4_K and Q6_K
+// experts are read from their kBlocks plane (the GGUF blocks; q8 activations), other types from kI8 +
+// kScale [+ kMin] or their dense plane (layout_planner.h: which planes an expert tensor has).
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/moe.cuh"
 
 namespace minfer::codegen {
 namespace {
 
-// The planes an expert weight is read from: kI8 + kScale [+ kMin] (quantized) or its dense plane.
+// The planes an expert weight is read from: kBlocks (Q4_K, Q6_K), kI8 + kScale [+ kMin] (other
+// quantized types) or its dense plane.
 struct ExpertPlanes {
-  const StrideTable* q = nullptr;  // kI8 or the dense plane
+  const StrideTable* q = nullptr;  // kBlocks, kI8 or the dense plane
   const StrideTable* s = nullptr;
   const StrideTable* m = nullptr;
+  bool blocks() const { return q->kind == PlaneKind::kBlocks; }
 };
+
+// A kBlocks plane the expert kernels decode (kernels/moe.cuh BlocksWeight): Q4_K or Q6_K, whole
+// 256-weight blocks, every block 16-byte aligned.
+bool readableBlocks(const StrideTable& t) {
+  const auto type = static_cast<GgmlType>(t.ggml_type);
+  return (type == GgmlType::Q4_K || type == GgmlType::Q6_K) && t.cols % 256 == 0 && t.group_pitch % 16 == 0 &&
+         t.row_pitch % 16 == 0;
+}
 
 llvm::Expected<ExpertPlanes> expertPlanes(const StepContext& c, size_t i, uint64_t rows, uint64_t cols) {
   auto w = c.weight(i);
   if (!w) return w.takeError();
   const planes::TensorLayout& l = **w;
   ExpertPlanes p;
-  if ((p.q = findPlane(l, PlaneKind::kI8))) {
+  const StrideTable* blocks = findPlane(l, PlaneKind::kBlocks);
+  if (blocks && readableBlocks(*blocks)) {
+    p.q = blocks;
+  } else if ((p.q = findPlane(l, PlaneKind::kI8))) {
     p.s = findPlane(l, PlaneKind::kScale);
     p.m = findPlane(l, PlaneKind::kMin);
     if (!p.s || p.s->elem != ElemType::kF32 || (p.m && (p.m->elem != ElemType::kF32 || p.m->group_size != p.s->group_size)))
@@ -53,6 +68,10 @@ void addWeight(const StepContext& c, size_t i, const char* x, const ExpertPlanes
   def("M_PITCH", p.m ? p.m->row_pitch : 0);
   def("M_EPITCH", p.m ? p.m->expert_pitch : 0);
   def("GS", p.s ? p.s->group_size : 1);
+  if (p.blocks()) {
+    def("TYPE", p.q->ggml_type);
+    def("GP", p.q->group_pitch);
+  }
   const std::string lower(1, static_cast<char>(x[0] - 'A' + 'a'));
   const uint32_t tensor = c.weightId(i);
   args.push_back(weightArg((lower + "q").c_str(), tensor, *p.q));
@@ -60,8 +79,9 @@ void addWeight(const StepContext& c, size_t i, const char* x, const ExpertPlanes
   args.push_back(p.m ? weightArg((lower + "m").c_str(), tensor, *p.m) : kindArg(fb::ArgKind::Null, (lower + "m").c_str()));
 }
 
-// "q8_0", "f32": the tag of the plane set an expert weight is read from.
+// "q4_k_blocks", "q8_0", "f32": the tag of the plane set an expert weight is read from.
 std::string weightTag(const ExpertPlanes& p) {
+  if (p.blocks()) return typeTag(p.q->ggml_type) + "_blocks";
   return p.q->kind == PlaneKind::kI8 ? typeTag(p.q->ggml_type) : denseTag(p.q->kind);
 }
 
@@ -119,6 +139,13 @@ Launches moeFfnLaunches(const StepContext& c) {
   if (!up) return up.takeError();
   auto down = expertPlanes(c, 2, e, f);
   if (!down) return down.takeError();
+  // Gate and up share one kernel's plane set: both kBlocks, or neither.
+  const bool gu_blocks = gate->blocks(), dn_blocks = down->blocks();
+  if (gu_blocks != up->blocks())
+    return c.error(llvm::formatv("gate '{0}' ({1}) and up '{2}' ({3}): the expert kernels read both from blocks "
+                                 "(Q4_K, Q6_K) or neither",
+                                 (*c.weight(0))->desc.name, weightTag(*gate), (*c.weight(1))->desc.name,
+                                 weightTag(*up)));
 
   const uint32_t mb = c.maxBatch();
   const KernelArgDesc scratch{.kind = fb::ArgKind::Scratch, .name = "scratch",
@@ -136,19 +163,21 @@ Launches moeFfnLaunches(const StepContext& c) {
   const KernelArgDesc ids_in = activationArg("ids", c.inputId(1), k, fb::Access::Read);
   std::vector<KernelLaunch> launches;
 
-  SpecBuilder sort("moe_sort_" + shape, "kernels/moe.cuh", "minfer_moe_sort");
-  common(sort, "MOE_SORT");
-  launches.push_back({sort.spec, {ids_in, scratch, ntok}, kern::moeSortLaunchRule()});
+  const KernelArgDesc x_in = activationArg("x", c.inputId(0), e, fb::Access::Read);
+  SpecBuilder sort("moe_sort_" + shape + (gu_blocks ? "_xq8" : ""), "kernels/moe.cuh", "minfer_moe_sort");
+  common(sort, "MOE_SORT").define("MOE_X_Q8", uint64_t{gu_blocks});
+  launches.push_back({sort.spec, {ids_in, x_in, scratch, ntok}, kern::moeSortLaunchRule(e, gu_blocks)});
 
-  SpecBuilder gu(llvm::formatv("moe_gate_up_{0}_{1}_{2}_p{3}_{4}", shape, weightTag(*gate), weightTag(*up),
-                               gate->q->row_pitch, up->q->row_pitch),
+  SpecBuilder gu(llvm::formatv("moe_gate_up_{0}_{1}_{2}_p{3}_{4}{5}", shape, weightTag(*gate), weightTag(*up),
+                               gate->q->row_pitch, up->q->row_pitch, dn_blocks ? "_aq8" : ""),
                  "kernels/moe.cuh", "minfer_moe_gate_up");
-  common(gu, "MOE_GATE_UP");
-  std::vector<KernelArgDesc> gu_args{activationArg("x", c.inputId(0), e, fb::Access::Read)};
+  common(gu, "MOE_GATE_UP").define("MOE_A_Q8", uint64_t{dn_blocks});
+  std::vector<KernelArgDesc> gu_args{x_in};
   addWeight(c, 0, "G", *gate, gu, gu_args);
   addWeight(c, 1, "U", *up, gu, gu_args);
   gu_args.push_back(scratch);
-  launches.push_back({gu.spec, std::move(gu_args), kern::moeExpertsLaunchRule(f, nexp)});
+  launches.push_back({gu.spec, std::move(gu_args),
+                      kern::moeExpertsLaunchRule(f, kern::moeGateUpRows(gu_blocks, e, dn_blocks), nexp, k)});
 
   SpecBuilder dn(llvm::formatv("moe_down_{0}_{1}_p{2}", shape, weightTag(*down), down->q->row_pitch),
                  "kernels/moe.cuh", "minfer_moe_down");
@@ -156,7 +185,8 @@ Launches moeFfnLaunches(const StepContext& c) {
   std::vector<KernelArgDesc> dn_args;
   addWeight(c, 2, "D", *down, dn, dn_args);
   dn_args.push_back(scratch);
-  launches.push_back({dn.spec, std::move(dn_args), kern::moeExpertsLaunchRule(e, nexp)});
+  launches.push_back(
+      {dn.spec, std::move(dn_args), kern::moeExpertsLaunchRule(e, kern::moeDownRows(dn_blocks, f), nexp, k)});
 
   SpecBuilder comb("moe_combine_" + shape, "kernels/moe.cuh", "minfer_moe_combine");
   common(comb, "MOE_COMBINE");
