@@ -134,7 +134,7 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
       {"EXPAND_P_PITCH", "packed"}, {"MOE_G_PITCH", "gq"}, {"MOE_G_S_PITCH", "gs"}, {"MOE_G_M_PITCH", "gm"},
       {"MOE_U_PITCH", "uq"}, {"MOE_U_S_PITCH", "us"}, {"MOE_U_M_PITCH", "um"}, {"MOE_D_PITCH", "dq"},
       {"MOE_D_S_PITCH", "ds"}, {"MOE_D_M_PITCH", "dm"}, {"SB_PITCH", "wq"}, {"SB_S_PITCH", "wscale"},
-      {"SB_M_PITCH", "wmin"}};
+      {"SB_M_PITCH", "wmin"}, {"SBB_PITCH", "w"}};
   // Expert pitches (-D…EPITCH) likewise equal the expert_pitch of the table their argument carries.
   static const std::pair<const char*, const char*> kExpertPitchArgs[] = {
       {"MOE_G_EPITCH", "gq"}, {"MOE_G_S_EPITCH", "gs"}, {"MOE_G_M_EPITCH", "gm"}, {"MOE_U_EPITCH", "uq"},

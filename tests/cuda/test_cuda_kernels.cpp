@@ -569,6 +569,23 @@ TEST_CASE("mmq and gemv: padded row pitches (offset gate)") {
     checkQuantizedMatmul(t, 136, 512, true, true, 64);
 }
 
+// One small-batch matmul launch (gemm_small.cuh, gemm_small_blocks.cuh) of `rows` rows of an N = n_rows weight,
+// checked against `ref`: out (and the split-K scratch) poisoned first, the error within `tol` (tracked as
+// `family`), the counters back to zero, nothing written past the call's rows.
+void checkSmallBatchLaunch(const Kernel& k, const kern::LaunchShape& shape, std::vector<void*> args, DeviceArray& out,
+                           DeviceArray& partial, DeviceArray& counters, int rows, uint64_t n_rows,
+                           const std::vector<float>& ref, const char* family, double tol) {
+  out.poison();
+  partial.poison();
+  launch(k, shape, std::move(args));
+  const std::vector<float> got = out.download<float>(static_cast<size_t>(rows) * n_rows);
+  CHECK(track(family, relError(got.data(), ref.data(), ref.size())) <= tol);
+  const uint64_t words = counters.size() / 4;
+  CHECK(counters.download<uint32_t>(words) == std::vector<uint32_t>(words, 0));
+  const std::vector<float> after = out.download<float>(n_rows, static_cast<uint64_t>(rows) * n_rows * 4);
+  CHECK(std::all_of(after.begin(), after.end(), [](float v) { return std::isnan(v); }));
+}
+
 // minfer_gemm_small (batched decode rows) on the planes the decode GEMV reads (kPacked for Q4_0 / Q4_1, else
 // kI8) against the CPU matmul on the same q8 activations: row counts 1 … 64 (partial n8 tiles), N not a
 // multiple of 16 or of the 128 rows of a block, the codegen's split count and one split, with and without a
@@ -619,17 +636,10 @@ void checkGemmSmall(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool bias, 
     const std::vector<float> ref = cpuMatmul(g, cpu::RowSource::kQuantized, bias ? bias_v.data() : nullptr, hq.deq, rows);
     for (size_t i = 0; i < 2; ++i) {
       CAPTURE(split_counts[i]);
-      out.poison();
-      partial.poison();
       CUdeviceptr a = xq.ptr(), b = xm.ptr(), o = out.ptr();
       int nt = rows;
-      launch(k[i], kern::gemmSmallLaunch(n, split_counts[i]), {&wp, &ws, &wm, &wb, &a, &b, &o, &pp, &pc, &nt});
-      const std::vector<float> got = out.download<float>(static_cast<size_t>(rows) * n_rows);
-      CHECK(track("gemm_small", relError(got.data(), ref.data(), ref.size())) <= kGemmSmallTol);
-      CHECK(counters.download<uint32_t>(counter_words) == zeros);
-      // Nothing written past the call's rows.
-      const std::vector<float> after = out.download<float>(n_rows, static_cast<uint64_t>(rows) * n_rows * 4);
-      CHECK(std::all_of(after.begin(), after.end(), [](float v) { return std::isnan(v); }));
+      checkSmallBatchLaunch(k[i], kern::gemmSmallLaunch(n, split_counts[i]), {&wp, &ws, &wm, &wb, &a, &b, &o, &pp, &pc, &nt},
+                            out, partial, counters, rows, n_rows, ref, "gemm_small", kGemmSmallTol);
     }
   }
 }
@@ -738,16 +748,10 @@ void checkGemmSmallBlocks(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool 
     const std::vector<float> ref = cpuBlocksMatmul(w, bias ? bias_v.data() : nullptr, hq.deq, rows);
     for (size_t i = 0; i < split_counts.size(); ++i) {
       CAPTURE(split_counts[i]);
-      out.poison();
-      partial.poison();
       CUdeviceptr a = xq.ptr(), b = xm.ptr(), o = out.ptr();
       int nt = rows;
-      launch(k[i], kern::gemmSmallBlocksLaunch(n, split_counts[i]), {&pw, &pb, &a, &b, &o, &pp, &pc, &nt});
-      const std::vector<float> got = out.download<float>(static_cast<size_t>(rows) * n_rows);
-      CHECK(track("gemm_small_blocks", relError(got.data(), ref.data(), ref.size())) <= kGemmSmallBlocksTol);
-      CHECK(counters.download<uint32_t>(counter_words) == zeros);
-      const std::vector<float> after = out.download<float>(n_rows, static_cast<uint64_t>(rows) * n_rows * 4);
-      CHECK(std::all_of(after.begin(), after.end(), [](float v) { return std::isnan(v); }));
+      checkSmallBatchLaunch(k[i], kern::gemmSmallBlocksLaunch(n, split_counts[i]), {&pw, &pb, &a, &b, &o, &pp, &pc, &nt},
+                            out, partial, counters, rows, n_rows, ref, "gemm_small_blocks", kGemmSmallBlocksTol);
     }
   }
 }
