@@ -163,7 +163,7 @@ int main() {
           minfer_gemm_small_blocks<<<grid, block>>>(d_w[i], nullptr, c.xq, c.xm, c.out, c.partial, c.cnt, rows);
         }, copies, &us))
       return 1;
-    std::printf("gemm_small_blocks %s N %d K %d splits %d mt %d prefetch %d rows %2d: %8.2f us %7.0f GB/s  err %.2e\n",
+    std::printf("gemm_small_blocks %s N %d K %d splits %d mt %d lookahead %d rows %2d: %8.2f us %7.0f GB/s  err %.2e\n",
                 kQ4K ? "Q4_K" : "Q6_K", N, K, SBB_SPLITS, SBB_MT, SBB_PREFETCH, rows, us, plane.size() / us * 1e-3,
                 max_err / max_ref);
   }

@@ -30,8 +30,9 @@
 // splitKCombine (partial sums in split order, deterministic; ArgKind Counters). Activations and Q8Meta are read
 // per fragment from L1 (8 tokens × 8 or 4 bytes per load), shared by the block's warps there.
 // Cost: one pass over the plane (every block byte by one load; the quad's loads cover 32 or 16 contiguous bytes
-// of a row); with SBB_PREFETCH each block first asks L2 for its rows' bytes of its split (bulk prefetch, before
-// overlapPrologue), so the loads that follow wait on L2, not HBM. Activations: n·K + n·K/32·8 bytes per block.
+// of a row); each warp keeps SBB_PREFETCH super-blocks of its rows on their way into L2 ahead of its loads (bulk
+// prefetch, the first before overlapPrologue), so the loads wait on L2, not HBM, without the warp holding more
+// than one super-block in registers. Activations: n·K + n·K/32·8 bytes per block, from L2 and L1.
 //
 // Compile-time constants (-D):
 //   SBB_N, SBB_K            weight rows and cols (K % 256 == 0)
@@ -100,6 +101,10 @@ constexpr int kSuper = kK / 256;  // super-blocks per row
 constexpr int kActBlocks = kK / 32;
 constexpr bool kQ4K = SBB_TYPE == 12;
 constexpr int kNT = static_cast<int>(kGemmSmallMaxRows) / 8;  // n8 tiles of the largest call
+#ifndef SBB_PREFETCH  // benchmark override only: super-blocks of L2 prefetch ahead of the loads (0: none)
+#define SBB_PREFETCH 2
+#endif
+constexpr int kLookahead = SBB_PREFETCH;
 static_assert(kK % 256 == 0, "SBB_K must be a multiple of 256");
 static_assert(SBB_TYPE == 12 || SBB_TYPE == 14, "SBB_TYPE must be Q4_K (12) or Q6_K (14)");
 static_assert(SBB_PITCH % 16 == 0 && SBB_GROUP_PITCH % 16 == 0, "blocks must start 16-byte aligned");
@@ -193,9 +198,11 @@ __device__ __forceinline__ void superBlock(float (&acc)[kMT][kNT][4], const RowB
         float dx[2], dxs[2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const Q8Meta mt = xmeta[static_cast<uint64_t>(min(8 * j + 2 * t + c, n_tokens - 1)) * kActBlocks + ab];
-          dx[c] = mt.d;
-          dxs[c] = mt.d * static_cast<float>(mt.sum_lo + mt.sum_hi);
+          // One 8-byte load of Q8Meta {d, sum_lo | sum_hi << 16} (8-byte aligned in the q8 buffer).
+          const int2 mt = *reinterpret_cast<const int2*>(
+              xmeta + static_cast<uint64_t>(min(8 * j + 2 * t + c, n_tokens - 1)) * kActBlocks + ab);
+          dx[c] = __int_as_float(mt.x);
+          dxs[c] = dx[c] * static_cast<float>(static_cast<short>(mt.y & 0xFFFF) + (mt.y >> 16));
         }
 #pragma unroll
         for (int m = 0; m < kMT; ++m) {
@@ -270,6 +277,15 @@ __device__ __forceinline__ void storeTile(const float (&acc)[kMT][kNT][4], float
   }
 }
 
+// Quad lane 0 asks L2 for super-block sbk of its rows (one bulk prefetch of the group pitch per row).
+__device__ __forceinline__ void prefetchRows(const uint8_t* const (&rows)[kMT][2], int sbk, int t) {
+  if (kLookahead == 0 || t != 0) return;
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) prefetchL2(rows[m][r] + static_cast<uint64_t>(sbk) * SBB_GROUP_PITCH, SBB_GROUP_PITCH);
+}
+
 // Super-blocks [begin, end) of split s (the first kSuper % kSplits splits take one more).
 __device__ __forceinline__ void splitRange(int s, int* begin, int* end) {
   const int base = kSuper / kSplits, extra = kSuper % kSplits;
@@ -279,9 +295,6 @@ __device__ __forceinline__ void splitRange(int s, int* begin, int* end) {
 
 }  // namespace minfer::kern::gemm_small_blocks
 
-#ifndef SBB_PREFETCH  // benchmark override only: 0 = no L2 prefetch of the block's weight rows
-#define SBB_PREFETCH 1
-#endif
 #ifndef SBB_MIN_BLOCKS  // benchmark override only: blocks per SM the registers must allow
 #define SBB_MIN_BLOCKS 2
 #endif
@@ -295,24 +308,19 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kSbbWarps, SBB_M
   int sb0, sb1;
   splitRange(blockIdx.y, &sb0, &sb1);
   const int first_row = blockIdx.x * kSbbRowsPerBlock;
-#if SBB_PREFETCH
-  {  // the block's rows of its split start moving into L2 (weights: readable before the prologue)
-    const int row = first_row + threadIdx.x;
-    for (int r = row; r < min(first_row + static_cast<int>(kSbbRowsPerBlock), kN); r += blockDim.x)
-      prefetchL2(w + static_cast<uint64_t>(r) * SBB_PITCH + static_cast<uint64_t>(sb0) * SBB_GROUP_PITCH,
-                 static_cast<unsigned>(sb1 - sb0) * SBB_GROUP_PITCH);
-  }
-#endif
-  overlapPrologue();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row0 = first_row + warp * 16 * kMT;
-  const int ntiles = (n_tokens + 7) / 8;  // the caller keeps 1 ≤ n_tokens ≤ kGemmSmallMaxRows
   const uint8_t* rows[kMT][2];  // rows past N read row N − 1 (never stored)
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       rows[m][r] = w + static_cast<uint64_t>(min(row0 + 16 * m + 8 * r + g, kN - 1)) * SBB_PITCH;
+  // The first kLookahead super-blocks of the lane's rows start moving into L2 (weights: readable before the
+  // prologue); the loop keeps kLookahead ahead.
+  for (int sbk = sb0; sbk < min(sb0 + kLookahead, sb1); ++sbk) prefetchRows(rows, sbk, t);
+  overlapPrologue();
+  const int ntiles = (n_tokens + 7) / 8;  // the caller keeps 1 ≤ n_tokens ≤ kGemmSmallMaxRows
   float acc[kMT][kNT][4];
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
@@ -321,6 +329,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kSbbWarps, SBB_M
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.0f;
   for (int sbk = sb0; sbk < sb1; ++sbk) {
+    if (sbk + kLookahead < sb1) prefetchRows(rows, sbk + kLookahead, t);
     RowBytes wb[kMT][2];
 #pragma unroll
     for (int m = 0; m < kMT; ++m)

@@ -5,9 +5,10 @@
 # odd shapes (N not a multiple of 16 or 128, K/256 not a multiple of the splits) for correctness. Prints one line
 # per shape, variant and row count (1, 8, 16, 32, 64): µs, GB/s of block bytes, max rel error vs float64.
 #   scripts/device-gemm-small-blocks.sh [shape-index...]
-#   SBB_VARIANTS="mt:prefetch:min_blocks:target …" (default "2:1:2:264", the header's defaults): m16 tiles per
-#   warp (SBB_MT), L2 prefetch of the block's rows (SBB_PREFETCH), blocks per SM for the register bound
-#   (SBB_MIN_BLOCKS), blocks the split-K count aims for (kSbbTargetBlocks).
+#   SBB_VARIANTS="mt:lookahead:min_blocks:target …" (default "2:2:2:264", the header's defaults): m16 tiles per
+#   warp (SBB_MT), super-blocks of L2 prefetch ahead of the loads (SBB_PREFETCH, 0 = none), blocks per SM for the
+#   register bound (SBB_MIN_BLOCKS), blocks the split-K count aims for (kSbbTargetBlocks).
+#   e.g. SBB_VARIANTS="2:2:2:264 1:2:3:264 2:0:2:264 2:4:2:264 2:2:2:132" scripts/device-gemm-small-blocks.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -21,7 +22,7 @@ shapes=("3584 3584 12" "512 3584 12" "512 3584 14" "18944 3584 12" "3584 18944 1
         "328 768 12" "211 1280 14" "520 3584 14" "24 256 12")  # odd N, uneven splits
 pick=("$@")
 [ ${#pick[@]} -eq 0 ] && pick=($(seq 0 $((${#shapes[@]} - 1))))
-variants=(${SBB_VARIANTS:-2:1:2:264})
+variants=(${SBB_VARIANTS:-2:2:2:264})
 bins=()
 for i in "${pick[@]}"; do
   read -r n k type <<<"${shapes[$i]}"
