@@ -82,6 +82,13 @@ int weightCopies(const std::vector<uint8_t>& plane, std::vector<uint8_t*>& d_w) 
   return 0;
 }
 
+// The host activations (randomActivations) and the device weight copies (weightCopies).
+int activationsAndCopies(int k, std::mt19937& rng, const std::vector<uint8_t>& plane, std::vector<int8_t>& xq,
+                         std::vector<Q8Meta>& xm, std::vector<uint8_t*>& d_w) {
+  randomActivations(k, rng, xq, xm);
+  return weightCopies(plane, d_w);
+}
+
 // The call's device buffers: the q8 activations, the output (kRows × N f32), the split-K scratch and counters.
 struct DeviceCall {
   int8_t* xq = nullptr;
@@ -127,9 +134,8 @@ int main() {
     }
   std::vector<int8_t> xq;
   std::vector<Q8Meta> xm;
-  randomActivations(K, rng, xq, xm);
   std::vector<uint8_t*> d_w;
-  if (weightCopies(plane, d_w)) return 1;
+  if (activationsAndCopies(K, rng, plane, xq, xm, d_w)) return 1;
   const int copies = static_cast<int>(d_w.size());
   DeviceCall c;
   if (deviceCall(xq, xm, N, minfer::kern::gemmSmallScratchBytes(N, SBB_SPLITS),
@@ -197,9 +203,8 @@ int main() {
     }
   std::vector<int8_t> xq;
   std::vector<Q8Meta> xm;
-  randomActivations(K, rng, xq, xm);
   std::vector<uint8_t*> d_w;
-  if (weightCopies(plane, d_w)) return 1;
+  if (activationsAndCopies(K, rng, plane, xq, xm, d_w)) return 1;
   const int copies = static_cast<int>(d_w.size());
   float *d_s, *d_m;
   CK(cudaMalloc(&d_s, sc.size() * 4));

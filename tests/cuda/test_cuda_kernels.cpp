@@ -707,12 +707,9 @@ std::vector<float> cpuBlocksMatmul(const RandomWeight& w, const float* bias, con
 // splits), with and without a bias, padded pitches with 0xCD pad bytes; the counters must be zero after every
 // launch and nothing may be written past the call's rows.
 void checkGemmSmallBlocks(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool bias, bool padded) {
-  const std::string type_name = ggmlTypeTraits(type).name;
-  CAPTURE(type_name);
-  CAPTURE(n_rows);
-  CAPTURE(k_cols);
-  CAPTURE(bias);
-  CAPTURE(padded);
+  const std::string weight = std::string(ggmlTypeTraits(type).name) + " " + str(n_rows) + " × " + str(k_cols) +
+                             (bias ? ", bias" : "") + (padded ? ", padded" : "");
+  CAPTURE(weight);
   const RandomWeight w = makeRandomWeight(type, n_rows, k_cols, rng(), 0.5f);
   const BuiltPlane plane = alignedBlocksPlane(w, padded);
   const unsigned n = static_cast<unsigned>(n_rows), super = static_cast<unsigned>(k_cols / 256);
