@@ -55,10 +55,12 @@
 
 namespace minfer::kern {
 
-// Calls the compiler gives it (Step.small_rows = min(this, max_batch)): the crossover against what the step runs
-// otherwise (the Hopper f16 prefill GEMM, or mmq), for the lead to tune from bench/gemm_small_bench.cu
-// measurements; every row count the kernel takes until measured otherwise.
-constexpr unsigned kGemmSmallBlocksRows = kGemmSmallMaxRows;
+// Calls the compiler gives it (Step.small_rows = min(these, max_batch)): the crossovers against what the step runs
+// otherwise, the Hopper f16 prefill GEMM (wgmma_matmul.cuh, a weight with a kF16 plane) or mmq.cuh; to be tuned
+// from measurements (bench/gemm_small_bench.cu against bench/wgmma_bench.cu and bench/mmq_variants.cu, or
+// minfer-bench --parallel); every row count the kernel takes until measured otherwise.
+constexpr unsigned kGemmSmallBlocksRowsVsWgmma = kGemmSmallMaxRows;
+constexpr unsigned kGemmSmallBlocksRowsVsMmq = kGemmSmallMaxRows;
 constexpr unsigned kSbbWarps = 4;
 #ifndef SBB_MT  // benchmark override only (host and device see the same value): m16 tiles per warp
 #define SBB_MT 2

@@ -385,7 +385,7 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
                       (isQuantizedMatMul(l, s) || blocks);
     REQUIRE_MESSAGE(set.prefill_small[i].size() == (want ? 1u : 0u), s.name);
     const bool f16 = want && l.layouts[s.weights[0]].find(PlaneKind::kF16) >= 0;
-    const unsigned rows = blocks ? kern::kGemmSmallBlocksRows
+    const unsigned rows = blocks ? (f16 ? kern::kGemmSmallBlocksRowsVsWgmma : kern::kGemmSmallBlocksRowsVsMmq)
                                  : f16 ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq;
     CHECK(set.prefill_small_rows[i] == (want ? std::min(rows, l.desc.plan.max_batch) : 0u));
     if (!want) continue;
@@ -450,7 +450,7 @@ TEST_CASE("every fixture model gets kernel images for sm_90") {
 
 // The small-batch launches where the Hopper images plan their K-quant weights (layout_planner.h f16_prefill: kBlocks
 // and kF16, no kI8): minfer_gemm_small_blocks on the GGUF blocks for every Q4_K and Q6_K matmul, for up to
-// min(kGemmSmallBlocksRows, max_batch) rows (checkSet covers the sm_90 planes); specs only, no NVRTC.
+// min(kGemmSmallBlocksRowsVsWgmma, max_batch) rows (checkSet covers the sm_90 planes); specs only, no NVRTC.
 TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks beside a Hopper kF16 plane") {
   if (!test::haveFixtures()) return;
   const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
@@ -468,7 +468,7 @@ TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks be
     REQUIRE(small->launches.size() == 1);
     const KernelLaunch& k = small->launches[0];
     CHECK(k.spec.entry == "minfer_gemm_small_blocks");
-    CHECK(small->rows == std::min(kern::kGemmSmallBlocksRows, l.desc.plan.max_batch));
+    CHECK(small->rows == std::min(kern::kGemmSmallBlocksRowsVsWgmma, l.desc.plan.max_batch));
     const StrideTable& b = w.planes[static_cast<size_t>(w.find(PlaneKind::kBlocks))];
     types.insert(b.ggml_type);
     CHECK(k.spec.define("SBB_TYPE") == std::to_string(b.ggml_type));

@@ -482,7 +482,9 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
     if (!launches) return launches.takeError();
     if (!launches->empty()) {
       out.launches = std::move(*launches);
-      out.rows = std::min<uint32_t>(kern::kGemmSmallBlocksRows, c.maxBatch());
+      const bool wgmma = findPlane(*m->w, PlaneKind::kF16) != nullptr;  // what the step runs above small_rows
+      out.rows = std::min<uint32_t>(wgmma ? kern::kGemmSmallBlocksRowsVsWgmma : kern::kGemmSmallBlocksRowsVsMmq,
+                                    c.maxBatch());
       return out;
     }
   }

@@ -165,7 +165,7 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // ops/matmul.cpp) and the largest call they serve (small_rows): for a MatMul step with no followers on a
 // quantized weight and a q8 input, minfer_gemm_small_blocks (kernels/gemm_small_blocks.cuh) on a kBlocks plane
 // the decode GEMV reads (Q4_K, Q6_K; with or without a Hopper kF16 plane) for calls of 1 ≤ n_tokens ≤
-// min(kGemmSmallBlocksRows, max_batch); else, on a weight with a kI8 plane, minfer_gemm_small
+// min(kGemmSmallBlocksRowsVsWgmma (a weight with a kF16 plane) or kGemmSmallBlocksRowsVsMmq, max_batch); else, on a weight with a kI8 plane, minfer_gemm_small
 // (kernels/gemm_small.cuh) on the plane the decode GEMV reads, for calls of 1 ≤ n_tokens ≤ min(kGemmSmallRowsVsMmq
 // or, for a weight with a kF16 plane (Hopper prefill), kGemmSmallRowsVsWgmma, max_batch). None (small_rows 0) for
 // other steps, plans or weights (float weights; other types whose only prefill plane is kF16). Errors as the
