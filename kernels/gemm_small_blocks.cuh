@@ -32,7 +32,9 @@
 // Cost: one pass over the plane (every block byte by one load; the quad's loads cover 32 or 16 contiguous bytes
 // of a row); each warp keeps SBB_PREFETCH super-blocks of its rows on their way into L2 ahead of its loads (bulk
 // prefetch, the first before overlapPrologue), so the loads wait on L2, not HBM, without the warp holding more
-// than one super-block in registers. Activations: n·K + n·K/32·8 bytes per block, from L2 and L1.
+// than one super-block in registers. Activations: n·K + n·K/32·8 bytes per block, from L2 and L1. Registers
+// (ptxas, sm_90, SBB_MT 2): 168 Q4_K, 208 Q6_K, no spills. Not yet measured on a GPU (bench/gemm_small_bench.cu
+// with SBB_* constants, scripts/device-gemm-small-blocks.sh).
 //
 // Compile-time constants (-D):
 //   SBB_N, SBB_K            weight rows and cols (K % 256 == 0)
