@@ -73,13 +73,15 @@ constexpr unsigned kSbbRowsPerBlock = kSbbWarps * 16 * SBB_MT;
 constexpr unsigned kSbbTargetBlocks = 264;
 
 // K splits for an N × K weight: ⌈kSbbTargetBlocks / row blocks⌉, at most kSbMaxSplits and at most K / 256 (one
-// super-block per split; at least 1).
+// super-block per split; at least 1), then as few as keep the longest split's super-blocks (the time of the
+// launch): 14 super-blocks over 10 splits take 2 in the longest, as over 7, which write fewer partial sums.
 MINFER_HD unsigned gemmSmallBlocksSplits(unsigned n, unsigned k) {
   const unsigned row_blocks = ceilDiv(n, kSbbRowsPerBlock), super_blocks = k / 256;
   unsigned s = ceilDiv(kSbbTargetBlocks, row_blocks);
   if (s > kSbMaxSplits) s = kSbMaxSplits;
   if (s > super_blocks) s = super_blocks;
-  return s > 0 ? s : 1;
+  if (s == 0) return 1;
+  return ceilDiv(super_blocks, ceilDiv(super_blocks, s));
 }
 // Bytes of the block counters: one word per row group. The partial sums: gemmSmallScratchBytes(n, splits).
 MINFER_HD unsigned long long gemmSmallBlocksCounterBytes(unsigned n) { return ceilDiv(n, kSbbRowsPerBlock) * 4ull; }

@@ -16,7 +16,8 @@ out=${TMPDIR:-/tmp}/gemm_small_blocks_bench
 mkdir -p "$out"
 # gemmSmallBlocksSplits(n, k) for rows per block $3 and target $4.
 splits() { python3 -c "
-n,k,rb_rows,target=$1,$2,$3,$4; rb=(n+rb_rows-1)//rb_rows; s=min((target+rb-1)//rb,32,k//256); print(max(s,1))"; }
+n,k,rb_rows,target=$1,$2,$3,$4; rb=(n+rb_rows-1)//rb_rows; sb=k//256; s=max(min((target+rb-1)//rb,32,sb),1)
+print(-(-sb//(-(-sb//s))))"; }
 shapes=("3584 3584 12" "512 3584 12" "512 3584 14" "18944 3584 12" "3584 18944 12" "3584 18944 14" "3584 3584 14"
         "152064 3584 14"
         "328 768 12" "211 1280 14" "520 3584 14" "24 256 12")  # odd N, uneven splits
