@@ -111,6 +111,43 @@ MINFER_HD LaunchShape gemmSmallLaunch(unsigned n, unsigned splits) { return gemm
 
 }  // namespace minfer::kern
 
+#if defined(MINFER_DEVICE_CODE)
+namespace minfer::kern {
+
+// The split-K epilogue of the small-batch matmuls (this file, gemm_small_blocks.cuh): called by every thread of
+// a block after the block stored its split's sums to partial[blockIdx.y][token][row] (row stride kN, token
+// stride kGemmSmallMaxRows rows). The block counts itself in counters[blockIdx.x] (a block barrier, then one
+// acquire-release atomic, as gemv_blocks.cuh's GLU epilogue); the block that completes row group blockIdx.x
+// (kRowsPerBlock rows) sums the splits in split order (deterministic), adds the bias, writes `out` (n_tokens × kN
+// f32) and zeroes its counter again.
+template <int kN, int kSplits, unsigned kRowsPerBlock, bool kBias>
+__device__ __forceinline__ void splitKCombine(const float* partial, const float* bias, float* out, unsigned* counters,
+                                              int n_tokens) {
+  __shared__ bool completes;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blockIdx.x) : "memory");
+    completes = before == static_cast<unsigned>(kSplits) - 1;
+  }
+  __syncthreads();
+  if (!completes) return;
+  const int first = blockIdx.x * kRowsPerBlock;
+  const int rows = min(static_cast<int>(kRowsPerBlock), kN - first);
+  for (int i = threadIdx.x; i < rows * n_tokens; i += blockDim.x) {
+    const int tok = i / rows, row = first + i % rows;
+    float v = 0.0f;
+    for (int s = 0; s < kSplits; ++s)
+      v += __ldcg(partial + (static_cast<uint64_t>(s) * kGemmSmallMaxRows + tok) * kN + row);
+    if (kBias) v += bias[row];
+    out[static_cast<uint64_t>(tok) * kN + row] = v;
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+}
+
+}  // namespace minfer::kern
+#endif  // MINFER_DEVICE_CODE
+
 #if defined(MINFER_DEVICE_CODE) && defined(SB_N)
 namespace minfer::kern::gemm_small {
 
@@ -344,28 +381,7 @@ __device__ __forceinline__ void run(const uint8_t* w, const float* wscale, const
   // Split-K: this split's sums to partial[split][token][row]; the block completing the row group sums them.
   storeTile<NT>(acc, partial + static_cast<uint64_t>(blockIdx.y) * kGemmSmallMaxRows * kN, nullptr, n_tokens, row0,
                 g, t);
-  __shared__ bool completes;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned before;
-    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blockIdx.x) : "memory");
-    completes = before == static_cast<unsigned>(kSplits) - 1;
-  }
-  __syncthreads();
-  if (!completes) return;
-  const int first = blockIdx.x * kSbRowsPerBlock;
-  const int rows = min(static_cast<int>(kSbRowsPerBlock), kN - first);
-  for (int i = threadIdx.x; i < rows * n_tokens; i += blockDim.x) {
-    const int tok = i / rows, row = first + i % rows;
-    float v = 0.0f;
-    for (int s = 0; s < kSplits; ++s)
-      v += __ldcg(partial + (static_cast<uint64_t>(s) * kGemmSmallMaxRows + tok) * kN + row);
-#if SB_HAS_BIAS
-    v += bias[row];
-#endif
-    out[static_cast<uint64_t>(tok) * kN + row] = v;
-  }
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+  splitKCombine<kN, kSplits, kSbRowsPerBlock, SB_HAS_BIAS != 0>(partial, bias, out, counters, n_tokens);
 }
 
 }  // namespace minfer::kern::gemm_small

@@ -12,10 +12,12 @@
 #include "compiler/codegen/kernel_spec.h"
 #include "compiler/codegen/kernel_cache.h"
 #include "compiler/codegen/nvrtc_compiler.h"
+#include "compiler/codegen/ops/op_family.h"
 #include "compiler/codegen/plan_rewrite.h"
 #include "compiler/gguf/gguf_reader.h"
 #include "kernels/attention.cuh"
 #include "kernels/gemm_small.cuh"
+#include "kernels/gemm_small_blocks.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "tests/test_support.h"
 
@@ -29,7 +31,7 @@ struct Loaded {
 };
 
 // Reads a GGUF, lowers it and plans its planes (no transforms: codegen needs only the stride tables).
-Loaded load(const std::string& path, bool rewrite = true) {
+Loaded load(const std::string& path, bool rewrite = true, bool f16_prefill = false) {
   Loaded l;
   auto file = gguf::GgufFile::open(path);
   REQUIRE_MESSAGE(static_cast<bool>(file), llvm::toString(file.takeError()));
@@ -38,7 +40,8 @@ Loaded load(const std::string& path, bool rewrite = true) {
   REQUIRE_MESSAGE(static_cast<bool>(desc), llvm::toString(desc.takeError()));
   l.desc = std::move(*desc);
   for (const model::WeightDesc& w : l.desc.weights) {
-    auto layout = planes::planLayout({w.name, w.info->type, w.info->rows(), w.info->cols(), w.role, w.experts});
+    auto layout = planes::planLayout({w.name, w.info->type, w.info->rows(), w.info->cols(), w.role, w.experts},
+                                     planes::PlaneForm::kCompact, f16_prefill);
     REQUIRE_MESSAGE(static_cast<bool>(layout), llvm::toString(layout.takeError()));
     l.layouts.push_back(std::move(*layout));
   }
@@ -72,7 +75,8 @@ bool isQuantizedMatMul(const Loaded& l, const model::StepDesc& s) {
 }
 
 // The decode GEMV reads GGUF blocks (minfer_gemv_blocks) for a kBlocks plane of Q4_K or Q6_K whose blocks
-// start 16-byte aligned (restated from matmul.cpp's rule; today only tied Q4_K embeddings have one).
+// start 16-byte aligned (restated from matmul.cpp's rule; the planner gives every Q4_K / Q6_K matmul weight one),
+// and so do the small-batch launches (minfer_gemm_small_blocks).
 bool readsBlocksInDecode(const Loaded& l, const model::StepDesc& s) {
   const planes::TensorLayout& w = l.layouts[s.weights[0]];
   const int b = w.find(PlaneKind::kBlocks);
@@ -130,7 +134,7 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
       {"EXPAND_P_PITCH", "packed"}, {"MOE_G_PITCH", "gq"}, {"MOE_G_S_PITCH", "gs"}, {"MOE_G_M_PITCH", "gm"},
       {"MOE_U_PITCH", "uq"}, {"MOE_U_S_PITCH", "us"}, {"MOE_U_M_PITCH", "um"}, {"MOE_D_PITCH", "dq"},
       {"MOE_D_S_PITCH", "ds"}, {"MOE_D_M_PITCH", "dm"}, {"SB_PITCH", "wq"}, {"SB_S_PITCH", "wscale"},
-      {"SB_M_PITCH", "wmin"}};
+      {"SB_M_PITCH", "wmin"}, {"SBB_PITCH", "w"}};
   // Expert pitches (-D…EPITCH) likewise equal the expert_pitch of the table their argument carries.
   static const std::pair<const char*, const char*> kExpertPitchArgs[] = {
       {"MOE_G_EPITCH", "gq"}, {"MOE_G_S_EPITCH", "gs"}, {"MOE_G_M_EPITCH", "gm"}, {"MOE_U_EPITCH", "uq"},
@@ -364,9 +368,11 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       }
     }
   }
-  // Small-batch launches (Step.small_launches, 1.7): every prefill MatMul with a kI8 plane and a q8 input that is
-  // not fused has one minfer_gemm_small launch on the plane the decode GEMV reads, with the codegen's split count,
-  // for calls of up to min(64, or 16 beside a Hopper kF16 plane, max_batch) rows; every other step none.
+  // Small-batch launches (Step.small_launches, 1.7): every prefill MatMul on a quantized weight (a kI8 plane, or
+  // a kBlocks plane the decode GEMV reads) with a q8 input that is not fused has one launch: minfer_gemm_small_blocks
+  // on the GGUF blocks where the decode GEMV reads them (Q4_K, Q6_K), for calls of up to min(64, max_batch) rows;
+  // else minfer_gemm_small on the plane the decode GEMV reads, for up to min(64, or 16 beside a Hopper kF16 plane,
+  // max_batch) rows; each with the codegen's split count. Every other step none.
   REQUIRE(set.prefill_small.size() == l.desc.plan.prefill.size());
   REQUIRE(set.prefill_small_rows.size() == l.desc.plan.prefill.size());
   size_t small_steps = 0;
@@ -374,34 +380,50 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
   for (size_t i = 0; i < l.desc.plan.prefill.size(); ++i) {
     const model::StepDesc& s = l.desc.plan.prefill[i];
     const bool follows = i + 1 < l.desc.plan.prefill.size() && set.prefill_fused[i + 1];
-    const bool want = s.op == fb::OpKind::MatMul && !set.prefill_fused[i] && !follows && isQuantizedMatMul(l, s);
+    const bool blocks = s.op == fb::OpKind::MatMul && readsBlocksInDecode(l, s);
+    const bool want = s.op == fb::OpKind::MatMul && !set.prefill_fused[i] && !follows &&
+                      (isQuantizedMatMul(l, s) || blocks);
     REQUIRE_MESSAGE(set.prefill_small[i].size() == (want ? 1u : 0u), s.name);
     const bool f16 = want && l.layouts[s.weights[0]].find(PlaneKind::kF16) >= 0;
-    const unsigned rows = f16 ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq;
+    const unsigned rows = blocks ? (f16 ? kern::kGemmSmallBlocksRowsVsWgmma : kern::kGemmSmallBlocksRowsVsMmq)
+                                 : f16 ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq;
     CHECK(set.prefill_small_rows[i] == (want ? std::min(rows, l.desc.plan.max_batch) : 0u));
     if (!want) continue;
     ++small_steps;
     const LaunchRecord& r = set.prefill_small[i][0];
     const KernelImageData& img = set.images[r.images[0]];
-    CHECK(img.entry == "minfer_gemm_small");
+    CHECK_MESSAGE(img.entry == (blocks ? "minfer_gemm_small_blocks" : "minfer_gemm_small"), s.name);
     checkRecord(l, r, img);
     const planes::TensorLayout& w = l.layouts[s.weights[0]];
-    const bool packed = w.find(PlaneKind::kPacked) >= 0;
-    CHECK(optionValue(img, "SB_BITS") == (packed ? "4" : "8"));
+    const unsigned n = static_cast<unsigned>(w.desc.rows), k = static_cast<unsigned>(w.desc.cols);
     // A tail step takes no scratch (the verifier's rule for tail launches): one split there.
-    const unsigned splits = i >= tail ? 1u : kern::gemmSmallSplits(static_cast<unsigned>(w.desc.rows),
-                                                                   static_cast<unsigned>(w.desc.cols));
-    CHECK(optionValue(img, "SB_SPLITS") == std::to_string(splits));
-    bool scratch = false, tokens = false;
+    unsigned splits = 1;
+    if (blocks) {
+      const StrideTable& b = w.planes[static_cast<size_t>(w.find(PlaneKind::kBlocks))];
+      CHECK(optionValue(img, "SBB_TYPE") == std::to_string(b.ggml_type));
+      CHECK(optionValue(img, "SBB_PITCH") == std::to_string(b.row_pitch));
+      CHECK(optionValue(img, "SBB_GROUP_PITCH") == std::to_string(b.group_pitch));
+      if (i < tail) splits = kern::gemmSmallBlocksSplits(n, k);
+      CHECK(optionValue(img, "SBB_SPLITS") == std::to_string(splits));
+    } else {
+      const bool packed = w.find(PlaneKind::kPacked) >= 0;
+      CHECK(optionValue(img, "SB_BITS") == (packed ? "4" : "8"));
+      if (i < tail) splits = kern::gemmSmallSplits(n, k);
+      CHECK(optionValue(img, "SB_SPLITS") == std::to_string(splits));
+    }
+    bool scratch = false, counters = false, tokens = false;
     for (const KernelArgDesc& a : r.args) {
       scratch |= a.kind == fb::ArgKind::Scratch;
+      counters |= a.kind == fb::ArgKind::Counters;
       tokens |= a.kind == fb::ArgKind::TokenCount;
     }
     CHECK(scratch == (splits > 1));
+    CHECK(counters == (splits > 1));
     CHECK(tokens);
   }
   bool quantized = false;
-  for (const model::StepDesc& s : l.desc.plan.prefill) quantized |= isQuantizedMatMul(l, s);
+  for (const model::StepDesc& s : l.desc.plan.prefill)
+    quantized |= isQuantizedMatMul(l, s) || (s.op == fb::OpKind::MatMul && readsBlocksInDecode(l, s));
   CHECK((small_steps > 0) == quantized);
   size_t argmax = 0;
   for (const KernelImageData& img : set.images) argmax += img.entry == "minfer_argmax";
@@ -424,6 +446,41 @@ TEST_CASE("every fixture model gets kernel images for sm_90") {
     checkSet(l, set, {"sm_90"});
     CHECK(set.stats.unique_specs < set.stats.kernel_uses);  // layers share shapes
   }
+}
+
+// The small-batch launches where the Hopper images plan their K-quant weights (layout_planner.h f16_prefill: kBlocks
+// and kF16, no kI8): minfer_gemm_small_blocks on the GGUF blocks for every Q4_K and Q6_K matmul, for up to
+// min(kGemmSmallBlocksRowsVsWgmma, max_batch) rows (checkSet covers the sm_90 planes); specs only, no NVRTC.
+TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks beside a Hopper kF16 plane") {
+  if (!test::haveFixtures()) return;
+  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
+  const size_t tail = lastTokenTailBegin(l.desc.plan.prefill, l.desc.plan.logits);
+  std::set<uint32_t> types;
+  for (size_t i = 0; i < l.desc.plan.prefill.size(); ++i) {
+    const model::StepDesc& s = l.desc.plan.prefill[i];
+    if (s.op != fb::OpKind::MatMul || !readsBlocksInDecode(l, s)) continue;
+    CAPTURE(s.name);
+    const planes::TensorLayout& w = l.layouts[s.weights[0]];
+    REQUIRE(w.find(PlaneKind::kF16) >= 0);
+    CHECK(w.find(PlaneKind::kI8) < 0);
+    auto small = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, 0);
+    REQUIRE_MESSAGE(static_cast<bool>(small), llvm::toString(small.takeError()));
+    REQUIRE(small->launches.size() == 1);
+    const KernelLaunch& k = small->launches[0];
+    CHECK(k.spec.entry == "minfer_gemm_small_blocks");
+    CHECK(small->rows == std::min(kern::kGemmSmallBlocksRowsVsWgmma, l.desc.plan.max_batch));
+    const StrideTable& b = w.planes[static_cast<size_t>(w.find(PlaneKind::kBlocks))];
+    types.insert(b.ggml_type);
+    CHECK(k.spec.define("SBB_TYPE") == std::to_string(b.ggml_type));
+    const unsigned splits = i < tail ? kern::gemmSmallBlocksSplits(static_cast<unsigned>(w.desc.rows),
+                                                                   static_cast<unsigned>(w.desc.cols))
+                                     : 1u;
+    CHECK(k.spec.define("SBB_SPLITS") == std::to_string(splits));
+    const kern::LaunchShape sh = k.rule.at(64);
+    CHECK(sh.grid.x == kern::ceilDiv(static_cast<unsigned>(w.desc.rows), kern::kSbbRowsPerBlock));
+    CHECK(sh.grid.y == splits);
+  }
+  CHECK(types == std::set<uint32_t>{static_cast<uint32_t>(GgmlType::Q4_K), static_cast<uint32_t>(GgmlType::Q6_K)});
 }
 
 TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches equal to their buffers") {

@@ -466,8 +466,9 @@ TEST_CASE("checksums while staging: each segment's XXH64 over chunk boundaries; 
 //   Q8_0), 8.3e-3 (tiny-qwen2-Q4_K_M), 8.2e-3 (tiny-llama-Q4_K_M), 4.9e-3 (tiny-qwen3moe), 7.6e-4 (tiny-phi3),
 //   and 1.5e-2 on tiny-gemma3-Q8_0 (its q/k RMS norms and soft-capped layers amplify a q8 flip). Bounds:
 //   float 1e-3, quantized 3e-2 (2× the largest measured). A step of 2 … Step.small_rows rows (64 = every step
-//   here, 16 beside Hopper f16 planes) runs the quantized matmuls as kernels/gemm_small.cuh instead (format 1.7):
-//   the same definition on the same q8 activations, so the same bounds.
+//   here, 16 beside Hopper f16 planes) runs the quantized matmuls as kernels/gemm_small.cuh instead (format 1.7),
+//   or, for Q4_K and Q6_K weights, kernels/gemm_small_blocks.cuh on the GGUF blocks (up to 64 rows, on sm_90a
+//   too): the same definition on the same q8 activations, so the same bounds.
 // - sm_90a images (Hopper prefill plan: wgmma on f16 planes and f16-rounded activations): the golden bounds
 //   of that model's kind (the prefill plan vs the decode plan is exactly what the golden test bounds).
 constexpr double kBatchFloatRel = 1e-3;
@@ -634,9 +635,18 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
         auto file = ArtifactFile::open(path);
         REQUIRE(file.isOk());
         uint32_t small_rows = 0;
+        bool blocks = false;  // a small launch on the GGUF blocks (kernels/gemm_small_blocks.cuh)
+        const auto* kernels = (*file)->manifest()->kernels();
         for (const fb::Step* s : *(*file)->manifest()->prefill()->steps())
-          if (s->small_launches() && s->small_launches()->size() > 0) small_rows = std::max(small_rows, s->small_rows());
-        if (kind == Kind::kQuant && arch != "sm_90a") CHECK(small_rows >= 9);
+          if (s->small_launches() && s->small_launches()->size() > 0) {
+            small_rows = std::max(small_rows, s->small_rows());
+            for (const fb::Launch* l : *s->small_launches())
+              blocks |= kernels->Get(l->images()->Get(0))->entry()->str() == "minfer_gemm_small_blocks";
+          }
+        // Every quantized model gets small launches on both targets (sm_90a: the K-quants on their blocks, the
+        // other types on kI8 beside their kF16 planes); the K-quant models' are minfer_gemm_small_blocks.
+        if (kind == Kind::kQuant) CHECK(small_rows >= 9);
+        CHECK(blocks == (name.find("Q4_K") != std::string::npos));
       }
       const bool float_model = kind != Kind::kQuant;
       const bool gemma = name.rfind("tiny-gemma", 0) == 0, llama31 = name.rfind("tiny-llama31-", 0) == 0;

@@ -28,6 +28,7 @@
 #include "kernels/embed.cuh"
 #include "kernels/expand_blocks.cuh"
 #include "kernels/gemm_small.cuh"
+#include "kernels/gemm_small_blocks.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
@@ -60,6 +61,9 @@ constexpr double kMmqTol = 2e-5;         // vs W·dequant(q8(x)) in f32, summati
 constexpr double kGemvTol = 2e-5;        // same definition as MMQ; measured 3.8e-7
 constexpr double kGemmSmallTol = 2e-5;   // same definition and q8 activations as MMQ / GEMV: f32 summation
                                          // order only (split-K partials summed in split order)
+constexpr double kGemmSmallBlocksTol = 2e-5;  // gemm_small's definition on GGUF blocks, as kGemmSmallTol: f32 summation
+                                               // order only (and s = d·sc rounded once per group, as gemm_small's
+                                               // kScale plane holds it)
 constexpr double kGemvBlocksTol = 1e-5;  // GEMV's definition on GGUF blocks, K ≤ 18944; measured 1.4e-6–1.6e-6
 constexpr double kQ8ActTol = 2.5e-2;     // vs W·x: int8 activation rounding (README §4: 3e-2); measured 6.4e-3
 constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums; measured 1.0e-6 (GEMV 2.2e-7)
@@ -577,6 +581,23 @@ TEST_CASE("mmq and gemv: padded row pitches (offset gate)") {
     checkQuantizedMatmul(t, 136, 512, true, true, 64);
 }
 
+// One small-batch matmul launch (gemm_small.cuh, gemm_small_blocks.cuh) of `rows` rows of an N = n_rows weight,
+// checked against `ref`: out (and the split-K scratch) poisoned first, the error within `tol` (tracked as
+// `family`), the counters back to zero, nothing written past the call's rows.
+void checkSmallBatchLaunch(const Kernel& k, const kern::LaunchShape& shape, std::vector<void*> args, DeviceArray& out,
+                           DeviceArray& partial, DeviceArray& counters, int rows, uint64_t n_rows,
+                           const std::vector<float>& ref, const char* family, double tol) {
+  out.poison();
+  partial.poison();
+  launch(k, shape, std::move(args));
+  const std::vector<float> got = out.download<float>(static_cast<size_t>(rows) * n_rows);
+  CHECK(track(family, relError(got.data(), ref.data(), ref.size())) <= tol);
+  const uint64_t words = counters.size() / 4;
+  CHECK(counters.download<uint32_t>(words) == std::vector<uint32_t>(words, 0));
+  const std::vector<float> after = out.download<float>(n_rows, static_cast<uint64_t>(rows) * n_rows * 4);
+  CHECK(std::all_of(after.begin(), after.end(), [](float v) { return std::isnan(v); }));
+}
+
 // minfer_gemm_small (batched decode rows) on the planes the decode GEMV reads (kPacked for Q4_0 / Q4_1, else
 // kI8) against the CPU matmul on the same q8 activations: row counts 1 … 64 (partial n8 tiles), N not a
 // multiple of 16 or of the 128 rows of a block, the codegen's split count and one split, with and without a
@@ -627,17 +648,10 @@ void checkGemmSmall(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool bias, 
     const std::vector<float> ref = cpuMatmul(g, cpu::RowSource::kQuantized, bias ? bias_v.data() : nullptr, hq.deq, rows);
     for (size_t i = 0; i < 2; ++i) {
       CAPTURE(split_counts[i]);
-      out.poison();
-      partial.poison();
       CUdeviceptr a = xq.ptr(), b = xm.ptr(), o = out.ptr();
       int nt = rows;
-      launch(k[i], kern::gemmSmallLaunch(n, split_counts[i]), {&wp, &ws, &wm, &wb, &a, &b, &o, &pp, &pc, &nt});
-      const std::vector<float> got = out.download<float>(static_cast<size_t>(rows) * n_rows);
-      CHECK(track("gemm_small", relError(got.data(), ref.data(), ref.size())) <= kGemmSmallTol);
-      CHECK(counters.download<uint32_t>(counter_words) == zeros);
-      // Nothing written past the call's rows.
-      const std::vector<float> after = out.download<float>(n_rows, static_cast<uint64_t>(rows) * n_rows * 4);
-      CHECK(std::all_of(after.begin(), after.end(), [](float v) { return std::isnan(v); }));
+      checkSmallBatchLaunch(k[i], kern::gemmSmallLaunch(n, split_counts[i]), {&wp, &ws, &wm, &wb, &a, &b, &o, &pp, &pc, &nt},
+                            out, partial, counters, rows, n_rows, ref, "gemm_small", kGemmSmallTol);
     }
   }
 }
@@ -679,6 +693,90 @@ BuiltPlane alignedBlocksPlane(const RandomWeight& w, bool padded) {
       std::memcpy(p.bytes.data() + elementOffset(p.table, r, b * tr.block_size),
                   w.source.data() + (r * blocks + b) * tr.type_size, tr.type_size);
   return p;
+}
+
+// The CPU reference of the kBlocks kernels: cpu::matmul on the dense f32 view of w's reference values
+// (dequantizeBlock of the same blocks) over n rows of activations x, bias or null.
+std::vector<float> cpuBlocksMatmul(const RandomWeight& w, const float* bias, const std::vector<float>& x, int n) {
+  cpu::WeightPlanes view;
+  view.name = "test weight";
+  view.rows = w.rows;
+  view.cols = w.cols;
+  StrideTable dense;
+  dense.kind = PlaneKind::kF32;
+  dense.rows = w.rows;
+  dense.cols = w.cols;
+  dense.row_pitch = w.cols * 4;
+  view.dense = {dense, reinterpret_cast<const uint8_t*>(w.values.data()), w.values.size() * 4};
+  std::vector<float> ref(static_cast<size_t>(n) * w.rows), scratch(w.cols);
+  cpu::matmul(view, cpu::RowSource::kDense, bias, x.data(), n, ref.data(), nullptr, scratch.data());
+  return ref;
+}
+
+// minfer_gemm_small_blocks (batched decode rows on the GGUF blocks) against the CPU matmul on the same q8
+// activations (W·(d·q), as gemv_blocks): rows 1, 3, 8, 9, 33, 64 (partial n8 tiles; tiles past the call's tokens
+// skipped), one split, the codegen's split count and 3 where that does not divide the super-blocks (uneven
+// splits), with and without a bias, padded pitches with 0xCD pad bytes; the counters must be zero after every
+// launch and nothing may be written past the call's rows.
+void checkGemmSmallBlocks(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool bias, bool padded) {
+  const std::string weight = std::string(ggmlTypeTraits(type).name) + " " + str(n_rows) + " × " + str(k_cols) +
+                             (bias ? ", bias" : "") + (padded ? ", padded" : "");
+  CAPTURE(weight);
+  const RandomWeight w = makeRandomWeight(type, n_rows, k_cols, rng(), 0.5f);
+  const BuiltPlane plane = alignedBlocksPlane(w, padded);
+  const unsigned n = static_cast<unsigned>(n_rows), super = static_cast<unsigned>(k_cols / 256);
+  const unsigned auto_splits = kern::gemmSmallBlocksSplits(n, static_cast<unsigned>(k_cols));
+  std::vector<unsigned> split_counts = {1};
+  if (auto_splits > 1) split_counts.push_back(auto_splits);
+  if (super > 3 && super % 3 != 0 && auto_splits != 3) split_counts.push_back(3);
+  std::vector<codegen::KernelSpec> specs;
+  for (unsigned splits : split_counts)
+    specs.push_back(spec("gemm_small_blocks_test_" + codegen::typeTag(static_cast<uint32_t>(type)) + "_n" + str(n_rows) +
+                             "_k" + str(k_cols) + "_s" + str(splits) + (bias ? "_bias" : "") + (padded ? "_pad" : ""),
+                         "kernels/gemm_small_blocks.cuh", "minfer_gemm_small_blocks",
+                         {{"SBB_N", str(n_rows)}, {"SBB_K", str(k_cols)}, {"SBB_TYPE", str(static_cast<unsigned>(type))},
+                          {"SBB_PITCH", str(plane.table.row_pitch)}, {"SBB_GROUP_PITCH", str(plane.table.group_pitch)},
+                          {"SBB_HAS_BIAS", bias ? "1" : "0"}, {"SBB_SPLITS", str(splits)}}));
+  std::vector<Kernel> k = compile(specs);
+  const std::vector<float> bias_v = randomFloats(n_rows, rng());
+  const uint64_t counter_words = kern::gemmSmallBlocksCounterBytes(n) / 4;
+  const std::vector<uint32_t> zeros(counter_words, 0);
+  // One row more than the kernel takes: the check that nothing is written past the call's rows reads it.
+  DeviceArray d_w = DeviceArray::of(plane.bytes), d_bias = DeviceArray::of(bias_v),
+              out((kern::kGemmSmallMaxRows + 1) * n_rows * 4),
+              partial(std::max<uint64_t>(
+                  4, kern::gemmSmallScratchBytes(n, *std::max_element(split_counts.begin(), split_counts.end())))),
+              counters(counter_words * 4);
+  counters.upload(zeros.data(), zeros.size() * 4);
+  CUdeviceptr pw = d_w.ptr(), pb = bias ? d_bias.ptr() : 0, pp = partial.ptr(), pc = counters.ptr();
+  for (int rows : {1, 3, 8, 9, 33, 64}) {
+    CAPTURE(rows);
+    const std::vector<float> x = activations(rows, static_cast<int>(k_cols));
+    const HostQ8 hq = quantizeHost(x, rows, static_cast<int>(k_cols));
+    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta);
+    const std::vector<float> ref = cpuBlocksMatmul(w, bias ? bias_v.data() : nullptr, hq.deq, rows);
+    for (size_t i = 0; i < split_counts.size(); ++i) {
+      CAPTURE(split_counts[i]);
+      CUdeviceptr a = xq.ptr(), b = xm.ptr(), o = out.ptr();
+      int nt = rows;
+      checkSmallBatchLaunch(k[i], kern::gemmSmallBlocksLaunch(n, split_counts[i]), {&pw, &pb, &a, &b, &o, &pp, &pc, &nt},
+                            out, partial, counters, rows, n_rows, ref, "gemm_small_blocks", kGemmSmallBlocksTol);
+    }
+  }
+}
+
+TEST_CASE("gemm_small_blocks: Q4_K and Q6_K kBlocks planes, 1 to 64 rows, odd N, uneven split-K") {
+  MINFER_REQUIRE_GPU(G);
+  checkGemmSmallBlocks(GgmlType::Q4_K, 328, 768, true, false);     // N % 16 ≠ 0; 3 super-blocks, 3 splits
+  checkGemmSmallBlocks(GgmlType::Q6_K, 211, 1280, true, false);    // 5 super-blocks: 5 and 3 (uneven) splits
+  checkGemmSmallBlocks(GgmlType::Q4_K, 24, 256, false, false);     // N < one m16 pair; one super-block, one split
+  checkGemmSmallBlocks(GgmlType::Q6_K, 520, 3584, false, false);   // several row blocks, the 7B's K: 14 and 3 splits
+  checkGemmSmallBlocks(GgmlType::Q4_K, 1000, 4608, false, false);  // 18 super-blocks (3 divides: auto splits only)
+}
+
+TEST_CASE("gemm_small_blocks: padded row pitches and pad bytes (offset gate)") {
+  MINFER_REQUIRE_GPU(G);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K}) checkGemmSmallBlocks(t, 136, 1792, true, true);
 }
 
 // minfer_gemv_blocks against the CPU matmul (dense f32 view of the reference values, dequantizeBlock of
@@ -731,19 +829,7 @@ TEST_CASE("gemv_blocks: Q4_K and Q6_K kBlocks planes vs the CPU") {
     const std::vector<float> x = activations(1, static_cast<int>(c.cols));
     const HostQ8 hq = quantizeHost(x, 1, static_cast<int>(c.cols));
     const std::vector<float> bias_v = randomFloats(c.rows, rng());
-    cpu::WeightPlanes view;
-    view.name = "test weight";
-    view.rows = c.rows;
-    view.cols = c.cols;
-    StrideTable dense;
-    dense.kind = PlaneKind::kF32;
-    dense.rows = c.rows;
-    dense.cols = c.cols;
-    dense.row_pitch = c.cols * 4;
-    view.dense = {dense, reinterpret_cast<const uint8_t*>(w.values.data()), w.values.size() * 4};
-    std::vector<float> ref(c.rows), scratch(c.cols);
-    cpu::matmul(view, cpu::RowSource::kDense, c.bias ? bias_v.data() : nullptr, hq.deq.data(), 1, ref.data(), nullptr,
-                scratch.data());
+    const std::vector<float> ref = cpuBlocksMatmul(w, c.bias ? bias_v.data() : nullptr, hq.deq, 1);
     DeviceArray d_w = DeviceArray::of(plane.bytes), d_bias = DeviceArray::of(bias_v), xq = DeviceArray::of(hq.qs),
                 xm = DeviceArray::of(hq.meta), out(c.rows * 4);
     out.poison();

@@ -6,7 +6,8 @@
 //   Q6_K whose blocks start 16-byte aligned (decodeBlocksPlane); in decode q, k, v fuse with their RoPE and
 //   KV store into one gemv_blocks launch (CodegenOptions::fuse_qkv, on by default: qkvAttentionLaunches),
 //   and with fuse_glu (off by default) the gate and up matmuls of a GLU with it and its quantization
-//   (gateUpGluLaunches);
+//   (gateUpGluLaunches); batched decode steps of a few rows (Step.small_launches) kernels/gemm_small_blocks.cuh on
+//   the kBlocks plane of Q4_K / Q6_K, else kernels/gemm_small.cuh on the plane the decode GEMV reads;
 //   float weights (dense F32 / F16 / BF16 plane), f32 activations: kernels/dense_matmul.cuh
 //   (dense_mm in prefill, dense_gemv in decode).
 // Every plane constant the kernel is compiled with (-D…_PITCH) is taken from the stride table that the
@@ -16,6 +17,7 @@
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/dense_matmul.cuh"
 #include "kernels/gemm_small.cuh"
+#include "kernels/gemm_small_blocks.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
@@ -238,6 +240,18 @@ Launches quantized(const StepContext& c, const MatMulOperands& m) {
       {b.spec, quantizedArgs(c, m, read, *s, mins), kern::gemvLaunchRule(static_cast<unsigned>(n))}};
 }
 
+// The split-K arguments of the small-batch matmuls: the partial sums (Scratch) and the block counters (Counters),
+// both Null with one split.
+void pushSplitKArgs(std::vector<KernelArgDesc>& args, uint64_t scratch_bytes, uint64_t counter_bytes, unsigned splits) {
+  if (splits > 1) {
+    args.push_back({.kind = fb::ArgKind::Scratch, .name = "partial", .bytes = scratch_bytes});
+    args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = counter_bytes});
+  } else {
+    args.push_back(kindArg(fb::ArgKind::Null, "partial"));
+    args.push_back(kindArg(fb::ArgKind::Null, "counters"));
+  }
+}
+
 // The small-batch form of a prefill MatMul (kernels/gemm_small.cuh) on the plane the decode GEMV reads (the 4-bit
 // kPacked plane where there is one, else kI8), split over K (gemmSmallSplits) except in the last-token tail;
 // nothing for weights without a kI8 plane or a geometry that quantized() would refuse (its launches report those).
@@ -274,15 +288,38 @@ Launches smallBatchMatmul(const StepContext& c, const MatMulOperands& m) {
       .define("SB_HAS_BIAS", uint64_t{m.bias ? 1u : 0u})
       .define("SB_SPLITS", static_cast<uint64_t>(splits));
   std::vector<KernelArgDesc> args = quantizedArgs(c, m, read, *s, mins);
-  if (splits > 1) {
-    args.push_back({.kind = fb::ArgKind::Scratch, .name = "partial", .bytes = kern::gemmSmallScratchBytes(n, splits)});
-    args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = kern::gemmSmallCounterBytes(n)});
-  } else {
-    args.push_back(kindArg(fb::ArgKind::Null, "partial"));
-    args.push_back(kindArg(fb::ArgKind::Null, "counters"));
-  }
+  pushSplitKArgs(args, kern::gemmSmallScratchBytes(n, splits), kern::gemmSmallCounterBytes(n), splits);
   args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
   return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemmSmallLaunchRule(n, splits)}};
+}
+
+// The small-batch form of a prefill MatMul on the GGUF blocks (kernels/gemm_small_blocks.cuh): for a weight with
+// a kBlocks plane the decode GEMV reads (Q4_K, Q6_K) and a q8 input; split over K (gemmSmallBlocksSplits) except
+// in the last-token tail. Nothing otherwise.
+Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
+  const StrideTable* blk = decodeBlocksPlane(*m.w);
+  auto qin = c.input(1, "quantized input");
+  if (!qin) return qin.takeError();
+  const bool q8 = (*qin)->type == fb::BufferType::I8 && (*qin)->width == m.k;
+  if (!blk || !q8 || m.n > (uint64_t{1} << 30) || m.k > (uint64_t{1} << 30)) return std::vector<KernelLaunch>{};
+  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
+  const unsigned splits = c.inTail() ? 1u : kern::gemmSmallBlocksSplits(n, k);  // the tail may not use scratch
+  SpecBuilder b(llvm::formatv("gemm_small_blocks_{0}_g{1}_n{2}_k{3}_s{4}{5}", typeTag(blk->ggml_type), blk->group_pitch,
+                              n, k, splits, m.bias_tag),
+                "kernels/gemm_small_blocks.cuh", "minfer_gemm_small_blocks");
+  b.define("SBB_N", m.n)
+      .define("SBB_K", m.k)
+      .define("SBB_TYPE", static_cast<uint64_t>(blk->ggml_type))
+      .define("SBB_PITCH", blk->row_pitch)
+      .define("SBB_GROUP_PITCH", static_cast<uint64_t>(blk->group_pitch))
+      .define("SBB_HAS_BIAS", uint64_t{m.bias ? 1u : 0u})
+      .define("SBB_SPLITS", static_cast<uint64_t>(splits));
+  std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), *blk), biasArg(c, m)};
+  pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
+  args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
+  pushSplitKArgs(args, kern::gemmSmallScratchBytes(n, splits), kern::gemmSmallBlocksCounterBytes(n), splits);
+  args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemmSmallBlocksLaunchRule(n, splits)}};
 }
 
 // The plane of a decode MatMul that a fused GEMV can take: a q8 input and a kBlocks plane the decode
@@ -520,10 +557,23 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
   if (variant != PlanVariant::kPrefill || followers != 0 || c.step().op != fb::OpKind::MatMul) return SmallLaunches{};
   auto m = operands(c);
   if (!m) return m.takeError();
-  if (!findPlane(*m->w, PlaneKind::kI8) || c.step().weights.empty()) return SmallLaunches{};
+  if (c.step().weights.empty()) return SmallLaunches{};
+  SmallLaunches out;
+  // The GGUF blocks where the decode GEMV reads them (Q4_K, Q6_K; sm_90 and sm_90a images alike), else the kI8 plane.
+  if (decodeBlocksPlane(*m->w)) {
+    auto launches = smallBatchBlocksMatmul(c, *m);
+    if (!launches) return launches.takeError();
+    if (!launches->empty()) {
+      out.launches = std::move(*launches);
+      const bool wgmma = findPlane(*m->w, PlaneKind::kF16) != nullptr;  // what the step runs above small_rows
+      out.rows = std::min<uint32_t>(wgmma ? kern::kGemmSmallBlocksRowsVsWgmma : kern::kGemmSmallBlocksRowsVsMmq,
+                                    c.maxBatch());
+      return out;
+    }
+  }
+  if (!findPlane(*m->w, PlaneKind::kI8)) return out;
   auto launches = smallBatchMatmul(c, *m);
   if (!launches) return launches.takeError();
-  SmallLaunches out;
   if (launches->empty()) return out;
   out.launches = std::move(*launches);
   // The rows up to which it beats what the step runs otherwise (gemm_small.cuh): mmq, or the Hopper f16 GEMM.

@@ -181,11 +181,13 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
                               PlanVariant variant, size_t step_index, size_t followers);
 // The small-batch launches of step `step_index` of the prefill plan (schema Step.small_launches, 1.7,
 // ops/matmul.cpp) and the largest call they serve (small_rows): for a MatMul step with no followers on a
-// quantized weight with a kI8 plane and a q8 input, minfer_gemm_small (kernels/gemm_small.cuh) on the plane the
-// decode GEMV reads, for calls of 1 ≤ n_tokens ≤ min(kGemmSmallRowsVsMmq or, for a weight with a kF16 plane
-// (Hopper prefill), kGemmSmallRowsVsWgmma, max_batch). None (small_rows 0) for other
-// steps, plans or weights (float weights, a weight whose only prefill plane is kF16). Errors as the step's own
-// launches.
+// quantized weight and a q8 input, minfer_gemm_small_blocks (kernels/gemm_small_blocks.cuh) on a kBlocks plane
+// the decode GEMV reads (Q4_K, Q6_K; with or without a Hopper kF16 plane) for calls of 1 ≤ n_tokens ≤
+// min(kGemmSmallBlocksRowsVsWgmma (a weight with a kF16 plane) or kGemmSmallBlocksRowsVsMmq, max_batch); else, on a weight with a kI8 plane, minfer_gemm_small
+// (kernels/gemm_small.cuh) on the plane the decode GEMV reads, for calls of 1 ≤ n_tokens ≤ min(kGemmSmallRowsVsMmq
+// or, for a weight with a kF16 plane (Hopper prefill), kGemmSmallRowsVsWgmma, max_batch). None (small_rows 0) for
+// other steps, plans or weights (float weights; other types whose only prefill plane is kF16). Errors as the
+// step's own launches.
 struct SmallLaunches {
   std::vector<KernelLaunch> launches;
   uint32_t rows = 0;
