@@ -304,12 +304,27 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
       CHECK(total > 0);
     }
   }
-  // Same kernels, or the fused kernels' bit-identical outputs: the same logits, bit for bit.
+  // Same kernels, or the fused kernels' bit-identical outputs: the same logits, bit for bit. The unfused
+  // artifact (mode 3) differs where the default fuses the o and down GEMVs with the residual Add and RMSNorm
+  // (gemv_blocks.cuh GEMVB_NORM): 1/rms from block partial sums and applied to the q8 scale, so y within an ulp
+  // and an occasional q8 rounding flip, through the layers. Bound: the batched tests' for quantized weights
+  // (the same kind of difference: kBatchQuantRel's comment), 3e-2 per logits row.
+  constexpr double kUnfusedNormRel = 3e-2;
+  double unfused_rel = 0;
   for (int mi = 1; mi < 5; ++mi) {
     CAPTURE(mi);
     REQUIRE(rows[0].size() == rows[mi].size());
-    for (size_t i = 0; i < rows[0].size(); ++i) CHECK(rows[0][i] == rows[mi][i]);
+    for (size_t i = 0; i < rows[0].size(); ++i) {
+      if (mi != 3) {
+        CHECK(rows[0][i] == rows[mi][i]);
+        continue;
+      }
+      const double rel = relError(rows[mi][i].data(), rows[0][i].data(), rows[0][i].size());
+      unfused_rel = std::max(unfused_rel, rel);
+      CHECK(rel <= kUnfusedNormRel);
+    }
   }
+  MESSAGE("fused (GEMV + Add + RMSNorm) vs unfused decode logits: max rel " << unfused_rel);
 }
 
 TEST_CASE("last-token prefill (the tail after the last attention on one row) = the last row of the full prefill") {
