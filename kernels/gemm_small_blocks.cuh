@@ -58,11 +58,12 @@
 namespace minfer::kern {
 
 // Calls the compiler gives it (Step.small_rows = min(these, max_batch)): the crossovers against what the step runs
-// otherwise, the Hopper f16 prefill GEMM (wgmma_matmul.cuh, a weight with a kF16 plane) or mmq.cuh; to be tuned
-// from measurements (bench/gemm_small_bench.cu against bench/wgmma_bench.cu and bench/mmq_variants.cu, or
-// minfer-bench --parallel); every row count the kernel takes until measured otherwise.
-constexpr unsigned kGemmSmallBlocksRowsVsWgmma = kGemmSmallMaxRows;
-constexpr unsigned kGemmSmallBlocksRowsVsMmq = kGemmSmallMaxRows;
+// otherwise, the Hopper f16 prefill GEMM (wgmma_matmul.cuh, a weight with a kF16 plane) or mmq.cuh. Measured on
+// the H200 (minfer-bench --parallel, 7B Q4_K_M, sm_90a, `618fa43`): with every call of 2 … 64 rows on this kernel,
+// aggregate decode 906 t/s at 8 sequences (764 on wgmma), 1,642 at 32 (2,770) and 1,912 at 64 (4,856): its time
+// grows with the rows (the per-element scale work), so it takes calls of up to 8 rows.
+constexpr unsigned kGemmSmallBlocksRowsVsWgmma = 8;
+constexpr unsigned kGemmSmallBlocksRowsVsMmq = 8;
 constexpr unsigned kSbbWarps = 4;
 #ifndef SBB_MT  // benchmark override only (host and device see the same value): m16 tiles per warp
 #define SBB_MT 2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Deployment figures of minfer and llama.cpp side by side on a GPU machine (issue 13): builds llama.cpp from the
-# source tarball .bin/llama-src.tar.xz (an upstream commit, named in its COMMIT file; CUDA for this GPU only,
-# everything else at llama.cpp's defaults), makes the 7B-shaped GGUF with minfer-synth and its default artifact
+# source tarball .bin/llama-src.tar.xz (an upstream commit, named in its COMMIT file; CUDA for this GPU only and
+# without the FlashAttention kernels, to fit the build into one machine call; everything else at llama.cpp's
+# defaults: a prompt of a few tokens and one generated token barely touch attention), makes the 7B-shaped GGUF with minfer-synth and its default artifact
 # (`--target auto`), then times process start -> first token (-n 1) for both engines, interleaved: three runs
 # with the page cache warm, three after dropping it (cold disk; needs root). Logs: $OUT/llama-deploy.log,
 # $OUT/llama-build.log.
@@ -11,7 +12,7 @@ set -uo pipefail
 L=/tmp/llama; mkdir -p "$L"
 tar -C "$L" -xJf "$R/.bin/llama-src.tar.xz"
 (
-  cmake -S "$L/llama.cpp" -B "$L/b" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  cmake -S "$L/llama.cpp" -B "$L/b" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_CUDA_FA=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
     -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc > "$OUT/llama-build.log" 2>&1 &&
   cmake --build "$L/b" -j "$(nproc)" --target llama-completion llama-bench >> "$OUT/llama-build.log" 2>&1
@@ -43,6 +44,6 @@ llama_first() {
   else
     echo "cold: cannot write /proc/sys/vm/drop_caches here; cold-disk figures not measured"
   fi
-  [ "${LLAMA_BENCH:-1}" = 1 ] && timeout 120 "$L/b/bin/llama-bench" -m /tmp/q7.gguf -p 512 -n 128 -r 3
+  [ "${LLAMA_BENCH:-0}" = 1 ] && timeout 120 "$L/b/bin/llama-bench" -m /tmp/q7.gguf -p 512 -n 128 -r 3
 } > "$OUT/llama-deploy.log" 2>&1
 echo "rc=$?" >> "$OUT/llama-deploy.log"

@@ -36,10 +36,10 @@ struct CodegenOptions {
   bool fuse_qkv = true;
   bool fuse_glu = false;
   bool fuse_pair = true;
-  // With fuse_norm (the default) the decode o and down GEMVs with the residual Add, RmsNorm and QuantizeAct
-  // after them in one launch (gemv_blocks.cuh GEMVB_NORM; equal to the unfused steps up to rounding, not bit
-  // for bit).
-  bool fuse_norm = true;
+  // With fuse_norm (off by default: slower on the H200, BENCHMARKS.md) the decode o and down GEMVs with the
+  // residual Add, RmsNorm and QuantizeAct after them in one launch (gemv_blocks.cuh GEMVB_NORM; equal to the
+  // unfused steps up to rounding, not bit for bit).
+  bool fuse_norm = false;
 };
 
 struct KernelImageData {

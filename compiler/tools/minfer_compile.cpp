@@ -65,11 +65,11 @@ llvm::cl::opt<bool> kNoFuse("no-fuse",
                             llvm::cl::cat(kCategory));
 enum class GemvFusion { kNone, kQkv, kPair, kNorm, kAll };
 llvm::cl::opt<GemvFusion> kFuseGemv(
-    "fuse-gemv", llvm::cl::ValueOptional, llvm::cl::init(GemvFusion::kNorm),
-    llvm::cl::desc("Decode GEMV fusions: norm (the default: q, k, v with their RoPE and KV store in one launch, "
-                   "gate and up in one launch, the o and down GEMVs with the residual Add and RMSNorm after "
-                   "them), pair (the first two), qkv (the first only), all (norm, with gate|up and its GLU "
-                   "instead of the pair; slower on the H200, BENCHMARKS.md; a bare --fuse-gemv), none"),
+    "fuse-gemv", llvm::cl::ValueOptional, llvm::cl::init(GemvFusion::kPair),
+    llvm::cl::desc("Decode GEMV fusions: pair (the default: q, k, v with their RoPE and KV store in one launch, "
+                   "gate and up in one launch), qkv (the first only), norm (pair, and the o and down GEMVs with "
+                   "the residual Add and RMSNorm after them), all (norm, with gate|up and its GLU instead of the "
+                   "pair; a bare --fuse-gemv), none. norm and all are slower on the H200 (BENCHMARKS.md)"),
     llvm::cl::values(clEnumValN(GemvFusion::kNone, "none", "no decode GEMV fusion"),
                      clEnumValN(GemvFusion::kQkv, "qkv", "q, k, v GEMVs, RoPE and KV store in one launch"),
                      clEnumValN(GemvFusion::kPair, "pair", "and the gate and up GEMVs in one launch"),

@@ -369,10 +369,10 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
     }
   }
   // Small-batch launches (Step.small_launches, 1.7): every prefill MatMul on a quantized weight (a kI8 plane, or
-  // a kBlocks plane the decode GEMV reads) with a q8 input that is not fused has one launch: minfer_gemm_small_blocks
-  // on the GGUF blocks where the decode GEMV reads them (Q4_K, Q6_K), for calls of up to min(64, max_batch) rows;
-  // else minfer_gemm_small on the plane the decode GEMV reads, for up to min(64, or 16 beside a Hopper kF16 plane,
-  // max_batch) rows; each with the codegen's split count. Every other step none.
+  // a kBlocks plane the decode GEMV reads) with a q8 input that is not fused has one launch: minfer_gemm_small on
+  // the plane the decode GEMV reads where there is a kI8 plane, for up to min(64, or 16 beside a Hopper kF16 plane,
+  // max_batch) rows; else minfer_gemm_small_blocks on the GGUF blocks (Q4_K, Q6_K), for calls of up to
+  // min(kGemmSmallBlocksRowsVs…, max_batch) rows; each with the codegen's split count. Every other step none.
   REQUIRE(set.prefill_small.size() == l.desc.plan.prefill.size());
   REQUIRE(set.prefill_small_rows.size() == l.desc.plan.prefill.size());
   size_t small_steps = 0;
@@ -380,7 +380,8 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
   for (size_t i = 0; i < l.desc.plan.prefill.size(); ++i) {
     const model::StepDesc& s = l.desc.plan.prefill[i];
     const bool follows = i + 1 < l.desc.plan.prefill.size() && set.prefill_fused[i + 1];
-    const bool blocks = s.op == fb::OpKind::MatMul && readsBlocksInDecode(l, s);
+    const bool blocks = s.op == fb::OpKind::MatMul && readsBlocksInDecode(l, s) &&
+                        l.layouts[s.weights[0]].find(PlaneKind::kI8) < 0;
     const bool want = s.op == fb::OpKind::MatMul && !set.prefill_fused[i] && !follows &&
                       (isQuantizedMatMul(l, s) || blocks);
     REQUIRE_MESSAGE(set.prefill_small[i].size() == (want ? 1u : 0u), s.name);
@@ -864,7 +865,7 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
     o.targets = {"sm_90"};
     o.cache_dir = cache;
     o.fuse_launches = fuse;
-    o.fuse_qkv = o.fuse_glu = true;  // every decode GEMV fusion (the GLU's is off by default)
+    o.fuse_qkv = o.fuse_glu = true;  // every decode GEMV fusion but GEMVB_NORM (next test case; the GLU's is off by default)
     auto set = generateKernels(l.desc, l.layouts, o);
     REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
     for (bool prefill : {true, false}) {
@@ -987,6 +988,67 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
       CHECK(qkv_chains == (prefill ? 0 : l.desc.config.n_layer));
       CHECK(add_norms == 2 * l.desc.config.n_layer);
     }
+  }
+}
+
+// The decode GEMV pair (gemv_blocks.cuh GEMVB_PAIR, on by default) and the GEMV + Add + RMSNorm fusion (GEMVB_NORM,
+// fuse_norm): on tiny-qwen2 (Q4_K / Q6_K kBlocks planes), every layer's gate step runs minfer_gemv_pair writing gate
+// and up (the up step fused, nothing else); with fuse_norm every attn_output and ffn_down step runs one
+// minfer_gemv_add_norm that writes the Add's sum, the RmsNorm's output and the QuantizeAct's q8 buffer, with one
+// Counters word and N / 32 floats of scratch, the next three steps fused; without it none.
+TEST_CASE("decode GEMV pair and GEMV + Add + RMSNorm launches: entries, fused steps, what they write") {
+  if (!test::haveFixtures()) return;
+  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf");
+  for (bool norm : {false, true}) {
+    CAPTURE(norm);
+    CodegenOptions o;
+    o.targets = {"sm_90"};
+    o.cache_dir = test::scratchDir() + "/kernel-cache-fusion";
+    o.fuse_norm = norm;
+    auto set = generateKernels(l.desc, l.layouts, o);
+    REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
+    const auto& steps = l.desc.plan.decode;
+    size_t pairs = 0, norms = 0;
+    const auto writes = [](const LaunchRecord& r, uint32_t buffer, fb::ArgKind kind) {
+      for (const KernelArgDesc& a : r.args)
+        if (a.kind == kind && a.buffer == buffer && a.access == fb::Access::Write) return true;
+      return false;
+    };
+    for (size_t i = 0; i < steps.size(); ++i) {
+      CAPTURE(steps[i].name);
+      if (set->decode[i].size() != 1) continue;
+      const LaunchRecord& r = set->decode[i][0];
+      const std::string& entry = set->images[r.images[0]].entry;
+      if (entry == "minfer_gemv_pair") {
+        ++pairs;
+        REQUIRE(i + 1 < steps.size());
+        CHECK(steps[i + 1].op == fb::OpKind::MatMul);
+        CHECK(set->decode_fused[i + 1] != 0);
+        CHECK(writes(r, steps[i].outputs[0], fb::ArgKind::Activation));
+        CHECK(writes(r, steps[i + 1].outputs[0], fb::ArgKind::Activation));
+        if (i + 2 < steps.size()) CHECK(set->decode_fused[i + 2] == 0);
+      }
+      if (entry == "minfer_gemv_add_norm") {
+        ++norms;
+        REQUIRE(i + 3 < steps.size());
+        CHECK(steps[i + 1].op == fb::OpKind::Add);
+        CHECK(steps[i + 2].op == fb::OpKind::RmsNorm);
+        CHECK(steps[i + 3].op == fb::OpKind::QuantizeAct);
+        for (size_t f = 1; f <= 3; ++f) CHECK(set->decode_fused[i + f] != 0);
+        CHECK(writes(r, steps[i + 1].outputs[0], fb::ArgKind::Activation));
+        CHECK(writes(r, steps[i + 2].outputs[0], fb::ArgKind::Activation));
+        CHECK(writes(r, steps[i + 3].outputs[0], fb::ArgKind::Q8Values));
+        CHECK(writes(r, steps[i + 3].outputs[0], fb::ArgKind::Q8Meta));
+        const uint64_t n = l.layouts[steps[i].weights[0]].desc.rows;
+        CHECK(r.args.back().kind == fb::ArgKind::Counters);
+        CHECK(r.args.back().bytes == 4u);
+        CHECK(r.args[r.args.size() - 2].kind == fb::ArgKind::Scratch);
+        CHECK(r.args[r.args.size() - 2].bytes == n / 32 * 4);
+      }
+    }
+    CHECK(pairs == l.desc.config.n_layer);
+    // attn_output and ffn_down of every layer (the last ffn_down's norm is the output norm).
+    CHECK(norms == (norm ? 2 * l.desc.config.n_layer : 0u));
   }
 }
 

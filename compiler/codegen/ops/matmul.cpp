@@ -559,8 +559,10 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
   if (!m) return m.takeError();
   if (c.step().weights.empty()) return SmallLaunches{};
   SmallLaunches out;
-  // The GGUF blocks where the decode GEMV reads them (Q4_K, Q6_K; sm_90 and sm_90a images alike), else the kI8 plane.
-  if (decodeBlocksPlane(*m->w)) {
+  // The kI8 plane where the weight has one (gemm_small.cuh); else the GGUF blocks where the decode GEMV reads them
+  // (Q4_K, Q6_K beside a Hopper kF16 plane: gemm_small_blocks.cuh). The kI8 kernel first: at 32 and 64 rows it
+  // measured faster than the blocks kernel (BENCHMARKS.md, issue 14).
+  if (!findPlane(*m->w, PlaneKind::kI8) && decodeBlocksPlane(*m->w)) {
     auto launches = smallBatchBlocksMatmul(c, *m);
     if (!launches) return launches.takeError();
     if (!launches->empty()) {
