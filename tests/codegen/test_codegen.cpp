@@ -165,9 +165,11 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
     const std::string v = optionValue(img, define);
     if (v.empty()) continue;
     ++pitches;
-    if (img.entry == "minfer_gemv_glu" && std::string(define) == "GEMVB_PITCH") {
-      // The fused gate|up GEMV reads two planes of one pitch.
-      for (const char* w : {"wg", "wu"}) {
+    const bool two_planes = img.entry == "minfer_gemv_glu" || img.entry == "minfer_gemv_pair";
+    if (two_planes && std::string(define) == "GEMVB_PITCH") {
+      // The fused gate|up GEMV and the GEMV pair read two planes of one pitch.
+      for (const char* w : img.entry == "minfer_gemv_glu" ? std::vector<const char*>{"wg", "wu"}
+                                                            : std::vector<const char*>{"w0", "w1"}) {
         const KernelArgDesc* a = arg(w);
         REQUIRE_MESSAGE((a && a->kind == fb::ArgKind::Weight), img.key << ": no weight argument '" << w << "'");
         CHECK_MESSAGE(std::to_string(a->plane.row_pitch) == v, img.key << " " << w);
@@ -292,8 +294,10 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       if (!is_fused && steps[i].op == fb::OpKind::Add && fused && i + 1 < steps.size() && (*fused)[i + 1])
         want = {"minfer_rms_norm"};
       const bool mm_leads = !is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 1 < steps.size() && (*fused)[i + 1];
-      // A gate MatMul with the up MatMul, the GLU and its quantization fused in runs the gate|up GEMV.
-      if (mm_leads && steps[i + 1].op == fb::OpKind::MatMul) want = {"minfer_gemv_glu"};
+      // A gate MatMul with the up MatMul, the GLU and its quantization fused in runs the gate|up GEMV; with the up
+      // MatMul alone fused in, the GEMV pair.
+      if (mm_leads && steps[i + 1].op == fb::OpKind::MatMul)
+        want = {i + 2 < steps.size() && (*fused)[i + 2] ? "minfer_gemv_glu" : "minfer_gemv_pair"};
       // A q MatMul with k, v, the Rope and the Attention fused in runs the QKV GEMV, then the attention.
       if (mm_leads && i + 4 < steps.size() && (*fused)[i + 4] && steps[i + 3].op == fb::OpKind::Rope)
         want = {"minfer_gemv_qkv", "minfer_attn_decode", "minfer_attn_combine"};

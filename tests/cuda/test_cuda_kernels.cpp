@@ -931,6 +931,12 @@ std::vector<std::pair<std::string, std::string>> gemvBlocksDefs(GgmlType type, u
           {"GEMVB_ROW_WARPS", str(sh.warps)}, {"GEMVB_UNROLL", str(sh.unroll)}, {"GEMVB_HAS_BIAS", bias ? "1" : "0"}};
 }
 
+// A test kernel key's tail: type, rows, cols, bias, padding.
+std::string gemvBlocksTag(GgmlType type, uint64_t rows, uint64_t cols, bool bias, bool padded) {
+  return codegen::typeTag(static_cast<uint32_t>(type)) + "_n" + str(rows) + "_k" + str(cols) + (bias ? "_bias" : "") +
+         (padded ? "_pad" : "");
+}
+
 // minfer_gemv_pair (gemv_blocks.cuh GEMVB_PAIR: two decode MatMuls of one input in one launch) against two
 // minfer_gemv_blocks launches of the same constants: both outputs bit-identical. Odd row counts (the last
 // block of each half partly empty), both types, biases, padded planes.
@@ -948,8 +954,7 @@ TEST_CASE("gemv_pair: two GEMVs of one input in one launch, bit-identical to two
   for (const Case& c : cases) {
     const kern::GemvBlocksShape sh = kern::gemvBlocksShape(static_cast<unsigned>(c.rows), static_cast<unsigned>(c.cols));
     auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, sh, c.bias);
-    const std::string tag = codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) + "_k" + str(c.cols) +
-                            (c.bias ? "_bias" : "") + (c.padded ? "_pad" : "");
+    const std::string tag = gemvBlocksTag(c.type, c.rows, c.cols, c.bias, c.padded);
     specs.push_back(spec("gemv_pair_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
     defs.push_back({"GEMVB_PAIR", "1"});
     specs.push_back(spec("gemv_pair_test_fused_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_pair", defs));
@@ -1003,8 +1008,7 @@ TEST_CASE("gemv_add_norm: fused GEMV, residual Add, RMSNorm and q8 vs the unfuse
   std::vector<codegen::KernelSpec> specs;
   for (const Case& c : cases) {
     auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, kern::gemvNormShape(), c.bias);
-    const std::string tag = codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) + "_k" + str(c.cols) +
-                            (c.bias ? "_bias" : "") + (c.padded ? "_pad" : "");
+    const std::string tag = gemvBlocksTag(c.type, c.rows, c.cols, c.bias, c.padded);
     specs.push_back(spec("gemv_norm_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
     defs.push_back({"GEMVB_NORM", "1"});
     defs.push_back({"GEMVB_NORM_EPS", "1e-6f"});

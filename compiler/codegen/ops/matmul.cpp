@@ -163,14 +163,22 @@ void defineBlocksGemv(SpecBuilder& b, const StrideTable& blk, uint64_t n, uint64
       .define("GEMVB_HAS_BIAS", uint64_t{bias ? 1u : 0u});
 }
 
+// The spec of gemv_blocks.cuh's `entry` (key `prefix`_type_g…_n…_k…[bias]) on the kBlocks plane `blk` of m, in
+// gemvBlocksShape's work shape.
+SpecBuilder blocksGemvSpec(const char* prefix, const char* entry, const StrideTable& blk, const MatMulOperands& m) {
+  SpecBuilder b(llvm::formatv("{0}_{1}_g{2}_n{3}_k{4}{5}", prefix, typeTag(blk.ggml_type), blk.group_pitch, m.n, m.k,
+                              m.bias_tag),
+                "kernels/gemv_blocks.cuh", entry);
+  defineBlocksGemv(b, blk, m.n, m.k,
+                   kern::gemvBlocksShape(static_cast<unsigned>(m.n), static_cast<unsigned>(m.k)), m.bias != nullptr);
+  return b;
+}
+
 // Decode GEMV on a kBlocks plane (kernels/gemv_blocks.cuh); the q8 input was checked by the caller.
 Launches blocksGemv(const StepContext& c, const MatMulOperands& m, const StrideTable& blk) {
   const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
   const kern::GemvBlocksShape shape = kern::gemvBlocksShape(n, k);
-  SpecBuilder b(llvm::formatv("gemv_blocks_{0}_g{1}_n{2}_k{3}{4}", typeTag(blk.ggml_type), blk.group_pitch, n, k,
-                              m.bias_tag),
-                "kernels/gemv_blocks.cuh", "minfer_gemv_blocks");
-  defineBlocksGemv(b, blk, m.n, m.k, shape, m.bias != nullptr);
+  SpecBuilder b = blocksGemvSpec("gemv_blocks", "minfer_gemv_blocks", blk, m);
   std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), blk), biasArg(c, m)};
   pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
   args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
@@ -374,10 +382,7 @@ Launches gemvPairLaunches(const StepContext& a, const StepContext& b) {
   const StrideTable& bb = *decodeBlocksPlane(*mb.w);
   const unsigned n = static_cast<unsigned>(ma.n), k = static_cast<unsigned>(ma.k);
   const kern::GemvBlocksShape shape = kern::gemvBlocksShape(n, k);
-  SpecBuilder sb(llvm::formatv("gemv_pair_{0}_g{1}_n{2}_k{3}{4}", typeTag(ba.ggml_type), ba.group_pitch, n, k,
-                               ma.bias_tag),
-                 "kernels/gemv_blocks.cuh", "minfer_gemv_pair");
-  defineBlocksGemv(sb, ba, ma.n, ma.k, shape, ma.bias != nullptr);
+  SpecBuilder sb = blocksGemvSpec("gemv_pair", "minfer_gemv_pair", ba, ma);
   sb.define("GEMVB_PAIR", uint64_t{1});
   std::vector<KernelArgDesc> args{weightArg("w0", a.weightId(0), ba), biasArg(a, ma), weightArg("w1", b.weightId(0), bb),
                                   biasArg(b, mb)};
