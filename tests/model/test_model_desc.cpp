@@ -306,7 +306,7 @@ TEST_CASE("gemma2: post-norms, GeGLU, soft-caps, every other layer local; llama.
   CHECK(llvm::toString(missing.takeError()).find("blk.2.post_ffw_norm.weight") != std::string::npos);
 }
 
-TEST_CASE("gemma2 fixture: window, caps and query scale from its keys") {
+TEST_CASE("gemma2 fixture: window, caps and query scale from its keys; the memory plan's ring share") {
   if (!test::haveFixtures()) return;
   auto file = gguf::GgufFile::open(test::fixturesDir() + "/arch/models/tiny-gemma2-F32.gguf");
   REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
@@ -322,6 +322,15 @@ TEST_CASE("gemma2 fixture: window, caps and query scale from its keys") {
   CHECK(windows == std::vector<uint32_t>{16, 0});
   CHECK(d->plan.prefill.back().softcap == 15.0f);
   CHECK(d->config.rope_freq_base == 10000.0f);
+  // KV cache: 2 layers x f16 K and V x 1 kv head of 64 = 256 bytes per position each. Without rings
+  // (--swa-full) no ring share; with them, layer 0 holds a ring of window + max_batch - 1 = 79 positions.
+  CHECK(d->plan.kv_bytes_per_token == 512);
+  CHECK(d->plan.kv_ring_bytes_per_token == 0);
+  CHECK(d->plan.kv_ring_bytes == 0);
+  model::ringLocalKvCaches(d->plan);
+  CHECK(d->plan.kv_bytes_per_token == 512);  // a batch session still holds every position
+  CHECK(d->plan.kv_ring_bytes_per_token == 256);
+  CHECK(d->plan.kv_ring_bytes == 256 * (16 + 64 - 1));
 }
 
 namespace {
