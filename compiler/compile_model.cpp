@@ -184,7 +184,8 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
   for (const model::BufferDesc& buf : desc.plan.buffers)
     buffers.push_back(fb::CreateBuffer(b, b.CreateString(buf.name), buf.width, buf.type));
   auto memory = fb::CreateMemoryPlan(b, desc.plan.max_batch, b.CreateVector(buffers), desc.plan.input_ids,
-                                     desc.plan.logits, desc.plan.kv_bytes_per_token);
+                                     desc.plan.logits, desc.plan.kv_bytes_per_token,
+                                     desc.plan.kv_ring_bytes_per_token, desc.plan.kv_ring_bytes);
 
   auto source_info =
       fb::CreateSourceInfo(b, b.CreateString(source.name), source.size, b.CreateString(source.sha256));

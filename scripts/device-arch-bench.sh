@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The 7B-class synthetic models of the newer architectures on a GPU machine (issue 16), from what
 # scripts/device-pack.sh packed: minfer-synth <model> --types q4_k_m, compile (sm of this GPU), then
-# minfer-bench pp512 / tg128. Models: $MINFER_ARCH_MODELS (default "phi3-mini qwen3-30b-a3b").
+# minfer-bench pp512 / tg128. Models: $MINFER_ARCH_MODELS (default "phi3-mini qwen3-30b-a3b gemma2-9b gemma3-12b").
 # Logs in $OUT/arch-bench.log.
 set -uo pipefail
 . "$(dirname "$0")/device-common.sh"
 {
-  for m in ${MINFER_ARCH_MODELS:-phi3-mini qwen3-30b-a3b}; do
+  for m in ${MINFER_ARCH_MODELS:-phi3-mini qwen3-30b-a3b gemma2-9b gemma3-12b}; do
     echo "== $m"
     rm -f /tmp/arch.gguf /tmp/arch.mfb
     timeout 200 "$B/minfer-synth" "$m" --types q4_k_m -o /tmp/arch.gguf &&

@@ -3,6 +3,7 @@
 #include "compiler/model/model_desc.h"
 
 #include <cmath>
+#include <map>
 
 #include "compiler/model/architectures.h"
 #include "compiler/model/graph_builder.h"
@@ -291,11 +292,19 @@ llvm::Expected<ModelDescription> describeModel(const gguf::GgufFile& file, uint3
 }
 
 void ringLocalKvCaches(ExecutionPlan& plan) {
+  std::map<int32_t, uint64_t> ring_layers;  // layer → kv_ring × f16 K+V bytes per position
+  uint64_t ring_per_token = 0;
   for (std::vector<StepDesc>* steps : {&plan.prefill, &plan.decode})
     for (StepDesc& s : *steps) {
       const uint64_t ring = uint64_t{s.window} + plan.max_batch - 1;
-      if (s.op == fb::OpKind::Attention && s.window > 0 && ring <= (1u << 30)) s.kv_ring = static_cast<uint32_t>(ring);
+      if (s.op != fb::OpKind::Attention || s.window == 0 || ring > (1u << 30)) continue;
+      s.kv_ring = static_cast<uint32_t>(ring);
+      const uint64_t per_position = 2ull * 2ull * s.n_head_kv * s.head_dim;
+      if (ring_layers.try_emplace(s.layer, ring * per_position).second) ring_per_token += per_position;
     }
+  plan.kv_ring_bytes_per_token = ring_per_token;
+  plan.kv_ring_bytes = 0;
+  for (const auto& [layer, bytes] : ring_layers) plan.kv_ring_bytes += bytes;
 }
 
 }  // namespace minfer::model

@@ -104,6 +104,9 @@ struct ExecutionPlan {
   uint32_t logits = 0;
   uint32_t max_batch = 0;
   uint64_t kv_bytes_per_token = 0;  // f16 K and V, all layers
+  // Of which the layers with a ring KV cache (StepDesc::kv_ring), and Σ kv_ring × their bytes per position
+  // (schema MemoryPlan, 1.8; set by ringLocalKvCaches).
+  uint64_t kv_ring_bytes_per_token = 0, kv_ring_bytes = 0;
 };
 
 // Tokenizer metadata copied from the GGUF's tokenizer.* keys.

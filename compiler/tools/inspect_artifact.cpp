@@ -392,9 +392,16 @@ void printText(const ArtifactFile& f, llvm::raw_ostream& os) {
 
   if (const fb::MemoryPlan* mem = m.memory()) {
     const auto* buffers = mem->buffers();
-    os << llvm::formatv("\nmemory plan: max_batch {0}, KV cache {1} bytes/token, input_ids {2}, logits {3}\n",
-                        mem->max_batch(), mem->kv_bytes_per_token(), named(buffers, mem->input_ids()),
-                        named(buffers, mem->logits()));
+    // 1.8: the ring layers' share (older artifacts read 0; their per-layer lines below still show rings).
+    const std::string single_sequence =
+        mem->kv_ring_bytes_per_token() == 0
+            ? std::string()
+            : llvm::formatv(" in a batch session; a single sequence: {0} bytes/token + at most {1} bytes of rings",
+                            mem->kv_bytes_per_token() - mem->kv_ring_bytes_per_token(), mem->kv_ring_bytes())
+                  .str();
+    os << llvm::formatv("\nmemory plan: max_batch {0}, KV cache {1} bytes/token{2}, input_ids {3}, logits {4}\n",
+                        mem->max_batch(), mem->kv_bytes_per_token(), single_sequence,
+                        named(buffers, mem->input_ids()), named(buffers, mem->logits()));
     printKvCache(m, os);
     if (buffers)
       for (uint32_t i = 0; i < buffers->size(); ++i) {
@@ -500,6 +507,8 @@ llvm::json::Object toJson(const ArtifactFile& f) {
                                         {"input_ids", int64_t{mem->input_ids()}},
                                         {"logits", int64_t{mem->logits()}},
                                         {"kv_bytes_per_token", i64(mem->kv_bytes_per_token())},
+                                        {"kv_ring_bytes_per_token", i64(mem->kv_ring_bytes_per_token())},
+                                        {"kv_ring_bytes", i64(mem->kv_ring_bytes())},
                                         {"kv_layers", kvLayersJson(m)},
                                         {"buffers", std::move(buffers)}};
   }

@@ -23,7 +23,8 @@ namespace {
 
 llvm::cl::OptionCategory kCategory("minfer-synth options");
 llvm::cl::opt<std::string> kModel(llvm::cl::Positional, llvm::cl::Required,
-                                  llvm::cl::desc("<model: tiny-llama | tiny-qwen2 | qwen2-7b | llama3-8b | phi3-mini | qwen3-30b-a3b>"),
+                                  llvm::cl::desc("<model: tiny-llama | tiny-qwen2 | qwen2-7b | llama3-8b | phi3-mini | "
+                                                 "qwen3-30b-a3b | gemma2-9b | gemma3-12b>"),
                                   llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kTypes("types", llvm::cl::Required,
                                   llvm::cl::desc("Type mix: f32, f16, q8_0, q4_0 (output Q6_K), q6_k, or q4_k_m "

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 namespace minfer::synth {
@@ -193,12 +194,32 @@ llvm::Expected<ModelShape> modelShape(llvm::StringRef name) {
     s.n_vocab = 151936, s.n_ctx = 40960, s.rope_freq_base = 1e6f, s.rms_eps = 1e-6f;
     return s;
   }
-  return synthError(llvm::formatv(
-      "unknown model '{0}' (known: tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini, qwen3-30b-a3b)", name));
+  if (name == "gemma2-9b" || name == "gemma3-12b") {
+    // Both: head_dim 256 (q is wider than n_embd), query_pre_attn_scalar 256 (no GGUF key: llama.cpp's
+    // 1/sqrt(head_dim) for these sizes), RMSNorm eps 1e-6, tied output, sandwich norms, GELU-tanh FFN.
+    s.head_dim = 256, s.rms_eps = 1e-6f, s.post_norms = true, s.tied_output = true;
+    if (name == "gemma2-9b") {
+      // google/gemma-2-9b config.json; keys as convert_hf_to_gguf.py's Gemma2Model writes them: no
+      // rope.freq_base (llama.cpp: 10000 = rope_theta) and no sliding_window_pattern (gemma2: even
+      // layers local, fixed in llama.cpp).
+      s.arch = "gemma2", s.n_embd = 3584, s.n_layer = 42, s.n_head = 16, s.n_head_kv = 8, s.n_ff = 14336;
+      s.n_vocab = 256000, s.n_ctx = 8192, s.rope_freq_base = 0.0f, s.sliding_window = 4096;
+      s.attn_softcap = 50.0f, s.final_softcap = 30.0f;
+    } else {
+      // google/gemma-3-12b-it text_config; keys as Gemma3Model writes them: rope.freq_base 1e6 and linear
+      // scaling x8 (global layers), no rope.freq_base_swa (llama.cpp: 10000 = rope_local_base_freq) and
+      // no sliding_window_pattern (llama.cpp: period 6, 5 local then 1 global). No soft-caps.
+      s.arch = "gemma3", s.n_embd = 3840, s.n_layer = 48, s.n_head = 16, s.n_head_kv = 8, s.n_ff = 15360;
+      s.n_vocab = 262208, s.n_ctx = 131072, s.rope_freq_base = 1e6f, s.sliding_window = 1024;
+      s.rope_scale_linear = 8.0f, s.qk_norm = true;
+    }
+    return s;
+  }
+  return synthError(llvm::formatv("unknown model '{0}' (known: {1})", name, llvm::join(modelNames(), ", ")));
 }
 
 std::vector<std::string> modelNames() {
-  return {"tiny-llama", "tiny-qwen2", "qwen2-7b", "llama3-8b", "phi3-mini", "qwen3-30b-a3b"};
+  return {"tiny-llama", "tiny-qwen2", "qwen2-7b", "llama3-8b", "phi3-mini", "qwen3-30b-a3b", "gemma2-9b", "gemma3-12b"};
 }
 
 llvm::Expected<TypeMix> parseTypeMix(llvm::StringRef name) {
@@ -272,7 +293,8 @@ llvm::Expected<std::vector<TensorPlan>> planTensors(const ModelShape& shape, Typ
   const auto vec = [&](std::string name, TensorKind kind, uint64_t n) {
     plan.push_back({std::move(name), GgmlType::F32, {n}, kind});
   };
-  matrix("token_embd.weight", "token_embd", 0, n_embd, shape.n_vocab);
+  // A tied token_embd is the output head: llama-quantize gives it the output's type.
+  matrix("token_embd.weight", shape.tied_output ? "output" : "token_embd", 0, n_embd, shape.n_vocab);
   for (uint32_t i = 0; i < shape.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
     vec(p + "attn_norm.weight", TensorKind::kNorm, n_embd);
@@ -293,6 +315,7 @@ llvm::Expected<std::vector<TensorPlan>> planTensors(const ModelShape& shape, Typ
       vec(p + "attn_k_norm.weight", TensorKind::kNorm, shape.headDim());
     }
     matrix(p + "attn_output.weight", "attn_output", i, q_dim, n_embd);
+    if (shape.post_norms) vec(p + "post_attention_norm.weight", TensorKind::kNorm, n_embd);
     vec(p + "ffn_norm.weight", TensorKind::kNorm, n_embd);
     if (shape.n_expert) {
       plan.push_back({p + "ffn_gate_inp.weight", GgmlType::F32, {n_embd, shape.n_expert}, TensorKind::kMatrix});
@@ -304,9 +327,10 @@ llvm::Expected<std::vector<TensorPlan>> planTensors(const ModelShape& shape, Typ
     if (!shape.fused) matrix(p + "ffn_gate.weight", "ffn_gate", i, n_embd, shape.n_ff);
     matrix(p + "ffn_up.weight", "ffn_up", i, n_embd, shape.fused ? 2 * uint64_t{shape.n_ff} : shape.n_ff);
     matrix(p + "ffn_down.weight", "ffn_down", i, shape.n_ff, n_embd);
+    if (shape.post_norms) vec(p + "post_ffw_norm.weight", TensorKind::kNorm, n_embd);
   }
   vec("output_norm.weight", TensorKind::kNorm, n_embd);
-  matrix("output.weight", "output", 0, n_embd, shape.n_vocab);
+  if (!shape.tied_output) matrix("output.weight", "output", 0, n_embd, shape.n_vocab);
   for (const TensorPlan& t : plan) {
     const GgmlTypeTraits traits = ggmlTypeTraits(t.type);
     if (t.ne[0] % traits.block_size != 0)
@@ -400,8 +424,15 @@ llvm::Error buildSynthModel(const SynthOptions& options, gguf::GgufWriter& w, st
   w.setU32(a + "feed_forward_length", shape.n_ff);
   w.setU32(a + "attention.head_count", shape.n_head);
   w.setU32(a + "attention.head_count_kv", shape.n_head_kv);
-  w.setF32(a + "rope.freq_base", shape.rope_freq_base);
+  if (shape.rope_freq_base > 0) w.setF32(a + "rope.freq_base", shape.rope_freq_base);
   w.setF32(a + "attention.layer_norm_rms_epsilon", shape.rms_eps);
+  if (shape.rope_scale_linear > 0) {
+    w.setString(a + "rope.scaling.type", "linear");
+    w.setF32(a + "rope.scaling.factor", shape.rope_scale_linear);
+  }
+  if (shape.sliding_window) w.setU32(a + "attention.sliding_window", shape.sliding_window);
+  if (shape.attn_softcap > 0) w.setF32(a + "attn_logit_softcapping", shape.attn_softcap);
+  if (shape.final_softcap > 0) w.setF32(a + "final_logit_softcapping", shape.final_softcap);
   if (shape.head_dim) {
     w.setU32(a + "attention.key_length", shape.head_dim);
     w.setU32(a + "attention.value_length", shape.head_dim);

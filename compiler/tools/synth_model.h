@@ -13,6 +13,9 @@
 //   blk.N.ffn_gate_inp.weight [n_embd, n_expert] (F32 in every mix, as llama-quantize leaves it) and the
 //   experts blk.N.ffn_gate_exps/ffn_up_exps.weight [n_embd, n_ff_exp, n_expert],
 //   blk.N.ffn_down_exps.weight [n_ff_exp, n_embd, n_expert]
+//   gemma2/gemma3: blk.N.post_attention_norm/post_ffw_norm.weight [n_embd] (the sandwich norms) and no
+//   output.weight (the output head is token_embd, which llama-quantize then types as the output); gemma3
+//   also blk.N.attn_q_norm/attn_k_norm.weight [head_dim]
 //
 // Weight values: float matrices ~ N(0, 0.02) (Irwin–Hall sum of four uniforms); norm weights
 // 1 + N(0, 0.02); biases N(0, 0.02). Quantized blocks hold random quant bits with finite, normal
@@ -37,7 +40,7 @@ namespace minfer::synth {
 
 struct ModelShape {
   std::string name;          // e.g. "qwen2-7b"
-  std::string arch;          // GGUF general.architecture: "llama" or "qwen2"
+  std::string arch;          // GGUF general.architecture: llama, qwen2, phi3, qwen3moe, gemma2, gemma3
   uint32_t n_embd = 0;
   uint32_t n_layer = 0;
   uint32_t n_head = 0;
@@ -45,18 +48,28 @@ struct ModelShape {
   uint32_t n_ff = 0;
   uint32_t n_vocab = 0;
   uint32_t n_ctx = 0;        // <arch>.context_length
-  float rope_freq_base = 10000.0f;
+  float rope_freq_base = 10000.0f;  // 0: no <arch>.rope.freq_base key (gemma2's converter writes none)
   float rms_eps = 1e-5f;
   bool qkv_bias = false;     // qwen2: attn_q/k/v.bias
   bool fused = false;        // phi3: fused attn_qkv and gate|up ffn_up (see the tensor list above)
   uint32_t head_dim = 0;     // 0: n_embd / n_head; else <arch>.attention.key_length / value_length
-  bool qk_norm = false;      // qwen3moe: attn_q_norm / attn_k_norm
+  bool qk_norm = false;      // qwen3moe, gemma3: attn_q_norm / attn_k_norm
   uint32_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;  // > 0: a mixture-of-experts FFN (qwen3moe)
+  // gemma2 / gemma3. Keys are written only when set, as llama.cpp's convert_hf_to_gguf.py writes them for
+  // the real models; absent ones get llama.cpp's defaults (fixtures README §8.1, §8.7).
+  bool post_norms = false;       // blk.N.post_attention_norm / post_ffw_norm
+  bool tied_output = false;      // no output.weight
+  uint32_t sliding_window = 0;   // > 0: <arch>.attention.sliding_window (tokens)
+  float attn_softcap = 0.0f;     // > 0: <arch>.attn_logit_softcapping
+  float final_softcap = 0.0f;    // > 0: <arch>.final_logit_softcapping
+  float rope_scale_linear = 0.0f;  // > 0: <arch>.rope.scaling.type "linear" and rope.scaling.factor
   uint32_t headDim() const { return head_dim ? head_dim : n_embd / n_head; }
 };
 
 // Named shapes: tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini (Phi-3-mini-4k: 3072 wide, 32
-// layers, 32 heads of 96, n_ff 8192, vocab 32064), qwen3-30b-a3b. Error lists the known names.
+// layers, 32 heads of 96, n_ff 8192, vocab 32064), qwen3-30b-a3b, gemma2-9b (Gemma 2 9B), gemma3-12b
+// (Gemma 3 12B's text model); the values and their sources are beside each in synth_model.cpp.
+// Error lists the known names.
 llvm::Expected<ModelShape> modelShape(llvm::StringRef name);
 std::vector<std::string> modelNames();
 

@@ -168,6 +168,7 @@ class SemanticVerifier {
     MINFER_RETURN_IF_ERROR(checkPlan(m_->decode(), "decode", false));
     MINFER_RETURN_IF_ERROR(checkPlan(m_->load(), "load", true));
     MINFER_RETURN_IF_ERROR(checkDerivedWrites());
+    MINFER_RETURN_IF_ERROR(checkKvRingBytes());
     if (m_->argmax()) MINFER_RETURN_IF_ERROR(checkLaunchAt(*m_->argmax(), "argmax", "the argmax", LaunchPlace::kStep));
     MINFER_RETURN_IF_ERROR(checkOverlaps());
     *segments = std::move(segments_);
@@ -619,6 +620,37 @@ class SemanticVerifier {
     if (s->n_rot() > s->head_dim() || s->n_rot() % 2 != 0)
       return fail(field + ".n_rot", s,
                   cat("n_rot ", s->n_rot(), " must be even and at most head_dim ", s->head_dim()));
+    return Status::ok();
+  }
+
+  // 1.8: memory.kv_ring_bytes_per_token and kv_ring_bytes are what the Attention steps' kv_ring imply
+  // (per layer: 2 × 2 × n_head_kv × head_dim bytes per position, f16 K and V); older artifacts read 0.
+  Status checkKvRingBytes() const {
+    const fb::MemoryPlan* mem = m_->memory();
+    if (!mem || m_->format_minor() < 8) return Status::ok();
+    std::map<int32_t, std::pair<uint64_t, uint64_t>> layers;  // layer → (bytes per position, ring bytes)
+    for (const fb::Plan* plan : {m_->prefill(), m_->decode()})
+      if (plan && plan->steps())
+        for (const fb::Step* s : *plan->steps()) {
+          if (s->op() != fb::OpKind::Attention || s->kv_ring() == 0) continue;
+          uint64_t per_position = 0, ring_bytes = 0;
+          if (__builtin_mul_overflow(uint64_t{4} * s->n_head_kv(), uint64_t{s->head_dim()}, &per_position) ||
+              __builtin_mul_overflow(per_position, uint64_t{s->kv_ring()}, &ring_bytes))
+            return fail("memory.kv_ring_bytes", mem, cat("layer ", s->layer(), "'s ring of ", s->kv_ring(),
+                                                        " positions overflows 64 bits"));
+          layers.try_emplace(s->layer(), per_position, ring_bytes);
+        }
+    uint64_t per_token = 0, bytes = 0;
+    for (const auto& [layer, l] : layers)
+      if (__builtin_add_overflow(per_token, l.first, &per_token) || __builtin_add_overflow(bytes, l.second, &bytes))
+        return fail("memory.kv_ring_bytes", mem, "the rings' bytes overflow 64 bits");
+    if (mem->kv_ring_bytes_per_token() != per_token || mem->kv_ring_bytes() != bytes ||
+        per_token > mem->kv_bytes_per_token())
+      return fail("memory.kv_ring_bytes_per_token", mem,
+                  cat("kv_ring_bytes_per_token ", mem->kv_ring_bytes_per_token(), " and kv_ring_bytes ",
+                      mem->kv_ring_bytes(), " (of kv_bytes_per_token ", mem->kv_bytes_per_token(),
+                      ") differ from the ", layers.size(), " ring layers' ", per_token, " and ", bytes,
+                      " (Attention steps' kv_ring, n_head_kv, head_dim)"));
     return Status::ok();
   }
 

@@ -138,6 +138,7 @@ struct Spec {
   std::vector<TestBuffer> buffers;
   uint32_t input_ids = 0, logits = 5;
   uint64_t kv_bytes = 2 * 2 * 2 * 16 * 2;
+  uint64_t kv_ring_bytes_per_token = 0, kv_ring_bytes = 0;  // 1.8
   std::vector<std::string> target_archs = {"sm_90"};
   bool with_manifest_check = true;
 };
@@ -342,7 +343,8 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
   auto decode = plan(s.decode);
   std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
   for (const auto& buf : s.buffers) buffers.push_back(fb::CreateBufferDirect(b, buf.name.c_str(), buf.width, buf.type));
-  auto memory = fb::CreateMemoryPlanDirect(b, s.max_batch, &buffers, s.input_ids, s.logits, s.kv_bytes);
+  auto memory = fb::CreateMemoryPlanDirect(b, s.max_batch, &buffers, s.input_ids, s.logits, s.kv_bytes,
+                                           s.kv_ring_bytes_per_token, s.kv_ring_bytes);
   auto archs = strings(s.target_archs);
   auto root = fb::CreateArtifactDirect(b, s.major, s.minor, s.producer.c_str(), s.producer_version.c_str(), source,
                                        config, tokenizer, &tensors, &kernels, prefill, decode, memory, &archs,
@@ -1336,8 +1338,24 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     const uint32_t max_batch = spec.max_batch;
     spec.prefill[5].window = spec.decode[3].window = 16;
     spec.prefill[5].kv_ring = spec.decode[3].kv_ring = 16 + max_batch - 1;
+    // 1.8: the memory plan's ring share: one layer of f16 K and V, 2 kv heads of 16 (128 bytes per position).
+    spec.kv_ring_bytes_per_token = 128;
+    spec.kv_ring_bytes = 128 * (16 + max_batch - 1);
     writeVariant(g, spec, g.segs, path);
     CHECK(openError(path) == "");
+    {
+      Spec wrong = spec;
+      wrong.kv_ring_bytes = 128 * 16;  // the window's, not the ring's
+      refused(wrong, g.segs, {"memory.kv_ring_bytes_per_token", "kv_ring_bytes_per_token 128 and kv_ring_bytes 2048 (of "
+                                                                "kv_bytes_per_token 256) differ from the 1 ring layers' 128 and " +
+                                                                    std::to_string(128 * (15 + max_batch))});
+      wrong = spec;
+      wrong.kv_ring_bytes_per_token = wrong.kv_ring_bytes = 0;  // what a 1.7 compiler wrote
+      refused(wrong, g.segs, {"memory.kv_ring_bytes_per_token", "differ from the 1 ring layers' 128"});
+      wrong.minor = 7;  // a 1.7 artifact: no ring figures, read as 0
+      writeVariant(g, wrong, g.segs, path);
+      CHECK(openError(path) == "");
+    }
     spec.prefill[5].kv_ring = 16 + max_batch - 2;
     refused(spec, g.segs, {"prefill.steps[5].kv_ring",
                            "KV ring of " + std::to_string(14 + max_batch) + " positions is outside " +

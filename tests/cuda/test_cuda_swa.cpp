@@ -260,6 +260,13 @@ TEST_CASE("CUDA ring KV caches: the session's KV bytes are the rings' (f16) for 
           CHECK((l.second != 0) == (!swa_full && localLayer(c, layer)));
           want += 2 * 2 * l.first * (l.second ? std::min<uint64_t>(n_ctx, l.second) : uint64_t(n_ctx));
         }
+        // The memory plan (format 1.8) gives the same figure once n_ctx covers every ring.
+        const fb::MemoryPlan& mem = *(*art)->manifest()->memory();
+        uint32_t max_ring = 0;
+        for (const auto& [layer, l] : layers) max_ring = std::max(max_ring, l.second);
+        if (static_cast<uint32_t>(n_ctx) >= max_ring)
+          CHECK((mem.kv_bytes_per_token() - mem.kv_ring_bytes_per_token()) * uint64_t(n_ctx) + mem.kv_ring_bytes() ==
+                want);
         auto m = Model::open(path, BackendKind::kCuda);
         REQUIRE_MESSAGE(m.isOk(), m.status().message());
         auto s = (*m)->createSession({.n_ctx = n_ctx, .n_threads = 1});

@@ -50,6 +50,18 @@ std::string compileSwa(const std::string& model, uint32_t max_batch, bool swa_fu
   return o.output;
 }
 
+// The KV figures of an artifact's memory plan (schema MemoryPlan; the ring ones from format 1.8).
+struct KvPlan {
+  uint64_t per_token = 0, ring_per_token = 0, ring_bytes = 0;
+};
+KvPlan kvPlan(const std::string& artifact) {
+  auto art = ArtifactFile::open(artifact);
+  REQUIRE_MESSAGE(art.isOk(), art.status().message());
+  const fb::MemoryPlan* mem = (*art)->manifest()->memory();
+  REQUIRE(mem);
+  return {mem->kv_bytes_per_token(), mem->kv_ring_bytes_per_token(), mem->kv_ring_bytes()};
+}
+
 // Deterministic token ids in [1, n_vocab).
 std::vector<int32_t> tokenIds(int n, uint32_t seed, int n_vocab) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -223,6 +235,18 @@ TEST_CASE("ring KV caches: a session's KV bytes are the rings' for local layers,
       auto sf = (*mf)->createSession({.n_ctx = n_ctx, .n_threads = 1});
       REQUIRE_MESSAGE(sf.isOk(), sf.status().message());
       CHECK((*sf)->kvCacheBytes() == 2 * sizeof(float) * kv_width * c.rings.size() * uint64_t(n_ctx));
+      // The memory plan (format 1.8) says the same, in f16 (the CPU cache is f32): with rings, the
+      // full-size layers' bytes per token times n_ctx plus the rings (every ring ≤ 23 < n_ctx here);
+      // with --swa-full, every layer's bytes per token times n_ctx.
+      if (n_ctx >= 100) {
+        const KvPlan rp = kvPlan(ring), fp = kvPlan(full);
+        CHECK((rp.per_token - rp.ring_per_token) * uint64_t(n_ctx) + rp.ring_bytes == (*s)->kvCacheBytes() / 2);
+        CHECK(rp.ring_per_token > 0);
+        CHECK(fp.ring_per_token == 0);
+        CHECK(fp.ring_bytes == 0);
+        CHECK(fp.per_token * uint64_t(n_ctx) == (*sf)->kvCacheBytes() / 2);
+        CHECK(fp.per_token == rp.per_token);  // what a paged batch session holds per position
+      }
       MESSAGE(caseName(c) << ", n_ctx " << n_ctx << ": KV cache " << (*s)->kvCacheBytes() << " bytes with rings, "
                           << (*sf)->kvCacheBytes() << " full-size");
     }
@@ -243,11 +267,16 @@ TEST_CASE("minfer-inspect's memory plan shows the local layers' rings") {
   CHECK(text.find("256 bytes/position x n_ctx for the full-size layers, + at most 9728 bytes for the sliding-window "
                   "layers' rings") != std::string::npos);
   CHECK(text.find("window 16 kv_ring 19") != std::string::npos);  // the Attention steps
+  // The memory plan's own figures (1.8): 3 layers x 256 in a batch session; one full-size layer + 2 rings.
+  CHECK(text.find("KV cache 768 bytes/token in a batch session; a single sequence: 256 bytes/token + at most 9728 "
+                  "bytes of rings") != std::string::npos);
   // --json: memory.kv_layers, one per attention layer.
   const std::string json_out = scratchDir() + "/inspect-ring.json";
   REQUIRE(std::system((std::string(MINFER_TOOLS_DIR) + "/minfer-inspect --json " + ring + " > " + json_out).c_str()) == 0);
   const std::vector<uint8_t> jbytes = readFile(json_out);
   const nlohmann::json j = nlohmann::json::parse(std::string(jbytes.begin(), jbytes.end()));
+  CHECK(j.at("memory").at("kv_ring_bytes_per_token") == 512);
+  CHECK(j.at("memory").at("kv_ring_bytes") == 9728);
   const nlohmann::json& layers = j.at("memory").at("kv_layers");
   REQUIRE(layers.size() == 3);
   for (int l = 0; l < 3; ++l) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "compiler/gguf/gguf_reader.h"
@@ -36,11 +37,11 @@ std::unique_ptr<GgufFile> parseBytes(const std::vector<uint8_t>& bytes, const st
   return std::move(*file);
 }
 
-std::vector<uint8_t> synthBytes(const std::string& model, TypeMix mix, uint64_t seed, unsigned threads = 2,
+std::vector<uint8_t> synthBytes(const ModelShape& shape, TypeMix mix, uint64_t seed, unsigned threads = 2,
                                 const GgufFile* vocab = nullptr, std::vector<std::string>* notes = nullptr,
                                 uint64_t chunk = 0) {
   SynthOptions o;
-  o.shape = llvm::cantFail(modelShape(model));
+  o.shape = shape;
   o.mix = mix;
   o.seed = seed;
   o.threads = threads;
@@ -49,6 +50,12 @@ std::vector<uint8_t> synthBytes(const std::string& model, TypeMix mix, uint64_t 
   if (chunk) w.setChunkBytes(chunk);
   llvm::cantFail(buildSynthModel(o, w, notes));
   return llvm::cantFail(w.toBytes());
+}
+
+std::vector<uint8_t> synthBytes(const std::string& model, TypeMix mix, uint64_t seed, unsigned threads = 2,
+                                const GgufFile* vocab = nullptr, std::vector<std::string>* notes = nullptr,
+                                uint64_t chunk = 0) {
+  return synthBytes(llvm::cantFail(modelShape(model)), mix, seed, threads, vocab, notes, chunk);
 }
 
 const std::vector<TypeMix> kMixes = {TypeMix::kF32, TypeMix::kF16, TypeMix::kQ8_0,
@@ -97,6 +104,19 @@ std::vector<double> dequantize(const GgufFile& f, const minfer::gguf::TensorInfo
   }
   CHECK(ok);
   return out;
+}
+
+// `f` has exactly the tensors of llama.cpp's file `ref`: names, types, dimensions.
+void checkSameTensors(const GgufFile& f, const GgufFile& ref) {
+  CHECK(ref.tensors().size() == f.tensors().size());
+  for (const auto& rt : ref.tensors()) {
+    CAPTURE(rt.name);
+    const auto* t = f.findTensor(llvm::StringRef(rt.name.data(), rt.name.size()));
+    REQUIRE(t);
+    CHECK(t->type == rt.type);
+    CHECK(t->n_dims == rt.n_dims);
+    for (int d = 0; d < 4; ++d) CHECK(t->ne[d] == rt.ne[d]);
+  }
 }
 
 }  // namespace
@@ -196,6 +216,53 @@ TEST_CASE("big model shapes follow llama.cpp's tensor names and ggml dims") {
   CHECK(qwen.rope_freq_base == 1e6f);
   CHECK(qwen.rms_eps == 1e-6f);
   CHECK(qwen.arch == "qwen2");
+  {
+    // gemma2-9b: q is 16 x 256 = 4096 wide on n_embd 3584; sandwich norms; tied output, so token_embd is
+    // typed as the output (Q6_K) and there is no output.weight. Q6_K attn_v / ffn_down in llama.cpp's
+    // "more bits" layers for 42 layers (written out: i < 5, i >= 36, (i - 5) % 3 == 2).
+    const std::set<uint32_t> want42 = {0, 1, 2, 3, 4, 7, 10, 13, 16, 19, 22, 25, 28, 31, 34, 36, 37, 38, 39, 40, 41};
+    const auto plan = llvm::cantFail(planTensors(llvm::cantFail(modelShape("gemma2-9b")), TypeMix::kQ4_K_M));
+    CHECK(plan.size() == 2 + 42 * 11);
+    CHECK(find(plan, "token_embd.weight")->ne == std::vector<uint64_t>{3584, 256000});
+    CHECK(find(plan, "token_embd.weight")->type == GgmlType::Q6_K);
+    CHECK(find(plan, "blk.41.attn_q.weight")->ne == std::vector<uint64_t>{3584, 4096});
+    CHECK(find(plan, "blk.41.attn_k.weight")->ne == std::vector<uint64_t>{3584, 2048});  // 8 kv heads x 256
+    CHECK(find(plan, "blk.41.attn_output.weight")->ne == std::vector<uint64_t>{4096, 3584});
+    CHECK(find(plan, "blk.41.post_attention_norm.weight")->ne == std::vector<uint64_t>{3584});
+    CHECK(find(plan, "blk.41.post_ffw_norm.weight")->kind == TensorKind::kNorm);
+    CHECK(find(plan, "blk.0.ffn_gate.weight")->ne == std::vector<uint64_t>{3584, 14336});
+    CHECK(find(plan, "blk.0.ffn_down.weight")->ne == std::vector<uint64_t>{14336, 3584});
+    int q6 = 0;
+    for (const TensorPlan& t : plan) {
+      CAPTURE(t.name);
+      CHECK(t.name != "output.weight");
+      CHECK(t.name.find("attn_q_norm") == std::string::npos);
+      if (t.kind != TensorKind::kMatrix) continue;
+      GgmlType want = t.name == "token_embd.weight" ? GgmlType::Q6_K : GgmlType::Q4_K;
+      for (uint32_t i : want42)
+        for (const char* role : {".attn_v.weight", ".ffn_down.weight"})
+          if (t.name == "blk." + std::to_string(i) + role) want = GgmlType::Q6_K;
+      CHECK(t.type == want);
+      q6 += t.type == GgmlType::Q6_K;
+    }
+    CHECK(q6 == 1 + 2 * 21);
+  }
+  {  // gemma3-12b: gemma2's tensors plus the per-head q/k norms; q 16 x 256 = 4096 on n_embd 3840.
+    const auto plan = llvm::cantFail(planTensors(llvm::cantFail(modelShape("gemma3-12b")), TypeMix::kQ4_K_M));
+    CHECK(plan.size() == 2 + 48 * 13);
+    CHECK(find(plan, "token_embd.weight")->ne == std::vector<uint64_t>{3840, 262208});
+    CHECK(find(plan, "token_embd.weight")->type == GgmlType::Q6_K);
+    CHECK(find(plan, "blk.47.attn_q.weight")->ne == std::vector<uint64_t>{3840, 4096});
+    CHECK(find(plan, "blk.47.attn_v.weight")->ne == std::vector<uint64_t>{3840, 2048});
+    CHECK(find(plan, "blk.47.attn_q_norm.weight")->ne == std::vector<uint64_t>{256});
+    CHECK(find(plan, "blk.47.attn_k_norm.weight")->ne == std::vector<uint64_t>{256});
+    CHECK(find(plan, "blk.0.ffn_up.weight")->ne == std::vector<uint64_t>{3840, 15360});
+    CHECK(find(plan, "blk.0.ffn_down.weight")->type == GgmlType::Q6_K);   // 0 < 48/8
+    CHECK(find(plan, "blk.6.ffn_down.weight")->type == GgmlType::Q4_K);   // (6 - 6) % 3 = 0
+    CHECK(find(plan, "blk.8.attn_v.weight")->type == GgmlType::Q6_K);     // (8 - 6) % 3 = 2
+    CHECK(find(plan, "blk.42.attn_v.weight")->type == GgmlType::Q6_K);    // 42 >= 7 * 48 / 8
+    for (const TensorPlan& t : plan) CHECK(t.name != "output.weight");
+  }
   auto unknown = modelShape("gpt-5");
   REQUIRE(!unknown);
   CHECK(llvm::toString(unknown.takeError()).find("tiny-llama, tiny-qwen2, qwen2-7b, llama3-8b, phi3-mini, qwen3-30b-a3b") !=
@@ -253,15 +320,7 @@ TEST_CASE("tiny models for every type mix read back with llama.cpp's names, shap
       auto ref = GgufFile::open(minfer::test::fixturesDir() + "/models/" + fixture);
       REQUIRE_MESSAGE(ref, llvm::toString(ref.takeError()));
       const GgufFile& r = **ref;
-      CHECK(r.tensors().size() == f->tensors().size());
-      for (const auto& rt : r.tensors()) {
-        CAPTURE(rt.name);
-        const auto* t = f->findTensor(llvm::StringRef(rt.name.data(), rt.name.size()));
-        REQUIRE(t);
-        CHECK(t->type == rt.type);
-        CHECK(t->n_dims == rt.n_dims);
-        for (int d = 0; d < 4; ++d) CHECK(t->ne[d] == rt.ne[d]);
-      }
+      checkSameTensors(*f, r);
       for (const char* key : {"context_length", "embedding_length", "block_count", "feed_forward_length",
                               "attention.head_count", "attention.head_count_kv"})
         CHECK(*f->getU32(a + key) == *r.getU32(a + key));
@@ -269,6 +328,99 @@ TEST_CASE("tiny models for every type mix read back with llama.cpp's names, shap
       CHECK(*f->getF32(a + "attention.layer_norm_rms_epsilon") == *r.getF32(a + "attention.layer_norm_rms_epsilon"));
       CHECK(*f->getU32("general.file_type") == *r.getU32("general.file_type"));
       CHECK(r.getStringArray("tokenizer.ggml.tokens")->size() == tokens.size());
+    }
+  }
+}
+
+namespace {
+
+// Metadata keys under "<arch>." of a GGUF.
+std::set<std::string> archKeys(const GgufFile& f, const std::string& arch) {
+  std::set<std::string> keys;
+  for (const auto& kv : f.metadata()) {
+    const std::string key(kv.key);
+    if (key.rfind(arch + ".", 0) == 0) keys.insert(key.substr(arch.size() + 1));
+  }
+  return keys;
+}
+
+// A gemma benchmark shape at the sizes of its tiny fixture (fixtures README §8.1): the benchmark shape's
+// keys and tensor list, the fixture's dimensions.
+ModelShape atTinyGemmaSize(const std::string& model, uint32_t n_layer) {
+  ModelShape s = llvm::cantFail(modelShape(model));
+  s.n_embd = 256, s.n_layer = n_layer, s.n_head = 2, s.n_head_kv = 1, s.head_dim = 64, s.n_ff = 128, s.n_vocab = 512;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("gemma2-9b and gemma3-12b: the real models' keys as llama.cpp's converter writes them") {
+  // Real hyperparameters, smaller sizes (K-quant rows stay multiples of 256; q is 16 x 256 wide).
+  for (const std::string model : {"gemma2-9b", "gemma3-12b"}) {
+    CAPTURE(model);
+    ModelShape shape = llvm::cantFail(modelShape(model));
+    const bool g3 = model == "gemma3-12b";
+    const std::string arch = g3 ? "gemma3" : "gemma2", a = arch + ".";
+    CHECK(shape.arch == arch);
+    CHECK(shape.n_layer == (g3 ? 48u : 42u));
+    CHECK(shape.n_embd == (g3 ? 3840u : 3584u));
+    CHECK(shape.n_ff == (g3 ? 15360u : 14336u));
+    shape.n_layer = 2, shape.n_embd = 256, shape.n_ff = 256, shape.n_vocab = 300;
+    auto f = parseBytes(synthBytes(shape, TypeMix::kQ4_K_M, 5), model + ".gguf");
+    REQUIRE(f);
+    CHECK(*f->getString("general.architecture") == arch);
+    CHECK(*f->getU32(a + "context_length") == (g3 ? 131072u : 8192u));
+    CHECK(*f->getU32(a + "attention.head_count") == 16);
+    CHECK(*f->getU32(a + "attention.head_count_kv") == 8);
+    CHECK(*f->getU32(a + "attention.key_length") == 256);
+    CHECK(*f->getU32(a + "attention.value_length") == 256);
+    CHECK(*f->getF32(a + "attention.layer_norm_rms_epsilon") == 1e-6f);
+    CHECK(*f->getU32(a + "attention.sliding_window") == (g3 ? 1024u : 4096u));
+    CHECK(*f->getU32("general.file_type") == 15);
+    CHECK(f->findTensor("output.weight") == nullptr);
+    CHECK(f->findTensor("token_embd.weight")->type == GgmlType::Q6_K);
+    CHECK(f->findTensor("blk.1.post_ffw_norm.weight")->ne[0] == 256);
+    CHECK((f->findTensor("blk.1.attn_k_norm.weight") != nullptr) == g3);
+    if (!g3) {
+      CHECK(*f->getF32(a + "attn_logit_softcapping") == 50.0f);
+      CHECK(*f->getF32(a + "final_logit_softcapping") == 30.0f);
+      CHECK(f->find(a + "rope.freq_base") == nullptr);  // llama.cpp's default 10000 is Gemma 2's rope_theta
+    } else {
+      CHECK(*f->getF32(a + "rope.freq_base") == 1e6f);
+      CHECK(*f->getString(a + "rope.scaling.type") == "linear");
+      CHECK(*f->getF32(a + "rope.scaling.factor") == 8.0f);
+      // Absent as in real gemma3 files: llama.cpp's period 6 and local base 10000 are Gemma 3's values.
+      CHECK(f->find(a + "attention.sliding_window_pattern") == nullptr);
+      CHECK(f->find(a + "rope.freq_base_swa") == nullptr);
+      CHECK(f->find(a + "attn_logit_softcapping") == nullptr);
+      CHECK(f->find(a + "final_logit_softcapping") == nullptr);
+    }
+  }
+}
+
+TEST_CASE("gemma2-9b and gemma3-12b at the tiny gemma fixtures' sizes: llama.cpp's tensors, types and keys") {
+  // Oracle: llama.cpp's Q8_0 files (every matrix Q8_0, tied token_embd included; no K-quant fallbacks).
+  if (!minfer::test::haveFixtures()) return;
+  for (const auto& [model, fixture, n_layer] :
+       {std::tuple<std::string, std::string, uint32_t>{"gemma2-9b", "tiny-gemma2-Q8_0.gguf", 2},
+        {"gemma3-12b", "tiny-gemma3-Q8_0.gguf", 3}}) {
+    CAPTURE(model);
+    auto f = parseBytes(synthBytes(atTinyGemmaSize(model, n_layer), TypeMix::kQ8_0, 3), model + ".gguf");
+    REQUIRE(f);
+    auto ref = GgufFile::open(minfer::test::fixturesDir() + "/arch/models/" + fixture);
+    REQUIRE_MESSAGE(ref, llvm::toString(ref.takeError()));
+    const GgufFile& r = **ref;
+    checkSameTensors(*f, r);
+    // The same architecture keys, except the two the fixture writes on purpose (§8.1: pattern 3 and the
+    // local base) and real gemma3 files lack; the fixture gemma2 lacks rope.freq_base as real files do.
+    const std::string arch(*r.getString("general.architecture"));
+    std::set<std::string> want = archKeys(r, arch);
+    want.erase("attention.sliding_window_pattern");
+    want.erase("rope.freq_base_swa");
+    CHECK(archKeys(*f, arch) == want);
+    for (const auto& key : want) {
+      CAPTURE(key);
+      CHECK(f->find(arch + "." + key)->value.type == r.find(arch + "." + key)->value.type);
     }
   }
 }

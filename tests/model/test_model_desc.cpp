@@ -306,7 +306,7 @@ TEST_CASE("gemma2: post-norms, GeGLU, soft-caps, every other layer local; llama.
   CHECK(llvm::toString(missing.takeError()).find("blk.2.post_ffw_norm.weight") != std::string::npos);
 }
 
-TEST_CASE("gemma2 fixture: window, caps and query scale from its keys") {
+TEST_CASE("gemma2 fixture: window, caps and query scale from its keys; the memory plan's ring share") {
   if (!test::haveFixtures()) return;
   auto file = gguf::GgufFile::open(test::fixturesDir() + "/arch/models/tiny-gemma2-F32.gguf");
   REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
@@ -322,6 +322,15 @@ TEST_CASE("gemma2 fixture: window, caps and query scale from its keys") {
   CHECK(windows == std::vector<uint32_t>{16, 0});
   CHECK(d->plan.prefill.back().softcap == 15.0f);
   CHECK(d->config.rope_freq_base == 10000.0f);
+  // KV cache: 2 layers x f16 K and V x 1 kv head of 64 = 256 bytes per position each. Without rings
+  // (--swa-full) no ring share; with them, layer 0 holds a ring of window + max_batch - 1 = 79 positions.
+  CHECK(d->plan.kv_bytes_per_token == 512);
+  CHECK(d->plan.kv_ring_bytes_per_token == 0);
+  CHECK(d->plan.kv_ring_bytes == 0);
+  model::ringLocalKvCaches(d->plan);
+  CHECK(d->plan.kv_bytes_per_token == 512);  // a batch session still holds every position
+  CHECK(d->plan.kv_ring_bytes_per_token == 256);
+  CHECK(d->plan.kv_ring_bytes == 256 * (16 + 64 - 1));
 }
 
 namespace {
@@ -562,11 +571,11 @@ TEST_CASE("qwen3moe: qwen3 attention, router MatMul + MoeRoute + MoeFfn with an 
   CHECK(describeTinyError(dense).find("expert_count = 0") != std::string::npos);
 }
 
-TEST_CASE("minfer-synth's qwen3-30b-a3b shape, scaled down, is read back as qwen3moe with its expert keys") {
-  // The benchmark shape's keys and tensor names (compiler/tools/synth_model.cpp) at 2 layers, 6 experts.
-  synth::ModelShape shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
-  shape.n_layer = 2, shape.n_embd = 256, shape.n_head = 4, shape.n_head_kv = 2, shape.n_expert = 6;
-  shape.n_expert_used = 3, shape.n_ff_exp = 256, shape.n_vocab = 300;  // K-quant rows: multiples of 256
+namespace {
+
+// A minfer-synth shape (real keys and tensor names, compiler/tools/synth_model.cpp; sizes shrunk by the
+// caller, K-quant rows multiples of 256) written as Q4_K_M and described as minfer-compile does.
+model::ModelDescription describeSynth(const synth::ModelShape& shape) {
   gguf::GgufWriter writer(3);
   synth::SynthOptions o;
   o.shape = shape;
@@ -575,14 +584,33 @@ TEST_CASE("minfer-synth's qwen3-30b-a3b shape, scaled down, is read back as qwen
   REQUIRE_MESSAGE(!e, llvm::toString(std::move(e)));
   auto bytes = writer.toBytes();
   REQUIRE_MESSAGE(bool(bytes), llvm::toString(bytes.takeError()));
-  static std::unique_ptr<gguf::GgufFile> keep;
+  static std::vector<std::unique_ptr<gguf::GgufFile>> keep;  // descriptions point into the mapping
   auto file = gguf::GgufFile::parse(llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(
                                         reinterpret_cast<const char*>(bytes->data()), bytes->size())),
-                                    "synth-qwen3moe.gguf");
+                                    "synth-" + shape.name + ".gguf");
   REQUIRE_MESSAGE(bool(file), llvm::toString(file.takeError()));
-  keep = std::move(*file);
-  auto d = model::describeModel(*keep, 16);
+  keep.push_back(std::move(*file));
+  auto d = model::describeModel(*keep.back(), 16);
   REQUIRE_MESSAGE(bool(d), llvm::toString(d.takeError()));
+  return std::move(*d);
+}
+
+// A gemma benchmark shape with its heads, head_dim and keys, at n_embd 256, n_ff 256, n_vocab 300.
+synth::ModelShape smallGemma(const std::string& name, uint32_t n_layer) {
+  synth::ModelShape shape = llvm::cantFail(synth::modelShape(name));
+  shape.n_layer = n_layer, shape.n_embd = 256, shape.n_ff = 256, shape.n_vocab = 300;
+  return shape;
+}
+
+}  // namespace
+
+TEST_CASE("minfer-synth's qwen3-30b-a3b shape, scaled down, is read back as qwen3moe with its expert keys") {
+  // The benchmark shape's keys and tensor names (compiler/tools/synth_model.cpp) at 2 layers, 6 experts.
+  synth::ModelShape shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
+  shape.n_layer = 2, shape.n_embd = 256, shape.n_head = 4, shape.n_head_kv = 2, shape.n_expert = 6;
+  shape.n_expert_used = 3, shape.n_ff_exp = 256, shape.n_vocab = 300;  // K-quant rows: multiples of 256
+  const model::ModelDescription desc = describeSynth(shape);
+  const model::ModelDescription* d = &desc;
   CHECK(d->config.architecture == "qwen3moe");
   CHECK(d->config.head_dim == 128);  // q is 4 x 128 = 512 wide on n_embd 256
   CHECK(d->config.n_expert == 6);
@@ -592,6 +620,42 @@ TEST_CASE("minfer-synth's qwen3-30b-a3b shape, scaled down, is read back as qwen
   CHECK(countOps(d->plan.prefill, fb::OpKind::HeadRmsNorm) == 4);
   for (const model::WeightDesc& w : d->weights)
     CHECK_MESSAGE(w.experts == (w.name.find("_exps") != std::string::npos ? 6u : 1u), w.name);
+}
+
+TEST_CASE("minfer-synth's gemma2-9b and gemma3-12b shapes, scaled down, are read back with Gemma's hyperparameters") {
+  {  // gemma2-9b: window 4096 on the even layers, caps 50 / 30, query scale 1/sqrt(256), base 10000 by default.
+    const model::ModelDescription d = describeSynth(smallGemma("gemma2-9b", 4));
+    CHECK(d.config.architecture == "gemma2");
+    CHECK(d.config.head_dim == 256);
+    CHECK(d.config.n_head == 16);
+    CHECK(d.config.n_head_kv == 8);
+    CHECK(d.config.tied_embeddings);
+    CHECK(d.config.rope_freq_base == 10000.0f);
+    CHECK(d.config.rms_norm_eps == 1e-6f);
+    std::vector<uint32_t> windows;
+    for (const auto& st : d.plan.prefill) {
+      if (st.op != fb::OpKind::Attention) continue;
+      windows.push_back(st.window);
+      CHECK(st.softcap == 50.0f);
+      CHECK(st.scale == doctest::Approx(1.0 / 16));
+    }
+    CHECK(windows == std::vector<uint32_t>{4096, 0, 4096, 0});
+    CHECK(d.plan.prefill.back().name == "output.softcap");
+    CHECK(d.plan.prefill.back().softcap == 30.0f);
+    CHECK(countOps(d.plan.prefill, fb::OpKind::GeGlu) == 4);
+  }
+  {  // gemma3-12b: period 6 and local base 10000 (llama.cpp's defaults), global base 1e6 with linear x8.
+    const model::ModelDescription d = describeSynth(smallGemma("gemma3-12b", 7));
+    CHECK(d.config.architecture == "gemma3");
+    CHECK(d.config.head_dim == 256);
+    CHECK(d.config.tied_embeddings);
+    Gemma3Layers l = gemma3Layers(d);
+    CHECK(l.windows == std::vector<uint32_t>{1024, 1024, 1024, 1024, 1024, 0, 1024});
+    CHECK(l.bases == std::vector<float>{1e4f, 1e4f, 1e4f, 1e4f, 1e4f, 1e6f, 1e4f});
+    CHECK(l.scales == std::vector<float>{1, 1, 1, 1, 1, 0.125f, 1});
+    CHECK(countOps(d.plan.prefill, fb::OpKind::HeadRmsNorm) == 2 * 7);
+    CHECK(d.plan.prefill.back().op == fb::OpKind::MatMul);  // no final soft-cap
+  }
 }
 
 TEST_CASE("the architecture list is written once and named in the refusal") {
