@@ -165,9 +165,10 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
     const std::string v = optionValue(img, define);
     if (v.empty()) continue;
     ++pitches;
-    if (img.entry == "minfer_gemv_glu" && std::string(define) == "GEMVB_PITCH") {
-      // The fused gate|up GEMV reads two planes of one pitch.
-      for (const char* w : {"wg", "wu"}) {
+    const bool pair = img.entry == "minfer_gemv_pair";
+    if ((img.entry == "minfer_gemv_glu" || pair) && std::string(define) == "GEMVB_PITCH") {
+      // The fused gate|up GEMV and the GEMV pair read two planes of one pitch.
+      for (const char* w : {pair ? "w0" : "wg", pair ? "w1" : "wu"}) {
         const KernelArgDesc* a = arg(w);
         REQUIRE_MESSAGE((a && a->kind == fb::ArgKind::Weight), img.key << ": no weight argument '" << w << "'");
         CHECK_MESSAGE(std::to_string(a->plane.row_pitch) == v, img.key << " " << w);
@@ -292,8 +293,13 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       if (!is_fused && steps[i].op == fb::OpKind::Add && fused && i + 1 < steps.size() && (*fused)[i + 1])
         want = {"minfer_rms_norm"};
       const bool mm_leads = !is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 1 < steps.size() && (*fused)[i + 1];
-      // A gate MatMul with the up MatMul, the GLU and its quantization fused in runs the gate|up GEMV.
-      if (mm_leads && steps[i + 1].op == fb::OpKind::MatMul) want = {"minfer_gemv_glu"};
+      // A gate MatMul with the up MatMul, the GLU and its quantization fused in runs the gate|up GEMV; with the
+      // up MatMul alone (the default), the GEMV pair.
+      if (mm_leads && steps[i + 1].op == fb::OpKind::MatMul)
+        want = {i + 2 < steps.size() && (*fused)[i + 2] ? "minfer_gemv_glu" : "minfer_gemv_pair"};
+      // A q HeadRmsNorm with the k HeadRmsNorm and the Rope fused in runs the head-norm RoPE kernel.
+      if (!is_fused && steps[i].op == fb::OpKind::HeadRmsNorm && fused && i + 1 < steps.size() && (*fused)[i + 1])
+        want = {"minfer_head_norm_rope"};
       // A q MatMul with k, v, the Rope and the Attention fused in runs the QKV GEMV, then the attention.
       if (mm_leads && i + 4 < steps.size() && (*fused)[i + 4] && steps[i + 3].op == fb::OpKind::Rope)
         want = {"minfer_gemv_qkv", "minfer_attn_decode", "minfer_attn_combine"};
@@ -340,6 +346,8 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       const bool follows = i + 1 < steps.size() && fused[i + 1];
       std::vector<std::string> want;
       if (!fused[i] && !follows && s.op == fb::OpKind::Rope) want = {"minfer_rope_paged"};
+      // A q HeadRmsNorm running the k norm and the Rope: the same kernel at per-row positions.
+      if (!fused[i] && follows && s.op == fb::OpKind::HeadRmsNorm) want = {"minfer_head_norm_rope"};
       if (!fused[i] && (!follows || (quant_follows && s.head_dim % 32 == 0)) && s.op == fb::OpKind::Attention)
         want = {"minfer_kv_store_paged", "minfer_attn_paged"};
       const bool qkv = !fused[i] && follows && s.op == fb::OpKind::MatMul && i + 4 < steps.size() && fused[i + 4] &&
@@ -356,6 +364,7 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
         const KernelImageData& img = set.images[r.images[0]];
         CHECK_MESSAGE(img.entry == want[k], s.name);
         checkRecord(l, r, img);
+        if (img.entry == "minfer_head_norm_rope") CHECK(optionValue(img, "ROPE_ROW_POSITIONS") == "1");
         if (img.entry == "minfer_attn_paged")
           CHECK((optionValue(img, "PA_Q8") == "1") == (qkv ? i + 5 < steps.size() && fused[i + 5] : follows));
         if (img.entry == "minfer_gemv_blocks") continue;  // a GEMV of one row: no positions
