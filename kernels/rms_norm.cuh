@@ -140,6 +140,23 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRmsThreads)
 }
 #endif
 
+#if defined(MINFER_DEVICE_CODE)
+namespace minfer::kern {
+// One warp's head_rms_norm of one head of `head_dim` values (the formula above): 1/rms of the head at xh, the
+// lane's squares summed at lane, lane + 32, …, then the warp's tree. Every operation is an explicitly rounded
+// intrinsic, so the value does not depend on --fmad: minfer_head_rms_norm (compiled with contraction) and
+// rope.cuh's minfer_head_norm_rope (compiled with --fmad=false, as RoPE is) compute the same bits.
+__device__ __forceinline__ float headRmsInv(const float* xh, int lane, int head_dim, float eps) {
+  float ss = 0.0f;
+  for (int i = lane; i < head_dim; i += 32) ss = __fmaf_rn(xh[i], xh[i], ss);
+  ss = warpSum(ss);
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(head_dim)), eps)));
+}
+// Element x of the head normalized: x·inv·w, rounded after each product.
+__device__ __forceinline__ float headRmsScale(float x, float inv, float w) { return __fmul_rn(__fmul_rn(x, inv), w); }
+}  // namespace minfer::kern
+#endif
+
 #if defined(MINFER_DEVICE_CODE) && defined(HRMS_HEAD_DIM)
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kHeadRmsWarps)
     minfer_head_rms_norm(float* x, const float* __restrict__ w, int n_tokens) {
@@ -149,10 +166,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kHeadRmsWarps)
   if (item >= n_tokens * HRMS_NHEAD) return;
   const int lane = threadIdx.x & 31;
   float* xh = x + static_cast<uint64_t>(item) * HRMS_HEAD_DIM;
-  float ss = 0.0f;
-  for (int i = lane; i < HRMS_HEAD_DIM; i += 32) ss += xh[i] * xh[i];
-  ss = warpSum(ss);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(HRMS_HEAD_DIM) + HRMS_EPS);
-  for (int i = lane; i < HRMS_HEAD_DIM; i += 32) xh[i] = xh[i] * inv * w[i];
+  const float inv = headRmsInv(xh, lane, HRMS_HEAD_DIM, HRMS_EPS);
+  for (int i = lane; i < HRMS_HEAD_DIM; i += 32) xh[i] = headRmsScale(xh[i], inv, w[i]);
 }
 #endif

@@ -29,9 +29,27 @@
 // depend on the head). Groups of 8 heads for batches of ≥ 64 tokens (fewer transcendentals), of one
 // head below (more blocks for the latency-bound decode step); the kernel reads the group size from
 // gridDim.y.
+//
+// head_norm_rope (ROPE_NORM_EPS defined; schema Step.fused: the decode and prefill plans' HeadRmsNorm of q,
+// HeadRmsNorm of k and the Rope of the two, one launch, compiler/codegen/ops/fusion.cpp): each head of q
+// and k first normalized as rms_norm.cuh's minfer_head_rms_norm (q heads with wq, k heads with wk, epsilon
+// ROPE_NORM_EPS; headRmsInv / headRmsScale, the same bits), then rotated as minfer_rope (ropeCosSin /
+// ropeRotate from the normalized values, the same bits); compiled with --fmad=false like minfer_rope. With
+// it, minfer_rope is not compiled (one entry per module). Whole buffers (HeadRmsNorm takes no column views).
+//   Compile-time constants: minfer_rope's (ROPE_NHEAD, _NHEAD_KV, _HEAD_DIM, the rotation constants), no
+//   pitches, ROPE_NORM_EPS (float literal), and ROPE_ROW_POSITIONS (0 or 1, absent 0): 1 rotates row t at
+//   pos[t] (a batch session's paged launch, paged_attention.cuh minfer_rope_paged's positions), 0 at pos[0] + t.
+//   Launch ABI:  minfer_head_norm_rope(float* q, float* k, const float* wq, const float* wk,
+//                                      const float* freq_factors, const int* pos, int n_tokens)
+//                wq, wk: HEAD_DIM f32 each (the two HeadRmsNorm weights); the rest as minfer_rope.
+//   Launch shape: headNormRopeLaunch(): grid (n_tokens, ⌈(NHEAD + NHEAD_KV) / 4⌉), 4 warps, one per (token,
+//                head); the block's threads first compute the NROT/2 cos/sin pairs of its token once into shared
+//                memory (they do not depend on the head), each warp normalizes its head into shared memory,
+//                then rotates it from there into place.
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/rms_norm.cuh"
 
 #if !defined(MINFER_DEVICE_CODE)
 #include <cmath>
@@ -94,6 +112,19 @@ MINFER_HD LaunchShape ropeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_
   return ropeLaunchRule(n_head, n_head_kv).at(n_tokens);
 }
 
+constexpr unsigned kHeadNormRopeWarps = 4;  // heads per block of minfer_head_norm_rope
+
+MINFER_HD LaunchRule headNormRopeLaunchRule(unsigned n_head, unsigned n_head_kv) {
+  LaunchRule r;
+  r.grid[0] = perToken(1);
+  r.grid[1] = fixedExtent(ceilDiv(n_head + n_head_kv, kHeadNormRopeWarps));
+  r.block.x = 32 * kHeadNormRopeWarps;
+  return r;
+}
+MINFER_HD LaunchShape headNormRopeLaunch(unsigned n_tokens, unsigned n_head, unsigned n_head_kv) {
+  return headNormRopeLaunchRule(n_head, n_head_kv).at(n_tokens);
+}
+
 }  // namespace minfer::kern
 
 #if defined(MINFER_DEVICE_CODE) && defined(ROPE_NROT)
@@ -141,7 +172,7 @@ __device__ __forceinline__ void ropeRotate(float a, float b, float c, float s, f
 }
 }  // namespace minfer::kern
 
-#if defined(ROPE_NHEAD)  // the rotation kernel; without it only ropeCosSin / ropeRotate (gemv_blocks.cuh GEMVB_QKV)
+#if defined(ROPE_NHEAD) && !defined(ROPE_NORM_EPS)  // the rotation kernel; without it only ropeCosSin / ropeRotate (gemv_blocks.cuh GEMVB_QKV)
 extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
     minfer_rope(float* q, float* k, const float* __restrict__ freq_factors, const int* __restrict__ pos,
                 int n_tokens) {
@@ -166,4 +197,51 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
   }
 }
 #endif  // ROPE_NHEAD
+
+#if defined(ROPE_NHEAD) && defined(ROPE_NORM_EPS)  // the HeadRmsNorm q, HeadRmsNorm k, Rope launch (see above)
+#ifndef ROPE_ROW_POSITIONS
+#define ROPE_ROW_POSITIONS 0
+#endif
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kHeadNormRopeWarps)
+    minfer_head_norm_rope(float* q, float* k, const float* __restrict__ wq, const float* __restrict__ wk,
+                          const float* __restrict__ freq_factors, const int* __restrict__ pos, int n_tokens) {
+  using namespace minfer::kern;
+  static_assert(ROPE_NROT % 2 == 0 && ROPE_NROT <= ROPE_HEAD_DIM, "ROPE_NROT must be even and <= ROPE_HEAD_DIM");
+  constexpr int kHeads = ROPE_NHEAD + ROPE_NHEAD_KV, kPer = (ROPE_HEAD_DIM + 31) / 32;
+  const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int h = blockIdx.y * kHeadNormRopeWarps + warp;  // this warp's head: q heads, then k heads
+  const bool is_q = h < ROPE_NHEAD;
+  // The norm weight (a plane no kernel writes) is read before waiting for the previous kernel.
+  const float* w = is_q ? wq : wk;
+  float wv[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) wv[j] = h < kHeads && lane + 32 * j < ROPE_HEAD_DIM ? w[lane + 32 * j] : 0.0f;
+  overlapPrologue();
+  if (t >= n_tokens) return;  // whole blocks (the grid's x is the token)
+  __shared__ float cs[ROPE_NROT / 2], sn[ROPE_NROT / 2];
+  __shared__ float xs[kHeadNormRopeWarps][ROPE_HEAD_DIM];
+  const int position = ROPE_ROW_POSITIONS ? pos[t] : pos[0] + t;
+  for (int i = threadIdx.x; i < ROPE_NROT / 2; i += blockDim.x) ropeCosSin(i, position, freq_factors, cs[i], sn[i]);
+  float* xh = nullptr;
+  if (h < kHeads) {
+    xh = is_q ? q + static_cast<uint64_t>(t) * (ROPE_NHEAD * ROPE_HEAD_DIM) + h * ROPE_HEAD_DIM
+              : k + static_cast<uint64_t>(t) * (ROPE_NHEAD_KV * ROPE_HEAD_DIM) + (h - ROPE_NHEAD) * ROPE_HEAD_DIM;
+    const float inv = headRmsInv(xh, lane, ROPE_HEAD_DIM, ROPE_NORM_EPS);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = lane + 32 * j;
+      if (i < ROPE_HEAD_DIM) xs[warp][i] = headRmsScale(xh[i], inv, wv[j]);
+    }
+  }
+  __syncthreads();  // cos/sin of every pair, and each warp's normalized head
+  if (h >= kHeads) return;
+  const float* y = xs[warp];
+  for (int i = lane; i < ROPE_NROT / 2; i += 32) {
+    const int i0 = ROPE_NEOX ? i : 2 * i;
+    const int i1 = ROPE_NEOX ? i + ROPE_NROT / 2 : 2 * i + 1;
+    ropeRotate(y[i0], y[i1], cs[i], sn[i], xh[i0], xh[i1]);
+  }
+  for (int i = ROPE_NROT + lane; i < ROPE_HEAD_DIM; i += 32) xh[i] = y[i];  // not rotated: the norm's value
+}
+#endif  // ROPE_NORM_EPS
 #endif

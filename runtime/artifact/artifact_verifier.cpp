@@ -476,7 +476,8 @@ class SemanticVerifier {
   }
 
   // 1.6 paged launches: only on the prefill and decode plans' Rope and Attention steps and steps whose
-  // launches take positions or a KV cache (a q MatMul running the fused QKV GEMV), with launches of their own
+  // launches take positions or a KV cache (a q MatMul running the fused QKV GEMV, a q HeadRmsNorm running the
+  // fused head-norm RoPE), with launches of their own
   // (not fused, not in the tail), each a valid launch record in the paged place (artifact_file.h checkLaunch).
   Status checkPagedLaunches(const fb::Step* s, const std::string& field, const std::string& who, bool load) const {
     const auto* paged = s->paged_launches();

@@ -165,11 +165,10 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
     const std::string v = optionValue(img, define);
     if (v.empty()) continue;
     ++pitches;
-    const bool two_planes = img.entry == "minfer_gemv_glu" || img.entry == "minfer_gemv_pair";
-    if (two_planes && std::string(define) == "GEMVB_PITCH") {
+    const bool pair = img.entry == "minfer_gemv_pair";
+    if ((img.entry == "minfer_gemv_glu" || pair) && std::string(define) == "GEMVB_PITCH") {
       // The fused gate|up GEMV and the GEMV pair read two planes of one pitch.
-      for (const char* w : img.entry == "minfer_gemv_glu" ? std::vector<const char*>{"wg", "wu"}
-                                                            : std::vector<const char*>{"w0", "w1"}) {
+      for (const char* w : {pair ? "w0" : "wg", pair ? "w1" : "wu"}) {
         const KernelArgDesc* a = arg(w);
         REQUIRE_MESSAGE((a && a->kind == fb::ArgKind::Weight), img.key << ": no weight argument '" << w << "'");
         CHECK_MESSAGE(std::to_string(a->plane.row_pitch) == v, img.key << " " << w);
@@ -294,10 +293,13 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       if (!is_fused && steps[i].op == fb::OpKind::Add && fused && i + 1 < steps.size() && (*fused)[i + 1])
         want = {"minfer_rms_norm"};
       const bool mm_leads = !is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 1 < steps.size() && (*fused)[i + 1];
-      // A gate MatMul with the up MatMul, the GLU and its quantization fused in runs the gate|up GEMV; with the up
-      // MatMul alone fused in, the GEMV pair.
+      // A gate MatMul with the up MatMul, the GLU and its quantization fused in runs the gate|up GEMV; with the
+      // up MatMul alone (the default), the GEMV pair.
       if (mm_leads && steps[i + 1].op == fb::OpKind::MatMul)
         want = {i + 2 < steps.size() && (*fused)[i + 2] ? "minfer_gemv_glu" : "minfer_gemv_pair"};
+      // A q HeadRmsNorm with the k HeadRmsNorm and the Rope fused in runs the head-norm RoPE kernel.
+      if (!is_fused && steps[i].op == fb::OpKind::HeadRmsNorm && fused && i + 1 < steps.size() && (*fused)[i + 1])
+        want = {"minfer_head_norm_rope"};
       // A q MatMul with k, v, the Rope and the Attention fused in runs the QKV GEMV, then the attention.
       if (mm_leads && i + 4 < steps.size() && (*fused)[i + 4] && steps[i + 3].op == fb::OpKind::Rope)
         want = {"minfer_gemv_qkv", "minfer_attn_decode", "minfer_attn_combine"};
@@ -344,6 +346,8 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       const bool follows = i + 1 < steps.size() && fused[i + 1];
       std::vector<std::string> want;
       if (!fused[i] && !follows && s.op == fb::OpKind::Rope) want = {"minfer_rope_paged"};
+      // A q HeadRmsNorm running the k norm and the Rope: the same kernel at per-row positions.
+      if (!fused[i] && follows && s.op == fb::OpKind::HeadRmsNorm) want = {"minfer_head_norm_rope"};
       if (!fused[i] && (!follows || (quant_follows && s.head_dim % 32 == 0)) && s.op == fb::OpKind::Attention)
         want = {"minfer_kv_store_paged", "minfer_attn_paged"};
       const bool qkv = !fused[i] && follows && s.op == fb::OpKind::MatMul && i + 4 < steps.size() && fused[i + 4] &&
@@ -360,6 +364,7 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
         const KernelImageData& img = set.images[r.images[0]];
         CHECK_MESSAGE(img.entry == want[k], s.name);
         checkRecord(l, r, img);
+        if (img.entry == "minfer_head_norm_rope") CHECK(optionValue(img, "ROPE_ROW_POSITIONS") == "1");
         if (img.entry == "minfer_attn_paged")
           CHECK((optionValue(img, "PA_Q8") == "1") == (qkv ? i + 5 < steps.size() && fused[i + 5] : follows));
         if (img.entry == "minfer_gemv_blocks") continue;  // a GEMV of one row: no positions
@@ -1054,6 +1059,87 @@ TEST_CASE("decode GEMV pair and GEMV + Add + RMSNorm launches: entries, fused st
     // attn_output and ffn_down of every layer (the last ffn_down's norm is the output norm).
     CHECK(norms == (norm ? 2 * l.desc.config.n_layer : 0u));
   }
+}
+
+// The q/k head-norm RoPE fusion (kernels/rope.cuh minfer_head_norm_rope, ops/fusion.cpp), restated: in both
+// plans, wherever a HeadRmsNorm of q, a HeadRmsNorm of k (one epsilon, the Rope's heads) and the Rope of the two
+// follow each other, the first step runs one minfer_head_norm_rope launch that reads and writes q and k and
+// takes both norm weights, the other two are fused, and its paged launch is the same kernel at per-row positions;
+// every layer of tiny-qwen3moe and tiny-gemma3 has the chain. With fusion off, or with the k norm's epsilon
+// changed (the rule's negative case), each of the three steps keeps its own kernel.
+TEST_CASE("launch fusion: HeadRmsNorm q, HeadRmsNorm k and Rope as one minfer_head_norm_rope launch (qwen3moe, gemma3)") {
+  if (!test::haveFixtures()) return;
+  for (const char* model : {"tiny-qwen3moe-Q4_K_M.gguf", "tiny-gemma3-Q8_0.gguf"})
+    for (int variant = 0; variant < 3; ++variant) {  // fused, fusion off, k norm epsilon changed
+      CAPTURE(model);
+      CAPTURE(variant);
+      Loaded l = load(test::fixturesDir() + "/arch/models/" + model);
+      if (variant == 2)
+        for (auto* plan : {&l.desc.plan.prefill, &l.desc.plan.decode})
+          for (model::StepDesc& s : *plan)
+            if (s.op == fb::OpKind::HeadRmsNorm && s.name.find("attn_k_norm") != std::string::npos) s.eps *= 2;
+      CodegenOptions o;
+      o.targets = {"sm_90"};
+      o.cache_dir = test::scratchDir() + "/kernel-cache-fusion";
+      o.fuse_launches = variant != 1;
+      auto set = generateKernels(l.desc, l.layouts, o);
+      REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
+      const bool expect = variant == 0;
+      for (bool prefill : {true, false}) {
+        CAPTURE(prefill);
+        const auto& steps = prefill ? l.desc.plan.prefill : l.desc.plan.decode;
+        const auto& launches = prefill ? set->prefill : set->decode;
+        const auto& paged = prefill ? set->prefill_paged : set->decode_paged;
+        const auto& fused = prefill ? set->prefill_fused : set->decode_fused;
+        const auto entry = [&](const LaunchRecord& r) { return set->images[r.images[0]].entry; };
+        size_t chains = 0, fused_entries = 0;
+        for (size_t i = 0; i < steps.size(); ++i)
+          for (const LaunchRecord& r : launches[i]) fused_entries += entry(r) == "minfer_head_norm_rope";
+        for (size_t i = 0; i + 2 < steps.size(); ++i) {
+          const model::StepDesc &qn = steps[i], &kn = steps[i + 1], &rope = steps[i + 2];
+          if (qn.op != fb::OpKind::HeadRmsNorm || kn.op != fb::OpKind::HeadRmsNorm || rope.op != fb::OpKind::Rope) continue;
+          CAPTURE(qn.name);
+          REQUIRE(rope.inputs == std::vector<uint32_t>{qn.inputs[0], kn.inputs[0]});
+          ++chains;
+          CHECK((fused[i + 1] != 0) == expect);
+          CHECK((fused[i + 2] != 0) == expect);
+          CHECK(fused[i] == 0);
+          if (!expect) {
+            REQUIRE(launches[i].size() == 1);
+            CHECK(entry(launches[i][0]) == "minfer_head_rms_norm");
+            CHECK(entry(launches[i + 1][0]) == "minfer_head_rms_norm");
+            CHECK(entry(launches[i + 2][0]) == "minfer_rope");
+            CHECK(paged[i].empty());
+            REQUIRE(paged[i + 2].size() == 1);
+            CHECK(entry(paged[i + 2][0]) == "minfer_rope_paged");
+            continue;
+          }
+          CHECK(launches[i + 1].empty());
+          CHECK(launches[i + 2].empty());
+          REQUIRE(launches[i].size() == 1);
+          REQUIRE(paged[i].size() == 1);
+          for (bool page : {false, true}) {
+            CAPTURE(page);
+            const LaunchRecord& r = page ? paged[i][0] : launches[i][0];
+            CHECK(entry(r) == "minfer_head_norm_rope");
+            REQUIRE(r.args.size() == 7);
+            CHECK(r.args[0].buffer == qn.inputs[0]);
+            CHECK(r.args[0].access == fb::Access::ReadWrite);
+            CHECK(r.args[1].buffer == kn.inputs[0]);
+            CHECK(r.args[1].access == fb::Access::ReadWrite);
+            CHECK(r.args[2].kind == fb::ArgKind::Weight);
+            CHECK(r.args[2].tensor == qn.weights[0]);
+            CHECK(r.args[3].kind == fb::ArgKind::Weight);
+            CHECK(r.args[3].tensor == kn.weights[0]);
+            CHECK(r.args[5].kind == (page ? fb::ArgKind::RowPositions : fb::ArgKind::Positions));
+            CHECK(r.args[6].kind == fb::ArgKind::TokenCount);
+          }
+          CHECK(paged[i + 2].empty());
+        }
+        CHECK(chains == l.desc.config.n_layer);
+        CHECK(fused_entries == (expect ? chains : 0u));
+      }
+    }
 }
 
 }  // namespace minfer::codegen

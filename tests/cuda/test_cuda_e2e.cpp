@@ -329,6 +329,45 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
   MESSAGE("GEMV + Add + RMSNorm fused vs not: decode logits max rel " << unfused_rel);
 }
 
+// The models with per-head q/k RMS norms, whose HeadRmsNorm q, HeadRmsNorm k and Rope steps run as one
+// minfer_head_norm_rope launch (ops/fusion.cpp) in both plans: the artifact without launch fusion gives the same
+// logits bit for bit (that kernel and every other fusion these models get are bit-identical to the unfused
+// launches), for a 70-row prompt (minfer_rope's 8-head groups from 64 rows on) and decode steps after it.
+TEST_CASE("q/k head-norm models (qwen3moe, gemma3): fused and unfused launches give the same logits, prefill and decode") {
+  MINFER_REQUIRE_GPU(G);
+  if (!haveFixtures()) return;
+  for (const char* model : {"tiny-qwen3moe-Q4_K_M.gguf", "tiny-gemma3-Q8_0.gguf", "tiny-gemma3-Q4_K_M.gguf"}) {
+    CAPTURE(model);
+    std::vector<int32_t> prompt(70);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 37) % 500);
+    std::vector<std::vector<float>> rows[2];
+    for (int fuse = 0; fuse < 2; ++fuse) {
+      CAPTURE(fuse);
+      auto file = ArtifactFile::open(compiled(model, "arch/models", fuse != 0));
+      REQUIRE_MESSAGE(file.isOk(), file.status().message());
+      const uint32_t n_vocab = (*file)->manifest()->config()->n_vocab();
+      auto backend = cuda::CudaBackend::create(**file, {});
+      REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
+      auto session = (*backend)->createCudaSession({.n_ctx = 128, .n_threads = 1});
+      REQUIRE_MESSAGE(session.isOk(), session.status().message());
+      const int n = std::min<int>(static_cast<int>(prompt.size()), (*session)->maxBatch());
+      std::vector<float> logits(n_vocab);
+      REQUIRE((*session)->forward({prompt.data(), static_cast<size_t>(n)}, 0, logits.data(), false).isOk());
+      rows[fuse].push_back(logits);
+      for (int i = 0; i < 6; ++i) {
+        const int32_t id = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        REQUIRE((*session)->forward({&id, 1}, n + i, logits.data(), false).isOk());
+        rows[fuse].push_back(logits);
+      }
+    }
+    REQUIRE(rows[0].size() == rows[1].size());
+    for (size_t i = 0; i < rows[0].size(); ++i) {
+      CAPTURE(i);
+      CHECK(rows[0][i] == rows[1][i]);
+    }
+  }
+}
+
 TEST_CASE("last-token prefill (the tail after the last attention on one row) = the last row of the full prefill") {
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;

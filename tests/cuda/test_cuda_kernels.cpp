@@ -53,6 +53,19 @@ std::vector<int32_t> positions(int pos0, int n) {
   return p;
 }
 
+// The rotation constants of kernels/rope.cuh as compiler/codegen/ops/rope.cpp defines them (not the heads).
+std::vector<std::pair<std::string, std::string>> ropeDefines(int n_rot, bool neox, float base, float scale, bool ff,
+                                                             const kern::RopeYarn& y) {
+  std::vector<std::pair<std::string, std::string>> d = {
+      {"ROPE_NROT", std::to_string(n_rot)}, {"ROPE_NEOX", neox ? "1" : "0"}, {"ROPE_BASE", codegen::floatLiteral(base)},
+      {"ROPE_SCALE", codegen::floatLiteral(scale)}, {"ROPE_FREQ_FACTORS", ff ? "1" : "0"}};
+  if (y.ext_factor != 0)
+    d.insert(d.end(), {{"ROPE_YARN", "1"}, {"ROPE_EXT_FACTOR", codegen::floatLiteral(y.ext_factor)},
+                       {"ROPE_CORR_LO", codegen::floatLiteral(y.corr_lo)}, {"ROPE_CORR_HI", codegen::floatLiteral(y.corr_hi)}});
+  if (y.mscale != 1.0f) d.push_back({"ROPE_MSCALE", codegen::floatLiteral(y.mscale)});
+  return d;
+}
+
 // Tolerances (relative to max|reference|), per family; "measured" is the largest error over this file's
 // cases on an H200 (the last test case prints them).
 constexpr double kEmbedTol = 0.0;        // bit-identical (same dequantizeBlock, --fmad=false); measured 0
@@ -1100,14 +1113,7 @@ TEST_CASE("gemv_qkv: fused q, k, v GEMV, RoPE and KV store, bit-identical to the
     const Case& c = cases[ci];
     const kern::RopeYarn y = kern::ropeYarn(c.n_rot, 10000.0f, c.yarn ? 0.25f : 1.0f, c.yarn ? 1.0f : 0.0f, 1.0f, 32.0f,
                                             1.0f, 4096);
-    std::vector<std::pair<std::string, std::string>> rope = {
-        {"ROPE_NROT", str(c.n_rot)}, {"ROPE_NEOX", c.neox ? "1" : "0"}, {"ROPE_BASE", codegen::floatLiteral(10000.0f)},
-        {"ROPE_SCALE", codegen::floatLiteral(c.yarn ? 0.25f : 1.0f)}, {"ROPE_FREQ_FACTORS", c.ff ? "1" : "0"}};
-    if (y.ext_factor != 0)
-      rope.insert(rope.end(), {{"ROPE_YARN", "1"}, {"ROPE_EXT_FACTOR", codegen::floatLiteral(y.ext_factor)},
-                               {"ROPE_CORR_LO", codegen::floatLiteral(y.corr_lo)},
-                               {"ROPE_CORR_HI", codegen::floatLiteral(y.corr_hi)}});
-    if (y.mscale != 1.0f) rope.push_back({"ROPE_MSCALE", codegen::floatLiteral(y.mscale)});
+    const auto rope = ropeDefines(c.n_rot, c.neox, 10000.0f, c.yarn ? 0.25f : 1.0f, c.ff, y);
     const std::string tag = "_" + str(ci);
     std::vector<std::pair<std::string, std::string>> fused = {
         {"GEMVB_QKV", "1"}, {"GEMVB_K", str(c.cols)}, {"QKV_NHEAD", str(c.h)}, {"QKV_NHEAD_KV", str(c.hkv)},
@@ -1370,15 +1376,9 @@ TEST_CASE("rope: norm and neox, full and partial rotation, scaled positions, fre
                                             c.n_ctx_orig);
     yarns.push_back(y);
     std::vector<std::pair<std::string, std::string>> defs = {
-        {"ROPE_NHEAD", str(h)}, {"ROPE_NHEAD_KV", str(hkv)}, {"ROPE_HEAD_DIM", str(d)},
-        {"ROPE_NROT", str(c.n_rot)}, {"ROPE_NEOX", c.neox ? "1" : "0"},
-        {"ROPE_BASE", codegen::floatLiteral(c.base)}, {"ROPE_SCALE", codegen::floatLiteral(c.scale)},
-        {"ROPE_FREQ_FACTORS", c.ff ? "1" : "0"}};
-    if (y.ext_factor != 0)  // as compiler/codegen/ops/rope.cpp defines them
-      defs.insert(defs.end(), {{"ROPE_YARN", "1"}, {"ROPE_EXT_FACTOR", codegen::floatLiteral(y.ext_factor)},
-                               {"ROPE_CORR_LO", codegen::floatLiteral(y.corr_lo)},
-                               {"ROPE_CORR_HI", codegen::floatLiteral(y.corr_hi)}});
-    if (y.mscale != 1.0f) defs.push_back({"ROPE_MSCALE", codegen::floatLiteral(y.mscale)});
+        {"ROPE_NHEAD", str(h)}, {"ROPE_NHEAD_KV", str(hkv)}, {"ROPE_HEAD_DIM", str(d)}};
+    const auto rot = ropeDefines(c.n_rot, c.neox, c.base, c.scale, c.ff, y);
+    defs.insert(defs.end(), rot.begin(), rot.end());
     specs.push_back(spec(std::string("rope_test_") + str(ci) + (c.neox ? "_neox" : "_norm") + str(c.n_rot) +
                              (c.ff ? "_ff" : ""),
                          "kernels/rope.cuh", "minfer_rope", defs, {"--fmad=false"}));
@@ -2405,14 +2405,9 @@ TEST_CASE("rope_paged: per-row positions of several sequences vs cpu::rope, norm
     const kern::RopeYarn y = kern::ropeYarn(c.n_rot, 10000.0f, c.scale, c.ext_factor, 1.0f, 32.0f, 1.0f, 4096);
     yarns.push_back(y);
     std::vector<std::pair<std::string, std::string>> defs = {
-        {"PA_ROPE", "1"}, {"PA_NHEAD", str(h)}, {"PA_NHEAD_KV", str(hkv)}, {"PA_HEAD_DIM", str(d)},
-        {"ROPE_NROT", str(c.n_rot)}, {"ROPE_NEOX", c.neox ? "1" : "0"}, {"ROPE_BASE", codegen::floatLiteral(10000.0f)},
-        {"ROPE_SCALE", codegen::floatLiteral(c.scale)}, {"ROPE_FREQ_FACTORS", c.ff ? "1" : "0"}};
-    if (y.ext_factor != 0)
-      defs.insert(defs.end(), {{"ROPE_YARN", "1"}, {"ROPE_EXT_FACTOR", codegen::floatLiteral(y.ext_factor)},
-                               {"ROPE_CORR_LO", codegen::floatLiteral(y.corr_lo)},
-                               {"ROPE_CORR_HI", codegen::floatLiteral(y.corr_hi)}});
-    if (y.mscale != 1.0f) defs.push_back({"ROPE_MSCALE", codegen::floatLiteral(y.mscale)});
+        {"PA_ROPE", "1"}, {"PA_NHEAD", str(h)}, {"PA_NHEAD_KV", str(hkv)}, {"PA_HEAD_DIM", str(d)}};
+    const auto rot = ropeDefines(c.n_rot, c.neox, 10000.0f, c.scale, c.ff, y);
+    defs.insert(defs.end(), rot.begin(), rot.end());
     specs.push_back(spec("rope_paged_test_" + str(specs.size()), "kernels/paged_attention.cuh", "minfer_rope_paged", defs,
                          {"--fmad=false"}));
   }
@@ -2439,6 +2434,110 @@ TEST_CASE("rope_paged: per-row positions of several sequences vs cpu::rope, norm
                     "q rows, positions " << joined(st.row_pos));
       CHECK_MESSAGE(track("rope_paged", relError(gk.data(), kk.data(), kk.size())) <= kPagedRopeTol, "k rows");
     }
+}
+
+// minfer_head_norm_rope (kernels/rope.cuh ROPE_NORM_EPS: the HeadRmsNorm of q, the HeadRmsNorm of k and their
+// Rope as one launch, ops/fusion.cpp) against those steps' own kernels as the codegen compiles them:
+// minfer_head_rms_norm twice (default flags) and minfer_rope (--fmad=false), q and k bit for bit; with
+// ROPE_ROW_POSITIONS, minfer_rope_paged at per-row positions (the batch session's launch). Also within the
+// CPU's tolerances of cpu::headRmsNorm then cpu::rope, so a shared mistake cannot pass. Shapes: qwen3-30b's
+// (32/4 heads of 128), gemma3-like 256-wide heads with linear scaling, partial rotation in norm and NeoX style,
+// frequency factors, YaRN with its cos/sin scale, head sizes 80 and 64 that are not whole 4-head blocks;
+// 1 to 513 tokens (minfer_rope's groups of 8 heads from 64 on), positions from 0 and from 1000.
+TEST_CASE("head_norm_rope: fused q/k HeadRmsNorm and RoPE, bit-identical to head_rms_norm ×2 + rope (and rope_paged)") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    int h, hkv, d, n_rot;
+    bool neox;
+    float base, scale;
+    bool ff;
+    float ext_factor;
+  };
+  const Case cases[] = {{32, 4, 128, 128, true, 1000000.0f, 1.0f, false, 0.0f},
+                        {8, 4, 256, 256, true, 10000.0f, 0.125f, false, 0.0f},
+                        {10, 2, 64, 32, false, 500000.0f, 1.0f, true, 0.0f},
+                        {6, 2, 80, 48, true, 10000.0f, 0.25f, false, 1.0f},
+                        {3, 2, 64, 64, false, 10000.0f, 0.5f, true, 0.0f}};
+  constexpr float kEps = 1e-6f;
+  constexpr size_t kPerCase = 6;  // fused, fused paged, head_rms_norm q, head_rms_norm k, rope, rope_paged
+  std::vector<codegen::KernelSpec> specs;
+  std::vector<kern::RopeYarn> yarns;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const kern::RopeYarn y = kern::ropeYarn(c.n_rot, c.base, c.scale, c.ext_factor, 1.0f, 32.0f, 1.0f, 4096);
+    yarns.push_back(y);
+    const auto rot = ropeDefines(c.n_rot, c.neox, c.base, c.scale, c.ff, y);
+    const std::string tag = "_" + str(ci);
+    auto heads = [&](const char* prefix) {
+      std::vector<std::pair<std::string, std::string>> d = {{std::string(prefix) + "NHEAD", str(c.h)},
+                                                            {std::string(prefix) + "NHEAD_KV", str(c.hkv)},
+                                                            {std::string(prefix) + "HEAD_DIM", str(c.d)}};
+      d.insert(d.end(), rot.begin(), rot.end());
+      return d;
+    };
+    auto fused = heads("ROPE_");
+    fused.push_back({"ROPE_NORM_EPS", codegen::floatLiteral(kEps)});
+    specs.push_back(spec("head_norm_rope_test" + tag, "kernels/rope.cuh", "minfer_head_norm_rope", fused, {"--fmad=false"}));
+    fused.push_back({"ROPE_ROW_POSITIONS", "1"});
+    specs.push_back(
+        spec("head_norm_rope_paged_test" + tag, "kernels/rope.cuh", "minfer_head_norm_rope", fused, {"--fmad=false"}));
+    for (int n_head : {c.h, c.hkv})
+      specs.push_back(spec("head_norm_rope_test_hrms" + tag + "_h" + str(n_head), "kernels/rms_norm.cuh",
+                           "minfer_head_rms_norm",
+                           {{"HRMS_NHEAD", str(n_head)}, {"HRMS_HEAD_DIM", str(c.d)}, {"HRMS_EPS", codegen::floatLiteral(kEps)}}));
+    specs.push_back(spec("head_norm_rope_test_rope" + tag, "kernels/rope.cuh", "minfer_rope", heads("ROPE_"), {"--fmad=false"}));
+    auto paged = heads("PA_");
+    paged.push_back({"PA_ROPE", "1"});
+    specs.push_back(spec("head_norm_rope_test_rope_paged" + tag, "kernels/paged_attention.cuh", "minfer_rope_paged", paged,
+                         {"--fmad=false"}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const Kernel* kk = &k[kPerCase * ci];
+    CAPTURE(kk[0].key);
+    const std::vector<float> wq = randomFloats(c.d, rng(), 0.5f, 1.5f), wk = randomFloats(c.d, rng(), 0.5f, 1.5f);
+    std::vector<float> ff(static_cast<size_t>(c.n_rot / 2));
+    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.25f * static_cast<float>(i % 9);
+    DeviceArray d_wq = DeviceArray::of(wq), d_wk = DeviceArray::of(wk), d_ff = DeviceArray::of(ff);
+    CUdeviceptr pwq = d_wq.ptr(), pwk = d_wk.ptr(), f = c.ff ? d_ff.ptr() : CUdeviceptr{0};
+    const cpu::RopeStyle style = c.neox ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kNorm;
+    // Rows at positions `pos` (pos0 + t, or one per row): the unfused launches on one copy, the fused on another.
+    auto run = [&](int n, const std::vector<int32_t>& pos, bool rows) {
+      const std::vector<float> q = activations(n, c.h * c.d), kv = activations(n, c.hkv * c.d);
+      DeviceArray rq = DeviceArray::of(q), rk = DeviceArray::of(kv), gq = DeviceArray::of(q), gk = DeviceArray::of(kv),
+                  d_pos = DeviceArray::of(rows ? pos : std::vector<int32_t>{pos[0]});
+      CUdeviceptr a = rq.ptr(), b = rk.ptr(), ga = gq.ptr(), gb = gk.ptr(), p = d_pos.ptr();
+      launch(kk[2], kern::headRmsNormLaunch(n, c.h), {&a, &pwq, &n});
+      launch(kk[3], kern::headRmsNormLaunch(n, c.hkv), {&b, &pwk, &n});
+      launch(kk[rows ? 5 : 4], kern::ropeLaunch(n, c.h, c.hkv), {&a, &b, &f, &p, &n});
+      launch(kk[rows ? 1 : 0], kern::headNormRopeLaunch(n, c.h, c.hkv), {&ga, &gb, &pwq, &pwk, &f, &p, &n});
+      const std::vector<float> ref_q = rq.download<float>(q.size()), ref_k = rk.download<float>(kv.size()),
+                               got_q = gq.download<float>(q.size()), got_k = gk.download<float>(kv.size());
+      CHECK_MESSAGE(std::memcmp(ref_q.data(), got_q.data(), q.size() * 4) == 0, "q");
+      CHECK_MESSAGE(std::memcmp(ref_k.data(), got_k.data(), kv.size() * 4) == 0, "k");
+      std::vector<float> cq = q, ck = kv;
+      cpu::headRmsNorm(cq.data(), wq.data(), n, c.h, c.d, kEps);
+      cpu::headRmsNorm(ck.data(), wk.data(), n, c.hkv, c.d, kEps);
+      const float* ffp = c.ff ? ff.data() : nullptr;
+      cpu::rope(cq.data(), n, c.h, c.d, c.n_rot, style, c.base, c.scale, pos.data(), ffp, yarns[ci]);
+      cpu::rope(ck.data(), n, c.hkv, c.d, c.n_rot, style, c.base, c.scale, pos.data(), ffp, yarns[ci]);
+      // The norm's tolerance then an exact-θ rotation of the normalized values (kRopeTol): their sum bounds it.
+      CHECK(track("head_norm_rope", relError(got_q.data(), cq.data(), cq.size())) <= kRmsNormTol + kRopeTol);
+      CHECK(track("head_norm_rope", relError(got_k.data(), ck.data(), ck.size())) <= kRmsNormTol + kRopeTol);
+    };
+    for (int pos0 : {0, 1000})
+      for (int n : {1, 7, 33, 64, 513}) {
+        CAPTURE(pos0);
+        CAPTURE(n);
+        run(n, positions(pos0, n), false);
+      }
+    for (const PagedShape& shape : kPagedShapes) {
+      CAPTURE(shape.block_size);
+      const PagedStep st = pagedStep(shape.block_size, shape.len, shape.add, 0);
+      run(st.rows(), st.row_pos, true);
+    }
+  }
 }
 
 TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and decode rows, GQA, odd head sizes") {

@@ -76,6 +76,23 @@ bool gemvPairChain(const std::vector<model::StepDesc>& steps, size_t i) {
 
 }  // namespace
 
+bool headNormRopeChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  if (i + 2 >= steps.size()) return false;
+  const model::StepDesc &qn = steps[i], &kn = steps[i + 1], &rope = steps[i + 2];
+  if (qn.op != fb::OpKind::HeadRmsNorm || kn.op != fb::OpKind::HeadRmsNorm || rope.op != fb::OpKind::Rope) return false;
+  for (const model::StepDesc* s : {&qn, &kn, &rope})
+    if (!wholeBuffers(*s)) return false;
+  if (qn.inputs.size() != 1 || qn.outputs != qn.inputs || kn.inputs.size() != 1 || kn.outputs != kn.inputs) return false;
+  const std::vector<uint32_t> qk{qn.inputs[0], kn.inputs[0]};
+  return qk[0] != qk[1] && rope.inputs == qk && rope.outputs == qk;
+}
+
+bool fusesHeadNormRope(const StepContext& qn, const StepContext& kn, const StepContext& rope) {
+  const model::StepDesc &q = qn.step(), &k = kn.step(), &r = rope.step();
+  return q.n_head == r.n_head && k.n_head == r.n_head_kv && q.head_dim == r.head_dim && k.head_dim == r.head_dim &&
+         q.eps == k.eps && q.weights.size() == 1 && k.weights.size() == 1;
+}
+
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                       PlanVariant variant, size_t i, size_t tail, GemvFusions gemv) {
   const std::vector<model::StepDesc>& steps = planSteps(desc.plan, variant);
@@ -98,6 +115,7 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
   if (gemv.pair && variant == PlanVariant::kDecode && fits(i + 1) && gemvPairChain(steps, i) &&
       fusesGemvPair(ctx(i), ctx(i + 1)))
     return 1;
+  if (fitsAll(i + 2) && headNormRopeChain(steps, i) && fusesHeadNormRope(ctx(i), ctx(i + 1), ctx(i + 2))) return 2;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))
     return fits(i + 2) && fusesQuantize(steps[i + 1], steps[i + 2], variant) ? 2 : 1;
   return fits(i + 1) && fusesQuantize(steps[i], steps[i + 1], variant) ? 1 : 0;
@@ -116,6 +134,7 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
   }
   if (followers == 3 && gateUpGluChain(steps, i)) return gateUpGluLaunches(producer, next, ctx(i + 2), ctx(i + 3));
   if (followers == 1 && gemvPairChain(steps, i)) return gemvPairLaunches(producer, next);
+  if (followers == 2 && headNormRopeChain(steps, i)) return headNormRopeLaunches(producer, next, ctx(i + 2), false);
   if (followers == 3 && gemvNormChain(steps, i)) return gemvAddNormLaunches(producer, next, ctx(i + 2), ctx(i + 3));
   if (producer.step().op == fb::OpKind::Add) {
     if (followers == 1) return addRmsNormLaunches(producer, next, nullptr);

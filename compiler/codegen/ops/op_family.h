@@ -118,6 +118,8 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // when the GLU fusion does not take them) as one GEMV pair launch (GEMVB_PAIR) where fusesGemvPair allows it;
 // with `gemv.norm` MatMul, Add, RmsNorm and QuantizeAct as one GEMV launch (GEMVB_NORM) where fusesGemvAddNorm
 // allows it.
+// In both plans, HeadRmsNorm q, HeadRmsNorm k and their Rope as one launch (rope.cuh minfer_head_norm_rope)
+// where fusesHeadNormRope allows it.
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`; `gemv`: which decode GEMV fusions (CodegenOptions fuse_qkv,
 // fuse_glu, fuse_pair, fuse_norm). fusedLaunches: the launches of steps[i] and those followers.
@@ -165,6 +167,17 @@ bool fusesQkv(const StepContext& q, const StepContext& k, const StepContext& v, 
 // unless fusesQkv.
 Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const StepContext& v,
                               const StepContext& rope, const StepContext& attention, const StepContext* quant);
+// The HeadRmsNorm of q, the HeadRmsNorm of k and the Rope of the two (steps[i .. i+2], prefill or decode;
+// qwen3, qwen3moe, gemma3) can run as one minfer_head_norm_rope launch (kernels/rope.cuh ROPE_NORM_EPS): the
+// norms in place on the Rope's q and k, whole buffers, the norms' heads and head size the Rope's, one epsilon.
+// headNormRopeChain checks the steps' ops and buffers, fusesHeadNormRope their shapes too (ops/fusion.cpp).
+bool headNormRopeChain(const std::vector<model::StepDesc>& steps, size_t i);
+bool fusesHeadNormRope(const StepContext& q_norm, const StepContext& k_norm, const StepContext& rope);
+// Their launch (`paged`: the batch session's, at per-row positions), writing q and k normalized and rotated,
+// bit-identical to minfer_head_rms_norm twice and minfer_rope (or minfer_rope_paged). An error naming the q
+// norm step unless fusesHeadNormRope; the weights' and rotation constants' errors as the steps' own (ops/rope.cpp).
+Launches headNormRopeLaunches(const StepContext& q_norm, const StepContext& k_norm, const StepContext& rope,
+                              bool paged);
 // The decode attention's launches after a fused QKV GEMV stored K and V (ops/attention.cpp).
 Launches storedAttentionLaunches(const StepContext& attention, const StepContext* quant);
 // The paged launches of step `step_index` of the prefill or decode plan (schema Step.paged_launches,
@@ -173,7 +186,8 @@ Launches storedAttentionLaunches(const StepContext& attention, const StepContext
 // with per-row positions and block tables (kernels/paged_attention.cuh); with one follower that is a
 // QuantizeAct (the decode plan's fusion) the attention also writes its q8 form (PA_Q8); for a q MatMul with
 // the fused QKV GEMV's chain (4 or 5 followers) the three GEMVs' own launches, minfer_rope_paged and the
-// attention's paged launches. None for other ops (row-wise launches serve a batch as they are) or other
+// attention's paged launches; for a q HeadRmsNorm with the head-norm RoPE chain (2 followers)
+// minfer_head_norm_rope at per-row positions. None for other ops (row-wise launches serve a batch as they are) or other
 // fusions, for attention groups too wide for the
 // kernel's shared memory, or a q8 form of heads that are not whole blocks of 32. Errors as the step's own
 // launches.

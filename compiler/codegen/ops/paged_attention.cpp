@@ -96,6 +96,11 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
   const auto& steps = planSteps(desc.plan, variant);
   if (followers == 0 && c.step().op == fb::OpKind::Rope) return ropeLaunchesOf(c, true);
   if (followers == 0 && c.step().op == fb::OpKind::Attention) return pagedAttention(c, nullptr);
+  // HeadRmsNorm q, HeadRmsNorm k and their Rope in one launch (ops/fusion.cpp): the same, at per-row positions.
+  if (followers == 2 && headNormRopeChain(steps, step_index)) {
+    const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, step_index + k); };
+    return headNormRopeLaunches(c, ctx(1), ctx(2), true);
+  }
   if (followers == 1 && c.step().op == fb::OpKind::Attention && step_index + 1 < steps.size() &&
       steps[step_index + 1].op == fb::OpKind::QuantizeAct) {
     const StepContext quant(desc, layouts, variant, step_index + 1);

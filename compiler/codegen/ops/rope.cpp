@@ -1,7 +1,8 @@
 // Op family Rope → kernels/rope.cuh: rotary position embedding of q and k, in place, with the
 // optional per-pair frequency factors (weight 0, rope_freqs: n_rot/2 f32 values) of Llama 3.1+ and
 // YaRN scaling (its ramp ends and cos/sin scale baked in as constants); q and k may be column views
-// (format 1.4: their buffers' widths become the ROPE_Q_PITCH / ROPE_K_PITCH constants).
+// (format 1.4: their buffers' widths become the ROPE_Q_PITCH / ROPE_K_PITCH constants). With the two
+// HeadRmsNorm steps before it fused in (ops/fusion.cpp), minfer_head_norm_rope.
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/rope.cuh"
 
@@ -86,5 +87,45 @@ Launches ropeLaunchesOf(const StepContext& c, bool paged) {
 }
 
 Launches ropeLaunches(const StepContext& c) { return ropeLaunchesOf(c, false); }
+
+// minfer_head_norm_rope (kernels/rope.cuh ROPE_NORM_EPS): the two HeadRmsNorm steps' weights and epsilon, the
+// Rope step's heads and rotation constants; `paged`: ROPE_ROW_POSITIONS (each row's own position, ArgKind
+// RowPositions) for a batch session's paged launch.
+Launches headNormRopeLaunches(const StepContext& qn, const StepContext& kn, const StepContext& rope, bool paged) {
+  if (!fusesHeadNormRope(qn, kn, rope))
+    return qn.error("cannot run with the k HeadRmsNorm and the Rope after it as one launch (fusesHeadNormRope)");
+  const model::StepDesc& s = rope.step();
+  auto q = rope.input(0, "q");
+  if (!q) return q.takeError();
+  auto k = rope.input(1, "k");
+  if (!k) return k.takeError();
+  if (auto e = checkHeads(rope, (*q)->width, (*k)->width)) return e;
+  auto wq = qn.vector(0, s.head_dim);
+  if (!wq) return wq.takeError();
+  auto wk = kn.vector(0, s.head_dim);
+  if (!wk) return wk.takeError();
+  auto rc = ropeConstants(rope);
+  if (!rc) return rc.takeError();
+  const float eps = qn.step().eps;
+  SpecBuilder b(llvm::formatv("head_norm_rope{0}_h{1}_hkv{2}_d{3}_eps{4}_{5}", paged ? "_paged" : "", s.n_head,
+                              s.n_head_kv, s.head_dim, keyNumber(eps), rc->key),
+                "kernels/rope.cuh", "minfer_head_norm_rope");
+  b.define("ROPE_NHEAD", static_cast<uint64_t>(s.n_head))
+      .define("ROPE_NHEAD_KV", static_cast<uint64_t>(s.n_head_kv))
+      .define("ROPE_HEAD_DIM", static_cast<uint64_t>(s.head_dim));
+  for (const auto& [name, value] : rc->defines) b.define(name, value);
+  b.define("ROPE_NORM_EPS", floatLiteral(eps));
+  if (paged) b.define("ROPE_ROW_POSITIONS", uint64_t{1});
+  b.flag("--fmad=false");  // rotation rounded as minfer_rope (the norm's operations are explicit intrinsics)
+  KernelLaunch l{b.spec, {}, kern::headNormRopeLaunchRule(s.n_head, s.n_head_kv)};
+  l.args = {activationArg("q", rope.inputId(0), (*q)->width, fb::Access::ReadWrite),
+            activationArg("k", rope.inputId(1), (*k)->width, fb::Access::ReadWrite),
+            weightArg("wq", qn.weightId(0), **wq),
+            weightArg("wk", kn.weightId(0), **wk),
+            freqFactorsArg(rope, *rc),
+            kindArg(paged ? fb::ArgKind::RowPositions : fb::ArgKind::Positions, "pos"),
+            kindArg(fb::ArgKind::TokenCount, "n_tokens")};
+  return std::vector<KernelLaunch>{std::move(l)};
+}
 
 }  // namespace minfer::codegen
