@@ -57,18 +57,18 @@ constexpr double kQuantRmsLlama31 = 3e-2;
 //   6.3e-4 RMS (0 of 55 checked argmax rows differ), Q8_0 2.2e-2 / 1.7e-2, Q4_K_M 4.6e-2 / 3.1e-2.
 // - tiny-gemma3 (arch/; goldenCaseNames lists them, the "tiny-gemma" prefix below gives them these
 //   bounds): the same GELU, KV cache and post-norm arguments (README §8.5: llama.cpp's own f16 KV + FA
-//   1.6e-3, quantized vs float64 2.9e-2 … 3.7e-2, like gemma2's). Not yet run on a GPU.
+//   1.6e-3, quantized vs float64 2.9e-2 … 3.7e-2, like gemma2's). Green on the H200 (2026-11-30).
 // - tiny-phi3 (arch/; goldenCaseNames lists them): no new bound. Its fused attn_qkv and ffn_up outputs are
 //   read in place as column views (format 1.4): RoPE, the KV store, the prefill/decode attention and
 //   SwiGLU run with row pitches wider than their operands (ROPE_/ATT_/EW_*_PITCH), so these cases are
 //   the GPU test of those kernels. Expected like tiny-llama's: F32 within kFloatRel (f16 KV; README
 //   §8.5: llama.cpp's own f16 KV + FA 2.5e-4), quantized within kQuantRel / kQuantRms (README: llama.cpp
-//   vs float64 8.7e-3 … 1.4e-2). Not yet run on a GPU.
+//   vs float64 8.7e-3 … 1.4e-2). Green on the H200 (2026-11-30).
 // - tiny-qwen3moe (arch/): the default bounds above (README §8.5: F32 like tiny-llama, quantized 3e-2).
-//   The expert FFN (kernels/moe.cuh) reads f32 activations, but the router's input comes through q8
-//   attention matmuls; the Q4_K_M model has a router near-tie (README §8.5: 2nd vs 3rd router logit 0.0086
-//   in layer 1), so a failure confined to the rows after one token is that tie: compare with ref64 before
-//   blaming the kernels. Not yet run on a GPU.
+//   The expert FFN (kernels/moe.cuh) takes q8 activations for its Q4_K / Q6_K experts (f32 for other types),
+//   and the router's input comes through q8 attention matmuls; the Q4_K_M model has a router near-tie
+//   (README §8.5: 2nd vs 3rd router logit 0.0086 in layer 1), so a failure confined to the rows after one
+//   token is that tie: compare with ref64 before blaming the kernels. Green on the H200 (2026-11-30).
 constexpr double kGemmaFloatRel = 5e-3;
 constexpr double kGemmaQuantRel = 1e-1;
 constexpr double kGemmaQuantRms = 5e-2;
