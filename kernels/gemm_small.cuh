@@ -97,15 +97,21 @@ MINFER_HD unsigned gemmSmallSplits(unsigned n, unsigned k) {
 MINFER_HD unsigned long long gemmSmallScratchBytes(unsigned n, unsigned splits) {
   return splits > 1 ? static_cast<unsigned long long>(splits) * kGemmSmallMaxRows * n * 4 : 0;
 }
-// Bytes of the block counters: one word per row group.
-MINFER_HD unsigned long long gemmSmallCounterBytes(unsigned n) { return ceilDiv(n, kSbRowsPerBlock) * 4ull; }
-
-MINFER_HD LaunchRule gemmSmallLaunchRule(unsigned n, unsigned splits) {
+// The split-K small-batch kernels' shape (this one and gemm_small_blocks.cuh): blocks of `warps` warps owning
+// `rows_per_block` output rows each, × splits; and their counters, one word per row group.
+MINFER_HD LaunchRule splitKLaunchRule(unsigned n, unsigned splits, unsigned rows_per_block, unsigned warps) {
   LaunchRule r;
-  r.grid[0] = fixedExtent(ceilDiv(n, kSbRowsPerBlock));
+  r.grid[0] = fixedExtent(ceilDiv(n, rows_per_block));
   r.grid[1] = fixedExtent(splits);
-  r.block.x = 32 * kSbWarps;
+  r.block.x = 32 * warps;
   return r;
+}
+MINFER_HD unsigned long long splitKCounterBytes(unsigned n, unsigned rows_per_block) {
+  return ceilDiv(n, rows_per_block) * 4ull;
+}
+MINFER_HD unsigned long long gemmSmallCounterBytes(unsigned n) { return splitKCounterBytes(n, kSbRowsPerBlock); }
+MINFER_HD LaunchRule gemmSmallLaunchRule(unsigned n, unsigned splits) {
+  return splitKLaunchRule(n, splits, kSbRowsPerBlock, kSbWarps);
 }
 MINFER_HD LaunchShape gemmSmallLaunch(unsigned n, unsigned splits) { return gemmSmallLaunchRule(n, splits).at(1); }
 

@@ -85,14 +85,9 @@ MINFER_HD unsigned gemmSmallBlocksSplits(unsigned n, unsigned k) {
   return ceilDiv(super_blocks, ceilDiv(super_blocks, s));
 }
 // Bytes of the block counters: one word per row group. The partial sums: gemmSmallScratchBytes(n, splits).
-MINFER_HD unsigned long long gemmSmallBlocksCounterBytes(unsigned n) { return ceilDiv(n, kSbbRowsPerBlock) * 4ull; }
-
+MINFER_HD unsigned long long gemmSmallBlocksCounterBytes(unsigned n) { return splitKCounterBytes(n, kSbbRowsPerBlock); }
 MINFER_HD LaunchRule gemmSmallBlocksLaunchRule(unsigned n, unsigned splits) {
-  LaunchRule r;
-  r.grid[0] = fixedExtent(ceilDiv(n, kSbbRowsPerBlock));
-  r.grid[1] = fixedExtent(splits);
-  r.block.x = 32 * kSbbWarps;
-  return r;
+  return splitKLaunchRule(n, splits, kSbbRowsPerBlock, kSbbWarps);
 }
 MINFER_HD LaunchShape gemmSmallBlocksLaunch(unsigned n, unsigned splits) {
   return gemmSmallBlocksLaunchRule(n, splits).at(1);

@@ -57,8 +57,8 @@ llvm::Expected<MatMulOperands> operands(const StepContext& c) {
   return m;
 }
 
-KernelArgDesc biasArg(const StepContext& c, const MatMulOperands& m) {
-  return m.bias ? weightArg("bias", c.weightId(1), *m.bias) : kindArg(fb::ArgKind::Null, "bias");
+KernelArgDesc biasArg(const StepContext& c, const MatMulOperands& m, const char* name = "bias") {
+  return m.bias ? weightArg(name, c.weightId(1), *m.bias) : kindArg(fb::ArgKind::Null, name);
 }
 
 Launches dense(const StepContext& c, const MatMulOperands& m, const StrideTable& d) {
@@ -384,10 +384,8 @@ Launches gemvPairLaunches(const StepContext& a, const StepContext& b) {
   const kern::GemvBlocksShape shape = kern::gemvBlocksShape(n, k);
   SpecBuilder sb = blocksGemvSpec("gemv_pair", "minfer_gemv_pair", ba, ma);
   sb.define("GEMVB_PAIR", uint64_t{1});
-  std::vector<KernelArgDesc> args{weightArg("w0", a.weightId(0), ba), biasArg(a, ma), weightArg("w1", b.weightId(0), bb),
-                                  biasArg(b, mb)};
-  args[1].name = "bias0";
-  args[3].name = "bias1";
+  std::vector<KernelArgDesc> args{weightArg("w0", a.weightId(0), ba), biasArg(a, ma, "bias0"),
+                                  weightArg("w1", b.weightId(0), bb), biasArg(b, mb, "bias1")};
   pushQ8Args(args, "xq", "xmeta", a.inputId(1), k, fb::Access::Read);
   args.push_back(activationArg("out0", a.outputId(0), n, fb::Access::Write));
   args.push_back(activationArg("out1", b.outputId(0), n, fb::Access::Write));
