@@ -78,6 +78,8 @@ constexpr unsigned kAttnBKV = 32;      // key positions per tile (= warp width: 
 constexpr unsigned kAttnWarps = 4;
 // Keys per decode split at least (decodeSplits): one iteration of the block's warps, two keys each.
 constexpr unsigned kAttnDecodeMinKeys = 2 * kAttnWarps;
+// The tensor-core decode's key tile (16 keys per warp), also its splits' least number of keys.
+constexpr unsigned kAttnDecodeMmaKeys = 64;
 constexpr unsigned kKvStoreThreads = 256;
 constexpr unsigned kAttnMmaBQ = 64;    // query tokens per tensor-core prefill block (16 per warp)
 
@@ -126,17 +128,30 @@ MINFER_HD unsigned long long attnDecodePartFloats(unsigned n_head, unsigned head
   return static_cast<unsigned long long>(n_head) * splits * (head_dim + 2);
 }
 
+// True when attn_decode takes the tensor-core form: the group's query heads as the 16 rows of an
+// mma.m16n8k16 tile (so at most 16 per kv head), heads a multiple of 16 up to 128 (the output accumulator
+// and the Q fragments in registers, as the prefill's register form).
+MINFER_HD constexpr bool attnDecodeUsesMma(unsigned head_dim, unsigned group) {
+  return head_dim % 16 == 0 && head_dim <= 128 && group <= 16;
+}
+// Dynamic shared memory of attn_decode: the tensor-core form's two stages of K and V tiles (the prefill's
+// tiles of kAttnDecodeMmaKeys positions, rows padded by 16 bytes); none for the SIMT form.
+MINFER_HD unsigned attnDecodeSmemBytes(unsigned head_dim, unsigned group) {
+  return attnDecodeUsesMma(head_dim, group) ? 2u * 2u * kAttnDecodeMmaKeys * (head_dim + 8) * 2u : 0u;
+}
+
 // One block per (kv head, split): the query heads sharing a kv head are done together.
 // (4 warps: 8 measured no faster at a depth of 4096 and slower at a short context, BENCHMARKS.md.)
-MINFER_HD LaunchRule attnDecodeLaunchRule(unsigned n_head_kv, unsigned splits) {
+MINFER_HD LaunchRule attnDecodeLaunchRule(unsigned n_head_kv, unsigned splits, unsigned head_dim, unsigned group) {
   LaunchRule r;
   r.grid[0] = fixedExtent(n_head_kv);
   r.grid[1] = fixedExtent(splits);
   r.block.x = 32 * kAttnWarps;
+  r.smem = attnDecodeSmemBytes(head_dim, group);
   return r;
 }
-MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head_kv, unsigned splits) {
-  return attnDecodeLaunchRule(n_head_kv, splits).at(1);
+MINFER_HD LaunchShape attnDecodeLaunch(unsigned n_head_kv, unsigned splits, unsigned head_dim, unsigned group) {
+  return attnDecodeLaunchRule(n_head_kv, splits, head_dim, group).at(1);
 }
 
 MINFER_HD LaunchRule attnCombineLaunchRule(unsigned n_head) {
@@ -212,14 +227,15 @@ __device__ __forceinline__ int windowStart(int qp0) { return kWindow == 0 ? 0 : 
 #ifdef ATT_SPLITS
 // The split-KV geometry of a decode step whose query is at position kv_len − 1 (attn_decode and
 // attn_combine compute it alike from pos): keys [lo, kv_len) in splits of `chunk` keys, at least
-// kAttnDecodeMinKeys, so that a short context uses fewer, fuller splits
+// kAttnDecodeMinKeys (the tensor-core form: kAttnDecodeMmaKeys), so that a short context uses fewer, fuller splits
 // rather than all SPLITS with one or two keys each; splits [0, active) are non-empty, the rest idle.
 struct DecodeSplits {
   int lo, chunk, active;
 };
 __device__ __forceinline__ DecodeSplits decodeSplits(int kv_len) {
+  constexpr int kMinKeys = static_cast<int>(attnDecodeUsesMma(kD, kGroup) ? kAttnDecodeMmaKeys : kAttnDecodeMinKeys);
   const int lo = windowStart(kv_len - 1), n = kv_len - lo;
-  const int chunk = max((n + ATT_SPLITS - 1) / ATT_SPLITS, static_cast<int>(kAttnDecodeMinKeys));
+  const int chunk = max((n + ATT_SPLITS - 1) / ATT_SPLITS, kMinKeys);
   return {lo, chunk, (n + chunk - 1) / chunk};
 }
 #endif
@@ -232,6 +248,11 @@ __device__ __forceinline__ DecodeSplits decodeSplits(int kv_len) {
 #define MINFER_ATT_PREFILL_MMA (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 256 && !ATT_PREFILL_SIMT)
 static_assert((minfer::kern::attnPrefillUsesMma(ATT_HEAD_DIM) && !ATT_PREFILL_SIMT) == MINFER_ATT_PREFILL_MMA,
               "prefill form predicate");
+// Which decode form (preprocessor form of attnDecodeUsesMma, checked equal).
+#define MINFER_ATT_DECODE_MMA \
+  (ATT_HEAD_DIM % 16 == 0 && ATT_HEAD_DIM <= 128 && ATT_NHEAD / ATT_NHEAD_KV <= 16)
+static_assert(minfer::kern::attnDecodeUsesMma(ATT_HEAD_DIM, ATT_NHEAD / ATT_NHEAD_KV) == MINFER_ATT_DECODE_MMA,
+              "decode form predicate");
 #endif
 
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_KV_STORE)
@@ -347,9 +368,13 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 }
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL) && MINFER_ATT_PREFILL_MMA
+#if defined(MINFER_DEVICE_CODE) && \
+    ((defined(ATT_PREFILL) && MINFER_ATT_PREFILL_MMA) || (defined(ATT_DECODE) && MINFER_ATT_DECODE_MMA))
 namespace minfer::kern::attn {
 constexpr int kBQ = kAttnMmaBQ, kBKV = attnMmaBKV(kD);
+#ifdef ATT_DECODE
+static_assert(kBKV == static_cast<int>(kAttnDecodeMmaKeys), "the decode's key tile is the prefill's");
+#endif
 constexpr bool kQSmem = attnMmaQInSmem(kD);  // Q rows in shared memory (after the K/V stages), not registers
 constexpr int kLDH = kD + 8;        // smem row pitch in halves (16 bytes of padding: ldmatrix rows hit distinct banks)
 constexpr int kTileH = kBKV * kLDH;  // halves per K or V tile
@@ -397,7 +422,9 @@ __device__ __forceinline__ void loadKvTile(uint16_t* sk, uint16_t* sv, const uin
   }
 }
 }  // namespace minfer::kern::attn
+#endif
 
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_PREFILL) && MINFER_ATT_PREFILL_MMA
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     minfer_attn_prefill(const float* __restrict__ q, const uint16_t* __restrict__ kc,
                         const uint16_t* __restrict__ vc, float* __restrict__ out, const int* __restrict__ pos,
@@ -697,7 +724,7 @@ struct WarpAttention {
 }  // namespace minfer::kern::attn
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE)
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE) && !MINFER_ATT_DECODE_MMA
 // Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys, so
 // each K and V row is read once for all of them (GQA). A warp takes two keys at a time (keys begin + w,
 // begin + w + kWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
@@ -758,6 +785,189 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 }
 #endif
 
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE) && MINFER_ATT_DECODE_MMA
+// Tensor-core decode (attnDecodeUsesMma; the flash-decoding split of the SIMT form, FlashAttention-2's tile
+// arithmetic): block (kv head g, split s) takes the kGroup query heads of g as the rows of one m16 tile
+// (rows ≥ kGroup are zero queries, never stored), so S = Q·Kᵀ and O += P·V are the prefill's mma.m16n8k16
+// steps with heads in place of query tokens. The split's keys stream through shared memory in the
+// prefill's double-buffered tiles of kAttnDecodeMmaKeys positions (cp.async: every K and V byte of a tile
+// is in flight at once); warp w takes positions [16w, 16w + 16) of each tile, with its own online softmax
+// (in log2 units, exp2), and the four warps' (max, sum, output) merge through shared memory into the
+// block's partial as the SIMT form writes it (max in natural units). Q is rounded to f16 after scaling by
+// log2(e)·scale and P before P·V, as the tensor-core prefill does (its tolerance).
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
+    minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
+                       float* __restrict__ part, const int* __restrict__ pos) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::attn;
+  constexpr int kSplits = ATT_SPLITS;
+  constexpr int kWarps = static_cast<int>(kAttnWarps);
+  static_assert(kBKV == 16 * kWarps && kKS >= 1 && kDT % 2 == 0, "a warp's 16 keys per tile; pairs of n8 output tiles");
+  extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]; then the warps' outputs (f32)
+
+  const int g = blockIdx.x, split = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gr = lane / 4, t4 = lane % 4, mq = lane / 8, r8 = lane % 8;
+  const int kv_len = pos[0] + 1;
+  const DecodeSplits sp = decodeSplits(kv_len);
+  if (split >= sp.active) return;  // idle: the combine reads splits [0, active) only
+  const int begin = sp.lo + split * sp.chunk, end = min(kv_len, begin + sp.chunk);
+  const int n_tiles = (end - begin + kBKV - 1) / kBKV;
+  loadKvTile(smem_h, smem_h + kTileH, kc, vc, begin, end, g);
+  cpAsyncCommit();
+
+  // A fragments of the group's queries: row r = query head g·kGroup + r (zero for r ≥ kGroup).
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float qscale = kLog2e * qkScale();
+  const float* q0 = q + static_cast<uint64_t>(g) * kGroup * kD;
+  unsigned qf[kKS][4];
+#pragma unroll
+  for (int ks = 0; ks < kKS; ++ks)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = (r % 2) ? gr + 8 : gr, d = ks * 16 + (r / 2) * 8 + 2 * t4;
+      float2 v = make_float2(0.0f, 0.0f);
+      if (row < kGroup) v = *reinterpret_cast<const float2*>(q0 + static_cast<uint64_t>(row) * kD + d);
+      qf[ks][r] = packHalf2(v.x * qscale, v.y * qscale);
+    }
+
+  float o[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+  float m_run[2] = {-MINFER_INF, -MINFER_INF}, l_run[2] = {0.0f, 0.0f};
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int kv0 = begin + it * kBKV + 16 * warp, stage = it & 1;  // this warp's first key of the tile
+    // One barrier per tile, as in the prefill: tile it is visible, tile it − 1's stage is free for it + 1.
+    cpAsyncWait<0>();
+    __syncthreads();
+    if (it + 1 < n_tiles) {
+      uint16_t* nb = smem_h + (stage ^ 1) * 2 * kTileH;
+      loadKvTile(nb, nb + kTileH, kc, vc, begin + (it + 1) * kBKV, end, g);
+    }
+    cpAsyncCommit();
+    if (kv0 >= end) continue;  // the split's last tile may leave this warp no key
+    const uint16_t* sk = smem_h + stage * 2 * kTileH + 16 * warp * kLDH;
+    const uint16_t* sv = sk + kTileH;
+
+    // S = Q·Kᵀ: 16 rows × this warp's 16 keys (two n8 tiles); K fragments x4 = (keys nt·8.., dims ks·16 + 0/8/16/24).
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kKS; ks += 2) {
+        unsigned b[4];
+        if (ks + 1 < kKS) {
+          ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + mq * 8);
+          mmaF16(s[nt], qf[ks], b[0], b[1]);
+          mmaF16(s[nt], qf[ks + 1], b[2], b[3]);
+        } else {  // odd number of k16 steps: the last one alone (matrices 2, 3 re-read 0, 1)
+          ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
+          mmaF16(s[nt], qf[ks], b[0], b[1]);
+        }
+      }
+    }
+    // Keys past the split's end masked; online softmax per row (the 4 lanes of a row group hold its 16 scores).
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m_run[h];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& v = s[nt][h * 2 + c];
+          v = kv0 + nt * 8 + 2 * t4 + c < end ? capScore(v, kLog2e) : -MINFER_INF;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      corr[h] = exp2f(m_run[h] - mx);  // the warp's first key is valid, so mx is finite
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float& v = s[nt][h * 2 + c];
+          v = exp2f(v - mx);
+          sum += v;
+        }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      l_run[h] = l_run[h] * corr[h] + sum;
+      m_run[h] = mx;
+    }
+    // O += P·V: P's two n8 accumulator tiles are the A fragment of one k16 step; V fragments by
+    // ldmatrix.trans: x4 = (keys 0/8, dims (dt + 0/1)·8).
+    const unsigned pa[4] = {packHalf2(s[0][0] , s[0][1]), packHalf2(s[0][2], s[0][3]), packHalf2(s[1][0], s[1][1]),
+                            packHalf2(s[1][2], s[1][3])};
+#pragma unroll
+    for (int dt = 0; dt < kDT; dt += 2) {
+      o[dt][0] *= corr[0];
+      o[dt][1] *= corr[0];
+      o[dt][2] *= corr[1];
+      o[dt][3] *= corr[1];
+      o[dt + 1][0] *= corr[0];
+      o[dt + 1][1] *= corr[0];
+      o[dt + 1][2] *= corr[1];
+      o[dt + 1][3] *= corr[1];
+      unsigned b[4];
+      ldsmX4T(b, sv + ((mq % 2) * 8 + r8) * kLDH + (dt + mq / 2) * 8);
+      mmaF16(o[dt], pa, b[0], b[1]);
+      mmaF16(o[dt + 1], pa, b[2], b[3]);
+    }
+  }
+
+  // Merge the warps (rows < kGroup): their (m, l) and outputs through shared memory (the K/V stages, free once
+  // every warp has passed the barrier below), then the block's partial per head, m in natural units.
+  __shared__ float wm[kWarps][kGroup], wl[kWarps][kGroup];
+  __syncthreads();
+  float* wo = reinterpret_cast<float*>(smem_h);  // [kWarps][kGroup][kD]
+  static_assert(kWarps * kGroup * kD * 4 <= 2 * 2 * kTileH * 2, "the warps' outputs fit the K/V stages");
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = h ? gr + 8 : gr;
+    if (row >= kGroup) continue;
+    if (t4 == 0) {
+      wm[warp][row] = m_run[h];
+      wl[warp][row] = l_run[h];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+      *reinterpret_cast<float2*>(wo + (warp * kGroup + row) * kD + dt * 8 + 2 * t4) =
+          make_float2(o[dt][h * 2], o[dt][h * 2 + 1]);
+  }
+  __syncthreads();
+  constexpr float kLn2 = 0.6931471805599453f;
+  for (int h = 0; h < kGroup; ++h) {
+    float mb = -MINFER_INF;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mb = fmaxf(mb, wm[w][h]);
+    float* dst = part + ((static_cast<uint64_t>(g) * kGroup + h) * kSplits + split) * (kD + 2);
+    for (int d = threadIdx.x; d < kD; d += blockDim.x) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w)
+        if (wm[w][h] != -MINFER_INF) acc += wo[(w * kGroup + h) * kD + d] * exp2f(wm[w][h] - mb);
+      dst[2 + d] = acc;
+    }
+    if (threadIdx.x == 0) {
+      float lb = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w)
+        if (wm[w][h] != -MINFER_INF) lb += wl[w][h] * exp2f(wm[w][h] - mb);
+      dst[0] = mb * kLn2;  // a split always has keys: finite
+      dst[1] = lb;
+    }
+  }
+}
+#endif
+
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_COMBINE)
 extern "C" __global__ void __launch_bounds__(128)
     minfer_attn_combine(const float* __restrict__ part, float* __restrict__ out, const int* __restrict__ pos
@@ -780,14 +990,15 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int s = threadIdx.x; s < active; s += 32) w[s] = expf(src[s * (kD + 2)] - m);
   }
   __syncthreads();
-  // L = Σ_s e^{m_s − M}·l_s and the outputs, in split order; four splits' loads in flight per iteration.
+  // L = Σ_s e^{m_s − M}·l_s and the outputs, in split order; sixteen splits' loads in flight per iteration
+  // (the loop is a chain of L2 round trips: four per iteration measured 6.3 µs per layer at 64 splits).
   float lb = 0.0f;  // every thread the same sum
-#pragma unroll 4
+#pragma unroll 16
   for (int s = 0; s < active; ++s) lb += src[s * (kD + 2) + 1] * w[s];
   const float inv = 1.0f / lb;
   for (int d = threadIdx.x; d < kD; d += blockDim.x) {
     float acc = 0.0f;
-#pragma unroll 4
+#pragma unroll 16
     for (int s = 0; s < active; ++s) acc += src[s * (kD + 2) + 2 + d] * w[s];
     out[static_cast<uint64_t>(j) * kD + d] = acc * inv;
 #if ATT_Q8

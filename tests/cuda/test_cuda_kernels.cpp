@@ -1419,8 +1419,8 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
   const int h = 6, hkv = 2, n_ctx = 1200;
   // Prefill: 8, 36 SIMT; 16 … 128 tensor cores with Q fragments in registers (112: an odd number of k16 steps);
   // 144, 256 tensor cores with Q rows in shared memory and 32-key tiles (144: odd k16 steps there too).
-  // Decode: 32, 64, 128, 256 contiguous vector loads, 96 contiguous 2-byte loads, 8, 16, 36, 80, 112, 144
-  // strided lanes.
+  // Decode: 16 … 128 tensor cores (attnDecodeUsesMma; 112: odd k16 steps); SIMT at 256 (contiguous vector
+  // loads), 8, 36, 144 (strided lanes).
   for (int d : {8, 16, 32, 36, 64, 80, 96, 112, 128, 144, 256}) {
     CAPTURE(d);
     auto att = [&](const char* name, const char* which) {
@@ -1429,8 +1429,17 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
       if (std::string(which) == "ATT_DECODE" || std::string(which) == "ATT_COMBINE") defs.push_back({"ATT_SPLITS", "32"});
       return spec(std::string(name) + "_test_d" + str(d), "kernels/attention.cuh", name, defs);
     };
+    // Decode also with 4 splits: at 600 and 1,199 keys each split takes several key tiles of the tensor-core form.
+    auto att4 = [&](const char* name, const char* which) {
+      return spec(std::string(name) + "_test_s4_d" + str(d), "kernels/attention.cuh", name,
+                  {{"ATT_NHEAD", str(h)}, {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)}, {which, "1"},
+                   {"ATT_SPLITS", "4"}});
+    };
     std::vector<Kernel> k = compile({att("minfer_kv_store", "ATT_KV_STORE"), att("minfer_attn_prefill", "ATT_PREFILL"),
-                                     att("minfer_attn_decode", "ATT_DECODE"), att("minfer_attn_combine", "ATT_COMBINE")});
+                                     att("minfer_attn_decode", "ATT_DECODE"), att("minfer_attn_combine", "ATT_COMBINE"),
+                                     att4("minfer_attn_decode", "ATT_DECODE"), att4("minfer_attn_combine", "ATT_COMBINE")});
+    const bool decode_mma = kern::attnDecodeUsesMma(static_cast<unsigned>(d), h / hkv);
+    const double decode_tol = decode_mma ? attnMmaTol(d) : kAttnTol;
     const int kvw = hkv * d;
     DeviceArray kc(static_cast<uint64_t>(n_ctx) * kvw * 2), vc(static_cast<uint64_t>(n_ctx) * kvw * 2);
     DeviceArray out(kMaxBatch * h * d * 4), part(kern::attnDecodePartFloats(h, d, 32) * 4);
@@ -1497,11 +1506,18 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
       out.poison();
       part.poison();
       CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr();
-      launch(k[2], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p});
+      launch(k[2], kern::attnDecodeLaunch(hkv, 32, d, h / hkv), {&a, &c, &e, &pt, &p});
       launch(k[3], kern::attnCombineLaunch(h), {&pt, &o, &p});
       std::vector<float> got = out.download<float>(q.size()), ref(q.size());
       cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data());
-      CHECK(track("attn_decode", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
+      CHECK(track(decode_mma ? "attn_decode (tensor cores)" : "attn_decode", relError(got.data(), ref.data(), ref.size())) <=
+            decode_tol);
+      out.poison();
+      launch(k[4], kern::attnDecodeLaunch(hkv, 4, d, h / hkv), {&a, &c, &e, &pt, &p});
+      launch(k[5], kern::attnCombineLaunch(h), {&pt, &o, &p});
+      got = out.download<float>(q.size());
+      CHECK(track(decode_mma ? "attn_decode (tensor cores)" : "attn_decode", relError(got.data(), ref.data(), ref.size())) <=
+            decode_tol);
     }
   }
 }
@@ -1725,11 +1741,15 @@ TEST_CASE("attention with query scale, soft-capping and a sliding window (gemma2
         out.poison();
         part.poison();
         CUdeviceptr a = d_q.ptr(), c = kc.ptr(), e = vc.ptr(), o = out.ptr(), p = d_pos.ptr(), pt = part.ptr();
-        launch(k[1], kern::attnDecodeLaunch(hkv, 32), {&a, &c, &e, &pt, &p});
+        launch(k[1], kern::attnDecodeLaunch(hkv, 32, d, h / hkv), {&a, &c, &e, &pt, &p});
         launch(k[2], kern::attnCombineLaunch(h), {&pt, &o, &p});
         std::vector<float> got = out.download<float>(q.size()), ref(q.size());
         cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data(), options);
-        CHECK(track("attn_decode softcap+window", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
+        if (kern::attnDecodeUsesMma(static_cast<unsigned>(d), h / hkv))
+          CHECK(track("attn_decode softcap+window (tensor cores)", relError(got.data(), ref.data(), ref.size())) <=
+                attnMmaTol(d));
+        else
+          CHECK(track("attn_decode softcap+window", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
       }
     }
 }
@@ -1808,10 +1828,13 @@ TEST_CASE("attention over a ring KV cache (ATT_KV_RING): kv_store slots, prefill
       cpu::attention(q.data(), layer, n, rows, h, ref.data(), nullptr, scratch.data(), options);
       if (n == 1) {
         part.poison();
-        launch(k[2], kern::attnDecodeLaunch(hkv, 16), {&qp, &c, &e, &pt, &p});
+        launch(k[2], kern::attnDecodeLaunch(hkv, 16, d, h / hkv), {&qp, &c, &e, &pt, &p});
         launch(k[3], kern::attnCombineLaunch(h), {&pt, &o, &p});
         const std::vector<float> got = out.download<float>(q.size());
-        CHECK(track("attn_decode ring", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
+        if (kern::attnDecodeUsesMma(static_cast<unsigned>(d), h / hkv))
+          CHECK(track("attn_decode ring (tensor cores)", relError(got.data(), ref.data(), ref.size())) <= attnMmaTol(d));
+        else
+          CHECK(track("attn_decode ring", relError(got.data(), ref.data(), ref.size())) <= kAttnTol);
       } else {
         launch(k[1], kern::attnPrefillLaunch(n, h, d), {&qp, &c, &e, &o, &p, &n});
         const std::vector<float> got = out.download<float>(q.size());

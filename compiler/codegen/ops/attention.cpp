@@ -124,7 +124,7 @@ Launches attention(const StepContext& c, const StepContext* quant, bool stored) 
   SpecBuilder b(llvm::formatv("attn_decode_h{0}_hkv{1}_d{2}_s{3}{4}", h, hkv, d, splits, opts), "kernels/attention.cuh",
                 "minfer_attn_decode");
   options(heads(b)).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_DECODE", uint64_t{1});
-  launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(hkv, splits)});
+  launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(hkv, splits, d, h / hkv)});
   // The combine reads the splits decodeSplits() makes non-empty, which depend on the window.
   const std::string win = s.window != 0 ? "_win" + std::to_string(s.window) : "";
   SpecBuilder comb(llvm::formatv("attn_combine_h{0}_d{1}_s{2}{3}{4}", h, d, splits, win, quant ? "_q8" : ""),
