@@ -1,13 +1,10 @@
-// Benchmark of the small-batch matmuls, built by nvcc on a GPU machine with the kernel's -D constants
-// (scripts/device-gemm-small.sh builds the 7B's shapes):
-//   kernels/gemm_small.cuh (SB_* constants): a random kI8 plane of a Q4_K-like weight (q ∈ 0..15 with SB_BITS 8,
+// Benchmark of the small-batch matmul on kI8 / kPacked planes (kernels/gemm_small.cuh), built by nvcc on a GPU
+// machine with the kernel's SB_* constants (scripts/device-gemm-small.sh builds the 7B's shapes): a random kI8 plane of a Q4_K-like weight (q ∈ 0..15 with SB_BITS 8,
 //     or the 4-bit kPacked form with SB_BITS 4), scales and mins per group of SB_GROUP;
-//   kernels/gemm_small_blocks.cuh (SBB_* constants instead): a kBlocks plane of random Q4_K or Q6_K blocks (random
-//     bytes, f16 scales d, dmin of 1e-3 … 1e-2), at the planner's group pitch (144, 224);
 // q8 activations for 64 rows; checks the outputs of each row count against a float64 reference of the same
 // definition (the first and last 40 weight rows, every 97th between), then times the launch (CUDA events, median
 // of 9 runs of 20 launches, rotating over ≥ 512 MB of weight copies so each launch reads HBM). Prints one line
-// per row count: N, K, splits, rows, µs, GB/s of the plane read (block bytes for kBlocks), max |err| / max |ref|.
+// per row count: N, K, splits, rows, µs, GB/s of the plane read, max |err| / max |ref|.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,11 +13,7 @@
 #include <random>
 #include <vector>
 
-#ifdef SBB_N
-#include "kernels/gemm_small_blocks.cuh"
-#else
 #include "kernels/gemm_small.cuh"
-#endif
 
 #include "bench/cuda_check.h"
 
@@ -112,70 +105,6 @@ int deviceCall(const std::vector<int8_t>& xq, const std::vector<Q8Meta>& xm, int
 
 }  // namespace
 
-#ifdef SBB_N
-int main() {
-  using minfer::GgmlType;
-  constexpr int N = SBB_N, K = SBB_K, GP = SBB_GROUP_PITCH, KB = K / 256;
-  constexpr bool kQ4K = SBB_TYPE == 12;
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(1e-3f, 1e-2f);
-  std::vector<uint8_t> plane(static_cast<size_t>(SBB_PITCH) * N, 0);
-  for (int r = 0; r < N; ++r)
-    for (int b = 0; b < KB; ++b) {
-      uint8_t* blk = plane.data() + static_cast<size_t>(r) * SBB_PITCH + static_cast<size_t>(b) * GP;
-      for (int i = 0; i < (kQ4K ? 144 : 210); ++i) blk[i] = static_cast<uint8_t>(byte(rng));
-      const uint16_t d = minfer::floatToHalf(scale(rng)), dmin = minfer::floatToHalf(scale(rng));
-      if (kQ4K) {
-        blk[0] = d & 0xFF, blk[1] = d >> 8, blk[2] = dmin & 0xFF, blk[3] = dmin >> 8;
-      } else {
-        blk[208] = d & 0xFF, blk[209] = d >> 8;
-      }
-    }
-  std::vector<int8_t> xq;
-  std::vector<Q8Meta> xm;
-  std::vector<uint8_t*> d_w;
-  if (activationsAndCopies(K, rng, plane, xq, xm, d_w)) return 1;
-  const int copies = static_cast<int>(d_w.size());
-  DeviceCall c;
-  if (deviceCall(xq, xm, N, minfer::kern::gemmSmallScratchBytes(N, SBB_SPLITS),
-                 minfer::kern::gemmSmallBlocksCounterBytes(N), c))
-    return 1;
-  const minfer::kern::LaunchShape sh = minfer::kern::gemmSmallBlocksLaunch(N, SBB_SPLITS);
-  const dim3 grid(sh.grid.x, sh.grid.y), block(sh.block.x);
-  std::vector<float> row_values(K);
-  for (int rows : {1, 8, 16, 32, 64}) {
-    minfer_gemm_small_blocks<<<grid, block>>>(d_w[0], nullptr, c.xq, c.xm, c.out, c.partial, c.cnt, rows);
-    CK(cudaDeviceSynchronize());
-    std::vector<float> got(static_cast<size_t>(rows) * N);
-    CK(cudaMemcpy(got.data(), c.out, got.size() * 4, cudaMemcpyDeviceToHost));
-    double max_err = 0, max_ref = 0;
-    for (int r = 0; r < N; r += (r < 40 || r + 40 >= N) ? 1 : 97) {  // edges and a sample
-      for (int b = 0; b < KB; ++b)
-        minfer::dequantizeBlock(kQ4K ? GgmlType::Q4_K : GgmlType::Q6_K,
-                                plane.data() + static_cast<size_t>(r) * SBB_PITCH + static_cast<size_t>(b) * GP,
-                                row_values.data() + 256 * b);
-      for (int t = 0; t < rows; ++t) {
-        double ref = 0;
-        for (int c = 0; c < K; ++c)
-          ref += static_cast<double>(row_values[c]) * xm[static_cast<size_t>(t) * (K / 32) + c / 32].d *
-                 xq[static_cast<size_t>(t) * K + c];
-        max_ref = std::max(max_ref, std::fabs(ref));
-        max_err = std::max(max_err, std::fabs(ref - got[static_cast<size_t>(t) * N + r]));
-      }
-    }
-    double us = 0;
-    if (medianMicros([&](int i) {
-          minfer_gemm_small_blocks<<<grid, block>>>(d_w[i], nullptr, c.xq, c.xm, c.out, c.partial, c.cnt, rows);
-        }, copies, &us))
-      return 1;
-    std::printf("gemm_small_blocks %s N %d K %d splits %d mt %d lookahead %d rows %2d: %8.2f us %7.0f GB/s  err %.2e\n",
-                kQ4K ? "Q4_K" : "Q6_K", N, K, SBB_SPLITS, SBB_MT, SBB_PREFETCH, rows, us, plane.size() / us * 1e-3,
-                max_err / max_ref);
-  }
-  return 0;
-}
-#else
 int main() {
   constexpr int N = SB_N, K = SB_K, G = SB_GROUP;
   std::mt19937 rng(7);
@@ -248,4 +177,3 @@ int main() {
   }
   return 0;
 }
-#endif

@@ -1,7 +1,8 @@
 // minfer-bench-gemv: memory bandwidth of the decode GEMVs on a 7B's (Qwen2-7B) matmul shapes. Not a test:
 // run it on a GPU machine (needs the NVIDIA driver and NVRTC); H200 numbers are in BENCHMARKS.md.
 //
-// Usage: minfer-bench-gemv [--reps R] [--variants] [--min-blocks N,…] [--l2-fetch 128,256] [--shapes …]
+// Usage: minfer-bench-gemv [--reps R] [--variants] [--batch T,…] [--min-blocks N,…] [--l2-fetch 128,256]
+//                          [--shapes …]
 // For each shape: random GGUF blocks (random bits, finite f16 d and dmin as in tests/runtime/weight_builder),
 // laid out
 //   blocks: as a kBlocks plane with 16-byte aligned blocks (Q4_K 144 B, Q6_K 224 B), read by
@@ -54,6 +55,10 @@ llvm::cl::list<unsigned> kL2Fetch("l2-fetch", llvm::cl::CommaSeparated,
                                   llvm::cl::desc("also time the codegen's gemv_blocks shape loading its weights with "
                                                  "this L2 fetch granule in bytes (128 or 256; GEMVB_L2_FETCH)"),
                                   llvm::cl::cat(kCategory));
+llvm::cl::list<unsigned> kBatch("batch", llvm::cl::CommaSeparated,
+                                llvm::cl::desc("also time the batched GEMV (minfer_gemv_batch, GEMVB_BATCH 8, the codegen's "
+                                               "work shape) on this many q8 rows, for each count given (1 … 8)"),
+                                llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kShapes("shapes", llvm::cl::desc("comma-separated subset of q,gate,down,output"),
                                    llvm::cl::init("q,gate,down,output"), llvm::cl::cat(kCategory));
 
@@ -282,9 +287,10 @@ int main(int argc, char** argv) {
     if (mi >= 0) gemv_planes.push_back(&(*planes_bytes)[mi]);
 
     // q8 activations (random q, per-block d, consistent half sums), one copy: decode reads them from L2.
-    std::vector<int8_t> xq(s.k);
-    std::vector<kern::Q8Meta> xm(s.k / 32);
-    for (uint64_t b = 0; b < s.k / 32; ++b) {
+    constexpr uint64_t kMaxBatch = 8;  // rows of activations (row 0 for the one-row kernels)
+    std::vector<int8_t> xq(kMaxBatch * s.k);
+    std::vector<kern::Q8Meta> xm(kMaxBatch * s.k / 32);
+    for (uint64_t b = 0; b < kMaxBatch * s.k / 32; ++b) {
       int lo = 0, hi = 0;
       for (int i = 0; i < 32; ++i) {
         xq[b * 32 + i] = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
@@ -293,7 +299,7 @@ int main(int argc, char** argv) {
       xm[b] = {0.01f + static_cast<float>(rng() % 100) * 1e-4f, static_cast<short>(lo), static_cast<short>(hi)};
     }
     cuda::DeviceBuffer d_xq = take(g.dev->alloc(xq.size(), "xq")), d_xm = take(g.dev->alloc(xm.size() * 8, "xmeta"));
-    cuda::DeviceBuffer d_out_a = take(g.dev->alloc(s.n * 4, "out")), d_out_b = take(g.dev->alloc(s.n * 4, "out"));
+    cuda::DeviceBuffer d_out_a = take(g.dev->alloc(kMaxBatch * s.n * 4, "out")), d_out_b = take(g.dev->alloc(s.n * 4, "out"));
     ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(d_xq.ptr(), xq.data(), xq.size(), g.stream.get()), "upload"));
     ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(d_xm.ptr(), xm.data(), xm.size() * 8, g.stream.get()), "upload"));
 
@@ -405,6 +411,42 @@ int main(int argc, char** argv) {
         }
         std::printf("        gemv_blocks vs gemv on the same weights: max |a - b| / max |b| = %.2e\n", diff / ref);
       }
+    }
+    if (!kBatch.empty()) {
+      // The batched GEMV: one instantiation (GEMVB_BATCH 8) launched for each token count; row 0 of its output
+      // must be the one-row gemv_blocks' output bit for bit (same shape and sums).
+      const kern::GemvBlocksShape sh = kern::gemvBlocksShape(static_cast<unsigned>(s.n), static_cast<unsigned>(s.k));
+      const Kernel kb = compile(g, "gemv_batch_" + tag + "_n" + str(s.n) + "_k" + str(s.k), "kernels/gemv_blocks.cuh",
+                                "minfer_gemv_batch",
+                                {{"GEMVB_N", str(s.n)}, {"GEMVB_K", str(s.k)}, {"GEMVB_TYPE", str(static_cast<unsigned>(s.type))},
+                                 {"GEMVB_PITCH", str(bt.row_pitch)}, {"GEMVB_GROUP_PITCH", str(bt.group_pitch)},
+                                 {"GEMVB_ROWS", str(sh.rows)}, {"GEMVB_ROW_WARPS", str(sh.warps)},
+                                 {"GEMVB_UNROLL", str(sh.unroll)}, {"GEMVB_HAS_BIAS", "0"}, {"GEMVB_BATCH", "8"}});
+      const kern::LaunchShape bsh = kern::gemvBlocksLaunch(static_cast<unsigned>(s.n), sh);
+      for (unsigned tokens : kBatch) {
+        if (tokens < 1 || tokens > kMaxBatch) die("--batch: token counts 1 … 8");
+        int nt = static_cast<int>(tokens);
+        const Timing tb = timeGraph(g, kb, bsh, launchesFor(cb), cb.bytes, [&](unsigned i) {
+          return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xqp, &xmp, &outa, &nt};
+        });
+        row("gemv_batch " + str(tokens) + " rows (weights GB/s)", cb.bytes, tb);
+      }
+      // Sanity: token 0 of a 3-token call against the one-row kernel on copy 0.
+      const Kernel& k1 = kernels[0];
+      const kern::LaunchShape sh1 = kern::gemvBlocksLaunch(static_cast<unsigned>(s.n), configs[0].shape);
+      int three = 3;
+      std::vector<void*> a = {&bw[0], &null_ptr, &xqp, &xmp, &outa, &three};
+      ok(g.dev->check(g.cu().cuLaunchKernel(kb.fn, bsh.grid.x, 1, 1, bsh.block.x, 1, 1, 0, g.stream.get(), a.data(), nullptr),
+                      "launch"));
+      std::vector<void*> b = {&bw[0], &null_ptr, &xqp, &xmp, &outb};
+      ok(g.dev->check(g.cu().cuLaunchKernel(k1.fn, sh1.grid.x, 1, 1, sh1.block.x, 1, 1, 0, g.stream.get(), b.data(), nullptr),
+                      "launch"));
+      std::vector<float> ra(s.n), rb(s.n);
+      ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(ra.data(), outa, s.n * 4, g.stream.get()), "download"));
+      ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(rb.data(), outb, s.n * 4, g.stream.get()), "download"));
+      g.sync();
+      std::printf("        gemv_batch token 0 vs gemv_blocks: %s\n",
+                  std::memcmp(ra.data(), rb.data(), s.n * 4) == 0 ? "bit-identical" : "DIFFERENT");
     }
   }
   return 0;

@@ -97,7 +97,7 @@ MINFER_HD unsigned gemmSmallSplits(unsigned n, unsigned k) {
 MINFER_HD unsigned long long gemmSmallScratchBytes(unsigned n, unsigned splits) {
   return splits > 1 ? static_cast<unsigned long long>(splits) * kGemmSmallMaxRows * n * 4 : 0;
 }
-// The split-K small-batch kernels' shape (this one and gemm_small_blocks.cuh): blocks of `warps` warps owning
+// The split-K shape: blocks of `warps` warps owning
 // `rows_per_block` output rows each, × splits; and their counters, one word per row group.
 MINFER_HD LaunchRule splitKLaunchRule(unsigned n, unsigned splits, unsigned rows_per_block, unsigned warps) {
   LaunchRule r;
@@ -120,7 +120,7 @@ MINFER_HD LaunchShape gemmSmallLaunch(unsigned n, unsigned splits) { return gemm
 #if defined(MINFER_DEVICE_CODE)
 namespace minfer::kern {
 
-// The split-K epilogue of the small-batch matmuls (this file, gemm_small_blocks.cuh): called by every thread of
+// The split-K epilogue of the small-batch matmul: called by every thread of
 // a block after the block stored its split's sums to partial[blockIdx.y][token][row] (row stride kN, token
 // stride kGemmSmallMaxRows rows). The block counts itself in counters[blockIdx.x] (a block barrier, then one
 // acquire-release atomic, as gemv_blocks.cuh's GLU epilogue); the block that completes row group blockIdx.x

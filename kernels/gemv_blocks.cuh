@@ -46,6 +46,15 @@
 //                               const int8_t* xq, const Q8Meta* xmeta, float* out0, float* out1)
 // Launch shape: gemvPairLaunchRule(): twice gemvBlocksLaunchRule()'s blocks.
 //
+// Batched GEMV (GEMVB_BATCH = B, 1 ≤ B, GEMVB_ROWS · B ≤ 32): minfer_gemv_blocks for n_tokens ≤ B q8 rows at once,
+// the small-batch form of a MatMul on the blocks (Step.small_launches, steps of 2 … kGemvBatchMaxRows rows): each
+// lane loads its weight parts once per step and applies them to every row's activations, so the plane is read once
+// per call; every (weight row, token) sum is minfer_gemv_blocks' for that token alone, bit for bit.
+// Launch ABI:  minfer_gemv_batch(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
+//                                float* out, int n_tokens)
+//   xq, xmeta: the q8 input buffer (row t at xq + t·K, its metadata at xmeta + t·K/32); out: n_tokens × N f32.
+// Launch shape: gemvBlocksLaunchRule(), independent of n_tokens.
+//
 // GEMV + residual Add + RMSNorm + q8 (GEMVB_NORM = 1): the decode steps MatMul (o or down), the Add of the
 // residual, the RmsNorm of the sum and its QuantizeAct in one launch. A block owns 32 consecutive rows
 // (gemvNormShape: 8 warps × 4 rows), sums them as minfer_gemv_blocks does, and writes out = W·x (+ bias),
@@ -111,6 +120,9 @@
 namespace minfer::kern {
 
 constexpr unsigned kGemvBlocksWarps = 4;
+// The batched GEMV's most q8 rows per launch (GEMVB_BATCH in the codegen; Step.small_rows of a weight read from
+// its blocks): the small-batch steps of 2 … 8 rows, above which the Hopper f16 GEMM or mmq run.
+constexpr unsigned kGemvBatchMaxRows = 8;
 
 // The kernel's work shape for n rows of k weights (its -D constants GEMVB_ROWS, _ROW_WARPS, _UNROLL).
 struct GemvBlocksShape {
@@ -275,9 +287,21 @@ __device__ __forceinline__ uint4 mask4(uint4 v, int shift, unsigned m) {
   return {(v.x >> shift) & m, (v.y >> shift) & m, (v.z >> shift) & m, (v.w >> shift) & m};
 }
 
-// Contribution of part p of one block of one row.
+// One lane's weight part decoded for its dot products: the int8-ready quants of its sub-blocks and their integer
+// scales (Q4_K: q[0..1] the low nibbles = sub-block 2p, q[2..3] the high nibbles = sub-block 2p + 1, sc and mn
+// their 6-bit scales and mins, d and dmin; Q6_K: q[k] the 6-bit values of group 2k + h of the lane's half, sc[k]
+// their signed scales, d), so that the batched GEMV decodes a Q6_K part once for all its tokens (decodedDot per
+// token).
+struct Decoded {
+  uint4 q[4];
+  int sc[4];
+  int mn[2];
+  float d, dmin;
+};
+
 template <bool kQ4K>
-__device__ __forceinline__ float partDot(const Part& w, const Act& a, int p) {
+__device__ __forceinline__ Decoded decodePart(const Part& w, int p) {
+  Decoded r;
   if (kQ4K) {
     // Sub-blocks 2p and 2p+1. The 6-bit scale/min pairs (block_formats.h kScaleMin) of all eight
     // sub-blocks, one byte each: head word 1 = scale bytes 0..3, word 2 = bytes 4..7, word 3 = bytes 8..11.
@@ -286,28 +310,53 @@ __device__ __forceinline__ float partDot(const Part& w, const Act& a, int p) {
     const unsigned m47 = ((w.a.w >> 4) & 0x0F0F0F0Fu) | ((w.a.z >> 2) & 0x30303030u);
     const int sh = 16 * (p & 1);  // byte 2p % 4
     const unsigned sw = (p < 2 ? s03 : s47) >> sh, mw = (p < 2 ? m03 : m47) >> sh;
-    const int dot0 = dot16(mask4(w.b, 0, 0x0F0F0F0Fu), a.x[0]) + dot16(mask4(w.c, 0, 0x0F0F0F0Fu), a.x[1]);
-    const int dot1 = dot16(mask4(w.b, 4, 0x0F0F0F0Fu), a.x[2]) + dot16(mask4(w.c, 4, 0x0F0F0F0Fu), a.x[3]);
-    const float dots = fmaf(a.d[1], static_cast<float>(static_cast<int>((sw >> 8) & 0xFF) * dot1),
-                            a.d[0] * static_cast<float>(static_cast<int>(sw & 0xFF) * dot0));
-    const float mins = fmaf(static_cast<float>((mw >> 8) & 0xFF), a.ds[1], static_cast<float>(mw & 0xFF) * a.ds[0]);
-    const float d = h2f(static_cast<uint16_t>(w.a.x)), dmin = h2f(static_cast<uint16_t>(w.a.x >> 16));
-    return fmaf(d, dots, -(dmin * mins));
+    r.q[0] = mask4(w.b, 0, 0x0F0F0F0Fu);
+    r.q[1] = mask4(w.c, 0, 0x0F0F0F0Fu);
+    r.q[2] = mask4(w.b, 4, 0x0F0F0F0Fu);
+    r.q[3] = mask4(w.c, 4, 0x0F0F0F0Fu);
+    r.sc[0] = static_cast<int>(sw & 0xFF);
+    r.sc[1] = static_cast<int>((sw >> 8) & 0xFF);
+    r.mn[0] = static_cast<int>(mw & 0xFF);
+    r.mn[1] = static_cast<int>((mw >> 8) & 0xFF);
+    r.d = h2f(static_cast<uint16_t>(w.a.x));
+    r.dmin = h2f(static_cast<uint16_t>(w.a.x >> 16));
   } else {
     const int h = p & 1;
-    float v = 0.0f;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint4 lo = mask4(k & 1 ? w.b : w.a, 4 * (k >> 1), 0x0F0F0F0Fu);
       const uint4 hi = mask4(w.c, 2 * k, 0x03030303u);
-      const uint4 q = {lo.x | (hi.x << 4), lo.y | (hi.y << 4), lo.z | (hi.z << 4), lo.w | (hi.w << 4)};
+      r.q[k] = {lo.x | (hi.x << 4), lo.y | (hi.y << 4), lo.z | (hi.z << 4), lo.w | (hi.w << 4)};
       // Scale 8n + 2k + h: byte 2k + h of the lane's 8 scale bytes (signed).
       const unsigned word = k < 2 ? w.sc.x : w.sc.y;
-      const int sc = static_cast<int>(static_cast<signed char>((word >> (8 * (2 * (k & 1) + h))) & 0xFF));
-      v = fmaf(a.d[k], static_cast<float>(sc * (dot16(q, a.x[k]) - a.s32[k])), v);
+      r.sc[k] = static_cast<int>(static_cast<signed char>((word >> (8 * (2 * (k & 1) + h))) & 0xFF));
     }
-    return h2f(w.d) * v;
+    r.d = h2f(w.d);
   }
+  return r;
+}
+
+// Contribution of a decoded part of one block of one row against one token's activations.
+template <bool kQ4K>
+__device__ __forceinline__ float decodedDot(const Decoded& w, const Act& a) {
+  if (kQ4K) {
+    const int dot0 = dot16(w.q[0], a.x[0]) + dot16(w.q[1], a.x[1]);
+    const int dot1 = dot16(w.q[2], a.x[2]) + dot16(w.q[3], a.x[3]);
+    const float dots = fmaf(a.d[1], static_cast<float>(w.sc[1] * dot1), a.d[0] * static_cast<float>(w.sc[0] * dot0));
+    const float mins = fmaf(static_cast<float>(w.mn[1]), a.ds[1], static_cast<float>(w.mn[0]) * a.ds[0]);
+    return fmaf(w.d, dots, -(w.dmin * mins));
+  } else {
+    float v = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v = fmaf(a.d[k], static_cast<float>(w.sc[k] * (dot16(w.q[k], a.x[k]) - a.s32[k])), v);
+    return w.d * v;
+  }
+}
+
+// Contribution of part p of one block of one row.
+template <bool kQ4K>
+__device__ __forceinline__ float partDot(const Part& w, const Act& a, int p) {
+  return decodedDot<kQ4K>(decodePart<kQ4K>(w, p), a);
 }
 
 // One lane's share of kRows dot products: rows wr[0 .. kRows) of kBlocksPerRow GGUF blocks each
@@ -562,7 +611,73 @@ __device__ __forceinline__ void gemvBlock(const uint8_t* w, const float* bias,
 }
 }  // namespace minfer::kern::gemvb
 
-#if GEMVB_PAIR
+#if GEMVB_BATCH
+namespace minfer::kern::gemvb {
+constexpr int kBatch = GEMVB_BATCH;  // the most tokens a launch takes
+static_assert(kBatch >= 1 && kRows * kBatch <= 32, "GEMVB_BATCH: a lane per (row, token) sum at the end");
+}  // namespace minfer::kern::gemvb
+// The batched GEMV: minfer_gemv_blocks for n_tokens ≤ GEMVB_BATCH q8 rows at once. Each lane loads its weight
+// parts once per step and applies them to every token's activations (loadAct per token, from L1/L2), so the plane
+// is streamed once per call; each (row, token) sum is the one minfer_gemv_blocks computes for that token alone,
+// bit for bit (the same parts, steps and group sums). Token loops are warp-uniform (n_tokens is a launch argument).
+extern "C" __global__ void MINFER_GEMVB_BOUNDS
+    minfer_gemv_batch(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
+                      const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out, int n_tokens) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::gemvb;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = (blockIdx.x * kGroupsPerCta + warp / kRowWarps) * kRows;
+  if (threadIdx.x == 0) {
+    const int first = blockIdx.x * kGroupsPerCta * kRows;
+    const int rows = min(kGroupsPerCta * kRows, kN - first);
+    prefetchL2(w + static_cast<uint64_t>(first) * GEMVB_PITCH, static_cast<unsigned>(rows) * GEMVB_PITCH);
+  }
+  overlapPrologue();
+  const int t = (warp % kRowWarps) * 32 + lane, p = t % 4;
+  constexpr int kStep = 8 * kRowWarps;
+  float acc[kRows * kBatch];  // acc[i * kBatch + tok]
+#pragma unroll
+  for (int i = 0; i < kRows * kBatch; ++i) acc[i] = 0.0f;
+  if (row0 < kN) {
+    const uint8_t* wr[kRows];  // rows past the end read the last row (their sums are not written)
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) wr[i] = w + static_cast<uint64_t>(row0 + i < kN ? row0 + i : kN - 1) * GEMVB_PITCH;
+    for (int b = t / 4; b < kBlocksPerRow; b += kStep) {
+      Part part[kRows];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) part[i] = load<kQ4K>(wr[i] + static_cast<uint64_t>(b) * GEMVB_GROUP_PITCH, p);
+      // Q6_K parts decoded once for every token; Q4_K parts decoded per token (their decoded nibbles, 16 more
+      // registers per row, measured slower: BENCHMARKS.md).
+      Decoded dec[kQ4K ? 1 : kRows];
+      if constexpr (!kQ4K) {
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) dec[i] = decodePart<false>(part[i], p);
+      }
+#pragma unroll
+      for (int tok = 0; tok < kBatch; ++tok) {
+        if (tok >= n_tokens) break;
+        const Act a = loadAct<kQ4K>(xq + static_cast<uint64_t>(tok) * kK + 256 * b,
+                                    xmeta + static_cast<uint64_t>(tok) * (kK / 32) + 8 * b, p);
+#pragma unroll
+        for (int i = 0; i < kRows; ++i)
+          acc[i * kBatch + tok] += kQ4K ? partDot<true>(part[i], a, p) : decodedDot<false>(dec[i], a);
+      }
+    }
+  }
+  if (!groupSum<kRows * kBatch, kRowWarps>(acc)) return;
+  // Lane i writes (row row0 + i / kBatch, token i % kBatch).
+#pragma unroll
+  for (int i = 0; i < kRows * kBatch; ++i) {
+    const int r = row0 + i / kBatch, tok = i % kBatch;
+    if (lane == i && r < kN && tok < n_tokens) {
+#if GEMVB_HAS_BIAS
+      acc[i] += bias[r];
+#endif
+      out[static_cast<uint64_t>(tok) * kN + r] = acc[i];
+    }
+  }
+}
+#elif GEMVB_PAIR
 // Two GEMVs of one input and one shape in one launch (the first gridDim.x / 2 blocks the first, the rest
 // the second): each computed exactly as minfer_gemv_blocks computes it.
 extern "C" __global__ void MINFER_GEMVB_BOUNDS

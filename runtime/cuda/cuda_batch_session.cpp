@@ -8,8 +8,9 @@
 // positions and block tables (BatchSessionBase::layoutRows; BatchSessionBase grew the tables before run())
 // and asks forwardRows for the logits of each chunk's last row; it allocates nothing. The matmuls are the
 // prefill plan's: its small-batch kernels for a step of 2 … Step.small_rows rows (format 1.7,
-// kernels/gemm_small_blocks.cuh on the GGUF blocks of Q4_K / Q6_K weights: up to 64 rows; kernels/gemm_small.cuh
-// for the other quantized types: up to 64 rows, 16 beside Hopper f16 planes), its batched GEMMs above that (a step
+// the batched GEMV on the GGUF blocks of Q4_K / Q6_K weights (kernels/gemv_blocks.cuh GEMVB_BATCH): up to 8 rows;
+// kernels/gemm_small.cuh for the other quantized types: up to 64 rows, 16 beside Hopper f16 planes), its batched
+// GEMMs above that (a step
 // of one row: the decode plan's GEMVs); only RoPE, the KV store and attention (Step.paged_launches) read per-row
 // positions and tables.
 #include "runtime/batch_session.h"

@@ -17,7 +17,6 @@
 #include "compiler/gguf/gguf_reader.h"
 #include "kernels/attention.cuh"
 #include "kernels/gemm_small.cuh"
-#include "kernels/gemm_small_blocks.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "tests/test_support.h"
 
@@ -76,7 +75,7 @@ bool isQuantizedMatMul(const Loaded& l, const model::StepDesc& s) {
 
 // The decode GEMV reads GGUF blocks (minfer_gemv_blocks) for a kBlocks plane of Q4_K or Q6_K whose blocks
 // start 16-byte aligned (restated from matmul.cpp's rule; the planner gives every Q4_K / Q6_K matmul weight one),
-// and so do the small-batch launches (minfer_gemm_small_blocks).
+// and so do the small-batch launches (minfer_gemv_batch).
 bool readsBlocksInDecode(const Loaded& l, const model::StepDesc& s) {
   const planes::TensorLayout& w = l.layouts[s.weights[0]];
   const int b = w.find(PlaneKind::kBlocks);
@@ -134,7 +133,7 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
       {"EXPAND_P_PITCH", "packed"}, {"MOE_G_PITCH", "gq"}, {"MOE_G_S_PITCH", "gs"}, {"MOE_G_M_PITCH", "gm"},
       {"MOE_U_PITCH", "uq"}, {"MOE_U_S_PITCH", "us"}, {"MOE_U_M_PITCH", "um"}, {"MOE_D_PITCH", "dq"},
       {"MOE_D_S_PITCH", "ds"}, {"MOE_D_M_PITCH", "dm"}, {"SB_PITCH", "wq"}, {"SB_S_PITCH", "wscale"},
-      {"SB_M_PITCH", "wmin"}, {"SBB_PITCH", "w"}};
+      {"SB_M_PITCH", "wmin"}};
   // Expert pitches (-D…EPITCH) likewise equal the expert_pitch of the table their argument carries.
   static const std::pair<const char*, const char*> kExpertPitchArgs[] = {
       {"MOE_G_EPITCH", "gq"}, {"MOE_G_S_EPITCH", "gs"}, {"MOE_G_M_EPITCH", "gm"}, {"MOE_U_EPITCH", "uq"},
@@ -380,8 +379,8 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
   // Small-batch launches (Step.small_launches, 1.7): every prefill MatMul on a quantized weight (a kI8 plane, or
   // a kBlocks plane the decode GEMV reads) with a q8 input that is not fused has one launch: minfer_gemm_small on
   // the plane the decode GEMV reads where there is a kI8 plane, for up to min(64, or 16 beside a Hopper kF16 plane,
-  // max_batch) rows; else minfer_gemm_small_blocks on the GGUF blocks (Q4_K, Q6_K), for calls of up to
-  // min(kGemmSmallBlocksRowsVs…, max_batch) rows; each with the codegen's split count. Every other step none.
+  // max_batch) rows, with the codegen's split count; else minfer_gemv_batch on the GGUF blocks (Q4_K, Q6_K), for
+  // calls of up to min(kGemvBatchMaxRows, max_batch) rows, the decode GEMV's constants. Every other step none.
   REQUIRE(set.prefill_small.size() == l.desc.plan.prefill.size());
   REQUIRE(set.prefill_small_rows.size() == l.desc.plan.prefill.size());
   size_t small_steps = 0;
@@ -395,26 +394,27 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
                       (isQuantizedMatMul(l, s) || blocks);
     REQUIRE_MESSAGE(set.prefill_small[i].size() == (want ? 1u : 0u), s.name);
     const bool f16 = want && l.layouts[s.weights[0]].find(PlaneKind::kF16) >= 0;
-    const unsigned rows = blocks ? (f16 ? kern::kGemmSmallBlocksRowsVsWgmma : kern::kGemmSmallBlocksRowsVsMmq)
-                                 : f16 ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq;
+    const unsigned rows = blocks ? kern::kGemvBatchMaxRows : f16 ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq;
     CHECK(set.prefill_small_rows[i] == (want ? std::min(rows, l.desc.plan.max_batch) : 0u));
     if (!want) continue;
     ++small_steps;
     const LaunchRecord& r = set.prefill_small[i][0];
     const KernelImageData& img = set.images[r.images[0]];
-    CHECK_MESSAGE(img.entry == (blocks ? "minfer_gemm_small_blocks" : "minfer_gemm_small"), s.name);
+    CHECK_MESSAGE(img.entry == (blocks ? "minfer_gemv_batch" : "minfer_gemm_small"), s.name);
     checkRecord(l, r, img);
     const planes::TensorLayout& w = l.layouts[s.weights[0]];
     const unsigned n = static_cast<unsigned>(w.desc.rows), k = static_cast<unsigned>(w.desc.cols);
     // A tail step takes no scratch (the verifier's rule for tail launches): one split there.
     unsigned splits = 1;
-    if (blocks) {
+    if (blocks) {  // the decode GEMV's constants and work shape, GEMVB_BATCH rows at most, no split
       const StrideTable& b = w.planes[static_cast<size_t>(w.find(PlaneKind::kBlocks))];
-      CHECK(optionValue(img, "SBB_TYPE") == std::to_string(b.ggml_type));
-      CHECK(optionValue(img, "SBB_PITCH") == std::to_string(b.row_pitch));
-      CHECK(optionValue(img, "SBB_GROUP_PITCH") == std::to_string(b.group_pitch));
-      if (i < tail) splits = kern::gemmSmallBlocksSplits(n, k);
-      CHECK(optionValue(img, "SBB_SPLITS") == std::to_string(splits));
+      const kern::GemvBlocksShape shape = kern::gemvBlocksShape(n, k);
+      CHECK(optionValue(img, "GEMVB_TYPE") == std::to_string(b.ggml_type));
+      CHECK(optionValue(img, "GEMVB_PITCH") == std::to_string(b.row_pitch));
+      CHECK(optionValue(img, "GEMVB_GROUP_PITCH") == std::to_string(b.group_pitch));
+      CHECK(optionValue(img, "GEMVB_ROWS") == std::to_string(shape.rows));
+      CHECK(optionValue(img, "GEMVB_BATCH") == std::to_string(kern::kGemvBatchMaxRows));
+      CHECK(r.rule.at(kern::kGemvBatchMaxRows).grid.x == kern::gemvBlocksLaunch(n, shape).grid.x);
     } else {
       const bool packed = w.find(PlaneKind::kPacked) >= 0;
       CHECK(optionValue(img, "SB_BITS") == (packed ? "4" : "8"));
@@ -459,12 +459,11 @@ TEST_CASE("every fixture model gets kernel images for sm_90") {
 }
 
 // The small-batch launches where the Hopper images plan their K-quant weights (layout_planner.h f16_prefill: kBlocks
-// and kF16, no kI8): minfer_gemm_small_blocks on the GGUF blocks for every Q4_K and Q6_K matmul, for up to
-// min(kGemmSmallBlocksRowsVsWgmma, max_batch) rows (checkSet covers the sm_90 planes); specs only, no NVRTC.
+// and kF16, no kI8): minfer_gemv_batch on the GGUF blocks for every Q4_K and Q6_K matmul, for up to
+// min(kGemvBatchMaxRows, max_batch) rows (checkSet covers the sm_90 planes); specs only, no NVRTC.
 TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks beside a Hopper kF16 plane") {
   if (!test::haveFixtures()) return;
   const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
-  const size_t tail = lastTokenTailBegin(l.desc.plan.prefill, l.desc.plan.logits);
   std::set<uint32_t> types;
   for (size_t i = 0; i < l.desc.plan.prefill.size(); ++i) {
     const model::StepDesc& s = l.desc.plan.prefill[i];
@@ -477,18 +476,16 @@ TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks be
     REQUIRE_MESSAGE(static_cast<bool>(small), llvm::toString(small.takeError()));
     REQUIRE(small->launches.size() == 1);
     const KernelLaunch& k = small->launches[0];
-    CHECK(k.spec.entry == "minfer_gemm_small_blocks");
-    CHECK(small->rows == std::min(kern::kGemmSmallBlocksRowsVsWgmma, l.desc.plan.max_batch));
+    CHECK(k.spec.entry == "minfer_gemv_batch");
+    CHECK(small->rows == std::min(kern::kGemvBatchMaxRows, l.desc.plan.max_batch));
     const StrideTable& b = w.planes[static_cast<size_t>(w.find(PlaneKind::kBlocks))];
     types.insert(b.ggml_type);
-    CHECK(k.spec.define("SBB_TYPE") == std::to_string(b.ggml_type));
-    const unsigned splits = i < tail ? kern::gemmSmallBlocksSplits(static_cast<unsigned>(w.desc.rows),
-                                                                   static_cast<unsigned>(w.desc.cols))
-                                     : 1u;
-    CHECK(k.spec.define("SBB_SPLITS") == std::to_string(splits));
-    const kern::LaunchShape sh = k.rule.at(64);
-    CHECK(sh.grid.x == kern::ceilDiv(static_cast<unsigned>(w.desc.rows), kern::kSbbRowsPerBlock));
-    CHECK(sh.grid.y == splits);
+    CHECK(k.spec.define("GEMVB_TYPE") == std::to_string(b.ggml_type));
+    CHECK(k.spec.define("GEMVB_BATCH") == std::to_string(kern::kGemvBatchMaxRows));
+    const unsigned n = static_cast<unsigned>(w.desc.rows), kc = static_cast<unsigned>(w.desc.cols);
+    const kern::LaunchShape sh = k.rule.at(kern::kGemvBatchMaxRows);  // independent of the rows
+    CHECK(sh.grid.x == kern::gemvBlocksLaunch(n, kern::gemvBlocksShape(n, kc)).grid.x);
+    CHECK(sh.grid.x == k.rule.at(2).grid.x);
   }
   CHECK(types == std::set<uint32_t>{static_cast<uint32_t>(GgmlType::Q4_K), static_cast<uint32_t>(GgmlType::Q6_K)});
 }

@@ -16,7 +16,7 @@
 #include <xxhash.h>
 
 #include "compiler/compile_model.h"
-#include "kernels/gemm_small_blocks.cuh"
+#include "kernels/gemv_blocks.cuh"
 #include "minfer/artifact.h"
 #include "minfer/batch.h"
 #include "minfer/runtime.h"
@@ -523,8 +523,8 @@ TEST_CASE("checksums while staging: each segment's XXH64 over chunk boundaries; 
 //   and 1.5e-2 on tiny-gemma3-Q8_0 (its q/k RMS norms and soft-capped layers amplify a q8 flip). Bounds:
 //   float 1e-3, quantized 3e-2 (2× the largest measured). A step of 2 … Step.small_rows rows (64 = every step
 //   here, 16 beside Hopper f16 planes) runs the quantized matmuls as kernels/gemm_small.cuh instead (format 1.7),
-//   or, for Q4_K and Q6_K weights without a kI8 plane (sm_90a), kernels/gemm_small_blocks.cuh on the GGUF blocks
-//   (up to 8 rows): the same definition on the same q8 activations, so the same bounds.
+//   or, for Q4_K and Q6_K weights without a kI8 plane (sm_90a), the batched GEMV on the GGUF blocks (gemv_blocks.cuh
+//   GEMVB_BATCH, up to 8 rows): the same definition on the same q8 activations, so the same bounds.
 // - sm_90a images (Hopper prefill plan: wgmma on f16 planes and f16-rounded activations): the golden bounds
 //   of that model's kind (the prefill plan vs the decode plan is exactly what the golden test bounds).
 constexpr double kBatchFloatRel = 1e-3;
@@ -691,18 +691,18 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
         auto file = ArtifactFile::open(path);
         REQUIRE(file.isOk());
         uint32_t small_rows = 0;
-        bool blocks = false;  // a small launch on the GGUF blocks (kernels/gemm_small_blocks.cuh)
+        bool blocks = false;  // a small launch on the GGUF blocks (the batched GEMV)
         const auto* kernels = (*file)->manifest()->kernels();
         for (const fb::Step* s : *(*file)->manifest()->prefill()->steps())
           if (s->small_launches() && s->small_launches()->size() > 0) {
             small_rows = std::max(small_rows, s->small_rows());
             for (const fb::Launch* l : *s->small_launches())
-              blocks |= kernels->Get(l->images()->Get(0))->entry()->str() == "minfer_gemm_small_blocks";
+              blocks |= kernels->Get(l->images()->Get(0))->entry()->str() == "minfer_gemv_batch";
           }
         // Every quantized model gets small launches on both targets (sm_90a: the K-quants on their blocks, up to
-        // kGemmSmallBlocksRowsVsWgmma rows, the other types on kI8 beside their kF16 planes; sm_90: kI8); the
-        // K-quant models' on sm_90a are minfer_gemm_small_blocks.
-        if (kind == Kind::kQuant) CHECK(small_rows >= kern::kGemmSmallBlocksRowsVsWgmma);
+        // kGemvBatchMaxRows rows, the other types on kI8 beside their kF16 planes; sm_90: kI8); the K-quant
+        // models' on sm_90a are minfer_gemv_batch.
+        if (kind == Kind::kQuant) CHECK(small_rows >= kern::kGemvBatchMaxRows);
         CHECK(blocks == (arch == "sm_90a" && name.find("Q4_K") != std::string::npos));
       }
       const bool float_model = kind != Kind::kQuant;

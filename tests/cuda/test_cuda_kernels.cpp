@@ -28,7 +28,6 @@
 #include "kernels/embed.cuh"
 #include "kernels/expand_blocks.cuh"
 #include "kernels/gemm_small.cuh"
-#include "kernels/gemm_small_blocks.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
@@ -74,9 +73,6 @@ constexpr double kMmqTol = 2e-5;         // vs W·dequant(q8(x)) in f32, summati
 constexpr double kGemvTol = 2e-5;        // same definition as MMQ; measured 3.8e-7
 constexpr double kGemmSmallTol = 2e-5;   // same definition and q8 activations as MMQ / GEMV: f32 summation
                                          // order only (split-K partials summed in split order)
-constexpr double kGemmSmallBlocksTol = 2e-5;  // gemm_small's definition on GGUF blocks, as kGemmSmallTol: f32 summation
-                                               // order only (and s = d·sc rounded once per group, as gemm_small's
-                                               // kScale plane holds it)
 constexpr double kGemvBlocksTol = 1e-5;  // GEMV's definition on GGUF blocks, K ≤ 18944; measured 1.4e-6–1.6e-6
 constexpr double kQ8ActTol = 2.5e-2;     // vs W·x: int8 activation rounding (README §4: 3e-2); measured 6.4e-3
 constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums; measured 1.0e-6 (GEMV 2.2e-7)
@@ -594,7 +590,7 @@ TEST_CASE("mmq and gemv: padded row pitches (offset gate)") {
     checkQuantizedMatmul(t, 136, 512, true, true, 64);
 }
 
-// One small-batch matmul launch (gemm_small.cuh, gemm_small_blocks.cuh) of `rows` rows of an N = n_rows weight,
+// One small-batch matmul launch (gemm_small.cuh) of `rows` rows of an N = n_rows weight,
 // checked against `ref`: out (and the split-K scratch) poisoned first, the error within `tol` (tracked as
 // `family`), the counters back to zero, nothing written past the call's rows.
 void checkSmallBatchLaunch(const Kernel& k, const kern::LaunchShape& shape, std::vector<void*> args, DeviceArray& out,
@@ -724,72 +720,6 @@ std::vector<float> cpuBlocksMatmul(const RandomWeight& w, const float* bias, con
   std::vector<float> ref(static_cast<size_t>(n) * w.rows), scratch(w.cols);
   cpu::matmul(view, cpu::RowSource::kDense, bias, x.data(), n, ref.data(), nullptr, scratch.data());
   return ref;
-}
-
-// minfer_gemm_small_blocks (batched decode rows on the GGUF blocks) against the CPU matmul on the same q8
-// activations (W·(d·q), as gemv_blocks): rows 1, 3, 8, 9, 33, 64 (partial n8 tiles; tiles past the call's tokens
-// skipped), one split, the codegen's split count and 3 where that does not divide the super-blocks (uneven
-// splits), with and without a bias, padded pitches with 0xCD pad bytes; the counters must be zero after every
-// launch and nothing may be written past the call's rows.
-void checkGemmSmallBlocks(GgmlType type, uint64_t n_rows, uint64_t k_cols, bool bias, bool padded) {
-  const std::string weight = std::string(ggmlTypeTraits(type).name) + " " + str(n_rows) + " × " + str(k_cols) +
-                             (bias ? ", bias" : "") + (padded ? ", padded" : "");
-  CAPTURE(weight);
-  const RandomWeight w = makeRandomWeight(type, n_rows, k_cols, rng(), 0.5f);
-  const BuiltPlane plane = alignedBlocksPlane(w, padded);
-  const unsigned n = static_cast<unsigned>(n_rows), super = static_cast<unsigned>(k_cols / 256);
-  const unsigned auto_splits = kern::gemmSmallBlocksSplits(n, static_cast<unsigned>(k_cols));
-  std::vector<unsigned> split_counts = {1};
-  if (auto_splits > 1) split_counts.push_back(auto_splits);
-  if (super > 3 && super % 3 != 0 && auto_splits != 3) split_counts.push_back(3);
-  std::vector<codegen::KernelSpec> specs;
-  for (unsigned splits : split_counts)
-    specs.push_back(spec("gemm_small_blocks_test_" + codegen::typeTag(static_cast<uint32_t>(type)) + "_n" + str(n_rows) +
-                             "_k" + str(k_cols) + "_s" + str(splits) + (bias ? "_bias" : "") + (padded ? "_pad" : ""),
-                         "kernels/gemm_small_blocks.cuh", "minfer_gemm_small_blocks",
-                         {{"SBB_N", str(n_rows)}, {"SBB_K", str(k_cols)}, {"SBB_TYPE", str(static_cast<unsigned>(type))},
-                          {"SBB_PITCH", str(plane.table.row_pitch)}, {"SBB_GROUP_PITCH", str(plane.table.group_pitch)},
-                          {"SBB_HAS_BIAS", bias ? "1" : "0"}, {"SBB_SPLITS", str(splits)}}));
-  std::vector<Kernel> k = compile(specs);
-  const std::vector<float> bias_v = randomFloats(n_rows, rng());
-  const uint64_t counter_words = kern::gemmSmallBlocksCounterBytes(n) / 4;
-  const std::vector<uint32_t> zeros(counter_words, 0);
-  // One row more than the kernel takes: the check that nothing is written past the call's rows reads it.
-  DeviceArray d_w = DeviceArray::of(plane.bytes), d_bias = DeviceArray::of(bias_v),
-              out((kern::kGemmSmallMaxRows + 1) * n_rows * 4),
-              partial(std::max<uint64_t>(
-                  4, kern::gemmSmallScratchBytes(n, *std::max_element(split_counts.begin(), split_counts.end())))),
-              counters(counter_words * 4);
-  counters.upload(zeros.data(), zeros.size() * 4);
-  CUdeviceptr pw = d_w.ptr(), pb = bias ? d_bias.ptr() : 0, pp = partial.ptr(), pc = counters.ptr();
-  for (int rows : {1, 3, 8, 9, 33, 64}) {
-    CAPTURE(rows);
-    const std::vector<float> x = activations(rows, static_cast<int>(k_cols));
-    const HostQ8 hq = quantizeHost(x, rows, static_cast<int>(k_cols));
-    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta);
-    const std::vector<float> ref = cpuBlocksMatmul(w, bias ? bias_v.data() : nullptr, hq.deq, rows);
-    for (size_t i = 0; i < split_counts.size(); ++i) {
-      CAPTURE(split_counts[i]);
-      CUdeviceptr a = xq.ptr(), b = xm.ptr(), o = out.ptr();
-      int nt = rows;
-      checkSmallBatchLaunch(k[i], kern::gemmSmallBlocksLaunch(n, split_counts[i]), {&pw, &pb, &a, &b, &o, &pp, &pc, &nt},
-                            out, partial, counters, rows, n_rows, ref, "gemm_small_blocks", kGemmSmallBlocksTol);
-    }
-  }
-}
-
-TEST_CASE("gemm_small_blocks: Q4_K and Q6_K kBlocks planes, 1 to 64 rows, odd N, uneven split-K") {
-  MINFER_REQUIRE_GPU(G);
-  checkGemmSmallBlocks(GgmlType::Q4_K, 328, 768, true, false);     // N % 16 ≠ 0; 3 super-blocks, 3 splits
-  checkGemmSmallBlocks(GgmlType::Q6_K, 211, 1280, true, false);    // 5 super-blocks: 5 and 3 (uneven) splits
-  checkGemmSmallBlocks(GgmlType::Q4_K, 24, 256, false, false);     // N < one m16 pair; one super-block, one split
-  checkGemmSmallBlocks(GgmlType::Q6_K, 520, 3584, false, false);   // several row blocks, the 7B's K: 14 and 3 splits
-  checkGemmSmallBlocks(GgmlType::Q4_K, 1000, 4608, false, false);  // 18 super-blocks (3 divides: auto splits only)
-}
-
-TEST_CASE("gemm_small_blocks: padded row pitches and pad bytes (offset gate)") {
-  MINFER_REQUIRE_GPU(G);
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K}) checkGemmSmallBlocks(t, 136, 1792, true, true);
 }
 
 // minfer_gemv_blocks against the CPU matmul (dense f32 view of the reference values, dequantizeBlock of
@@ -993,6 +923,69 @@ TEST_CASE("gemv_pair: two GEMVs of one input in one launch, bit-identical to two
     launch(fused, kern::gemvPairLaunchRule(n, sh).at(1), {&pw0, &pb0, &pw1, &pb1, &a, &b, &po0, &po1});
     CHECK(r0.download<float>(n) == o0.download<float>(n));
     CHECK(r1.download<float>(n) == o1.download<float>(n));
+  }
+}
+
+// minfer_gemv_batch (gemv_blocks.cuh GEMVB_BATCH: the small-batch MatMul on the blocks) on 1 … B q8 rows against
+// one minfer_gemv_blocks launch per row with the same constants: every row's output bit-identical, and nothing
+// written past the call's rows (poisoned rows stay poisoned). Odd row counts (the last block partly empty), K from
+// one block to the 7B's down projection, both types, bias and padding, the codegen's work shape and three others
+// (1 or 4 rows per warp, 1 or 2 warps per row), B = 8 (the codegen's) and 3.
+TEST_CASE("gemv_batch: n q8 rows in one launch, each bit-identical to its own minfer_gemv_blocks launch") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded;
+    kern::GemvBlocksShape shape;
+    int batch;
+  };
+  const std::vector<Case> cases = {
+      {GgmlType::Q4_K, 7, 256, false, false, {2, 2, 1}, 8},     {GgmlType::Q6_K, 33, 768, true, true, {1, 1, 1}, 8},
+      {GgmlType::Q4_K, 257, 3584, true, false, {4, 1, 1}, 8},   {GgmlType::Q6_K, 512, 3584, false, true, {2, 2, 1}, 3},
+      {GgmlType::Q4_K, 4100, 1024, false, true, {1, 2, 1}, 8},  {GgmlType::Q6_K, 3584, 18944, true, false, {2, 2, 1}, 8},
+      {GgmlType::Q4_K, 1000, 18944, false, false, {2, 2, 1}, 3}};
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, c.shape, c.bias);
+    const std::string tag = gemvBlocksTag(c.type, c.rows, c.cols, c.bias, c.padded) + "_r" + str(c.shape.rows) + "w" +
+                            str(c.shape.warps);
+    specs.push_back(spec("gemv_batch_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+    defs.push_back({"GEMVB_BATCH", str(c.batch)});
+    specs.push_back(spec("gemv_batch_test_b" + str(c.batch) + "_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_batch",
+                         defs));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Kernel &plain = k[2 * i], &batched = k[2 * i + 1];
+    CAPTURE(batched.key);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const BuiltPlane pw = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const int kb = c.batch;
+    const HostQ8 hq = quantizeHost(activations(kb, static_cast<int>(c.cols)), kb, static_cast<int>(c.cols));
+    DeviceArray w = DeviceArray::of(pw.bytes), bias = DeviceArray::of(randomFloats(n, rng())), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), ref(static_cast<uint64_t>(kb) * n * 4), got(static_cast<uint64_t>(kb) * n * 4);
+    CUdeviceptr pw_ = w.ptr(), pb = c.bias ? bias.ptr() : 0;
+    const kern::LaunchShape sh = kern::gemvBlocksLaunch(n, c.shape);
+    for (int t = 0; t < kb; ++t) {  // the reference: each row alone
+      CUdeviceptr a = xq.ptr() + static_cast<uint64_t>(t) * c.cols, b = xm.ptr() + static_cast<uint64_t>(t) * c.cols / 32 * 8,
+                  o = ref.ptr() + static_cast<uint64_t>(t) * n * 4;
+      launch(plain, sh, {&pw_, &pb, &a, &b, &o});
+    }
+    const std::vector<float> want = ref.download<float>(static_cast<size_t>(kb) * n);
+    for (int tokens : {1, 2, kb}) {
+      CAPTURE(tokens);
+      got.poison();
+      CUdeviceptr a = xq.ptr(), b = xm.ptr(), o = got.ptr();
+      launch(batched, sh, {&pw_, &pb, &a, &b, &o, &tokens});
+      const std::vector<float> all = got.download<float>(static_cast<size_t>(kb) * n);
+      const size_t used = static_cast<size_t>(tokens) * n;
+      CHECK(std::memcmp(all.data(), want.data(), used * sizeof(float)) == 0);
+      size_t written_past = 0;  // poison is NaN: a written value past the call's rows is a number
+      for (size_t j = used; j < all.size(); ++j) written_past += !std::isnan(all[j]);
+      CHECK(written_past == 0);
+    }
   }
 }
 

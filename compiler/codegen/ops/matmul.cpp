@@ -6,8 +6,9 @@
 //   Q6_K whose blocks start 16-byte aligned (decodeBlocksPlane); in decode q, k, v fuse with their RoPE and
 //   KV store into one gemv_blocks launch (CodegenOptions::fuse_qkv, on by default: qkvAttentionLaunches),
 //   and with fuse_glu (off by default) the gate and up matmuls of a GLU with it and its quantization
-//   (gateUpGluLaunches); batched decode steps of a few rows (Step.small_launches) kernels/gemm_small_blocks.cuh on
-//   the kBlocks plane of Q4_K / Q6_K, else kernels/gemm_small.cuh on the plane the decode GEMV reads;
+//   (gateUpGluLaunches); batched decode steps of a few rows (Step.small_launches) the batched GEMV
+//   (gemv_blocks.cuh GEMVB_BATCH) on the kBlocks plane of Q4_K / Q6_K, else kernels/gemm_small.cuh on the plane the
+//   decode GEMV reads;
 //   float weights (dense F32 / F16 / BF16 plane), f32 activations: kernels/dense_matmul.cuh
 //   (dense_mm in prefill, dense_gemv in decode).
 // Every plane constant the kernel is compiled with (-D…_PITCH) is taken from the stride table that the
@@ -17,7 +18,6 @@
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/dense_matmul.cuh"
 #include "kernels/gemm_small.cuh"
-#include "kernels/gemm_small_blocks.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
@@ -301,9 +301,9 @@ Launches smallBatchMatmul(const StepContext& c, const MatMulOperands& m) {
   return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemmSmallLaunchRule(n, splits)}};
 }
 
-// The small-batch form of a prefill MatMul on the GGUF blocks (kernels/gemm_small_blocks.cuh): for a weight with
-// a kBlocks plane the decode GEMV reads (Q4_K, Q6_K) and a q8 input; split over K (gemmSmallBlocksSplits) except
-// in the last-token tail. Nothing otherwise.
+// The small-batch form of a prefill MatMul on the GGUF blocks: the batched GEMV (kernels/gemv_blocks.cuh
+// GEMVB_BATCH, up to kGemvBatchMaxRows q8 rows per launch, the decode GEMV's sums for each row) for a weight with a
+// kBlocks plane the decode GEMV reads (Q4_K, Q6_K) and a q8 input. Nothing otherwise.
 Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
   const StrideTable* blk = decodeBlocksPlane(*m.w);
   auto qin = c.input(1, "quantized input");
@@ -311,23 +311,13 @@ Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
   const bool q8 = (*qin)->type == fb::BufferType::I8 && (*qin)->width == m.k;
   if (!blk || !q8 || m.n > (uint64_t{1} << 30) || m.k > (uint64_t{1} << 30)) return std::vector<KernelLaunch>{};
   const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
-  const unsigned splits = c.inTail() ? 1u : kern::gemmSmallBlocksSplits(n, k);  // the tail may not use scratch
-  SpecBuilder b(llvm::formatv("gemm_small_blocks_{0}_g{1}_n{2}_k{3}_s{4}{5}", typeTag(blk->ggml_type), blk->group_pitch,
-                              n, k, splits, m.bias_tag),
-                "kernels/gemm_small_blocks.cuh", "minfer_gemm_small_blocks");
-  b.define("SBB_N", m.n)
-      .define("SBB_K", m.k)
-      .define("SBB_TYPE", static_cast<uint64_t>(blk->ggml_type))
-      .define("SBB_PITCH", blk->row_pitch)
-      .define("SBB_GROUP_PITCH", static_cast<uint64_t>(blk->group_pitch))
-      .define("SBB_HAS_BIAS", uint64_t{m.bias ? 1u : 0u})
-      .define("SBB_SPLITS", static_cast<uint64_t>(splits));
+  SpecBuilder b = blocksGemvSpec("gemv_batch", "minfer_gemv_batch", *blk, m);
+  b.define("GEMVB_BATCH", uint64_t{kern::kGemvBatchMaxRows});
   std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), *blk), biasArg(c, m)};
   pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
   args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
-  pushSplitKArgs(args, kern::gemmSmallScratchBytes(n, splits), kern::gemmSmallBlocksCounterBytes(n), splits);
   args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemmSmallBlocksLaunchRule(n, splits)}};
+  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvBlocksLaunchRule(n, kern::gemvBlocksShape(n, k))}};
 }
 
 // The plane of a decode MatMul that a fused GEMV can take: a q8 input and a kBlocks plane the decode
@@ -563,16 +553,14 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
   if (c.step().weights.empty()) return SmallLaunches{};
   SmallLaunches out;
   // The kI8 plane where the weight has one (gemm_small.cuh); else the GGUF blocks where the decode GEMV reads them
-  // (Q4_K, Q6_K beside a Hopper kF16 plane: gemm_small_blocks.cuh). The kI8 kernel first: at 32 and 64 rows it
-  // measured faster than the blocks kernel (BENCHMARKS.md, issue 14).
+  // (Q4_K, Q6_K beside a Hopper kF16 plane: the batched GEMV). The kI8 kernel first: at 32 and 64 rows it
+  // measured faster than a kernel on the blocks (BENCHMARKS.md, issue 14).
   if (!findPlane(*m->w, PlaneKind::kI8) && decodeBlocksPlane(*m->w)) {
     auto launches = smallBatchBlocksMatmul(c, *m);
     if (!launches) return launches.takeError();
     if (!launches->empty()) {
       out.launches = std::move(*launches);
-      const bool wgmma = findPlane(*m->w, PlaneKind::kF16) != nullptr;  // what the step runs above small_rows
-      out.rows = std::min<uint32_t>(wgmma ? kern::kGemmSmallBlocksRowsVsWgmma : kern::kGemmSmallBlocksRowsVsMmq,
-                                    c.maxBatch());
+      out.rows = std::min<uint32_t>(kern::kGemvBatchMaxRows, c.maxBatch());
       return out;
     }
   }
