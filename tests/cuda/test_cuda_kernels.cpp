@@ -996,6 +996,88 @@ TEST_CASE("gemv_pair: two GEMVs of one input in one launch, bit-identical to two
   }
 }
 
+// minfer_gemv_triple (gemv_blocks.cuh GEMVB_TRIPLE: three decode MatMuls of one input in one launch, q, k and v of
+// a q/k-norm model) against three minfer_gemv_blocks launches, each with its own segment's constants as the codegen
+// gives them (gemvBlocksShape of its rows): all three outputs bit-identical. Segments of different rows (odd counts:
+// each segment's last block partly empty, and the segment boundaries inside the grid at odd block indices), Q4_K
+// and Q6_K mixed in every order, a bias on some, padded planes on some, and one segment of ≥ 65536 rows (4 rows
+// per warp beside segments of 2).
+TEST_CASE("gemv_triple: three GEMVs of one input in one launch, bit-identical to three minfer_gemv_blocks launches") {
+  MINFER_REQUIRE_GPU(G);
+  struct Segment {
+    GgmlType type;
+    uint64_t rows;
+    bool bias, padded;
+  };
+  struct Case {
+    uint64_t cols;
+    Segment seg[3];
+  };
+  const Case cases[] = {
+      {256, {{GgmlType::Q4_K, 256, false, false}, {GgmlType::Q4_K, 64, false, true}, {GgmlType::Q6_K, 64, false, false}}},
+      {768, {{GgmlType::Q6_K, 33, true, true}, {GgmlType::Q4_K, 7, true, false}, {GgmlType::Q4_K, 19, false, true}}},
+      {2048, {{GgmlType::Q4_K, 4096, false, false}, {GgmlType::Q4_K, 512, false, false}, {GgmlType::Q6_K, 512, false, true}}},
+      {1280, {{GgmlType::Q4_K, 1000, true, false}, {GgmlType::Q6_K, 131, true, true}, {GgmlType::Q6_K, 131, true, false}}},
+      {256, {{GgmlType::Q6_K, 65541, false, false}, {GgmlType::Q4_K, 9, true, true}, {GgmlType::Q4_K, 70000, false, true}}},
+  };
+  std::vector<codegen::KernelSpec> specs;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    std::vector<std::pair<std::string, std::string>> fused = {{"GEMVB_TRIPLE", "1"}, {"GEMVB_K", str(c.cols)},
+                                                              {"GEMVB_ROW_WARPS", "2"}, {"GEMVB_UNROLL", "1"}};
+    for (int s = 0; s < 3; ++s) {
+      const Segment& g = c.seg[s];
+      const kern::GemvBlocksShape sh = kern::gemvBlocksShape(static_cast<unsigned>(g.rows), static_cast<unsigned>(c.cols));
+      REQUIRE(sh.warps == 2);
+      REQUIRE(sh.unroll == 1);
+      const auto defs = gemvBlocksDefs(g.type, g.rows, c.cols, g.padded, sh, g.bias);
+      specs.push_back(spec("gemv_triple_test_plain_" + str(ci) + "_" + gemvBlocksTag(g.type, g.rows, c.cols, g.bias, g.padded),
+                           "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+      for (const auto& [name, value] : defs)
+        if (name != "GEMVB_K" && name != "GEMVB_ROW_WARPS" && name != "GEMVB_UNROLL") fused.push_back({name + str(s), value});
+    }
+    specs.push_back(spec("gemv_triple_test_fused_" + str(ci), "kernels/gemv_blocks.cuh", "minfer_gemv_triple", fused));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const Kernel* kk = &k[4 * ci];  // plain 0, 1, 2, fused
+    CAPTURE(kk[3].key);
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta);
+    std::vector<DeviceArray> w, bias, ref, got;
+    unsigned n[3];
+    kern::GemvBlocksShape shape[3];
+    for (int s = 0; s < 3; ++s) {
+      const Segment& g = c.seg[s];
+      n[s] = static_cast<unsigned>(g.rows);
+      shape[s] = kern::gemvBlocksShape(n[s], static_cast<unsigned>(c.cols));
+      w.push_back(DeviceArray::of(alignedBlocksPlane(makeRandomWeight(g.type, g.rows, c.cols, rng(), 0.5f), g.padded).bytes));
+      bias.push_back(DeviceArray::of(randomFloats(g.rows, rng())));
+      ref.emplace_back(g.rows * 4);
+      got.emplace_back(g.rows * 4);
+      ref.back().poison();
+      got.back().poison();
+    }
+    CUdeviceptr a = xq.ptr(), b = xm.ptr(), pw[3], pb[3], pr[3], pg[3];
+    for (int s = 0; s < 3; ++s) {
+      pw[s] = w[s].ptr();
+      pb[s] = c.seg[s].bias ? bias[s].ptr() : 0;
+      pr[s] = ref[s].ptr();
+      pg[s] = got[s].ptr();
+      launch(kk[s], kern::gemvBlocksLaunch(n[s], shape[s]), {&pw[s], &pb[s], &a, &b, &pr[s]});
+    }
+    launch(kk[3], kern::gemvTripleLaunchRule(n, shape).at(1),
+           {&pw[0], &pb[0], &pw[1], &pb[1], &pw[2], &pb[2], &a, &b, &pg[0], &pg[1], &pg[2]});
+    for (int s = 0; s < 3; ++s) {
+      CAPTURE(s);
+      const std::vector<float> r = ref[s].download<float>(n[s]), g = got[s].download<float>(n[s]);
+      CHECK(std::memcmp(r.data(), g.data(), n[s] * 4) == 0);
+      CHECK(std::isfinite(relError(g.data(), r.data(), n[s])));  // every row written (no poison left)
+    }
+  }
+}
+
 // minfer_gemv_add_norm (gemv_blocks.cuh GEMVB_NORM: a decode MatMul, the residual Add, RmsNorm and QuantizeAct
 // in one launch). The matmul output bit-identical to minfer_gemv_blocks with the same work shape, the sum
 // bit-identical to res + out on the host; y against a float64 RMSNorm of that sum (kRmsNormTol); the q8 form: each
@@ -2537,6 +2619,91 @@ TEST_CASE("head_norm_rope: fused q/k HeadRmsNorm and RoPE, bit-identical to head
       const PagedStep st = pagedStep(shape.block_size, shape.len, shape.add, 0);
       run(st.rows(), st.row_pos, true);
     }
+  }
+}
+
+// minfer_head_norm_rope_kv (rope.cuh ROPE_KV_STORE: the decode plan's HeadRmsNorm q, HeadRmsNorm k, Rope and the
+// Attention's KV store in one launch) against the unfused kernels as the codegen compiles them: minfer_head_rms_norm
+// twice, minfer_rope (--fmad=false) and minfer_kv_store (ATT_KV_RING with a ring). q and k bit-identical, and the
+// whole K and V caches bit-identical (both poisoned first: the rows of the positions as kv_store wrote them, no
+// other row touched). Decode (one token) and 7 tokens (the kernel takes n_tokens as minfer_head_norm_rope does), at
+// positions 0 and 1000 (a ring wraps there), GQA groups 8, 2, 5, 1, head sizes 64, 80, 128, 256, partial rotation,
+// norm and NeoX style, frequency factors and YaRN, rings of 7 and 9 slots.
+TEST_CASE("head_norm_rope_kv: fused q/k HeadRmsNorm, RoPE and KV store, bit-identical to head_rms_norm ×2 + rope + kv_store") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    int h, hkv, d, n_rot;
+    bool neox;
+    float base, scale;
+    bool ff;
+    float ext_factor;
+    int ring;  // 0: a cache of every position
+  };
+  const Case cases[] = {{32, 4, 128, 128, true, 1000000.0f, 1.0f, false, 0.0f, 0},
+                        {8, 4, 256, 256, true, 10000.0f, 0.125f, false, 0.0f, 9},
+                        {10, 2, 64, 32, false, 500000.0f, 1.0f, true, 0.0f, 0},
+                        {10, 2, 80, 48, true, 10000.0f, 0.25f, false, 1.0f, 7},
+                        {3, 3, 64, 64, false, 10000.0f, 0.5f, true, 0.0f, 0}};
+  constexpr float kEps = 1e-6f;
+  constexpr size_t kPerCase = 5;  // fused, head_rms_norm q, head_rms_norm k, rope, kv_store
+  std::vector<codegen::KernelSpec> specs;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const kern::RopeYarn y = kern::ropeYarn(c.n_rot, c.base, c.scale, c.ext_factor, 1.0f, 32.0f, 1.0f, 4096);
+    auto rot = ropeDefines(c.n_rot, c.neox, c.base, c.scale, c.ff, y);
+    rot.insert(rot.begin(), {{"ROPE_NHEAD", str(c.h)}, {"ROPE_NHEAD_KV", str(c.hkv)}, {"ROPE_HEAD_DIM", str(c.d)}});
+    const std::string tag = "_" + str(ci);
+    auto fused = rot;
+    fused.insert(fused.end(), {{"ROPE_NORM_EPS", codegen::floatLiteral(kEps)}, {"ROPE_KV_STORE", "1"}});
+    if (c.ring) fused.push_back({"ROPE_KV_RING", str(c.ring)});
+    specs.push_back(spec("head_norm_rope_kv_test" + tag, "kernels/rope.cuh", "minfer_head_norm_rope_kv", fused, {"--fmad=false"}));
+    for (int n_head : {c.h, c.hkv})
+      specs.push_back(spec("head_norm_rope_kv_test_hrms" + tag + "_h" + str(n_head), "kernels/rms_norm.cuh",
+                           "minfer_head_rms_norm",
+                           {{"HRMS_NHEAD", str(n_head)}, {"HRMS_HEAD_DIM", str(c.d)}, {"HRMS_EPS", codegen::floatLiteral(kEps)}}));
+    specs.push_back(spec("head_norm_rope_kv_test_rope" + tag, "kernels/rope.cuh", "minfer_rope", rot, {"--fmad=false"}));
+    std::vector<std::pair<std::string, std::string>> store = {
+        {"ATT_NHEAD", str(c.h)}, {"ATT_NHEAD_KV", str(c.hkv)}, {"ATT_HEAD_DIM", str(c.d)}, {"ATT_KV_STORE", "1"}};
+    if (c.ring) store.push_back({"ATT_KV_RING", str(c.ring)});
+    specs.push_back(spec("head_norm_rope_kv_test_store" + tag, "kernels/attention.cuh", "minfer_kv_store", store));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const Kernel* kk = &k[kPerCase * ci];
+    CAPTURE(kk[0].key);
+    const std::vector<float> wq = randomFloats(c.d, rng(), 0.5f, 1.5f), wk = randomFloats(c.d, rng(), 0.5f, 1.5f);
+    std::vector<float> ff(static_cast<size_t>(c.n_rot / 2));
+    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.25f * static_cast<float>(i % 9);
+    DeviceArray d_wq = DeviceArray::of(wq), d_wk = DeviceArray::of(wk), d_ff = DeviceArray::of(ff);
+    CUdeviceptr pwq = d_wq.ptr(), pwk = d_wk.ptr(), f = c.ff ? d_ff.ptr() : CUdeviceptr{0};
+    const uint64_t kv_w = static_cast<uint64_t>(c.hkv) * c.d;
+    for (int pos0 : {0, 1000})
+      for (int n : {1, 7}) {
+        CAPTURE(pos0);
+        CAPTURE(n);
+        const uint64_t slots = c.ring ? static_cast<uint64_t>(c.ring) : static_cast<uint64_t>(pos0 + n + 3);
+        const std::vector<float> q = activations(n, c.h * c.d), kv = activations(n, c.hkv * c.d),
+                                 v = activations(n, c.hkv * c.d);
+        DeviceArray rq = DeviceArray::of(q), rk = DeviceArray::of(kv), gq = DeviceArray::of(q), gk = DeviceArray::of(kv),
+                    dv = DeviceArray::of(v), d_pos = DeviceArray::of(std::vector<int32_t>{pos0}), rkc(slots * kv_w * 2),
+                    rvc(slots * kv_w * 2), gkc(slots * kv_w * 2), gvc(slots * kv_w * 2);
+        for (DeviceArray* a : {&rkc, &rvc, &gkc, &gvc}) a->poison();
+        CUdeviceptr a = rq.ptr(), b = rk.ptr(), ga = gq.ptr(), gb = gk.ptr(), pv = dv.ptr(), p = d_pos.ptr(),
+                    prk = rkc.ptr(), prv = rvc.ptr(), pgk = gkc.ptr(), pgv = gvc.ptr();
+        launch(kk[1], kern::headRmsNormLaunch(n, c.h), {&a, &pwq, &n});
+        launch(kk[2], kern::headRmsNormLaunch(n, c.hkv), {&b, &pwk, &n});
+        launch(kk[3], kern::ropeLaunch(n, c.h, c.hkv), {&a, &b, &f, &p, &n});
+        launch(kk[4], kern::kvStoreLaunch(n, c.hkv, c.d), {&b, &pv, &prk, &prv, &p, &n});
+        launch(kk[0], kern::headNormRopeLaunch(n, c.h, c.hkv), {&ga, &gb, &pv, &pwq, &pwk, &f, &pgk, &pgv, &p, &n});
+        const std::vector<float> ref_q = rq.download<float>(q.size()), ref_k = rk.download<float>(kv.size()),
+                                 got_q = gq.download<float>(q.size()), got_k = gk.download<float>(kv.size());
+        CHECK_MESSAGE(std::memcmp(ref_q.data(), got_q.data(), q.size() * 4) == 0, "q");
+        CHECK_MESSAGE(std::memcmp(ref_k.data(), got_k.data(), kv.size() * 4) == 0, "k");
+        CHECK(gkc.download<uint16_t>(slots * kv_w) == rkc.download<uint16_t>(slots * kv_w));
+        CHECK(gvc.download<uint16_t>(slots * kv_w) == rvc.download<uint16_t>(slots * kv_w));
+        CHECK(dv.download<float>(v.size()) == v);  // v is read only
+      }
   }
 }
 
