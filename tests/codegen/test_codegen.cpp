@@ -21,6 +21,7 @@
 #include "kernels/gemm_small.cuh"
 #include "kernels/gemm_small_blocks.cuh"
 #include "kernels/gemv_blocks.cuh"
+#include "kernels/moe.cuh"
 #include "tests/test_support.h"
 
 namespace minfer::codegen {
@@ -117,7 +118,9 @@ std::vector<std::string> expectedEntries(const Loaded& l, const model::StepDesc&
     case fb::OpKind::Scale: return {"minfer_scale"};
     case fb::OpKind::ExpandBlocks: return {"minfer_expand_blocks"};
     case fb::OpKind::MoeRoute: return {"minfer_moe_route"};
-    case fb::OpKind::MoeFfn: return {"minfer_moe_sort", "minfer_moe_gate_up", "minfer_moe_down", "minfer_moe_combine"};
+    case fb::OpKind::MoeFfn:  // in decode the combine runs in the down launch
+      if (prefill) return {"minfer_moe_sort", "minfer_moe_gate_up", "minfer_moe_down", "minfer_moe_combine"};
+      return {"minfer_moe_sort", "minfer_moe_gate_up", "minfer_moe_down_combine"};
   }
   return {};
 }
@@ -311,6 +314,12 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
           steps[i + 3].op == fb::OpKind::Attention) {
         CHECK(!prefill);
         want = {"minfer_head_norm_rope_kv", "minfer_attn_decode", "minfer_attn_combine"};
+      }
+      // A decode MoeRoute with its MoeFfn fused in runs the MoeFfn's launches, the sort launch routing too.
+      if (!is_fused && steps[i].op == fb::OpKind::MoeRoute && fused && i + 1 < steps.size() && (*fused)[i + 1]) {
+        CHECK(!prefill);
+        CHECK(steps[i + 1].op == fb::OpKind::MoeFfn);
+        want = {"minfer_moe_route_sort", "minfer_moe_gate_up", "minfer_moe_down_combine"};
       }
       // A q MatMul with k, v, the Rope and the Attention fused in runs the QKV GEMV, then the attention.
       if (mm_leads && i + 4 < steps.size() && (*fused)[i + 4] && steps[i + 3].op == fb::OpKind::Rope)
@@ -534,6 +543,7 @@ TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches eq
   }
 }
 
+// In decode the MoeFfn runs in its MoeRoute's launches: route + sort, gate/up, down + combine.
 TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/up, down, combine on the expert axis") {
   if (!haveNvrtc()) {
     MESSAGE("SKIPPED: built without NVRTC");
@@ -550,8 +560,25 @@ TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/u
       const model::StepDesc& st = l.desc.plan.decode[i];
       if (st.op != fb::OpKind::MoeFfn) continue;
       ++moe_steps;
+      // In decode the MoeFfn runs in the MoeRoute's launches (minfer_moe_route_sort first: the router's logits in,
+      // its ids and weights out, as the MoeFfn reads them).
+      REQUIRE(i > 0);
+      REQUIRE(set.decode_fused[i] != 0);
+      REQUIRE(l.desc.plan.decode[i - 1].op == fb::OpKind::MoeRoute);
+      const std::vector<LaunchRecord>& launches = set.decode[i - 1];
+      REQUIRE(launches.size() == 3);
+      const LaunchRecord& rs = launches[0];
+      REQUIRE(rs.args.size() == 6);
+      CHECK(rs.args[0].buffer == l.desc.plan.decode[i - 1].inputs[0]);
+      CHECK(rs.args[1].buffer == st.inputs[1]);
+      CHECK(rs.args[1].access == fb::Access::Write);
+      CHECK(rs.args[2].buffer == st.inputs[2]);
+      CHECK(rs.args[2].access == fb::Access::Write);
+      CHECK(rs.args[3].buffer == st.inputs[0]);
+      CHECK(rs.args[4].kind == fb::ArgKind::Scratch);
+      CHECK(rs.args[5].kind == fb::ArgKind::TokenCount);
       // gate/up and down read every expert weight through planes with the step's expert axis.
-      for (const LaunchRecord& r : set.decode[i]) {
+      for (const LaunchRecord& r : launches) {
         bool reads_experts = false;
         for (const KernelArgDesc& a : r.args)
           if (a.kind == fb::ArgKind::Weight) {
@@ -571,6 +598,19 @@ TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/u
           CHECK(r.rule.at(l.desc.plan.max_batch).grid.y == 8);
         }
       }
+      // The decode down launch also combines (minfer_moe_down_combine): it reads the ids and weights, writes the
+      // step's output, and counts its row tiles in ⌈E / rows⌉ counter words (moeDownRows of its plane set).
+      const LaunchRecord& dc = launches[2];
+      REQUIRE(dc.args.size() == 9);
+      CHECK(dc.args[4].kind == fb::ArgKind::Activation);
+      CHECK(dc.args[4].buffer == st.inputs[1]);
+      CHECK(dc.args[5].buffer == st.inputs[2]);
+      CHECK(dc.args[6].buffer == st.outputs[0]);
+      CHECK(dc.args[6].access == fb::Access::Write);
+      CHECK(dc.args[7].kind == fb::ArgKind::Counters);
+      const bool down_blocks = dc.args[0].plane.kind == PlaneKind::kBlocks;
+      CHECK(dc.args[7].bytes == uint64_t{kern::ceilDiv(st.cols, kern::moeDownRows(down_blocks, st.rows))} * 4);
+      CHECK(dc.args[8].kind == fb::ArgKind::TokenCount);
     }
     CHECK(moe_steps == 2);
     // MoeFfn uses step scratch, so the last-token tail starts after the last one.

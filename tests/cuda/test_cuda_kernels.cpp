@@ -2217,6 +2217,80 @@ TEST_CASE("moe_route: softmax top-k ids and (renormalised) weights vs the CPU, o
   }
 }
 
+// minfer_moe_route_sort (MOE_ROUTE_SORT: the decode plan's MoeRoute with its MoeFfn's sort launch) against
+// minfer_moe_route then minfer_moe_sort on a copy of the same poisoned scratch: ids and weights bit-identical, the
+// scratch's expert offsets, chosen-expert list and (with MOE_X_Q8) the q8 form of x bit-identical, and each
+// expert's slots the same set (their order inside an expert is not fixed: atomics; results do not depend on it).
+// Expert counts 8, 37 and 128 choosing 2, 3 and 8, renormalised or not, x quantized or not, every token count
+// (decode launches one; the kernel serves any), and a token with NaN logits (no expert chosen: ids past the
+// experts, skipped by the sort).
+TEST_CASE("moe_route_sort: router and slot sort in one launch, bit-identical to moe_route + moe_sort") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    uint32_t nexp, k;
+    bool norm, x_q8;
+    uint64_t e;
+  };
+  const Case cases[] = {{8, 2, true, true, 256}, {37, 3, false, false, 96}, {37, 3, true, true, 512},
+                        {128, 8, true, true, 2048}, {128, 8, false, false, 72}};
+  for (const Case& c : cases) {
+    const std::string tag = "e" + str(c.nexp) + "_k" + str(c.k) + (c.norm ? "_n" : "") + (c.x_q8 ? "_q8" : "") + "_n" +
+                            str(c.e);
+    CAPTURE(tag);
+    auto dr = moeCommon(c.nexp, c.k, 1, 1, "MOE_ROUTE");
+    dr.push_back({"MOE_NORM", c.norm ? "1" : "0"});
+    auto ds = moeCommon(c.nexp, c.k, 64, c.e, "MOE_SORT");
+    ds.push_back({"MOE_X_Q8", c.x_q8 ? "1" : "0"});
+    auto drs = moeCommon(c.nexp, c.k, 64, c.e, "MOE_ROUTE_SORT");
+    drs.insert(drs.end(), {{"MOE_NORM", c.norm ? "1" : "0"}, {"MOE_X_Q8", c.x_q8 ? "1" : "0"}});
+    std::vector<Kernel> k = compile({spec("moe_rs_test_route_" + tag, "kernels/moe.cuh", "minfer_moe_route", dr),
+                                     spec("moe_rs_test_sort_" + tag, "kernels/moe.cuh", "minfer_moe_sort", ds),
+                                     spec("moe_rs_test_fused_" + tag, "kernels/moe.cuh", "minfer_moe_route_sort", drs)});
+    const unsigned e32 = static_cast<unsigned>(c.e);
+    const uint64_t scratch_bytes = kern::moeScratchBytes(c.nexp, kMaxBatch, c.k, 64, e32);
+    for (int n : kTokenCounts) {
+      CAPTURE(n);
+      std::vector<float> logits = randomFloats(static_cast<size_t>(n) * c.nexp, rng(), -4.0f, 4.0f);
+      if (n > 1) logits[c.nexp] = std::numeric_limits<float>::quiet_NaN();  // token 1: no expert chosen
+      const std::vector<float> x = activations(n, static_cast<int>(c.e));
+      DeviceArray dl = DeviceArray::of(logits), dx = DeviceArray::of(x), ref_ids(kMaxBatch * c.k * 4),
+                  ref_w(kMaxBatch * c.k * 4), ids(kMaxBatch * c.k * 4), w(kMaxBatch * c.k * 4), ref_scratch(scratch_bytes),
+                  scratch(scratch_bytes);
+      for (DeviceArray* a : {&ref_ids, &ref_w, &ids, &w, &ref_scratch, &scratch}) a->poison();
+      CUdeviceptr pl = dl.ptr(), px = dx.ptr(), pri = ref_ids.ptr(), prw = ref_w.ptr(), pi = ids.ptr(), pw = w.ptr(),
+                  prs = ref_scratch.ptr(), ps = scratch.ptr();
+      launch(k[0], kern::moeRouteLaunchRule().at(n), {&pl, &pri, &prw});
+      launch(k[1], kern::moeSortLaunchRule(e32, c.x_q8).at(n), {&pri, &px, &prs, &n});
+      launch(k[2], kern::moeSortLaunchRule(e32, c.x_q8).at(n), {&pl, &pi, &pw, &px, &ps, &n});
+      const size_t slots = static_cast<size_t>(n) * c.k;
+      const std::vector<int32_t> got_ids = ids.download<int32_t>(slots);
+      CHECK(got_ids == ref_ids.download<int32_t>(slots));
+      const std::vector<float> rw = ref_w.download<float>(slots), gw = w.download<float>(slots);
+      CHECK(std::memcmp(rw.data(), gw.data(), slots * 4) == 0);
+      // The scratch as 32-bit words: offsets, the slot list, the chosen experts, then (after A and Y) Xq.
+      const std::vector<int32_t> rs = ref_scratch.download<int32_t>(scratch_bytes / 4), gs = scratch.download<int32_t>(scratch_bytes / 4);
+      const size_t list0 = kern::moeScratchList(c.nexp), used0 = kern::moeScratchUsed(c.nexp, kMaxBatch, c.k);
+      CHECK(std::equal(rs.begin(), rs.begin() + list0, gs.begin()));                              // offsets
+      CHECK(std::equal(rs.begin() + used0, rs.begin() + used0 + c.nexp + 1, gs.begin() + used0));  // chosen experts
+      for (uint32_t ex = 0; ex < c.nexp; ++ex) {  // each expert's slots, as a set
+        std::vector<int32_t> a(rs.begin() + list0 + rs[ex], rs.begin() + list0 + rs[ex + 1]),
+            b(gs.begin() + list0 + gs[ex], gs.begin() + list0 + gs[ex + 1]);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        CHECK(a == b);
+      }
+      CHECK(rs[c.nexp] == static_cast<int32_t>(std::count_if(got_ids.begin(), got_ids.end(), [&](int32_t id) {
+              return id >= 0 && id < static_cast<int32_t>(c.nexp);
+            })));
+      const size_t xq0 = kern::moeScratchXq(c.nexp, kMaxBatch, c.k, 64, e32),
+                   xq1 = kern::moeScratchAq(c.nexp, kMaxBatch, c.k, 64, e32);
+      CHECK(std::equal(rs.begin() + xq0, rs.begin() + xq1, gs.begin() + xq0));  // Xq (poison both when not written)
+    }
+  }
+}
+
+// Also the decode plan's minfer_moe_down_combine (MOE_DOWN_COMBINE) after the same sort and gate_up: its output
+// bit-identical to down + combine, its counters left zero.
 TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads only the chosen experts") {
   MINFER_REQUIRE_GPU(G);
   struct Case {
@@ -2256,6 +2330,8 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
     auto dcomb = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_COMBINE");
     const ExpertArgs ga = expertDefines(gate, "G", dgu), ua = expertDefines(up, "U", dgu);
     const ExpertArgs da = expertDefines(down, "D", ddn);
+    auto ddn_comb = ddn;  // the decode plan's down + combine launch
+    ddn_comb.push_back({"MOE_DOWN_COMBINE", "1"});
     REQUIRE(ga.blocks() == ua.blocks());
     const bool x_q8 = ga.blocks(), a_q8 = da.blocks(), q8 = x_q8 || a_q8;
     dsort.push_back({"MOE_X_Q8", x_q8 ? "1" : "0"});
@@ -2263,7 +2339,9 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
     std::vector<Kernel> k = compile({spec("moe_sort_test_" + tag, "kernels/moe.cuh", "minfer_moe_sort", dsort),
                                      spec("moe_gate_up_test_" + tag, "kernels/moe.cuh", "minfer_moe_gate_up", dgu),
                                      spec("moe_down_test_" + tag, "kernels/moe.cuh", "minfer_moe_down", ddn),
-                                     spec("moe_combine_test_" + tag, "kernels/moe.cuh", "minfer_moe_combine", dcomb)});
+                                     spec("moe_combine_test_" + tag, "kernels/moe.cuh", "minfer_moe_combine", dcomb),
+                                     spec("moe_down_combine_test_" + tag, "kernels/moe.cuh", "minfer_moe_down_combine",
+                                          ddn_comb)});
     const auto f32 = static_cast<unsigned>(c.f), e32 = static_cast<unsigned>(c.e);
     const kern::LaunchRule sort_rule = kern::moeSortLaunchRule(e32, x_q8),
                            gu_rule = kern::moeExpertsLaunchRule(f32, kern::moeGateUpRows(x_q8, e32, a_q8), c.nexp, c.k),
@@ -2288,7 +2366,19 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
       launch(k[1], gu_rule.at(n), {&px, &gq, &gs, &gm, &uq, &us, &um, &ps});
       launch(k[2], dn_rule.at(n), {&dq, &ds, &dm, &ps});
       launch(k[3], comb_rule.at(n), {&pi, &pw, &ps, &po, &n});
-      return out.download<float>(static_cast<size_t>(n) * c.e);
+      const std::vector<float> got = out.download<float>(static_cast<size_t>(n) * c.e);
+      // minfer_moe_down_combine on the same scratch (Y rewritten with the same values): out bit-identical, the
+      // counters (one word per row tile) back to zero. Run for every token count, though decode launches one.
+      const unsigned tiles = kern::ceilDiv(e32, kern::moeDownRows(a_q8, f32));
+      const std::vector<uint32_t> zeros(tiles, 0);
+      DeviceArray fused_out(kMaxBatch * c.e * 4), counters = DeviceArray::of(zeros);
+      fused_out.poison();
+      CUdeviceptr pfo = fused_out.ptr(), pc = counters.ptr();
+      launch(k[4], dn_rule.at(n), {&dq, &ds, &dm, &ps, &pi, &pw, &pfo, &pc, &n});
+      const std::vector<float> fused = fused_out.download<float>(static_cast<size_t>(n) * c.e);
+      CHECK(std::memcmp(fused.data(), got.data(), got.size() * 4) == 0);
+      CHECK(counters.download<uint32_t>(tiles) == zeros);
+      return got;
     };
     // The GPU result vs cpu::moeFfn (f32 activations) and, with q8 activations, vs moeFfnQ8Ref.
     auto check = [&](const std::vector<float>& got, const std::vector<float>& x, const std::vector<int32_t>& ids,

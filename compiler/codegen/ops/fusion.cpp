@@ -79,6 +79,14 @@ bool gemvTripleChain(const std::vector<model::StepDesc>& steps, size_t i) {
   return gemvPairChain(steps, i) && gemvPairChain(steps, i + 1) && steps[i].outputs[0] != steps[i + 2].outputs[0];
 }
 
+// steps[i], steps[i+1]: a MoeRoute and the MoeFfn that takes its expert ids and weights, whole buffers.
+bool moeRouteFfnChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  const model::StepDesc &r = steps[i], &f = steps[i + 1];
+  return r.op == fb::OpKind::MoeRoute && f.op == fb::OpKind::MoeFfn && wholeBuffers(r) && wholeBuffers(f) &&
+         r.outputs.size() == 2 && f.inputs.size() == 3 && f.inputs[1] == r.outputs[0] && f.inputs[2] == r.outputs[1] &&
+         r.n_expert == f.n_expert && r.n_expert_used == f.n_expert_used;
+}
+
 }  // namespace
 
 bool headNormRopeChain(const std::vector<model::StepDesc>& steps, size_t i) {
@@ -130,6 +138,7 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
       return fits(i + 4) && fusesQuantize(steps[i + 3], steps[i + 4], variant) ? 4 : 3;
     return 2;
   }
+  if (variant == PlanVariant::kDecode && fits(i + 1) && moeRouteFfnChain(steps, i)) return 1;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))
     return fits(i + 2) && fusesQuantize(steps[i + 1], steps[i + 2], variant) ? 2 : 1;
   return fits(i + 1) && fusesQuantize(steps[i], steps[i + 1], variant) ? 1 : 0;
@@ -156,6 +165,7 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
     return headNormRopeAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), &quant);
   }
   if (followers == 3 && gemvNormChain(steps, i)) return gemvAddNormLaunches(producer, next, ctx(i + 2), ctx(i + 3));
+  if (followers == 1 && moeRouteFfnChain(steps, i)) return moeRouteFfnLaunches(producer, next);
   if (producer.step().op == fb::OpKind::Add) {
     if (followers == 1) return addRmsNormLaunches(producer, next, nullptr);
     const StepContext quant = ctx(i + 2);

@@ -1,6 +1,6 @@
 // Op families MoeRoute and MoeFfn → kernels/moe.cuh: the softmax router's top-k (one launch), and the
 // expert FFN as four launches (sort the token slots by expert, gate/up per chosen expert, down per chosen
-// expert, weighted combine) sharing the step's scratch. Every -D…PITCH / …EPITCH constant is taken from the
+// expert, weighted combine; in decode three: the combine in the down launch) sharing the step's scratch. Every -D…PITCH / …EPITCH constant is taken from the
 // stride table the launch record's Weight argument carries (row pitch and expert pitch). Q4_K and Q6_K
 // experts are read from their kBlocks plane (the GGUF blocks; q8 activations), other types from kI8 +
 // kScale [+ kMin] or their dense plane (layout_planner.h: which planes an expert tensor has).
@@ -85,9 +85,8 @@ std::string weightTag(const ExpertPlanes& p) {
   return p.q->kind == PlaneKind::kI8 ? typeTag(p.q->ggml_type) : denseTag(p.q->kind);
 }
 
-}  // namespace
-
-Launches moeRouteLaunches(const StepContext& c) {
+// A MoeRoute step's experts, choices and buffers, checked against each other.
+llvm::Error checkRoute(const StepContext& c) {
   const model::StepDesc& s = c.step();
   auto logits = c.input(0, "router logits");
   if (!logits) return logits.takeError();
@@ -101,6 +100,14 @@ Launches moeRouteLaunches(const StepContext& c) {
     return c.error(llvm::formatv("router of {0} experts choosing {1} (≤ 64, ≤ 4096 experts) with buffers of widths "
                                  "{2}, {3} (i32), {4}",
                                  s.n_expert, s.n_expert_used, (*logits)->width, (*ids)->width, (*w)->width));
+  return llvm::Error::success();
+}
+
+}  // namespace
+
+Launches moeRouteLaunches(const StepContext& c) {
+  const model::StepDesc& s = c.step();
+  if (llvm::Error e = checkRoute(c)) return e;
   SpecBuilder b(llvm::formatv("moe_route_e{0}_k{1}{2}", s.n_expert, s.n_expert_used, s.moe_norm ? "_norm" : ""),
                 "kernels/moe.cuh", "minfer_moe_route");
   b.define("MOE_NEXP", uint64_t{s.n_expert})
@@ -117,7 +124,11 @@ Launches moeRouteLaunches(const StepContext& c) {
   return std::vector<KernelLaunch>{std::move(k)};
 }
 
-Launches moeFfnLaunches(const StepContext& c) {
+namespace {
+
+// The MoeFfn step c's launches; with `route` (the decode plan's MoeRoute step before it, fused) the sort launch
+// routes too (minfer_moe_route_sort).
+Launches moeFfn(const StepContext& c, const StepContext* route) {
   const model::StepDesc& s = c.step();
   const uint32_t nexp = s.n_expert, k = s.n_expert_used, f = s.rows, e = s.cols;
   auto x = c.input(0, "input");
@@ -164,9 +175,27 @@ Launches moeFfnLaunches(const StepContext& c) {
   std::vector<KernelLaunch> launches;
 
   const KernelArgDesc x_in = activationArg("x", c.inputId(0), e, fb::Access::Read);
-  SpecBuilder sort("moe_sort_" + shape + (gu_blocks ? "_xq8" : ""), "kernels/moe.cuh", "minfer_moe_sort");
-  common(sort, "MOE_SORT").define("MOE_X_Q8", uint64_t{gu_blocks});
-  launches.push_back({sort.spec, {ids_in, x_in, scratch, ntok}, kern::moeSortLaunchRule(e, gu_blocks)});
+  if (route) {
+    const model::StepDesc& r = route->step();
+    if (llvm::Error err = checkRoute(*route)) return err;
+    if (r.n_expert != nexp || r.n_expert_used != k || r.outputs.size() != 2 || r.outputs[0] != c.inputId(1) ||
+        r.outputs[1] != c.inputId(2))
+      return route->error(llvm::formatv("cannot route in the launch of the MoeFfn step after it: {0} experts choosing "
+                                        "{1} there, its expert ids and weights not the router's outputs",
+                                        nexp, k));
+    SpecBuilder rs(llvm::formatv("moe_route_sort_{0}{1}{2}", shape, r.moe_norm ? "_norm" : "", gu_blocks ? "_xq8" : ""),
+                   "kernels/moe.cuh", "minfer_moe_route_sort");
+    common(rs, "MOE_ROUTE_SORT").define("MOE_NORM", uint64_t{r.moe_norm}).define("MOE_X_Q8", uint64_t{gu_blocks});
+    launches.push_back({rs.spec,
+                        {activationArg("logits", route->inputId(0), nexp, fb::Access::Read),
+                         activationArg("ids", route->outputId(0), k, fb::Access::Write),
+                         activationArg("w", route->outputId(1), k, fb::Access::Write), x_in, scratch, ntok},
+                        kern::moeSortLaunchRule(e, gu_blocks)});
+  } else {
+    SpecBuilder sort("moe_sort_" + shape + (gu_blocks ? "_xq8" : ""), "kernels/moe.cuh", "minfer_moe_sort");
+    common(sort, "MOE_SORT").define("MOE_X_Q8", uint64_t{gu_blocks});
+    launches.push_back({sort.spec, {ids_in, x_in, scratch, ntok}, kern::moeSortLaunchRule(e, gu_blocks)});
+  }
 
   SpecBuilder gu(llvm::formatv("moe_gate_up_{0}_{1}_{2}_p{3}_{4}{5}", shape, weightTag(*gate), weightTag(*up),
                                gate->q->row_pitch, up->q->row_pitch, dn_blocks ? "_aq8" : ""),
@@ -179,14 +208,26 @@ Launches moeFfnLaunches(const StepContext& c) {
   launches.push_back({gu.spec, std::move(gu_args),
                       kern::moeExpertsLaunchRule(f, kern::moeGateUpRows(gu_blocks, e, dn_blocks), nexp, k)});
 
-  SpecBuilder dn(llvm::formatv("moe_down_{0}_{1}_p{2}", shape, weightTag(*down), down->q->row_pitch),
-                 "kernels/moe.cuh", "minfer_moe_down");
+  // In decode the combine runs in the down launch (MOE_DOWN_COMBINE: the last thread block of each row tile
+  // combines its rows, with one counter word per tile), the same values as minfer_moe_combine's.
+  const bool down_combine = !c.prefill();
+  const unsigned down_rows = kern::moeDownRows(dn_blocks, f);
+  SpecBuilder dn(llvm::formatv("moe_down_{0}_{1}_p{2}{3}", shape, weightTag(*down), down->q->row_pitch,
+                               down_combine ? "_combine" : ""),
+                 "kernels/moe.cuh", down_combine ? "minfer_moe_down_combine" : "minfer_moe_down");
   common(dn, "MOE_DOWN");
+  if (down_combine) dn.define("MOE_DOWN_COMBINE", uint64_t{1});
   std::vector<KernelArgDesc> dn_args;
   addWeight(c, 2, "D", *down, dn, dn_args);
   dn_args.push_back(scratch);
-  launches.push_back(
-      {dn.spec, std::move(dn_args), kern::moeExpertsLaunchRule(e, kern::moeDownRows(dn_blocks, f), nexp, k)});
+  if (down_combine) {
+    dn_args.insert(dn_args.end(), {ids_in, activationArg("w", c.inputId(2), k, fb::Access::Read),
+                                   activationArg("out", c.outputId(0), e, fb::Access::Write)});
+    dn_args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{kern::ceilDiv(e, down_rows)} * 4});
+    dn_args.push_back(ntok);
+  }
+  launches.push_back({dn.spec, std::move(dn_args), kern::moeExpertsLaunchRule(e, down_rows, nexp, k)});
+  if (down_combine) return launches;
 
   SpecBuilder comb("moe_combine_" + shape, "kernels/moe.cuh", "minfer_moe_combine");
   common(comb, "MOE_COMBINE");
@@ -195,6 +236,15 @@ Launches moeFfnLaunches(const StepContext& c) {
                        activationArg("out", c.outputId(0), e, fb::Access::Write), ntok},
                       kern::moeCombineLaunchRule(e)});
   return launches;
+}
+
+}  // namespace
+
+Launches moeFfnLaunches(const StepContext& c) { return moeFfn(c, nullptr); }
+
+Launches moeRouteFfnLaunches(const StepContext& route, const StepContext& ffn) {
+  if (ffn.prefill()) return route.error("only the decode plan routes in the MoeFfn step's launches");
+  return moeFfn(ffn, &route);
 }
 
 }  // namespace minfer::codegen

@@ -122,7 +122,8 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // In both plans, HeadRmsNorm q, HeadRmsNorm k and their Rope as one launch (rope.cuh minfer_head_norm_rope)
 // where fusesHeadNormRope allows it; in decode, where fusesHeadNormRopeStore allows it, with the Attention after
 // them (and its QuantizeAct) too: that launch also stores K and V (minfer_head_norm_rope_kv), then the
-// attention's own launches without kv_store.
+// attention's own launches without kv_store. In decode, a MoeRoute with the MoeFfn after it as the MoeFfn's
+// launches, the first of them routing too (moeRouteFfnLaunches).
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`; `gemv`: which decode GEMV fusions (CodegenOptions fuse_qkv,
 // fuse_glu, fuse_pair, fuse_norm). fusedLaunches: the launches of steps[i] and those followers.
@@ -199,6 +200,11 @@ bool fusesHeadNormRopeStore(const StepContext& rope, const StepContext& attentio
 // QuantizeAct or null. An error naming the q norm step unless fusesHeadNormRope and fusesHeadNormRopeStore.
 Launches headNormRopeAttentionLaunches(const StepContext& q_norm, const StepContext& k_norm, const StepContext& rope,
                                        const StepContext& attention, const StepContext* quant);
+// The decode plan's MoeRoute and the MoeFfn step after it (which takes its expert ids and weights) as the MoeFfn's
+// launches with the sort launch routing too (kernels/moe.cuh minfer_moe_route_sort: ids and weights as
+// minfer_moe_route writes them, the sort's scratch as minfer_moe_sort's), then gate/up and down + combine
+// (ops/moe.cpp). Errors: the route's and the MoeFfn's own, a prefill step, a MoeFfn not fed by this router.
+Launches moeRouteFfnLaunches(const StepContext& route, const StepContext& ffn);
 // The decode attention's launches after a fused QKV GEMV stored K and V (ops/attention.cpp).
 Launches storedAttentionLaunches(const StepContext& attention, const StepContext* quant);
 // The paged launches of step `step_index` of the prefill or decode plan (schema Step.paged_launches,
