@@ -126,6 +126,37 @@ Launches moeRouteLaunches(const StepContext& c) {
 
 namespace {
 
+// The decode MoeFfn step c's first launch with its MoeRoute step `route` (minfer_moe_route_sort): the router's
+// logits in, its expert ids and weights out, then the sort's work on the scratch (and x's q8 form with
+// `x_q8`); `shape`, `x_in`, `scratch`: moeFfn's key part and arguments. Errors: the route's own, and a router
+// whose experts or outputs are not the MoeFfn's.
+llvm::Expected<KernelLaunch> routeSortLaunch(const StepContext& c, const StepContext& route, const std::string& shape,
+                                            bool x_q8, const KernelArgDesc& x_in, const KernelArgDesc& scratch) {
+  const model::StepDesc &r = route.step(), &s = c.step();
+  if (llvm::Error err = checkRoute(route)) return err;
+  if (r.n_expert != s.n_expert || r.n_expert_used != s.n_expert_used || r.outputs.size() != 2 ||
+      r.outputs[0] != c.inputId(1) || r.outputs[1] != c.inputId(2))
+    return route.error(llvm::formatv("cannot route in the launch of the MoeFfn step after it: {0} experts choosing "
+                                     "{1} there, its expert ids and weights not the router's outputs",
+                                     s.n_expert, s.n_expert_used));
+  SpecBuilder b(llvm::formatv("moe_route_sort_{0}{1}{2}", shape, r.moe_norm ? "_norm" : "", x_q8 ? "_xq8" : ""),
+                "kernels/moe.cuh", "minfer_moe_route_sort");
+  b.define("MOE_NEXP", uint64_t{s.n_expert})
+      .define("MOE_K", uint64_t{s.n_expert_used})
+      .define("MOE_F", uint64_t{s.rows})
+      .define("MOE_E", uint64_t{s.cols})
+      .define("MOE_MAX_BATCH", uint64_t{c.maxBatch()})
+      .define("MOE_ROUTE_SORT", uint64_t{1})
+      .define("MOE_NORM", uint64_t{r.moe_norm})
+      .define("MOE_X_Q8", uint64_t{x_q8});
+  return KernelLaunch{b.spec,
+                      {activationArg("logits", route.inputId(0), s.n_expert, fb::Access::Read),
+                       activationArg("ids", route.outputId(0), s.n_expert_used, fb::Access::Write),
+                       activationArg("w", route.outputId(1), s.n_expert_used, fb::Access::Write), x_in, scratch,
+                       kindArg(fb::ArgKind::TokenCount, "n_tokens")},
+                      kern::moeSortLaunchRule(s.cols, x_q8)};
+}
+
 // The MoeFfn step c's launches; with `route` (the decode plan's MoeRoute step before it, fused) the sort launch
 // routes too (minfer_moe_route_sort).
 Launches moeFfn(const StepContext& c, const StepContext* route) {
@@ -176,21 +207,9 @@ Launches moeFfn(const StepContext& c, const StepContext* route) {
 
   const KernelArgDesc x_in = activationArg("x", c.inputId(0), e, fb::Access::Read);
   if (route) {
-    const model::StepDesc& r = route->step();
-    if (llvm::Error err = checkRoute(*route)) return err;
-    if (r.n_expert != nexp || r.n_expert_used != k || r.outputs.size() != 2 || r.outputs[0] != c.inputId(1) ||
-        r.outputs[1] != c.inputId(2))
-      return route->error(llvm::formatv("cannot route in the launch of the MoeFfn step after it: {0} experts choosing "
-                                        "{1} there, its expert ids and weights not the router's outputs",
-                                        nexp, k));
-    SpecBuilder rs(llvm::formatv("moe_route_sort_{0}{1}{2}", shape, r.moe_norm ? "_norm" : "", gu_blocks ? "_xq8" : ""),
-                   "kernels/moe.cuh", "minfer_moe_route_sort");
-    common(rs, "MOE_ROUTE_SORT").define("MOE_NORM", uint64_t{r.moe_norm}).define("MOE_X_Q8", uint64_t{gu_blocks});
-    launches.push_back({rs.spec,
-                        {activationArg("logits", route->inputId(0), nexp, fb::Access::Read),
-                         activationArg("ids", route->outputId(0), k, fb::Access::Write),
-                         activationArg("w", route->outputId(1), k, fb::Access::Write), x_in, scratch, ntok},
-                        kern::moeSortLaunchRule(e, gu_blocks)});
+    auto rs = routeSortLaunch(c, *route, shape, gu_blocks, x_in, scratch);
+    if (!rs) return rs.takeError();
+    launches.push_back(std::move(*rs));
   } else {
     SpecBuilder sort("moe_sort_" + shape + (gu_blocks ? "_xq8" : ""), "kernels/moe.cuh", "minfer_moe_sort");
     common(sort, "MOE_SORT").define("MOE_X_Q8", uint64_t{gu_blocks});
