@@ -28,8 +28,9 @@ struct CodegenOptions {
   std::string cache_dir;             // "" = KernelCache::defaultDirectory(); "off" = no cache
   // Launch fusion (schema Step.fused, ops/fusion.cpp): a QuantizeAct runs inside the launch of the
   // RmsNorm / SwiGlu / GeGlu / decode Attention that produces its input, an RmsNorm inside the residual
-  // Add's before it, in decode the Attention's KV store into a q/k HeadRmsNorm + RoPE launch and the MoeFfn into
-  // the MoeRoute's launches (the router in the sort launch, the combine in the down launch); with fuse_qkv (the
+  // Add's before it, in decode the Attention's KV store into a q/k HeadRmsNorm + RoPE launch and the MoeRoute and
+  // MoeFfn into the router MatMul's launches (router GEMV, top-k and slot sort in one launch, the combine in the
+  // down launch); with fuse_qkv (the
   // default) also the decode q, k, v GEMVs with their RoPE and KV store in one launch (or, where a q/k HeadRmsNorm
   // sits between them and the RoPE, the three GEMVs alone in one launch),
   // with fuse_glu the decode gate|up GEMVs with their GLU (off by default: slower on the H200,

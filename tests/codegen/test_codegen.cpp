@@ -135,7 +135,7 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
       {"GEMV_S_PITCH", "wscale"}, {"GEMV_M_PITCH", "wmin"}, {"DMM_PITCH", "w"},     {"DGEMV_PITCH", "w"},
       {"EMBED_ROW_PITCH", "table"}, {"GEMVB_PITCH", "w"}, {"GEMVB_Q_PITCH", "wq"}, {"GEMVB_K_PITCH", "wk"},
       {"GEMVB_V_PITCH", "wv"}, {"GEMVB_PITCH0", "w0"}, {"GEMVB_PITCH1", "w1"}, {"GEMVB_PITCH2", "w2"},
-      {"EXPAND_SRC_PITCH", "blocks"},
+      {"MOE_R_PITCH", "rw"}, {"EXPAND_SRC_PITCH", "blocks"},
       {"EXPAND_I8_PITCH", "q"}, {"EXPAND_S_PITCH", "scale"}, {"EXPAND_M_PITCH", "min"},
       {"EXPAND_P_PITCH", "packed"}, {"MOE_G_PITCH", "gq"}, {"MOE_G_S_PITCH", "gs"}, {"MOE_G_M_PITCH", "gm"},
       {"MOE_U_PITCH", "uq"}, {"MOE_U_S_PITCH", "us"}, {"MOE_U_M_PITCH", "um"}, {"MOE_D_PITCH", "dq"},
@@ -314,6 +314,13 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
           steps[i + 3].op == fb::OpKind::Attention) {
         CHECK(!prefill);
         want = {"minfer_head_norm_rope_kv", "minfer_attn_decode", "minfer_attn_combine"};
+      }
+      // A decode router MatMul with the MoeRoute and MoeFfn fused in runs the MoeFfn's launches, the first computing
+      // the logits, routing and sorting.
+      if (mm_leads && steps[i + 1].op == fb::OpKind::MoeRoute) {
+        CHECK(!prefill);
+        CHECK((*fused)[i + 2]);
+        want = {"minfer_moe_router_sort", "minfer_moe_gate_up", "minfer_moe_down_combine"};
       }
       // A decode MoeRoute with its MoeFfn fused in runs the MoeFfn's launches, the sort launch routing too.
       if (!is_fused && steps[i].op == fb::OpKind::MoeRoute && fused && i + 1 < steps.size() && (*fused)[i + 1]) {
@@ -543,7 +550,8 @@ TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches eq
   }
 }
 
-// In decode the MoeFfn runs in its MoeRoute's launches: route + sort, gate/up, down + combine.
+// In decode the MoeFfn and its MoeRoute run in the router MatMul's launches: router + route + sort, gate/up,
+// down + combine.
 TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/up, down, combine on the expert axis") {
   if (!haveNvrtc()) {
     MESSAGE("SKIPPED: built without NVRTC");
@@ -560,25 +568,36 @@ TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/u
       const model::StepDesc& st = l.desc.plan.decode[i];
       if (st.op != fb::OpKind::MoeFfn) continue;
       ++moe_steps;
-      // In decode the MoeFfn runs in the MoeRoute's launches (minfer_moe_route_sort first: the router's logits in,
-      // its ids and weights out, as the MoeFfn reads them).
-      REQUIRE(i > 0);
+      // In decode the MoeFfn and the MoeRoute run in the router MatMul's launches (minfer_moe_router_sort first: the
+      // router weight and x in; the logits, ids and weights out, as the MoeRoute and MoeFfn read them; the sort's
+      // scratch and one counter word).
+      REQUIRE(i > 1);
       REQUIRE(set.decode_fused[i] != 0);
-      REQUIRE(l.desc.plan.decode[i - 1].op == fb::OpKind::MoeRoute);
-      const std::vector<LaunchRecord>& launches = set.decode[i - 1];
+      REQUIRE(set.decode_fused[i - 1] != 0);
+      const model::StepDesc &route = l.desc.plan.decode[i - 1], &router = l.desc.plan.decode[i - 2];
+      REQUIRE(route.op == fb::OpKind::MoeRoute);
+      REQUIRE(router.op == fb::OpKind::MatMul);
+      const std::vector<LaunchRecord>& launches = set.decode[i - 2];
       REQUIRE(launches.size() == 3);
       const LaunchRecord& rs = launches[0];
-      REQUIRE(rs.args.size() == 6);
-      CHECK(rs.args[0].buffer == l.desc.plan.decode[i - 1].inputs[0]);
-      CHECK(rs.args[1].buffer == st.inputs[1]);
-      CHECK(rs.args[1].access == fb::Access::Write);
-      CHECK(rs.args[2].buffer == st.inputs[2]);
-      CHECK(rs.args[2].access == fb::Access::Write);
-      CHECK(rs.args[3].buffer == st.inputs[0]);
-      CHECK(rs.args[4].kind == fb::ArgKind::Scratch);
-      CHECK(rs.args[5].kind == fb::ArgKind::TokenCount);
+      CHECK(set.images[rs.images[0]].entry == "minfer_moe_router_sort");
+      REQUIRE(rs.args.size() == 8);
+      CHECK(rs.args[0].kind == fb::ArgKind::Weight);
+      CHECK(rs.args[0].tensor == router.weights[0]);
+      CHECK(rs.args[2].buffer == st.inputs[0]);
+      CHECK(rs.args[3].buffer == router.outputs[0]);
+      CHECK(rs.args[3].buffer == route.inputs[0]);
+      CHECK(rs.args[3].access == fb::Access::Write);
+      CHECK(rs.args[4].buffer == st.inputs[1]);
+      CHECK(rs.args[4].access == fb::Access::Write);
+      CHECK(rs.args[5].buffer == st.inputs[2]);
+      CHECK(rs.args[5].access == fb::Access::Write);
+      CHECK(rs.args[6].kind == fb::ArgKind::Scratch);
+      CHECK(rs.args[7].kind == fb::ArgKind::Counters);
+      CHECK(rs.args[7].bytes == 4u);
       // gate/up and down read every expert weight through planes with the step's expert axis.
-      for (const LaunchRecord& r : launches) {
+      for (size_t li = 1; li < launches.size(); ++li) {
+        const LaunchRecord& r = launches[li];
         bool reads_experts = false;
         for (const KernelArgDesc& a : r.args)
           if (a.kind == fb::ArgKind::Weight) {

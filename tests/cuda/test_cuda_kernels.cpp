@@ -2289,6 +2289,90 @@ TEST_CASE("moe_route_sort: router and slot sort in one launch, bit-identical to 
   }
 }
 
+// minfer_moe_router_sort (MOE_ROUTER_SORT: the decode plan's router MatMul, MoeRoute and the MoeFfn's sort in one
+// launch) against minfer_dense_gemv (the router's own kernel, its constants as ops/matmul.cpp gives them),
+// minfer_moe_route and minfer_moe_sort: the logits, ids and weights bit-identical, the scratch's offsets, chosen
+// experts and q8 x bit-identical, each expert's slots the same set, the counter word back to zero (launched
+// twice). Expert counts 8, 37 (the last router block partly empty) and 128, F32, F16 and BF16 router planes,
+// padded rows, a bias, widths with a scalar tail (74) and x quantized or not.
+TEST_CASE("moe_router_sort: router GEMV, top-k and slot sort in one launch, bit-identical to dense_gemv + moe_route + moe_sort") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    uint32_t nexp, k;
+    bool norm, x_q8;
+    uint64_t e;
+    GgmlType type;
+    bool padded, bias;
+  };
+  const Case cases[] = {{8, 2, true, true, 256, GgmlType::F32, false, false},
+                        {37, 3, false, false, 74, GgmlType::F32, true, true},
+                        {37, 3, true, true, 512, GgmlType::F16, false, false},
+                        {128, 8, true, true, 2048, GgmlType::F32, false, false},
+                        {128, 8, true, false, 96, GgmlType::BF16, true, true}};
+  for (const Case& c : cases) {
+    const GpuWeight router = makeWeight(c.type, c.nexp, c.e, planes::TensorRole::kMatMul, c.padded);
+    const StrideTable& plane = router.planes[0].table;
+    const std::string tag = std::string(ggmlTypeTraits(c.type).name) + "_e" + str(c.nexp) + "_k" + str(c.k) +
+                            (c.norm ? "_n" : "") + (c.x_q8 ? "_q8" : "") + "_n" + str(c.e) + (c.padded ? "_pad" : "") +
+                            (c.bias ? "_bias" : "");
+    CAPTURE(tag);
+    const std::vector<std::pair<std::string, std::string>> dg = {
+        {"DGEMV_N", str(c.nexp)}, {"DGEMV_K", str(c.e)}, {"DGEMV_PLANE", str(static_cast<unsigned>(plane.kind))},
+        {"DGEMV_PITCH", str(plane.row_pitch)}, {"DGEMV_HAS_BIAS", c.bias ? "1" : "0"}};
+    auto dr = moeCommon(c.nexp, c.k, 1, 1, "MOE_ROUTE");
+    dr.push_back({"MOE_NORM", c.norm ? "1" : "0"});
+    auto ds = moeCommon(c.nexp, c.k, 64, c.e, "MOE_SORT");
+    ds.push_back({"MOE_X_Q8", c.x_q8 ? "1" : "0"});
+    auto drs = moeCommon(c.nexp, c.k, 64, c.e, "MOE_ROUTER_SORT");
+    drs.insert(drs.end(), {{"MOE_NORM", c.norm ? "1" : "0"}, {"MOE_X_Q8", c.x_q8 ? "1" : "0"},
+                           {"MOE_R_PLANE", str(static_cast<unsigned>(plane.kind))}, {"MOE_R_PITCH", str(plane.row_pitch)},
+                           {"MOE_R_HAS_BIAS", c.bias ? "1" : "0"}});
+    std::vector<Kernel> k = compile({spec("moe_rts_test_gemv_" + tag, "kernels/dense_matmul.cuh", "minfer_dense_gemv", dg),
+                                     spec("moe_rts_test_route_" + tag, "kernels/moe.cuh", "minfer_moe_route", dr),
+                                     spec("moe_rts_test_sort_" + tag, "kernels/moe.cuh", "minfer_moe_sort", ds),
+                                     spec("moe_rts_test_fused_" + tag, "kernels/moe.cuh", "minfer_moe_router_sort", drs)});
+    const unsigned e32 = static_cast<unsigned>(c.e);
+    const uint64_t scratch_bytes = kern::moeScratchBytes(c.nexp, kMaxBatch, c.k, 64, e32);
+    const std::vector<float> bias_v = randomFloats(c.nexp, rng());
+    DeviceArray d_bias = DeviceArray::of(bias_v), counters = DeviceArray::of(std::vector<uint32_t>{0});
+    for (int round = 0; round < 2; ++round) {
+      CAPTURE(round);
+      const std::vector<float> x = activations(1, static_cast<int>(c.e));
+      DeviceArray dx = DeviceArray::of(x), ref_logits(c.nexp * 4), logits(c.nexp * 4), ref_ids(c.k * 4), ref_w(c.k * 4),
+                  ids(c.k * 4), w(c.k * 4), ref_scratch(scratch_bytes), scratch(scratch_bytes);
+      for (DeviceArray* a : {&ref_logits, &logits, &ref_ids, &ref_w, &ids, &w, &ref_scratch, &scratch}) a->poison();
+      CUdeviceptr rw = router.dev[0].ptr(), rb = c.bias ? d_bias.ptr() : 0, px = dx.ptr(), prl = ref_logits.ptr(),
+                  pl = logits.ptr(), pri = ref_ids.ptr(), prw = ref_w.ptr(), pi = ids.ptr(), pw = w.ptr(),
+                  prs = ref_scratch.ptr(), ps = scratch.ptr(), pc = counters.ptr();
+      int one = 1;
+      launch(k[0], kern::denseGemvLaunch(c.nexp), {&rw, &rb, &px, &prl});
+      launch(k[1], kern::moeRouteLaunchRule().at(1), {&prl, &pri, &prw});
+      launch(k[2], kern::moeSortLaunchRule(e32, c.x_q8).at(1), {&pri, &px, &prs, &one});
+      launch(k[3], kern::moeRouterSortLaunchRule(c.nexp, e32, c.x_q8).at(1), {&rw, &rb, &px, &pl, &pi, &pw, &ps, &pc});
+      const std::vector<float> rlg = ref_logits.download<float>(c.nexp), glg = logits.download<float>(c.nexp);
+      CHECK(std::memcmp(rlg.data(), glg.data(), c.nexp * 4) == 0);
+      CHECK(ids.download<int32_t>(c.k) == ref_ids.download<int32_t>(c.k));
+      const std::vector<float> rw_ = ref_w.download<float>(c.k), gw = w.download<float>(c.k);
+      CHECK(std::memcmp(rw_.data(), gw.data(), c.k * 4) == 0);
+      const std::vector<int32_t> rs = ref_scratch.download<int32_t>(scratch_bytes / 4), gs = scratch.download<int32_t>(scratch_bytes / 4);
+      const size_t list0 = kern::moeScratchList(c.nexp), used0 = kern::moeScratchUsed(c.nexp, kMaxBatch, c.k);
+      CHECK(std::equal(rs.begin(), rs.begin() + list0, gs.begin()));                              // offsets
+      CHECK(std::equal(rs.begin() + used0, rs.begin() + used0 + c.nexp + 1, gs.begin() + used0));  // chosen experts
+      for (uint32_t ex = 0; ex < c.nexp; ++ex) {  // each expert's slots, as a set
+        std::vector<int32_t> a(rs.begin() + list0 + rs[ex], rs.begin() + list0 + rs[ex + 1]),
+            b(gs.begin() + list0 + gs[ex], gs.begin() + list0 + gs[ex + 1]);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        CHECK(a == b);
+      }
+      const size_t xq0 = kern::moeScratchXq(c.nexp, kMaxBatch, c.k, 64, e32),
+                   xq1 = kern::moeScratchAq(c.nexp, kMaxBatch, c.k, 64, e32);
+      CHECK(std::equal(rs.begin() + xq0, rs.begin() + xq1, gs.begin() + xq0));  // Xq (poison both when not written)
+      CHECK(counters.download<uint32_t>(1)[0] == 0u);
+    }
+  }
+}
+
 // Also the decode plan's minfer_moe_down_combine (MOE_DOWN_COMBINE) after the same sort and gate_up: its output
 // bit-identical to down + combine, its counters left zero.
 TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads only the chosen experts") {

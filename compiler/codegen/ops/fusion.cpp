@@ -87,6 +87,13 @@ bool moeRouteFfnChain(const std::vector<model::StepDesc>& steps, size_t i) {
          r.n_expert == f.n_expert && r.n_expert_used == f.n_expert_used;
 }
 
+// steps[i .. i+2]: a MatMul whose output the MoeRoute of moeRouteFfnChain(steps, i + 1) routes.
+bool moeRouterChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  const model::StepDesc& mm = steps[i];
+  return mm.op == fb::OpKind::MatMul && wholeBuffers(mm) && mm.outputs.size() == 1 && moeRouteFfnChain(steps, i + 1) &&
+         steps[i + 1].inputs.size() == 1 && steps[i + 1].inputs[0] == mm.outputs[0];
+}
+
 }  // namespace
 
 bool headNormRopeChain(const std::vector<model::StepDesc>& steps, size_t i) {
@@ -138,6 +145,9 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
       return fits(i + 4) && fusesQuantize(steps[i + 3], steps[i + 4], variant) ? 4 : 3;
     return 2;
   }
+  if (variant == PlanVariant::kDecode && fitsAll(i + 2) && moeRouterChain(steps, i) &&
+      fusesMoeRouter(ctx(i), ctx(i + 1), ctx(i + 2)))
+    return 2;
   if (variant == PlanVariant::kDecode && fits(i + 1) && moeRouteFfnChain(steps, i)) return 1;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))
     return fits(i + 2) && fusesQuantize(steps[i + 1], steps[i + 2], variant) ? 2 : 1;
@@ -166,6 +176,7 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
   }
   if (followers == 3 && gemvNormChain(steps, i)) return gemvAddNormLaunches(producer, next, ctx(i + 2), ctx(i + 3));
   if (followers == 1 && moeRouteFfnChain(steps, i)) return moeRouteFfnLaunches(producer, next);
+  if (followers == 2 && moeRouterChain(steps, i)) return moeRouterFfnLaunches(producer, next, ctx(i + 2));
   if (producer.step().op == fb::OpKind::Add) {
     if (followers == 1) return addRmsNormLaunches(producer, next, nullptr);
     const StepContext quant = ctx(i + 2);

@@ -123,7 +123,8 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // where fusesHeadNormRope allows it; in decode, where fusesHeadNormRopeStore allows it, with the Attention after
 // them (and its QuantizeAct) too: that launch also stores K and V (minfer_head_norm_rope_kv), then the
 // attention's own launches without kv_store. In decode, a MoeRoute with the MoeFfn after it as the MoeFfn's
-// launches, the first of them routing too (moeRouteFfnLaunches).
+// launches, the first of them routing too (moeRouteFfnLaunches), and where fusesMoeRouter allows it with the
+// router MatMul before them, the first launch computing the logits too (moeRouterFfnLaunches).
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`; `gemv`: which decode GEMV fusions (CodegenOptions fuse_qkv,
 // fuse_glu, fuse_pair, fuse_norm). fusedLaunches: the launches of steps[i] and those followers.
@@ -205,6 +206,13 @@ Launches headNormRopeAttentionLaunches(const StepContext& q_norm, const StepCont
 // minfer_moe_route writes them, the sort's scratch as minfer_moe_sort's), then gate/up and down + combine
 // (ops/moe.cpp). Errors: the route's and the MoeFfn's own, a prefill step, a MoeFfn not fed by this router.
 Launches moeRouteFfnLaunches(const StepContext& route, const StepContext& ffn);
+// Whether the decode router MatMul `mm` before that MoeRoute can run in the same first launch too
+// (minfer_moe_router_sort): one f32 input, the MoeFfn's x, a dense float weight (no kI8 or kBlocks plane) of
+// n_expert rows of the MoeFfn's width with 16-byte aligned rows, its output the route's input (ops/moe.cpp).
+bool fusesMoeRouter(const StepContext& mm, const StepContext& route, const StepContext& ffn);
+// The three steps as the MoeFfn's launches, the first computing the logits (dense_gemv's values), routing and
+// sorting (minfer_moe_router_sort). Errors as moeRouteFfnLaunches, and one naming the MatMul unless fusesMoeRouter.
+Launches moeRouterFfnLaunches(const StepContext& mm, const StepContext& route, const StepContext& ffn);
 // The decode attention's launches after a fused QKV GEMV stored K and V (ops/attention.cpp).
 Launches storedAttentionLaunches(const StepContext& attention, const StepContext* quant);
 // The paged launches of step `step_index` of the prefill or decode plan (schema Step.paged_launches,
