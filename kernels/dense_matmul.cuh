@@ -122,34 +122,32 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && defined(DGEMV_N)
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kDenseGemvWarps)
-    minfer_dense_gemv(const uint8_t* __restrict__ w, const float* __restrict__ bias, const float* __restrict__ x,
-                      float* __restrict__ out) {
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  static_assert(DGEMV_PITCH % 16 == 0, "plane rows must be 16-byte aligned");
-  constexpr int kElemBytes = DGEMV_PLANE == 4 ? 4 : 2;
+#if defined(MINFER_DEVICE_CODE)
+namespace minfer::kern::dense {
+// dense_gemv's sum for one row (one warp; lane = threadIdx.x % 32; every lane returns the sum, without the bias):
+// the row at w + row·kPitch of plane kind kPlane against x (kK f32). Also the router of kernels/moe.cuh's
+// minfer_moe_router_sort, so both sum a row in one order.
+template <int kPlane, int kK, unsigned long long kPitch>
+__device__ __forceinline__ float gemvRow(const uint8_t* w, const float* x, int row, int lane) {
+  static_assert(kPitch % 16 == 0, "plane rows must be 16-byte aligned");
+  constexpr int kElemBytes = kPlane == 4 ? 4 : 2;
   constexpr int kPerChunk = 16 / kElemBytes;  // weights per 16-byte load
-  constexpr int kChunks = DGEMV_K / kPerChunk;
-  const int row = blockIdx.x * kDenseGemvWarps + threadIdx.x / 32;
-  if (row >= DGEMV_N) return;
-  const int lane = threadIdx.x % 32;
-  const uint8_t* wr = w + static_cast<uint64_t>(row) * DGEMV_PITCH;
+  constexpr int kChunks = kK / kPerChunk;
+  const uint8_t* wr = w + static_cast<uint64_t>(row) * kPitch;
   float acc = 0.0f;
   auto chunk = [&](uint4 v, int c) {
     const unsigned words[4] = {v.x, v.y, v.z, v.w};
     const float* xc = x + c * kPerChunk;
     float s = 0.0f;
-    if (DGEMV_PLANE == 4) {
+    if (kPlane == 4) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) s = fmaf(__uint_as_float(words[i]), xc[i], s);
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const uint16_t lo = static_cast<uint16_t>(words[i] & 0xFFFFu), hi = static_cast<uint16_t>(words[i] >> 16);
-        const float w0 = DGEMV_PLANE == 5 ? h2f(lo) : bf2f(lo);
-        const float w1 = DGEMV_PLANE == 5 ? h2f(hi) : bf2f(hi);
+        const float w0 = kPlane == 5 ? h2f(lo) : bf2f(lo);
+        const float w1 = kPlane == 5 ? h2f(hi) : bf2f(hi);
         s = fmaf(w0, xc[2 * i], s);
         s = fmaf(w1, xc[2 * i + 1], s);
       }
@@ -166,9 +164,23 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kDenseGemvWarps)
     for (int u = 0; u < static_cast<int>(kDenseUnroll); ++u) acc += chunk(v[u], c + 32 * u);
   }
   for (; c < kChunks; c += 32) acc += chunk(*reinterpret_cast<const uint4*>(wr + static_cast<uint64_t>(c) * 16), c);
-  for (int k = kChunks * kPerChunk + lane; k < DGEMV_K; k += 32)  // tail (K not a multiple of the chunk)
-    acc = fmaf(dense::loadWeight<DGEMV_PLANE>(wr, k), x[k], acc);
-  acc = warpSum(acc);
+  for (int k = kChunks * kPerChunk + lane; k < kK; k += 32)  // tail (K not a multiple of the chunk)
+    acc = fmaf(loadWeight<kPlane>(wr, k), x[k], acc);
+  return warpSum(acc);
+}
+}  // namespace minfer::kern::dense
+#endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(DGEMV_N)
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kDenseGemvWarps)
+    minfer_dense_gemv(const uint8_t* __restrict__ w, const float* __restrict__ bias, const float* __restrict__ x,
+                      float* __restrict__ out) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  const int row = blockIdx.x * kDenseGemvWarps + threadIdx.x / 32;
+  if (row >= DGEMV_N) return;
+  const int lane = threadIdx.x % 32;
+  float acc = dense::gemvRow<DGEMV_PLANE, DGEMV_K, DGEMV_PITCH>(w, x, row, lane);
   if (lane == 0) {
 #if DGEMV_HAS_BIAS
     acc += bias[row];

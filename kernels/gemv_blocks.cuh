@@ -55,6 +55,19 @@
 //   xq, xmeta: the q8 input buffer (row t at xq + t·K, its metadata at xmeta + t·K/32); out: n_tokens × N f32.
 // Launch shape: gemvBlocksLaunchRule(), independent of n_tokens.
 //
+// GEMV triple (GEMVB_TRIPLE = 1): three decode MatMul steps of one q8 input (q, k, v of a model whose q/k
+// HeadRmsNorm keeps the fused QKV GEMV out) in one launch; the segments may differ in rows, type, pitches,
+// rows per warp and bias. Segment s takes gemvBlocksLaunchRule(N_s, its shape)'s blocks, one after the other
+// in the grid, and computes out_s = w_s·x (+ bias_s) exactly as minfer_gemv_blocks with those constants does
+// (the same gemvRowsBlock), so each output is that kernel's bit for bit; one launch instead of three.
+// Compile-time constants: GEMVB_K; GEMVB_ROW_WARPS, GEMVB_UNROLL (one work shape's warps and unroll for all
+//   three: gemvBlocksShape gives every n the same); per segment s = 0, 1, 2: GEMVB_N<s>, GEMVB_TYPE<s>,
+//   GEMVB_PITCH<s>, GEMVB_GROUP_PITCH<s>, GEMVB_ROWS<s> (gemvBlocksShape(N_s, K).rows), GEMVB_HAS_BIAS<s>.
+// Launch ABI:  minfer_gemv_triple(const uint8_t* w0, const float* bias0, const uint8_t* w1, const float* bias1,
+//                                 const uint8_t* w2, const float* bias2, const int8_t* xq, const Q8Meta* xmeta,
+//                                 float* out0, float* out1, float* out2)
+// Launch shape: gemvTripleLaunchRule(): the three segments' gemvBlocksLaunchRule() blocks added.
+//
 // GEMV + residual Add + RMSNorm + q8 (GEMVB_NORM = 1): the decode steps MatMul (o or down), the Add of the
 // residual, the RmsNorm of the sum and its QuantizeAct in one launch. A block owns 32 consecutive rows
 // (gemvNormShape: 8 warps × 4 rows), sums them as minfer_gemv_blocks does, and writes out = W·x (+ bias),
@@ -156,6 +169,15 @@ MINFER_HD LaunchShape gemvBlocksLaunch(unsigned n, GemvBlocksShape s) { return g
 MINFER_HD LaunchRule gemvPairLaunchRule(unsigned n, GemvBlocksShape s) {
   LaunchRule r = gemvBlocksLaunchRule(n, s);
   r.grid[0] = fixedExtent(2 * ceilDiv(n, kGemvBlocksWarps / s.warps * s.rows));
+  return r;
+}
+// Three GEMVs of one input in one launch (GEMVB_TRIPLE): the blocks of gemvBlocksLaunchRule(n[s], shape[s]),
+// segment after segment.
+MINFER_HD LaunchRule gemvTripleLaunchRule(const unsigned (&n)[3], const GemvBlocksShape (&shape)[3]) {
+  LaunchRule r = gemvBlocksLaunchRule(n[0], shape[0]);
+  unsigned blocks = 0;
+  for (int s = 0; s < 3; ++s) blocks += ceilDiv(n[s], kGemvBlocksWarps / shape[s].warps * shape[s].rows);
+  r.grid[0] = fixedExtent(blocks);
   return r;
 }
 // The fused gate|up GEMV: one output (a gate row and an up row) per group of s.warps warps.
@@ -414,6 +436,45 @@ __device__ __forceinline__ bool groupSum(float (&acc)[kRows]) {
   return true;
 }
 
+// Thread block `bx` of a GEMV of kN rows on a kBlocks plane of kPitch-byte rows (grid: gemvBlocksLaunchRule for
+// the shape {kRows, kRowWarps, kUnroll}): minfer_gemv_blocks' whole computation, and each segment of the GEMV
+// pair and triple, so that all of them sum a row in one order. kGemvBlocksWarps warps per block.
+template <bool kQ4K, int kN, int kRows, int kRowWarps, int kUnroll, int kBlocksPerRow, unsigned kPitch,
+          int kGroupPitch, bool kBias>
+__device__ __forceinline__ void gemvRowsBlock(const uint8_t* w, const float* bias, const int8_t* xq,
+                                              const Q8Meta* xmeta, float* out, unsigned bx) {
+  constexpr int kGroupsPerCta = static_cast<int>(kGemvBlocksWarps) / kRowWarps;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = (bx * kGroupsPerCta + warp / kRowWarps) * kRows;
+  // While the previous kernel still runs (programmatic launch), this block's weight rows start moving
+  // to L2: they are consecutive, kGroupsPerCta · kRows rows of kPitch bytes.
+  if (threadIdx.x == 0) {
+    const int first = bx * kGroupsPerCta * kRows;
+    const int rows = min(kGroupsPerCta * kRows, kN - first);
+    prefetchL2(w + static_cast<uint64_t>(first) * kPitch, static_cast<unsigned>(rows) * kPitch);
+  }
+  overlapPrologue();
+  const int t = (warp % kRowWarps) * 32 + lane;  // this lane's index in its group
+  const int p = t % 4;
+  float acc[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) acc[i] = 0.0f;
+  if (row0 < kN) {
+    const uint8_t* wr[kRows];  // rows past the end read the last row (their sums are not written)
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) wr[i] = w + static_cast<uint64_t>(row0 + i < kN ? row0 + i : kN - 1) * kPitch;
+    accumulateRows<kQ4K, kRows, kRowWarps, kUnroll, kBlocksPerRow, kGroupPitch>(wr, xq, xmeta, p, t / 4, acc);
+  }
+  if (!groupSum<kRows, kRowWarps>(acc)) return;
+  // Lane i writes row row0 + i.
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+    if (lane == i && row0 + i < kN) {
+      if (kBias) acc[i] += bias[row0 + i];
+      out[row0 + i] = acc[i];
+    }
+}
+
 }  // namespace minfer::kern::gemvb
 #endif  // MINFER_DEVICE_CODE
 
@@ -577,37 +638,8 @@ namespace minfer::kern::gemvb {
 __device__ __forceinline__ void gemvBlock(const uint8_t* w, const float* bias,
                                           const int8_t* xq, const Q8Meta* xmeta,
                                           float* out, unsigned bx) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row0 = (bx * kGroupsPerCta + warp / kRowWarps) * kRows;
-  // While the previous kernel still runs (programmatic launch), this block's weight rows start moving
-  // to L2: they are consecutive, kGroupsPerCta · kRows rows of GEMVB_PITCH bytes.
-  if (threadIdx.x == 0) {
-    const int first = bx * kGroupsPerCta * kRows;
-    const int rows = min(kGroupsPerCta * kRows, kN - first);
-    prefetchL2(w + static_cast<uint64_t>(first) * GEMVB_PITCH, static_cast<unsigned>(rows) * GEMVB_PITCH);
-  }
-  overlapPrologue();
-  const int t = (warp % kRowWarps) * 32 + lane;  // this lane's index in its group
-  const int p = t % 4;
-  float acc[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) acc[i] = 0.0f;
-  if (row0 < kN) {
-    const uint8_t* wr[kRows];  // rows past the end read the last row (their sums are not written)
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) wr[i] = w + static_cast<uint64_t>(row0 + i < kN ? row0 + i : kN - 1) * GEMVB_PITCH;
-    accumulateRows<kQ4K, kRows, kRowWarps, kUnroll, kBlocksPerRow, GEMVB_GROUP_PITCH>(wr, xq, xmeta, p, t / 4, acc);
-  }
-  if (!groupSum<kRows, kRowWarps>(acc)) return;
-  // Lane i writes row row0 + i.
-#pragma unroll
-  for (int i = 0; i < kRows; ++i)
-    if (lane == i && row0 + i < kN) {
-#if GEMVB_HAS_BIAS
-      acc[i] += bias[row0 + i];
-#endif
-      out[row0 + i] = acc[i];
-    }
+  gemvRowsBlock<kQ4K, kN, kRows, kRowWarps, kUnroll, kBlocksPerRow, GEMVB_PITCH, GEMVB_GROUP_PITCH, GEMVB_HAS_BIAS>(
+      w, bias, xq, xmeta, out, bx);
 }
 }  // namespace minfer::kern::gemvb
 
@@ -700,6 +732,55 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
 #endif  // GEMVB_PAIR
 #endif  // GEMVB_GLU
 #endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(GEMVB_TRIPLE)
+namespace minfer::kern::gemv3 {
+
+constexpr int kRowWarps = GEMVB_ROW_WARPS, kUnroll = GEMVB_UNROLL, kBlocksPerRow = GEMVB_K / 256;
+constexpr int kGroupsPerCta = static_cast<int>(kGemvBlocksWarps) / kRowWarps;
+static_assert(GEMVB_K % 256 == 0, "GEMVB_K must be a multiple of 256");
+static_assert(kRowWarps == 1 || kRowWarps == 2, "GEMVB_ROW_WARPS must be 1 or 2");
+static_assert(kUnroll >= 1 && kUnroll <= 4, "GEMVB_UNROLL: 1 … 4");
+
+// One of the three GEMVs: its constants (as minfer_gemv_blocks' GEMVB_N, _TYPE, _PITCH, _GROUP_PITCH, _ROWS,
+// _HAS_BIAS) and its blocks of the grid.
+template <int kN, int kType, unsigned kPitch, int kGroupPitch, int kRows, bool kBias>
+struct Segment {
+  static_assert(kN >= 1 && (kType == 12 || kType == 14), "rows ≥ 1; types Q4_K (12) or Q6_K (14)");
+  static_assert(kRows >= 1 && kRows <= 4, "rows per warp: 1 … 4");
+  static_assert(kPitch % 16 == 0 && kGroupPitch % 16 == 0 && kGroupPitch >= (kType == 12 ? 144 : 210) &&
+                    kPitch >= static_cast<unsigned long long>(kBlocksPerRow) * kGroupPitch,
+                "blocks must start 16-byte aligned inside their rows");
+  static constexpr unsigned kBlocks = (kN + kGroupsPerCta * kRows - 1) / (kGroupsPerCta * kRows);
+  __device__ static void run(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta, float* out,
+                             unsigned bx) {
+    gemvb::gemvRowsBlock<kType == 12, kN, kRows, kRowWarps, kUnroll, kBlocksPerRow, kPitch, kGroupPitch, kBias>(
+        w, bias, xq, xmeta, out, bx);
+  }
+};
+using Seg0 = Segment<GEMVB_N0, GEMVB_TYPE0, GEMVB_PITCH0, GEMVB_GROUP_PITCH0, GEMVB_ROWS0, GEMVB_HAS_BIAS0>;
+using Seg1 = Segment<GEMVB_N1, GEMVB_TYPE1, GEMVB_PITCH1, GEMVB_GROUP_PITCH1, GEMVB_ROWS1, GEMVB_HAS_BIAS1>;
+using Seg2 = Segment<GEMVB_N2, GEMVB_TYPE2, GEMVB_PITCH2, GEMVB_GROUP_PITCH2, GEMVB_ROWS2, GEMVB_HAS_BIAS2>;
+
+}  // namespace minfer::kern::gemv3
+
+// Blocks [0, B0) run segment 0, [B0, B0 + B1) segment 1, the rest segment 2 (a block's segment is uniform, so
+// the branch costs no divergence).
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
+    minfer_gemv_triple(const uint8_t* __restrict__ w0, const float* __restrict__ bias0, const uint8_t* __restrict__ w1,
+                       const float* __restrict__ bias1, const uint8_t* __restrict__ w2, const float* __restrict__ bias2,
+                       const int8_t* __restrict__ xq, const minfer::kern::Q8Meta* __restrict__ xmeta,
+                       float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2) {
+  using namespace minfer::kern::gemv3;
+  const unsigned bx = blockIdx.x;
+  if (bx < Seg0::kBlocks)
+    Seg0::run(w0, bias0, xq, xmeta, out0, bx);
+  else if (bx < Seg0::kBlocks + Seg1::kBlocks)
+    Seg1::run(w1, bias1, xq, xmeta, out1, bx - Seg0::kBlocks);
+  else
+    Seg2::run(w2, bias2, xq, xmeta, out2, bx - Seg0::kBlocks - Seg1::kBlocks);
+}
+#endif  // GEMVB_TRIPLE
 
 #if defined(MINFER_DEVICE_CODE) && defined(GEMVB_QKV)
 namespace minfer::kern::qkv {

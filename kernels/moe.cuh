@@ -19,6 +19,12 @@
 //   minfer_moe_down     per (chosen expert e, row r of n_embd E), for every slot s of e: Y[s][r] = down_e(r)·A[s]
 //   minfer_moe_combine  out[t][r] = Σ_j w[t][j]·Y[t·K + j][r], j = 0..K−1 in order (slots whose id is not
 //                       an expert are skipped, as cpu::moeFfn does)
+// In the decode plan the router MatMul, MoeRoute and the sort are one launch, minfer_moe_router_sort
+// (MOE_ROUTER_SORT; minfer_moe_route_sort, MOE_ROUTE_SORT, without the router GEMV), and the last two are one
+// launch, minfer_moe_down_combine (MOE_DOWN_COMBINE): down, then the
+// last thread block of each row tile (all chosen experts' blocks of those rows counted done in a counter word,
+// the acquire-release pattern of gemv_blocks.cuh's minfer_gemv_glu) computes the combine of the tile's rows with
+// minfer_moe_combine's expression and order (combineValue), so out is the same bit for bit.
 // The expert kernels' grid.y walks the chosen experts (used[1 + blockIdx.y]; thread blocks past u exit):
 // min(n_tokens·K, NEXP) of them (moeExpertsLaunchRule), so an expert no slot chose costs nothing.
 // A weight element (e, r, c) is read through its planes' stride tables with the expert axis
@@ -53,6 +59,9 @@
 //             kBlocks: MOE_X_TYPE (12 Q4_K, 14 Q6_K), MOE_X_GP (bytes from one block to the next)
 //   down:     MOE_DOWN; the same constants for X = D
 //   sort:     MOE_SORT, MOE_X_Q8 (1: quantize x, for gate/up read from blocks);  combine: MOE_COMBINE
+//   down + combine: MOE_DOWN and MOE_DOWN_COMBINE = 1 (down's constants)
+//   route + sort: MOE_ROUTE_SORT, MOE_NORM, MOE_X_Q8;  router + route + sort: MOE_ROUTER_SORT, MOE_NORM, MOE_X_Q8,
+//             MOE_R_PLANE (4 kF32, 5 kF16, 6 kBF16), MOE_R_PITCH, MOE_R_HAS_BIAS (the router weight's dense plane)
 // Launch ABI (x, out: n_tokens × E f32; ids: n_tokens × K i32; w: n_tokens × K f32; logits n_tokens × NEXP):
 //   minfer_moe_route(const float* logits, int* ids, float* w)                 grid n_tokens × 32 threads
 //   minfer_moe_sort(const int* ids, const float* x, float* scratch, int n_tokens)
@@ -64,11 +73,21 @@
 //                                   grid (⌈E/rows⌉, min(n_tokens·K, NEXP)) × 256, rows = moeDownRows()
 //   minfer_moe_combine(const int* ids, const float* w, const float* scratch, float* out, int n_tokens)
 //                                                                              grid ⌈n_tokens·E/256⌉ × 256
+//   minfer_moe_route_sort(const float* logits, int* ids, float* w, const float* x, float* scratch, int n_tokens)
+//                                                                                     the sort's grid and block
+//   minfer_moe_router_sort(const uint8_t* rw, const float* rbias, const float* x, float* logits, int* ids,
+//                          float* w, float* scratch, unsigned* counters)   one token; moeRouterSortLaunchRule();
+//                          rw: the router's dense plane, rbias: NEXP f32 or null; counters: 1 word, zero on entry
+//                          and on exit
+//   minfer_moe_down_combine(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch,
+//                           const int* ids, const float* w, float* out, unsigned* counters, int n_tokens)
+//                                   minfer_moe_down's grid; counters: ⌈E/rows⌉ words, zero on entry and on exit
 //   gs/gm/us/um/ds/dm are null for kBlocks and float weights and for absent min planes; x of the
 //   gate_up kernel is unused when gate/up are read from blocks (it reads the scratch's Xq).
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/dense_matmul.cuh"
 #include "kernels/gemv_blocks.cuh"
 
 namespace minfer::kern {
@@ -133,6 +152,19 @@ MINFER_HD LaunchRule moeSortLaunchRule(unsigned e, bool x_q8) {
   constexpr unsigned kPerCta = kMoeSortThreads / 4;  // q8 blocks of 32 values per thread block
   r.grid[0] = x_q8 ? GridExtent{e / kQ8Block, kPerCta, kPerCta} : fixedExtent(1);
   r.block.x = kMoeSortThreads;
+  return r;
+}
+// The router + route + sort launch of one token (minfer_moe_router_sort): moeRouterBlocks(n_exp) thread blocks of
+// kMoeRouterThreads threads compute the router's rows, one warp each (dense_gemv's 4 rows per block, so the rows'
+// weight loads spread over as many SMs), then with x_q8 the blocks quantizing x (32 q8 blocks each).
+constexpr unsigned kMoeRouterThreads = 128;
+MINFER_HD constexpr unsigned moeRouterBlocks(unsigned n_exp) {
+  return (n_exp + kMoeRouterThreads / 32 - 1) / (kMoeRouterThreads / 32);
+}
+MINFER_HD LaunchRule moeRouterSortLaunchRule(unsigned n_exp, unsigned e, bool x_q8) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(moeRouterBlocks(n_exp) + (x_q8 ? ceilDiv(e / kQ8Block, kMoeRouterThreads / 4) : 0));
+  r.block.x = kMoeRouterThreads;
   return r;
 }
 // The expert matvec kernels: `rows` output rows per expert (F for gate_up, E for down), `per_cta` of them
@@ -237,22 +269,22 @@ __device__ __forceinline__ int blockExpert(float* scratch) {
 
 }  // namespace minfer::kern::moe
 
-#if defined(MOE_ROUTE)
-// One warp per token: lane l holds experts l, l + 32, …; softmax as ggml_soft_max (max subtracted, e^x,
-// times the reciprocal of the sum), then K rounds of a warp arg-max (larger p, then lower id).
-extern "C" __global__ void __launch_bounds__(32) minfer_moe_route(const float* logits, int* ids, float* w) {
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  using namespace minfer::kern::moe;
+#if defined(MOE_ROUTE) || defined(MOE_ROUTE_SORT) || defined(MOE_ROUTER_SORT)
+namespace minfer::kern::moe {
+// The router of token t, by one warp (`lane`: threadIdx.x % 32): lane l holds experts l, l + 32, …; softmax as
+// ggml_soft_max (max subtracted, e^x, times the reciprocal of the sum), then K rounds of a warp arg-max (larger
+// p, then lower id); lane 0 writes the token's ids and weights. kL2: the logits are read through L2 (__ldcg:
+// other thread blocks of the same launch wrote them).
+template <bool kL2 = false>
+__device__ __forceinline__ void routeToken(const float* logits, int* ids, float* w, unsigned t, unsigned lane) {
   constexpr unsigned kPer = (kNexp + 31) / 32;
-  const unsigned t = blockIdx.x, lane = threadIdx.x;
   const float* row = logits + static_cast<unsigned long long>(t) * kNexp;
   float p[kPer];
   float mx = -MINFER_INF;
 #pragma unroll
   for (unsigned i = 0; i < kPer; ++i) {
     const unsigned e = lane + 32 * i;
-    p[i] = e < kNexp ? row[e] : -MINFER_INF;
+    p[i] = e < kNexp ? (kL2 ? __ldcg(row + e) : row[e]) : -MINFER_INF;
     mx = fmaxf(mx, p[i]);
   }
   mx = warpMax(mx);
@@ -295,34 +327,39 @@ extern "C" __global__ void __launch_bounds__(32) minfer_moe_route(const float* l
       w[t * kK + j] = MOE_NORM ? chosen_p[j] / chosen : chosen_p[j];
     }
 }
+}  // namespace minfer::kern::moe
+#endif
+
+#if defined(MOE_ROUTE)
+// One warp (thread block) per token.
+extern "C" __global__ void __launch_bounds__(32) minfer_moe_route(const float* logits, int* ids, float* w) {
+  minfer::kern::overlapPrologue();
+  minfer::kern::moe::routeToken(logits, ids, w, blockIdx.x, threadIdx.x);
+}
 #endif  // MOE_ROUTE
 
-#if defined(MOE_SORT)
-// Thread block 0: counting sort of the n_tokens·K slots by expert, and the list of chosen experts.
-// With MOE_X_Q8, thread block 1 + i quantizes blocks 256·i … of 32 values of x (four lanes per block).
-extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
-    minfer_moe_sort(const int* ids, const float* x, float* scratch, int n_tokens) {
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  using namespace minfer::kern::moe;
-  if (n_tokens > static_cast<int>(kMaxBatch)) __trap();  // the scratch regions hold MOE_MAX_BATCH tokens
+#if defined(MOE_SORT) || defined(MOE_ROUTE_SORT) || defined(MOE_ROUTER_SORT)
+namespace minfer::kern::moe {
 #if MOE_X_Q8
-  static_assert(kE % 256 == 0, "x is quantized for kBlocks gate/up weights: E is a multiple of 256");
-  if (blockIdx.x > 0) {
-    const unsigned block = (blockIdx.x - 1) * (kMoeSortThreads / 4) + threadIdx.x / 4, sub = threadIdx.x % 4;
-    const bool active = block < static_cast<unsigned>(n_tokens) * (kE / 32);  // inactive lanes join the shuffles
-    float v[8] = {};
-    if (active) {
-      const float4* p = reinterpret_cast<const float4*>(x + 32ull * block + 8 * sub);
-      const float4 a = p[0], b = p[1];
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    }
-    quantizeBlock<8>(v, xqOf(scratch) + 32ull * block, xmetaOf(scratch) + block, active);
-    return;
+static_assert(kE % 256 == 0, "x is quantized for kBlocks gate/up weights: E is a multiple of 256");
+// Quantizing thread block i of kThreads threads (thread block 1 + i of the sort's grid, moeSortLaunchRule): blocks
+// kThreads/4·i … of 32 values of x into the scratch's Xq (four lanes per block).
+template <unsigned kThreads = kMoeSortThreads>
+__device__ __forceinline__ void quantizeX(const float* x, float* scratch, int n_tokens, unsigned i) {
+  const unsigned block = i * (kThreads / 4) + threadIdx.x / 4, sub = threadIdx.x % 4;
+  const bool active = block < static_cast<unsigned>(n_tokens) * (kE / 32);  // inactive lanes join the shuffles
+  float v[8] = {};
+  if (active) {
+    const float4* p = reinterpret_cast<const float4*>(x + 32ull * block + 8 * sub);
+    const float4 a = p[0], b = p[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   }
-#else
-  (void)x;
+  quantizeBlock<8>(v, xqOf(scratch) + 32ull * block, xmetaOf(scratch) + block, active);
+}
 #endif
+// Thread block 0 of the sort's grid: counting sort of the n_tokens·K slots by expert, and the list of chosen
+// experts (ids: written before the call, by an earlier launch or by this thread block before a barrier).
+__device__ __forceinline__ void sortSlots(const int* ids, float* scratch, int n_tokens) {
   int* off = offsets(scratch);
   int* list = slotList(scratch);
   int* used = usedExperts(scratch);
@@ -362,7 +399,108 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
     if (e >= 0 && e < static_cast<int>(kNexp)) list[atomicAdd(&cur[e], 1)] = static_cast<int>(s);
   }
 }
+}  // namespace minfer::kern::moe
+#endif
+
+#if defined(MOE_SORT)
+// Thread block 0: counting sort of the n_tokens·K slots by expert, and the list of chosen experts.
+// With MOE_X_Q8, thread block 1 + i quantizes blocks 256·i … of 32 values of x (four lanes per block).
+extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
+    minfer_moe_sort(const int* ids, const float* x, float* scratch, int n_tokens) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern::moe;
+  if (n_tokens > static_cast<int>(kMaxBatch)) __trap();  // the scratch regions hold MOE_MAX_BATCH tokens
+#if MOE_X_Q8
+  if (blockIdx.x > 0) {
+    quantizeX(x, scratch, n_tokens, blockIdx.x - 1);
+    return;
+  }
+#else
+  (void)x;
+#endif
+  sortSlots(ids, scratch, n_tokens);
+}
 #endif  // MOE_SORT
+
+#if defined(MOE_ROUTE_SORT)
+// The router and the sort in one launch (the decode plan's MoeRoute and MoeFfn: one launch less): the sort's
+// grid; thread block 0 routes every token (warp w the tokens w, w + 32, … : routeToken, minfer_moe_route's
+// computation), then after a barrier sorts the slots (sortSlots, reading the ids it wrote); with MOE_X_Q8 the
+// other thread blocks quantize x (quantizeX). ids, w and the scratch's sort and Xq regions are minfer_moe_route's
+// and minfer_moe_sort's bit for bit.
+extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
+    minfer_moe_route_sort(const float* logits, int* ids, float* w, const float* x, float* scratch, int n_tokens) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::moe;
+  if (n_tokens > static_cast<int>(kMaxBatch)) __trap();  // the scratch regions hold MOE_MAX_BATCH tokens
+#if MOE_X_Q8
+  if (blockIdx.x > 0) {
+    quantizeX(x, scratch, n_tokens, blockIdx.x - 1);
+    return;
+  }
+#else
+  (void)x;
+#endif
+  for (unsigned t = threadIdx.x / 32; t < static_cast<unsigned>(n_tokens); t += kMoeSortThreads / 32)
+    routeToken(logits, ids, w, t, threadIdx.x % 32);
+  __syncthreads();  // the ids (global memory, written by this thread block) are visible to all its threads
+  sortSlots(ids, scratch, n_tokens);
+}
+#endif  // MOE_ROUTE_SORT
+
+#if defined(MOE_ROUTER_SORT)
+#ifndef MOE_R_HAS_BIAS
+#define MOE_R_HAS_BIAS 0
+#endif
+// The decode plan's router MatMul (a dense plane: MOE_R_PLANE 4 kF32, 5 kF16, 6 kBF16, MOE_R_PITCH its row pitch,
+// MOE_R_HAS_BIAS), MoeRoute and the MoeFfn's sort in one launch, for one token (grid: moeRouterSortLaunchRule,
+// kMoeRouterThreads threads per block: sortSlots and quantizeX take any block size):
+// thread blocks [0, R) compute the NEXP logits, one warp per row (dense_gemv's dense::gemvRow, then the bias: its
+// values bit for bit), and count themselves done in counters[0] (a block barrier, then one acquire-release
+// atomic, as minfer_moe_down_combine); the last of them routes (routeToken, logits read through L2) and sorts
+// (sortSlots), then sets the counter back to 0. With MOE_X_Q8 the thread blocks after R quantize x (quantizeX).
+extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeRouterThreads)
+    minfer_moe_router_sort(const uint8_t* rw, const float* rbias, const float* x, float* logits, int* ids, float* w,
+                           float* scratch, unsigned* counters) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::moe;
+  constexpr unsigned kRouterBlocks = moeRouterBlocks(kNexp);
+#if MOE_X_Q8
+  if (blockIdx.x >= kRouterBlocks) {
+    quantizeX<kMoeRouterThreads>(x, scratch, 1, blockIdx.x - kRouterBlocks);
+    return;
+  }
+#endif
+  const unsigned lane = threadIdx.x % 32;
+  const int row = static_cast<int>(blockIdx.x * (kMoeRouterThreads / 32) + threadIdx.x / 32);
+  if (row < static_cast<int>(kNexp)) {
+    float acc = dense::gemvRow<MOE_R_PLANE, static_cast<int>(kE), MOE_R_PITCH>(rw, x, row, static_cast<int>(lane));
+    if (lane == 0) {
+#if MOE_R_HAS_BIAS
+      acc += rbias[row];
+#else
+      (void)rbias;
+#endif
+      logits[row] = acc;
+    }
+  }
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters) : "memory");
+    last = before == kRouterBlocks - 1;
+    if (last) counters[0] = 0;  // every router block has arrived
+  }
+  __syncthreads();
+  if (!last) return;
+  if (threadIdx.x < 32) routeToken<true>(logits, ids, w, 0, lane);
+  __syncthreads();  // the ids (global memory, written by this thread block) are visible to all its threads
+  sortSlots(ids, scratch, 1);
+}
+#endif  // MOE_ROUTER_SORT
 
 #if defined(MOE_GATE_UP) || defined(MOE_DOWN)
 namespace minfer::kern::moe {
@@ -652,13 +790,12 @@ namespace minfer::kern::moe {
 using DownW = BlocksWeight<MOE_D_TYPE, MOE_D_GP, MOE_D_PITCH, MOE_D_EPITCH>;
 constexpr unsigned kL = moeBlocksLanes(kF), kCtaRows = moeBlocksRows(kF, false);
 }  // namespace minfer::kern::moe
+namespace minfer::kern::moe {
+constexpr unsigned kDownCtaRows = kCtaRows;
 // Thread block (x, y): rows kCtaRows·x … of chosen expert y (lanes kL·j … of warp w: row w·32/kL + j),
 // against the q8 rows of A that gate_up wrote (MOE_A_Q8).
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
-    minfer_moe_down(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch) {
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  using namespace minfer::kern::moe;
+__device__ __forceinline__ void downBlock(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch) {
+  overlapPrologue();
   (void)ds, (void)dm;
   const int ex = blockExpert(scratch);
   if (ex < 0) return;
@@ -686,12 +823,13 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
         if (i < n) y_out[static_cast<unsigned long long>(slot[i]) * kE + r] = dd[0][i];
   }
 }
+}  // namespace minfer::kern::moe
 #elif defined(MOE_DOWN)
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
-    minfer_moe_down(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch) {
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  using namespace minfer::kern::moe;
+namespace minfer::kern::moe {
+constexpr unsigned kDownCtaRows = kMoeWarps;  // one warp per row
+// Thread block (x, y): rows kMoeWarps·x … of chosen expert y, one warp each.
+__device__ __forceinline__ void downBlock(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch) {
+  overlapPrologue();
   const ExpertWeight<MOE_D_PLANE, MOE_D_PITCH, MOE_D_EPITCH, MOE_D_S_PITCH, MOE_D_S_EPITCH, MOE_D_M_PITCH,
                      MOE_D_M_EPITCH, MOE_D_GS>
       down{dq, ds, dm};
@@ -719,6 +857,62 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
         if (i < n) y_out[static_cast<unsigned long long>(slot[i]) * kE + r] = dd[i];
   }
 }
+}  // namespace minfer::kern::moe
+#endif
+
+#if defined(MOE_DOWN) || defined(MOE_COMBINE)
+namespace minfer::kern::moe {
+// out[t][r] of the combine: Σ_j w[t][j]·Y[t·K + j][r], j = 0..K−1 in order, skipping ids that are not an expert
+// (cpu::moeFfn's order); Y read through L2 (__ldcg) when kL2 (another thread block of the same launch wrote it).
+template <bool kL2>
+__device__ __forceinline__ float combineValue(const int* ids, const float* w, const float* y, unsigned long long t,
+                                              unsigned long long r) {
+  float acc = 0.0f;
+  for (unsigned j = 0; j < kK; ++j) {
+    const int e = ids[t * kK + j];
+    if (e < 0 || e >= static_cast<int>(kNexp)) continue;
+    const float* p = y + (t * kK + j) * kE + r;
+    acc += (kL2 ? __ldcg(p) : *p) * w[t * kK + j];
+  }
+  return acc;
+}
+}  // namespace minfer::kern::moe
+#endif
+
+#if defined(MOE_DOWN) && !MOE_DOWN_COMBINE
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
+    minfer_moe_down(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch) {
+  minfer::kern::moe::downBlock(dq, ds, dm, scratch);
+}
+#elif defined(MOE_DOWN)
+// down, then the combine of the block's rows: the thread blocks of one row tile (blockIdx.x, every y) count
+// themselves done in counters[blockIdx.x] (a block barrier, then one acquire-release atomic, as gemv_blocks.cuh's
+// minfer_gemv_glu), and the last of them computes out[t][r] for every token t and the tile's rows r exactly as
+// minfer_moe_combine does (combineValue), then sets the counter back to 0.
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kMoeWarps)
+    minfer_moe_down_combine(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch, const int* ids,
+                            const float* w, float* out, unsigned* counters, int n_tokens) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::moe;
+  downBlock(dq, ds, dm, scratch);
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blockIdx.x) : "memory");
+    last = before == gridDim.y - 1;
+    if (last) counters[blockIdx.x] = 0;  // every block of the tile has arrived: none reads it again
+  }
+  __syncthreads();
+  if (!last) return;
+  const unsigned r0 = blockIdx.x * kDownCtaRows;
+  const unsigned rows = min(kDownCtaRows, kE - r0);
+  const float* y = regionY(scratch);
+  for (unsigned i = threadIdx.x; i < static_cast<unsigned>(n_tokens) * rows; i += blockDim.x) {
+    const unsigned long long t = i / rows, r = r0 + i % rows;
+    out[t * kE + r] = combineValue<true>(ids, w, y, t, r);
+  }
+}
 #endif  // MOE_DOWN
 
 #if defined(MOE_COMBINE)
@@ -729,14 +923,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeCombineThreads)
   const unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<unsigned long long>(n_tokens) * kE) return;
   const unsigned long long t = i / kE, r = i % kE;
-  const float* y = regionY(const_cast<float*>(scratch));
-  float acc = 0.0f;
-  for (unsigned j = 0; j < kK; ++j) {
-    const int e = ids[t * kK + j];
-    if (e < 0 || e >= static_cast<int>(kNexp)) continue;
-    acc += y[(t * kK + j) * kE + r] * w[t * kK + j];
-  }
-  out[i] = acc;
+  out[i] = combineValue<false>(ids, w, regionY(const_cast<float*>(scratch)), t, r);
 }
 #endif  // MOE_COMBINE
 

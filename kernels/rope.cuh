@@ -202,12 +202,21 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kRopeThreads)
 #ifndef ROPE_ROW_POSITIONS
 #define ROPE_ROW_POSITIONS 0
 #endif
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kHeadNormRopeWarps)
-    minfer_head_norm_rope(float* q, float* k, const float* __restrict__ wq, const float* __restrict__ wk,
-                          const float* __restrict__ freq_factors, const int* __restrict__ pos, int n_tokens) {
-  using namespace minfer::kern;
+#ifndef ROPE_KV_STORE
+#define ROPE_KV_STORE 0
+#endif
+static_assert(!(ROPE_KV_STORE && ROPE_ROW_POSITIONS), "the KV store writes a contiguous cache at pos[0] + t");
+namespace minfer::kern::hnr {
+// The body of minfer_head_norm_rope and minfer_head_norm_rope_kv: with kStore, the warp of k head j also writes
+// k head j (as left in k) and v head j of token t as f16 into the caches' row of position pos[0] + t (slot
+// p % ROPE_KV_RING with a ring), as attention.cuh's minfer_kv_store writes them (f2h of the same floats).
+template <bool kStore>
+__device__ __forceinline__ void headNormRope(float* q, float* k, const float* v, const float* wq, const float* wk,
+                                             const float* freq_factors, uint16_t* kc, uint16_t* vc, const int* pos,
+                                             int n_tokens) {
   static_assert(ROPE_NROT % 2 == 0 && ROPE_NROT <= ROPE_HEAD_DIM, "ROPE_NROT must be even and <= ROPE_HEAD_DIM");
   constexpr int kHeads = ROPE_NHEAD + ROPE_NHEAD_KV, kPer = (ROPE_HEAD_DIM + 31) / 32;
+  constexpr int kKvW = ROPE_NHEAD_KV * ROPE_HEAD_DIM;
   const int t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int h = blockIdx.y * kHeadNormRopeWarps + warp;  // this warp's head: q heads, then k heads
   const bool is_q = h < ROPE_NHEAD;
@@ -225,7 +234,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kHeadNormRopeWar
   float* xh = nullptr;
   if (h < kHeads) {
     xh = is_q ? q + static_cast<uint64_t>(t) * (ROPE_NHEAD * ROPE_HEAD_DIM) + h * ROPE_HEAD_DIM
-              : k + static_cast<uint64_t>(t) * (ROPE_NHEAD_KV * ROPE_HEAD_DIM) + (h - ROPE_NHEAD) * ROPE_HEAD_DIM;
+              : k + static_cast<uint64_t>(t) * kKvW + (h - ROPE_NHEAD) * ROPE_HEAD_DIM;
     const float inv = headRmsInv(xh, lane, ROPE_HEAD_DIM, ROPE_NORM_EPS);
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -236,12 +245,53 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kHeadNormRopeWar
   __syncthreads();  // cos/sin of every pair, and each warp's normalized head
   if (h >= kHeads) return;
   const float* y = xs[warp];
+  // k head j's row of the caches (kStore): position pos[0] + t, or its slot in a ring.
+  uint16_t *kr = nullptr, *vr = nullptr;
+  if (kStore && !is_q) {
+#ifdef ROPE_KV_RING
+    const uint64_t row = static_cast<uint64_t>(position % ROPE_KV_RING) * kKvW + (h - ROPE_NHEAD) * ROPE_HEAD_DIM;
+#else
+    const uint64_t row = static_cast<uint64_t>(position) * kKvW + (h - ROPE_NHEAD) * ROPE_HEAD_DIM;
+#endif
+    kr = kc + row;
+    vr = vc + row;
+  }
   for (int i = lane; i < ROPE_NROT / 2; i += 32) {
     const int i0 = ROPE_NEOX ? i : 2 * i;
     const int i1 = ROPE_NEOX ? i + ROPE_NROT / 2 : 2 * i + 1;
-    ropeRotate(y[i0], y[i1], cs[i], sn[i], xh[i0], xh[i1]);
+    float a, b;
+    ropeRotate(y[i0], y[i1], cs[i], sn[i], a, b);
+    xh[i0] = a;
+    xh[i1] = b;
+    if (kr) {
+      kr[i0] = f2h(a);
+      kr[i1] = f2h(b);
+    }
   }
-  for (int i = ROPE_NROT + lane; i < ROPE_HEAD_DIM; i += 32) xh[i] = y[i];  // not rotated: the norm's value
+  for (int i = ROPE_NROT + lane; i < ROPE_HEAD_DIM; i += 32) {  // not rotated: the norm's value
+    xh[i] = y[i];
+    if (kr) kr[i] = f2h(y[i]);
+  }
+  if (!vr) return;
+  const float* vh = v + static_cast<uint64_t>(t) * kKvW + (h - ROPE_NHEAD) * ROPE_HEAD_DIM;
+  for (int i = lane; i < ROPE_HEAD_DIM; i += 32) vr[i] = f2h(vh[i]);
 }
+}  // namespace minfer::kern::hnr
+
+#if ROPE_KV_STORE
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kHeadNormRopeWarps)
+    minfer_head_norm_rope_kv(float* q, float* k, const float* __restrict__ v, const float* __restrict__ wq,
+                             const float* __restrict__ wk, const float* __restrict__ freq_factors,
+                             uint16_t* __restrict__ kc, uint16_t* __restrict__ vc, const int* __restrict__ pos,
+                             int n_tokens) {
+  minfer::kern::hnr::headNormRope<true>(q, k, v, wq, wk, freq_factors, kc, vc, pos, n_tokens);
+}
+#else
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kHeadNormRopeWarps)
+    minfer_head_norm_rope(float* q, float* k, const float* __restrict__ wq, const float* __restrict__ wk,
+                          const float* __restrict__ freq_factors, const int* __restrict__ pos, int n_tokens) {
+  minfer::kern::hnr::headNormRope<false>(q, k, nullptr, wq, wk, freq_factors, nullptr, nullptr, pos, n_tokens);
+}
+#endif
 #endif  // ROPE_NORM_EPS
 #endif

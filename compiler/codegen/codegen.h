@@ -28,7 +28,11 @@ struct CodegenOptions {
   std::string cache_dir;             // "" = KernelCache::defaultDirectory(); "off" = no cache
   // Launch fusion (schema Step.fused, ops/fusion.cpp): a QuantizeAct runs inside the launch of the
   // RmsNorm / SwiGlu / GeGlu / decode Attention that produces its input, an RmsNorm inside the residual
-  // Add's before it; with fuse_qkv (the default) also the decode q, k, v GEMVs with their RoPE and KV store in one launch,
+  // Add's before it, in decode the Attention's KV store into a q/k HeadRmsNorm + RoPE launch and the MoeRoute and
+  // MoeFfn into the router MatMul's launches (router GEMV, top-k and slot sort in one launch, the combine in the
+  // down launch); with fuse_qkv (the
+  // default) also the decode q, k, v GEMVs with their RoPE and KV store in one launch (or, where a q/k HeadRmsNorm
+  // sits between them and the RoPE, the three GEMVs alone in one launch),
   // with fuse_glu the decode gate|up GEMVs with their GLU (off by default: slower on the H200,
   // BENCHMARKS.md), with fuse_pair (the default) two decode GEMVs of one input (gate and up) in one launch.
   // Off: every step launches its own kernels (same results, bit for bit).
@@ -81,8 +85,9 @@ struct KernelSet {
   // Step.fused; its launch list is empty).
   std::vector<uint8_t> prefill_fused, decode_fused;
   // Per prefill / decode step: its paged launches (schema Step.paged_launches, 1.6), the kernels a batch
-  // session runs instead of the step's launches: Rope and Attention steps that are not fused, and the q
-  // MatMul that runs the fused QKV GEMV (ops/op_family.h pagedLaunchesForStep).
+  // session runs instead of the step's launches: Rope and Attention steps that are not fused, the q
+  // MatMul that runs the fused QKV GEMV, and the q HeadRmsNorm that runs the head-norm RoPE launch (with the
+  // decode Attention's, when it is fused in) (ops/op_family.h pagedLaunchesForStep).
   std::vector<std::vector<LaunchRecord>> prefill_paged, decode_paged;
   // Per prefill step: its small-batch launches and the largest call they serve (schema Step.small_launches and
   // small_rows, 1.7; ops/op_family.h smallLaunchesForStep): empty and 0 on every step but a MatMul's.

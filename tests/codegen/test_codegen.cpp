@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -15,9 +16,11 @@
 #include "compiler/codegen/ops/op_family.h"
 #include "compiler/codegen/plan_rewrite.h"
 #include "compiler/gguf/gguf_reader.h"
+#include "compiler/tools/synth_model.h"
 #include "kernels/attention.cuh"
 #include "kernels/gemm_small.cuh"
 #include "kernels/gemv_blocks.cuh"
+#include "kernels/moe.cuh"
 #include "tests/test_support.h"
 
 namespace minfer::codegen {
@@ -114,7 +117,9 @@ std::vector<std::string> expectedEntries(const Loaded& l, const model::StepDesc&
     case fb::OpKind::Scale: return {"minfer_scale"};
     case fb::OpKind::ExpandBlocks: return {"minfer_expand_blocks"};
     case fb::OpKind::MoeRoute: return {"minfer_moe_route"};
-    case fb::OpKind::MoeFfn: return {"minfer_moe_sort", "minfer_moe_gate_up", "minfer_moe_down", "minfer_moe_combine"};
+    case fb::OpKind::MoeFfn:  // in decode the combine runs in the down launch
+      if (prefill) return {"minfer_moe_sort", "minfer_moe_gate_up", "minfer_moe_down", "minfer_moe_combine"};
+      return {"minfer_moe_sort", "minfer_moe_gate_up", "minfer_moe_down_combine"};
   }
   return {};
 }
@@ -128,7 +133,8 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
       {"MMQ_Q_PITCH", "wq"},   {"MMQ_S_PITCH", "wscale"},  {"MMQ_M_PITCH", "wmin"}, {"GEMV_PITCH", "wq"},
       {"GEMV_S_PITCH", "wscale"}, {"GEMV_M_PITCH", "wmin"}, {"DMM_PITCH", "w"},     {"DGEMV_PITCH", "w"},
       {"EMBED_ROW_PITCH", "table"}, {"GEMVB_PITCH", "w"}, {"GEMVB_Q_PITCH", "wq"}, {"GEMVB_K_PITCH", "wk"},
-      {"GEMVB_V_PITCH", "wv"}, {"EXPAND_SRC_PITCH", "blocks"},
+      {"GEMVB_V_PITCH", "wv"}, {"GEMVB_PITCH0", "w0"}, {"GEMVB_PITCH1", "w1"}, {"GEMVB_PITCH2", "w2"},
+      {"MOE_R_PITCH", "rw"}, {"EXPAND_SRC_PITCH", "blocks"},
       {"EXPAND_I8_PITCH", "q"}, {"EXPAND_S_PITCH", "scale"}, {"EXPAND_M_PITCH", "min"},
       {"EXPAND_P_PITCH", "packed"}, {"MOE_G_PITCH", "gq"}, {"MOE_G_S_PITCH", "gs"}, {"MOE_G_M_PITCH", "gm"},
       {"MOE_U_PITCH", "uq"}, {"MOE_U_S_PITCH", "us"}, {"MOE_U_M_PITCH", "um"}, {"MOE_D_PITCH", "dq"},
@@ -293,12 +299,34 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
         want = {"minfer_rms_norm"};
       const bool mm_leads = !is_fused && steps[i].op == fb::OpKind::MatMul && fused && i + 1 < steps.size() && (*fused)[i + 1];
       // A gate MatMul with the up MatMul, the GLU and its quantization fused in runs the gate|up GEMV; with the
-      // up MatMul alone (the default), the GEMV pair.
+      // up MatMul alone (the default), the GEMV pair; a q MatMul with the k and v MatMuls (and no Rope after
+      // them: a q/k HeadRmsNorm between), the GEMV triple.
+      const bool fused2 = fused && i + 2 < steps.size() && (*fused)[i + 2];
       if (mm_leads && steps[i + 1].op == fb::OpKind::MatMul)
-        want = {i + 2 < steps.size() && (*fused)[i + 2] ? "minfer_gemv_glu" : "minfer_gemv_pair"};
-      // A q HeadRmsNorm with the k HeadRmsNorm and the Rope fused in runs the head-norm RoPE kernel.
+        want = {!fused2 ? "minfer_gemv_pair"
+                : steps[i + 2].op == fb::OpKind::MatMul ? "minfer_gemv_triple" : "minfer_gemv_glu"};
+      // A q HeadRmsNorm with the k HeadRmsNorm and the Rope fused in runs the head-norm RoPE kernel; in decode
+      // with the Attention fused in too, its KV-storing form, then the attention without kv_store.
       if (!is_fused && steps[i].op == fb::OpKind::HeadRmsNorm && fused && i + 1 < steps.size() && (*fused)[i + 1])
         want = {"minfer_head_norm_rope"};
+      if (!is_fused && steps[i].op == fb::OpKind::HeadRmsNorm && fused && i + 3 < steps.size() && (*fused)[i + 3] &&
+          steps[i + 3].op == fb::OpKind::Attention) {
+        CHECK(!prefill);
+        want = {"minfer_head_norm_rope_kv", "minfer_attn_decode", "minfer_attn_combine"};
+      }
+      // A decode router MatMul with the MoeRoute and MoeFfn fused in runs the MoeFfn's launches, the first computing
+      // the logits, routing and sorting.
+      if (mm_leads && steps[i + 1].op == fb::OpKind::MoeRoute) {
+        CHECK(!prefill);
+        CHECK((*fused)[i + 2]);
+        want = {"minfer_moe_router_sort", "minfer_moe_gate_up", "minfer_moe_down_combine"};
+      }
+      // A decode MoeRoute with its MoeFfn fused in runs the MoeFfn's launches, the sort launch routing too.
+      if (!is_fused && steps[i].op == fb::OpKind::MoeRoute && fused && i + 1 < steps.size() && (*fused)[i + 1]) {
+        CHECK(!prefill);
+        CHECK(steps[i + 1].op == fb::OpKind::MoeFfn);
+        want = {"minfer_moe_route_sort", "minfer_moe_gate_up", "minfer_moe_down_combine"};
+      }
       // A q MatMul with k, v, the Rope and the Attention fused in runs the QKV GEMV, then the attention.
       if (mm_leads && i + 4 < steps.size() && (*fused)[i + 4] && steps[i + 3].op == fb::OpKind::Rope)
         want = {"minfer_gemv_qkv", "minfer_attn_decode", "minfer_attn_combine"};
@@ -345,8 +373,12 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       const bool follows = i + 1 < steps.size() && fused[i + 1];
       std::vector<std::string> want;
       if (!fused[i] && !follows && s.op == fb::OpKind::Rope) want = {"minfer_rope_paged"};
-      // A q HeadRmsNorm running the k norm and the Rope: the same kernel at per-row positions.
+      // A q HeadRmsNorm running the k norm and the Rope: the same kernel at per-row positions (and with the decode
+      // Attention fused in, its paged KV store and attention after it).
+      const bool hnr_attention = !fused[i] && follows && s.op == fb::OpKind::HeadRmsNorm && i + 3 < steps.size() &&
+                                 fused[i + 3] && steps[i + 3].op == fb::OpKind::Attention;
       if (!fused[i] && follows && s.op == fb::OpKind::HeadRmsNorm) want = {"minfer_head_norm_rope"};
+      if (hnr_attention) want = {"minfer_head_norm_rope", "minfer_kv_store_paged", "minfer_attn_paged"};
       if (!fused[i] && (!follows || (quant_follows && s.head_dim % 32 == 0)) && s.op == fb::OpKind::Attention)
         want = {"minfer_kv_store_paged", "minfer_attn_paged"};
       const bool qkv = !fused[i] && follows && s.op == fb::OpKind::MatMul && i + 4 < steps.size() && fused[i + 4] &&
@@ -365,7 +397,9 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
         checkRecord(l, r, img);
         if (img.entry == "minfer_head_norm_rope") CHECK(optionValue(img, "ROPE_ROW_POSITIONS") == "1");
         if (img.entry == "minfer_attn_paged")
-          CHECK((optionValue(img, "PA_Q8") == "1") == (qkv ? i + 5 < steps.size() && fused[i + 5] : follows));
+          CHECK((optionValue(img, "PA_Q8") == "1") == (qkv             ? i + 5 < steps.size() && fused[i + 5]
+                                                       : hnr_attention ? i + 4 < steps.size() && fused[i + 4]
+                                                                       : follows));
         if (img.entry == "minfer_gemv_blocks") continue;  // a GEMV of one row: no positions
         bool rows = false;
         for (const KernelArgDesc& a : r.args) {
@@ -513,6 +547,8 @@ TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches eq
   }
 }
 
+// In decode the MoeFfn and its MoeRoute run in the router MatMul's launches: router + route + sort, gate/up,
+// down + combine.
 TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/up, down, combine on the expert axis") {
   if (!haveNvrtc()) {
     MESSAGE("SKIPPED: built without NVRTC");
@@ -529,8 +565,36 @@ TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/u
       const model::StepDesc& st = l.desc.plan.decode[i];
       if (st.op != fb::OpKind::MoeFfn) continue;
       ++moe_steps;
+      // In decode the MoeFfn and the MoeRoute run in the router MatMul's launches (minfer_moe_router_sort first: the
+      // router weight and x in; the logits, ids and weights out, as the MoeRoute and MoeFfn read them; the sort's
+      // scratch and one counter word).
+      REQUIRE(i > 1);
+      REQUIRE(set.decode_fused[i] != 0);
+      REQUIRE(set.decode_fused[i - 1] != 0);
+      const model::StepDesc &route = l.desc.plan.decode[i - 1], &router = l.desc.plan.decode[i - 2];
+      REQUIRE(route.op == fb::OpKind::MoeRoute);
+      REQUIRE(router.op == fb::OpKind::MatMul);
+      const std::vector<LaunchRecord>& launches = set.decode[i - 2];
+      REQUIRE(launches.size() == 3);
+      const LaunchRecord& rs = launches[0];
+      CHECK(set.images[rs.images[0]].entry == "minfer_moe_router_sort");
+      REQUIRE(rs.args.size() == 8);
+      CHECK(rs.args[0].kind == fb::ArgKind::Weight);
+      CHECK(rs.args[0].tensor == router.weights[0]);
+      CHECK(rs.args[2].buffer == st.inputs[0]);
+      CHECK(rs.args[3].buffer == router.outputs[0]);
+      CHECK(rs.args[3].buffer == route.inputs[0]);
+      CHECK(rs.args[3].access == fb::Access::Write);
+      CHECK(rs.args[4].buffer == st.inputs[1]);
+      CHECK(rs.args[4].access == fb::Access::Write);
+      CHECK(rs.args[5].buffer == st.inputs[2]);
+      CHECK(rs.args[5].access == fb::Access::Write);
+      CHECK(rs.args[6].kind == fb::ArgKind::Scratch);
+      CHECK(rs.args[7].kind == fb::ArgKind::Counters);
+      CHECK(rs.args[7].bytes == 4u);
       // gate/up and down read every expert weight through planes with the step's expert axis.
-      for (const LaunchRecord& r : set.decode[i]) {
+      for (size_t li = 1; li < launches.size(); ++li) {
+        const LaunchRecord& r = launches[li];
         bool reads_experts = false;
         for (const KernelArgDesc& a : r.args)
           if (a.kind == fb::ArgKind::Weight) {
@@ -550,6 +614,19 @@ TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/u
           CHECK(r.rule.at(l.desc.plan.max_batch).grid.y == 8);
         }
       }
+      // The decode down launch also combines (minfer_moe_down_combine): it reads the ids and weights, writes the
+      // step's output, and counts its row tiles in ⌈E / rows⌉ counter words (moeDownRows of its plane set).
+      const LaunchRecord& dc = launches[2];
+      REQUIRE(dc.args.size() == 9);
+      CHECK(dc.args[4].kind == fb::ArgKind::Activation);
+      CHECK(dc.args[4].buffer == st.inputs[1]);
+      CHECK(dc.args[5].buffer == st.inputs[2]);
+      CHECK(dc.args[6].buffer == st.outputs[0]);
+      CHECK(dc.args[6].access == fb::Access::Write);
+      CHECK(dc.args[7].kind == fb::ArgKind::Counters);
+      const bool down_blocks = dc.args[0].plane.kind == PlaneKind::kBlocks;
+      CHECK(dc.args[7].bytes == uint64_t{kern::ceilDiv(st.cols, kern::moeDownRows(down_blocks, st.rows))} * 4);
+      CHECK(dc.args[8].kind == fb::ArgKind::TokenCount);
     }
     CHECK(moe_steps == 2);
     // MoeFfn uses step scratch, so the last-token tail starts after the last one.
@@ -1058,12 +1135,95 @@ TEST_CASE("decode GEMV pair and GEMV + Add + RMSNorm launches: entries, fused st
   }
 }
 
+// The decode GEMV triple (gemv_blocks.cuh GEMVB_TRIPLE, under the QKV GEMV's option fuse_qkv): on a qwen3moe
+// whose q, k and v are Q4_K / Q6_K — a two-layer minfer-synth qwen3-30b-a3b at 256 wide in llama.cpp's Q4_K_M mix
+// (v Q4_K in layer 0, Q6_K in layer 1) — every layer's q MatMul runs one minfer_gemv_triple that writes q, k and v
+// (the k and v MatMuls fused), each segment compiled with the constants of the minfer_gemv_blocks its weight runs
+// alone (as the unfused plan launches it); the rest of the layer as checkSet expects. (tiny-qwen3moe-Q4_K_M's
+// k and v are Q8_0, llama-quantize's choice for its 64-row matrices: no kBlocks plane, no triple there.)
+TEST_CASE("decode GEMV triple: q, k, v of a q/k-norm model in one launch, each segment as its own minfer_gemv_blocks") {
+  if (!haveNvrtc()) {
+    MESSAGE("SKIPPED: built without NVRTC");
+    return;
+  }
+  synth::SynthOptions so;
+  so.shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
+  so.shape.n_layer = 2, so.shape.n_embd = 256, so.shape.n_head = 4, so.shape.n_head_kv = 1, so.shape.head_dim = 64;
+  so.shape.n_expert = 8, so.shape.n_expert_used = 2, so.shape.n_ff_exp = 256, so.shape.n_vocab = 300;
+  so.shape.n_ctx = 4096;
+  so.mix = synth::TypeMix::kQ4_K_M;
+  gguf::GgufWriter w;
+  llvm::cantFail(synth::buildSynthModel(so, w, nullptr));
+  const std::string path = test::scratchDir() + "/synth-qwen3moe-q4_k_m.gguf";
+  llvm::cantFail(w.write(path));
+  const Loaded l = load(path);
+  std::optional<KernelSet> sets[2];  // fused (the defaults), every step its own launches
+  for (int off = 0; off < 2; ++off) {
+    CodegenOptions o;
+    o.targets = {"sm_90"};
+    o.cache_dir = MINFER_TEST_KERNEL_CACHE;
+    o.fuse_launches = off == 0;
+    auto set = generateKernels(l.desc, l.layouts, o);
+    REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
+    sets[off] = std::move(*set);
+  }
+  checkSet(l, *sets[0], {"sm_90"});
+  const auto& steps = l.desc.plan.decode;
+  const KernelSet &on = *sets[0], &off = *sets[1];
+  const auto image = [](const KernelSet& set, const LaunchRecord& r) -> const KernelImageData& {
+    return set.images[r.images[0]];
+  };
+  size_t triples = 0;
+  std::set<uint32_t> v_types;
+  for (size_t i = 0; i + 2 < steps.size(); ++i) {
+    if (on.decode[i].size() != 1 || image(on, on.decode[i][0]).entry != "minfer_gemv_triple") continue;
+    CAPTURE(steps[i].name);
+    ++triples;
+    CHECK(steps[i].name.find("attn_q") != std::string::npos);
+    CHECK(steps[i + 3].op == fb::OpKind::HeadRmsNorm);
+    const LaunchRecord& r = on.decode[i][0];
+    const KernelImageData& img = image(on, r);
+    for (size_t s = 0; s < 3; ++s) {
+      CAPTURE(s);
+      const model::StepDesc& mm = steps[i + s];
+      CHECK(mm.op == fb::OpKind::MatMul);
+      if (s > 0) {
+        CHECK(on.decode_fused[i + s] != 0);
+        CHECK(on.decode[i + s].empty());
+      }
+      // Its output written, and its own launch (fuse_qkv off) a minfer_gemv_blocks of the segment's constants.
+      bool writes = false;
+      for (const KernelArgDesc& a : r.args)
+        writes |= a.kind == fb::ArgKind::Activation && a.access == fb::Access::Write && a.buffer == mm.outputs[0];
+      CHECK(writes);
+      REQUIRE(off.decode[i + s].size() == 1);
+      const KernelImageData& plain = image(off, off.decode[i + s][0]);
+      CHECK(plain.entry == "minfer_gemv_blocks");
+      for (const char* c : {"GEMVB_N", "GEMVB_TYPE", "GEMVB_PITCH", "GEMVB_GROUP_PITCH", "GEMVB_ROWS", "GEMVB_HAS_BIAS"})
+        CHECK_MESSAGE(optionValue(img, c + std::to_string(s)) == optionValue(plain, c), c);
+      for (const char* c : {"GEMVB_K", "GEMVB_ROW_WARPS", "GEMVB_UNROLL"})
+        CHECK_MESSAGE(optionValue(img, c) == optionValue(plain, c), c);
+      if (s == 2) v_types.insert(l.layouts[mm.weights[0]].desc.type == GgmlType::Q6_K ? 14u : 12u);
+    }
+    CHECK(r.rule.at(1).grid.x == kern::gemvBlocksLaunchRule(256, {2, 2, 1}).at(1).grid.x +
+                                     2 * kern::gemvBlocksLaunchRule(64, {2, 2, 1}).at(1).grid.x);
+    CHECK(on.decode_paged[i].empty());  // a GEMV of one row: no positions
+  }
+  CHECK(triples == l.desc.config.n_layer);
+  CHECK(v_types == std::set<uint32_t>{12u, 14u});  // Q4_K and Q6_K segments both covered
+  std::filesystem::remove(path);
+}
+
 // The q/k head-norm RoPE fusion (kernels/rope.cuh minfer_head_norm_rope, ops/fusion.cpp), restated: in both
 // plans, wherever a HeadRmsNorm of q, a HeadRmsNorm of k (one epsilon, the Rope's heads) and the Rope of the two
 // follow each other, the first step runs one minfer_head_norm_rope launch that reads and writes q and k and
-// takes both norm weights, the other two are fused, and its paged launch is the same kernel at per-row positions;
-// every layer of tiny-qwen3moe and tiny-gemma3 has the chain. With fusion off, or with the k norm's epsilon
-// changed (the rule's negative case), each of the three steps keeps its own kernel.
+// takes both norm weights, the other two are fused, and its paged launch is the same kernel at per-row positions.
+// In decode the Attention after the Rope (and its QuantizeAct) is fused too: the launch is
+// minfer_head_norm_rope_kv, which also reads v and writes the layer's K and V caches (ring slots where the layer
+// has a ring), followed by the attention's attn_decode and attn_combine (no kv_store); the paged launches are
+// minfer_head_norm_rope at per-row positions, minfer_kv_store_paged and minfer_attn_paged. Every layer of
+// tiny-qwen3moe and tiny-gemma3 has the chain. With fusion off, or with the k norm's epsilon changed (the rule's
+// negative case), each of the three steps keeps its own kernel and the attention its kv_store.
 TEST_CASE("launch fusion: HeadRmsNorm q, HeadRmsNorm k and Rope as one minfer_head_norm_rope launch (qwen3moe, gemma3)") {
   if (!test::haveFixtures()) return;
   for (const char* model : {"tiny-qwen3moe-Q4_K_M.gguf", "tiny-gemma3-Q8_0.gguf"})
@@ -1089,23 +1249,31 @@ TEST_CASE("launch fusion: HeadRmsNorm q, HeadRmsNorm k and Rope as one minfer_he
         const auto& paged = prefill ? set->prefill_paged : set->decode_paged;
         const auto& fused = prefill ? set->prefill_fused : set->decode_fused;
         const auto entry = [&](const LaunchRecord& r) { return set->images[r.images[0]].entry; };
-        size_t chains = 0, fused_entries = 0;
+        const std::string fused_entry = prefill ? "minfer_head_norm_rope" : "minfer_head_norm_rope_kv";
+        size_t chains = 0, fused_entries = 0, stores = 0;
         for (size_t i = 0; i < steps.size(); ++i)
-          for (const LaunchRecord& r : launches[i]) fused_entries += entry(r) == "minfer_head_norm_rope";
-        for (size_t i = 0; i + 2 < steps.size(); ++i) {
-          const model::StepDesc &qn = steps[i], &kn = steps[i + 1], &rope = steps[i + 2];
+          for (const LaunchRecord& r : launches[i]) {
+            fused_entries += entry(r) == fused_entry;
+            stores += entry(r) == "minfer_kv_store";
+          }
+        for (size_t i = 0; i + 3 < steps.size(); ++i) {
+          const model::StepDesc &qn = steps[i], &kn = steps[i + 1], &rope = steps[i + 2], &att = steps[i + 3];
           if (qn.op != fb::OpKind::HeadRmsNorm || kn.op != fb::OpKind::HeadRmsNorm || rope.op != fb::OpKind::Rope) continue;
           CAPTURE(qn.name);
           REQUIRE(rope.inputs == std::vector<uint32_t>{qn.inputs[0], kn.inputs[0]});
+          REQUIRE(att.op == fb::OpKind::Attention);
+          REQUIRE(att.inputs.size() == 3);
           ++chains;
           CHECK((fused[i + 1] != 0) == expect);
           CHECK((fused[i + 2] != 0) == expect);
+          CHECK((fused[i + 3] != 0) == (expect && !prefill));
           CHECK(fused[i] == 0);
           if (!expect) {
             REQUIRE(launches[i].size() == 1);
             CHECK(entry(launches[i][0]) == "minfer_head_rms_norm");
             CHECK(entry(launches[i + 1][0]) == "minfer_head_rms_norm");
             CHECK(entry(launches[i + 2][0]) == "minfer_rope");
+            CHECK(entry(launches[i + 3][0]) == "minfer_kv_store");
             CHECK(paged[i].empty());
             REQUIRE(paged[i + 2].size() == 1);
             CHECK(entry(paged[i + 2][0]) == "minfer_rope_paged");
@@ -1113,28 +1281,56 @@ TEST_CASE("launch fusion: HeadRmsNorm q, HeadRmsNorm k and Rope as one minfer_he
           }
           CHECK(launches[i + 1].empty());
           CHECK(launches[i + 2].empty());
-          REQUIRE(launches[i].size() == 1);
-          REQUIRE(paged[i].size() == 1);
+          REQUIRE(launches[i].size() == (prefill ? 1u : 3u));
+          REQUIRE(paged[i].size() == (prefill ? 1u : 3u));
+          if (!prefill) {
+            CHECK(launches[i + 3].empty());
+            CHECK(entry(launches[i][1]) == "minfer_attn_decode");
+            CHECK(entry(launches[i][2]) == "minfer_attn_combine");
+            CHECK(entry(paged[i][1]) == "minfer_kv_store_paged");
+            CHECK(entry(paged[i][2]) == "minfer_attn_paged");
+            CHECK(paged[i + 3].empty());
+          }
           for (bool page : {false, true}) {
             CAPTURE(page);
             const LaunchRecord& r = page ? paged[i][0] : launches[i][0];
-            CHECK(entry(r) == "minfer_head_norm_rope");
-            REQUIRE(r.args.size() == 7);
+            const bool store = !prefill && !page;
+            CHECK(entry(r) == (store ? "minfer_head_norm_rope_kv" : "minfer_head_norm_rope"));
+            REQUIRE(r.args.size() == (store ? 10u : 7u));
             CHECK(r.args[0].buffer == qn.inputs[0]);
             CHECK(r.args[0].access == fb::Access::ReadWrite);
             CHECK(r.args[1].buffer == kn.inputs[0]);
             CHECK(r.args[1].access == fb::Access::ReadWrite);
-            CHECK(r.args[2].kind == fb::ArgKind::Weight);
-            CHECK(r.args[2].tensor == qn.weights[0]);
-            CHECK(r.args[3].kind == fb::ArgKind::Weight);
-            CHECK(r.args[3].tensor == kn.weights[0]);
-            CHECK(r.args[5].kind == (page ? fb::ArgKind::RowPositions : fb::ArgKind::Positions));
-            CHECK(r.args[6].kind == fb::ArgKind::TokenCount);
+            const size_t w = store ? 3 : 2;  // wq, wk after q, k (and v)
+            if (store) {
+              CHECK(r.args[2].kind == fb::ArgKind::Activation);
+              CHECK(r.args[2].buffer == att.inputs[2]);
+              CHECK(r.args[2].access == fb::Access::Read);
+            }
+            CHECK(r.args[w].kind == fb::ArgKind::Weight);
+            CHECK(r.args[w].tensor == qn.weights[0]);
+            CHECK(r.args[w + 1].kind == fb::ArgKind::Weight);
+            CHECK(r.args[w + 1].tensor == kn.weights[0]);
+            if (store) {
+              // The layer's caches, written (ROPE_KV_RING where the attention has a ring).
+              CHECK(r.args[6].kind == fb::ArgKind::KCache);
+              CHECK(r.args[7].kind == fb::ArgKind::VCache);
+              for (size_t a : {size_t{6}, size_t{7}}) {
+                CHECK(r.args[a].access == fb::Access::Write);
+                CHECK(r.args[a].layer == static_cast<uint32_t>(att.layer));
+                CHECK(r.args[a].width == att.n_head_kv * att.head_dim);
+              }
+              const std::string ring = optionValue(set->images[r.images[0]], "ROPE_KV_RING");
+              CHECK(ring == (att.kv_ring != 0 ? std::to_string(att.kv_ring) : ""));
+            }
+            CHECK(r.args[r.args.size() - 2].kind == (page ? fb::ArgKind::RowPositions : fb::ArgKind::Positions));
+            CHECK(r.args.back().kind == fb::ArgKind::TokenCount);
           }
           CHECK(paged[i + 2].empty());
         }
         CHECK(chains == l.desc.config.n_layer);
         CHECK(fused_entries == (expect ? chains : 0u));
+        CHECK(stores == (expect && !prefill ? 0u : chains));
       }
     }
 }

@@ -989,6 +989,88 @@ TEST_CASE("gemv_batch: n q8 rows in one launch, each bit-identical to its own mi
   }
 }
 
+// minfer_gemv_triple (gemv_blocks.cuh GEMVB_TRIPLE: three decode MatMuls of one input in one launch, q, k and v of
+// a q/k-norm model) against three minfer_gemv_blocks launches, each with its own segment's constants as the codegen
+// gives them (gemvBlocksShape of its rows): all three outputs bit-identical. Segments of different rows (odd counts:
+// each segment's last block partly empty, and the segment boundaries inside the grid at odd block indices), Q4_K
+// and Q6_K mixed in every order, a bias on some, padded planes on some, and one segment of ≥ 65536 rows (4 rows
+// per warp beside segments of 2).
+TEST_CASE("gemv_triple: three GEMVs of one input in one launch, bit-identical to three minfer_gemv_blocks launches") {
+  MINFER_REQUIRE_GPU(G);
+  struct Segment {
+    GgmlType type;
+    uint64_t rows;
+    bool bias, padded;
+  };
+  struct Case {
+    uint64_t cols;
+    Segment seg[3];
+  };
+  const Case cases[] = {
+      {256, {{GgmlType::Q4_K, 256, false, false}, {GgmlType::Q4_K, 64, false, true}, {GgmlType::Q6_K, 64, false, false}}},
+      {768, {{GgmlType::Q6_K, 33, true, true}, {GgmlType::Q4_K, 7, true, false}, {GgmlType::Q4_K, 19, false, true}}},
+      {2048, {{GgmlType::Q4_K, 4096, false, false}, {GgmlType::Q4_K, 512, false, false}, {GgmlType::Q6_K, 512, false, true}}},
+      {1280, {{GgmlType::Q4_K, 1000, true, false}, {GgmlType::Q6_K, 131, true, true}, {GgmlType::Q6_K, 131, true, false}}},
+      {256, {{GgmlType::Q6_K, 65541, false, false}, {GgmlType::Q4_K, 9, true, true}, {GgmlType::Q4_K, 70000, false, true}}},
+  };
+  std::vector<codegen::KernelSpec> specs;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    std::vector<std::pair<std::string, std::string>> fused = {{"GEMVB_TRIPLE", "1"}, {"GEMVB_K", str(c.cols)},
+                                                              {"GEMVB_ROW_WARPS", "2"}, {"GEMVB_UNROLL", "1"}};
+    for (int s = 0; s < 3; ++s) {
+      const Segment& g = c.seg[s];
+      const kern::GemvBlocksShape sh = kern::gemvBlocksShape(static_cast<unsigned>(g.rows), static_cast<unsigned>(c.cols));
+      REQUIRE(sh.warps == 2);
+      REQUIRE(sh.unroll == 1);
+      const auto defs = gemvBlocksDefs(g.type, g.rows, c.cols, g.padded, sh, g.bias);
+      specs.push_back(spec("gemv_triple_test_plain_" + str(ci) + "_" + gemvBlocksTag(g.type, g.rows, c.cols, g.bias, g.padded),
+                           "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+      for (const auto& [name, value] : defs)
+        if (name != "GEMVB_K" && name != "GEMVB_ROW_WARPS" && name != "GEMVB_UNROLL") fused.push_back({name + str(s), value});
+    }
+    specs.push_back(spec("gemv_triple_test_fused_" + str(ci), "kernels/gemv_blocks.cuh", "minfer_gemv_triple", fused));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const Kernel* kk = &k[4 * ci];  // plain 0, 1, 2, fused
+    CAPTURE(kk[3].key);
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta);
+    std::vector<DeviceArray> w, bias, ref, got;
+    unsigned n[3];
+    kern::GemvBlocksShape shape[3];
+    for (int s = 0; s < 3; ++s) {
+      const Segment& g = c.seg[s];
+      n[s] = static_cast<unsigned>(g.rows);
+      shape[s] = kern::gemvBlocksShape(n[s], static_cast<unsigned>(c.cols));
+      w.push_back(DeviceArray::of(alignedBlocksPlane(makeRandomWeight(g.type, g.rows, c.cols, rng(), 0.5f), g.padded).bytes));
+      bias.push_back(DeviceArray::of(randomFloats(g.rows, rng())));
+      ref.emplace_back(g.rows * 4);
+      got.emplace_back(g.rows * 4);
+      ref.back().poison();
+      got.back().poison();
+    }
+    CUdeviceptr a = xq.ptr(), b = xm.ptr(), pw[3], pb[3], pr[3], pg[3];
+    for (int s = 0; s < 3; ++s) {
+      pw[s] = w[s].ptr();
+      pb[s] = c.seg[s].bias ? bias[s].ptr() : 0;
+      pr[s] = ref[s].ptr();
+      pg[s] = got[s].ptr();
+      launch(kk[s], kern::gemvBlocksLaunch(n[s], shape[s]), {&pw[s], &pb[s], &a, &b, &pr[s]});
+    }
+    launch(kk[3], kern::gemvTripleLaunchRule(n, shape).at(1),
+           {&pw[0], &pb[0], &pw[1], &pb[1], &pw[2], &pb[2], &a, &b, &pg[0], &pg[1], &pg[2]});
+    for (int s = 0; s < 3; ++s) {
+      CAPTURE(s);
+      const std::vector<float> r = ref[s].download<float>(n[s]), g = got[s].download<float>(n[s]);
+      CHECK(std::memcmp(r.data(), g.data(), n[s] * 4) == 0);
+      CHECK(std::isfinite(relError(g.data(), r.data(), n[s])));  // every row written (no poison left)
+    }
+  }
+}
+
 // minfer_gemv_add_norm (gemv_blocks.cuh GEMVB_NORM: a decode MatMul, the residual Add, RmsNorm and QuantizeAct
 // in one launch). The matmul output bit-identical to minfer_gemv_blocks with the same work shape, the sum
 // bit-identical to res + out on the host; y against a float64 RMSNorm of that sum (kRmsNormTol); the q8 form: each
@@ -2151,6 +2233,164 @@ TEST_CASE("moe_route: softmax top-k ids and (renormalised) weights vs the CPU, o
   }
 }
 
+// minfer_moe_route_sort (MOE_ROUTE_SORT: the decode plan's MoeRoute with its MoeFfn's sort launch) against
+// minfer_moe_route then minfer_moe_sort on a copy of the same poisoned scratch: ids and weights bit-identical, the
+// scratch's expert offsets, chosen-expert list and (with MOE_X_Q8) the q8 form of x bit-identical, and each
+// expert's slots the same set (their order inside an expert is not fixed: atomics; results do not depend on it).
+// Expert counts 8, 37 and 128 choosing 2, 3 and 8, renormalised or not, x quantized or not, every token count
+// (decode launches one; the kernel serves any), and a token with NaN logits (no expert chosen: ids past the
+// experts, skipped by the sort).
+TEST_CASE("moe_route_sort: router and slot sort in one launch, bit-identical to moe_route + moe_sort") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    uint32_t nexp, k;
+    bool norm, x_q8;
+    uint64_t e;
+  };
+  const Case cases[] = {{8, 2, true, true, 256}, {37, 3, false, false, 96}, {37, 3, true, true, 512},
+                        {128, 8, true, true, 2048}, {128, 8, false, false, 72}};
+  for (const Case& c : cases) {
+    const std::string tag = "e" + str(c.nexp) + "_k" + str(c.k) + (c.norm ? "_n" : "") + (c.x_q8 ? "_q8" : "") + "_n" +
+                            str(c.e);
+    CAPTURE(tag);
+    auto dr = moeCommon(c.nexp, c.k, 1, 1, "MOE_ROUTE");
+    dr.push_back({"MOE_NORM", c.norm ? "1" : "0"});
+    auto ds = moeCommon(c.nexp, c.k, 64, c.e, "MOE_SORT");
+    ds.push_back({"MOE_X_Q8", c.x_q8 ? "1" : "0"});
+    auto drs = moeCommon(c.nexp, c.k, 64, c.e, "MOE_ROUTE_SORT");
+    drs.insert(drs.end(), {{"MOE_NORM", c.norm ? "1" : "0"}, {"MOE_X_Q8", c.x_q8 ? "1" : "0"}});
+    std::vector<Kernel> k = compile({spec("moe_rs_test_route_" + tag, "kernels/moe.cuh", "minfer_moe_route", dr),
+                                     spec("moe_rs_test_sort_" + tag, "kernels/moe.cuh", "minfer_moe_sort", ds),
+                                     spec("moe_rs_test_fused_" + tag, "kernels/moe.cuh", "minfer_moe_route_sort", drs)});
+    const unsigned e32 = static_cast<unsigned>(c.e);
+    const uint64_t scratch_bytes = kern::moeScratchBytes(c.nexp, kMaxBatch, c.k, 64, e32);
+    for (int n : kTokenCounts) {
+      CAPTURE(n);
+      std::vector<float> logits = randomFloats(static_cast<size_t>(n) * c.nexp, rng(), -4.0f, 4.0f);
+      if (n > 1) logits[c.nexp] = std::numeric_limits<float>::quiet_NaN();  // token 1: no expert chosen
+      const std::vector<float> x = activations(n, static_cast<int>(c.e));
+      DeviceArray dl = DeviceArray::of(logits), dx = DeviceArray::of(x), ref_ids(kMaxBatch * c.k * 4),
+                  ref_w(kMaxBatch * c.k * 4), ids(kMaxBatch * c.k * 4), w(kMaxBatch * c.k * 4), ref_scratch(scratch_bytes),
+                  scratch(scratch_bytes);
+      for (DeviceArray* a : {&ref_ids, &ref_w, &ids, &w, &ref_scratch, &scratch}) a->poison();
+      CUdeviceptr pl = dl.ptr(), px = dx.ptr(), pri = ref_ids.ptr(), prw = ref_w.ptr(), pi = ids.ptr(), pw = w.ptr(),
+                  prs = ref_scratch.ptr(), ps = scratch.ptr();
+      launch(k[0], kern::moeRouteLaunchRule().at(n), {&pl, &pri, &prw});
+      launch(k[1], kern::moeSortLaunchRule(e32, c.x_q8).at(n), {&pri, &px, &prs, &n});
+      launch(k[2], kern::moeSortLaunchRule(e32, c.x_q8).at(n), {&pl, &pi, &pw, &px, &ps, &n});
+      const size_t slots = static_cast<size_t>(n) * c.k;
+      const std::vector<int32_t> got_ids = ids.download<int32_t>(slots);
+      CHECK(got_ids == ref_ids.download<int32_t>(slots));
+      const std::vector<float> rw = ref_w.download<float>(slots), gw = w.download<float>(slots);
+      CHECK(std::memcmp(rw.data(), gw.data(), slots * 4) == 0);
+      // The scratch as 32-bit words: offsets, the slot list, the chosen experts, then (after A and Y) Xq.
+      const std::vector<int32_t> rs = ref_scratch.download<int32_t>(scratch_bytes / 4), gs = scratch.download<int32_t>(scratch_bytes / 4);
+      const size_t list0 = kern::moeScratchList(c.nexp), used0 = kern::moeScratchUsed(c.nexp, kMaxBatch, c.k);
+      CHECK(std::equal(rs.begin(), rs.begin() + list0, gs.begin()));                              // offsets
+      CHECK(std::equal(rs.begin() + used0, rs.begin() + used0 + c.nexp + 1, gs.begin() + used0));  // chosen experts
+      for (uint32_t ex = 0; ex < c.nexp; ++ex) {  // each expert's slots, as a set
+        std::vector<int32_t> a(rs.begin() + list0 + rs[ex], rs.begin() + list0 + rs[ex + 1]),
+            b(gs.begin() + list0 + gs[ex], gs.begin() + list0 + gs[ex + 1]);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        CHECK(a == b);
+      }
+      CHECK(rs[c.nexp] == static_cast<int32_t>(std::count_if(got_ids.begin(), got_ids.end(), [&](int32_t id) {
+              return id >= 0 && id < static_cast<int32_t>(c.nexp);
+            })));
+      const size_t xq0 = kern::moeScratchXq(c.nexp, kMaxBatch, c.k, 64, e32),
+                   xq1 = kern::moeScratchAq(c.nexp, kMaxBatch, c.k, 64, e32);
+      CHECK(std::equal(rs.begin() + xq0, rs.begin() + xq1, gs.begin() + xq0));  // Xq (poison both when not written)
+    }
+  }
+}
+
+// minfer_moe_router_sort (MOE_ROUTER_SORT: the decode plan's router MatMul, MoeRoute and the MoeFfn's sort in one
+// launch) against minfer_dense_gemv (the router's own kernel, its constants as ops/matmul.cpp gives them),
+// minfer_moe_route and minfer_moe_sort: the logits, ids and weights bit-identical, the scratch's offsets, chosen
+// experts and q8 x bit-identical, each expert's slots the same set, the counter word back to zero (launched
+// twice). Expert counts 8, 37 (the last router block partly empty) and 128, F32, F16 and BF16 router planes,
+// padded rows, a bias, widths with a scalar tail (74) and x quantized or not.
+TEST_CASE("moe_router_sort: router GEMV, top-k and slot sort in one launch, bit-identical to dense_gemv + moe_route + moe_sort") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    uint32_t nexp, k;
+    bool norm, x_q8;
+    uint64_t e;
+    GgmlType type;
+    bool padded, bias;
+  };
+  const Case cases[] = {{8, 2, true, true, 256, GgmlType::F32, false, false},
+                        {37, 3, false, false, 74, GgmlType::F32, true, true},
+                        {37, 3, true, true, 512, GgmlType::F16, false, false},
+                        {128, 8, true, true, 2048, GgmlType::F32, false, false},
+                        {128, 8, true, false, 96, GgmlType::BF16, true, true}};
+  for (const Case& c : cases) {
+    const GpuWeight router = makeWeight(c.type, c.nexp, c.e, planes::TensorRole::kMatMul, c.padded);
+    const StrideTable& plane = router.planes[0].table;
+    const std::string tag = std::string(ggmlTypeTraits(c.type).name) + "_e" + str(c.nexp) + "_k" + str(c.k) +
+                            (c.norm ? "_n" : "") + (c.x_q8 ? "_q8" : "") + "_n" + str(c.e) + (c.padded ? "_pad" : "") +
+                            (c.bias ? "_bias" : "");
+    CAPTURE(tag);
+    const std::vector<std::pair<std::string, std::string>> dg = {
+        {"DGEMV_N", str(c.nexp)}, {"DGEMV_K", str(c.e)}, {"DGEMV_PLANE", str(static_cast<unsigned>(plane.kind))},
+        {"DGEMV_PITCH", str(plane.row_pitch)}, {"DGEMV_HAS_BIAS", c.bias ? "1" : "0"}};
+    auto dr = moeCommon(c.nexp, c.k, 1, 1, "MOE_ROUTE");
+    dr.push_back({"MOE_NORM", c.norm ? "1" : "0"});
+    auto ds = moeCommon(c.nexp, c.k, 64, c.e, "MOE_SORT");
+    ds.push_back({"MOE_X_Q8", c.x_q8 ? "1" : "0"});
+    auto drs = moeCommon(c.nexp, c.k, 64, c.e, "MOE_ROUTER_SORT");
+    drs.insert(drs.end(), {{"MOE_NORM", c.norm ? "1" : "0"}, {"MOE_X_Q8", c.x_q8 ? "1" : "0"},
+                           {"MOE_R_PLANE", str(static_cast<unsigned>(plane.kind))}, {"MOE_R_PITCH", str(plane.row_pitch)},
+                           {"MOE_R_HAS_BIAS", c.bias ? "1" : "0"}});
+    std::vector<Kernel> k = compile({spec("moe_rts_test_gemv_" + tag, "kernels/dense_matmul.cuh", "minfer_dense_gemv", dg),
+                                     spec("moe_rts_test_route_" + tag, "kernels/moe.cuh", "minfer_moe_route", dr),
+                                     spec("moe_rts_test_sort_" + tag, "kernels/moe.cuh", "minfer_moe_sort", ds),
+                                     spec("moe_rts_test_fused_" + tag, "kernels/moe.cuh", "minfer_moe_router_sort", drs)});
+    const unsigned e32 = static_cast<unsigned>(c.e);
+    const uint64_t scratch_bytes = kern::moeScratchBytes(c.nexp, kMaxBatch, c.k, 64, e32);
+    const std::vector<float> bias_v = randomFloats(c.nexp, rng());
+    DeviceArray d_bias = DeviceArray::of(bias_v), counters = DeviceArray::of(std::vector<uint32_t>{0});
+    for (int round = 0; round < 2; ++round) {
+      CAPTURE(round);
+      const std::vector<float> x = activations(1, static_cast<int>(c.e));
+      DeviceArray dx = DeviceArray::of(x), ref_logits(c.nexp * 4), logits(c.nexp * 4), ref_ids(c.k * 4), ref_w(c.k * 4),
+                  ids(c.k * 4), w(c.k * 4), ref_scratch(scratch_bytes), scratch(scratch_bytes);
+      for (DeviceArray* a : {&ref_logits, &logits, &ref_ids, &ref_w, &ids, &w, &ref_scratch, &scratch}) a->poison();
+      CUdeviceptr rw = router.dev[0].ptr(), rb = c.bias ? d_bias.ptr() : 0, px = dx.ptr(), prl = ref_logits.ptr(),
+                  pl = logits.ptr(), pri = ref_ids.ptr(), prw = ref_w.ptr(), pi = ids.ptr(), pw = w.ptr(),
+                  prs = ref_scratch.ptr(), ps = scratch.ptr(), pc = counters.ptr();
+      int one = 1;
+      launch(k[0], kern::denseGemvLaunch(c.nexp), {&rw, &rb, &px, &prl});
+      launch(k[1], kern::moeRouteLaunchRule().at(1), {&prl, &pri, &prw});
+      launch(k[2], kern::moeSortLaunchRule(e32, c.x_q8).at(1), {&pri, &px, &prs, &one});
+      launch(k[3], kern::moeRouterSortLaunchRule(c.nexp, e32, c.x_q8).at(1), {&rw, &rb, &px, &pl, &pi, &pw, &ps, &pc});
+      const std::vector<float> rlg = ref_logits.download<float>(c.nexp), glg = logits.download<float>(c.nexp);
+      CHECK(std::memcmp(rlg.data(), glg.data(), c.nexp * 4) == 0);
+      CHECK(ids.download<int32_t>(c.k) == ref_ids.download<int32_t>(c.k));
+      const std::vector<float> rw_ = ref_w.download<float>(c.k), gw = w.download<float>(c.k);
+      CHECK(std::memcmp(rw_.data(), gw.data(), c.k * 4) == 0);
+      const std::vector<int32_t> rs = ref_scratch.download<int32_t>(scratch_bytes / 4), gs = scratch.download<int32_t>(scratch_bytes / 4);
+      const size_t list0 = kern::moeScratchList(c.nexp), used0 = kern::moeScratchUsed(c.nexp, kMaxBatch, c.k);
+      CHECK(std::equal(rs.begin(), rs.begin() + list0, gs.begin()));                              // offsets
+      CHECK(std::equal(rs.begin() + used0, rs.begin() + used0 + c.nexp + 1, gs.begin() + used0));  // chosen experts
+      for (uint32_t ex = 0; ex < c.nexp; ++ex) {  // each expert's slots, as a set
+        std::vector<int32_t> a(rs.begin() + list0 + rs[ex], rs.begin() + list0 + rs[ex + 1]),
+            b(gs.begin() + list0 + gs[ex], gs.begin() + list0 + gs[ex + 1]);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        CHECK(a == b);
+      }
+      const size_t xq0 = kern::moeScratchXq(c.nexp, kMaxBatch, c.k, 64, e32),
+                   xq1 = kern::moeScratchAq(c.nexp, kMaxBatch, c.k, 64, e32);
+      CHECK(std::equal(rs.begin() + xq0, rs.begin() + xq1, gs.begin() + xq0));  // Xq (poison both when not written)
+      CHECK(counters.download<uint32_t>(1)[0] == 0u);
+    }
+  }
+}
+
+// Also the decode plan's minfer_moe_down_combine (MOE_DOWN_COMBINE) after the same sort and gate_up: its output
+// bit-identical to down + combine, its counters left zero.
 TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads only the chosen experts") {
   MINFER_REQUIRE_GPU(G);
   struct Case {
@@ -2190,6 +2430,8 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
     auto dcomb = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_COMBINE");
     const ExpertArgs ga = expertDefines(gate, "G", dgu), ua = expertDefines(up, "U", dgu);
     const ExpertArgs da = expertDefines(down, "D", ddn);
+    auto ddn_comb = ddn;  // the decode plan's down + combine launch
+    ddn_comb.push_back({"MOE_DOWN_COMBINE", "1"});
     REQUIRE(ga.blocks() == ua.blocks());
     const bool x_q8 = ga.blocks(), a_q8 = da.blocks(), q8 = x_q8 || a_q8;
     dsort.push_back({"MOE_X_Q8", x_q8 ? "1" : "0"});
@@ -2197,7 +2439,9 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
     std::vector<Kernel> k = compile({spec("moe_sort_test_" + tag, "kernels/moe.cuh", "minfer_moe_sort", dsort),
                                      spec("moe_gate_up_test_" + tag, "kernels/moe.cuh", "minfer_moe_gate_up", dgu),
                                      spec("moe_down_test_" + tag, "kernels/moe.cuh", "minfer_moe_down", ddn),
-                                     spec("moe_combine_test_" + tag, "kernels/moe.cuh", "minfer_moe_combine", dcomb)});
+                                     spec("moe_combine_test_" + tag, "kernels/moe.cuh", "minfer_moe_combine", dcomb),
+                                     spec("moe_down_combine_test_" + tag, "kernels/moe.cuh", "minfer_moe_down_combine",
+                                          ddn_comb)});
     const auto f32 = static_cast<unsigned>(c.f), e32 = static_cast<unsigned>(c.e);
     const kern::LaunchRule sort_rule = kern::moeSortLaunchRule(e32, x_q8),
                            gu_rule = kern::moeExpertsLaunchRule(f32, kern::moeGateUpRows(x_q8, e32, a_q8), c.nexp, c.k),
@@ -2222,7 +2466,19 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
       launch(k[1], gu_rule.at(n), {&px, &gq, &gs, &gm, &uq, &us, &um, &ps});
       launch(k[2], dn_rule.at(n), {&dq, &ds, &dm, &ps});
       launch(k[3], comb_rule.at(n), {&pi, &pw, &ps, &po, &n});
-      return out.download<float>(static_cast<size_t>(n) * c.e);
+      const std::vector<float> got = out.download<float>(static_cast<size_t>(n) * c.e);
+      // minfer_moe_down_combine on the same scratch (Y rewritten with the same values): out bit-identical, the
+      // counters (one word per row tile) back to zero. Run for every token count, though decode launches one.
+      const unsigned tiles = kern::ceilDiv(e32, kern::moeDownRows(a_q8, f32));
+      const std::vector<uint32_t> zeros(tiles, 0);
+      DeviceArray fused_out(kMaxBatch * c.e * 4), counters = DeviceArray::of(zeros);
+      fused_out.poison();
+      CUdeviceptr pfo = fused_out.ptr(), pc = counters.ptr();
+      launch(k[4], dn_rule.at(n), {&dq, &ds, &dm, &ps, &pi, &pw, &pfo, &pc, &n});
+      const std::vector<float> fused = fused_out.download<float>(static_cast<size_t>(n) * c.e);
+      CHECK(std::memcmp(fused.data(), got.data(), got.size() * 4) == 0);
+      CHECK(counters.download<uint32_t>(tiles) == zeros);
+      return got;
     };
     // The GPU result vs cpu::moeFfn (f32 activations) and, with q8 activations, vs moeFfnQ8Ref.
     auto check = [&](const std::vector<float>& got, const std::vector<float>& x, const std::vector<int32_t>& ids,
@@ -2553,6 +2809,91 @@ TEST_CASE("head_norm_rope: fused q/k HeadRmsNorm and RoPE, bit-identical to head
       const PagedStep st = pagedStep(shape.block_size, shape.len, shape.add, 0);
       run(st.rows(), st.row_pos, true);
     }
+  }
+}
+
+// minfer_head_norm_rope_kv (rope.cuh ROPE_KV_STORE: the decode plan's HeadRmsNorm q, HeadRmsNorm k, Rope and the
+// Attention's KV store in one launch) against the unfused kernels as the codegen compiles them: minfer_head_rms_norm
+// twice, minfer_rope (--fmad=false) and minfer_kv_store (ATT_KV_RING with a ring). q and k bit-identical, and the
+// whole K and V caches bit-identical (both poisoned first: the rows of the positions as kv_store wrote them, no
+// other row touched). Decode (one token) and 7 tokens (the kernel takes n_tokens as minfer_head_norm_rope does), at
+// positions 0 and 1000 (a ring wraps there), GQA groups 8, 2, 5, 1, head sizes 64, 80, 128, 256, partial rotation,
+// norm and NeoX style, frequency factors and YaRN, rings of 7 and 9 slots.
+TEST_CASE("head_norm_rope_kv: fused q/k HeadRmsNorm, RoPE and KV store, bit-identical to head_rms_norm ×2 + rope + kv_store") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    int h, hkv, d, n_rot;
+    bool neox;
+    float base, scale;
+    bool ff;
+    float ext_factor;
+    int ring;  // 0: a cache of every position
+  };
+  const Case cases[] = {{32, 4, 128, 128, true, 1000000.0f, 1.0f, false, 0.0f, 0},
+                        {8, 4, 256, 256, true, 10000.0f, 0.125f, false, 0.0f, 9},
+                        {10, 2, 64, 32, false, 500000.0f, 1.0f, true, 0.0f, 0},
+                        {10, 2, 80, 48, true, 10000.0f, 0.25f, false, 1.0f, 7},
+                        {3, 3, 64, 64, false, 10000.0f, 0.5f, true, 0.0f, 0}};
+  constexpr float kEps = 1e-6f;
+  constexpr size_t kPerCase = 5;  // fused, head_rms_norm q, head_rms_norm k, rope, kv_store
+  std::vector<codegen::KernelSpec> specs;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const kern::RopeYarn y = kern::ropeYarn(c.n_rot, c.base, c.scale, c.ext_factor, 1.0f, 32.0f, 1.0f, 4096);
+    auto rot = ropeDefines(c.n_rot, c.neox, c.base, c.scale, c.ff, y);
+    rot.insert(rot.begin(), {{"ROPE_NHEAD", str(c.h)}, {"ROPE_NHEAD_KV", str(c.hkv)}, {"ROPE_HEAD_DIM", str(c.d)}});
+    const std::string tag = "_" + str(ci);
+    auto fused = rot;
+    fused.insert(fused.end(), {{"ROPE_NORM_EPS", codegen::floatLiteral(kEps)}, {"ROPE_KV_STORE", "1"}});
+    if (c.ring) fused.push_back({"ROPE_KV_RING", str(c.ring)});
+    specs.push_back(spec("head_norm_rope_kv_test" + tag, "kernels/rope.cuh", "minfer_head_norm_rope_kv", fused, {"--fmad=false"}));
+    for (int n_head : {c.h, c.hkv})
+      specs.push_back(spec("head_norm_rope_kv_test_hrms" + tag + "_h" + str(n_head), "kernels/rms_norm.cuh",
+                           "minfer_head_rms_norm",
+                           {{"HRMS_NHEAD", str(n_head)}, {"HRMS_HEAD_DIM", str(c.d)}, {"HRMS_EPS", codegen::floatLiteral(kEps)}}));
+    specs.push_back(spec("head_norm_rope_kv_test_rope" + tag, "kernels/rope.cuh", "minfer_rope", rot, {"--fmad=false"}));
+    std::vector<std::pair<std::string, std::string>> store = {
+        {"ATT_NHEAD", str(c.h)}, {"ATT_NHEAD_KV", str(c.hkv)}, {"ATT_HEAD_DIM", str(c.d)}, {"ATT_KV_STORE", "1"}};
+    if (c.ring) store.push_back({"ATT_KV_RING", str(c.ring)});
+    specs.push_back(spec("head_norm_rope_kv_test_store" + tag, "kernels/attention.cuh", "minfer_kv_store", store));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const Kernel* kk = &k[kPerCase * ci];
+    CAPTURE(kk[0].key);
+    const std::vector<float> wq = randomFloats(c.d, rng(), 0.5f, 1.5f), wk = randomFloats(c.d, rng(), 0.5f, 1.5f);
+    std::vector<float> ff(static_cast<size_t>(c.n_rot / 2));
+    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.25f * static_cast<float>(i % 9);
+    DeviceArray d_wq = DeviceArray::of(wq), d_wk = DeviceArray::of(wk), d_ff = DeviceArray::of(ff);
+    CUdeviceptr pwq = d_wq.ptr(), pwk = d_wk.ptr(), f = c.ff ? d_ff.ptr() : CUdeviceptr{0};
+    const uint64_t kv_w = static_cast<uint64_t>(c.hkv) * c.d;
+    for (int pos0 : {0, 1000})
+      for (int n : {1, 7}) {
+        CAPTURE(pos0);
+        CAPTURE(n);
+        const uint64_t slots = c.ring ? static_cast<uint64_t>(c.ring) : static_cast<uint64_t>(pos0 + n + 3);
+        const std::vector<float> q = activations(n, c.h * c.d), kv = activations(n, c.hkv * c.d),
+                                 v = activations(n, c.hkv * c.d);
+        DeviceArray rq = DeviceArray::of(q), rk = DeviceArray::of(kv), gq = DeviceArray::of(q), gk = DeviceArray::of(kv),
+                    dv = DeviceArray::of(v), d_pos = DeviceArray::of(std::vector<int32_t>{pos0}), rkc(slots * kv_w * 2),
+                    rvc(slots * kv_w * 2), gkc(slots * kv_w * 2), gvc(slots * kv_w * 2);
+        for (DeviceArray* a : {&rkc, &rvc, &gkc, &gvc}) a->poison();
+        CUdeviceptr a = rq.ptr(), b = rk.ptr(), ga = gq.ptr(), gb = gk.ptr(), pv = dv.ptr(), p = d_pos.ptr(),
+                    prk = rkc.ptr(), prv = rvc.ptr(), pgk = gkc.ptr(), pgv = gvc.ptr();
+        launch(kk[1], kern::headRmsNormLaunch(n, c.h), {&a, &pwq, &n});
+        launch(kk[2], kern::headRmsNormLaunch(n, c.hkv), {&b, &pwk, &n});
+        launch(kk[3], kern::ropeLaunch(n, c.h, c.hkv), {&a, &b, &f, &p, &n});
+        launch(kk[4], kern::kvStoreLaunch(n, c.hkv, c.d), {&b, &pv, &prk, &prv, &p, &n});
+        launch(kk[0], kern::headNormRopeLaunch(n, c.h, c.hkv), {&ga, &gb, &pv, &pwq, &pwk, &f, &pgk, &pgv, &p, &n});
+        const std::vector<float> ref_q = rq.download<float>(q.size()), ref_k = rk.download<float>(kv.size()),
+                                 got_q = gq.download<float>(q.size()), got_k = gk.download<float>(kv.size());
+        CHECK_MESSAGE(std::memcmp(ref_q.data(), got_q.data(), q.size() * 4) == 0, "q");
+        CHECK_MESSAGE(std::memcmp(ref_k.data(), got_k.data(), kv.size() * 4) == 0, "k");
+        CHECK(gkc.download<uint16_t>(slots * kv_w) == rkc.download<uint16_t>(slots * kv_w));
+        CHECK(gvc.download<uint16_t>(slots * kv_w) == rvc.download<uint16_t>(slots * kv_w));
+        CHECK(dv.download<float>(v.size()) == v);  // v is read only
+      }
   }
 }
 

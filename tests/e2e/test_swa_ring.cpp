@@ -312,7 +312,8 @@ TEST_CASE("ring KV caches: the local layers' kernel images carry ATT_KV_RING / Q
     std::string defined;
     if (k->options())
       for (const auto* opt : *k->options())
-        if (opt->str().find("ATT_KV_RING=") != std::string::npos || opt->str().find("QKV_KV_RING=") != std::string::npos)
+        if (opt->str().find("ATT_KV_RING=") != std::string::npos || opt->str().find("QKV_KV_RING=") != std::string::npos ||
+            opt->str().find("ROPE_KV_RING=") != std::string::npos)  // the last: the q/k-norm models' head_norm_rope_kv
           defined += opt->str();
     INFO(k->key()->str() << " options with a ring: '" << defined << "'");
     CHECK((k->key()->str().find("_ring19") != std::string::npos) == !defined.empty());

@@ -74,6 +74,26 @@ bool gemvPairChain(const std::vector<model::StepDesc>& steps, size_t i) {
          a.outputs.size() == 1 && b.outputs.size() == 1 && a.outputs[0] != b.outputs[0] && a.inputs == b.inputs;
 }
 
+// steps[i .. i+2]: three MatMuls of one input into distinct whole buffers (q, k, v).
+bool gemvTripleChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  return gemvPairChain(steps, i) && gemvPairChain(steps, i + 1) && steps[i].outputs[0] != steps[i + 2].outputs[0];
+}
+
+// steps[i], steps[i+1]: a MoeRoute and the MoeFfn that takes its expert ids and weights, whole buffers.
+bool moeRouteFfnChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  const model::StepDesc &r = steps[i], &f = steps[i + 1];
+  return r.op == fb::OpKind::MoeRoute && f.op == fb::OpKind::MoeFfn && wholeBuffers(r) && wholeBuffers(f) &&
+         r.outputs.size() == 2 && f.inputs.size() == 3 && f.inputs[1] == r.outputs[0] && f.inputs[2] == r.outputs[1] &&
+         r.n_expert == f.n_expert && r.n_expert_used == f.n_expert_used;
+}
+
+// steps[i .. i+2]: a MatMul whose output the MoeRoute of moeRouteFfnChain(steps, i + 1) routes.
+bool moeRouterChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  const model::StepDesc& mm = steps[i];
+  return mm.op == fb::OpKind::MatMul && wholeBuffers(mm) && mm.outputs.size() == 1 && moeRouteFfnChain(steps, i + 1) &&
+         steps[i + 1].inputs.size() == 1 && steps[i + 1].inputs[0] == mm.outputs[0];
+}
+
 }  // namespace
 
 bool headNormRopeChain(const std::vector<model::StepDesc>& steps, size_t i) {
@@ -109,13 +129,26 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
   if (gemv.qkv && variant == PlanVariant::kDecode && fitsAll(i + 4) && qkvChain(steps, i) &&
       fusesQkv(ctx(i), ctx(i + 1), ctx(i + 2), ctx(i + 3), ctx(i + 4)))
     return fits(i + 5) && fusesQuantize(steps[i + 4], steps[i + 5], variant) ? 5 : 4;
+  // q, k, v of a model whose q/k HeadRmsNorm keeps the chain above out (the QKV GEMV's option: its GEMVs).
+  if (gemv.qkv && variant == PlanVariant::kDecode && fitsAll(i + 2) && gemvTripleChain(steps, i) &&
+      fusesGemvTriple(ctx(i), ctx(i + 1), ctx(i + 2)))
+    return 2;
   if (gemv.norm && variant == PlanVariant::kDecode && fitsAll(i + 3) && gemvNormChain(steps, i) &&
       fusesGemvAddNorm(ctx(i), ctx(i + 1), ctx(i + 2)))
     return 3;
   if (gemv.pair && variant == PlanVariant::kDecode && fits(i + 1) && gemvPairChain(steps, i) &&
       fusesGemvPair(ctx(i), ctx(i + 1)))
     return 1;
-  if (fitsAll(i + 2) && headNormRopeChain(steps, i) && fusesHeadNormRope(ctx(i), ctx(i + 1), ctx(i + 2))) return 2;
+  if (fitsAll(i + 2) && headNormRopeChain(steps, i) && fusesHeadNormRope(ctx(i), ctx(i + 1), ctx(i + 2))) {
+    // In decode the Attention after the Rope too: its KV store rides in the same launch.
+    if (variant == PlanVariant::kDecode && fits(i + 3) && fusesHeadNormRopeStore(ctx(i + 2), ctx(i + 3)))
+      return fits(i + 4) && fusesQuantize(steps[i + 3], steps[i + 4], variant) ? 4 : 3;
+    return 2;
+  }
+  if (variant == PlanVariant::kDecode && fitsAll(i + 2) && moeRouterChain(steps, i) &&
+      fusesMoeRouter(ctx(i), ctx(i + 1), ctx(i + 2)))
+    return 2;
+  if (variant == PlanVariant::kDecode && fits(i + 1) && moeRouteFfnChain(steps, i)) return 1;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))
     return fits(i + 2) && fusesQuantize(steps[i + 1], steps[i + 2], variant) ? 2 : 1;
   return fits(i + 1) && fusesQuantize(steps[i], steps[i + 1], variant) ? 1 : 0;
@@ -132,10 +165,18 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
     const StepContext quant = ctx(i + 5);
     return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), &quant);
   }
+  if (followers == 2 && gemvTripleChain(steps, i)) return gemvTripleLaunches(producer, next, ctx(i + 2));
   if (followers == 3 && gateUpGluChain(steps, i)) return gateUpGluLaunches(producer, next, ctx(i + 2), ctx(i + 3));
   if (followers == 1 && gemvPairChain(steps, i)) return gemvPairLaunches(producer, next);
   if (followers == 2 && headNormRopeChain(steps, i)) return headNormRopeLaunches(producer, next, ctx(i + 2), false);
+  if (followers >= 3 && headNormRopeChain(steps, i)) {
+    if (followers == 3) return headNormRopeAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), nullptr);
+    const StepContext quant = ctx(i + 4);
+    return headNormRopeAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), &quant);
+  }
   if (followers == 3 && gemvNormChain(steps, i)) return gemvAddNormLaunches(producer, next, ctx(i + 2), ctx(i + 3));
+  if (followers == 1 && moeRouteFfnChain(steps, i)) return moeRouteFfnLaunches(producer, next);
+  if (followers == 2 && moeRouterChain(steps, i)) return moeRouterFfnLaunches(producer, next, ctx(i + 2));
   if (producer.step().op == fb::OpKind::Add) {
     if (followers == 1) return addRmsNormLaunches(producer, next, nullptr);
     const StepContext quant = ctx(i + 2);

@@ -4,7 +4,8 @@
 //   when the weight has one (layout_planner.h f16_prefill), decode kernels/gemv.cuh (the 4-bit kPacked plane where there is one, else kI8),
 //   or kernels/gemv_blocks.cuh on the GGUF blocks themselves when the weight has a kBlocks plane of Q4_K or
 //   Q6_K whose blocks start 16-byte aligned (decodeBlocksPlane); in decode q, k, v fuse with their RoPE and
-//   KV store into one gemv_blocks launch (CodegenOptions::fuse_qkv, on by default: qkvAttentionLaunches),
+//   KV store into one gemv_blocks launch (CodegenOptions::fuse_qkv, on by default: qkvAttentionLaunches), or,
+//   where a q/k HeadRmsNorm keeps that chain out, the three GEMVs alone into one (gemvTripleLaunches),
 //   and with fuse_glu (off by default) the gate and up matmuls of a GLU with it and its quantization
 //   (gateUpGluLaunches); batched decode steps of a few rows (Step.small_launches) the batched GEMV
 //   (gemv_blocks.cuh GEMVB_BATCH) on the kBlocks plane of Q4_K / Q6_K, else kernels/gemm_small.cuh on the plane the
@@ -380,6 +381,70 @@ Launches gemvPairLaunches(const StepContext& a, const StepContext& b) {
   args.push_back(activationArg("out0", a.outputId(0), n, fb::Access::Write));
   args.push_back(activationArg("out1", b.outputId(0), n, fb::Access::Write));
   return std::vector<KernelLaunch>{{sb.spec, std::move(args), kern::gemvPairLaunchRule(n, shape)}};
+}
+
+bool fusesGemvTriple(const StepContext& a, const StepContext& b, const StepContext& c) {
+  const StepContext* mm[3] = {&a, &b, &c};
+  std::optional<MatMulOperands> m[3];
+  for (int i = 0; i < 3; ++i) {
+    m[i] = fusibleOperands(*mm[i]);
+    if (!m[i] || !fusibleBlocks(*mm[i], *m[i], true) || m[i]->n > (uint64_t{1} << 30)) return false;
+  }
+  // One work shape's warps and unroll for the three (the kernel takes them once).
+  const kern::GemvBlocksShape s0 = kern::gemvBlocksShape(static_cast<unsigned>(m[0]->n), static_cast<unsigned>(m[0]->k));
+  for (int i = 1; i < 3; ++i) {
+    const kern::GemvBlocksShape si = kern::gemvBlocksShape(static_cast<unsigned>(m[i]->n), static_cast<unsigned>(m[i]->k));
+    if (mm[i]->step().inputs != a.step().inputs || m[i]->k != m[0]->k || si.warps != s0.warps || si.unroll != s0.unroll)
+      return false;
+  }
+  return a.outputId(0) != b.outputId(0) && a.outputId(0) != c.outputId(0) && b.outputId(0) != c.outputId(0);
+}
+
+// MatMul a, b, c of one q8 input (decode; q, k, v where the fused QKV GEMV does not take them) → one
+// minfer_gemv_triple launch (kernels/gemv_blocks.cuh GEMVB_TRIPLE): each segment with minfer_gemv_blocks'
+// constants for its weight, so each output is exactly what its own GEMV writes.
+Launches gemvTripleLaunches(const StepContext& a, const StepContext& b, const StepContext& c) {
+  if (!fusesGemvTriple(a, b, c)) return a.error("the three matmuls cannot run as one GEMV triple");
+  const StepContext* mm[3] = {&a, &b, &c};
+  MatMulOperands m[3];
+  const StrideTable* blk[3];
+  unsigned n[3];
+  kern::GemvBlocksShape shape[3];
+  for (int i = 0; i < 3; ++i) {
+    m[i] = *fusibleOperands(*mm[i]);
+    blk[i] = decodeBlocksPlane(*m[i].w);
+    n[i] = static_cast<unsigned>(m[i].n);
+    shape[i] = kern::gemvBlocksShape(n[i], static_cast<unsigned>(m[i].k));
+  }
+  std::string key = llvm::formatv("gemv_triple_k{0}", m[0].k);
+  for (int i = 0; i < 3; ++i)
+    key += llvm::formatv("_{0}_g{1}_n{2}{3}", typeTag(blk[i]->ggml_type), blk[i]->group_pitch, m[i].n, m[i].bias_tag).str();
+  SpecBuilder sb(key, "kernels/gemv_blocks.cuh", "minfer_gemv_triple");
+  sb.define("GEMVB_TRIPLE", uint64_t{1})
+      .define("GEMVB_K", m[0].k)
+      .define("GEMVB_ROW_WARPS", static_cast<uint64_t>(shape[0].warps))
+      .define("GEMVB_UNROLL", static_cast<uint64_t>(shape[0].unroll));
+  static const char* const kNames[3][6] = {
+      {"GEMVB_N0", "GEMVB_TYPE0", "GEMVB_PITCH0", "GEMVB_GROUP_PITCH0", "GEMVB_ROWS0", "GEMVB_HAS_BIAS0"},
+      {"GEMVB_N1", "GEMVB_TYPE1", "GEMVB_PITCH1", "GEMVB_GROUP_PITCH1", "GEMVB_ROWS1", "GEMVB_HAS_BIAS1"},
+      {"GEMVB_N2", "GEMVB_TYPE2", "GEMVB_PITCH2", "GEMVB_GROUP_PITCH2", "GEMVB_ROWS2", "GEMVB_HAS_BIAS2"}};
+  for (int i = 0; i < 3; ++i)
+    sb.define(kNames[i][0], m[i].n)
+        .define(kNames[i][1], static_cast<uint64_t>(blk[i]->ggml_type))
+        .define(kNames[i][2], blk[i]->row_pitch)
+        .define(kNames[i][3], static_cast<uint64_t>(blk[i]->group_pitch))
+        .define(kNames[i][4], static_cast<uint64_t>(shape[i].rows))
+        .define(kNames[i][5], uint64_t{m[i].bias ? 1u : 0u});
+  static const char* const kW[3] = {"w0", "w1", "w2"}, *const kBias[3] = {"bias0", "bias1", "bias2"},
+                           *const kOut[3] = {"out0", "out1", "out2"};
+  std::vector<KernelArgDesc> args;
+  for (int i = 0; i < 3; ++i) {
+    args.push_back(weightArg(kW[i], mm[i]->weightId(0), *blk[i]));
+    args.push_back(biasArg(*mm[i], m[i], kBias[i]));
+  }
+  pushQ8Args(args, "xq", "xmeta", a.inputId(1), static_cast<uint32_t>(m[0].k), fb::Access::Read);
+  for (int i = 0; i < 3; ++i) args.push_back(activationArg(kOut[i], mm[i]->outputId(0), n[i], fb::Access::Write));
+  return std::vector<KernelLaunch>{{sb.spec, std::move(args), kern::gemvTripleLaunchRule(n, shape)}};
 }
 
 bool fusesGemvAddNorm(const StepContext& mm, const StepContext& add, const StepContext& norm) {

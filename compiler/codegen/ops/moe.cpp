@@ -1,6 +1,7 @@
 // Op families MoeRoute and MoeFfn → kernels/moe.cuh: the softmax router's top-k (one launch), and the
 // expert FFN as four launches (sort the token slots by expert, gate/up per chosen expert, down per chosen
-// expert, weighted combine) sharing the step's scratch. Every -D…PITCH / …EPITCH constant is taken from the
+// expert, weighted combine; in decode three: the combine in the down launch, and, fused with the MoeRoute and the
+// router MatMul before it, the sort launch computing the router's logits and routing too) sharing the step's scratch. Every -D…PITCH / …EPITCH constant is taken from the
 // stride table the launch record's Weight argument carries (row pitch and expert pitch). Q4_K and Q6_K
 // experts are read from their kBlocks plane (the GGUF blocks; q8 activations), other types from kI8 +
 // kScale [+ kMin] or their dense plane (layout_planner.h: which planes an expert tensor has).
@@ -85,9 +86,8 @@ std::string weightTag(const ExpertPlanes& p) {
   return p.q->kind == PlaneKind::kI8 ? typeTag(p.q->ggml_type) : denseTag(p.q->kind);
 }
 
-}  // namespace
-
-Launches moeRouteLaunches(const StepContext& c) {
+// A MoeRoute step's experts, choices and buffers, checked against each other.
+llvm::Error checkRoute(const StepContext& c) {
   const model::StepDesc& s = c.step();
   auto logits = c.input(0, "router logits");
   if (!logits) return logits.takeError();
@@ -101,6 +101,14 @@ Launches moeRouteLaunches(const StepContext& c) {
     return c.error(llvm::formatv("router of {0} experts choosing {1} (≤ 64, ≤ 4096 experts) with buffers of widths "
                                  "{2}, {3} (i32), {4}",
                                  s.n_expert, s.n_expert_used, (*logits)->width, (*ids)->width, (*w)->width));
+  return llvm::Error::success();
+}
+
+}  // namespace
+
+Launches moeRouteLaunches(const StepContext& c) {
+  const model::StepDesc& s = c.step();
+  if (llvm::Error e = checkRoute(c)) return e;
   SpecBuilder b(llvm::formatv("moe_route_e{0}_k{1}{2}", s.n_expert, s.n_expert_used, s.moe_norm ? "_norm" : ""),
                 "kernels/moe.cuh", "minfer_moe_route");
   b.define("MOE_NEXP", uint64_t{s.n_expert})
@@ -117,7 +125,112 @@ Launches moeRouteLaunches(const StepContext& c) {
   return std::vector<KernelLaunch>{std::move(k)};
 }
 
-Launches moeFfnLaunches(const StepContext& c) {
+namespace {
+
+// The decode MoeFfn step c's first launch with its MoeRoute step `route` (minfer_moe_route_sort): the router's
+// logits in, its expert ids and weights out, then the sort's work on the scratch (and x's q8 form with
+// `x_q8`); `shape`, `x_in`, `scratch`: moeFfn's key part and arguments. Errors: the route's own, and a router
+// whose experts or outputs are not the MoeFfn's.
+// The MoeRoute step `route` checked, and checked to feed the MoeFfn step c (its experts, ids and weights).
+llvm::Error checkRouteFeeds(const StepContext& c, const StepContext& route) {
+  const model::StepDesc &r = route.step(), &s = c.step();
+  if (llvm::Error err = checkRoute(route)) return err;
+  if (r.n_expert != s.n_expert || r.n_expert_used != s.n_expert_used || r.outputs.size() != 2 ||
+      r.outputs[0] != c.inputId(1) || r.outputs[1] != c.inputId(2))
+    return route.error(llvm::formatv("cannot route in the launch of the MoeFfn step after it: {0} experts choosing "
+                                     "{1} there, its expert ids and weights not the router's outputs",
+                                     s.n_expert, s.n_expert_used));
+  return llvm::Error::success();
+}
+
+llvm::Expected<KernelLaunch> routeSortLaunch(const StepContext& c, const StepContext& route, const std::string& shape,
+                                            bool x_q8, const KernelArgDesc& x_in, const KernelArgDesc& scratch) {
+  const model::StepDesc &r = route.step(), &s = c.step();
+  if (llvm::Error err = checkRouteFeeds(c, route)) return err;
+  SpecBuilder b(llvm::formatv("moe_route_sort_{0}{1}{2}", shape, r.moe_norm ? "_norm" : "", x_q8 ? "_xq8" : ""),
+                "kernels/moe.cuh", "minfer_moe_route_sort");
+  b.define("MOE_NEXP", uint64_t{s.n_expert})
+      .define("MOE_K", uint64_t{s.n_expert_used})
+      .define("MOE_F", uint64_t{s.rows})
+      .define("MOE_E", uint64_t{s.cols})
+      .define("MOE_MAX_BATCH", uint64_t{c.maxBatch()})
+      .define("MOE_ROUTE_SORT", uint64_t{1})
+      .define("MOE_NORM", uint64_t{r.moe_norm})
+      .define("MOE_X_Q8", uint64_t{x_q8});
+  return KernelLaunch{b.spec,
+                      {activationArg("logits", route.inputId(0), s.n_expert, fb::Access::Read),
+                       activationArg("ids", route.outputId(0), s.n_expert_used, fb::Access::Write),
+                       activationArg("w", route.outputId(1), s.n_expert_used, fb::Access::Write), x_in, scratch,
+                       kindArg(fb::ArgKind::TokenCount, "n_tokens")},
+                      kern::moeSortLaunchRule(s.cols, x_q8)};
+}
+
+// The router MatMul's dense plane the one-token router kernel reads (dense_matmul.cuh's dense_gemv form) when `mm`
+// is a decode MatMul with one f32 input, `rows` × `cols` and no kI8 or kBlocks plane (matmulLaunches would take
+// those); null otherwise.
+const StrideTable* routerPlane(const StepContext& mm, uint32_t rows, uint32_t cols) {
+  const model::StepDesc& m = mm.step();
+  if (mm.prefill() || m.op != fb::OpKind::MatMul || m.inputs.size() != 1 || m.outputs.size() != 1 || m.weights.empty() ||
+      m.weights.size() > 2)
+    return nullptr;
+  auto w = mm.weight(0);
+  if (!w) {
+    llvm::consumeError(w.takeError());
+    return nullptr;
+  }
+  const planes::TensorLayout& l = **w;
+  const StrideTable* d = densePlane(l);
+  if (findPlane(l, PlaneKind::kI8) || findPlane(l, PlaneKind::kBlocks) || !d || d->row_pitch % 16 != 0 ||
+      l.desc.rows != rows || l.desc.cols != cols)
+    return nullptr;
+  return d;
+}
+
+// The decode MoeFfn step c's first launch with its MoeRoute step `route` and the router MatMul `mm` before that
+// (minfer_moe_router_sort): x and the router weight in, the logits, expert ids and weights out, then the sort's
+// work on the scratch (and x's q8 form with `x_q8`), with one counter word. Errors: the route's own, a router
+// whose experts or outputs are not the MoeFfn's, a MatMul fusesMoeRouter refuses, its bias plane's.
+llvm::Expected<KernelLaunch> routerSortLaunch(const StepContext& c, const StepContext& route, const StepContext& mm,
+                                             const std::string& shape, bool x_q8, const KernelArgDesc& x_in,
+                                             const KernelArgDesc& scratch) {
+  const model::StepDesc &r = route.step(), &s = c.step();
+  if (llvm::Error err = checkRouteFeeds(c, route)) return err;
+  if (!fusesMoeRouter(mm, route, c)) return mm.error("cannot compute the router in the MoE launches (fusesMoeRouter)");
+  const StrideTable& plane = *routerPlane(mm, s.n_expert, s.cols);
+  const StrideTable* bias = nullptr;
+  if (mm.step().weights.size() > 1) {
+    auto v = mm.vector(1, s.n_expert);
+    if (!v) return v.takeError();
+    bias = *v;
+  }
+  SpecBuilder b(llvm::formatv("moe_router_sort_{0}_{1}_p{2}{3}{4}{5}", shape, denseTag(plane.kind), plane.row_pitch,
+                              bias ? "_bias" : "", r.moe_norm ? "_norm" : "", x_q8 ? "_xq8" : ""),
+                "kernels/moe.cuh", "minfer_moe_router_sort");
+  b.define("MOE_NEXP", uint64_t{s.n_expert})
+      .define("MOE_K", uint64_t{s.n_expert_used})
+      .define("MOE_F", uint64_t{s.rows})
+      .define("MOE_E", uint64_t{s.cols})
+      .define("MOE_MAX_BATCH", uint64_t{c.maxBatch()})
+      .define("MOE_ROUTER_SORT", uint64_t{1})
+      .define("MOE_NORM", uint64_t{r.moe_norm})
+      .define("MOE_X_Q8", uint64_t{x_q8})
+      .define("MOE_R_PLANE", static_cast<uint64_t>(plane.kind))
+      .define("MOE_R_PITCH", plane.row_pitch)
+      .define("MOE_R_HAS_BIAS", uint64_t{bias ? 1u : 0u});
+  return KernelLaunch{b.spec,
+                      {weightArg("rw", mm.weightId(0), plane),
+                       bias ? weightArg("rbias", mm.weightId(1), *bias) : kindArg(fb::ArgKind::Null, "rbias"), x_in,
+                       activationArg("logits", mm.outputId(0), s.n_expert, fb::Access::Write),
+                       activationArg("ids", route.outputId(0), s.n_expert_used, fb::Access::Write),
+                       activationArg("w", route.outputId(1), s.n_expert_used, fb::Access::Write), scratch,
+                       {.kind = fb::ArgKind::Counters, .name = "counters", .bytes = 4}},
+                      kern::moeRouterSortLaunchRule(s.n_expert, s.cols, x_q8)};
+}
+
+// The MoeFfn step c's launches; with `route` (the decode plan's MoeRoute step before it, fused) the sort launch
+// routes too (minfer_moe_route_sort), and with `router` (the router MatMul before that, fused) it also computes
+// the router's logits (minfer_moe_router_sort).
+Launches moeFfn(const StepContext& c, const StepContext* route, const StepContext* router) {
   const model::StepDesc& s = c.step();
   const uint32_t nexp = s.n_expert, k = s.n_expert_used, f = s.rows, e = s.cols;
   auto x = c.input(0, "input");
@@ -164,9 +277,16 @@ Launches moeFfnLaunches(const StepContext& c) {
   std::vector<KernelLaunch> launches;
 
   const KernelArgDesc x_in = activationArg("x", c.inputId(0), e, fb::Access::Read);
-  SpecBuilder sort("moe_sort_" + shape + (gu_blocks ? "_xq8" : ""), "kernels/moe.cuh", "minfer_moe_sort");
-  common(sort, "MOE_SORT").define("MOE_X_Q8", uint64_t{gu_blocks});
-  launches.push_back({sort.spec, {ids_in, x_in, scratch, ntok}, kern::moeSortLaunchRule(e, gu_blocks)});
+  if (route) {
+    auto rs = router ? routerSortLaunch(c, *route, *router, shape, gu_blocks, x_in, scratch)
+                     : routeSortLaunch(c, *route, shape, gu_blocks, x_in, scratch);
+    if (!rs) return rs.takeError();
+    launches.push_back(std::move(*rs));
+  } else {
+    SpecBuilder sort("moe_sort_" + shape + (gu_blocks ? "_xq8" : ""), "kernels/moe.cuh", "minfer_moe_sort");
+    common(sort, "MOE_SORT").define("MOE_X_Q8", uint64_t{gu_blocks});
+    launches.push_back({sort.spec, {ids_in, x_in, scratch, ntok}, kern::moeSortLaunchRule(e, gu_blocks)});
+  }
 
   SpecBuilder gu(llvm::formatv("moe_gate_up_{0}_{1}_{2}_p{3}_{4}{5}", shape, weightTag(*gate), weightTag(*up),
                                gate->q->row_pitch, up->q->row_pitch, dn_blocks ? "_aq8" : ""),
@@ -179,14 +299,26 @@ Launches moeFfnLaunches(const StepContext& c) {
   launches.push_back({gu.spec, std::move(gu_args),
                       kern::moeExpertsLaunchRule(f, kern::moeGateUpRows(gu_blocks, e, dn_blocks), nexp, k)});
 
-  SpecBuilder dn(llvm::formatv("moe_down_{0}_{1}_p{2}", shape, weightTag(*down), down->q->row_pitch),
-                 "kernels/moe.cuh", "minfer_moe_down");
+  // In decode the combine runs in the down launch (MOE_DOWN_COMBINE: the last thread block of each row tile
+  // combines its rows, with one counter word per tile), the same values as minfer_moe_combine's.
+  const bool down_combine = !c.prefill();
+  const unsigned down_rows = kern::moeDownRows(dn_blocks, f);
+  SpecBuilder dn(llvm::formatv("moe_down_{0}_{1}_p{2}{3}", shape, weightTag(*down), down->q->row_pitch,
+                               down_combine ? "_combine" : ""),
+                 "kernels/moe.cuh", down_combine ? "minfer_moe_down_combine" : "minfer_moe_down");
   common(dn, "MOE_DOWN");
+  if (down_combine) dn.define("MOE_DOWN_COMBINE", uint64_t{1});
   std::vector<KernelArgDesc> dn_args;
   addWeight(c, 2, "D", *down, dn, dn_args);
   dn_args.push_back(scratch);
-  launches.push_back(
-      {dn.spec, std::move(dn_args), kern::moeExpertsLaunchRule(e, kern::moeDownRows(dn_blocks, f), nexp, k)});
+  if (down_combine) {
+    dn_args.insert(dn_args.end(), {ids_in, activationArg("w", c.inputId(2), k, fb::Access::Read),
+                                   activationArg("out", c.outputId(0), e, fb::Access::Write)});
+    dn_args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{kern::ceilDiv(e, down_rows)} * 4});
+    dn_args.push_back(ntok);
+  }
+  launches.push_back({dn.spec, std::move(dn_args), kern::moeExpertsLaunchRule(e, down_rows, nexp, k)});
+  if (down_combine) return launches;
 
   SpecBuilder comb("moe_combine_" + shape, "kernels/moe.cuh", "minfer_moe_combine");
   common(comb, "MOE_COMBINE");
@@ -195,6 +327,26 @@ Launches moeFfnLaunches(const StepContext& c) {
                        activationArg("out", c.outputId(0), e, fb::Access::Write), ntok},
                       kern::moeCombineLaunchRule(e)});
   return launches;
+}
+
+}  // namespace
+
+Launches moeFfnLaunches(const StepContext& c) { return moeFfn(c, nullptr, nullptr); }
+
+Launches moeRouteFfnLaunches(const StepContext& route, const StepContext& ffn) {
+  if (ffn.prefill()) return route.error("only the decode plan routes in the MoeFfn step's launches");
+  return moeFfn(ffn, &route, nullptr);
+}
+
+bool fusesMoeRouter(const StepContext& mm, const StepContext& route, const StepContext& ffn) {
+  const model::StepDesc &m = mm.step(), &r = route.step(), &f = ffn.step();
+  return routerPlane(mm, f.n_expert, f.cols) && f.inputs.size() == 3 && m.inputs[0] == f.inputs[0] &&
+         r.inputs.size() == 1 && r.inputs[0] == m.outputs[0] && m.outputs[0] != f.inputs[0];
+}
+
+Launches moeRouterFfnLaunches(const StepContext& mm, const StepContext& route, const StepContext& ffn) {
+  if (ffn.prefill()) return mm.error("only the decode plan computes the router in the MoeFfn step's launches");
+  return moeFfn(ffn, &route, &mm);
 }
 
 }  // namespace minfer::codegen

@@ -114,12 +114,17 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // And in decode, with `gemv.glu`, MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct as one fused
 // gate|up GEMV (gemv_blocks.cuh GEMVB_GLU, ops/matmul.cpp) where fusesGateUp allows it; with `gemv.qkv`
 // MatMul q, k, v, Rope and Attention (and its QuantizeAct) as the fused QKV GEMV and the attention's
-// launches (GEMVB_QKV) where fusesQkv allows it; with `gemv.pair` two MatMuls of one input (gate and up,
+// launches (GEMVB_QKV) where fusesQkv allows it, and where that chain is not there (a q/k HeadRmsNorm before the
+// Rope) MatMul q, k, v as one GEMV triple launch (GEMVB_TRIPLE) where fusesGemvTriple allows it; with `gemv.pair` two MatMuls of one input (gate and up,
 // when the GLU fusion does not take them) as one GEMV pair launch (GEMVB_PAIR) where fusesGemvPair allows it;
 // with `gemv.norm` MatMul, Add, RmsNorm and QuantizeAct as one GEMV launch (GEMVB_NORM) where fusesGemvAddNorm
 // allows it.
 // In both plans, HeadRmsNorm q, HeadRmsNorm k and their Rope as one launch (rope.cuh minfer_head_norm_rope)
-// where fusesHeadNormRope allows it.
+// where fusesHeadNormRope allows it; in decode, where fusesHeadNormRopeStore allows it, with the Attention after
+// them (and its QuantizeAct) too: that launch also stores K and V (minfer_head_norm_rope_kv), then the
+// attention's own launches without kv_store. In decode, a MoeRoute with the MoeFfn after it as the MoeFfn's
+// launches, the first of them routing too (moeRouteFfnLaunches), and where fusesMoeRouter allows it with the
+// router MatMul before them, the first launch computing the logits too (moeRouterFfnLaunches).
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`; `gemv`: which decode GEMV fusions (CodegenOptions fuse_qkv,
 // fuse_glu, fuse_pair, fuse_norm). fusedLaunches: the launches of steps[i] and those followers.
@@ -146,6 +151,14 @@ bool fusesGemvAddNorm(const StepContext& mm, const StepContext& add, const StepC
 // the matmul step unless fusesGemvAddNorm; the QuantizeAct's and the weight's errors as theirs.
 Launches gemvAddNormLaunches(const StepContext& mm, const StepContext& add, const StepContext& norm,
                              const StepContext& quant);
+// Whether three decode MatMul steps (q, k, v where the fused QKV GEMV does not take them: a q/k HeadRmsNorm
+// between them and the Rope) can run as one GEMV triple launch (gemv_blocks.cuh GEMVB_TRIPLE): one q8 input,
+// distinct outputs, kBlocks planes the decode GEMV reads (any mix of Q4_K and Q6_K, pitches and biases), the same
+// k, and gemvBlocksShape giving the three the same warps and unroll.
+bool fusesGemvTriple(const StepContext& a, const StepContext& b, const StepContext& c);
+// Their launch: minfer_gemv_triple, writing the three outputs as their own minfer_gemv_blocks launches would. An
+// error naming step `a` unless fusesGemvTriple.
+Launches gemvTripleLaunches(const StepContext& a, const StepContext& b, const StepContext& c);
 // Whether two decode MatMul steps (e.g. gate and up) can run as one GEMV pair launch (gemv_blocks.cuh
 // GEMVB_PAIR): one q8 input, distinct outputs, kBlocks planes of one type and geometry, the same n and k,
 // both with a bias or neither.
@@ -178,6 +191,28 @@ bool fusesHeadNormRope(const StepContext& q_norm, const StepContext& k_norm, con
 // norm step unless fusesHeadNormRope; the weights' and rotation constants' errors as the steps' own (ops/rope.cpp).
 Launches headNormRopeLaunches(const StepContext& q_norm, const StepContext& k_norm, const StepContext& rope,
                               bool paged);
+// In decode, the Attention step after that Rope (steps[i+3]) can take K and V stored by the same launch
+// (minfer_head_norm_rope_kv, kernels/rope.cuh ROPE_KV_STORE): it attends over the Rope's q and k and a third
+// buffer v, whole buffers, with the Rope's heads, and has a KV-cache layer (ops/rope.cpp).
+bool fusesHeadNormRopeStore(const StepContext& rope, const StepContext& attention);
+// Their launches: minfer_head_norm_rope_kv (q and k normalized and rotated as headNormRopeLaunches writes them,
+// and k and v as f16 into the layer's caches at the position, as minfer_kv_store writes them; the ring slot of a
+// Step.kv_ring layer), then the decode attention's without kv_store (storedAttentionLaunches); `quant` its
+// QuantizeAct or null. An error naming the q norm step unless fusesHeadNormRope and fusesHeadNormRopeStore.
+Launches headNormRopeAttentionLaunches(const StepContext& q_norm, const StepContext& k_norm, const StepContext& rope,
+                                       const StepContext& attention, const StepContext* quant);
+// The decode plan's MoeRoute and the MoeFfn step after it (which takes its expert ids and weights) as the MoeFfn's
+// launches with the sort launch routing too (kernels/moe.cuh minfer_moe_route_sort: ids and weights as
+// minfer_moe_route writes them, the sort's scratch as minfer_moe_sort's), then gate/up and down + combine
+// (ops/moe.cpp). Errors: the route's and the MoeFfn's own, a prefill step, a MoeFfn not fed by this router.
+Launches moeRouteFfnLaunches(const StepContext& route, const StepContext& ffn);
+// Whether the decode router MatMul `mm` before that MoeRoute can run in the same first launch too
+// (minfer_moe_router_sort): one f32 input, the MoeFfn's x, a dense float weight (no kI8 or kBlocks plane) of
+// n_expert rows of the MoeFfn's width with 16-byte aligned rows, its output the route's input (ops/moe.cpp).
+bool fusesMoeRouter(const StepContext& mm, const StepContext& route, const StepContext& ffn);
+// The three steps as the MoeFfn's launches, the first computing the logits (dense_gemv's values), routing and
+// sorting (minfer_moe_router_sort). Errors as moeRouteFfnLaunches, and one naming the MatMul unless fusesMoeRouter.
+Launches moeRouterFfnLaunches(const StepContext& mm, const StepContext& route, const StepContext& ffn);
 // The decode attention's launches after a fused QKV GEMV stored K and V (ops/attention.cpp).
 Launches storedAttentionLaunches(const StepContext& attention, const StepContext* quant);
 // The paged launches of step `step_index` of the prefill or decode plan (schema Step.paged_launches,
@@ -187,7 +222,8 @@ Launches storedAttentionLaunches(const StepContext& attention, const StepContext
 // QuantizeAct (the decode plan's fusion) the attention also writes its q8 form (PA_Q8); for a q MatMul with
 // the fused QKV GEMV's chain (4 or 5 followers) the three GEMVs' own launches, minfer_rope_paged and the
 // attention's paged launches; for a q HeadRmsNorm with the head-norm RoPE chain (2 followers)
-// minfer_head_norm_rope at per-row positions. None for other ops (row-wise launches serve a batch as they are) or other
+// minfer_head_norm_rope at per-row positions, and with the Attention too (3 or 4 followers) that launch, then the
+// attention's paged launches (minfer_kv_store_paged, minfer_attn_paged). None for other ops (row-wise launches serve a batch as they are) or other
 // fusions, for attention groups too wide for the
 // kernel's shared memory, or a q8 form of heads that are not whole blocks of 32. Errors as the step's own
 // launches.

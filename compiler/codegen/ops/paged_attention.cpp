@@ -101,6 +101,20 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
     const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, step_index + k); };
     return headNormRopeLaunches(c, ctx(1), ctx(2), true);
   }
+  // The same with the decode Attention (and its QuantizeAct) fused in (minfer_head_norm_rope_kv): the paged
+  // launch above, then the attention's paged KV store and attention.
+  if (followers >= 3 && headNormRopeChain(steps, step_index)) {
+    const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, step_index + k); };
+    auto all = headNormRopeLaunches(c, ctx(1), ctx(2), true);
+    if (!all) return all.takeError();
+    std::optional<StepContext> quant;
+    if (followers == 4) quant.emplace(ctx(4));
+    auto att = pagedAttention(ctx(3), quant ? &*quant : nullptr);
+    if (!att) return att.takeError();
+    if (att->empty()) return std::vector<KernelLaunch>{};  // no paged attention for these heads: none at all
+    all->insert(all->end(), att->begin(), att->end());
+    return all;
+  }
   if (followers == 1 && c.step().op == fb::OpKind::Attention && step_index + 1 < steps.size() &&
       steps[step_index + 1].op == fb::OpKind::QuantizeAct) {
     const StepContext quant(desc, layouts, variant, step_index + 1);

@@ -2,7 +2,8 @@
 // optional per-pair frequency factors (weight 0, rope_freqs: n_rot/2 f32 values) of Llama 3.1+ and
 // YaRN scaling (its ramp ends and cos/sin scale baked in as constants); q and k may be column views
 // (format 1.4: their buffers' widths become the ROPE_Q_PITCH / ROPE_K_PITCH constants). With the two
-// HeadRmsNorm steps before it fused in (ops/fusion.cpp), minfer_head_norm_rope.
+// HeadRmsNorm steps before it fused in (ops/fusion.cpp), minfer_head_norm_rope, in decode with the Attention
+// after it too minfer_head_norm_rope_kv (the KV-cache store in the same launch).
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/rope.cuh"
 
@@ -88,12 +89,18 @@ Launches ropeLaunchesOf(const StepContext& c, bool paged) {
 
 Launches ropeLaunches(const StepContext& c) { return ropeLaunchesOf(c, false); }
 
+namespace {
+
 // minfer_head_norm_rope (kernels/rope.cuh ROPE_NORM_EPS): the two HeadRmsNorm steps' weights and epsilon, the
 // Rope step's heads and rotation constants; `paged`: ROPE_ROW_POSITIONS (each row's own position, ArgKind
-// RowPositions) for a batch session's paged launch.
-Launches headNormRopeLaunches(const StepContext& qn, const StepContext& kn, const StepContext& rope, bool paged) {
+// RowPositions) for a batch session's paged launch. With `attention` (the decode Attention of q, k and v after
+// the Rope), minfer_head_norm_rope_kv (ROPE_KV_STORE): it also stores k and v into that layer's caches.
+Launches headNormRope(const StepContext& qn, const StepContext& kn, const StepContext& rope, bool paged,
+                      const StepContext* attention) {
   if (!fusesHeadNormRope(qn, kn, rope))
     return qn.error("cannot run with the k HeadRmsNorm and the Rope after it as one launch (fusesHeadNormRope)");
+  if (attention && (paged || !fusesHeadNormRopeStore(rope, *attention)))
+    return qn.error("cannot store K and V for the attention after its Rope (fusesHeadNormRopeStore)");
   const model::StepDesc& s = rope.step();
   auto q = rope.input(0, "q");
   if (!q) return q.takeError();
@@ -107,25 +114,64 @@ Launches headNormRopeLaunches(const StepContext& qn, const StepContext& kn, cons
   auto rc = ropeConstants(rope);
   if (!rc) return rc.takeError();
   const float eps = qn.step().eps;
-  SpecBuilder b(llvm::formatv("head_norm_rope{0}_h{1}_hkv{2}_d{3}_eps{4}_{5}", paged ? "_paged" : "", s.n_head,
+  const uint32_t ring = attention ? attention->step().kv_ring : 0;
+  const std::string store = !attention ? "" : ring != 0 ? "_kv_ring" + std::to_string(ring) : "_kv";
+  SpecBuilder b(llvm::formatv("head_norm_rope{0}{1}_h{2}_hkv{3}_d{4}_eps{5}_{6}", store, paged ? "_paged" : "", s.n_head,
                               s.n_head_kv, s.head_dim, keyNumber(eps), rc->key),
-                "kernels/rope.cuh", "minfer_head_norm_rope");
+                "kernels/rope.cuh", attention ? "minfer_head_norm_rope_kv" : "minfer_head_norm_rope");
   b.define("ROPE_NHEAD", static_cast<uint64_t>(s.n_head))
       .define("ROPE_NHEAD_KV", static_cast<uint64_t>(s.n_head_kv))
       .define("ROPE_HEAD_DIM", static_cast<uint64_t>(s.head_dim));
   for (const auto& [name, value] : rc->defines) b.define(name, value);
   b.define("ROPE_NORM_EPS", floatLiteral(eps));
   if (paged) b.define("ROPE_ROW_POSITIONS", uint64_t{1});
+  if (attention) b.define("ROPE_KV_STORE", uint64_t{1});
+  if (ring != 0) b.define("ROPE_KV_RING", static_cast<uint64_t>(ring));  // the cache slot p % ring (Step.kv_ring)
   b.flag("--fmad=false");  // rotation rounded as minfer_rope (the norm's operations are explicit intrinsics)
   KernelLaunch l{b.spec, {}, kern::headNormRopeLaunchRule(s.n_head, s.n_head_kv)};
   l.args = {activationArg("q", rope.inputId(0), (*q)->width, fb::Access::ReadWrite),
-            activationArg("k", rope.inputId(1), (*k)->width, fb::Access::ReadWrite),
-            weightArg("wq", qn.weightId(0), **wq),
-            weightArg("wk", kn.weightId(0), **wk),
-            freqFactorsArg(rope, *rc),
-            kindArg(paged ? fb::ArgKind::RowPositions : fb::ArgKind::Positions, "pos"),
-            kindArg(fb::ArgKind::TokenCount, "n_tokens")};
+            activationArg("k", rope.inputId(1), (*k)->width, fb::Access::ReadWrite)};
+  const uint32_t kv_width = (*k)->width;
+  if (attention) {
+    auto v = attention->input(2, "v");
+    if (!v) return v.takeError();
+    l.args.push_back(activationArg("v", attention->inputId(2), (*v)->width, fb::Access::Read));
+  }
+  l.args.insert(l.args.end(), {weightArg("wq", qn.weightId(0), **wq), weightArg("wk", kn.weightId(0), **wk),
+                               freqFactorsArg(rope, *rc)});
+  if (attention) {
+    const uint32_t layer = static_cast<uint32_t>(attention->step().layer);
+    l.args.push_back({.kind = fb::ArgKind::KCache, .name = "kc", .access = fb::Access::Write, .width = kv_width, .layer = layer});
+    l.args.push_back({.kind = fb::ArgKind::VCache, .name = "vc", .access = fb::Access::Write, .width = kv_width, .layer = layer});
+  }
+  l.args.push_back(kindArg(paged ? fb::ArgKind::RowPositions : fb::ArgKind::Positions, "pos"));
+  l.args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
   return std::vector<KernelLaunch>{std::move(l)};
+}
+
+}  // namespace
+
+Launches headNormRopeLaunches(const StepContext& qn, const StepContext& kn, const StepContext& rope, bool paged) {
+  return headNormRope(qn, kn, rope, paged, nullptr);
+}
+
+bool fusesHeadNormRopeStore(const StepContext& rope, const StepContext& attention) {
+  const model::StepDesc &r = rope.step(), &a = attention.step();
+  if (rope.prefill() || a.op != fb::OpKind::Attention || a.inputs.size() != 3 || !a.input_views.empty() ||
+      !a.output_views.empty() || a.layer < 0 || r.inputs.size() != 2)
+    return false;
+  return a.inputs[0] == r.inputs[0] && a.inputs[1] == r.inputs[1] && a.inputs[2] != r.inputs[0] &&
+         a.inputs[2] != r.inputs[1] && a.n_head == r.n_head && a.n_head_kv == r.n_head_kv && a.head_dim == r.head_dim;
+}
+
+Launches headNormRopeAttentionLaunches(const StepContext& qn, const StepContext& kn, const StepContext& rope,
+                                       const StepContext& attention, const StepContext* quant) {
+  auto first = headNormRope(qn, kn, rope, false, &attention);
+  if (!first) return first.takeError();
+  auto after = storedAttentionLaunches(attention, quant);
+  if (!after) return after.takeError();
+  for (KernelLaunch& l : *after) first->push_back(std::move(l));
+  return first;
 }
 
 }  // namespace minfer::codegen
