@@ -193,12 +193,15 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
   for (const std::string& a : options.targets) archs.push_back(b.CreateString(a));
   const fb::Segment manifest_check(0, 0, 0);
 
-  flatbuffers::Offset<fb::Launch> argmax;
-  if (!kernels.set.images.empty()) argmax = createLaunch(b, kernels.set.argmax);
+  flatbuffers::Offset<fb::Launch> argmax, topk;
+  if (!kernels.set.images.empty()) {
+    argmax = createLaunch(b, kernels.set.argmax);
+    topk = createLaunch(b, kernels.set.topk);
+  }
   auto root = fb::CreateArtifact(b, kArtifactFormatMajor, kArtifactFormatMinor, b.CreateString(kProducer),
                                  b.CreateString(kProducerVersion), source_info, config, tokenizer,
                                  b.CreateVector(tensor_offsets), b.CreateVector(images), prefill, decode, memory,
-                                 b.CreateVector(archs), &manifest_check, argmax, load);
+                                 b.CreateVector(archs), &manifest_check, argmax, load, topk);
   fb::FinishSizePrefixedArtifactBuffer(b, root);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }

@@ -15,12 +15,20 @@
 #include <string>
 
 #include "minfer/batch.h"
+#include "minfer/sampler.h"
 #include "minfer/status.h"
 
 namespace minfer {
 
 class ArtifactFile;
 struct BatchConfig;
+
+// What a session can sample on its device instead of copying the logits row back (Session::generate).
+struct DeviceSampling {
+  bool argmax = false;      // forwardArgmax: the greedy token
+  int top_k_max = 0;        // forwardTopK: k up to this (0: none)
+  int penalized_max = 0;    // forwardTopK: at most this many penalized (distinct history) tokens
+};
 
 struct BackendSessionConfig {
   int n_ctx = 0;      // KV cache positions (≥ 1, already validated by Session)
@@ -44,6 +52,29 @@ class BackendSession {
   virtual bool canResumeAt(int pos0) const {
     (void)pos0;
     return true;
+  }
+
+  // Device sampling (the CUDA backend, with the artifact's argmax / top-k kernels); none by default.
+  virtual DeviceSampling deviceSampling() const { return {}; }
+  // Like forward(tokens, pos0, ·, false) but the logits stay on the device: the last row's argmax (highest
+  // logit, lowest id on ties, NaN never wins) comes back instead. Error when !deviceSampling().argmax.
+  virtual Result<int32_t> forwardArgmax(std::span<const int32_t> tokens, int pos0) {
+    (void)tokens, (void)pos0;
+    return Status::error("this backend has no device argmax");
+  }
+  // Like forwardArgmax, but the last row's out.size() = k highest (id, logit) pairs after the repetition
+  // penalty, as Sampler::sample steps 1 and 3 leave them (logits NaN → −∞; each of `penalized` (distinct ids)
+  // divided by repeat_penalty when > 0, else multiplied; then logit descending, id ascending). Requires
+  // 1 ≤ k ≤ deviceSampling().top_k_max, k ≤ n_vocab, penalized.size() ≤ penalized_max, repeat_penalty > 0.
+  virtual Status forwardTopK(std::span<const int32_t> tokens, int pos0, float repeat_penalty,
+                             std::span<const int32_t> penalized, std::span<TokenLogit> out) {
+    (void)tokens, (void)pos0, (void)repeat_penalty, (void)penalized, (void)out;
+    return Status::error("this backend has no device top-k");
+  }
+  // The last row's logits (n_vocab floats) of the latest forwardArgmax / forwardTopK call, copied back.
+  virtual Status lastLogits(float* logits) {
+    (void)logits;
+    return Status::error("this backend has no device sampling");
   }
 
   virtual int maxBatch() const = 0;

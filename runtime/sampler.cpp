@@ -16,6 +16,11 @@ uint64_t splitmix64(uint64_t& state) {
 
 uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
+// The candidates' order: logit descending, then id ascending (step 3's and the device top-k's).
+constexpr auto higher = [](const auto& a, const auto& b) {
+  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+};
+
 }  // namespace
 
 Xoshiro256::Xoshiro256(uint64_t seed) {
@@ -52,7 +57,8 @@ Sampler::Sampler(const SamplerParams& params, int32_t n_vocab)
       rng_(params.seed),
       candidates_(static_cast<size_t>(n_vocab_)),
       history_(static_cast<size_t>(std::max(params.repeat_last_n, 0))),
-      penalized_(static_cast<size_t>(n_vocab_), 0) {}
+      penalized_(static_cast<size_t>(n_vocab_), 0),
+      distinct_(history_.size()) {}
 
 void Sampler::reset() {
   rng_ = Xoshiro256(params_.seed);
@@ -73,21 +79,13 @@ int32_t Sampler::sample(std::span<const float> logits) {
   for (int32_t i = 0; i < n; ++i) cand[i] = {i, std::isnan(logits[i]) ? -INFINITY : logits[i], 0.0f};
 
   // 1. Repetition penalty, once per distinct token of the history (candidates are still indexed by id).
-  if (params_.repeat_penalty != 1.0f && history_size_ > 0) {
-    for (size_t h = 0; h < history_size_; ++h) {
-      const int32_t tok = history_[h];
-      if (tok < 0 || tok >= n || penalized_[tok]) continue;
-      penalized_[tok] = 1;
-      float& l = cand[tok].logit;
-      l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
-    }
-    for (size_t h = 0; h < history_size_; ++h)
-      if (history_[h] >= 0 && history_[h] < n) penalized_[history_[h]] = 0;
+  // The device top-k (kernels/topk.cuh) applies the same float operations to the same list.
+  for (const int32_t tok : penalizedTokens()) {
+    if (tok >= n) continue;
+    float& l = cand[tok].logit;
+    l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
   }
 
-  const auto higher = [](const Candidate& a, const Candidate& b) {
-    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-  };
 
   // 2. Greedy.
   if (params_.temperature <= 0.0f) {
@@ -105,6 +103,32 @@ int32_t Sampler::sample(std::span<const float> logits) {
     size = params_.top_k;
     sorted = true;
   }
+  return sampleCandidates(size, sorted);
+}
+
+int32_t Sampler::sampleTopK(std::span<const TokenLogit> top) {
+  const int32_t size = std::clamp<int32_t>(static_cast<int32_t>(top.size()), 1, n_vocab_);
+  Candidate* cand = candidates_.data();
+  for (int32_t i = 0; i < size; ++i) cand[i] = {top[i].id, top[i].logit, 0.0f};
+  if (params_.temperature <= 0.0f) return cand[0].id;  // step 2 on the list's head: the highest, lowest id
+  return sampleCandidates(size, /*sorted=*/true);
+}
+
+std::span<const int32_t> Sampler::penalizedTokens() {
+  if (params_.repeat_penalty == 1.0f) return {};
+  size_t count = 0;
+  for (size_t h = 0; h < history_size_; ++h) {
+    const int32_t tok = history_[h];
+    if (tok < 0 || tok >= n_vocab_ || penalized_[tok]) continue;
+    penalized_[tok] = 1;
+    distinct_[count++] = tok;
+  }
+  for (size_t i = 0; i < count; ++i) penalized_[distinct_[i]] = 0;
+  return {distinct_.data(), count};
+}
+
+int32_t Sampler::sampleCandidates(int32_t size, bool sorted) {
+  Candidate* cand = candidates_.data();
   // 4. Top-p over the softmax of the kept logits.
   if (params_.top_p < 1.0f) {
     if (!sorted) std::sort(cand, cand + size, higher);

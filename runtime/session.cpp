@@ -84,6 +84,43 @@ Status Session::evaluate(std::span<const int32_t> tokens, std::span<float> all_l
       std::copy(all_logits.end() - n_vocab, all_logits.end(), logits_.begin());
   }
   has_logits_ = true;
+  logits_on_device_ = false;
+  return Status::ok();
+}
+
+Result<int32_t> Session::decodeSampled(int32_t token, Sampler& sampler, std::span<TokenLogit> top) {
+  if (pos_ + 1 > n_ctx_)
+    return Status::error("1 token at position " + std::to_string(pos_) + " does not fit the context: n_ctx " +
+                         std::to_string(n_ctx_));
+  const std::span<const int32_t> one(&token, 1);
+  int32_t next = 0;
+  if (top.empty()) {
+    Result<int32_t> id = backend_->forwardArgmax(one, pos_);
+    if (!id) {
+      has_logits_ = false;
+      return id.takeStatus();
+    }
+    next = *id;
+  } else {
+    const std::span<const int32_t> penalized = sampler.penalizedTokens();
+    const float penalty = penalized.empty() ? 1.0f : sampler.params().repeat_penalty;
+    Status st = backend_->forwardTopK(one, pos_, penalty, penalized, top);
+    if (!st) {
+      has_logits_ = false;
+      return st;
+    }
+    next = sampler.sampleTopK(top);
+  }
+  tokens_[static_cast<size_t>(pos_)] = token;
+  ++pos_;
+  has_logits_ = true;
+  logits_on_device_ = true;
+  return next;
+}
+
+Status Session::syncLogits() {
+  MINFER_RETURN_IF_ERROR(backend_->lastLogits(logits_.data()));
+  logits_on_device_ = false;
   return Status::ok();
 }
 
@@ -111,6 +148,19 @@ Result<GenerateResult> Session::generate(std::string_view prompt, const Generate
   Sampler sampler(params.sampling, n_vocab);
   for (int32_t id : ids) sampler.accept(id);
 
+  // Decode steps sample on the device when the backend can do what the sampler would (GenerateParams::
+  // device_sampling): greedy without a penalty by the argmax; else top_k candidates (1 when greedy) from the
+  // device top-k, whose penalty list (≤ repeat_last_n distinct tokens) must fit the request.
+  const SamplerParams& sp = params.sampling;
+  const DeviceSampling dev = params.device_sampling && !params.on_logits ? backend_->deviceSampling() : DeviceSampling{};
+  const bool penalty = sp.repeat_penalty != 1.0f && sp.repeat_last_n > 0;
+  const bool device_argmax = sp.temperature <= 0.0f && !penalty && dev.argmax;
+  int device_k = device_argmax ? 0 : sp.temperature <= 0.0f ? 1 : sp.top_k > 0 && sp.top_k < n_vocab ? sp.top_k : 0;
+  if (device_k > dev.top_k_max || (penalty && (!(sp.repeat_penalty > 0.0f) || sp.repeat_last_n > dev.penalized_max)))
+    device_k = 0;
+  std::vector<TokenLogit> top(static_cast<size_t>(device_k));
+  const bool on_device = device_argmax || device_k > 0;
+
   const Clock::time_point t0 = Clock::now();
   if (!ids.empty()) {
     std::vector<float> rows;
@@ -124,8 +174,9 @@ Result<GenerateResult> Session::generate(std::string_view prompt, const Generate
 
   Detokenizer detok(tok, params.render_special);
   result.stop = StopReason::kMaxTokens;
+  int32_t sampled = -1;  // the token the device path sampled for this step (−1: sample the host's logits)
   for (int i = 0; params.n_predict < 0 || i < params.n_predict; ++i) {
-    const int32_t next = sampler.sample(logits());
+    const int32_t next = sampled >= 0 ? sampled : sampler.sample(logits());
     sampler.accept(next);
     if (params.stop_at_eog && tok.isEndOfGeneration(next)) {
       result.stop = StopReason::kEndOfGeneration;
@@ -142,9 +193,16 @@ Result<GenerateResult> Session::generate(std::string_view prompt, const Generate
       result.stop = StopReason::kContextFull;
       break;
     }
+    if (on_device) {
+      Result<int32_t> r = decodeSampled(next, sampler, top);
+      if (!r) return r.takeStatus();
+      sampled = *r;
+      continue;
+    }
     MINFER_RETURN_IF_ERROR(decode(next));
     if (params.on_logits) params.on_logits(logits(), 1);
   }
+  if (logits_on_device_) MINFER_RETURN_IF_ERROR(syncLogits());  // logits() as after host sampling
   const std::string tail = detok.flush();
   if (!tail.empty()) callback(tail, -1);
   result.generate_seconds = std::chrono::duration<double>(Clock::now() - t1).count();

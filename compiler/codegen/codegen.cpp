@@ -103,6 +103,7 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
     if (v == PlanVariant::kDecode) set.decode_fused = std::move(fused);
   }
   set.argmax = record(argmaxLaunch(desc.plan, desc.config.n_vocab));
+  set.topk = record(topkLaunch(desc.plan, desc.config.n_vocab));
 
   const std::vector<KernelSpec>& specs = table.specs();
   set.stats.unique_specs = specs.size();

@@ -4,7 +4,7 @@
 // spec + launch record); identical specs (layers share shapes) are compiled once per arch; each
 // (spec, arch) is looked up in the on-disk cache (kernel_cache.h) or compiled, in parallel on `jobs`
 // threads. The result is deterministic whatever the thread count or cache state: images are ordered by
-// first use (prefill steps, each followed by its paged launches, then decode steps likewise, then load steps, then argmax), archs in the requested order.
+// first use (prefill steps, each followed by its paged launches, then decode steps likewise, then load steps, then argmax, then top-k), archs in the requested order.
 //
 // Launch records (Step.launches in the artifact): per kernel use, its arguments and launch rule and the
 // image index of every target arch, in target order; a runtime takes the one of its chosen arch.
@@ -57,7 +57,7 @@ struct KernelImageData {
 };
 
 struct CodegenStats {
-  size_t kernel_uses = 0;    // kernels launched by all steps of both plans (+ argmax)
+  size_t kernel_uses = 0;    // kernels launched by all steps of both plans (+ argmax, top-k)
   size_t unique_specs = 0;   // after dedupe
   size_t images = 0;         // unique_specs × targets
   size_t cache_hits = 0;
@@ -94,6 +94,7 @@ struct KernelSet {
   std::vector<std::vector<LaunchRecord>> prefill_small;
   std::vector<uint32_t> prefill_small_rows;
   LaunchRecord argmax;
+  LaunchRecord topk;  // schema Artifact.topk (1.9)
   CodegenStats stats;
 };
 

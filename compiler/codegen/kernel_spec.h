@@ -81,6 +81,9 @@ llvm::Expected<std::vector<KernelLaunch>> launchesForStep(const model::ModelDesc
 
 // The device argmax over rows of the logits buffer (n_vocab wide): one row per token of the launch.
 KernelLaunch argmaxLaunch(const model::ExecutionPlan& plan, uint32_t n_vocab);
+// The device top-k of the last row of the logits buffer (n_vocab wide) after the repetition penalty: its
+// request and result in the session's TopK slot, per-block lists in Scratch, one Counters word.
+KernelLaunch topkLaunch(const model::ExecutionPlan& plan, uint32_t n_vocab);
 
 // Tile of the prefill MMQ for a weight of n rows and k cols (kernels/mmq.cuh, mmqTileSupported):
 // 128 × 64 for n ≥ 1024, else 64 × 64.

@@ -204,7 +204,7 @@ llvm::json::Object argJson(const fb::KernelArg& a) {
       o["layer"] = int64_t{a.layer()};
       o["width"] = int64_t{a.width()};
       break;
-    case fb::ArgKind::Scratch: case fb::ArgKind::Counters: o["bytes"] = i64(a.bytes()); break;
+    case fb::ArgKind::Scratch: case fb::ArgKind::Counters: case fb::ArgKind::TopK: o["bytes"] = i64(a.bytes()); break;
     case fb::ArgKind::Int: o["value"] = a.value(); break;
     default: break;
   }
@@ -520,6 +520,7 @@ llvm::json::Object toJson(const ArtifactFile& f) {
     root[name] = std::move(steps);
   }
   if (m.argmax()) root["argmax"] = launchJson(*m.argmax(), m);
+  if (m.topk()) root["topk"] = launchJson(*m.topk(), m);
   llvm::json::Array kernels;
   if (m.kernels())
     for (const fb::KernelImage* k : *m.kernels())

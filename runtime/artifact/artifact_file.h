@@ -52,8 +52,9 @@ struct LaunchProblem {
 // positions or scratch argument. Weight arguments are read, except in the load plan, whose launches
 // write derived planes (Plane.derived) and read only stored ones. The paged arguments (RowPositions,
 // BlockTables, BlockSize; 1.6) appear in paged launches (Step.paged_launches) only, which take no
-// Positions. Returns false and fills *problem on the first failure.
-enum class LaunchPlace { kStep, kTailStep, kLoadStep, kPagedStep };  // kStep also for Artifact.argmax
+// Positions. The TopK argument (1.9) appears in Artifact.topk only, with bytes = sizeof(kern::TopKSlot)
+// (the slot layout this runtime uploads and reads). Returns false and fills *problem on the first failure.
+enum class LaunchPlace { kStep, kTailStep, kLoadStep, kPagedStep, kTopK };  // kStep also for Artifact.argmax
 bool checkLaunch(const fb::Artifact& m, const fb::Launch& launch, LaunchPlace place, LaunchProblem* problem);
 
 }  // namespace minfer::artifact

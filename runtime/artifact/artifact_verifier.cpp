@@ -84,6 +84,7 @@ class StructureLocator {
       return "target_archs";
     if (!scalar<fb::Segment>(t, A::VT_MANIFEST_CHECK, 8)) return "manifest_check";
     if (!table(t, A::VT_ARGMAX, [&] { return root_->argmax(); })) return "argmax";
+    if (!table(t, A::VT_TOPK, [&] { return root_->topk(); })) return "topk";
     return "";
   }
 
@@ -170,6 +171,7 @@ class SemanticVerifier {
     MINFER_RETURN_IF_ERROR(checkDerivedWrites());
     MINFER_RETURN_IF_ERROR(checkKvRingBytes());
     if (m_->argmax()) MINFER_RETURN_IF_ERROR(checkLaunchAt(*m_->argmax(), "argmax", "the argmax", LaunchPlace::kStep));
+    if (m_->topk()) MINFER_RETURN_IF_ERROR(checkLaunchAt(*m_->topk(), "topk", "the top-k", LaunchPlace::kTopK));
     MINFER_RETURN_IF_ERROR(checkOverlaps());
     *segments = std::move(segments_);
     return Status::ok();

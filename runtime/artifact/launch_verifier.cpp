@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "kernels/common.cuh"
+#include "kernels/topk.cuh"
 #include "runtime/artifact/artifact_file.h"
 #include "runtime/util/terminal_text.h"
 
@@ -24,6 +25,7 @@ class LaunchChecker {
         tail_(place == LaunchPlace::kTailStep),
         load_(place == LaunchPlace::kLoadStep),
         paged_(place == LaunchPlace::kPagedStep),
+        topk_(place == LaunchPlace::kTopK),
         p_(p) {}
 
   bool run() { return images() && args() && shape(); }
@@ -101,6 +103,13 @@ class LaunchChecker {
         if (!paged_)
           return fail(f + ".kind", &a, cat(fb::EnumNameArgKind(a.kind()), " argument outside a paged launch (Step.paged_launches) (",
                                            kernel(), ")"));
+        return true;
+      case fb::ArgKind::TopK:
+        if (!topk_)
+          return fail(f + ".kind", &a, cat("TopK argument outside Artifact.topk (", kernel(), ")"));
+        if (a.bytes() != sizeof(kern::TopKSlot))
+          return fail(f + ".bytes", &a, cat(kernel(), " was built for a top-k slot of ", a.bytes(),
+                                            " bytes; this runtime's TopKSlot (kernels/topk.cuh) is ", sizeof(kern::TopKSlot)));
         return true;
       default: return true;
     }
@@ -226,6 +235,7 @@ class LaunchChecker {
   bool tail_;
   bool load_;
   bool paged_;  // Step.paged_launches (1.6)
+  bool topk_;   // Artifact.topk (1.9)
   LaunchProblem* p_;
 };
 

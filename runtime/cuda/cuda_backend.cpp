@@ -179,6 +179,11 @@ class BackendLoader {
       if (!b) return b.takeStatus();
       st_.argmax = *b;
     }
+    if (m_->topk()) {
+      Result<BoundLaunch> b = bind(*m_->topk(), "topk");
+      if (!b) return b.takeStatus();
+      st_.topk = *b;
+    }
     return Status::ok();
   }
 

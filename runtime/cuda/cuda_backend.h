@@ -107,9 +107,14 @@ class CudaSession final : public BackendSession {
   Status forwardRows(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                      std::span<const int32_t> tables, std::span<const int> out_rows, float* logits);
 
-  // Like forward, then the argmax of the last row on the device (greedy sampling; 4 bytes copied back
-  // instead of the logits row).
-  Result<int32_t> forwardArgmax(std::span<const int32_t> tokens, int pos0);
+  // Device sampling (runtime/backend.h): the artifact's argmax (1.1) and top-k (1.9, kernels/topk.cuh)
+  // launch records, in sessions that are not paged. forwardArgmax copies 4 bytes back instead of the logits
+  // row, forwardTopK k (id, logit) pairs (the request, 16 + 4·penalized bytes, goes up first).
+  DeviceSampling deviceSampling() const override;
+  Result<int32_t> forwardArgmax(std::span<const int32_t> tokens, int pos0) override;
+  Status forwardTopK(std::span<const int32_t> tokens, int pos0, float repeat_penalty,
+                     std::span<const int32_t> penalized, std::span<TokenLogit> out) override;
+  Status lastLogits(float* logits) override;
   void setProfiling(bool on);
   std::vector<StepTime> profile() const;  // steps with calls > 0, plan order (prefill then decode)
   void resetProfile();

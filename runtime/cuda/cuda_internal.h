@@ -64,6 +64,7 @@ struct CudaBackend::State {
   std::vector<StepKernels> prefill, decode;
   std::vector<StepKernels> load;  // run once by CudaBackend::create, after the upload
   BoundLaunch argmax;     // image −1 when the artifact has none
+  BoundLaunch topk;       // likewise (format 1.9)
   // The prefill plan can run a batch of rows from several sequences (pagedPlanComplete): batch sessions
   // are CudaBatchSessions, else the sequential fallback. paged_decode: the decode plan can too (a step of
   // one row then runs it: the GEMVs and a graph instead of the prefill plan's GEMMs).

@@ -1,7 +1,9 @@
 // CUDA backend, allocate + execute phases: session buffers, launch records, decode graph, forward.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
+#include "kernels/topk.cuh"
 #include "runtime/cuda/cuda_internal.h"
 #include "runtime/kv_ring.h"
 #include "schema/op_traits.h"
@@ -22,14 +24,17 @@ struct CudaSession::State {
   std::vector<CUdeviceptr> buf;      // buffer id → device address
   std::vector<uint32_t> buf_width;   // buffer id → width
   std::vector<fb::BufferType> buf_type;
-  DeviceBuffer arena;                // activations | KV cache | attention partials | pos | argmax [| rows]
+  DeviceBuffer arena;                // activations | KV cache | attention partials | pos | argmax | top-k slot
+                                     // [| rows]
   CUdeviceptr pos = 0, argmax_out = 0;
+  CUdeviceptr topk_slot = 0;         // kern::TopKSlot (0 when the artifact has no top-k, or paged)
   PinnedBuffer pinned;               // ids (max_batch int32) | pos | argmax [| row positions | block tables]
-                                     // | one logits row (n_vocab f32)
+                                     // | one logits row (n_vocab f32) | top-k slot
   int32_t* h_ids = nullptr;
   int32_t* h_pos = nullptr;
   int32_t* h_argmax = nullptr;
   float* h_logits = nullptr;         // 16-byte aligned; a single row's download lands here (see forward)
+  kern::TopKSlot* h_topk = nullptr;  // 16-byte aligned pinned mirror of topk_slot
   // A paged session (CudaBackend::createPagedSession): the prefill plan with each step's paged launches
   // (Step.paged_launches), the KV cache a pool of kv_slots slots, rows placed by forwardRows; the decode plan
   // likewise (and its graph) when every positional decode step has paged launches (CudaBackend paged_decode).
@@ -48,6 +53,9 @@ struct CudaSession::State {
   std::vector<bool> fresh;  // per buffer: rewritten (at row 0) by the tail so far (runPlan scratch)
   Launch argmax;
   bool have_argmax = false;
+  Launch topk;
+  bool have_topk = false;
+  uint64_t sampled_row = 0;  // byte offset in the logits buffer of the row forwardArgmax / forwardTopK read last
   CUgraph graph = nullptr;
   CUgraphExec graph_exec = nullptr;
   // Programmatic dependent launch for records marked `overlap` (sm_90+ GPUs, CudaBackendOptions), in the
@@ -419,19 +427,84 @@ Status CudaSession::forward(std::span<const int32_t> tokens, int pos0, float* lo
   return Status::ok();
 }
 
+DeviceSampling CudaSession::deviceSampling() const {
+  DeviceSampling d;
+  d.argmax = s_->have_argmax;
+  if (s_->have_topk) {
+    d.top_k_max = static_cast<int>(std::min<unsigned>(kern::kTopKMax, static_cast<unsigned>(s_->n_vocab)));
+    d.penalized_max = static_cast<int>(kern::kTopKMaxPenalized);
+  }
+  return d;
+}
+
+namespace {
+
+// A sampling launch (argmax, top-k) pointed at the row of the logits buffer that holds the last token's
+// logits after forward(tokens, ·, /*last_only=*/true).
+Launch onLastRow(const CudaSession::State& st, const Launch& sampler, size_t n_tokens) {
+  Launch l = sampler;
+  for (int r = 0; r < l.n_rows; ++r)
+    if (l.rows[r].buffer == st.logits_buffer) l.args[l.rows[r].arg].p += st.lastRowOffset(n_tokens);
+  return l;
+}
+
+}  // namespace
+
 Result<int32_t> CudaSession::forwardArgmax(std::span<const int32_t> tokens, int pos0) {
   State& st = *s_;
   if (!st.have_argmax) return Status::error("CUDA: the artifact has no argmax kernel image");
   MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, /*last_only=*/true));
-  Launch l = st.argmax;  // reads the row of the logits buffer that holds the last token's logits
-  for (int r = 0; r < l.n_rows; ++r)
-    if (l.rows[r].buffer == st.logits_buffer) l.args[l.rows[r].arg].p += st.lastRowOffset(tokens.size());
-  MINFER_RETURN_IF_ERROR(st.launch(l, 1));
+  st.sampled_row = st.lastRowOffset(tokens.size());
+  MINFER_RETURN_IF_ERROR(st.launch(onLastRow(st, st.argmax, tokens.size()), 1));
   MINFER_RETURN_IF_ERROR(st.dev->check(
       st.cu().cuMemcpyDtoHAsync(st.h_argmax, st.argmax_out, sizeof(int32_t), st.stream.get()), "CUDA argmax download"));
   MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(st.stream.get()), "CUDA forward"));
   if (st.profiling) st.collectProfile(tokens.size() > 1);
   return *st.h_argmax;
+}
+
+Status CudaSession::forwardTopK(std::span<const int32_t> tokens, int pos0, float repeat_penalty,
+                                std::span<const int32_t> penalized, std::span<TokenLogit> out) {
+  State& st = *s_;
+  if (!st.have_topk) return Status::error("CUDA: the artifact has no top-k kernel image (format 1.9)");
+  const size_t k_max = std::min<size_t>(kern::kTopKMax, static_cast<size_t>(st.n_vocab));
+  if (out.empty() || out.size() > k_max || penalized.size() > kern::kTopKMaxPenalized || !(repeat_penalty > 0.0f))
+    return Status::error("CUDA top-k: k " + std::to_string(out.size()) + " (1.." + std::to_string(k_max) + "), " +
+                         std::to_string(penalized.size()) + " penalized tokens (at most " +
+                         std::to_string(kern::kTopKMaxPenalized) + "), repeat penalty " + std::to_string(repeat_penalty) +
+                         " (> 0)");
+  MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, /*last_only=*/true));
+  st.sampled_row = st.lastRowOffset(tokens.size());
+  kern::TopKSlot& h = *st.h_topk;
+  h.k = static_cast<int32_t>(out.size());
+  h.repeat_penalty = repeat_penalty;
+  h.n_penalized = static_cast<int32_t>(penalized.size());
+  h.reserved = 0;
+  std::copy(penalized.begin(), penalized.end(), h.penalized);
+  CUstream s = st.stream.get();
+  MINFER_RETURN_IF_ERROR(st.dev->check(
+      st.cu().cuMemcpyHtoDAsync(st.topk_slot, &h, kern::kTopKRequestHeader + penalized.size() * sizeof(int32_t), s),
+      "CUDA top-k request upload"));
+  MINFER_RETURN_IF_ERROR(st.launch(onLastRow(st, st.topk, tokens.size()), 1));
+  MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuMemcpyDtoHAsync(h.out, st.topk_slot + offsetof(kern::TopKSlot, out),
+                                                                 out.size() * sizeof(kern::TopKPair), s),
+                                       "CUDA top-k download"));
+  MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(s), "CUDA forward"));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = {h.out[i].id, h.out[i].logit};
+  if (st.profiling) st.collectProfile(tokens.size() > 1);
+  return Status::ok();
+}
+
+Status CudaSession::lastLogits(float* logits) {
+  State& st = *s_;
+  const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
+  MINFER_RETURN_IF_ERROR(st.dev->makeCurrent());
+  MINFER_RETURN_IF_ERROR(st.dev->check(
+      st.cu().cuMemcpyDtoHAsync(st.h_logits, st.buf[st.logits_buffer] + st.sampled_row, row, st.stream.get()),
+      "CUDA logits download"));
+  MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(st.stream.get()), "CUDA logits download"));
+  std::memcpy(logits, st.h_logits, row);
+  return Status::ok();
 }
 
 void CudaSession::setProfiling(bool on) {
@@ -534,6 +607,7 @@ class SessionBuilder {
     counter_offset_ = reserve(counter_bytes_);
     pos_offset_ = reserve(4);
     argmax_offset_ = reserve(4);
+    if (topk()) topk_offset_ = reserve(sizeof(kern::TopKSlot));
     if (st_.paged) {
       row_pos_offset_ = reserve(4ull * st_.max_batch);
       tables_offset_ = reserve(4ull * static_cast<uint64_t>(table_words));
@@ -560,14 +634,19 @@ class SessionBuilder {
     st_.argmax_out = base_ + argmax_offset_;
     const uint64_t paged_words = st_.paged ? static_cast<uint64_t>(st_.max_batch) + st_.table_words : 0;
     const uint64_t small = alignUp((static_cast<uint64_t>(st_.max_batch) + paged_words) * 4 + 64, 16);
+    const uint64_t row = alignUp(static_cast<uint64_t>(st_.n_vocab) * sizeof(float), 16);
     Result<PinnedBuffer> pinned =
-        be_.dev->allocPinned(small + static_cast<uint64_t>(st_.n_vocab) * sizeof(float), "CUDA session");
+        be_.dev->allocPinned(small + row + (topk() ? sizeof(kern::TopKSlot) : 0), "CUDA session");
     if (!pinned) return pinned.takeStatus();
     st_.pinned = std::move(*pinned);
     st_.h_ids = static_cast<int32_t*>(st_.pinned.data());
     st_.h_pos = st_.h_ids + st_.max_batch;
     st_.h_argmax = st_.h_pos + 4;
     st_.h_logits = reinterpret_cast<float*>(static_cast<uint8_t*>(st_.pinned.data()) + small);
+    if (topk()) {
+      st_.topk_slot = base_ + topk_offset_;
+      st_.h_topk = reinterpret_cast<kern::TopKSlot*>(static_cast<uint8_t*>(st_.pinned.data()) + small + row);
+    }
     if (st_.paged) {
       st_.row_pos = base_ + row_pos_offset_;
       st_.tables = base_ + tables_offset_;
@@ -624,6 +703,11 @@ class SessionBuilder {
       st_.argmax.overlap = false;  // launched after a graph or a download, not after a kernel of the plan
       st_.have_argmax = true;
     }
+    if (topk()) {
+      st_.topk = bindLaunch(be_.topk, -1);
+      st_.topk.overlap = false;  // as the argmax
+      st_.have_topk = true;
+    }
   }
 
   // Decode plan → CUDA graph (n_tokens = 1 is baked into the captured launches; pos0 is read from
@@ -634,6 +718,9 @@ class SessionBuilder {
   }
 
  private:
+  // The session launches the artifact's top-k (format 1.9): single-sequence sessions only, like the argmax.
+  bool topk() const { return be_.topk.record != nullptr && !st_.paged; }
+
   uint64_t reserve(uint64_t bytes) {
     const uint64_t at = total_;
     total_ += align(bytes);
@@ -675,6 +762,11 @@ class SessionBuilder {
                                        std::to_string(it->second) + " in another launch");
               }
     }
+    if (topk() && be_.topk.record->args())  // its per-block lists and its counter word
+      for (const fb::KernelArg* a : *be_.topk.record->args()) {
+        if (a->kind() == fb::ArgKind::Scratch) scratch_bytes_ = std::max(scratch_bytes_, a->bytes());
+        if (a->kind() == fb::ArgKind::Counters) counter_bytes_ = std::max(counter_bytes_, a->bytes());
+      }
     for (const auto& [layer, w] : width) {
       const auto r = ring.find(layer);
       const uint32_t kv_ring = r != ring.end() ? r->second.first : 0;
@@ -741,6 +833,7 @@ class SessionBuilder {
           case fb::ArgKind::TokenCount: l.pushTokens(); break;
           case fb::ArgKind::Int: l.pushInt(a->value()); break;
           case fb::ArgKind::TokenOut: l.push(st_.argmax_out); break;
+          case fb::ArgKind::TopK: l.push(st_.topk_slot); break;  // Artifact.topk only (verifier)
           case fb::ArgKind::RowPositions: l.push(st_.row_pos); break;   // paged sessions only (verifier)
           case fb::ArgKind::BlockTables: l.push(st_.tables); break;
           case fb::ArgKind::BlockSize: l.pushInt(st_.block_size); break;
@@ -754,7 +847,7 @@ class SessionBuilder {
   const fb::Artifact* m_;
   const std::string path_;
   uint64_t total_ = 0, act_bytes_ = 0, kv_bytes_ = 0, scratch_bytes_ = 0, counter_bytes_ = 0;
-  uint64_t scratch_offset_ = 0, counter_offset_ = 0, pos_offset_ = 0, argmax_offset_ = 0;
+  uint64_t scratch_offset_ = 0, counter_offset_ = 0, pos_offset_ = 0, argmax_offset_ = 0, topk_offset_ = 0;
   uint64_t row_pos_offset_ = 0, tables_offset_ = 0;  // paged sessions
   std::vector<uint64_t> buf_offset_;
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> kv_;  // layer → arena offsets of K and V

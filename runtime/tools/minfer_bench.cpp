@@ -11,6 +11,11 @@
 // GPU time per plan step (CUDA events around every step, inside the decode graph; kernels do not
 // overlap while profiled, so profiled tg is slower), the bytes each step moved (weight planes, K/V
 // cache) and the bandwidth that gives, against the GPU's DRAM peak.
+// --sample adds, after each tgN, the same N decode steps with sampling (llama.cpp's defaults: temperature
+// 0.8, top-k 40, top-p 0.95, min-p 0.05; each sampled token fed back): "tgN +host sampling" copies every logits
+// row back and runs the Sampler on it; "tgN +device top-k" (cuda) runs the device top-k on the row and copies
+// 40 (id, logit) pairs back, then the Sampler's top-p / min-p / temperature steps (Sampler::sampleTopK). tgN
+// itself stays llama-bench's definition.
 // --no-overlap launches every kernel after the previous one has ended (no programmatic dependent launch).
 // --parallel B1,B2,… runs llama-batched-bench's test instead (bench_batched.h): per B, B sequences of a
 // -p token prompt each (default 128) evaluated together, then -n decode steps of one token per sequence,
@@ -73,6 +78,10 @@ llvm::cl::opt<std::string> kParallel(
     llvm::cl::desc("Batched test (llama-batched-bench): numbers of sequences B, comma-separated, each in 1..4096; "
                    "per B, B prompts of -p tokens (default 128) then -n decode steps of one token per sequence"),
     llvm::cl::value_desc("B,B,..."), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kSample("sample",
+                            llvm::cl::desc("Also time tg with sampling: on the host (logits row copied back) and with "
+                                           "the device top-k (40 pairs copied back; cuda)"),
+                            llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kNoVerify("no-verify",
                               llvm::cl::desc("Skip the data segments' checksums (checked by default while loading)"),
                               llvm::cl::cat(kCategory));
@@ -386,43 +395,60 @@ int main(int argc, char** argv) {
         if (!s) die(s.message());
       }
     };
+    // --sample: llama.cpp's default chain; the device top-k's k.
+    minfer::SamplerParams sampling;
+    sampling.top_k = 40;
+    minfer::Sampler sampler(sampling, n_vocab);
+    std::vector<minfer::TokenLogit> top(static_cast<size_t>(sampling.top_k));
+    const bool device_top_k = session->deviceSampling().top_k_max >= sampling.top_k && sampling.top_k < n_vocab;
     // The timed part of a test (a prompt of `count` tokens, or `count` decode steps) at `depth`;
-    // seconds.
-    auto timed = [&](bool pp, int count, int depth) {
+    // seconds. Decode steps feed random tokens (llama-bench), or with `sample` the token sampled from
+    // the previous step's logits (on the device with `device`).
+    auto timed = [&](bool pp, int count, int depth, bool sample = false, bool device = false) {
+      sampler.reset();
+      int32_t next = sample ? token(rng) : 0;
       const double start = now();
       if (pp) prompt(count, depth);
       for (int i = 0; !pp && i < count; ++i) {
-        const int32_t t = token(rng);
-        minfer::Status s = session->forward({&t, 1}, depth + i, logits.data(), false);
-        if (!s) die(s.message());
+        const int32_t t = sample ? next : token(rng);
+        if (device) {
+          minfer::Status s = session->forwardTopK({&t, 1}, depth + i, 1.0f, {}, top);
+          if (!s) die(s.message());
+          next = sampler.sampleTopK(top);
+        } else {
+          minfer::Status s = session->forward({&t, 1}, depth + i, logits.data(), false);
+          if (!s) die(s.message());
+          if (sample) next = sampler.sample(logits);
+        }
       }
       return now() - start;
     };
     // One repetition: the depth's tokens prefilled (untimed), then the timed part.
-    auto run = [&](bool pp, int count, int depth) {
+    auto run = [&](bool pp, int count, int depth, bool sample = false, bool device = false) {
       prompt(depth, 0);
-      return timed(pp, count, depth);
+      return timed(pp, count, depth, sample, device);
     };
 
     std::string name = m.config()->architecture()->str();
     if (m.source() && m.source()->name()) name = m.source()->name()->str();
-    auto bench = [&](bool pp, int count, int depth) {
+    auto bench = [&](bool pp, int count, int depth, bool sample = false, bool device = false) {
       if (count == 0) return;
       Result r;
       r.model = name;
       r.backend = cuda ? "CUDA" : "CPU";
-      r.test = (pp ? "pp" : "tg") + std::to_string(count) + (depth ? " @ d" + std::to_string(depth) : "");
+      r.test = (pp ? "pp" : "tg") + std::to_string(count) + (depth ? " @ d" + std::to_string(depth) : "") +
+               (device ? " +device top-k" : sample ? " +host sampling" : "");
       r.n_prompt = pp ? count : 0;
       r.n_gen = pp ? 0 : count;
       r.n_depth = depth;
       r.size_bytes = static_cast<double>((*file)->fileSize());
       r.params = paramCount(m);
       r.load_s = load_s;
-      run(pp, count, depth);  // warm-up
-      for (int i = 0; i < kReps; ++i) r.ts.push_back(count / run(pp, count, depth));
+      run(pp, count, depth, sample, device);  // warm-up
+      for (int i = 0; i < kReps; ++i) r.ts.push_back(count / run(pp, count, depth, sample, device));
       results.push_back(r);
 #if MINFER_HAVE_CUDA_BACKEND
-      if (kProfile && cuda_session) {
+      if (kProfile && cuda_session && !sample) {
         prompt(depth, 0);  // not profiled: not part of the test
         cuda_session->resetProfile();
         cuda_session->setProfiling(true);
@@ -435,7 +461,11 @@ int main(int argc, char** argv) {
     };
     for (int d : depths) {
       for (int p : prompts) bench(true, p, d);
-      for (int n : gens) bench(false, n, d);
+      for (int n : gens) {
+        bench(false, n, d);
+        if (kSample) bench(false, n, d, /*sample=*/true);
+        if (kSample && device_top_k) bench(false, n, d, /*sample=*/true, /*device=*/true);
+      }
     }
   }
 

@@ -21,6 +21,7 @@
 
 #include "compiler/artifact/artifact_writer.h"
 #include "kernels/mmq.cuh"
+#include "kernels/topk.cuh"
 #include "llvm/Support/JSON.h"
 #include "minfer/artifact.h"
 #include "runtime/artifact/artifact_file.h"
@@ -139,6 +140,7 @@ struct Spec {
   uint32_t input_ids = 0, logits = 5;
   uint64_t kv_bytes = 2 * 2 * 2 * 16 * 2;
   uint64_t kv_ring_bytes_per_token = 0, kv_ring_bytes = 0;  // 1.8
+  std::optional<TestLaunch> topk;                            // 1.9: Artifact.topk
   std::vector<std::string> target_archs = {"sm_90"};
   bool with_manifest_check = true;
 };
@@ -346,9 +348,10 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
   auto memory = fb::CreateMemoryPlanDirect(b, s.max_batch, &buffers, s.input_ids, s.logits, s.kv_bytes,
                                            s.kv_ring_bytes_per_token, s.kv_ring_bytes);
   auto archs = strings(s.target_archs);
+  const flatbuffers::Offset<fb::Launch> topk = s.topk ? launch(*s.topk) : 0;
   auto root = fb::CreateArtifactDirect(b, s.major, s.minor, s.producer.c_str(), s.producer_version.c_str(), source,
                                        config, tokenizer, &tensors, &kernels, prefill, decode, memory, &archs,
-                                       s.with_manifest_check ? &check : nullptr);
+                                       s.with_manifest_check ? &check : nullptr, 0, 0, topk);
   fb::FinishSizePrefixedArtifactBuffer(b, root);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -1457,6 +1460,42 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec = g.spec;
     spec.eom = -2;
     refused(spec, g.segs, {"tokenizer.eom_id", "token id -2 is out of range"});
+  }
+  SUBCASE("the top-k launch (1.9): read back; its TopK slot must have this runtime's layout and appear nowhere else") {
+    Spec spec = g.spec;
+    TestLaunch topk{{0}, {}, minfer::kern::topkLaunchRule(spec.n_vocab)};
+    topk.args = {{.kind = fb::ArgKind::Activation, .name = "logits", .buffer = spec.logits, .width = spec.n_vocab},
+                 {.kind = fb::ArgKind::TopK, .name = "slot", .bytes = sizeof(minfer::kern::TopKSlot)},
+                 {.kind = fb::ArgKind::Scratch, .name = "scratch", .bytes = minfer::kern::topkScratchBytes(spec.n_vocab)},
+                 {.kind = fb::ArgKind::Counters, .name = "counters", .bytes = minfer::kern::kTopKCounterBytes}};
+    spec.topk = topk;
+    writeVariant(g, spec, g.segs, path);
+    REQUIRE(openError(path) == "");
+    {
+      auto f = ArtifactFile::open(path);
+      REQUIRE(f);
+      const fb::Launch* l = (*f)->manifest()->topk();
+      REQUIRE(l);
+      REQUIRE(l->args()->size() == 4);
+      CHECK(l->args()->Get(1)->kind() == fb::ArgKind::TopK);
+      CHECK(l->args()->Get(1)->bytes() == sizeof(minfer::kern::TopKSlot));
+      CHECK(l->grid()->x().constant() == minfer::kern::topkBlocks(spec.n_vocab));
+    }
+    Spec wrong = spec;
+    wrong.topk->args[1].bytes = sizeof(minfer::kern::TopKSlot) - 8;  // a build with another kTopKMax
+    refused(wrong, g.segs, {"topk.args[1].bytes", "was built for a top-k slot of " +
+                                                      std::to_string(sizeof(minfer::kern::TopKSlot) - 8) + " bytes"});
+    wrong = spec;
+    wrong.topk->args[0].buffer = 6;
+    refused(wrong, g.segs, {"topk.args[0].buffer", "buffer id 6 is out of range", "(the top-k)"});
+    wrong = g.spec;
+    wrong.prefill[3].launches[0].args.push_back(topk.args[1]);
+    refused(wrong, g.segs, {"prefill.steps[3].launches[0].args[", "TopK argument outside Artifact.topk"});
+    // An artifact without it (format 1.8 and older, or compiled without --target) is still read.
+    wrong = g.spec;
+    wrong.minor = 8;
+    writeVariant(g, wrong, g.segs, path);
+    CHECK(openError(path) == "");
   }
   SUBCASE("format 1.1 (no eot_id / eom_id) is still read: both are -1") {
     Spec spec = g.spec;

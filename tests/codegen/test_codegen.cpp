@@ -21,6 +21,7 @@
 #include "kernels/gemm_small.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/moe.cuh"
+#include "kernels/topk.cuh"
 #include "tests/test_support.h"
 
 namespace minfer::codegen {
@@ -218,7 +219,8 @@ void checkRecord(const Loaded& l, const LaunchRecord& r, const KernelImageData& 
                              img.entry.find("attn") == std::string::npos &&
                              img.entry.find("kv_store") == std::string::npos && img.entry.find("rope") == std::string::npos &&
                              img.entry != "minfer_swiglu" && img.entry != "minfer_add" &&
-                             img.entry != "minfer_argmax" && img.entry.find("norm") == std::string::npos;
+                             img.entry != "minfer_argmax" && img.entry != "minfer_topk" &&
+                             img.entry.find("norm") == std::string::npos;
   if (reads_weights) CHECK_MESSAGE(pitches > 0, img.key);
   for (const KernelArgDesc& a : r.args) {
     if (a.kind == fb::ArgKind::Weight) {
@@ -475,6 +477,27 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
   REQUIRE(set.argmax.images.size() == targets.size());
   CHECK(set.images[set.argmax.images[0]].entry == "minfer_argmax");
   checkRecord(l, set.argmax, set.images[set.argmax.images[0]]);
+  // The device top-k (Artifact.topk, 1.9): one image per target, specialized for n_vocab, reading the logits
+  // buffer, with the session's TopK slot of this build's layout, its per-block scratch and one counter word.
+  size_t topk = 0;
+  for (const KernelImageData& img : set.images) topk += img.entry == "minfer_topk";
+  CHECK(topk == targets.size());
+  REQUIRE(set.topk.images.size() == targets.size());
+  const KernelImageData& topk_img = set.images[set.topk.images[0]];
+  CHECK(topk_img.entry == "minfer_topk");
+  checkRecord(l, set.topk, topk_img);
+  const uint32_t n_vocab = l.desc.config.n_vocab;
+  CHECK(optionValue(topk_img, "TK_N") == std::to_string(n_vocab));
+  REQUIRE(set.topk.args.size() == 4);
+  CHECK(set.topk.args[0].kind == fb::ArgKind::Activation);
+  CHECK(set.topk.args[0].buffer == l.desc.plan.logits);
+  CHECK(set.topk.args[1].kind == fb::ArgKind::TopK);
+  CHECK(set.topk.args[1].bytes == sizeof(kern::TopKSlot));
+  CHECK(set.topk.args[2].kind == fb::ArgKind::Scratch);
+  CHECK(set.topk.args[2].bytes == kern::topkScratchBytes(n_vocab));
+  CHECK(set.topk.args[3].kind == fb::ArgKind::Counters);
+  CHECK(set.topk.rule.at(1).grid.x == kern::topkBlocks(n_vocab));
+  CHECK(set.topk.rule.at(7).grid.x == kern::topkBlocks(n_vocab));  // one row whatever the call's tokens
 }
 
 TEST_CASE("every fixture model gets kernel images for sm_90") {

@@ -397,6 +397,151 @@ TEST_CASE("last-token prefill (the tail after the last attention on one row) = t
   }
 }
 
+// Device sampling (Session::generate with GenerateParams::device_sampling; kernels/topk.cuh, kernels/argmax.cuh):
+// the device returns what the host sampler computes from the logits row (the top-k pairs bit for bit, the
+// greedy token), so on the same GPU logits device and host sampling give the same tokens for the same seed,
+// and against the CPU backend wherever its logits are the GPU's up to f32 rounding (the F32 model). Quantized
+// models' GPU logits differ from the CPU's by up to kQuantRel (int8 activations): a draw near a boundary may
+// then pick another token, so there the CPU's text is shown, not required.
+TEST_CASE("device sampling: forwardTopK is the host's top-k; generate samples the host's tokens, greedy the argmax chain") {
+  MINFER_REQUIRE_GPU(G);
+  if (!haveFixtures()) return;
+  struct Fixture {
+    const char* model;
+    const char* dir;
+    bool exact_vs_cpu;
+  };
+  for (const Fixture f : {Fixture{"stories260K.gguf", "models", true}, Fixture{"stories260K-Q8_0.gguf", "models", false},
+                          Fixture{"tiny-qwen3moe-Q4_K_M.gguf", "arch/models", false}}) {
+    CAPTURE(f.model);
+    const std::string path = compiled(f.model, f.dir);
+    REQUIRE(!path.empty());
+    auto gpu = Model::open(path, BackendKind::kCuda);
+    REQUIRE_MESSAGE(gpu.isOk(), gpu.status().message());
+    auto cpu = Model::open(path, BackendKind::kCpu);
+    REQUIRE_MESSAGE(cpu.isOk(), cpu.status().message());
+    const int n_vocab = (*gpu)->info().n_vocab;
+    const std::string prompt = "Once upon a time";
+
+    // forwardTopK on a prompt (the prefill's last-token tail) and on a decode step, against partial_sort of
+    // the row forward() copies back, with penalties on a few tokens.
+    {
+      auto file = ArtifactFile::open(path);
+      REQUIRE(file.isOk());
+      auto backend = cuda::CudaBackend::create(**file, {});
+      REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
+      auto session = (*backend)->createCudaSession({.n_ctx = 128, .n_threads = 1});
+      REQUIRE(session.isOk());
+      const DeviceSampling ds = (*session)->deviceSampling();
+      CHECK(ds.argmax);
+      CHECK(ds.top_k_max == std::min(256, n_vocab));
+      auto ids = (*gpu)->tokenize(prompt);
+      REQUIRE(ids.isOk());
+      std::vector<float> row(static_cast<size_t>(n_vocab));
+      for (const bool decode_step : {false, true}) {
+        CAPTURE(decode_step);
+        const std::vector<int32_t> tokens = decode_step ? std::vector<int32_t>{(*ids)[0]} : *ids;
+        const int pos0 = decode_step ? static_cast<int>(ids->size()) : 0;
+        REQUIRE((*session)->forward(tokens, pos0, row.data(), false).isOk());
+        const std::vector<int32_t> penalized = {(*ids)[0], (*ids).back(), n_vocab - 1};
+        for (const float penalty : {1.0f, 1.1f})
+          for (const int k : {1, 40, ds.top_k_max}) {
+            CAPTURE(k);
+            std::vector<TokenLogit> want;
+            for (int v = 0; v < n_vocab; ++v) want.push_back({v, std::isnan(row[v]) ? -INFINITY : row[v]});
+            if (penalty != 1.0f)
+              for (int32_t id : penalized) {
+                float& l = want[static_cast<size_t>(id)].logit;
+                l = l > 0 ? l / penalty : l * penalty;
+              }
+            std::partial_sort(want.begin(), want.begin() + k, want.end(), [](const TokenLogit& a, const TokenLogit& b) {
+              return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+            });
+            std::vector<TokenLogit> got(static_cast<size_t>(k));
+            const std::span<const int32_t> pen = penalty != 1.0f ? std::span<const int32_t>(penalized) : std::span<const int32_t>();
+            REQUIRE((*session)->forwardTopK(tokens, pos0, penalty, pen, got).isOk());  // the same step again
+            for (int i = 0; i < k; ++i) {
+              CHECK(got[static_cast<size_t>(i)].id == want[static_cast<size_t>(i)].id);
+              CHECK(got[static_cast<size_t>(i)].logit == want[static_cast<size_t>(i)].logit);
+            }
+            std::vector<float> again(static_cast<size_t>(n_vocab));
+            REQUIRE((*session)->lastLogits(again.data()).isOk());
+            CHECK(again == row);
+          }
+      }
+    }
+
+    // generate: device sampling, host sampling on the GPU, host sampling on the CPU backend.
+    auto generate = [&](Model& m, const SamplerParams& sp, bool device, std::vector<float>* last_logits) {
+      auto session = m.createSession({.n_ctx = 256});
+      REQUIRE(session.isOk());
+      GenerateParams p;
+      p.n_predict = 48;
+      p.sampling = sp;
+      p.stop_at_eog = false;
+      p.device_sampling = device;
+      auto r = (*session)->generate(prompt, p, [](std::string_view, int32_t) { return true; });
+      REQUIRE_MESSAGE(r.isOk(), r.status().message());
+      if (last_logits) last_logits->assign((*session)->logits().begin(), (*session)->logits().end());
+      return r->tokens;
+    };
+    SamplerParams sp;
+    sp.temperature = 0.8f;
+    sp.top_k = 40;
+    sp.top_p = 0.95f;
+    sp.min_p = 0.05f;
+    sp.repeat_penalty = 1.1f;
+    sp.repeat_last_n = 64;
+    sp.seed = 1234;
+    SamplerParams wide = sp;  // the kernel's largest k, no penalty
+    wide.top_k = std::min(256, n_vocab - 1);
+    wide.temperature = 1.2f;
+    wide.repeat_penalty = 1.0f;
+    SamplerParams greedy_penalized = sp;  // greedy with a penalty: the device top-k with k = 1
+    greedy_penalized.temperature = 0.0f;
+    for (const SamplerParams& params : {sp, wide, greedy_penalized}) {
+      CAPTURE(params.top_k);
+      CAPTURE(params.temperature);
+      std::vector<float> logits_device, logits_host;
+      const std::vector<int32_t> device = generate(**gpu, params, true, &logits_device);
+      const std::vector<int32_t> host = generate(**gpu, params, false, &logits_host);
+      CHECK(device.size() == 48u);
+      CHECK(device == host);
+      CHECK(logits_device == logits_host);  // logits() after generate: the row after the last evaluated token
+      const std::vector<int32_t> on_cpu = generate(**cpu, params, true, nullptr);
+      size_t same = 0;
+      while (same < on_cpu.size() && same < device.size() && on_cpu[same] == device[same]) ++same;
+      MESSAGE(f.model << ": the CPU backend's tokens equal the GPU's for " << same << " of " << device.size());
+      if (f.exact_vs_cpu) CHECK(on_cpu == device);
+    }
+
+    // Greedy without a penalty: the device argmax, step by step as forwardArgmax chains it.
+    SamplerParams greedy = sp;
+    greedy.temperature = 0.0f;
+    greedy.repeat_penalty = 1.0f;
+    const std::vector<int32_t> tokens = generate(**gpu, greedy, true, nullptr);
+    CHECK(tokens == generate(**gpu, greedy, false, nullptr));
+    auto file = ArtifactFile::open(path);
+    REQUIRE(file.isOk());
+    auto backend = cuda::CudaBackend::create(**file, {});
+    REQUIRE(backend.isOk());
+    auto session = (*backend)->createCudaSession({.n_ctx = 256, .n_threads = 1});
+    REQUIRE(session.isOk());
+    auto ids = (*gpu)->tokenize(prompt);
+    REQUIRE(ids.isOk());
+    std::vector<int32_t> chain;
+    auto first = (*session)->forwardArgmax(*ids, 0);
+    REQUIRE(first.isOk());
+    chain.push_back(*first);
+    while (chain.size() < tokens.size()) {
+      auto next = (*session)->forwardArgmax({&chain.back(), 1}, static_cast<int>(ids->size() + chain.size() - 1));
+      REQUIRE(next.isOk());
+      chain.push_back(*next);
+    }
+    CHECK(chain == tokens);
+  }
+}
+
 TEST_CASE("a session that does not fit the GPU fails with the bytes needed and free") {
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;

@@ -1,10 +1,13 @@
 // Sampler: PRNG known answers, greedy and its equivalents, each filter's support, distributions with
-// fixed seeds, repetition penalty semantics (llama.cpp), reproducibility.
+// fixed seeds, repetition penalty semantics (llama.cpp), reproducibility; sampleTopK (the device top-k's
+// host half) against sample().
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "minfer/sampler.h"
@@ -218,6 +221,92 @@ TEST_CASE("same seed gives the same tokens; another seed does not; reset() re-se
   p.seed = 1235;
   Sampler c(p, 100);
   CHECK(run(c) != ra);
+}
+
+// What the device top-k (kernels/topk.cuh) returns, computed the plain way: NaN → −∞, the penalty on
+// `penalized`, then std::partial_sort's first k under "logit desc, id asc".
+std::vector<TokenLogit> topKReference(const std::vector<float>& logits, std::span<const int32_t> penalized,
+                                      float penalty, int k) {
+  std::vector<TokenLogit> c;
+  for (size_t i = 0; i < logits.size(); ++i)
+    c.push_back({static_cast<int32_t>(i), std::isnan(logits[i]) ? -INFINITY : logits[i]});
+  for (int32_t id : penalized) {
+    float& l = c[static_cast<size_t>(id)].logit;
+    l = l > 0 ? l / penalty : l * penalty;
+  }
+  std::partial_sort(c.begin(), c.begin() + k, c.end(), [](const TokenLogit& a, const TokenLogit& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  });
+  c.resize(static_cast<size_t>(k));
+  return c;
+}
+
+// A row with a spread, ties, −∞ and NaN.
+std::vector<float> awkwardRow(std::mt19937& rng, int n) {
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> row(static_cast<size_t>(n));
+  for (float& v : row) {
+    switch (rng() % 10) {
+      case 0: v = 2.5f; break;  // ties
+      case 1: v = -INFINITY; break;
+      case 2: v = NAN; break;
+      case 3: v = 0.0f; break;
+      default: v = normal(rng);
+    }
+  }
+  return row;
+}
+
+TEST_CASE("penalizedTokens: the distinct tokens of the window, in history order; empty without a penalty") {
+  SamplerParams p = plain(1.0f);
+  p.repeat_penalty = 1.1f;
+  p.repeat_last_n = 4;
+  Sampler s(p, 10);
+  for (int32_t t : {7, 3, 7, 9, 3, 2}) s.accept(t);  // window: the last 4 accepted, 7 9 3 2
+  std::vector<int32_t> got(s.penalizedTokens().begin(), s.penalizedTokens().end());
+  std::sort(got.begin(), got.end());
+  CHECK(got == std::vector<int32_t>{2, 3, 7, 9});
+  s.accept(2);  // window 9 3 2 2
+  CHECK(s.penalizedTokens().size() == 3);
+  p.repeat_penalty = 1.0f;
+  Sampler off(p, 10);
+  off.accept(1);
+  CHECK(off.penalizedTokens().empty());
+}
+
+TEST_CASE("sampleTopK on the device top-k's candidates gives sample()'s token, step after step") {
+  struct Case {
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p, penalty;
+  };
+  for (const Case c : {Case{0.8f, 40, 0.95f, 0.05f, 1.1f}, Case{0.8f, 40, 0.95f, 0.05f, 1.0f}, Case{1.5f, 1, 1.0f, 0.0f, 1.3f},
+                       Case{1.0f, 256, 1.0f, 0.0f, 0.9f}, Case{0.0f, 1, 1.0f, 0.0f, 1.1f}, Case{2.0f, 7, 0.5f, 0.2f, 1.1f}}) {
+    for (const int n : {7, 300, 5000}) {
+      CAPTURE(n);
+      CAPTURE(c.top_k);
+      CAPTURE(c.temperature);
+      SamplerParams p;
+      p.temperature = c.temperature;
+      p.top_k = std::min(c.top_k, n - 1);
+      p.top_p = c.top_p;
+      p.min_p = c.min_p;
+      p.repeat_penalty = c.penalty;
+      p.repeat_last_n = 64;
+      p.seed = 99;
+      Sampler host(p, n), device(p, n);
+      std::mt19937 rng(static_cast<unsigned>(n));
+      for (int step = 0; step < 60; ++step) {
+        const std::vector<float> row = awkwardRow(rng, n);
+        const int k = c.temperature <= 0.0f ? 1 : p.top_k;
+        const std::vector<TokenLogit> top = topKReference(row, device.penalizedTokens(), p.repeat_penalty, k);
+        const int32_t want = host.sample(row);
+        REQUIRE(device.sampleTopK(top) == want);
+        host.accept(want);
+        device.accept(want);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -137,6 +137,12 @@ struct GenerateParams {
   // n_vocab, one call), then one row per decode step (the logits after each generated token that was
   // fed back). Row r predicts the token after the r-th token of prompt + generated.
   std::function<void(std::span<const float> logits, int n_rows)> on_logits;
+  // Sample each decode step's token on the device where the backend can (the CUDA backend with the
+  // artifact's kernels; never with on_logits): greedy (temperature ≤ 0) by the device argmax (with a
+  // repetition penalty: top-k of 1), 0 < top_k < n_vocab (top_k ≤ 256) by the device top-k and the
+  // sampler's later steps on the host; the same tokens as host sampling for the same seed. Otherwise, and
+  // with false, every step copies the logits row back and samples on the host.
+  bool device_sampling = true;
 };
 
 struct GenerateResult {
@@ -182,7 +188,9 @@ class Session {
 
   // Tokenizes `prompt` (BOS only when position() == 0 and params.add_special), evaluates it, then
   // samples up to n_predict tokens, streaming each piece through `callback` (see StreamCallback),
-  // feeding each one back with decode() before sampling the next. Stops at an end-of-generation
+  // feeding each one back with decode() before sampling the next (decode steps may sample on the device:
+  // GenerateParams::device_sampling; logits() then still ends as the row after the last evaluated token).
+  // Stops at an end-of-generation
   // token, after n_predict tokens, when the context is full, or when the callback returns false.
   // An empty prompt continues from the current logits (error at position 0).
   // Errors: no tokenizer; the prompt does not fit the context ("prompt of N tokens does not fit the
@@ -200,12 +208,18 @@ class Session {
   friend class Model;
   Session(const Model& model, std::unique_ptr<BackendSession> backend, int n_ctx);
   Status evaluate(std::span<const int32_t> tokens, std::span<float> all_logits);
+  // decode(token) with the next token sampled on the device (Session::generate's device path): the argmax
+  // when `top` is empty, else the top.size() candidates of the device top-k, finished by sampler.sampleTopK.
+  // logits() is stale afterwards (logits_on_device_) until syncLogits().
+  Result<int32_t> decodeSampled(int32_t token, Sampler& sampler, std::span<TokenLogit> top);
+  Status syncLogits();
 
   const Model& model_;
   std::unique_ptr<BackendSession> backend_;
   int n_ctx_ = 0;
   int pos_ = 0;
   bool has_logits_ = false;
+  bool logits_on_device_ = false;  // the latest row was sampled on the device: logits_ is older
   std::vector<float> logits_;  // (n_vocab)
   std::vector<int32_t> tokens_;  // (n_ctx) the token at each position < pos_, for rewind()'s re-evaluation
 };

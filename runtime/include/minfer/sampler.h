@@ -19,8 +19,12 @@
 // as a double in [0, 1). Same seed + same logits + same accepted tokens → same tokens, on every
 // platform (no std:: distributions, whose output is implementation-defined).
 //
-// Allocation: the constructor allocates n_vocab candidates and the penalty history; sample() and
-// accept() never allocate. Thread-safety: a Sampler is mutable state; one per generation stream.
+// Device sampling: a backend that computes steps 1 and 3 on the GPU (the CUDA backend's top-k kernel,
+// kernels/topk.cuh) hands the sorted top-k candidates to sampleTopK(), which runs steps 4–6 with the same
+// code as sample(): for the same seed, logits and history both give the same token.
+//
+// Allocation: the constructor allocates n_vocab candidates and the penalty history; sample(),
+// sampleTopK(), penalizedTokens() and accept() never allocate. Thread-safety: a Sampler is mutable state; one per generation stream.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +41,12 @@ struct SamplerParams {
   float repeat_penalty = 1.0f;  // 1: off (llama.cpp's default since 2024)
   int32_t repeat_last_n = 64;   // tokens of history the penalty looks at; 0: off
   uint64_t seed = 0x5EED;       // PRNG seed
+};
+
+// A sampling candidate: token id and its logit (after the repetition penalty).
+struct TokenLogit {
+  int32_t id;
+  float logit;
 };
 
 // xoshiro256** with splitmix64 seeding.
@@ -63,6 +73,16 @@ class Sampler {
   // result is the greedy one (token 0).
   int32_t sample(std::span<const float> logits);
 
+  // The same token as sample() gives on the full row, from the candidates steps 1–3 leave: `top` holds the
+  // k = params().top_k highest penalized logits (NaN as −∞), ordered by logit descending then id ascending
+  // (std::partial_sort's order in step 3; k = 1 when temperature ≤ 0: the greedy token is top[0]). Requires
+  // 1 ≤ top.size() ≤ n_vocab. Runs steps 4–6 (one PRNG draw when temperature > 0).
+  int32_t sampleTopK(std::span<const TokenLogit> top);
+
+  // The distinct tokens of the history that step 1 penalizes, in history order (ids in [0, n_vocab)); empty
+  // when the penalty is off. Valid until the next call of any member.
+  std::span<const int32_t> penalizedTokens();
+
   // Appends a token (prompt or generated) to the repetition-penalty history.
   void accept(int32_t token);
 
@@ -77,6 +97,8 @@ class Sampler {
     float logit;
     float p;
   };
+  // Steps 4–6 on candidates_[0 .. size) (sorted: in step 3's order).
+  int32_t sampleCandidates(int32_t size, bool sorted);
   SamplerParams params_;
   int32_t n_vocab_;
   Xoshiro256 rng_;
@@ -85,6 +107,7 @@ class Sampler {
   size_t history_next_ = 0;
   size_t history_size_ = 0;
   std::vector<uint8_t> penalized_;     // (n_vocab) scratch: token already penalized this call
+  std::vector<int32_t> distinct_;      // (repeat_last_n) scratch: penalizedTokens()
 };
 
 }  // namespace minfer
