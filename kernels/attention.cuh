@@ -421,6 +421,51 @@ __device__ __forceinline__ void loadKvTile(uint16_t* sk, uint16_t* sv, const uin
     cpAsync<16>(sv + i * kLDH + col, vc + src, ok);
   }
 }
+
+// S = Q·Kᵀ for kTiles n8 tiles of keys (rows of sk, kLDH halves apart) with the Q fragments held in registers
+// (qf: the A fragments of the k16 steps over the head dimension): K fragments by ldmatrix x4 = (keys nt·8..,
+// dims ks·16 + 0/8/16/24); an odd last k16 step alone (matrices 2, 3 re-read 0, 1). s is overwritten.
+template <int kTiles, int kSteps>
+__device__ __forceinline__ void scoresQK(float (&s)[kTiles][4], const unsigned (&qf)[kSteps][4], const uint16_t* sk,
+                                         int r8, int mq) {
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ks += 2) {
+      unsigned b[4];
+      if (ks + 1 < kSteps) {
+        ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + mq * 8);
+        mmaF16(s[nt], qf[ks], b[0], b[1]);
+        mmaF16(s[nt], qf[ks + 1], b[2], b[3]);
+      } else {
+        ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
+        mmaF16(s[nt], qf[ks], b[0], b[1]);
+      }
+    }
+  }
+}
+
+// O += P·V for one k16 step of keys: pa = P's accumulator fragments of two n8 tiles (rounded to f16), the A
+// fragment; V fragments by ldmatrix.trans from sv (the step's first key row): x4 = (keys 0/8, dims (dt + 0/1)·8).
+__device__ __forceinline__ void accumulatePV(float (&o)[kDT][4], const unsigned (&pa)[4], const uint16_t* sv, int r8,
+                                             int mq) {
+#pragma unroll
+  for (int dt = 0; dt < kDT; dt += 2) {
+    unsigned b[4];
+    ldsmX4T(b, sv + ((mq % 2) * 8 + r8) * kLDH + (dt + mq / 2) * 8);
+    mmaF16(o[dt], pa, b[0], b[1]);
+    mmaF16(o[dt + 1], pa, b[2], b[3]);
+  }
+}
+// P's accumulator fragments of n8 tiles t and t + 1 as the A fragment of a k16 step (f16).
+__device__ __forceinline__ void packP(unsigned (&pa)[4], const float (&t0)[4], const float (&t1)[4]) {
+  pa[0] = packHalf2(t0[0], t0[1]);
+  pa[1] = packHalf2(t0[2], t0[3]);
+  pa[2] = packHalf2(t1[0], t1[1]);
+  pa[3] = packHalf2(t1[2], t1[3]);
+}
 }  // namespace minfer::kern::attn
 #endif
 
@@ -526,21 +571,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
         }
       }
     } else {
-      // Q fragments held; K fragments x4 = (positions nt·8.., dims ks·16 + 0/8/16/24).
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int ks = 0; ks < kKS; ks += 2) {
-          unsigned b[4];
-          if (ks + 1 < kKS) {
-            ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + mq * 8);
-            mmaF16(s[nt], qf[ks], b[0], b[1]);
-            mmaF16(s[nt], qf[ks + 1], b[2], b[3]);
-          } else {  // odd number of k16 steps: the last one alone (matrices 2, 3 re-read 0, 1)
-            ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
-            mmaF16(s[nt], qf[ks], b[0], b[1]);
-          }
-        }
+      scoresQK(s, qf, sk, r8, mq);  // Q fragments held
     }
 
     // Causal mask (only tiles that reach past the first query's position need it) and online softmax
@@ -590,16 +621,9 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     // V fragments by ldmatrix.trans: x4 = (positions kk·16 + 0/8, dims (dt + 0/1)·8).
 #pragma unroll
     for (int kk = 0; kk < kBKV / 16; ++kk) {
-      const unsigned pa[4] = {packHalf2(s[2 * kk][0], s[2 * kk][1]), packHalf2(s[2 * kk][2], s[2 * kk][3]),
-                              packHalf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              packHalf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dt = 0; dt < kDT; dt += 2) {
-        unsigned b[4];
-        ldsmX4T(b, sv + (kk * 16 + (mq % 2) * 8 + r8) * kLDH + (dt + mq / 2) * 8);
-        mmaF16(o[dt], pa, b[0], b[1]);
-        mmaF16(o[dt + 1], pa, b[2], b[3]);
-      }
+      unsigned pa[4];
+      packP(pa, s[2 * kk], s[2 * kk + 1]);
+      accumulatePV(o, pa, sv + kk * 16 * kLDH, r8, mq);
     }
   }
 
@@ -853,25 +877,8 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     const uint16_t* sk = smem_h + stage * 2 * kTileH + 16 * warp * kLDH;
     const uint16_t* sv = sk + kTileH;
 
-    // S = Q·Kᵀ: 16 rows × this warp's 16 keys (two n8 tiles); K fragments x4 = (keys nt·8.., dims ks·16 + 0/8/16/24).
-    float s[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < kKS; ks += 2) {
-        unsigned b[4];
-        if (ks + 1 < kKS) {
-          ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + mq * 8);
-          mmaF16(s[nt], qf[ks], b[0], b[1]);
-          mmaF16(s[nt], qf[ks + 1], b[2], b[3]);
-        } else {  // odd number of k16 steps: the last one alone (matrices 2, 3 re-read 0, 1)
-          ldsmX4(b, sk + (nt * 8 + r8) * kLDH + ks * 16 + (mq % 2) * 8);
-          mmaF16(s[nt], qf[ks], b[0], b[1]);
-        }
-      }
-    }
+    float s[2][4];  // S = Q·Kᵀ: 16 rows × this warp's 16 keys (two n8 tiles)
+    scoresQK(s, qf, sk, r8, mq);
     // Keys past the split's end masked; online softmax per row (the 4 lanes of a row group hold its 16 scores).
     float corr[2];
 #pragma unroll
@@ -902,25 +909,17 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       l_run[h] = l_run[h] * corr[h] + sum;
       m_run[h] = mx;
     }
-    // O += P·V: P's two n8 accumulator tiles are the A fragment of one k16 step; V fragments by
-    // ldmatrix.trans: x4 = (keys 0/8, dims (dt + 0/1)·8).
-    const unsigned pa[4] = {packHalf2(s[0][0] , s[0][1]), packHalf2(s[0][2], s[0][3]), packHalf2(s[1][0], s[1][1]),
-                            packHalf2(s[1][2], s[1][3])};
+    // O = O·corr + P·V: P's two n8 accumulator tiles are the A fragment of one k16 step.
 #pragma unroll
-    for (int dt = 0; dt < kDT; dt += 2) {
+    for (int dt = 0; dt < kDT; ++dt) {
       o[dt][0] *= corr[0];
       o[dt][1] *= corr[0];
       o[dt][2] *= corr[1];
       o[dt][3] *= corr[1];
-      o[dt + 1][0] *= corr[0];
-      o[dt + 1][1] *= corr[0];
-      o[dt + 1][2] *= corr[1];
-      o[dt + 1][3] *= corr[1];
-      unsigned b[4];
-      ldsmX4T(b, sv + ((mq % 2) * 8 + r8) * kLDH + (dt + mq / 2) * 8);
-      mmaF16(o[dt], pa, b[0], b[1]);
-      mmaF16(o[dt + 1], pa, b[2], b[3]);
     }
+    unsigned pa[4];
+    packP(pa, s[0], s[1]);
+    accumulatePV(o, pa, sv, r8, mq);
   }
 
   // Merge the warps (rows < kGroup): their (m, l) and outputs through shared memory (the K/V stages, free once

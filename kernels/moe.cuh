@@ -402,6 +402,27 @@ __device__ __forceinline__ void sortSlots(const int* ids, float* scratch, int n_
 }  // namespace minfer::kern::moe
 #endif
 
+#if defined(MOE_SORT) || defined(MOE_ROUTE_SORT)
+namespace minfer::kern::moe {
+// The sort grid's first step (minfer_moe_sort, minfer_moe_route_sort): more tokens than the scratch regions hold
+// (MOE_MAX_BATCH) trap; with MOE_X_Q8 thread blocks 1, 2, … quantize x (quantizeX) and are done. True for thread
+// block 0, which goes on to sort.
+__device__ __forceinline__ bool sortGridSorts(const float* x, float* scratch, int n_tokens) {
+  if (n_tokens > static_cast<int>(kMaxBatch)) __trap();
+#if MOE_X_Q8
+  if (blockIdx.x > 0) {
+    quantizeX(x, scratch, n_tokens, blockIdx.x - 1);
+    return false;
+  }
+#else
+  (void)x;
+  (void)scratch;
+#endif
+  return true;
+}
+}  // namespace minfer::kern::moe
+#endif
+
 #if defined(MOE_SORT)
 // Thread block 0: counting sort of the n_tokens·K slots by expert, and the list of chosen experts.
 // With MOE_X_Q8, thread block 1 + i quantizes blocks 256·i … of 32 values of x (four lanes per block).
@@ -409,15 +430,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
     minfer_moe_sort(const int* ids, const float* x, float* scratch, int n_tokens) {
   minfer::kern::overlapPrologue();
   using namespace minfer::kern::moe;
-  if (n_tokens > static_cast<int>(kMaxBatch)) __trap();  // the scratch regions hold MOE_MAX_BATCH tokens
-#if MOE_X_Q8
-  if (blockIdx.x > 0) {
-    quantizeX(x, scratch, n_tokens, blockIdx.x - 1);
-    return;
-  }
-#else
-  (void)x;
-#endif
+  if (!sortGridSorts(x, scratch, n_tokens)) return;
   sortSlots(ids, scratch, n_tokens);
 }
 #endif  // MOE_SORT
@@ -433,15 +446,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::moe;
-  if (n_tokens > static_cast<int>(kMaxBatch)) __trap();  // the scratch regions hold MOE_MAX_BATCH tokens
-#if MOE_X_Q8
-  if (blockIdx.x > 0) {
-    quantizeX(x, scratch, n_tokens, blockIdx.x - 1);
-    return;
-  }
-#else
-  (void)x;
-#endif
+  if (!sortGridSorts(x, scratch, n_tokens)) return;
   for (unsigned t = threadIdx.x / 32; t < static_cast<unsigned>(n_tokens); t += kMoeSortThreads / 32)
     routeToken(logits, ids, w, t, threadIdx.x % 32);
   __syncthreads();  // the ids (global memory, written by this thread block) are visible to all its threads

@@ -57,6 +57,18 @@ llvm::Expected<ExpertPlanes> expertPlanes(const StepContext& c, size_t i, uint64
 }
 
 // MOE_<X>_* constants and the three Weight (or Null) arguments of one expert weight.
+// moe.cuh's shape constants (experts, experts per token, expert width, n_embd, the plan's max batch) and the kernel
+// selector `which`.
+SpecBuilder& defineMoeShape(SpecBuilder& b, uint64_t n_expert, uint64_t k, uint64_t f, uint64_t e, uint64_t max_batch,
+                            const char* which) {
+  return b.define("MOE_NEXP", n_expert)
+      .define("MOE_K", k)
+      .define("MOE_F", f)
+      .define("MOE_E", e)
+      .define("MOE_MAX_BATCH", max_batch)
+      .define(which, uint64_t{1});
+}
+
 void addWeight(const StepContext& c, size_t i, const char* x, const ExpertPlanes& p, SpecBuilder& b,
                std::vector<KernelArgDesc>& args) {
   const std::string pre = std::string("MOE_") + x + "_";
@@ -111,13 +123,7 @@ Launches moeRouteLaunches(const StepContext& c) {
   if (llvm::Error e = checkRoute(c)) return e;
   SpecBuilder b(llvm::formatv("moe_route_e{0}_k{1}{2}", s.n_expert, s.n_expert_used, s.moe_norm ? "_norm" : ""),
                 "kernels/moe.cuh", "minfer_moe_route");
-  b.define("MOE_NEXP", uint64_t{s.n_expert})
-      .define("MOE_K", uint64_t{s.n_expert_used})
-      .define("MOE_F", uint64_t{1})
-      .define("MOE_E", uint64_t{1})
-      .define("MOE_MAX_BATCH", uint64_t{c.maxBatch()})
-      .define("MOE_ROUTE", uint64_t{1})
-      .define("MOE_NORM", uint64_t{s.moe_norm});
+  defineMoeShape(b, s.n_expert, s.n_expert_used, 1, 1, c.maxBatch(), "MOE_ROUTE").define("MOE_NORM", uint64_t{s.moe_norm});
   KernelLaunch k{b.spec, {}, kern::moeRouteLaunchRule()};
   k.args = {activationArg("logits", c.inputId(0), s.n_expert, fb::Access::Read),
             activationArg("ids", c.outputId(0), s.n_expert_used, fb::Access::Write),
@@ -149,12 +155,7 @@ llvm::Expected<KernelLaunch> routeSortLaunch(const StepContext& c, const StepCon
   if (llvm::Error err = checkRouteFeeds(c, route)) return err;
   SpecBuilder b(llvm::formatv("moe_route_sort_{0}{1}{2}", shape, r.moe_norm ? "_norm" : "", x_q8 ? "_xq8" : ""),
                 "kernels/moe.cuh", "minfer_moe_route_sort");
-  b.define("MOE_NEXP", uint64_t{s.n_expert})
-      .define("MOE_K", uint64_t{s.n_expert_used})
-      .define("MOE_F", uint64_t{s.rows})
-      .define("MOE_E", uint64_t{s.cols})
-      .define("MOE_MAX_BATCH", uint64_t{c.maxBatch()})
-      .define("MOE_ROUTE_SORT", uint64_t{1})
+  defineMoeShape(b, s.n_expert, s.n_expert_used, s.rows, s.cols, c.maxBatch(), "MOE_ROUTE_SORT")
       .define("MOE_NORM", uint64_t{r.moe_norm})
       .define("MOE_X_Q8", uint64_t{x_q8});
   return KernelLaunch{b.spec,
@@ -206,12 +207,7 @@ llvm::Expected<KernelLaunch> routerSortLaunch(const StepContext& c, const StepCo
   SpecBuilder b(llvm::formatv("moe_router_sort_{0}_{1}_p{2}{3}{4}{5}", shape, denseTag(plane.kind), plane.row_pitch,
                               bias ? "_bias" : "", r.moe_norm ? "_norm" : "", x_q8 ? "_xq8" : ""),
                 "kernels/moe.cuh", "minfer_moe_router_sort");
-  b.define("MOE_NEXP", uint64_t{s.n_expert})
-      .define("MOE_K", uint64_t{s.n_expert_used})
-      .define("MOE_F", uint64_t{s.rows})
-      .define("MOE_E", uint64_t{s.cols})
-      .define("MOE_MAX_BATCH", uint64_t{c.maxBatch()})
-      .define("MOE_ROUTER_SORT", uint64_t{1})
+  defineMoeShape(b, s.n_expert, s.n_expert_used, s.rows, s.cols, c.maxBatch(), "MOE_ROUTER_SORT")
       .define("MOE_NORM", uint64_t{r.moe_norm})
       .define("MOE_X_Q8", uint64_t{x_q8})
       .define("MOE_R_PLANE", static_cast<uint64_t>(plane.kind))
@@ -265,12 +261,7 @@ Launches moeFfn(const StepContext& c, const StepContext* route, const StepContex
                               .bytes = kern::moeScratchBytes(nexp, mb, k, f, e)};
   const std::string shape = llvm::formatv("e{0}_k{1}_f{2}_n{3}_b{4}", nexp, k, f, e, mb);
   auto common = [&](SpecBuilder& b, const char* which) -> SpecBuilder& {
-    return b.define("MOE_NEXP", uint64_t{nexp})
-        .define("MOE_K", uint64_t{k})
-        .define("MOE_F", uint64_t{f})
-        .define("MOE_E", uint64_t{e})
-        .define("MOE_MAX_BATCH", uint64_t{mb})
-        .define(which, uint64_t{1});
+    return defineMoeShape(b, nexp, k, f, e, mb, which);
   };
   const KernelArgDesc ntok = kindArg(fb::ArgKind::TokenCount, "n_tokens");
   const KernelArgDesc ids_in = activationArg("ids", c.inputId(1), k, fb::Access::Read);
