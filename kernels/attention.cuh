@@ -459,6 +459,45 @@ __device__ __forceinline__ void accumulatePV(float (&o)[kDT][4], const unsigned 
     mmaF16(o[dt + 1], pa, b[2], b[3]);
   }
 }
+// One online-softmax step (FlashAttention-2) of the rows gr and gr + 8 of this thread's fragments (h = 0, 1) over
+// kTiles n8 tiles of scores in log2 units, already soft-capped and masked (−inf): the row maxima over the tile and
+// m_run (the 4 lanes of a row group hold its 2·kTiles scores), s becomes P = 2^(s − m), l_run and m_run advance,
+// and o is rescaled by 2^(m_old − m). A row without any visible key yet keeps m = −inf and P = 0.
+template <int kTiles>
+__device__ __forceinline__ void softmaxStep(float (&s)[kTiles][4], float (&m_run)[2], float (&l_run)[2],
+                                            float (&o)[kDT][4]) {
+  float corr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = m_run[h];
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][h * 2], s[nt][h * 2 + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_use = mx == -MINFER_INF ? 0.0f : mx;
+    corr[h] = exp2f(m_run[h] - m_use);
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float& v = s[nt][h * 2 + c];
+        v = exp2f(v - m_use);
+        sum += v;
+      }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    l_run[h] = l_run[h] * corr[h] + sum;
+    m_run[h] = mx;
+  }
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+    o[dt][0] *= corr[0];
+    o[dt][1] *= corr[0];
+    o[dt][2] *= corr[1];
+    o[dt][3] *= corr[1];
+  }
+}
 // P's accumulator fragments of n8 tiles t and t + 1 as the A fragment of a k16 step (f16).
 __device__ __forceinline__ void packP(unsigned (&pa)[4], const float (&t0)[4], const float (&t1)[4]) {
   pa[0] = packHalf2(t0[0], t0[1]);
@@ -574,13 +613,10 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       scoresQK(s, qf, sk, r8, mq);  // Q fragments held
     }
 
-    // Causal mask (only tiles that reach past the first query's position need it) and online softmax
-    // per row (the 4 lanes of a row group hold its 2·BKV/4 scores).
+    // Causal mask (only tiles that reach past the first query's position need it), then the online softmax.
     const bool needs_mask = kv0 + kBKV - 1 > pos0 + qt0 + warp * 16 || kv0 + kBKV > kv_end || kWindow > 0;
-    float corr[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m_run[h];
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
@@ -589,33 +625,8 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
           v = capScore(v, kLog2e);
           const int key = kv0 + nt * 8 + 2 * t4 + c;
           if (needs_mask && (key > qpos[h] || !inWindow(qpos[h], key))) v = -MINFER_INF;
-          mx = fmaxf(mx, v);
         }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_use = mx == -MINFER_INF ? 0.0f : mx;  // row without any visible key yet
-      corr[h] = exp2f(m_run[h] - m_use);
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          float& v = s[nt][h * 2 + c];
-          v = exp2f(v - m_use);
-          sum += v;
-        }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      l_run[h] = l_run[h] * corr[h] + sum;
-      m_run[h] = mx;
-    }
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      o[dt][0] *= corr[0];
-      o[dt][1] *= corr[0];
-      o[dt][2] *= corr[1];
-      o[dt][3] *= corr[1];
-    }
+    softmaxStep(s, m_run, l_run, o);
 
     // O += P·V: P's accumulator fragments of n-tiles 2kk, 2kk+1 are the A fragment of k-step kk.
     // V fragments by ldmatrix.trans: x4 = (positions kk·16 + 0/8, dims (dt + 0/1)·8).
@@ -879,44 +890,13 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 
     float s[2][4];  // S = Q·Kᵀ: 16 rows × this warp's 16 keys (two n8 tiles)
     scoresQK(s, qf, sk, r8, mq);
-    // Keys past the split's end masked; online softmax per row (the 4 lanes of a row group hold its 16 scores).
-    float corr[2];
+    // Keys past the split's end masked, then the online softmax; O = O·corr + P·V (P's two n8 accumulator tiles
+    // are the A fragment of one k16 step).
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m_run[h];
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          float& v = s[nt][h * 2 + c];
-          v = kv0 + nt * 8 + 2 * t4 + c < end ? capScore(v, kLog2e) : -MINFER_INF;
-          mx = fmaxf(mx, v);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      corr[h] = exp2f(m_run[h] - mx);  // the warp's first key is valid, so mx is finite
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          float& v = s[nt][h * 2 + c];
-          v = exp2f(v - mx);
-          sum += v;
-        }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      l_run[h] = l_run[h] * corr[h] + sum;
-      m_run[h] = mx;
-    }
-    // O = O·corr + P·V: P's two n8 accumulator tiles are the A fragment of one k16 step.
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      o[dt][0] *= corr[0];
-      o[dt][1] *= corr[0];
-      o[dt][2] *= corr[1];
-      o[dt][3] *= corr[1];
-    }
+      for (int e = 0; e < 4; ++e) s[nt][e] = kv0 + nt * 8 + 2 * t4 + e % 2 < end ? capScore(s[nt][e], kLog2e) : -MINFER_INF;
+    softmaxStep(s, m_run, l_run, o);
     unsigned pa[4];
     packP(pa, s[0], s[1]);
     accumulatePV(o, pa, sv, r8, mq);
