@@ -56,8 +56,8 @@ llvm::cl::list<unsigned> kL2Fetch("l2-fetch", llvm::cl::CommaSeparated,
                                                  "this L2 fetch granule in bytes (128 or 256; GEMVB_L2_FETCH)"),
                                   llvm::cl::cat(kCategory));
 llvm::cl::list<unsigned> kBatch("batch", llvm::cl::CommaSeparated,
-                                llvm::cl::desc("also time the batched GEMV (minfer_gemv_batch, GEMVB_BATCH 8, the codegen's "
-                                               "work shape) on this many q8 rows, for each count given (1 … 8)"),
+                                llvm::cl::desc("also time the batched GEMV (minfer_gemv_batch with the codegen's GEMVB_BATCH "
+                                               "and work shape) on this many q8 rows, for each count given"),
                                 llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kShapes("shapes", llvm::cl::desc("comma-separated subset of q,gate,down,output"),
                                    llvm::cl::init("q,gate,down,output"), llvm::cl::cat(kCategory));
@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
     if (mi >= 0) gemv_planes.push_back(&(*planes_bytes)[mi]);
 
     // q8 activations (random q, per-block d, consistent half sums), one copy: decode reads them from L2.
-    constexpr uint64_t kMaxBatch = 8;  // rows of activations (row 0 for the one-row kernels)
+    constexpr uint64_t kMaxBatch = kern::kGemvBatchMaxRows;  // rows of activations (row 0 for the one-row kernels)
     std::vector<int8_t> xq(kMaxBatch * s.k);
     std::vector<kern::Q8Meta> xm(kMaxBatch * s.k / 32);
     for (uint64_t b = 0; b < kMaxBatch * s.k / 32; ++b) {
@@ -413,7 +413,7 @@ int main(int argc, char** argv) {
       }
     }
     if (!kBatch.empty()) {
-      // The batched GEMV: one instantiation (GEMVB_BATCH 8) launched for each token count; row 0 of its output
+      // The batched GEMV: one instantiation (the codegen's GEMVB_BATCH) launched for each token count; row 0 of its output
       // must be the one-row gemv_blocks' output bit for bit (same shape and sums).
       const kern::GemvBlocksShape sh = kern::gemvBlocksShape(static_cast<unsigned>(s.n), static_cast<unsigned>(s.k));
       const Kernel kb = compile(g, "gemv_batch_" + tag + "_n" + str(s.n) + "_k" + str(s.k), "kernels/gemv_blocks.cuh",
@@ -421,10 +421,11 @@ int main(int argc, char** argv) {
                                 {{"GEMVB_N", str(s.n)}, {"GEMVB_K", str(s.k)}, {"GEMVB_TYPE", str(static_cast<unsigned>(s.type))},
                                  {"GEMVB_PITCH", str(bt.row_pitch)}, {"GEMVB_GROUP_PITCH", str(bt.group_pitch)},
                                  {"GEMVB_ROWS", str(sh.rows)}, {"GEMVB_ROW_WARPS", str(sh.warps)},
-                                 {"GEMVB_UNROLL", str(sh.unroll)}, {"GEMVB_HAS_BIAS", "0"}, {"GEMVB_BATCH", "8"}});
+                                 {"GEMVB_UNROLL", str(sh.unroll)}, {"GEMVB_HAS_BIAS", "0"},
+                                 {"GEMVB_BATCH", str(kMaxBatch)}});
       const kern::LaunchShape bsh = kern::gemvBlocksLaunch(static_cast<unsigned>(s.n), sh);
       for (unsigned tokens : kBatch) {
-        if (tokens < 1 || tokens > kMaxBatch) die("--batch: token counts 1 … 8");
+        if (tokens < 1 || tokens > kMaxBatch) die("--batch: token counts 1 … " + str(kMaxBatch));
         int nt = static_cast<int>(tokens);
         const Timing tb = timeGraph(g, kb, bsh, launchesFor(cb), cb.bytes, [&](unsigned i) {
           return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xqp, &xmp, &outa, &nt};

@@ -42,15 +42,21 @@
 //   minfer_attn_prefill(const float* q, const uint16_t* kc, const uint16_t* vc, float* out, const int* pos,
 //                       int n_tokens)
 //   q, out: n_tokens × NHEAD·HEAD_DIM f32. launch: attnPrefillLaunch(), dynamic shared memory.
-// attn_decode (ATT_DECODE): one token, split-KV (flash-decoding): block (kv head g, split s) reduces
-//   (each warp two keys at a time, lanes over the dimensions: WarpAttention), for each query head j of g's
-//   group (GQA: each K/V row read once for the group), the
-//   positions lo + [s·chunk, (s+1)·chunk) ∩ [lo, kv_len), chunk = max(⌈(kv_len − lo) / SPLITS⌉,
-//   kAttnDecodeMinKeys) (decodeSplits; lo > 0 only with a window), kv_len = pos0 + 1 read from device
-//   memory, so the grid is fixed and a captured graph stays valid; splits past the keys return at once.
+// attn_decode (ATT_DECODE): one token, split-KV (flash-decoding): block (kv head g, split s) reduces, for each
+//   query head j of g's group (GQA: each K/V row read once for the group), the positions
+//   lo + [s·chunk, (s+1)·chunk) ∩ [lo, kv_len), chunk = max(⌈(kv_len − lo) / SPLITS⌉, the form's least keys)
+//   (decodeSplits; lo > 0 only with a window), kv_len = pos0 + 1 read from device memory, so the grid is fixed
+//   and a captured graph stays valid; splits past the keys return at once. Two forms:
+//   - tensor cores (attnDecodeUsesMma: HEAD_DIM a multiple of 16 up to 128, ≤ 16 query heads per kv head): the
+//     group's heads as the rows of the prefill's mma.m16n8k16 steps, the keys in its double-buffered tiles of
+//     kAttnDecodeMmaKeys positions (also the least keys per split); Q and P rounded to f16 as there; dynamic
+//     shared memory attnDecodeSmemBytes();
+//   - SIMT (other heads): each warp two keys at a time, lanes over the dimensions (WarpAttention); at least
+//     kAttnDecodeMinKeys keys per split.
 //   Writes the partial (max, sum, unnormalized output) of each non-empty split to `part`.
 //   minfer_attn_decode(const float* q, const uint16_t* kc, const uint16_t* vc, float* part, const int* pos)
-//   launch: attnDecodeLaunch(); part: NHEAD × SPLITS × (HEAD_DIM + 2) f32 (attnDecodePartFloats).
+//   launch: attnDecodeLaunch(n_head_kv, SPLITS, HEAD_DIM, group); part: NHEAD × SPLITS × (HEAD_DIM + 2) f32
+//   (attnDecodePartFloats).
 // attn_combine (ATT_COMBINE): merges the non-empty splits' partials of each head (decodeSplits from pos):
 //   out[j] = Σ_s e^{m_s−M}·o_s / L.
 //   minfer_attn_combine(const float* part, float* out, const int* pos)       launch: attnCombineLaunch()
@@ -76,7 +82,7 @@ namespace minfer::kern {
 constexpr unsigned kAttnBQ = 16;       // query tokens per prefill block
 constexpr unsigned kAttnBKV = 32;      // key positions per tile (= warp width: lane = key)
 constexpr unsigned kAttnWarps = 4;
-// Keys per decode split at least (decodeSplits): one iteration of the block's warps, two keys each.
+// Keys per decode split at least in the SIMT form (decodeSplits): one iteration of the block's warps, two keys each.
 constexpr unsigned kAttnDecodeMinKeys = 2 * kAttnWarps;
 // The tensor-core decode's key tile (16 keys per warp), also its splits' least number of keys.
 constexpr unsigned kAttnDecodeMmaKeys = 64;

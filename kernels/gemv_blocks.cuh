@@ -47,9 +47,10 @@
 // Launch shape: gemvPairLaunchRule(): twice gemvBlocksLaunchRule()'s blocks.
 //
 // Batched GEMV (GEMVB_BATCH = B, 1 ≤ B, GEMVB_ROWS · B ≤ 32): minfer_gemv_blocks for n_tokens ≤ B q8 rows at once,
-// the small-batch form of a MatMul on the blocks (Step.small_launches, steps of 2 … kGemvBatchMaxRows rows): each
+// the small-batch form of a MatMul on the blocks (Step.small_launches, calls of 1 … kGemvBatchMaxRows rows): each
 // lane loads its weight parts once per step and applies them to every row's activations, so the plane is read once
-// per call; every (weight row, token) sum is minfer_gemv_blocks' for that token alone, bit for bit.
+// per call; every (weight row, token) sum is minfer_gemv_blocks' for that token alone, bit for bit. GEMVB_UNROLL
+// is not used (one step of loads per lane); n_tokens > B traps.
 // Launch ABI:  minfer_gemv_batch(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, int n_tokens)
 //   xq, xmeta: the q8 input buffer (row t at xq + t·K, its metadata at xmeta + t·K/32); out: n_tokens × N f32.
@@ -657,6 +658,7 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
                       const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out, int n_tokens) {
   using namespace minfer::kern;
   using namespace minfer::kern::gemvb;
+  if (n_tokens > kBatch) __trap();  // more rows than its sums hold (Step.small_rows ≤ GEMVB_BATCH in the codegen)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = (blockIdx.x * kGroupsPerCta + warp / kRowWarps) * kRows;
   if (threadIdx.x == 0) {

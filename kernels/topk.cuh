@@ -39,7 +39,7 @@ namespace minfer::kern {
 constexpr unsigned kTopKMax = 256;             // the largest k a request may ask for
 constexpr unsigned kTopKMaxPenalized = 1024;   // the most distinct penalized ids a request may carry
 constexpr unsigned kTopKChunk = 4096;          // logits per block (its 64-bit keys: 32 KiB of shared memory)
-constexpr unsigned kTopKThreads = 1024;
+constexpr unsigned kTopKThreads = 1024;        // threads per block: four keys of the chunk each
 
 // One candidate of the result: token id and its penalized logit.
 struct TopKPair {

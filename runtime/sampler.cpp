@@ -107,7 +107,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
 }
 
 int32_t Sampler::sampleTopK(std::span<const TokenLogit> top) {
-  const int32_t size = std::clamp<int32_t>(static_cast<int32_t>(top.size()), 1, n_vocab_);
+  const int32_t size = static_cast<int32_t>(std::min<size_t>(top.size(), static_cast<size_t>(n_vocab_)));
+  if (size == 0) return 0;  // no candidates: the all −∞ row's answer
   Candidate* cand = candidates_.data();
   for (int32_t i = 0; i < size; ++i) cand[i] = {top[i].id, top[i].logit, 0.0f};
   if (params_.temperature <= 0.0f) return cand[0].id;  // step 2 on the list's head: the highest, lowest id

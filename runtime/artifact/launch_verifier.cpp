@@ -72,8 +72,14 @@ class LaunchChecker {
     const uint64_t n = l_.args() ? l_.args()->size() : 0;
     if (n > kArtifactMaxKernelArgs)
       return fail("args", &l_, cat(n, " arguments, more than ", kArtifactMaxKernelArgs, " (", kernel(), ")"));
-    for (flatbuffers::uoffset_t i = 0; i < n; ++i)
+    uint64_t slots = 0;  // TopK arguments
+    for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
       if (!arg(cat("args[", i, "]"), *l_.args()->Get(i))) return false;
+      slots += l_.args()->Get(i)->kind() == fb::ArgKind::TopK;
+    }
+    if (topk_ && slots != 1)
+      return fail("args", &l_, cat("the top-k launch needs exactly one TopK argument (its request and result slot), has ",
+                                   slots, " (", kernel(), ")"));
     return true;
   }
 

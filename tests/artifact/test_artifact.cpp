@@ -1488,6 +1488,12 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     wrong = spec;
     wrong.topk->args[0].buffer = 6;
     refused(wrong, g.segs, {"topk.args[0].buffer", "buffer id 6 is out of range", "(the top-k)"});
+    wrong = spec;
+    wrong.topk->args.erase(wrong.topk->args.begin() + 1);  // the slot unbound
+    refused(wrong, g.segs, {"topk.args", "needs exactly one TopK argument", "has 0"});
+    wrong = spec;
+    wrong.topk->args.push_back(topk.args[1]);  // two slots
+    refused(wrong, g.segs, {"topk.args", "needs exactly one TopK argument", "has 2"});
     wrong = g.spec;
     wrong.prefill[3].launches[0].args.push_back(topk.args[1]);
     refused(wrong, g.segs, {"prefill.steps[3].launches[0].args[", "TopK argument outside Artifact.topk"});

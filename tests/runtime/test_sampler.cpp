@@ -309,5 +309,14 @@ TEST_CASE("sampleTopK on the device top-k's candidates gives sample()'s token, s
   }
 }
 
+TEST_CASE("sampleTopK without candidates gives token 0 and reads nothing") {
+  for (const float t : {0.0f, 0.8f}) {
+    SamplerParams p;
+    p.temperature = t;
+    Sampler s(p, 100);
+    CHECK(s.sampleTopK({}) == 0);
+  }
+}
+
 }  // namespace
 }  // namespace minfer

@@ -125,9 +125,10 @@ Launches attention(const StepContext& c, const StepContext* quant, bool stored) 
                 "minfer_attn_decode");
   options(heads(b)).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_DECODE", uint64_t{1});
   launches.push_back({b.spec, {q_in, kc, vc, part, pos}, kern::attnDecodeLaunchRule(hkv, splits, d, h / hkv)});
-  // The combine reads the splits decodeSplits() makes non-empty, which depend on the window.
+  // The combine reads the splits decodeSplits() makes non-empty, which depend on the window and on the decode's
+  // form (attnDecodeUsesMma: the group, so the key names the kv heads).
   const std::string win = s.window != 0 ? "_win" + std::to_string(s.window) : "";
-  SpecBuilder comb(llvm::formatv("attn_combine_h{0}_d{1}_s{2}{3}{4}", h, d, splits, win, quant ? "_q8" : ""),
+  SpecBuilder comb(llvm::formatv("attn_combine_h{0}_hkv{1}_d{2}_s{3}{4}{5}", h, hkv, d, splits, win, quant ? "_q8" : ""),
                    "kernels/attention.cuh", "minfer_attn_combine");
   heads(comb).define("ATT_SPLITS", static_cast<uint64_t>(splits)).define("ATT_COMBINE", uint64_t{1});
   if (s.window != 0) comb.define("ATT_WINDOW", static_cast<uint64_t>(s.window));

@@ -133,10 +133,6 @@ Launches moeRouteLaunches(const StepContext& c) {
 
 namespace {
 
-// The decode MoeFfn step c's first launch with its MoeRoute step `route` (minfer_moe_route_sort): the router's
-// logits in, its expert ids and weights out, then the sort's work on the scratch (and x's q8 form with
-// `x_q8`); `shape`, `x_in`, `scratch`: moeFfn's key part and arguments. Errors: the route's own, and a router
-// whose experts or outputs are not the MoeFfn's.
 // The MoeRoute step `route` checked, and checked to feed the MoeFfn step c (its experts, ids and weights).
 llvm::Error checkRouteFeeds(const StepContext& c, const StepContext& route) {
   const model::StepDesc &r = route.step(), &s = c.step();
@@ -149,6 +145,10 @@ llvm::Error checkRouteFeeds(const StepContext& c, const StepContext& route) {
   return llvm::Error::success();
 }
 
+// The decode MoeFfn step c's first launch with its MoeRoute step `route` (minfer_moe_route_sort): the router's
+// logits in, its expert ids and weights out, then the sort's work on the scratch (and x's q8 form with
+// `x_q8`); `shape`, `x_in`, `scratch`: moeFfn's key part and arguments. Errors: the route's own, and a router
+// whose experts or outputs are not the MoeFfn's.
 llvm::Expected<KernelLaunch> routeSortLaunch(const StepContext& c, const StepContext& route, const std::string& shape,
                                             bool x_q8, const KernelArgDesc& x_in, const KernelArgDesc& scratch) {
   const model::StepDesc &r = route.step(), &s = c.step();

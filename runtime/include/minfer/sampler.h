@@ -76,7 +76,8 @@ class Sampler {
   // The same token as sample() gives on the full row, from the candidates steps 1–3 leave: `top` holds the
   // k = params().top_k highest penalized logits (NaN as −∞), ordered by logit descending then id ascending
   // (std::partial_sort's order in step 3; k = 1 when temperature ≤ 0: the greedy token is top[0]). Requires
-  // 1 ≤ top.size() ≤ n_vocab. Runs steps 4–6 (one PRNG draw when temperature > 0).
+  // 1 ≤ top.size() ≤ n_vocab (candidates past n_vocab are ignored; an empty list gives token 0, as sample() does
+  // when every logit is −∞). Runs steps 4–6 (one PRNG draw when temperature > 0).
   int32_t sampleTopK(std::span<const TokenLogit> top);
 
   // The distinct tokens of the history that step 1 penalizes, in history order (ids in [0, n_vocab)); empty
