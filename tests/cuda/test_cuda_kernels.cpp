@@ -2235,6 +2235,22 @@ TEST_CASE("moe_route: softmax top-k ids and (renormalised) weights vs the CPU, o
   }
 }
 
+// The sort's part of two MoE scratches (32-bit words: ref `rs`, got `gs`) for nexp experts, k per token: the expert
+// offsets and the chosen-expert list equal, and each expert's slots equal as a set (the slot order inside an expert
+// follows the sort's atomics, not fixed; results do not depend on it).
+void checkSortScratch(const std::vector<int32_t>& rs, const std::vector<int32_t>& gs, uint32_t nexp, uint32_t k) {
+  const size_t list0 = kern::moeScratchList(nexp), used0 = kern::moeScratchUsed(nexp, kMaxBatch, k);
+  CHECK(std::equal(rs.begin(), rs.begin() + list0, gs.begin()));                            // offsets
+  CHECK(std::equal(rs.begin() + used0, rs.begin() + used0 + nexp + 1, gs.begin() + used0));  // chosen experts
+  for (uint32_t ex = 0; ex < nexp; ++ex) {  // each expert's slots, as a set
+    std::vector<int32_t> a(rs.begin() + list0 + rs[ex], rs.begin() + list0 + rs[ex + 1]),
+        b(gs.begin() + list0 + gs[ex], gs.begin() + list0 + gs[ex + 1]);
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    CHECK(a == b);
+  }
+}
+
 // minfer_moe_route_sort (MOE_ROUTE_SORT: the decode plan's MoeRoute with its MoeFfn's sort launch) against
 // minfer_moe_route then minfer_moe_sort on a copy of the same poisoned scratch: ids and weights bit-identical, the
 // scratch's expert offsets, chosen-expert list and (with MOE_X_Q8) the q8 form of x bit-identical, and each
@@ -2287,16 +2303,7 @@ TEST_CASE("moe_route_sort: router and slot sort in one launch, bit-identical to 
       CHECK(std::memcmp(rw.data(), gw.data(), slots * 4) == 0);
       // The scratch as 32-bit words: offsets, the slot list, the chosen experts, then (after A and Y) Xq.
       const std::vector<int32_t> rs = ref_scratch.download<int32_t>(scratch_bytes / 4), gs = scratch.download<int32_t>(scratch_bytes / 4);
-      const size_t list0 = kern::moeScratchList(c.nexp), used0 = kern::moeScratchUsed(c.nexp, kMaxBatch, c.k);
-      CHECK(std::equal(rs.begin(), rs.begin() + list0, gs.begin()));                              // offsets
-      CHECK(std::equal(rs.begin() + used0, rs.begin() + used0 + c.nexp + 1, gs.begin() + used0));  // chosen experts
-      for (uint32_t ex = 0; ex < c.nexp; ++ex) {  // each expert's slots, as a set
-        std::vector<int32_t> a(rs.begin() + list0 + rs[ex], rs.begin() + list0 + rs[ex + 1]),
-            b(gs.begin() + list0 + gs[ex], gs.begin() + list0 + gs[ex + 1]);
-        std::sort(a.begin(), a.end());
-        std::sort(b.begin(), b.end());
-        CHECK(a == b);
-      }
+      checkSortScratch(rs, gs, c.nexp, c.k);
       CHECK(rs[c.nexp] == static_cast<int32_t>(std::count_if(got_ids.begin(), got_ids.end(), [&](int32_t id) {
               return id >= 0 && id < static_cast<int32_t>(c.nexp);
             })));
@@ -2373,16 +2380,7 @@ TEST_CASE("moe_router_sort: router GEMV, top-k and slot sort in one launch, bit-
       const std::vector<float> rw_ = ref_w.download<float>(c.k), gw = w.download<float>(c.k);
       CHECK(std::memcmp(rw_.data(), gw.data(), c.k * 4) == 0);
       const std::vector<int32_t> rs = ref_scratch.download<int32_t>(scratch_bytes / 4), gs = scratch.download<int32_t>(scratch_bytes / 4);
-      const size_t list0 = kern::moeScratchList(c.nexp), used0 = kern::moeScratchUsed(c.nexp, kMaxBatch, c.k);
-      CHECK(std::equal(rs.begin(), rs.begin() + list0, gs.begin()));                              // offsets
-      CHECK(std::equal(rs.begin() + used0, rs.begin() + used0 + c.nexp + 1, gs.begin() + used0));  // chosen experts
-      for (uint32_t ex = 0; ex < c.nexp; ++ex) {  // each expert's slots, as a set
-        std::vector<int32_t> a(rs.begin() + list0 + rs[ex], rs.begin() + list0 + rs[ex + 1]),
-            b(gs.begin() + list0 + gs[ex], gs.begin() + list0 + gs[ex + 1]);
-        std::sort(a.begin(), a.end());
-        std::sort(b.begin(), b.end());
-        CHECK(a == b);
-      }
+      checkSortScratch(rs, gs, c.nexp, c.k);
       const size_t xq0 = kern::moeScratchXq(c.nexp, kMaxBatch, c.k, 64, e32),
                    xq1 = kern::moeScratchAq(c.nexp, kMaxBatch, c.k, 64, e32);
       CHECK(std::equal(rs.begin() + xq0, rs.begin() + xq1, gs.begin() + xq0));  // Xq (poison both when not written)
