@@ -1,8 +1,8 @@
 // minfer-bench-gemv: memory bandwidth of the decode GEMVs on a 7B's (Qwen2-7B) matmul shapes. Not a test:
 // run it on a GPU machine (needs the NVIDIA driver and NVRTC); H200 numbers are in BENCHMARKS.md.
 //
-// Usage: minfer-bench-gemv [--reps R] [--variants] [--batch T,…] [--min-blocks N,…] [--l2-fetch 128,256]
-//                          [--shapes …]
+// Usage: minfer-bench-gemv [--reps R] [--variants] [--batch T,…] [--mmq-blocks T,… [--mmqb-splits S,…]]
+//                          [--min-blocks N,…] [--l2-fetch 128,256] [--shapes …]
 // For each shape: random GGUF blocks (random bits, finite f16 d and dmin as in tests/runtime/weight_builder),
 // laid out
 //   blocks: as a kBlocks plane with 16-byte aligned blocks (Q4_K 144 B, Q6_K 224 B), read by
@@ -35,6 +35,7 @@
 #include "compiler/planes/plane_workers.h"
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
+#include "kernels/mmq_blocks.cuh"
 #include "llvm/Support/CommandLine.h"
 #include "runtime/cuda/cuda_device.h"
 
@@ -59,6 +60,13 @@ llvm::cl::list<unsigned> kBatch("batch", llvm::cl::CommaSeparated,
                                 llvm::cl::desc("also time the batched GEMV (minfer_gemv_batch with the codegen's GEMVB_BATCH "
                                                "and work shape) on this many q8 rows, for each count given"),
                                 llvm::cl::cat(kCategory));
+llvm::cl::list<unsigned> kMmqBlocks("mmq-blocks", llvm::cl::CommaSeparated,
+                                    llvm::cl::desc("also time minfer_mmq_blocks (int8 tensor cores on the blocks, tiles of 32 "
+                                                   "and 64 tokens) on this many q8 rows (≤ 64), for each count given"),
+                                    llvm::cl::cat(kCategory));
+llvm::cl::list<unsigned> kMmqbSplits("mmqb-splits", llvm::cl::CommaSeparated,
+                                     llvm::cl::desc("with --mmq-blocks: splits of K to time besides the codegen's mmqbSplits"),
+                                     llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kShapes("shapes", llvm::cl::desc("comma-separated subset of q,gate,down,output"),
                                    llvm::cl::init("q,gate,down,output"), llvm::cl::cat(kCategory));
 
@@ -287,10 +295,11 @@ int main(int argc, char** argv) {
     if (mi >= 0) gemv_planes.push_back(&(*planes_bytes)[mi]);
 
     // q8 activations (random q, per-block d, consistent half sums), one copy: decode reads them from L2.
-    constexpr uint64_t kMaxBatch = kern::kGemvBatchMaxRows;  // rows of activations (row 0 for the one-row kernels)
-    std::vector<int8_t> xq(kMaxBatch * s.k);
-    std::vector<kern::Q8Meta> xm(kMaxBatch * s.k / 32);
-    for (uint64_t b = 0; b < kMaxBatch * s.k / 32; ++b) {
+    constexpr uint64_t kMaxBatch = kern::kGemvBatchMaxRows;  // the batched GEMV's most rows
+    constexpr uint64_t kActRows = 64;                        // rows of activations (row 0 for the one-row kernels)
+    std::vector<int8_t> xq(kActRows * s.k);
+    std::vector<kern::Q8Meta> xm(kActRows * s.k / 32);
+    for (uint64_t b = 0; b < kActRows * s.k / 32; ++b) {
       int lo = 0, hi = 0;
       for (int i = 0; i < 32; ++i) {
         xq[b * 32 + i] = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
@@ -299,7 +308,7 @@ int main(int argc, char** argv) {
       xm[b] = {0.01f + static_cast<float>(rng() % 100) * 1e-4f, static_cast<short>(lo), static_cast<short>(hi)};
     }
     cuda::DeviceBuffer d_xq = take(g.dev->alloc(xq.size(), "xq")), d_xm = take(g.dev->alloc(xm.size() * 8, "xmeta"));
-    cuda::DeviceBuffer d_out_a = take(g.dev->alloc(kMaxBatch * s.n * 4, "out")), d_out_b = take(g.dev->alloc(s.n * 4, "out"));
+    cuda::DeviceBuffer d_out_a = take(g.dev->alloc(kActRows * s.n * 4, "out")), d_out_b = take(g.dev->alloc(s.n * 4, "out"));
     ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(d_xq.ptr(), xq.data(), xq.size(), g.stream.get()), "upload"));
     ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(d_xm.ptr(), xm.data(), xm.size() * 8, g.stream.get()), "upload"));
 
@@ -448,6 +457,62 @@ int main(int argc, char** argv) {
       g.sync();
       std::printf("        gemv_batch token 0 vs gemv_blocks: %s\n",
                   std::memcmp(ra.data(), rb.data(), s.n * 4) == 0 ? "bit-identical" : "DIFFERENT");
+    }
+    if (!kMmqBlocks.empty()) {
+      // minfer_mmq_blocks: tiles of 32 and 64 tokens, the codegen's splits and those of --mmqb-splits; each token
+      // count on the smallest tile that holds it. Token 0 is checked against the one-row gemv_blocks (a different
+      // summation order: relative difference printed).
+      const unsigned n = static_cast<unsigned>(s.n), k = static_cast<unsigned>(s.k), type = static_cast<unsigned>(s.type);
+      cuda::DeviceBuffer counters = take(g.dev->alloc(kern::mmqbCounterBytes(n), "counters"));
+      ok(g.dev->check(g.cu().cuMemsetD8Async(counters.ptr(), 0, kern::mmqbCounterBytes(n), g.stream.get()), "memset"));
+      std::vector<unsigned> splits = {kern::mmqbSplits(n, k)};
+      for (unsigned sp : kMmqbSplits)
+        if (sp >= 1 && sp <= k / 256 && std::find(splits.begin(), splits.end(), sp) == splits.end()) splits.push_back(sp);
+      for (unsigned tn : {16u, 32u, 64u})
+        for (unsigned sp : splits) {
+          const Kernel km = compile(g, "mmq_blocks_" + tag + "_n" + str(n) + "_k" + str(k) + "_tn" + str(tn) + "_s" + str(sp),
+                                    "kernels/mmq_blocks.cuh", "minfer_mmq_blocks",
+                                    {{"MMQB_N", str(n)}, {"MMQB_K", str(k)}, {"MMQB_TYPE", str(type)},
+                                     {"MMQB_PITCH", str(bt.row_pitch)}, {"MMQB_GROUP_PITCH", str(bt.group_pitch)},
+                                     {"MMQB_TN", str(tn)}, {"MMQB_SPLITS", str(sp)}, {"MMQB_HAS_BIAS", "0"}});
+          const kern::LaunchShape msh = kern::mmqbLaunchRule(n, type, tn, sp).at(1);
+          ok(g.dev->check(g.cu().cuFuncSetAttribute(km.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                    static_cast<int>(msh.smem)),
+                          "smem attribute"));
+          cuda::DeviceBuffer partial = take(g.dev->alloc(std::max<uint64_t>(16, kern::mmqbPartialBytes(n, tn, sp)), "partial"));
+          CUdeviceptr pp = partial.ptr(), pc = counters.ptr();
+          for (unsigned tokens : kMmqBlocks) {
+            if (tokens < 1 || tokens > kActRows) die("--mmq-blocks: token counts 1 … " + str(kActRows));
+            if (tokens > tn || tokens <= tn / 2) continue;  // each count on the smallest tile that holds it
+            int nt = static_cast<int>(tokens);
+            const Timing tmg = timeGraph(g, km, msh, launchesFor(cb), cb.bytes, [&](unsigned i) {
+              return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &nt};
+            });
+            row("mmq_blocks " + str(tokens) + " rows tn" + str(tn) + " s" + str(sp) +
+                    (sp == splits[0] ? " (codegen)" : ""),
+                cb.bytes, tmg);
+          }
+          int one = 1;
+          std::vector<void*> a = {&bw[0], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &one};
+          ok(g.dev->check(g.cu().cuLaunchKernel(km.fn, msh.grid.x, msh.grid.y, 1, msh.block.x, 1, 1, msh.smem, g.stream.get(),
+                                                a.data(), nullptr),
+                          "launch"));
+          const kern::LaunchShape sh1 = kern::gemvBlocksLaunch(n, configs[0].shape);
+          std::vector<void*> b = {&bw[0], &null_ptr, &xqp, &xmp, &outb};
+          ok(g.dev->check(g.cu().cuLaunchKernel(kernels[0].fn, sh1.grid.x, 1, 1, sh1.block.x, 1, 1, 0, g.stream.get(),
+                                                b.data(), nullptr),
+                          "launch"));
+          std::vector<float> ra(s.n), rb(s.n);
+          ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(ra.data(), outa, s.n * 4, g.stream.get()), "download"));
+          ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(rb.data(), outb, s.n * 4, g.stream.get()), "download"));
+          g.sync();
+          double diff = 0, ref = 0;
+          for (uint64_t i = 0; i < s.n; ++i) {
+            diff = std::max(diff, std::fabs(static_cast<double>(ra[i]) - rb[i]));
+            ref = std::max(ref, std::fabs(static_cast<double>(rb[i])));
+          }
+          std::printf("        mmq_blocks tn%u s%u token 0 vs gemv_blocks: max |a - b| / max |b| = %.2e\n", tn, sp, diff / ref);
+        }
     }
   }
   return 0;

@@ -388,17 +388,6 @@ constexpr int kKS = kD / 16;         // k16 steps over the head dimension
 constexpr int kDT = kD / 8;          // n8 tiles of the output (dimensions)
 constexpr int kNT = kBKV / 8;        // n8 tiles of the scores (positions)
 
-// f16 MMA (sm_80+): D(16×8, f32) += A(16×16, f16, row) · B(16×8, f16, col). Fragments (PTX ISA,
-// "mma.m16n8k16" .f16): g = lane / 4, t = lane % 4; a0 (row g, k 2t..2t+1), a1 (row g+8), a2 (row g,
-// k 8+2t..), a3 (row g+8, k 8+2t..); b0 (k 2t..2t+1, col g), b1 (k 8+2t..); d0,d1 (row g, cols 2t, 2t+1),
-// d2,d3 (row g+8).
-__device__ __forceinline__ void mmaF16(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ unsigned packHalf2(float lo, float hi) {
   return static_cast<unsigned>(f2h(lo)) | (static_cast<unsigned>(f2h(hi)) << 16);
 }

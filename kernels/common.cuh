@@ -173,6 +173,33 @@ __device__ __forceinline__ void mmaS8K16(int d[4], const int a[2], int b) {
       : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0), "r"(0), "r"(0), "r"(0));
 }
 
+// f16 MMA (sm_80+): D(16×8, f32) += A(16×16, f16, row) · B(16×8, f16, col). Fragments (PTX ISA,
+// "mma.m16n8k16" .f16): g = lane / 4, t = lane % 4; a0 (row g, k 2t..2t+1), a1 (row g+8), a2 (row g,
+// k 8+2t..), a3 (row g+8, k 8+2t..); b0 (k 2t..2t+1, col g), b1 (k 8+2t..); d0,d1 (row g, cols 2t, 2t+1),
+// d2,d3 (row g+8).
+__device__ __forceinline__ void mmaF16(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ldmatrix (sm_75+): four (x4) or two (x2) 8×8 matrices of 16-bit elements, i.e. 8 rows × 16 bytes each;
+// lanes 8q..8q+7 give the row addresses of matrix q, and lane l receives bytes 4(l%4)..4(l%4)+3 of row l/4
+// of each matrix: exactly the s8 MMA fragments when the matrices are the 16-byte halves of the tiles
+// (PTX ISA, "ldmatrix").
+__device__ __forceinline__ void ldmatrixX4(int r[4], const int8_t* row) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldmatrixX2(int r[2], const int8_t* row) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+}
+
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
   int d;
   asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));

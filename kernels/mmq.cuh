@@ -184,21 +184,6 @@ __device__ __forceinline__ void loadStage(const Stage& st, int kt, int m0, int n
   }
 }
 
-// ldmatrix (sm_75+): four (x4) or two (x2) 8×8 matrices of 16-bit elements, i.e. 8 rows × 16 bytes each;
-// lanes 8q..8q+7 give the row addresses of matrix q, and lane l receives bytes 4(l%4)..4(l%4)+3 of row l/4
-// of each matrix: exactly the s8 MMA fragments when the matrices are the 16-byte halves of the tiles
-// (PTX ISA, "ldmatrix").
-__device__ __forceinline__ void ldmatrixX4(int r[4], const int8_t* row) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-__device__ __forceinline__ void ldmatrixX2(int r[2], const int8_t* row) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
-}
-
 }  // namespace minfer::kern::mmq
 
 extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqThreads, 2)

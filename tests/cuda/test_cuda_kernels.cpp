@@ -32,6 +32,7 @@
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
+#include "kernels/mmq_blocks.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/paged_attention.cuh"
 #include "kernels/quantize_act.cuh"
@@ -3111,6 +3112,118 @@ TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and de
         checkFusedQ8(out, out8, qs, meta, n, w);
       }
     }
+  }
+}
+
+// The per-output error bound of a matmul whose kernel rounds the decomposed weights (s, m and w = s·q + m) and the
+// activations (d and d·q) to f16 and accumulates in f32 (mmq_blocks): 4·2⁻¹¹ · Σ_k (|s·q| + |m|)·|x_k| + K·2⁻²⁴ ·
+// Σ_k |w_k·x_k|, for n rows of activations x; row t, weight row r at t·rows + r.
+std::vector<double> f16MatmulBound(const RandomWeight& w, const std::vector<float>& x, int n) {
+  const GgmlTypeTraits tr = ggmlTypeTraits(w.type);
+  const uint64_t blocks = w.cols / tr.block_size, group = static_cast<uint64_t>(groupSize(w.type));
+  std::vector<double> terms(w.cols);  // |s·q| + |m| of one row
+  std::vector<double> bound(static_cast<size_t>(n) * w.rows);
+  std::vector<int8_t> q(tr.block_size);
+  std::vector<float> scale(tr.block_size), mn(tr.block_size, 0.0f);
+  for (uint64_t r = 0; r < w.rows; ++r) {
+    for (uint64_t b = 0; b < blocks; ++b) {
+      REQUIRE(decomposeBlock(w.type, w.source.data() + (r * blocks + b) * tr.type_size, q.data(), scale.data(), mn.data()));
+      for (uint64_t i = 0; i < tr.block_size; ++i)
+        terms[b * tr.block_size + i] = std::fabs(static_cast<double>(scale[i / group]) * q[i]) +
+                                       (hasMin(w.type) ? std::fabs(static_cast<double>(mn[i / group])) : 0.0);
+    }
+    for (int t = 0; t < n; ++t) {
+      double rounding = 0, accumulation = 0;
+      for (uint64_t k = 0; k < w.cols; ++k) {
+        const double ax = std::fabs(static_cast<double>(x[t * w.cols + k]));
+        rounding += terms[k] * ax;
+        accumulation += std::fabs(static_cast<double>(w.values[r * w.cols + k])) * ax;
+      }
+      bound[static_cast<size_t>(t) * w.rows + r] = 4.0 * std::ldexp(rounding, -11) +
+                                                   static_cast<double>(w.cols) * std::ldexp(accumulation, -24) + 1e-30;
+    }
+  }
+  return bound;
+}
+
+// minfer_mmq_blocks (mmq_blocks.cuh: the small-batch MatMul on the blocks, f16 tensor cores on weights and activations
+// dequantized in shared memory) against the CPU matmul on the exact block values and the dequantized q8 activations
+// (cpuBlocksMatmul). The kernel rounds s, m, each weight (one f16 fma), d and each activation (one f16 product) to
+// f16, so each output must lie within its own bound: 4·2⁻¹¹ · Σ_k (|s·q| + |m|)·|x_k| (the f16 roundings, relative
+// to each term's operands) + K·2⁻²⁴ · Σ_k |w_k·x_k| (f32 accumulation); the worst measured fraction of that bound is
+// tracked. Both types; row counts not multiples of the 128-row tile (7, 130, 4100) and the 7B's; K from one block to
+// the 7B's down projection; one split and several (split-K with the last-split sum; counters zero again: each
+// launched twice); tiles of 32 and 64 tokens at 1, 9, past half a tile and a full tile; bias and padding. Nothing
+// is written past the call's rows (poisoned rows stay poisoned).
+TEST_CASE("mmq_blocks: Q4_K and Q6_K blocks on f16 tensor cores, 1 … 64 rows, split-K, vs the CPU within the f16 bound") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded;
+    unsigned tn, splits;
+  };
+  const std::vector<Case> cases = {
+      {GgmlType::Q4_K, 7, 256, false, false, 32, 1},     {GgmlType::Q6_K, 130, 768, true, true, 64, 3},
+      {GgmlType::Q4_K, 512, 3584, true, false, 64, 7},   {GgmlType::Q6_K, 512, 3584, false, true, 32, 2},
+      {GgmlType::Q4_K, 4100, 1024, false, true, 16, 1},  {GgmlType::Q6_K, 3584, 18944, true, false, 64, 4},
+      {GgmlType::Q4_K, 3584, 3584, false, false, 32, 5}, {GgmlType::Q4_K, 1000, 18944, true, true, 64, 74},
+      {GgmlType::Q6_K, 100, 512, false, false, 16, 1},   {GgmlType::Q4_K, 300, 2048, true, false, 16, 8}};
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(c.type).type_size, 16));
+    const uint64_t pitch = c.cols / 256 * gp + (c.padded ? 32 : 0);
+    specs.push_back(spec("mmq_blocks_test_" + codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) +
+                             "_k" + str(c.cols) + (c.bias ? "_bias" : "") + (c.padded ? "_pad" : "") + "_tn" + str(c.tn) +
+                             "_s" + str(c.splits),
+                         "kernels/mmq_blocks.cuh", "minfer_mmq_blocks",
+                         {{"MMQB_N", str(c.rows)}, {"MMQB_K", str(c.cols)},
+                          {"MMQB_TYPE", str(static_cast<unsigned>(c.type))}, {"MMQB_PITCH", str(pitch)},
+                          {"MMQB_GROUP_PITCH", str(gp)}, {"MMQB_TN", str(c.tn)},
+                          {"MMQB_SPLITS", str(c.splits)},
+                          {"MMQB_HAS_BIAS", c.bias ? "1" : "0"}}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    CAPTURE(k[i].key);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const RandomWeight rw = makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f);
+    const BuiltPlane pw = alignedBlocksPlane(rw, c.padded);
+    const int max_rows = static_cast<int>(c.tn);
+    const HostQ8 hq = quantizeHost(activations(max_rows, static_cast<int>(c.cols)), max_rows, static_cast<int>(c.cols));
+    const std::vector<float> bias_v = randomFloats(n, rng());
+    const std::vector<float> want = cpuBlocksMatmul(rw, c.bias ? bias_v.data() : nullptr, hq.deq, max_rows);
+    const std::vector<double> bound = f16MatmulBound(rw, hq.deq, max_rows);
+    DeviceArray w = DeviceArray::of(pw.bytes), bias = DeviceArray::of(bias_v), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), got(static_cast<uint64_t>(max_rows) * n * 4),
+                partial(std::max<uint64_t>(16, kern::mmqbPartialBytes(n, c.tn, c.splits))),
+                counters = DeviceArray::of(std::vector<uint32_t>(kern::mmqbCounterBytes(n) / 4, 0));
+    const kern::LaunchShape sh = kern::mmqbLaunchRule(n, static_cast<unsigned>(c.type), c.tn, c.splits).at(1);
+    for (int tokens : {1, 9, max_rows / 2 + 3, max_rows}) {
+      if (tokens > max_rows) continue;
+      for (int rep = 0; rep < 2; ++rep) {  // the counters must be zero again for the second launch's sums
+        CAPTURE(tokens);
+        CAPTURE(rep);
+        got.poison();
+        CUdeviceptr pw_ = w.ptr(), pb = c.bias ? bias.ptr() : 0, a = xq.ptr(), b = xm.ptr(), o = got.ptr(),
+                    pp = c.splits > 1 ? partial.ptr() : 0, pc = counters.ptr();
+        launch(k[i], sh, {&pw_, &pb, &a, &b, &o, &pp, &pc, &tokens});
+        const std::vector<float> all = got.download<float>(static_cast<size_t>(max_rows) * n);
+        const size_t used = static_cast<size_t>(tokens) * n;
+        double worst = 0;  // the largest |got − want| as a fraction of its bound
+        for (size_t j = 0; j < used; ++j) {
+          if (!std::isfinite(all[j])) worst = INFINITY;
+          worst = std::max(worst, std::fabs(static_cast<double>(all[j]) - want[j]) / bound[j]);
+        }
+        CHECK(track("mmq_blocks (fraction of the f16 bound)", worst) <= 1.0);
+        size_t written_past = 0;  // poison is NaN: a written value past the call's rows is a number
+        for (size_t j = used; j < all.size(); ++j) written_past += !std::isnan(all[j]);
+        CHECK(written_past == 0);
+      }
+    }
+    const size_t words = kern::mmqbCounterBytes(n) / 4;
+    CHECK(counters.download<uint32_t>(words) == std::vector<uint32_t>(words, 0));
   }
 }
 

@@ -1,0 +1,448 @@
+// Small-batch matmul straight from GGUF blocks on f16 tensor cores (OpKind MatMul, 2 … MMQB_TN q8 rows: the rows of
+// a batched decode step): out = x · Wᵀ for a kBlocks plane of Q4_K or Q6_K (the plane the decode GEMV,
+// gemv_blocks.cuh, reads), so a step of many sequences streams the GGUF's weight bytes once instead of the f16
+// plane of the Hopper prefill GEMM (3.6× the bytes at Q4_K), and its dot products run on tensor cores instead of
+// the batched GEMV's dp4a (compute-bound past 4 rows).
+//
+//   out[t][r] = Σ_c w(r,c) · x(t,c) (+ bias[r]),  w = s·q + m (Q4_K: groups of 32, s = d·sc, m = −(dmin·mn),
+//   q = 0..15) or s·(q − 32) (Q6_K: groups of 16), x = d·q8 (block_formats.h, quantize_act.cuh)
+// with s, m, w, d and x rounded to f16 (w by one f16 fma of q, s and m; x by one f16 product) and f32 accumulation:
+// the f16 GEMM's rounding of the weights and activations (wgmma_matmul.cuh) with the GGUF's bytes.
+//
+// Tiling: a thread block computes TM = 128 weight rows × TN tokens (TN = 16, 32 or 64) with 8 warps of 16 rows
+// each, every warp over all TN tokens (TN / 8 MMA tiles of 16×8: the weights, the larger operand, are read from
+// shared memory once). K advances one GGUF block (256 columns) per stage through a cp.async pipeline
+// (mmqbStages, sized so that two blocks fit on an SM): the raw blocks of the tile's rows (whole 16-byte chunks:
+// Q4_K 144 B, Q6_K 224 B) and the tokens' 256 q8 values and 8 Q8Meta. Per stage the activations are converted once
+// to an f16 tile (the MMA's B fragments, by ldmatrix), and each lane dequantizes its A fragments straight from the
+// raw bytes in registers (Q4_K: a 32-bit word of qs masked to its low or high nibbles; Q6_K: ql nibbles | qh bit
+// pairs << 4; small integers become f16 by their bits, 0x6400 | q = 1024 + q), then mma.m16n8k16 (f16, f32
+// accumulate).
+//
+// Split-K (MMQB_SPLITS = S > 1, for matrices of few row tiles): grid.y = S; split s takes GGUF blocks
+// [s·KB/S, (s+1)·KB/S) of every row, writes its f32 sums to partial[s][t][r], and counts itself in its row
+// tile's word of `counters` (a block barrier, a fence, then one acquire-release atomic, as gemv_blocks.cuh's
+// GEMVB_GLU does); the tile's last split adds the S partials in split order (+ bias), so the result does not
+// depend on which split finishes last, and sets the word back to 0.
+//
+// Compile-time constants (-D):
+//   MMQB_N, MMQB_K        weight rows and cols (K % 256 == 0)
+//   MMQB_TYPE             12 (Q4_K) or 14 (Q6_K): the plane's ggml_type
+//   MMQB_PITCH            the kBlocks plane's row pitch (bytes, multiple of 16)
+//   MMQB_GROUP_PITCH      its group pitch: bytes from one block to the next (multiple of 16, ≥ the block)
+//   MMQB_TN               tokens per tile, 16, 32 or 64: the most rows a launch takes (more trap)
+//   MMQB_SPLITS           splits of K (1 … K/256): mmqbSplits(N, K)
+//   MMQB_HAS_BIAS         bias vector (N f32)
+// Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
+//                                float* out, float* partial, unsigned* counters, int n_tokens)
+//   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K); out: n_tokens × N f32 (row stride N);
+//   partial: mmqbPartialBytes() of scratch (null with one split); counters: mmqbCounterBytes() of words, zero on
+//   entry and again on exit (ArgKind Counters; unused with one split).
+// Launch shape: mmqbLaunchRule(): grid (⌈N/128⌉, S), 256 threads, mmqbSmemBytes() of dynamic shared memory.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace minfer::kern {
+
+constexpr unsigned kMmqbThreads = 256;
+constexpr unsigned kMmqbTM = 128;  // weight rows per thread block: 16 per warp
+constexpr unsigned kMmqbLD = 256 + 16;  // q8 activation row of a stage (bytes)
+constexpr unsigned kMmqbLDH = 256 + 8;  // f16 tile row (halves): 132 words, so ldmatrix's 8 rows hit distinct banks
+constexpr unsigned kMmqbSmemMax = 227 * 1024;  // dynamic shared memory of one block on sm_90 (opt-in)
+// Shared memory one block may take so that two fit on an SM (each block also takes 1 KiB of the SM's 228 KiB).
+constexpr unsigned kMmqbSmemBudget = 113 * 1024;
+
+// Shared-memory row of one raw block (bytes): Q4_K 144 (36 words: rows g = 0..7 of an A-fragment load fall on
+// banks 4g + t), Q6_K 224 B padded to 240 (60 words: likewise; at 56 words rows g and g + 4 would collide).
+MINFER_HD constexpr unsigned mmqbRawLd(unsigned type) { return type == 12 ? 144 : 240; }
+// 16-byte chunks copied per row and block (Q6_K: its 210 bytes and the padding to 224).
+MINFER_HD constexpr unsigned mmqbRawChunks(unsigned type) { return type == 12 ? 9 : 14; }
+// One pipeline stage: raw blocks TM × mmqbRawLd, activations TN × kMmqbLD int8, Q8Meta 8 × TN.
+MINFER_HD constexpr unsigned mmqbStageBytes(unsigned type, unsigned tn) {
+  return kMmqbTM * mmqbRawLd(type) + tn * kMmqbLD + 8 * tn * 8;
+}
+// The f16 activation tile the MMAs read: TN × kMmqbLDH halves.
+MINFER_HD constexpr unsigned mmqbTileBytes(unsigned tn) { return tn * kMmqbLDH * 2; }
+// Raw stages in the cp.async pipeline: as many as fit beside the f16 tile in kMmqbSmemBudget, 2 … 4 (Q4_K: 4, 3, 2 at
+// 16, 32, 64 tokens; Q6_K: 2; Q6_K at 64 tokens exceeds the budget: one block per SM).
+MINFER_HD constexpr unsigned mmqbStages(unsigned type, unsigned tn) {
+  unsigned s = 4;
+  while (s > 2 && s * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) > kMmqbSmemBudget) --s;
+  return s;
+}
+MINFER_HD constexpr unsigned mmqbSmemBytes(unsigned type, unsigned tn) {
+  return mmqbStages(type, tn) * mmqbStageBytes(type, tn) + mmqbTileBytes(tn);
+}
+// The split-K scratch: S × TN × N f32 (none with one split); the counters: one word per row tile.
+MINFER_HD unsigned long long mmqbPartialBytes(unsigned n, unsigned tn, unsigned splits) {
+  return splits > 1 ? 4ull * splits * tn * n : 0;
+}
+MINFER_HD unsigned mmqbCounterBytes(unsigned n) { return 4 * ceilDiv(n, kMmqbTM); }
+
+// Splits of K: enough thread blocks for the 264 that a 132-SM Hopper runs at once (two per SM), each split at least
+// 2 GGUF blocks long, and of the split counts from there to twice that the one whose last wave is fullest (the
+// blocks run in waves of 264: 296 blocks take two).
+MINFER_HD unsigned mmqbSplits(unsigned n, unsigned k) {
+  constexpr unsigned kSlots = 264;
+  const unsigned tiles = ceilDiv(n, kMmqbTM), most = k / 256 / 2 < 1 ? 1 : k / 256 / 2;
+  unsigned first = ceilDiv(kSlots, tiles);
+  if (first > most) return most;
+  unsigned best = first;
+  double best_fill = 0;
+  for (unsigned s = first; s <= 2 * first && s <= most; ++s) {
+    const unsigned blocks = tiles * s;
+    const double fill = static_cast<double>(blocks) / (kSlots * ceilDiv(blocks, kSlots));
+    if (fill > best_fill + 1e-9) {
+      best_fill = fill;
+      best = s;
+    }
+  }
+  return best;
+}
+
+MINFER_HD LaunchRule mmqbLaunchRule(unsigned n, unsigned type, unsigned tn, unsigned splits) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(ceilDiv(n, kMmqbTM));
+  r.grid[1] = fixedExtent(splits);
+  r.block.x = kMmqbThreads;
+  r.smem = mmqbSmemBytes(type, tn);
+  return r;
+}
+
+}  // namespace minfer::kern
+
+#if defined(MINFER_DEVICE_CODE) && defined(MMQB_N)
+namespace minfer::kern::mmqb {
+
+constexpr int kN = MMQB_N, kK = MMQB_K, kType = MMQB_TYPE, kTN = MMQB_TN, kS = MMQB_SPLITS;
+constexpr bool kQ4K = kType == 12;
+constexpr int kTM = static_cast<int>(kMmqbTM), kLD = static_cast<int>(kMmqbLD), kLDH = static_cast<int>(kMmqbLDH);
+constexpr int kNI = kTN / 8;  // n8 tiles per warp: every warp takes all the tile's tokens, 16 rows each
+constexpr int kKB = kK / 256;  // GGUF blocks per row
+constexpr int kRawLd = static_cast<int>(mmqbRawLd(kType)), kChunks = static_cast<int>(mmqbRawChunks(kType));
+constexpr int kStages = static_cast<int>(mmqbStages(kType, kTN));
+constexpr int kStageBytes = static_cast<int>(mmqbStageBytes(kType, kTN));
+constexpr int kThreads = static_cast<int>(kMmqbThreads);
+static_assert(kK % 256 == 0, "MMQB_K must be a multiple of 256");
+static_assert(kType == 12 || kType == 14, "MMQB_TYPE must be Q4_K (12) or Q6_K (14)");
+static_assert(kTN == 16 || kTN == 32 || kTN == 64, "MMQB_TN must be 16, 32 or 64");
+static_assert(kTM == 16 * kThreads / 32, "a warp per 16 rows");
+static_assert(kS >= 1 && kS <= kKB, "MMQB_SPLITS: 1 … K/256");
+static_assert(MMQB_PITCH % 16 == 0 && MMQB_GROUP_PITCH % 16 == 0, "blocks must start 16-byte aligned");
+static_assert(MMQB_GROUP_PITCH >= 16 * mmqbRawChunks(kType), "group pitch smaller than the copied chunks");
+static_assert(MMQB_PITCH >= static_cast<unsigned long long>(kKB) * MMQB_GROUP_PITCH, "row pitch smaller than a row");
+
+MINFER_HD constexpr int iters(int items) { return (items + kThreads - 1) / kThreads; }
+
+struct Stage {
+  uint8_t* raw;  // [TM][kRawLd]
+  int8_t* act;   // [TN][kLD]
+  Q8Meta* x;     // [8][TN]
+};
+__device__ __forceinline__ Stage stageAt(uint8_t* smem, int i) {
+  uint8_t* p = smem + i * kStageBytes;
+  return {p, reinterpret_cast<int8_t*>(p + kTM * kRawLd), reinterpret_cast<Q8Meta*>(p + kTM * kRawLd + kTN * kLD)};
+}
+
+// Issues the cp.async copies of GGUF block column `blk` (rows past N and tokens past n_tokens zero-filled).
+__device__ __forceinline__ void loadStage(const Stage& st, int blk, int m0, int n_tokens, const uint8_t* w,
+                                          const int8_t* xq, const Q8Meta* xmeta) {
+#pragma unroll
+  for (int i = 0; i < iters(kTM * kChunks); ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+    if ((kTM * kChunks) % kThreads != 0 && c >= kTM * kChunks) break;
+    const int row = c / kChunks, ch = c % kChunks;
+    const bool ok = m0 + row < kN;
+    const uint8_t* src = ok ? w + static_cast<uint64_t>(m0 + row) * MMQB_PITCH +
+                                  static_cast<uint64_t>(blk) * MMQB_GROUP_PITCH + 16 * ch
+                            : w;
+    cpAsync<16>(st.raw + row * kRawLd + 16 * ch, src, ok);
+  }
+#pragma unroll
+  for (int i = 0; i < iters(kTN * 16); ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+    if ((kTN * 16) % kThreads != 0 && c >= kTN * 16) break;
+    const int tok = c / 16, ch = c % 16;
+    const bool ok = tok < n_tokens;
+    const int8_t* src = ok ? xq + static_cast<uint64_t>(tok) * kK + 256 * blk + 16 * ch : xq;
+    cpAsync<16>(st.act + tok * kLD + 16 * ch, src, ok);
+  }
+#pragma unroll
+  for (int i = 0; i < iters(8 * kTN); ++i) {
+    const int e = static_cast<int>(threadIdx.x) + i * kThreads;
+    if ((8 * kTN) % kThreads != 0 && e >= 8 * kTN) break;
+    const int tok = e % kTN, kb = e / kTN;
+    const bool ok = tok < n_tokens;
+    const Q8Meta* src = ok ? xmeta + static_cast<uint64_t>(tok) * (kK / 32) + 8 * blk + kb : xmeta;
+    cpAsync<8>(st.x + e, src, ok);
+  }
+}
+
+// f16x2 arithmetic (PTX sub/mul/fma .f16x2, round to nearest even).
+__device__ __forceinline__ unsigned hsub2(unsigned a, unsigned b) {
+  unsigned d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
+  unsigned d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
+  unsigned d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ unsigned half2Of(float v) {
+  const unsigned h = f2h(v);
+  return h | (h << 16);
+}
+// Small integers as f16 by their bits: 0x6400 | b is the f16 1024 + b for 0 ≤ b < 1024, so (v & mask) | 0x64006400
+// holds 1024 + the two masked fields; subtracting 1024 + an offset is exact.
+constexpr unsigned kF16Of1024 = 0x64006400u;
+
+// The k order inside each group of 16 that the MMA sees (any order works when A and B agree): fragment register
+// a0 / b0 (MMA k 2t, 2t + 1) holds k 4t and 4t + 2, a2 / b1 (MMA k 8 + 2t, 9 + 2t) holds k 4t + 1 and 4t + 3, so that
+// one 32-bit word of four consecutive quants, masked as 0x00FF00FF and shifted by 8, gives both registers.
+
+// The tokens' q8 values of the stage as f16 d·q (one f16 rounding of d and of the product) in b[TN][kLDH], each
+// group of 16 stored in the MMA's k order above (halves 2t, 2t + 1 = k 4t, 4t + 2; halves 8 + 2t, 9 + 2t = k 4t + 1,
+// 4t + 3), so ldmatrix gives the B fragments. Tokens past n_tokens are left as they are (their sums are not written).
+__device__ __forceinline__ void dequantActivations(const Stage& st, uint16_t* b, int n_tokens) {
+  constexpr unsigned k1152 = 0x64806480u;  // f16x2 (1152, 1152): 1024 + the byte bias 128
+#pragma unroll
+  for (int i = 0; i < iters(8 * kTN); ++i) {
+    const int item = static_cast<int>(threadIdx.x) + i * kThreads;
+    if ((8 * kTN) % kThreads != 0 && item >= 8 * kTN) break;
+    const int tok = item % kTN, kb = item / kTN;
+    if (tok >= n_tokens) continue;
+    const unsigned d2 = half2Of(st.x[kb * kTN + tok].d);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {  // the two groups of 16 of the activation block
+      const uint4 q = *reinterpret_cast<const uint4*>(st.act + tok * kLD + 32 * kb + 16 * c);
+      const unsigned qw[4] = {q.x ^ 0x80808080u, q.y ^ 0x80808080u, q.z ^ 0x80808080u, q.w ^ 0x80808080u};  // q + 128
+      unsigned o[8];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        o[t] = hmul2(hsub2((qw[t] & 0x00FF00FFu) | kF16Of1024, k1152), d2);
+        o[4 + t] = hmul2(hsub2(((qw[t] >> 8) & 0x00FF00FFu) | kF16Of1024, k1152), d2);
+      }
+      uint4* out = reinterpret_cast<uint4*>(b + tok * kLDH + 32 * kb + 16 * c);
+      out[0] = {o[0], o[1], o[2], o[3]};
+      out[1] = {o[4], o[5], o[6], o[7]};
+    }
+  }
+}
+
+// One lane's A fragment (rows g and g + 8 of its warp's 16, MMA k order above) of group c (16 weights) of activation
+// block kb of the raw blocks `r0`, `r8`, as f16 weights: Q4_K w = s·q + m (one f16 fma), Q6_K w = s·(q − 32).
+// s2, m2: the f16x2 scale and min of rows g (index 0) and g + 8 (index 1) for this group.
+__device__ __forceinline__ void weightFragment(const uint8_t* r0, const uint8_t* r8, int kb, int c, int t,
+                                              const unsigned (&s2)[2], const unsigned (&m2)[2], unsigned (&a)[4]) {
+  const uint8_t* rows[2] = {r0, r8};
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    unsigned q;
+    if (kQ4K) {
+      // Sub-block kb = 2p + h: qs bytes [32p, 32p + 32) at block byte 16, nibble h.
+      const int p = kb / 2, h = kb % 2;
+      q = (*reinterpret_cast<const unsigned*>(rows[ri] + 16 + 32 * p + 16 * c + 4 * t) >> (4 * h)) & 0x0F0F0F0Fu;
+    } else {
+      // Activation block kb = 4n + k: ql bytes [64n + 32(k & 1), +32) nibble k >> 1, qh bytes [128 + 32n, +32) bit
+      // pair k (ggml's dequantize_row_q6_K).
+      const int n = kb / 4, k = kb % 4;
+      const unsigned lo = *reinterpret_cast<const unsigned*>(rows[ri] + 64 * n + 32 * (k & 1) + 16 * c + 4 * t);
+      const unsigned hi = *reinterpret_cast<const unsigned*>(rows[ri] + 128 + 32 * n + 16 * c + 4 * t);
+      q = ((lo >> (4 * (k >> 1))) & 0x0F0F0F0Fu) | (((hi >> (2 * k)) & 0x03030303u) << 4);
+    }
+    const unsigned e = (q & 0x00FF00FFu) | kF16Of1024, o = ((q >> 8) & 0x00FF00FFu) | kF16Of1024;
+    if (kQ4K) {
+      a[ri] = hfma2(hsub2(e, kF16Of1024), s2[ri], m2[ri]);
+      a[2 + ri] = hfma2(hsub2(o, kF16Of1024), s2[ri], m2[ri]);
+    } else {
+      constexpr unsigned k1056 = 0x64206420u;  // f16x2 (1056, 1056): 1024 + the 6-bit offset 32
+      a[ri] = hmul2(hsub2(e, k1056), s2[ri]);
+      a[2 + ri] = hmul2(hsub2(o, k1056), s2[ri]);
+    }
+  }
+}
+
+// prmt with a run-time selector: output byte i = byte sel[4i..4i+3] of {b (bytes 4..7), a (bytes 0..3)}.
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+// Byte j (0..3) of v as the f16x2 (1024 + byte, 1024 + byte).
+__device__ __forceinline__ unsigned byteTwicePlus1024(unsigned v, int j) {
+  return prmt(v, 0x64646464u, 0x4040u + static_cast<unsigned>(j) * 0x0101u);
+}
+
+// The f16 scale factors of one raw block for a lane's row, per stage: Q4_K d and −dmin (f16x2, both halves equal)
+// and the 6-bit scales and mins of its eight sub-blocks packed one per byte (block_formats.h kScaleMin, as
+// gemv_blocks.cuh decodePart); Q6_K d and the 16 signed scales (+ 128, one per byte).
+struct RowScales {
+  unsigned d2, dmin2;  // f16x2 (d, d), (−dmin, −dmin)
+  unsigned sc[4];      // Q4_K: scales 0..3, 4..7, mins 0..3, 4..7; Q6_K: scale bytes 0..15, each + 128
+};
+__device__ __forceinline__ RowScales rowScales(const uint8_t* blk) {
+  RowScales r;
+  if (kQ4K) {
+    const uint4 head = *reinterpret_cast<const uint4*>(blk);
+    r.d2 = prmt(head.x, 0, 0x1010u);
+    r.dmin2 = prmt(head.x, 0, 0x3232u) ^ 0x80008000u;
+    r.sc[0] = head.y & 0x3F3F3F3Fu;
+    r.sc[1] = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
+    r.sc[2] = head.z & 0x3F3F3F3Fu;
+    r.sc[3] = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
+  } else {
+    const unsigned d = *reinterpret_cast<const uint16_t*>(blk + 208);
+    r.d2 = d | (d << 16);
+    r.dmin2 = 0;
+    const uint4 sc = *reinterpret_cast<const uint4*>(blk + 192);
+    r.sc[0] = sc.x ^ 0x80808080u;
+    r.sc[1] = sc.y ^ 0x80808080u;
+    r.sc[2] = sc.z ^ 0x80808080u;
+    r.sc[3] = sc.w ^ 0x80808080u;
+  }
+  return r;
+}
+// The f16x2 scale s2 = (s, s) and min m2 = (m, m) of group `grp` (Q4_K sub-block 0..7, Q6_K group 0..15): Q4_K s =
+// d·sc, m = −dmin·mn; Q6_K s = d·sc (m2 = 0): the integers as f16 by their bits, then one f16 product (the same
+// value as rounding the exact f32 product d·sc once).
+__device__ __forceinline__ void groupScale(const RowScales& r, int grp, unsigned& s2, unsigned& m2) {
+  if (kQ4K) {
+    s2 = hmul2(hsub2(byteTwicePlus1024(r.sc[grp / 4], grp % 4), kF16Of1024), r.d2);
+    m2 = hmul2(hsub2(byteTwicePlus1024(r.sc[2 + grp / 4], grp % 4), kF16Of1024), r.dmin2);
+  } else {
+    constexpr unsigned k1152 = 0x64806480u;  // f16x2 (1152, 1152): 1024 + the byte bias 128
+    s2 = hmul2(hsub2(byteTwicePlus1024(r.sc[grp / 4], grp % 4), k1152), r.d2);
+    m2 = 0;
+  }
+}
+
+}  // namespace minfer::kern::mmqb
+
+extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
+    minfer_mmq_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
+                      const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out,
+                      float* __restrict__ partial, unsigned* __restrict__ counters, int n_tokens) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::mmqb;
+  if (n_tokens > kTN) __trap();  // more rows than a tile holds (the launch's max_rows is MMQB_TN)
+  overlapPrologue();
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint16_t* const bt = reinterpret_cast<uint16_t*>(smem + kStages * kStageBytes);  // [TN][kLDH] f16 activations
+
+  const int m0 = blockIdx.x * kTM, split = blockIdx.y;
+  const int b0 = split * kKB / kS, b1 = (split + 1) * kKB / kS;  // this split's GGUF blocks
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wm0 = warp * 16;  // warp's first row inside the tile
+  const int nt = (min(n_tokens, kTN) + 7) / 8;  // n8 tiles holding tokens (warp-uniform)
+  // ldmatrix row addresses of the B fragments (halves), lane l → matrix q = l / 8, row l % 8; q = 0..3 → n8 tile
+  // +0/+1 (q / 2), k +0/+8 (q % 2): b0, b1 of each.
+  const int q = lane / 8, r8 = lane % 8;
+  const int b_off = ((q / 2) * 8 + r8) * kLDH + (q % 2) * 8;
+
+  float acc[kNI][4];
+#pragma unroll
+  for (int ni = 0; ni < kNI; ++ni)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[ni][e] = 0.0f;
+
+  // Pipeline: stages 0 … S − 2 in flight before the loop; iteration `it` waits for its raw stage, refills the
+  // buffer of stage it − 1 with stage it + S − 1, converts the activations to f16, and runs the MMAs with the
+  // weights dequantized in registers.
+  const int n_blk = b1 - b0;
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_blk) loadStage(stageAt(smem, i), b0 + i, m0, n_tokens, w, xq, xmeta);
+    cpAsyncCommit();
+  }
+  for (int it = 0; it < n_blk; ++it) {
+    cpAsyncWait<kStages - 2>();
+    __syncthreads();  // the stage is visible to all; everyone's MMAs on the previous f16 activations are done
+    const int next = it + kStages - 1;
+    if (next < n_blk) loadStage(stageAt(smem, next % kStages), b0 + next, m0, n_tokens, w, xq, xmeta);
+    cpAsyncCommit();
+    const Stage st = stageAt(smem, it % kStages);
+    dequantActivations(st, bt, n_tokens);
+    __syncthreads();
+    const uint8_t* r0 = st.raw + (wm0 + g) * kRawLd;
+    const uint8_t* r8 = r0 + 8 * kRawLd;
+    const RowScales rs[2] = {rowScales(r0), rowScales(r8)};
+    unsigned s2[2], m2[2];  // of rows g, g + 8: Q4_K sub-block kb (both groups c), Q6_K group 8n + 2k + c
+#pragma unroll
+    for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        if (!kQ4K || c == 0)
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) groupScale(rs[ri], kQ4K ? kb : 8 * (kb / 4) + 2 * (kb % 4) + c, s2[ri], m2[ri]);
+        unsigned a[4];
+        weightFragment(r0, r8, kb, c, t, s2, m2, a);
+#pragma unroll
+        for (int ni = 0; ni < kNI; ni += 2) {
+          if (ni >= nt) break;
+          int r[4];
+          ldmatrixX4(r, reinterpret_cast<const int8_t*>(bt + b_off + ni * 8 * kLDH + kb * 32 + c * 16));
+          mmaF16(acc[ni], a, r[0], r[1]);
+          mmaF16(acc[ni + 1], a, r[2], r[3]);
+        }
+      }
+  }
+
+  // Epilogue: element (ni, e) is row m0 + wm0 + g + 8·(e / 2), token 8·ni + 2t + e % 2.
+  if (kS == 1) {
+#pragma unroll
+    for (int ni = 0; ni < kNI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = m0 + wm0 + g + (e / 2) * 8, tok = ni * 8 + 2 * t + (e % 2);
+        if (row < kN && tok < n_tokens) {
+          float v = acc[ni][e];
+#if MMQB_HAS_BIAS
+          v += bias[row];
+#endif
+          out[static_cast<uint64_t>(tok) * kN + row] = v;
+        }
+      }
+    return;
+  }
+#pragma unroll
+  for (int ni = 0; ni < kNI; ++ni)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = m0 + wm0 + g + (e / 2) * 8, tok = ni * 8 + 2 * t + (e % 2);
+      if (row < kN && tok < n_tokens) partial[(static_cast<uint64_t>(split) * kTN + tok) * kN + row] = acc[ni][e];
+    }
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blockIdx.x) : "memory");
+    last = before == kS - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+#pragma unroll
+  for (int ni = 0; ni < kNI; ++ni)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = m0 + wm0 + g + (e / 2) * 8, tok = ni * 8 + 2 * t + (e % 2);
+      if (row >= kN || tok >= n_tokens) continue;
+      float v = 0.0f;
+      for (int s = 0; s < kS; ++s)
+        v += s == split ? acc[ni][e] : __ldcg(partial + (static_cast<uint64_t>(s) * kTN + tok) * kN + row);
+#if MMQB_HAS_BIAS
+      v += bias[row];
+#endif
+      out[static_cast<uint64_t>(tok) * kN + row] = v;
+    }
+}
+#endif
