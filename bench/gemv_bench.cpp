@@ -483,7 +483,7 @@ int main(int argc, char** argv) {
           CUdeviceptr pp = partial.ptr(), pc = counters.ptr();
           for (unsigned tokens : kMmqBlocks) {
             if (tokens < 1 || tokens > kActRows) die("--mmq-blocks: token counts 1 … " + str(kActRows));
-            if (tokens > tn || tokens <= tn / 2) continue;  // each count on the smallest tile that holds it
+            if (tokens > tn || (tn > 16 && tokens <= tn / 2)) continue;  // each count on the smallest tile that holds it
             int nt = static_cast<int>(tokens);
             const Timing tmg = timeGraph(g, km, msh, launchesFor(cb), cb.bytes, [&](unsigned i) {
               return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &nt};

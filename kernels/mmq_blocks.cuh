@@ -47,6 +47,11 @@ namespace minfer::kern {
 
 constexpr unsigned kMmqbThreads = 256;
 constexpr unsigned kMmqbTM = 128;  // weight rows per thread block: 16 per warp
+// The rows of a small-batch step it takes (compiler/codegen/ops/matmul.cpp smallBatchBlocksMatmul): from
+// kMmqbFromRows (below, the batched GEMV of gemv_blocks.cuh is faster) to kMmqbMaxRows (above, the Hopper f16 GEMM of
+// the prefill plan); measured on an H200, BENCHMARKS.md.
+constexpr unsigned kMmqbFromRows = 5;
+constexpr unsigned kMmqbMaxRows = 32;
 constexpr unsigned kMmqbLD = 256 + 16;  // q8 activation row of a stage (bytes)
 constexpr unsigned kMmqbLDH = 256 + 8;  // f16 tile row (halves): 132 words, so ldmatrix's 8 rows hit distinct banks
 constexpr unsigned kMmqbSmemMax = 227 * 1024;  // dynamic shared memory of one block on sm_90 (opt-in)

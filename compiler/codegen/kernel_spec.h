@@ -61,6 +61,7 @@ struct KernelLaunch {
   KernelSpec spec;
   std::vector<KernelArgDesc> args;  // in the kernel's parameter order
   kern::LaunchRule rule;
+  uint32_t min_rows = 0, max_rows = 0;  // 1.10, small-batch launches: the calls served (0: no bound)
 };
 
 // Which plan a step belongs to: prefill, decode, or the load plan (run once after the upload).

@@ -22,6 +22,7 @@
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq.cuh"
+#include "kernels/mmq_blocks.cuh"
 #include "kernels/wgmma_matmul.cuh"
 
 namespace minfer::codegen {
@@ -302,23 +303,54 @@ Launches smallBatchMatmul(const StepContext& c, const MatMulOperands& m) {
   return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemmSmallLaunchRule(n, splits)}};
 }
 
-// The small-batch form of a prefill MatMul on the GGUF blocks: the batched GEMV (kernels/gemv_blocks.cuh
-// GEMVB_BATCH, up to kGemvBatchMaxRows q8 rows per launch, the decode GEMV's sums for each row) for a weight with a
-// kBlocks plane the decode GEMV reads (Q4_K, Q6_K) and a q8 input. Nothing otherwise.
+// The small-batch forms of a prefill MatMul on the GGUF blocks, for a weight with a kBlocks plane the decode GEMV reads
+// (Q4_K, Q6_K) and a q8 input (nothing otherwise), each serving its range of rows (format 1.10 Launch.min_rows and
+// max_rows), up to min(kMmqbMaxRows, max_batch): the batched GEMV (kernels/gemv_blocks.cuh GEMVB_BATCH, the decode
+// GEMV's sums for each row, one weight pass) below kMmqbFromRows rows; from there minfer_mmq_blocks
+// (kernels/mmq_blocks.cuh, f16 tensor cores) in tiles of 16 tokens, then 32; split over K (mmqbSplits) except in the
+// last-token tail.
 Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
   const StrideTable* blk = decodeBlocksPlane(*m.w);
   auto qin = c.input(1, "quantized input");
   if (!qin) return qin.takeError();
   const bool q8 = (*qin)->type == fb::BufferType::I8 && (*qin)->width == m.k;
   if (!blk || !q8 || m.n > (uint64_t{1} << 30) || m.k > (uint64_t{1} << 30)) return std::vector<KernelLaunch>{};
-  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
+  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k), rows = c.maxBatch();
+  std::vector<KernelLaunch> out;
   SpecBuilder b = blocksGemvSpec("gemv_batch", "minfer_gemv_batch", *blk, m);
   b.define("GEMVB_BATCH", uint64_t{kern::kGemvBatchMaxRows});
   std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), *blk), biasArg(c, m)};
   pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
   args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
   args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvBlocksLaunchRule(n, kern::gemvBlocksShape(n, k))}};
+  out.push_back({b.spec, args, kern::gemvBlocksLaunchRule(n, kern::gemvBlocksShape(n, k))});
+  if (rows < kern::kMmqbFromRows) return out;
+  out.back().max_rows = kern::kMmqbFromRows - 1;
+  // A step of the last-token tail may not use scratch (it runs on one row, see wgmmaMatmul): one split there.
+  const unsigned splits = c.inTail() ? 1u : kern::mmqbSplits(n, k);
+  for (const unsigned tn : {16u, 32u}) {
+    const unsigned first = tn == 16 ? kern::kMmqbFromRows : 17;
+    if (first > rows || first > kern::kMmqbMaxRows) break;
+    SpecBuilder mb(llvm::formatv("mmq_blocks_{0}_g{1}_n{2}_k{3}_t{4}_s{5}{6}", typeTag(blk->ggml_type), blk->group_pitch,
+                                 n, k, tn, splits, m.bias_tag),
+                   "kernels/mmq_blocks.cuh", "minfer_mmq_blocks");
+    mb.define("MMQB_N", m.n)
+        .define("MMQB_K", m.k)
+        .define("MMQB_TYPE", uint64_t{blk->ggml_type})
+        .define("MMQB_PITCH", blk->row_pitch)
+        .define("MMQB_GROUP_PITCH", uint64_t{blk->group_pitch})
+        .define("MMQB_TN", uint64_t{tn})
+        .define("MMQB_SPLITS", uint64_t{splits})
+        .define("MMQB_HAS_BIAS", uint64_t{m.bias ? 1u : 0u});
+    std::vector<KernelArgDesc> margs(args.begin(), args.end() - 1);  // w, bias, xq, xmeta, out
+    pushSplitKArgs(margs, kern::mmqbPartialBytes(n, tn, splits), kern::mmqbCounterBytes(n), splits);
+    margs.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+    KernelLaunch l{mb.spec, std::move(margs), kern::mmqbLaunchRule(n, blk->ggml_type, tn, splits)};
+    l.min_rows = first;
+    l.max_rows = std::min({tn, rows, kern::kMmqbMaxRows});
+    out.push_back(std::move(l));
+  }
+  return out;
 }
 
 // The plane of a decode MatMul that a fused GEMV can take: a q8 input and a kBlocks plane the decode
@@ -625,7 +657,7 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
     if (!launches) return launches.takeError();
     if (!launches->empty()) {
       out.launches = std::move(*launches);
-      out.rows = std::min<uint32_t>(kern::kGemvBatchMaxRows, c.maxBatch());
+      out.rows = launches->size() > 1 ? launches->back().max_rows : std::min<uint32_t>(kern::kGemvBatchMaxRows, c.maxBatch());
       return out;
     }
   }
