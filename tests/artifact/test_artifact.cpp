@@ -1855,3 +1855,44 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
   CHECK_MESSAGE(contains(cut.err, "truncated"), cut.err);
   CHECK(cut.out.empty());
 }
+
+TEST_CASE("minfer-inspect: small-batch launches with their row ranges (1.10)") {
+  const GoodArtifact g = makeGood("inspect-small");
+  Spec spec = g.spec;
+  TestLaunch few = spec.prefill[3].launches[0], more = few;
+  few.max_rows = 8;
+  more.min_rows = 9;
+  spec.prefill[3].small = {few, more};
+  spec.prefill[3].small_rows = 16;
+  const std::string path = g.dir + "/small.mfb";
+  writeVariant(g, spec, g.segs, path);
+
+  // Text: each small launch with its range, 0 read as 1 / small_rows.
+  const ToolRun text = runInspect(path, g.dir);
+  CHECK_MESSAGE(text.rc == 0, text.err);
+  CHECK_MESSAGE(contains(text.out, "48x512 k[0] small(<=16 rows) k[0](rows 1..8) k[0](rows 9..16)\n"), text.out);
+
+  // JSON: the schema's values (0: no bound), on the small launches and (both 0) every other launch.
+  const ToolRun json = runInspect("--json " + path, g.dir);
+  CHECK_MESSAGE(json.rc == 0, json.err);
+  auto parsed = llvm::json::parse(json.out);
+  REQUIRE_MESSAGE(parsed, llvm::toString(parsed.takeError()));
+  const llvm::json::Object* mm = (*parsed->getAsObject()->getArray("prefill"))[3].getAsObject();
+  CHECK(mm->getInteger("small_rows") == int64_t{16});
+  const llvm::json::Array* small = mm->getArray("small_launches");
+  REQUIRE(small->size() == 2);
+  CHECK((*small)[0].getAsObject()->getInteger("min_rows") == int64_t{0});
+  CHECK((*small)[0].getAsObject()->getInteger("max_rows") == int64_t{8});
+  CHECK((*small)[1].getAsObject()->getInteger("min_rows") == int64_t{9});
+  CHECK((*small)[1].getAsObject()->getInteger("max_rows") == int64_t{0});
+  const llvm::json::Object* own = (*mm->getArray("launches"))[0].getAsObject();
+  CHECK(own->getInteger("min_rows") == int64_t{0});
+  CHECK(own->getInteger("max_rows") == int64_t{0});
+
+  // Without ranges (1.9 and older): the plain list, as before.
+  spec.prefill[3].small = {g.spec.prefill[3].launches[0]};
+  writeVariant(g, spec, g.segs, path);
+  const ToolRun plain = runInspect(path, g.dir);
+  CHECK_MESSAGE(plain.rc == 0, plain.err);
+  CHECK_MESSAGE(contains(plain.out, "48x512 k[0] small(<=16 rows) k[0]\n"), plain.out);
+}
