@@ -74,7 +74,7 @@ flatbuffers::Offset<fb::Launch> createLaunch(flatbuffers::FlatBufferBuilder& b, 
   const fb::Grid g = grid(r.rule.grid), g_large = grid(r.rule.grid_large);
   const fb::Dim3 block(r.rule.block.x, r.rule.block.y, r.rule.block.z);
   return fb::CreateLaunch(b, b.CreateVector(r.images), b.CreateVector(args), &g, &g_large, r.rule.large_from, &block,
-                          r.rule.smem, r.overlap);
+                          r.rule.smem, r.overlap, r.min_rows, r.max_rows);
 }
 
 flatbuffers::Offset<fb::Tokenizer> createTokenizer(flatbuffers::FlatBufferBuilder& b, const model::TokenizerDesc& t) {

@@ -57,6 +57,8 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
   auto record = [&](KernelLaunch&& launch) {
     const uint32_t spec = table.add(launch.spec);
     LaunchRecord r{std::move(launch.args), launch.rule, {}};
+    r.min_rows = launch.min_rows;
+    r.max_rows = launch.max_rows;
     for (size_t a = 0; a < n_arch; ++a) r.images.push_back(static_cast<uint32_t>(spec * n_arch + a));
     ++set.stats.kernel_uses;
     return r;

@@ -74,6 +74,7 @@ struct LaunchRecord {
   // Schema Launch.overlap: every kernel family starts with overlapPrologue() (kernels/common.cuh), so
   // every kernel may be launched while its predecessor still runs.
   bool overlap = true;
+  uint32_t min_rows = 0, max_rows = 0;  // schema Launch.min_rows / max_rows (1.10): KernelLaunch's row range
 };
 
 struct KernelSet {

@@ -61,7 +61,9 @@ struct KernelLaunch {
   KernelSpec spec;
   std::vector<KernelArgDesc> args;  // in the kernel's parameter order
   kern::LaunchRule rule;
-  uint32_t min_rows = 0, max_rows = 0;  // 1.10, small-batch launches: the calls served (0: no bound)
+  // Small-batch launches only (schema Step.small_launches, Launch.min_rows / max_rows, 1.10): the calls of
+  // min_rows ≤ n_tokens ≤ max_rows run this launch; 0 = no bound on that side (1, the step's small_rows).
+  uint32_t min_rows = 0, max_rows = 0;
 };
 
 // Which plan a step belongs to: prefill, decode, or the load plan (run once after the upload).

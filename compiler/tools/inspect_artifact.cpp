@@ -2,6 +2,7 @@
 // memory plan and kernel images of a verified artifact, as text or JSON; --verify checks checksums.
 #include "compiler/tools/inspect_artifact.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <map>
@@ -169,7 +170,13 @@ std::string stepText(const fb::Step& s, const fb::Artifact& m) {
   }
   if (s.small_launches() && s.small_launches()->size() > 0) {  // 1.7: what calls of ≤ small_rows rows launch instead
     line += llvm::formatv(" small(<={0} rows)", s.small_rows()).str();
-    for (const fb::Launch* l : *s.small_launches()) line += " k" + plainIds(l->images());
+    for (const fb::Launch* l : *s.small_launches()) {
+      line += " k" + plainIds(l->images());
+      if (l->min_rows() != 0 || l->max_rows() != 0)  // 1.10: its row range, 0 read as 1 / small_rows
+        line += llvm::formatv("(rows {0}..{1})", std::max(l->min_rows(), 1u),
+                              l->max_rows() != 0 ? l->max_rows() : s.small_rows())
+                    .str();
+    }
   }
   if (s.fused()) line += " fused (done by the previous step's launch)";
   if (s.tail()) line += " tail";
@@ -225,7 +232,9 @@ llvm::json::Object launchJson(const fb::Launch& l, const fb::Artifact& m) {
                        {"large_from", int64_t{l.large_from()}},
                        {"block", llvm::json::Array{int64_t{l.block()->x()}, int64_t{l.block()->y()},
                                                    int64_t{l.block()->z()}}},
-                       {"smem", int64_t{l.smem()}}};
+                       {"smem", int64_t{l.smem()}},
+                       {"min_rows", int64_t{l.min_rows()}},  // 1.10: small-batch launches' row range (0: unbounded)
+                       {"max_rows", int64_t{l.max_rows()}}};
   if (l.grid_large()) o["grid_large"] = gridJson(*l.grid_large());
   return o;
 }

@@ -377,7 +377,15 @@ class SemanticVerifier {
     return Status::ok();
   }
 
-  Status checkLaunchAt(const fb::Launch& l, const std::string& field, const std::string& who, LaunchPlace place) const {
+  // small: l is one of Step.small_launches, the only launches that may carry a row range (Launch.min_rows /
+  // max_rows, 1.10; checkSmallLaunches bounds it).
+  Status checkLaunchAt(const fb::Launch& l, const std::string& field, const std::string& who, LaunchPlace place,
+                       bool small = false) const {
+    if (!small && (l.min_rows() != 0 || l.max_rows() != 0))
+      return fail(field + (l.min_rows() != 0 ? ".min_rows" : ".max_rows"), &l,
+                  cat("row range min_rows ", l.min_rows(), ", max_rows ", l.max_rows(),
+                      " on a launch outside Step.small_launches (only small-batch launches have one; 0 expected) (",
+                      who, ")"));
     LaunchProblem p;
     if (checkLaunch(*m_, l, place, &p)) return Status::ok();
     return fail(field + "." + p.field, p.at, p.what + " (" + who + ")");
@@ -503,7 +511,9 @@ class SemanticVerifier {
 
   // 1.7 small-batch launches: only on the prefill plan's MatMul steps that have launches of their own (not
   // fused), with 1 ≤ small_rows ≤ memory.max_batch; small_rows without small launches is refused too. Each is
-  // a valid launch record in the step's own place (a tail step's run on one row).
+  // a valid launch record in the step's own place (a tail step's run on one row), and its row range (1.10) is
+  // bounded: 1 ≤ min_rows ≤ max_rows ≤ small_rows where set (0: unbounded), every call of 1..small_rows rows
+  // served by at least one of them (checkSmallCoverage).
   Status checkSmallLaunches(const fb::Step* s, const std::string& field, const std::string& who, bool prefill,
                             LaunchPlace place) const {
     const auto* small = s->small_launches();
@@ -520,9 +530,43 @@ class SemanticVerifier {
     if (s->small_rows() < 1 || s->small_rows() > max_batch)
       return fail(field + ".small_rows", s, cat(who, ": small_rows ", s->small_rows(), " outside 1..memory.max_batch (",
                                                 max_batch, ")"));
-    for (uint32_t k = 0; k < n; ++k)
-      MINFER_RETURN_IF_ERROR(checkLaunchAt(*small->Get(k), cat(field, ".small_launches[", k, "]"), who, place));
-    return Status::ok();
+    const uint32_t rows = s->small_rows();
+    for (uint32_t k = 0; k < n; ++k) {
+      const fb::Launch& l = *small->Get(k);
+      const std::string at = cat(field, ".small_launches[", k, "]");
+      MINFER_RETURN_IF_ERROR(checkLaunchAt(l, at, who, place, /*small=*/true));
+      if (l.min_rows() > rows)
+        return fail(at + ".min_rows", &l, cat(who, ": min_rows ", l.min_rows(), " above small_rows ", rows,
+                                              " (1..small_rows, or 0: from 1)"));
+      if (l.max_rows() > rows)
+        return fail(at + ".max_rows", &l, cat(who, ": max_rows ", l.max_rows(), " above small_rows ", rows,
+                                              " (1..small_rows, or 0: up to small_rows)"));
+      if (l.max_rows() != 0 && l.min_rows() > l.max_rows())
+        return fail(at + ".min_rows", &l, cat(who, ": min_rows ", l.min_rows(), " above max_rows ", l.max_rows(),
+                                              " (the launch would serve no call)"));
+    }
+    return checkSmallCoverage(s, field, who);
+  }
+
+  // Every call of 1..small_rows rows runs at least one small-batch launch (ranges bounded by checkSmallLaunches;
+  // 0 = 1 or small_rows). Cost: O(launches²) per step, no allocation.
+  Status checkSmallCoverage(const fb::Step* s, const std::string& field, const std::string& who) const {
+    const auto* small = s->small_launches();
+    const uint32_t rows = s->small_rows();
+    auto lo = [](const fb::Launch* l) { return std::max(l->min_rows(), 1u); };
+    auto hi = [rows](const fb::Launch* l) { return l->max_rows() != 0 ? l->max_rows() : rows; };
+    uint32_t next = 1;  // the fewest rows not yet known to be served
+    for (bool grew = true; grew && next <= rows;) {
+      grew = false;
+      for (const fb::Launch* l : *small)
+        if (lo(l) <= next && hi(l) >= next) next = hi(l) + 1, grew = true;
+    }
+    if (next > rows) return Status::ok();
+    std::string ranges;
+    for (const fb::Launch* l : *small) ranges += cat(ranges.empty() ? "" : ", ", lo(l), "..", hi(l));
+    return fail(field + ".small_launches", s,
+                cat(who, ": a call of n_tokens = ", next, " runs none of its ", small->size(), " small-batch launches (rows ",
+                    ranges, "; small_rows ", rows, ")"));
   }
 
   // A fused step (schema Step.fused) has no launches of its own and follows, directly or through other

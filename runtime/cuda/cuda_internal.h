@@ -92,7 +92,9 @@ struct Launch {
   int ntok = -1;
   int step = -1;  // index into the plan's steps (profiling)
   // The calls this launch serves: n_tokens in [min_rows, max_rows] (a step with small-batch launches,
-  // schema Step.small_launches, binds both forms and each call runs one; every other launch serves all).
+  // schema Step.small_launches, binds both forms and each call runs one: its launches from small_rows + 1 on,
+  // or the small launches whose row range, Launch.min_rows / max_rows (1.10), holds n; every other launch
+  // serves all).
   uint32_t min_rows = 0, max_rows = UINT32_MAX;
   bool serves(unsigned n_tokens) const { return n_tokens >= min_rows && n_tokens <= max_rows; }
   bool overlap = false;  // schema Launch.overlap: may start before the previous kernel ends (sm_90+)

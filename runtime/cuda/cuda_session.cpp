@@ -685,8 +685,11 @@ class SessionBuilder {
           if (!sk.small.empty()) out.back().min_rows = sk.small_rows + 1;
         }
         for (const BoundLaunch& bl : sk.small) {  // Step.small_launches (1.7): calls of n ≤ small_rows
+          // 1.10: those of its row range, [min_rows, max_rows] ∩ [1, small_rows] (0: no bound on that side).
           out.push_back(bindLaunch(bl, static_cast<int>(si)));
-          out.back().max_rows = sk.small_rows;
+          out.back().min_rows = std::max(bl.record->min_rows(), 1u);
+          const uint32_t max_rows = bl.record->max_rows();
+          out.back().max_rows = max_rows != 0 ? std::min(max_rows, sk.small_rows) : sk.small_rows;
         }
         for (size_t k = out.size() - used(sk).size() - sk.small.size(); k < out.size(); ++k) {
           out[k].window = sk.step->window();

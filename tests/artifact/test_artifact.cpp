@@ -73,6 +73,7 @@ struct TestLaunch {
   std::vector<uint32_t> images;
   std::vector<TestArg> args;
   minfer::kern::LaunchRule rule;
+  uint32_t min_rows = 0, max_rows = 0;  // 1.10: a small-batch launch's row range
 };
 struct TestStep {
   fb::OpKind op;
@@ -318,7 +319,8 @@ std::vector<uint8_t> buildManifest(const Spec& s, const std::vector<fb::Segment>
     }
     const fb::Grid g = grid(l.rule.grid), g_large = grid(l.rule.grid_large);
     const fb::Dim3 block(l.rule.block.x, l.rule.block.y, l.rule.block.z);
-    return fb::CreateLaunchDirect(b, &l.images, &args, &g, &g_large, l.rule.large_from, &block, l.rule.smem);
+    return fb::CreateLaunchDirect(b, &l.images, &args, &g, &g_large, l.rule.large_from, &block, l.rule.smem,
+                                  /*overlap=*/false, l.min_rows, l.max_rows);
   };
   auto plan = [&](const std::vector<TestStep>& steps) {
     std::vector<flatbuffers::Offset<fb::Step>> out;
@@ -1243,6 +1245,83 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     spec.prefill[3].small[0].args[0].plane->row_pitch = 528;  // the offset gate covers them too
     refused(spec, g.segs, {"prefill.steps[3].small_launches[0].args[0].plane.row_pitch", "specialized for row_pitch 528"});
   }
+  SUBCASE("row ranges of small-batch launches (1.10): read back; bounded by small_rows; every call served") {
+    // Two forms of the MatMul for 16 rows: one for 1..8 rows and one from 9 on (max_rows 0: up to small_rows).
+    Spec base = g.spec;
+    TestLaunch few = base.prefill[3].launches[0], more = few;
+    few.max_rows = 8;
+    more.min_rows = 9;
+    base.prefill[3].small = {few, more};
+    base.prefill[3].small_rows = 16;
+    writeVariant(g, base, g.segs, path);
+    REQUIRE(openError(path) == "");
+    {
+      auto f = ArtifactFile::open(path);
+      REQUIRE(f);
+      const fb::Step* mm = (*f)->manifest()->prefill()->steps()->Get(3);
+      REQUIRE(mm->small_launches()->size() == 2);
+      CHECK(mm->small_launches()->Get(0)->min_rows() == 0);
+      CHECK(mm->small_launches()->Get(0)->max_rows() == 8);
+      CHECK(mm->small_launches()->Get(1)->min_rows() == 9);
+      CHECK(mm->small_launches()->Get(1)->max_rows() == 0);
+      CHECK(mm->launches()->Get(0)->min_rows() == 0);  // the step's own launch carries none
+      CHECK(mm->launches()->Get(0)->max_rows() == 0);
+    }
+    Spec spec = base;  // overlapping ranges: a call in both runs both, in order
+    spec.prefill[3].small[1].min_rows = 1;
+    spec.prefill[3].small[1].max_rows = 16;
+    writeVariant(g, spec, g.segs, path);
+    CHECK(openError(path) == "");
+    // A range anywhere else: the step's own launches, another plan, the argmax's place.
+    spec = base;
+    spec.prefill[3].launches[0].max_rows = 8;
+    refused(spec, g.segs, {"prefill.steps[3].launches[0].max_rows",
+                           "row range min_rows 0, max_rows 8 on a launch outside Step.small_launches",
+                           "step 'blk.0.attn_q'"});
+    spec = base;
+    spec.decode[2].launches[0].min_rows = 1;
+    refused(spec, g.segs, {"decode.steps[2].launches[0].min_rows", "row range min_rows 1, max_rows 0"});
+    spec = base;
+    spec.prefill[4].launches = {base.prefill[3].launches[0]};  // a Rope's paged launch (as in the 1.6 case)
+    spec.prefill[4].paged = {base.prefill[3].launches[0]};
+    spec.prefill[4].paged[0].args[3] = TestArg{.kind = fb::ArgKind::RowPositions, .name = "pos"};
+    spec.prefill[4].paged[0].min_rows = 2;
+    refused(spec, g.segs, {"prefill.steps[4].paged_launches[0].min_rows", "outside Step.small_launches"});
+    // Bounds: min ≤ max ≤ small_rows where set.
+    spec = base;
+    spec.prefill[3].small[1].max_rows = 8;  // 9..8
+    refused(spec, g.segs, {"prefill.steps[3].small_launches[1].min_rows", "min_rows 9 above max_rows 8"});
+    spec = base;
+    spec.prefill[3].small[1].max_rows = 17;
+    refused(spec, g.segs, {"prefill.steps[3].small_launches[1].max_rows", "max_rows 17 above small_rows 16"});
+    spec = base;
+    spec.prefill[3].small[1].min_rows = 17;
+    refused(spec, g.segs, {"prefill.steps[3].small_launches[1].min_rows", "min_rows 17 above small_rows 16"});
+    // Coverage: a hole in the middle, at the top, at the bottom.
+    spec = base;
+    spec.prefill[3].small[0].max_rows = 4;
+    spec.prefill[3].small[1].min_rows = 6;
+    refused(spec, g.segs, {"prefill.steps[3].small_launches",
+                           "a call of n_tokens = 5 runs none of its 2 small-batch launches (rows 1..4, 6..16; small_rows 16)"});
+    spec = base;
+    spec.prefill[3].small[1].max_rows = 15;
+    refused(spec, g.segs, {"prefill.steps[3].small_launches", "a call of n_tokens = 16 runs none", "(rows 1..8, 9..15;"});
+    spec = base;
+    spec.prefill[3].small = {more};
+    refused(spec, g.segs, {"prefill.steps[3].small_launches", "a call of n_tokens = 1 runs none of its 1 small-batch"});
+    // Covered out of order (the later launch serves the smaller calls).
+    spec = base;
+    spec.prefill[3].small = {more, few};
+    writeVariant(g, spec, g.segs, path);
+    CHECK(openError(path) == "");
+    // A 1.9 artifact (no ranges: every small launch serves 1..small_rows) is still read.
+    spec = g.spec;
+    spec.minor = 9;
+    spec.prefill[3].small = {g.spec.prefill[3].launches[0]};
+    spec.prefill[3].small_rows = 16;
+    writeVariant(g, spec, g.segs, path);
+    CHECK(openError(path) == "");
+  }
   SUBCASE("launch records: a kernel specialized for another stride than the plane it binds (offset gate)") {
     // The q8 weight plane is 512 bytes per row; a kernel compiled for 528 would read the right bytes at
     // the wrong addresses from row 1 on. The refusal names step, kernel, argument and both numbers.
@@ -1775,4 +1854,45 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
   CHECK(cut.rc == 1);
   CHECK_MESSAGE(contains(cut.err, "truncated"), cut.err);
   CHECK(cut.out.empty());
+}
+
+TEST_CASE("minfer-inspect: small-batch launches with their row ranges (1.10)") {
+  const GoodArtifact g = makeGood("inspect-small");
+  Spec spec = g.spec;
+  TestLaunch few = spec.prefill[3].launches[0], more = few;
+  few.max_rows = 8;
+  more.min_rows = 9;
+  spec.prefill[3].small = {few, more};
+  spec.prefill[3].small_rows = 16;
+  const std::string path = g.dir + "/small.mfb";
+  writeVariant(g, spec, g.segs, path);
+
+  // Text: each small launch with its range, 0 read as 1 / small_rows.
+  const ToolRun text = runInspect(path, g.dir);
+  CHECK_MESSAGE(text.rc == 0, text.err);
+  CHECK_MESSAGE(contains(text.out, "48x512 k[0] small(<=16 rows) k[0](rows 1..8) k[0](rows 9..16)\n"), text.out);
+
+  // JSON: the schema's values (0: no bound), on the small launches and (both 0) every other launch.
+  const ToolRun json = runInspect("--json " + path, g.dir);
+  CHECK_MESSAGE(json.rc == 0, json.err);
+  auto parsed = llvm::json::parse(json.out);
+  REQUIRE_MESSAGE(parsed, llvm::toString(parsed.takeError()));
+  const llvm::json::Object* mm = (*parsed->getAsObject()->getArray("prefill"))[3].getAsObject();
+  CHECK(mm->getInteger("small_rows") == int64_t{16});
+  const llvm::json::Array* small = mm->getArray("small_launches");
+  REQUIRE(small->size() == 2);
+  CHECK((*small)[0].getAsObject()->getInteger("min_rows") == int64_t{0});
+  CHECK((*small)[0].getAsObject()->getInteger("max_rows") == int64_t{8});
+  CHECK((*small)[1].getAsObject()->getInteger("min_rows") == int64_t{9});
+  CHECK((*small)[1].getAsObject()->getInteger("max_rows") == int64_t{0});
+  const llvm::json::Object* own = (*mm->getArray("launches"))[0].getAsObject();
+  CHECK(own->getInteger("min_rows") == int64_t{0});
+  CHECK(own->getInteger("max_rows") == int64_t{0});
+
+  // Without ranges (1.9 and older): the plain list, as before.
+  spec.prefill[3].small = {g.spec.prefill[3].launches[0]};
+  writeVariant(g, spec, g.segs, path);
+  const ToolRun plain = runInspect(path, g.dir);
+  CHECK_MESSAGE(plain.rc == 0, plain.err);
+  CHECK_MESSAGE(contains(plain.out, "48x512 k[0] small(<=16 rows) k[0]\n"), plain.out);
 }

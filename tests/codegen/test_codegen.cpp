@@ -467,6 +467,22 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
     CHECK(counters == (splits > 1));
     CHECK(tokens);
   }
+  // Row ranges (schema Launch.min_rows / max_rows, 1.10): each small-batch record carries its KernelLaunch's, as
+  // smallLaunchesForStep made it (no followers: a step with small launches has none); every other record none.
+  for (size_t i = 0; i < set.prefill_small.size(); ++i) {
+    if (set.prefill_small[i].empty()) continue;
+    auto small = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, 0);
+    REQUIRE_MESSAGE(static_cast<bool>(small), llvm::toString(small.takeError()));
+    REQUIRE(small->launches.size() == set.prefill_small[i].size());
+    for (size_t k = 0; k < small->launches.size(); ++k) {
+      CHECK(set.prefill_small[i][k].min_rows == small->launches[k].min_rows);
+      CHECK(set.prefill_small[i][k].max_rows == small->launches[k].max_rows);
+    }
+  }
+  for (const auto* plan : {&set.prefill, &set.decode, &set.load, &set.prefill_paged, &set.decode_paged})
+    for (const std::vector<LaunchRecord>& step : *plan)
+      for (const LaunchRecord& r : step) CHECK((r.min_rows == 0 && r.max_rows == 0));
+  CHECK((set.argmax.min_rows == 0 && set.argmax.max_rows == 0 && set.topk.min_rows == 0 && set.topk.max_rows == 0));
   bool quantized = false;
   for (const model::StepDesc& s : l.desc.plan.prefill)
     quantized |= isQuantizedMatMul(l, s) || (s.op == fb::OpKind::MatMul && readsBlocksInDecode(l, s));

@@ -42,7 +42,7 @@ namespace minfer {
 // The artifact format this runtime reads: major must match, minor from kArtifactFormatMinorOldest (1.1:
 // the first with launch records) up to kArtifactFormatMinor. The compiler writes this version.
 inline constexpr uint16_t kArtifactFormatMajor = 1;
-inline constexpr uint16_t kArtifactFormatMinor = 9;
+inline constexpr uint16_t kArtifactFormatMinor = 10;
 inline constexpr uint16_t kArtifactFormatMinorOldest = 1;
 // Limits on what an artifact may ask for, bounded once by the verifier (and used by the compiler for
 // its options): tokens per forward call (memory.max_batch), and the launch records' extents.
