@@ -20,6 +20,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/gemm_small.cuh"
 #include "kernels/gemv_blocks.cuh"
+#include "kernels/mmq_blocks.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/topk.cuh"
 #include "tests/test_support.h"
@@ -413,14 +414,18 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
     }
   }
   // Small-batch launches (Step.small_launches, 1.7): every prefill MatMul on a quantized weight (a kI8 plane, or
-  // a kBlocks plane the decode GEMV reads) with a q8 input that is not fused has one launch: minfer_gemm_small on
-  // the plane the decode GEMV reads where there is a kI8 plane, for up to min(64, or 16 beside a Hopper kF16 plane,
-  // max_batch) rows, with the codegen's split count; else minfer_gemv_batch on the GGUF blocks (Q4_K, Q6_K), for
-  // calls of up to min(kGemvBatchMaxRows, max_batch) rows, the decode GEMV's constants. Every other step none.
+  // a kBlocks plane the decode GEMV reads) with a q8 input that is not fused has them: minfer_gemm_small on the
+  // plane the decode GEMV reads where there is a kI8 plane (one launch), for up to min(64, or 16 beside a Hopper
+  // kF16 plane, max_batch) rows, with the codegen's split count; else, on the GGUF blocks (Q4_K, Q6_K),
+  // minfer_gemv_batch with the decode GEMV's constants for the calls below kMmqbFromRows rows and minfer_mmq_blocks
+  // in tiles of 16 and 32 tokens from there, up to min(kMmqbMaxRows, max_batch) rows (row ranges, 1.10; with
+  // max_batch below kMmqbFromRows the batched GEMV alone, up to min(kGemvBatchMaxRows, max_batch)). Every other step
+  // none.
   REQUIRE(set.prefill_small.size() == l.desc.plan.prefill.size());
   REQUIRE(set.prefill_small_rows.size() == l.desc.plan.prefill.size());
   size_t small_steps = 0;
   const size_t tail = lastTokenTailBegin(l.desc.plan.prefill, l.desc.plan.logits);
+  const unsigned max_batch = l.desc.plan.max_batch;
   for (size_t i = 0; i < l.desc.plan.prefill.size(); ++i) {
     const model::StepDesc& s = l.desc.plan.prefill[i];
     const bool follows = i + 1 < l.desc.plan.prefill.size() && set.prefill_fused[i + 1];
@@ -428,10 +433,14 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
                         l.layouts[s.weights[0]].find(PlaneKind::kI8) < 0;
     const bool want = s.op == fb::OpKind::MatMul && !set.prefill_fused[i] && !follows &&
                       (isQuantizedMatMul(l, s) || blocks);
-    REQUIRE_MESSAGE(set.prefill_small[i].size() == (want ? 1u : 0u), s.name);
+    const bool mmq = blocks && max_batch >= kern::kMmqbFromRows;  // the batched GEMV, then mmq_blocks
+    const size_t mmq_launches = !mmq ? 0 : max_batch >= 17 ? 2 : 1;
+    REQUIRE_MESSAGE(set.prefill_small[i].size() == (want ? 1 + mmq_launches : 0u), s.name);
     const bool f16 = want && l.layouts[s.weights[0]].find(PlaneKind::kF16) >= 0;
-    const unsigned rows = blocks ? kern::kGemvBatchMaxRows : f16 ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq;
-    CHECK(set.prefill_small_rows[i] == (want ? std::min(rows, l.desc.plan.max_batch) : 0u));
+    const unsigned rows = mmq      ? std::min(kern::kMmqbMaxRows, max_batch)
+                          : blocks ? std::min(kern::kGemvBatchMaxRows, max_batch)
+                          : std::min(f16 ? kern::kGemmSmallRowsVsWgmma : kern::kGemmSmallRowsVsMmq, max_batch);
+    CHECK(set.prefill_small_rows[i] == (want ? rows : 0u));
     if (!want) continue;
     ++small_steps;
     const LaunchRecord& r = set.prefill_small[i][0];
@@ -451,6 +460,29 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       CHECK(optionValue(img, "GEMVB_ROWS") == std::to_string(shape.rows));
       CHECK(optionValue(img, "GEMVB_BATCH") == std::to_string(kern::kGemvBatchMaxRows));
       CHECK(r.rule.at(kern::kGemvBatchMaxRows).grid.x == kern::gemvBlocksLaunch(n, shape).grid.x);
+      CHECK(r.min_rows == 0);
+      CHECK(r.max_rows == (mmq ? kern::kMmqbFromRows - 1 : 0u));
+      // mmq_blocks: the blocks' constants, tiles of 16 then 32 tokens, the rows above the batched GEMV's without a
+      // gap, split over K (mmqbSplits) except in the tail, its scratch and counters with more than one split.
+      const unsigned mmq_splits = i < tail ? kern::mmqbSplits(n, k) : 1;
+      for (size_t j = 1; j <= mmq_launches; ++j) {
+        const LaunchRecord& mr = set.prefill_small[i][j];
+        const KernelImageData& mi = set.images[mr.images[0]];
+        CHECK_MESSAGE(mi.entry == "minfer_mmq_blocks", s.name);
+        checkRecord(l, mr, mi);
+        const unsigned tn = j == 1 ? 16 : 32;
+        CHECK(optionValue(mi, "MMQB_TYPE") == std::to_string(b.ggml_type));
+        CHECK(optionValue(mi, "MMQB_PITCH") == std::to_string(b.row_pitch));
+        CHECK(optionValue(mi, "MMQB_GROUP_PITCH") == std::to_string(b.group_pitch));
+        CHECK(optionValue(mi, "MMQB_TN") == std::to_string(tn));
+        CHECK(optionValue(mi, "MMQB_SPLITS") == std::to_string(mmq_splits));
+        CHECK(mr.min_rows == (j == 1 ? kern::kMmqbFromRows : 17u));
+        CHECK(mr.max_rows == std::min({tn, max_batch, kern::kMmqbMaxRows}));
+        CHECK(mr.rule.at(1).grid.y == mmq_splits);
+        size_t scratch = 0;
+        for (const KernelArgDesc& a : mr.args) scratch += a.kind == fb::ArgKind::Scratch || a.kind == fb::ArgKind::Counters;
+        CHECK(scratch == (mmq_splits > 1 ? 2u : 0u));
+      }
     } else {
       const bool packed = w.find(PlaneKind::kPacked) >= 0;
       CHECK(optionValue(img, "SB_BITS") == (packed ? "4" : "8"));
@@ -532,11 +564,14 @@ TEST_CASE("every fixture model gets kernel images for sm_90") {
 }
 
 // The small-batch launches where the Hopper images plan their K-quant weights (layout_planner.h f16_prefill: kBlocks
-// and kF16, no kI8): minfer_gemv_batch on the GGUF blocks for every Q4_K and Q6_K matmul, for up to
-// min(kGemvBatchMaxRows, max_batch) rows (checkSet covers the sm_90 planes); specs only, no NVRTC.
+// and kF16, no kI8): for every Q4_K and Q6_K matmul, minfer_gemv_batch on the GGUF blocks below kMmqbFromRows rows
+// and minfer_mmq_blocks from there in tiles of 16 and 32 tokens, the row ranges adjoining, up to
+// min(kMmqbMaxRows, max_batch) rows (checkSet covers the sm_90 planes); specs only, no NVRTC.
 TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks beside a Hopper kF16 plane") {
   if (!test::haveFixtures()) return;
   const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
+  const unsigned max_batch = l.desc.plan.max_batch;
+  REQUIRE(max_batch >= 17);  // both mmq_blocks tiles
   std::set<uint32_t> types;
   for (size_t i = 0; i < l.desc.plan.prefill.size(); ++i) {
     const model::StepDesc& s = l.desc.plan.prefill[i];
@@ -547,10 +582,11 @@ TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks be
     CHECK(w.find(PlaneKind::kI8) < 0);
     auto small = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, 0);
     REQUIRE_MESSAGE(static_cast<bool>(small), llvm::toString(small.takeError()));
-    REQUIRE(small->launches.size() == 1);
+    REQUIRE(small->launches.size() == 3);
+    CHECK(small->rows == std::min(kern::kMmqbMaxRows, max_batch));
     const KernelLaunch& k = small->launches[0];
     CHECK(k.spec.entry == "minfer_gemv_batch");
-    CHECK(small->rows == std::min(kern::kGemvBatchMaxRows, l.desc.plan.max_batch));
+    CHECK((k.min_rows == 0 && k.max_rows == kern::kMmqbFromRows - 1));
     const StrideTable& b = w.planes[static_cast<size_t>(w.find(PlaneKind::kBlocks))];
     types.insert(b.ggml_type);
     CHECK(k.spec.define("GEMVB_TYPE") == std::to_string(b.ggml_type));
@@ -559,6 +595,18 @@ TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks be
     const kern::LaunchShape sh = k.rule.at(kern::kGemvBatchMaxRows);  // independent of the rows
     CHECK(sh.grid.x == kern::gemvBlocksLaunch(n, kern::gemvBlocksShape(n, kc)).grid.x);
     CHECK(sh.grid.x == k.rule.at(2).grid.x);
+    unsigned next = kern::kMmqbFromRows;  // the first row count the next launch must take
+    for (size_t j = 1; j < 3; ++j) {
+      const KernelLaunch& m = small->launches[j];
+      CHECK(m.spec.entry == "minfer_mmq_blocks");
+      CHECK(m.spec.define("MMQB_TYPE") == std::to_string(b.ggml_type));
+      CHECK(m.spec.define("MMQB_TN") == (j == 1 ? "16" : "32"));
+      CHECK(m.min_rows == next);
+      CHECK(m.max_rows == std::min(j == 1 ? 16u : 32u, max_batch));
+      next = m.max_rows + 1;
+      CHECK(m.rule.at(1).grid.x == (n + kern::kMmqbTM - 1) / kern::kMmqbTM);
+      CHECK(m.rule.at(1).smem == kern::mmqbSmemBytes(b.ggml_type, j == 1 ? 16 : 32));
+    }
   }
   CHECK(types == std::set<uint32_t>{static_cast<uint32_t>(GgmlType::Q4_K), static_cast<uint32_t>(GgmlType::Q6_K)});
 }
