@@ -2373,7 +2373,7 @@ TEST_CASE("moe_router_sort: router GEMV, top-k and slot sort in one launch, bit-
       launch(k[0], kern::denseGemvLaunch(c.nexp), {&rw, &rb, &px, &prl});
       launch(k[1], kern::moeRouteLaunchRule().at(1), {&prl, &pri, &prw});
       launch(k[2], kern::moeSortLaunchRule(e32, c.x_q8).at(1), {&pri, &px, &prs, &one});
-      launch(k[3], kern::moeRouterSortLaunchRule(c.nexp, e32, c.x_q8).at(1), {&rw, &rb, &px, &pl, &pi, &pw, &ps, &pc});
+      launch(k[3], kern::moeRouterSortLaunchRule(c.nexp, e32, c.x_q8).at(1), {&rw, &rb, &px, &pl, &pi, &pw, &ps, &pc, &one});
       const std::vector<float> rlg = ref_logits.download<float>(c.nexp), glg = logits.download<float>(c.nexp);
       CHECK(std::memcmp(rlg.data(), glg.data(), c.nexp * 4) == 0);
       CHECK(ids.download<int32_t>(c.k) == ref_ids.download<int32_t>(c.k));
