@@ -76,9 +76,9 @@
 //   minfer_moe_route_sort(const float* logits, int* ids, float* w, const float* x, float* scratch, int n_tokens)
 //                                                                                     the sort's grid and block
 //   minfer_moe_router_sort(const uint8_t* rw, const float* rbias, const float* x, float* logits, int* ids,
-//                          float* w, float* scratch, unsigned* counters)   one token; moeRouterSortLaunchRule();
-//                          rw: the router's dense plane, rbias: NEXP f32 or null; counters: 1 word, zero on entry
-//                          and on exit
+//                          float* w, float* scratch, unsigned* counters, int n_tokens)   moeRouterSortLaunchRule();
+//                          one token (the decode plan's): n_tokens ≠ 1 traps; rw: the router's dense plane,
+//                          rbias: NEXP f32 or null; counters: 1 word, zero on entry and on exit
 //   minfer_moe_down_combine(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch,
 //                           const int* ids, const float* w, float* out, unsigned* counters, int n_tokens)
 //                                   minfer_moe_down's grid; counters: ⌈E/rows⌉ words, zero on entry and on exit
@@ -460,17 +460,20 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
 #endif
 // The decode plan's router MatMul (a dense plane: MOE_R_PLANE 4 kF32, 5 kF16, 6 kBF16, MOE_R_PITCH its row pitch,
 // MOE_R_HAS_BIAS), MoeRoute and the MoeFfn's sort in one launch, for one token (grid: moeRouterSortLaunchRule,
-// kMoeRouterThreads threads per block: sortSlots and quantizeX take any block size):
+// kMoeRouterThreads threads per block: sortSlots and quantizeX take any block size). Its grid, counter and sort
+// are one token's by construction, so n_tokens (the plan's token count) ≠ 1 traps: the codegen emits it in the
+// decode plan only (ops/moe.cpp routerSortLaunch), which the runtime runs on one token.
 // thread blocks [0, R) compute the NEXP logits, one warp per row (dense_gemv's dense::gemvRow, then the bias: its
 // values bit for bit), and count themselves done in counters[0] (a block barrier, then one acquire-release
 // atomic, as minfer_moe_down_combine); the last of them routes (routeToken, logits read through L2) and sorts
 // (sortSlots), then sets the counter back to 0. With MOE_X_Q8 the thread blocks after R quantize x (quantizeX).
 extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeRouterThreads)
     minfer_moe_router_sort(const uint8_t* rw, const float* rbias, const float* x, float* logits, int* ids, float* w,
-                           float* scratch, unsigned* counters) {
+                           float* scratch, unsigned* counters, int n_tokens) {
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::moe;
+  if (n_tokens != 1) __trap();  // one token's logits, ids, weights and sort (the decode plan only)
   constexpr unsigned kRouterBlocks = moeRouterBlocks(kNexp);
 #if MOE_X_Q8
   if (blockIdx.x >= kRouterBlocks) {

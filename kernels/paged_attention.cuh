@@ -159,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kPagedAttnWarps)
   const float scale = qkScale();
   const uint64_t col = static_cast<uint64_t>(g) * kD;
 
-  // The lanes over the dimensions, a warp's keys with an online softmax: attention.cuh's WarpAttention
+  // The lanes over the dimensions, a warp's keys with an online softmax: attention_decode.cuh's WarpAttention
   // (the decode kernel's), two keys per iteration (key, key + kW).
   attn::WarpAttention wa;
   wa.init(q + static_cast<uint64_t>(t) * kQPitch + static_cast<uint64_t>(g) * kGroup * kD, lane);

@@ -72,6 +72,8 @@ class BackendSession {
     return Status::error("this backend has no device top-k");
   }
   // The last row's logits (n_vocab floats) of the latest forwardArgmax / forwardTopK call, copied back.
+  // Error (nothing copied) when no such call has completed, or a forward (any other call that evaluates
+  // tokens) has started since: the logits buffer then no longer holds that row.
   virtual Status lastLogits(float* logits) {
     (void)logits;
     return Status::error("this backend has no device sampling");

@@ -32,7 +32,7 @@ uint64_t Session::allocatedBytes() const {
 uint64_t Session::kvCacheBytes() const { return backend_->kvCacheBytes(); }
 
 std::span<const float> Session::logits() const {
-  if (!has_logits_) return {};
+  if (!has_logits_ || logits_on_device_) return {};  // logits_ is an older row then
   return logits_;
 }
 
@@ -139,7 +139,7 @@ Result<GenerateResult> Session::generate(std::string_view prompt, const Generate
   GenerateResult result;
 
   std::vector<int32_t> ids = tok.encode(prompt, params.add_special && pos_ == 0, params.parse_special);
-  if (ids.empty() && (pos_ == 0 || !has_logits_))
+  if (ids.empty() && (pos_ == 0 || logits().empty()))
     return Status::error("the prompt is empty and there is nothing to continue from");
   if (pos_ + static_cast<int64_t>(ids.size()) > n_ctx_)
     return Status::error("prompt of " + std::to_string(ids.size()) + " tokens does not fit the context: position " +

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 
 #include "kernels/topk.cuh"
 #include "runtime/cuda/cuda_internal.h"
@@ -55,7 +56,9 @@ struct CudaSession::State {
   bool have_argmax = false;
   Launch topk;
   bool have_topk = false;
-  uint64_t sampled_row = 0;  // byte offset in the logits buffer of the row forwardArgmax / forwardTopK read last
+  // Byte offset in the logits buffer of the row the latest forwardArgmax / forwardTopK sampled; empty before
+  // one has run, and again once any other forward (which rewrites the logits buffer) has started.
+  std::optional<uint64_t> sampled_row;
   CUgraph graph = nullptr;
   CUgraphExec graph_exec = nullptr;
   // Programmatic dependent launch for records marked `overlap` (sm_90+ GPUs, CudaBackendOptions), in the
@@ -280,6 +283,7 @@ struct CudaSession::State {
                            " exceed the context of " + std::to_string(n_ctx));
     MINFER_RETURN_IF_ERROR(rings.check(pos0).withContext("CUDA "));
     MINFER_RETURN_IF_ERROR(dev->makeCurrent());
+    sampled_row.reset();  // the logits buffer is about to be rewritten
     std::memcpy(h_ids, tokens.data(), static_cast<size_t>(n) * sizeof(int32_t));
     *h_pos = pos0;
     last_pos0 = pos0;
@@ -349,6 +353,7 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
                            ") of " + std::to_string(n) + " rows: need increasing rows < the row count");
   if (out_rows.empty()) return Status::error("CUDA forwardRows: no output rows");
   MINFER_RETURN_IF_ERROR(st.dev->makeCurrent());
+  st.sampled_row.reset();  // the logits buffer is about to be rewritten
   const size_t rows_bytes = tokens.size() * sizeof(int32_t);
   std::memcpy(st.h_ids, tokens.data(), rows_bytes);
   std::memcpy(st.h_row_pos, positions.data(), rows_bytes);
@@ -454,11 +459,11 @@ Result<int32_t> CudaSession::forwardArgmax(std::span<const int32_t> tokens, int 
   State& st = *s_;
   if (!st.have_argmax) return Status::error("CUDA: the artifact has no argmax kernel image");
   MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, /*last_only=*/true));
-  st.sampled_row = st.lastRowOffset(tokens.size());
   MINFER_RETURN_IF_ERROR(st.launch(onLastRow(st, st.argmax, tokens.size()), 1));
   MINFER_RETURN_IF_ERROR(st.dev->check(
       st.cu().cuMemcpyDtoHAsync(st.h_argmax, st.argmax_out, sizeof(int32_t), st.stream.get()), "CUDA argmax download"));
   MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(st.stream.get()), "CUDA forward"));
+  st.sampled_row = st.lastRowOffset(tokens.size());
   if (st.profiling) st.collectProfile(tokens.size() > 1);
   return *st.h_argmax;
 }
@@ -474,7 +479,6 @@ Status CudaSession::forwardTopK(std::span<const int32_t> tokens, int pos0, float
                          std::to_string(kern::kTopKMaxPenalized) + "), repeat penalty " + std::to_string(repeat_penalty) +
                          " (> 0)");
   MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, /*last_only=*/true));
-  st.sampled_row = st.lastRowOffset(tokens.size());
   kern::TopKSlot& h = *st.h_topk;
   h.k = static_cast<int32_t>(out.size());
   h.repeat_penalty = repeat_penalty;
@@ -490,6 +494,7 @@ Status CudaSession::forwardTopK(std::span<const int32_t> tokens, int pos0, float
                                                                  out.size() * sizeof(kern::TopKPair), s),
                                        "CUDA top-k download"));
   MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(s), "CUDA forward"));
+  st.sampled_row = st.lastRowOffset(tokens.size());
   for (size_t i = 0; i < out.size(); ++i) out[i] = {h.out[i].id, h.out[i].logit};
   if (st.profiling) st.collectProfile(tokens.size() > 1);
   return Status::ok();
@@ -497,10 +502,13 @@ Status CudaSession::forwardTopK(std::span<const int32_t> tokens, int pos0, float
 
 Status CudaSession::lastLogits(float* logits) {
   State& st = *s_;
+  if (!st.sampled_row)
+    return Status::error("CUDA lastLogits: no device-sampled row to copy back (forwardArgmax / forwardTopK has not "
+                         "completed since the session began or since the latest forward / forwardRows)");
   const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
   MINFER_RETURN_IF_ERROR(st.dev->makeCurrent());
   MINFER_RETURN_IF_ERROR(st.dev->check(
-      st.cu().cuMemcpyDtoHAsync(st.h_logits, st.buf[st.logits_buffer] + st.sampled_row, row, st.stream.get()),
+      st.cu().cuMemcpyDtoHAsync(st.h_logits, st.buf[st.logits_buffer] + *st.sampled_row, row, st.stream.get()),
       "CUDA logits download"));
   MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(st.stream.get()), "CUDA logits download"));
   std::memcpy(logits, st.h_logits, row);

@@ -654,7 +654,7 @@ TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/u
       ++moe_steps;
       // In decode the MoeFfn and the MoeRoute run in the router MatMul's launches (minfer_moe_router_sort first: the
       // router weight and x in; the logits, ids and weights out, as the MoeRoute and MoeFfn read them; the sort's
-      // scratch and one counter word).
+      // scratch, one counter word, and the token count, which the kernel requires to be 1).
       REQUIRE(i > 1);
       REQUIRE(set.decode_fused[i] != 0);
       REQUIRE(set.decode_fused[i - 1] != 0);
@@ -665,7 +665,7 @@ TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/u
       REQUIRE(launches.size() == 3);
       const LaunchRecord& rs = launches[0];
       CHECK(set.images[rs.images[0]].entry == "minfer_moe_router_sort");
-      REQUIRE(rs.args.size() == 8);
+      REQUIRE(rs.args.size() == 9);
       CHECK(rs.args[0].kind == fb::ArgKind::Weight);
       CHECK(rs.args[0].tensor == router.weights[0]);
       CHECK(rs.args[2].buffer == st.inputs[0]);
@@ -679,6 +679,7 @@ TEST_CASE("qwen3moe fixtures get the MoE kernels for sm_90: router, sort, gate/u
       CHECK(rs.args[6].kind == fb::ArgKind::Scratch);
       CHECK(rs.args[7].kind == fb::ArgKind::Counters);
       CHECK(rs.args[7].bytes == 4u);
+      CHECK(rs.args[8].kind == fb::ArgKind::TokenCount);
       // gate/up and down read every expert weight through planes with the step's expert axis.
       for (size_t li = 1; li < launches.size(); ++li) {
         const LaunchRecord& r = launches[li];

@@ -438,11 +438,17 @@ TEST_CASE("device sampling: forwardTopK is the host's top-k; generate samples th
       auto ids = (*gpu)->tokenize(prompt);
       REQUIRE(ids.isOk());
       std::vector<float> row(static_cast<size_t>(n_vocab));
+      // lastLogits before any device-sampled call, and after a plain forward: refused (no row to copy back).
+      const Status none = (*session)->lastLogits(row.data());
+      REQUIRE_FALSE(none.isOk());
+      CHECK_MESSAGE(none.message().find("no device-sampled row") != std::string::npos, none.message());
       for (const bool decode_step : {false, true}) {
         CAPTURE(decode_step);
         const std::vector<int32_t> tokens = decode_step ? std::vector<int32_t>{(*ids)[0]} : *ids;
         const int pos0 = decode_step ? static_cast<int>(ids->size()) : 0;
         REQUIRE((*session)->forward(tokens, pos0, row.data(), false).isOk());
+        std::vector<float> stale(static_cast<size_t>(n_vocab));
+        CHECK_FALSE((*session)->lastLogits(stale.data()).isOk());
         const std::vector<int32_t> penalized = {(*ids)[0], (*ids).back(), n_vocab - 1};
         for (const float penalty : {1.0f, 1.1f})
           for (const int k : {1, 40, ds.top_k_max}) {
@@ -471,8 +477,11 @@ TEST_CASE("device sampling: forwardTopK is the host's top-k; generate samples th
       }
     }
 
-    // generate: device sampling, host sampling on the GPU, host sampling on the CPU backend.
-    auto generate = [&](Model& m, const SamplerParams& sp, bool device, std::vector<float>* last_logits) {
+    // generate: device sampling, host sampling on the GPU, host sampling on the CPU backend. Inside the
+    // callback logits() is the sampled row, or empty after a device-sampled step (the row stays on the device):
+    // every token but the first (sampled on the host from the prefill's row) when sampling on the device.
+    auto generate = [&](Model& m, const SamplerParams& sp, bool device, std::vector<float>* last_logits,
+                        int expect_empty = 0) {
       auto session = m.createSession({.n_ctx = 256});
       REQUIRE(session.isOk());
       GenerateParams p;
@@ -480,8 +489,15 @@ TEST_CASE("device sampling: forwardTopK is the host's top-k; generate samples th
       p.sampling = sp;
       p.stop_at_eog = false;
       p.device_sampling = device;
-      auto r = (*session)->generate(prompt, p, [](std::string_view, int32_t) { return true; });
+      Session& s = **session;
+      int empty = 0;
+      auto r = s.generate(prompt, p, [&](std::string_view, int32_t tok) {
+        if (tok >= 0 && s.logits().empty()) ++empty;
+        else if (tok >= 0) CHECK(s.logits().size() == static_cast<size_t>(n_vocab));
+        return true;
+      });
       REQUIRE_MESSAGE(r.isOk(), r.status().message());
+      CHECK(empty == expect_empty);
       if (last_logits) last_logits->assign((*session)->logits().begin(), (*session)->logits().end());
       return r->tokens;
     };
@@ -503,7 +519,7 @@ TEST_CASE("device sampling: forwardTopK is the host's top-k; generate samples th
       CAPTURE(params.top_k);
       CAPTURE(params.temperature);
       std::vector<float> logits_device, logits_host;
-      const std::vector<int32_t> device = generate(**gpu, params, true, &logits_device);
+      const std::vector<int32_t> device = generate(**gpu, params, true, &logits_device, 47);
       const std::vector<int32_t> host = generate(**gpu, params, false, &logits_host);
       CHECK(device.size() == 48u);
       CHECK(device == host);
@@ -519,7 +535,7 @@ TEST_CASE("device sampling: forwardTopK is the host's top-k; generate samples th
     SamplerParams greedy = sp;
     greedy.temperature = 0.0f;
     greedy.repeat_penalty = 1.0f;
-    const std::vector<int32_t> tokens = generate(**gpu, greedy, true, nullptr);
+    const std::vector<int32_t> tokens = generate(**gpu, greedy, true, nullptr, 47);
     CHECK(tokens == generate(**gpu, greedy, false, nullptr));
     auto file = ArtifactFile::open(path);
     REQUIRE(file.isOk());

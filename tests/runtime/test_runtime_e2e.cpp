@@ -215,6 +215,26 @@ TEST_CASE("generate: greedy tokens follow the argmax chain; stops at n, callback
     CHECK(r2->stop == StopReason::kCallback);
     CHECK(r2->n_generated == 3);
   }
+  // logits() inside the callback: the row the token was sampled from (host sampling: the CPU backend has no
+  // device sampling, so device_sampling = true changes nothing; on a device-sampled step it would be empty).
+  {
+    GenerateParams g = gp;
+    g.on_logits = nullptr;
+    g.device_sampling = true;
+    auto sc = session(*model, 64);
+    int rows = 0;
+    Result<GenerateResult> rc = sc->generate(prompt, g, [&](std::string_view, int32_t tok) {
+      if (tok < 0) return true;
+      const std::span<const float> l = sc->logits();
+      REQUIRE(l.size() == size_t(b.model.n_vocab));
+      CHECK(std::max_element(l.begin(), l.end()) - l.begin() == tok);
+      ++rows;
+      return true;
+    });
+    REQUIRE(rc.isOk());
+    CHECK(rows == 12);
+    CHECK(sc->logits().size() == size_t(b.model.n_vocab));
+  }
   // A full context stops it: prompt of P tokens + room for 4 more.
   {
     auto s3 = session(*model, int(ids->size()) + 4);

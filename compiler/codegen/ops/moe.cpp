@@ -189,12 +189,14 @@ const StrideTable* routerPlane(const StepContext& mm, uint32_t rows, uint32_t co
 
 // The decode MoeFfn step c's first launch with its MoeRoute step `route` and the router MatMul `mm` before that
 // (minfer_moe_router_sort): x and the router weight in, the logits, expert ids and weights out, then the sort's
-// work on the scratch (and x's q8 form with `x_q8`), with one counter word. Errors: the route's own, a router
-// whose experts or outputs are not the MoeFfn's, a MatMul fusesMoeRouter refuses, its bias plane's.
+// work on the scratch (and x's q8 form with `x_q8`), with one counter word; one token (the kernel traps on a token
+// count ≠ 1), so the decode plan's only. Errors: a prefill step, the route's own, a router whose experts or outputs
+// are not the MoeFfn's, a MatMul fusesMoeRouter refuses, its bias plane's.
 llvm::Expected<KernelLaunch> routerSortLaunch(const StepContext& c, const StepContext& route, const StepContext& mm,
                                              const std::string& shape, bool x_q8, const KernelArgDesc& x_in,
                                              const KernelArgDesc& scratch) {
   const model::StepDesc &r = route.step(), &s = c.step();
+  if (c.prefill()) return c.error("minfer_moe_router_sort computes one token: only in the decode plan");
   if (llvm::Error err = checkRouteFeeds(c, route)) return err;
   if (!fusesMoeRouter(mm, route, c)) return mm.error("cannot compute the router in the MoE launches (fusesMoeRouter)");
   const StrideTable& plane = *routerPlane(mm, s.n_expert, s.cols);
@@ -219,7 +221,8 @@ llvm::Expected<KernelLaunch> routerSortLaunch(const StepContext& c, const StepCo
                        activationArg("logits", mm.outputId(0), s.n_expert, fb::Access::Write),
                        activationArg("ids", route.outputId(0), s.n_expert_used, fb::Access::Write),
                        activationArg("w", route.outputId(1), s.n_expert_used, fb::Access::Write), scratch,
-                       {.kind = fb::ArgKind::Counters, .name = "counters", .bytes = 4}},
+                       {.kind = fb::ArgKind::Counters, .name = "counters", .bytes = 4},
+                       kindArg(fb::ArgKind::TokenCount, "n_tokens")},
                       kern::moeRouterSortLaunchRule(s.n_expert, s.cols, x_q8)};
 }
 

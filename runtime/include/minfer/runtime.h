@@ -174,7 +174,10 @@ class Session {
   // One token at position(); the decode plan. Errors as prefill.
   Status decode(int32_t token);
 
-  // Logits after the last evaluated token (n_vocab floats); empty before the first evaluation.
+  // Logits after the last evaluated token (n_vocab floats). Empty before the first evaluation, after a
+  // failed one, after rewind()/reset(), and while that row lives on the device only: inside generate()'s
+  // callback once a decode step sampled on the device (GenerateParams::device_sampling; the row is copied
+  // back when generate() returns).
   std::span<const float> logits() const;
 
   int position() const { return pos_; }   // tokens in the KV cache
@@ -189,7 +192,8 @@ class Session {
   // Tokenizes `prompt` (BOS only when position() == 0 and params.add_special), evaluates it, then
   // samples up to n_predict tokens, streaming each piece through `callback` (see StreamCallback),
   // feeding each one back with decode() before sampling the next (decode steps may sample on the device:
-  // GenerateParams::device_sampling; logits() then still ends as the row after the last evaluated token).
+  // GenerateParams::device_sampling; logits() is then empty inside the callback, and ends as the row after
+  // the last evaluated token once generate() returns, as with host sampling).
   // Stops at an end-of-generation
   // token, after n_predict tokens, when the context is full, or when the callback returns false.
   // An empty prompt continues from the current logits (error at position 0).
@@ -210,7 +214,7 @@ class Session {
   Status evaluate(std::span<const int32_t> tokens, std::span<float> all_logits);
   // decode(token) with the next token sampled on the device (Session::generate's device path): the argmax
   // when `top` is empty, else the top.size() candidates of the device top-k, finished by sampler.sampleTopK.
-  // logits() is stale afterwards (logits_on_device_) until syncLogits().
+  // logits() is empty afterwards (logits_on_device_: logits_ holds an older row) until syncLogits().
   Result<int32_t> decodeSampled(int32_t token, Sampler& sampler, std::span<TokenLogit> top);
   Status syncLogits();
 

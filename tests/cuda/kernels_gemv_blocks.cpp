@@ -1,0 +1,717 @@
+// GPU parity (test_cuda_kernels): the GEMVs on GGUF blocks (kernels/gemv_blocks.cuh) and their fused forms (GLU, pair,
+// batch, triple, Add + RMSNorm, QKV + RoPE + KV store).
+#include <doctest/doctest.h>
+
+#include "kernels/attention.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/gemv_blocks.cuh"
+#include "kernels/mmq_blocks.cuh"
+#include "kernels/rope.cuh"
+#include "tests/cuda/kernel_test_support.h"
+
+namespace minfer::test::gpu {
+namespace {
+
+// The kBlocks plane of a quantized matmul weight as the layout planner makes it for the decode GEMV: the
+// GGUF blocks unchanged, each at a 16-byte aligned group pitch (Q4_K 144; Q6_K 224: the 210-byte block
+// then 14 zero bytes). `padded`: 32 more bytes per row and every pad byte 0xCD instead of 0, so a kernel
+// that ignores either pitch, or reads a pad byte, gives wrong sums.
+BuiltPlane alignedBlocksPlane(const RandomWeight& w, bool padded) {
+  const GgmlTypeTraits tr = ggmlTypeTraits(w.type);
+  const uint64_t blocks = w.cols / tr.block_size;
+  BuiltPlane p;
+  p.table.kind = PlaneKind::kBlocks;
+  p.table.elem = ElemType::kU8;
+  p.table.rows = w.rows;
+  p.table.cols = w.cols;
+  p.table.group_size = tr.block_size;
+  p.table.group_pitch = static_cast<uint32_t>(alignUp(tr.type_size, 16));
+  p.table.row_pitch = blocks * p.table.group_pitch + (padded ? 32 : 0);
+  p.table.ggml_type = static_cast<uint32_t>(w.type);
+  p.bytes.assign(p.table.bytes(), padded ? 0xCD : 0);
+  for (uint64_t r = 0; r < w.rows; ++r)
+    for (uint64_t b = 0; b < blocks; ++b)
+      std::memcpy(p.bytes.data() + elementOffset(p.table, r, b * tr.block_size),
+                  w.source.data() + (r * blocks + b) * tr.type_size, tr.type_size);
+  return p;
+}
+
+// The CPU reference of the kBlocks kernels: cpu::matmul on the dense f32 view of w's reference values
+// (dequantizeBlock of the same blocks) over n rows of activations x, bias or null.
+std::vector<float> cpuBlocksMatmul(const RandomWeight& w, const float* bias, const std::vector<float>& x, int n) {
+  cpu::WeightPlanes view;
+  view.name = "test weight";
+  view.rows = w.rows;
+  view.cols = w.cols;
+  StrideTable dense;
+  dense.kind = PlaneKind::kF32;
+  dense.rows = w.rows;
+  dense.cols = w.cols;
+  dense.row_pitch = w.cols * 4;
+  view.dense = {dense, reinterpret_cast<const uint8_t*>(w.values.data()), w.values.size() * 4};
+  std::vector<float> ref(static_cast<size_t>(n) * w.rows), scratch(w.cols);
+  cpu::matmul(view, cpu::RowSource::kDense, bias, x.data(), n, ref.data(), nullptr, scratch.data());
+  return ref;
+}
+
+// minfer_gemv_blocks against the CPU matmul (dense f32 view of the reference values, dequantizeBlock of
+// the same blocks) on the dequantized q8 activations: W·(d·q) as for GEMV. Rows 7 … 4100 and K = 256·k,
+// k = 1, 3, 14, 40, 74 (one block; fewer blocks than a warp covers in one step; the 7B's K = 3584 and
+// 18944), both types, with and without bias and padding, each case with one of six work shapes (rows per
+// warp 1, 2, 4, so row counts not divisible by them; 1 or 2 warps per row; unroll 1 or 2) besides
+// the codegen's gemvBlocksShape.
+TEST_CASE("gemv_blocks: Q4_K and Q6_K kBlocks planes vs the CPU") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded;
+    kern::GemvBlocksShape shape;
+  };
+  const kern::GemvBlocksShape shapes[] = {{1, 1, 1}, {2, 1, 1}, {4, 1, 2}, {2, 2, 1}, {1, 2, 2}, {4, 2, 1}};
+  std::vector<Case> cases;
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K})
+    for (uint64_t rows : {7, 33, 257, 4100})
+      for (uint64_t kb : {1, 3, 14, 40, 74}) {
+        if (rows == 4100 && kb == 40) continue;
+        const size_t i = cases.size();
+        cases.push_back({t, rows, 256 * kb, i % 2 == 0, i % 3 == 1, shapes[i % 6]});
+        cases.push_back({t, rows, 256 * kb, i % 2 == 1, i % 3 == 2,
+                         kern::gemvBlocksShape(static_cast<unsigned>(rows), static_cast<unsigned>(256 * kb))});
+      }
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(c.type).type_size, 16));
+    const uint64_t pitch = c.cols / 256 * gp + (c.padded ? 32 : 0);
+    specs.push_back(spec("gemv_blocks_test_" + codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) +
+                             "_k" + str(c.cols) + (c.bias ? "_bias" : "") + (c.padded ? "_pad" : "") + "_r" +
+                             str(c.shape.rows) + "w" + str(c.shape.warps) + "u" + str(c.shape.unroll),
+                         "kernels/gemv_blocks.cuh", "minfer_gemv_blocks",
+                         {{"GEMVB_N", str(c.rows)}, {"GEMVB_K", str(c.cols)},
+                          {"GEMVB_TYPE", str(static_cast<unsigned>(c.type))}, {"GEMVB_PITCH", str(pitch)},
+                          {"GEMVB_GROUP_PITCH", str(gp)},
+                          {"GEMVB_ROWS", str(c.shape.rows)}, {"GEMVB_ROW_WARPS", str(c.shape.warps)},
+                          {"GEMVB_UNROLL", str(c.shape.unroll)},
+                          {"GEMVB_HAS_BIAS", c.bias ? "1" : "0"}}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    CAPTURE(k[i].key);  // type, rows, cols, bias, padding, work shape
+    const RandomWeight w = makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f);
+    const BuiltPlane plane = alignedBlocksPlane(w, c.padded);
+    REQUIRE(plane.table.row_pitch % 16 == 0);
+    const std::vector<float> x = activations(1, static_cast<int>(c.cols));
+    const HostQ8 hq = quantizeHost(x, 1, static_cast<int>(c.cols));
+    const std::vector<float> bias_v = randomFloats(c.rows, rng());
+    const std::vector<float> ref = cpuBlocksMatmul(w, c.bias ? bias_v.data() : nullptr, hq.deq, 1);
+    DeviceArray d_w = DeviceArray::of(plane.bytes), d_bias = DeviceArray::of(bias_v), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), out(c.rows * 4);
+    out.poison();
+    CUdeviceptr pw = d_w.ptr(), pb = c.bias ? d_bias.ptr() : 0, a = xq.ptr(), b = xm.ptr(), o = out.ptr();
+    launch(k[i], kern::gemvBlocksLaunch(static_cast<unsigned>(c.rows), c.shape), {&pw, &pb, &a, &b, &o});
+    const std::vector<float> got = out.download<float>(c.rows);
+    CHECK(track("gemv_blocks", relError(got.data(), ref.data(), c.rows)) <= kGemvBlocksTol);
+  }
+}
+
+// minfer_gemv_glu (gemv_blocks.cuh GEMVB_GLU: the decode steps MatMul gate, MatMul up, SwiGlu / GeGlu and
+// QuantizeAct in one launch) against those steps' own kernels: gate and up products bit-identical to two
+// minfer_gemv_blocks launches, the GLU output bit-identical to the plain elementwise kernel on them, and
+// its q8 form bit-identical to the host mirror of quantize_act (checkFusedQ8). Rows 32 … 18944 (1 … 592
+// blocks of 32, each completed by 16 thread blocks), K 256 … 3584, both types, padded planes, the gate
+// buffer separate or the output's (null). Launched twice: the counters must be back to zero after each
+// launch (the second launch's q8 depends on it).
+TEST_CASE("gemv_glu: fused gate|up GEMV, GLU and q8, bit-identical to the unfused kernels; counters left zero") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    int op;  // 1 swiglu, 3 geglu
+    bool padded, separate_gate;
+  };
+  std::vector<Case> cases;
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K})
+    for (uint64_t rows : {32, 96, 224, 18944})
+      for (uint64_t kb : {1, 3, 14}) {
+        if (rows == 18944 && kb != 14) continue;
+        const size_t i = cases.size();
+        cases.push_back({t, rows, 256 * kb, i % 2 ? 3 : 1, i % 3 == 1, i % 4 < 2});
+      }
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(c.type).type_size, 16));
+    const uint64_t pitch = c.cols / 256 * gp + (c.padded ? 32 : 0);
+    const kern::GemvBlocksShape sh = kern::gemvGluShape(static_cast<unsigned>(c.rows), static_cast<unsigned>(c.cols));
+    std::vector<std::pair<std::string, std::string>> defs = {
+        {"GEMVB_N", str(c.rows)}, {"GEMVB_K", str(c.cols)}, {"GEMVB_TYPE", str(static_cast<unsigned>(c.type))},
+        {"GEMVB_PITCH", str(pitch)}, {"GEMVB_GROUP_PITCH", str(gp)}, {"GEMVB_ROWS", str(sh.rows)},
+        {"GEMVB_ROW_WARPS", str(sh.warps)}, {"GEMVB_UNROLL", str(sh.unroll)}, {"GEMVB_HAS_BIAS", "0"}};
+    const std::string tag = codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) + "_k" + str(c.cols) +
+                            (c.padded ? "_pad" : "") + "_op" + str(static_cast<uint64_t>(c.op));
+    specs.push_back(spec("gemv_glu_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+    defs.push_back({"GEMVB_GLU", str(static_cast<uint64_t>(c.op))});
+    specs.push_back(spec("gemv_glu_test_fused_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_glu", defs));
+    specs.push_back(spec("gemv_glu_test_ew_" + tag, "kernels/elementwise.cuh", c.op == 1 ? "minfer_swiglu" : "minfer_geglu",
+                         {{"EW_WIDTH", str(c.rows)}, {"EW_OP", str(static_cast<uint64_t>(c.op))}}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Kernel &plain = k[3 * i], &fused = k[3 * i + 1], &ew = k[3 * i + 2];
+    CAPTURE(fused.key);
+    CAPTURE(c.separate_gate);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const BuiltPlane pg = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const BuiltPlane pu = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    DeviceArray wg = DeviceArray::of(pg.bytes), wu = DeviceArray::of(pu.bytes), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), ref_g(n * 4), ref_u(n * 4), ref_out(n * 4), gate(n * 4), up(n * 4),
+                out(n * 4), qs(n), meta(n / 32 * 8), counters(n / 32 * 4);
+    for (DeviceArray* a : {&ref_g, &ref_u, &ref_out}) a->poison();
+    CUdeviceptr pwg = wg.ptr(), pwu = wu.ptr(), null = 0, a = xq.ptr(), b = xm.ptr(), prg = ref_g.ptr(),
+                pru = ref_u.ptr(), pro = ref_out.ptr();
+    const kern::GemvBlocksShape sh = kern::gemvGluShape(n, static_cast<unsigned>(c.cols));
+    launch(plain, kern::gemvBlocksLaunch(n, sh), {&pwg, &null, &a, &b, &prg});
+    launch(plain, kern::gemvBlocksLaunch(n, sh), {&pwu, &null, &a, &b, &pru});
+    int one = 1;
+    launch(ew, kern::elementwiseLaunch(1, n), {&prg, &pru, &pro, &one});
+    const std::vector<uint32_t> zeros(n / 32, 0);
+    counters.upload(zeros.data(), zeros.size() * 4);
+    for (int round = 0; round < 2; ++round) {
+      CAPTURE(round);
+      for (DeviceArray* d : {&gate, &up, &out, &qs, &meta}) d->poison();
+      CUdeviceptr pg_out = c.separate_gate ? gate.ptr() : 0, pu_out = up.ptr(), po = out.ptr(), pq = qs.ptr(),
+                  pm = meta.ptr(), pc = counters.ptr();
+      launch(fused, kern::gemvGluLaunchRule(n, sh).at(1), {&pwg, &pwu, &a, &b, &pg_out, &pu_out, &po, &pq, &pm, &pc});
+      checkFusedQ8(ref_out, out, qs, meta, 1, static_cast<int>(n));
+      const std::vector<float> ru = ref_u.download<float>(n), gu = up.download<float>(n);
+      CHECK(std::memcmp(ru.data(), gu.data(), n * 4) == 0);
+      if (c.separate_gate) {
+        const std::vector<float> rg = ref_g.download<float>(n), gg = gate.download<float>(n);
+        CHECK(std::memcmp(rg.data(), gg.data(), n * 4) == 0);
+      }
+      CHECK(counters.download<uint32_t>(n / 32) == zeros);
+    }
+  }
+}
+
+// The -D constants of a gemv_blocks.cuh kernel on an aligned test plane of `type` (rows × cols, padded or not).
+std::vector<std::pair<std::string, std::string>> gemvBlocksDefs(GgmlType type, uint64_t rows, uint64_t cols,
+                                                                bool padded, kern::GemvBlocksShape sh, bool bias) {
+  const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(type).type_size, 16));
+  const uint64_t pitch = cols / 256 * gp + (padded ? 32 : 0);
+  return {{"GEMVB_N", str(rows)},         {"GEMVB_K", str(cols)},          {"GEMVB_TYPE", str(static_cast<unsigned>(type))},
+          {"GEMVB_PITCH", str(pitch)},     {"GEMVB_GROUP_PITCH", str(gp)},  {"GEMVB_ROWS", str(sh.rows)},
+          {"GEMVB_ROW_WARPS", str(sh.warps)}, {"GEMVB_UNROLL", str(sh.unroll)}, {"GEMVB_HAS_BIAS", bias ? "1" : "0"}};
+}
+
+// A test kernel key's tail: type, rows, cols, bias, padding.
+std::string gemvBlocksTag(GgmlType type, uint64_t rows, uint64_t cols, bool bias, bool padded) {
+  return codegen::typeTag(static_cast<uint32_t>(type)) + "_n" + str(rows) + "_k" + str(cols) + (bias ? "_bias" : "") +
+         (padded ? "_pad" : "");
+}
+
+// minfer_gemv_pair (gemv_blocks.cuh GEMVB_PAIR: two decode MatMuls of one input in one launch) against two
+// minfer_gemv_blocks launches of the same constants: both outputs bit-identical. Odd row counts (the last
+// block of each half partly empty), both types, biases, padded planes.
+TEST_CASE("gemv_pair: two GEMVs of one input in one launch, bit-identical to two minfer_gemv_blocks launches") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded;
+  };
+  const std::vector<Case> cases = {{GgmlType::Q4_K, 7, 256, false, false},   {GgmlType::Q6_K, 33, 768, true, true},
+                                   {GgmlType::Q4_K, 257, 3584, true, false}, {GgmlType::Q6_K, 512, 3584, false, true},
+                                   {GgmlType::Q4_K, 4100, 1024, false, true}};
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    const kern::GemvBlocksShape sh = kern::gemvBlocksShape(static_cast<unsigned>(c.rows), static_cast<unsigned>(c.cols));
+    auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, sh, c.bias);
+    const std::string tag = gemvBlocksTag(c.type, c.rows, c.cols, c.bias, c.padded);
+    specs.push_back(spec("gemv_pair_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+    defs.push_back({"GEMVB_PAIR", "1"});
+    specs.push_back(spec("gemv_pair_test_fused_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_pair", defs));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Kernel &plain = k[2 * i], &fused = k[2 * i + 1];
+    CAPTURE(fused.key);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const kern::GemvBlocksShape sh = kern::gemvBlocksShape(n, static_cast<unsigned>(c.cols));
+    const BuiltPlane p0 = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const BuiltPlane p1 = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    DeviceArray w0 = DeviceArray::of(p0.bytes), w1 = DeviceArray::of(p1.bytes), b0 = DeviceArray::of(randomFloats(n, rng())),
+                b1 = DeviceArray::of(randomFloats(n, rng())), xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta),
+                r0(n * 4), r1(n * 4), o0(n * 4), o1(n * 4);
+    for (DeviceArray* a : {&r0, &r1, &o0, &o1}) a->poison();
+    CUdeviceptr pw0 = w0.ptr(), pw1 = w1.ptr(), pb0 = c.bias ? b0.ptr() : 0, pb1 = c.bias ? b1.ptr() : 0, a = xq.ptr(),
+                b = xm.ptr(), pr0 = r0.ptr(), pr1 = r1.ptr(), po0 = o0.ptr(), po1 = o1.ptr();
+    launch(plain, kern::gemvBlocksLaunch(n, sh), {&pw0, &pb0, &a, &b, &pr0});
+    launch(plain, kern::gemvBlocksLaunch(n, sh), {&pw1, &pb1, &a, &b, &pr1});
+    launch(fused, kern::gemvPairLaunchRule(n, sh).at(1), {&pw0, &pb0, &pw1, &pb1, &a, &b, &po0, &po1});
+    CHECK(r0.download<float>(n) == o0.download<float>(n));
+    CHECK(r1.download<float>(n) == o1.download<float>(n));
+  }
+}
+
+// minfer_gemv_batch (gemv_blocks.cuh GEMVB_BATCH: the small-batch MatMul on the blocks) on 1 … B q8 rows against
+// one minfer_gemv_blocks launch per row with the same constants: every row's output bit-identical, and nothing
+// written past the call's rows (poisoned rows stay poisoned). Odd row counts (the last block partly empty), K from
+// one block to the 7B's down projection, both types, bias and padding, the codegen's work shape and three others
+// (1 or 4 rows per warp, 1 or 2 warps per row), B = 8 (the codegen's) and 3.
+TEST_CASE("gemv_batch: n q8 rows in one launch, each bit-identical to its own minfer_gemv_blocks launch") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded;
+    kern::GemvBlocksShape shape;
+    int batch;
+  };
+  const std::vector<Case> cases = {
+      {GgmlType::Q4_K, 7, 256, false, false, {2, 2, 1}, 8},     {GgmlType::Q6_K, 33, 768, true, true, {1, 1, 1}, 8},
+      {GgmlType::Q4_K, 257, 3584, true, false, {4, 1, 1}, 8},   {GgmlType::Q6_K, 512, 3584, false, true, {2, 2, 1}, 3},
+      {GgmlType::Q4_K, 4100, 1024, false, true, {1, 2, 1}, 8},  {GgmlType::Q6_K, 3584, 18944, true, false, {2, 2, 1}, 8},
+      {GgmlType::Q4_K, 1000, 18944, false, false, {2, 2, 1}, 3}};
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, c.shape, c.bias);
+    const std::string tag = gemvBlocksTag(c.type, c.rows, c.cols, c.bias, c.padded) + "_r" + str(c.shape.rows) + "w" +
+                            str(c.shape.warps);
+    specs.push_back(spec("gemv_batch_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+    defs.push_back({"GEMVB_BATCH", str(c.batch)});
+    specs.push_back(spec("gemv_batch_test_b" + str(c.batch) + "_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_batch",
+                         defs));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Kernel &plain = k[2 * i], &batched = k[2 * i + 1];
+    CAPTURE(batched.key);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const BuiltPlane pw = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const int kb = c.batch;
+    const HostQ8 hq = quantizeHost(activations(kb, static_cast<int>(c.cols)), kb, static_cast<int>(c.cols));
+    DeviceArray w = DeviceArray::of(pw.bytes), bias = DeviceArray::of(randomFloats(n, rng())), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), ref(static_cast<uint64_t>(kb) * n * 4), got(static_cast<uint64_t>(kb) * n * 4);
+    CUdeviceptr pw_ = w.ptr(), pb = c.bias ? bias.ptr() : 0;
+    const kern::LaunchShape sh = kern::gemvBlocksLaunch(n, c.shape);
+    for (int t = 0; t < kb; ++t) {  // the reference: each row alone
+      CUdeviceptr a = xq.ptr() + static_cast<uint64_t>(t) * c.cols, b = xm.ptr() + static_cast<uint64_t>(t) * c.cols / 32 * 8,
+                  o = ref.ptr() + static_cast<uint64_t>(t) * n * 4;
+      launch(plain, sh, {&pw_, &pb, &a, &b, &o});
+    }
+    const std::vector<float> want = ref.download<float>(static_cast<size_t>(kb) * n);
+    for (int tokens : {1, 2, kb}) {
+      CAPTURE(tokens);
+      got.poison();
+      CUdeviceptr a = xq.ptr(), b = xm.ptr(), o = got.ptr();
+      launch(batched, sh, {&pw_, &pb, &a, &b, &o, &tokens});
+      const std::vector<float> all = got.download<float>(static_cast<size_t>(kb) * n);
+      const size_t used = static_cast<size_t>(tokens) * n;
+      CHECK(std::memcmp(all.data(), want.data(), used * sizeof(float)) == 0);
+      size_t written_past = 0;  // poison is NaN: a written value past the call's rows is a number
+      for (size_t j = used; j < all.size(); ++j) written_past += !std::isnan(all[j]);
+      CHECK(written_past == 0);
+    }
+  }
+}
+
+// minfer_gemv_triple (gemv_blocks.cuh GEMVB_TRIPLE: three decode MatMuls of one input in one launch, q, k and v of
+// a q/k-norm model) against three minfer_gemv_blocks launches, each with its own segment's constants as the codegen
+// gives them (gemvBlocksShape of its rows): all three outputs bit-identical. Segments of different rows (odd counts:
+// each segment's last block partly empty, and the segment boundaries inside the grid at odd block indices), Q4_K
+// and Q6_K mixed in every order, a bias on some, padded planes on some, and one segment of ≥ 65536 rows (4 rows
+// per warp beside segments of 2).
+TEST_CASE("gemv_triple: three GEMVs of one input in one launch, bit-identical to three minfer_gemv_blocks launches") {
+  MINFER_REQUIRE_GPU(G);
+  struct Segment {
+    GgmlType type;
+    uint64_t rows;
+    bool bias, padded;
+  };
+  struct Case {
+    uint64_t cols;
+    Segment seg[3];
+  };
+  const Case cases[] = {
+      {256, {{GgmlType::Q4_K, 256, false, false}, {GgmlType::Q4_K, 64, false, true}, {GgmlType::Q6_K, 64, false, false}}},
+      {768, {{GgmlType::Q6_K, 33, true, true}, {GgmlType::Q4_K, 7, true, false}, {GgmlType::Q4_K, 19, false, true}}},
+      {2048, {{GgmlType::Q4_K, 4096, false, false}, {GgmlType::Q4_K, 512, false, false}, {GgmlType::Q6_K, 512, false, true}}},
+      {1280, {{GgmlType::Q4_K, 1000, true, false}, {GgmlType::Q6_K, 131, true, true}, {GgmlType::Q6_K, 131, true, false}}},
+      {256, {{GgmlType::Q6_K, 65541, false, false}, {GgmlType::Q4_K, 9, true, true}, {GgmlType::Q4_K, 70000, false, true}}},
+  };
+  std::vector<codegen::KernelSpec> specs;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    std::vector<std::pair<std::string, std::string>> fused = {{"GEMVB_TRIPLE", "1"}, {"GEMVB_K", str(c.cols)},
+                                                              {"GEMVB_ROW_WARPS", "2"}, {"GEMVB_UNROLL", "1"}};
+    for (int s = 0; s < 3; ++s) {
+      const Segment& g = c.seg[s];
+      const kern::GemvBlocksShape sh = kern::gemvBlocksShape(static_cast<unsigned>(g.rows), static_cast<unsigned>(c.cols));
+      REQUIRE(sh.warps == 2);
+      REQUIRE(sh.unroll == 1);
+      const auto defs = gemvBlocksDefs(g.type, g.rows, c.cols, g.padded, sh, g.bias);
+      specs.push_back(spec("gemv_triple_test_plain_" + str(ci) + "_" + gemvBlocksTag(g.type, g.rows, c.cols, g.bias, g.padded),
+                           "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+      for (const auto& [name, value] : defs)
+        if (name != "GEMVB_K" && name != "GEMVB_ROW_WARPS" && name != "GEMVB_UNROLL") fused.push_back({name + str(s), value});
+    }
+    specs.push_back(spec("gemv_triple_test_fused_" + str(ci), "kernels/gemv_blocks.cuh", "minfer_gemv_triple", fused));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const Kernel* kk = &k[4 * ci];  // plain 0, 1, 2, fused
+    CAPTURE(kk[3].key);
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta);
+    std::vector<DeviceArray> w, bias, ref, got;
+    unsigned n[3];
+    kern::GemvBlocksShape shape[3];
+    for (int s = 0; s < 3; ++s) {
+      const Segment& g = c.seg[s];
+      n[s] = static_cast<unsigned>(g.rows);
+      shape[s] = kern::gemvBlocksShape(n[s], static_cast<unsigned>(c.cols));
+      w.push_back(DeviceArray::of(alignedBlocksPlane(makeRandomWeight(g.type, g.rows, c.cols, rng(), 0.5f), g.padded).bytes));
+      bias.push_back(DeviceArray::of(randomFloats(g.rows, rng())));
+      ref.emplace_back(g.rows * 4);
+      got.emplace_back(g.rows * 4);
+      ref.back().poison();
+      got.back().poison();
+    }
+    CUdeviceptr a = xq.ptr(), b = xm.ptr(), pw[3], pb[3], pr[3], pg[3];
+    for (int s = 0; s < 3; ++s) {
+      pw[s] = w[s].ptr();
+      pb[s] = c.seg[s].bias ? bias[s].ptr() : 0;
+      pr[s] = ref[s].ptr();
+      pg[s] = got[s].ptr();
+      launch(kk[s], kern::gemvBlocksLaunch(n[s], shape[s]), {&pw[s], &pb[s], &a, &b, &pr[s]});
+    }
+    launch(kk[3], kern::gemvTripleLaunchRule(n, shape).at(1),
+           {&pw[0], &pb[0], &pw[1], &pb[1], &pw[2], &pb[2], &a, &b, &pg[0], &pg[1], &pg[2]});
+    for (int s = 0; s < 3; ++s) {
+      CAPTURE(s);
+      const std::vector<float> r = ref[s].download<float>(n[s]), g = got[s].download<float>(n[s]);
+      CHECK(std::memcmp(r.data(), g.data(), n[s] * 4) == 0);
+      CHECK(std::isfinite(relError(g.data(), r.data(), n[s])));  // every row written (no poison left)
+    }
+  }
+}
+
+// minfer_gemv_add_norm (gemv_blocks.cuh GEMVB_NORM: a decode MatMul, the residual Add, RmsNorm and QuantizeAct
+// in one launch). The matmul output bit-identical to minfer_gemv_blocks with the same work shape, the sum
+// bit-identical to res + out on the host; y against a float64 RMSNorm of that sum (kRmsNormTol); the q8 form: each
+// block's d = max|y| / 127 of the launch's y (1e-6 relative: d(u)·inv instead of d(u·inv)), every q within one
+// step of y / d (the rounding of u / d(u) may differ from y / d at a half-step), |q| ≤ 127, and the block's
+// half sums equal to its q. Rows 32 … 3584 (1 … 112 blocks), K 256 … 18944, both types, bias, padding, the
+// residual updated in place (res = sum) or not, the product written or not (out null); launched twice
+// (counters back to zero).
+TEST_CASE("gemv_add_norm: fused GEMV, residual Add, RMSNorm and q8 vs the unfused kernels and float64; counters left zero") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded, in_place, no_out;  // no_out: out null (y reuses the product's buffer)
+  };
+  const std::vector<Case> cases = {{GgmlType::Q4_K, 32, 256, false, false, true, false},
+                                   {GgmlType::Q6_K, 96, 768, true, true, false, true},
+                                   {GgmlType::Q4_K, 224, 3584, true, false, true, false},
+                                   {GgmlType::Q6_K, 3584, 3584, false, true, true, true},
+                                   {GgmlType::Q4_K, 3584, 18944, false, false, false, false},
+                                   {GgmlType::Q6_K, 3584, 18944, true, false, true, true}};
+  const float eps = 1e-6f;
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, kern::gemvNormShape(), c.bias);
+    const std::string tag = gemvBlocksTag(c.type, c.rows, c.cols, c.bias, c.padded);
+    specs.push_back(spec("gemv_norm_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
+    defs.push_back({"GEMVB_NORM", "1"});
+    defs.push_back({"GEMVB_NORM_EPS", "1e-6f"});
+    specs.push_back(spec("gemv_norm_test_fused_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_add_norm", defs));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Kernel &plain = k[2 * i], &fused = k[2 * i + 1];
+    CAPTURE(fused.key);
+    CAPTURE(c.in_place);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const BuiltPlane pw = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    const std::vector<float> res_v = activations(1, static_cast<int>(n)), nw_v = randomFloats(n, rng());
+    DeviceArray w = DeviceArray::of(pw.bytes), bias = DeviceArray::of(randomFloats(n, rng())), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), nw = DeviceArray::of(nw_v), ref(n * 4), out(n * 4), res(n * 4),
+                sum(n * 4), y(n * 4), qs(n), meta(n / 32 * 8), partial(n / 32 * 4), counters(4);
+    ref.poison();
+    CUdeviceptr pw_ = w.ptr(), pb = c.bias ? bias.ptr() : 0, a = xq.ptr(), b = xm.ptr(), pref = ref.ptr();
+    launch(plain, kern::gemvBlocksLaunch(n, kern::gemvNormShape()), {&pw_, &pb, &a, &b, &pref});
+    const std::vector<float> mm = ref.download<float>(n);
+    const uint32_t zero = 0;
+    counters.upload(&zero, 4);
+    for (int round = 0; round < 2; ++round) {
+      CAPTURE(round);
+      for (DeviceArray* d : {&out, &sum, &y, &qs, &meta, &partial}) d->poison();
+      res.upload(res_v.data(), n * 4);
+      CUdeviceptr po = c.no_out ? 0 : out.ptr(), pr = res.ptr(), ps = c.in_place ? res.ptr() : sum.ptr(), pnw = nw.ptr(), py = y.ptr(),
+                  pq = qs.ptr(), pm = meta.ptr(), pp = partial.ptr(), pc = counters.ptr();
+      launch(fused, kern::gemvNormLaunchRule(n).at(1), {&pw_, &pb, &a, &b, &po, &pr, &ps, &pnw, &py, &pq, &pm, &pp, &pc});
+      if (!c.no_out) CHECK(out.download<float>(n) == mm);
+      const std::vector<float> got_sum = (c.in_place ? res : sum).download<float>(n), got_y = y.download<float>(n);
+      std::vector<float> want_sum(n), want_y(n);
+      double ss = 0;
+      for (unsigned r = 0; r < n; ++r) {
+        want_sum[r] = res_v[r] + mm[r];
+        ss += static_cast<double>(want_sum[r]) * want_sum[r];
+      }
+      CHECK(got_sum == want_sum);
+      const double inv = 1.0 / std::sqrt(ss / n + eps);
+      for (unsigned r = 0; r < n; ++r) want_y[r] = static_cast<float>(want_sum[r] * inv * nw_v[r]);
+      CHECK(track("gemv_add_norm y", relError(got_y.data(), want_y.data(), n)) <= kRmsNormTol);
+      const std::vector<int8_t> q = qs.download<int8_t>(n);
+      const std::vector<kern::Q8Meta> m = meta.download<kern::Q8Meta>(n / 32);
+      int bad = 0;
+      for (unsigned blk = 0; blk < n / 32; ++blk) {
+        float amax = 0;
+        int lo = 0, hi = 0;
+        for (unsigned j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(got_y[32 * blk + j]));
+        if (std::fabs(m[blk].d - amax / 127.0f) > 1e-6f * amax / 127.0f) ++bad;
+        for (unsigned j = 0; j < 32; ++j) {
+          const int qv = q[32 * blk + j];
+          (j < 16 ? lo : hi) += qv;
+          if (qv > 127 || qv < -127 || std::fabs(qv - got_y[32 * blk + j] / m[blk].d) > 0.5f + 1e-3f) ++bad;
+        }
+        if (lo != m[blk].sum_lo || hi != m[blk].sum_hi) ++bad;
+      }
+      CHECK(bad == 0);
+      CHECK(counters.download<uint32_t>(1)[0] == 0u);
+    }
+  }
+}
+
+// minfer_gemv_qkv (gemv_blocks.cuh GEMVB_QKV: the decode steps MatMul q, k, v, their Rope and the
+// attention's KV store in one launch) against those steps' own kernels as the codegen compiles them: three
+// minfer_gemv_blocks launches (with the biases), minfer_rope (--fmad=false) and minfer_kv_store.
+// q, k, v and the two cache rows at the position must be bit-identical, and no other cache row written
+// (the caches are poisoned). NeoX and norm style, full and partial rotation, frequency factors and YaRN,
+// head sizes 64 and 128, GQA groups 2 and 7, mixed types (Q6_K v as Q4_K_M makes), biases or none.
+TEST_CASE("gemv_qkv: fused q, k, v GEMV, RoPE and KV store, bit-identical to the unfused kernels") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    int h, hkv, d, n_rot;
+    bool neox, ff, bias, yarn;
+    GgmlType tq, tk, tv;
+    uint64_t cols;
+  };
+  const Case cases[] = {
+      {4, 2, 64, 64, true, false, true, false, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 256},
+      {28, 4, 128, 128, true, false, true, false, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 3584},
+      {6, 2, 64, 32, true, true, false, false, GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q4_K, 768},
+      {6, 2, 128, 96, false, false, true, true, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q6_K, 512},
+      {14, 2, 64, 64, false, true, false, false, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, 1280},
+  };
+  constexpr int kCtx = 50, kPos = 37;
+  std::vector<codegen::KernelSpec> specs;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const kern::RopeYarn y = kern::ropeYarn(c.n_rot, 10000.0f, c.yarn ? 0.25f : 1.0f, c.yarn ? 1.0f : 0.0f, 1.0f, 32.0f,
+                                            1.0f, 4096);
+    const auto rope = ropeDefines(c.n_rot, c.neox, 10000.0f, c.yarn ? 0.25f : 1.0f, c.ff, y);
+    const std::string tag = "_" + str(ci);
+    std::vector<std::pair<std::string, std::string>> fused = {
+        {"GEMVB_QKV", "1"}, {"GEMVB_K", str(c.cols)}, {"QKV_NHEAD", str(c.h)}, {"QKV_NHEAD_KV", str(c.hkv)},
+        {"QKV_HEAD_DIM", str(c.d)}, {"GEMVB_ROW_WARPS", "2"}, {"GEMVB_UNROLL", "1"}};
+    const GgmlType types[3] = {c.tq, c.tk, c.tv};
+    const uint64_t rows[3] = {uint64_t(c.h * c.d), uint64_t(c.hkv * c.d), uint64_t(c.hkv * c.d)};
+    const char* seg[3] = {"Q", "K", "V"};
+    for (int i = 0; i < 3; ++i) {
+      const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(types[i]).type_size, 16));
+      const std::string pitch = str(c.cols / 256 * gp + (i == 1 ? 32 : 0));  // k padded
+      const std::string p = std::string("GEMVB_") + seg[i] + "_";
+      fused.insert(fused.end(), {{p + "TYPE", str(static_cast<unsigned>(types[i]))}, {p + "PITCH", pitch},
+                                 {p + "GROUP_PITCH", str(gp)}, {p + "HAS_BIAS", c.bias ? "1" : "0"}});
+      specs.push_back(spec("gemv_qkv_test_plain" + tag + seg[i], "kernels/gemv_blocks.cuh", "minfer_gemv_blocks",
+                           {{"GEMVB_N", str(rows[i])}, {"GEMVB_K", str(c.cols)},
+                            {"GEMVB_TYPE", str(static_cast<unsigned>(types[i]))}, {"GEMVB_PITCH", pitch},
+                            {"GEMVB_GROUP_PITCH", str(gp)}, {"GEMVB_ROWS", "2"}, {"GEMVB_ROW_WARPS", "2"},
+                            {"GEMVB_UNROLL", "1"}, {"GEMVB_HAS_BIAS", c.bias ? "1" : "0"}}));
+    }
+    fused.insert(fused.end(), rope.begin(), rope.end());
+    specs.push_back(spec("gemv_qkv_test_fused" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_qkv", fused));
+    auto rope_defs = rope;
+    rope_defs.insert(rope_defs.end(), {{"ROPE_NHEAD", str(c.h)}, {"ROPE_NHEAD_KV", str(c.hkv)}, {"ROPE_HEAD_DIM", str(c.d)}});
+    specs.push_back(spec("gemv_qkv_test_rope" + tag, "kernels/rope.cuh", "minfer_rope", rope_defs, {"--fmad=false"}));
+    specs.push_back(spec("gemv_qkv_test_store" + tag, "kernels/attention.cuh", "minfer_kv_store",
+                         {{"ATT_NHEAD", str(c.h)}, {"ATT_NHEAD_KV", str(c.hkv)}, {"ATT_HEAD_DIM", str(c.d)},
+                          {"ATT_KV_STORE", "1"}}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const Kernel* kk = &k[6 * ci];  // plain q, k, v, fused, rope, store
+    CAPTURE(kk[3].key);
+    const uint64_t rows[3] = {uint64_t(c.h * c.d), uint64_t(c.hkv * c.d), uint64_t(c.hkv * c.d)};
+    const GgmlType types[3] = {c.tq, c.tk, c.tv};
+    std::vector<DeviceArray> w, bias, ref, got;
+    for (int i = 0; i < 3; ++i) {
+      w.push_back(DeviceArray::of(alignedBlocksPlane(makeRandomWeight(types[i], rows[i], c.cols, rng(), 0.5f), i == 1).bytes));
+      bias.push_back(DeviceArray::of(randomFloats(rows[i], rng())));
+      ref.emplace_back(rows[i] * 4);
+      got.emplace_back(rows[i] * 4);
+      ref.back().poison();
+      got.back().poison();
+    }
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    std::vector<float> ff(c.n_rot / 2);
+    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + 0.25f * static_cast<float>(i % 9);
+    const uint64_t kv_w = rows[1];
+    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta), d_ff = DeviceArray::of(ff),
+                d_pos = DeviceArray::of(std::vector<int32_t>{kPos}), ref_kc(kCtx * kv_w * 2), ref_vc(kCtx * kv_w * 2),
+                kc(kCtx * kv_w * 2), vc(kCtx * kv_w * 2);
+    for (DeviceArray* a : {&ref_kc, &ref_vc, &kc, &vc}) a->poison();
+    CUdeviceptr a = xq.ptr(), b = xm.ptr(), f = c.ff ? d_ff.ptr() : 0, p = d_pos.ptr();
+    CUdeviceptr pw[3], pb[3], pr[3], pg[3];
+    for (int i = 0; i < 3; ++i) {
+      pw[i] = w[i].ptr();
+      pb[i] = c.bias ? bias[i].ptr() : 0;
+      pr[i] = ref[i].ptr();
+      pg[i] = got[i].ptr();
+    }
+    for (int i = 0; i < 3; ++i)
+      launch(kk[i], kern::gemvBlocksLaunch(static_cast<unsigned>(rows[i]), {2, 2, 1}), {&pw[i], &pb[i], &a, &b, &pr[i]});
+    int one = 1;
+    launch(kk[4], kern::ropeLaunch(1, c.h, c.hkv), {&pr[0], &pr[1], &f, &p, &one});
+    CUdeviceptr rkc = ref_kc.ptr(), rvc = ref_vc.ptr(), gkc = kc.ptr(), gvc = vc.ptr();
+    launch(kk[5], kern::kvStoreLaunch(1, c.hkv, c.d), {&pr[1], &pr[2], &rkc, &rvc, &p, &one});
+    launch(kk[3], kern::gemvQkvLaunchRule(c.h, c.hkv, c.d, {2, 2, 1}).at(1),
+           {&pw[0], &pb[0], &pw[1], &pb[1], &pw[2], &pb[2], &a, &b, &f, &pg[0], &pg[1], &pg[2], &gkc, &gvc, &p});
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<float> r = ref[i].download<float>(rows[i]), g = got[i].download<float>(rows[i]);
+      CHECK_MESSAGE(std::memcmp(r.data(), g.data(), rows[i] * 4) == 0, "qkv"[i]);
+      CHECK(std::isfinite(relError(g.data(), r.data(), rows[i])));
+    }
+    // The whole caches: the row at kPos as kv_store wrote it, every other row still the poison pattern.
+    CHECK(kc.download<uint16_t>(kCtx * kv_w) == ref_kc.download<uint16_t>(kCtx * kv_w));
+    CHECK(vc.download<uint16_t>(kCtx * kv_w) == ref_vc.download<uint16_t>(kCtx * kv_w));
+  }
+}
+
+
+// The per-output error bound of a matmul whose kernel rounds the decomposed weights (s, m and w = s·q + m) and the
+// activations (d and d·q) to f16 and accumulates in f32 (mmq_blocks): 4·2⁻¹¹ · Σ_k (|s·q| + |m|)·|x_k| + K·2⁻²⁴ ·
+// Σ_k |w_k·x_k|, for n rows of activations x; row t, weight row r at t·rows + r.
+std::vector<double> f16MatmulBound(const RandomWeight& w, const std::vector<float>& x, int n) {
+  const GgmlTypeTraits tr = ggmlTypeTraits(w.type);
+  const uint64_t blocks = w.cols / tr.block_size, group = static_cast<uint64_t>(groupSize(w.type));
+  std::vector<double> terms(w.cols);  // |s·q| + |m| of one row
+  std::vector<double> bound(static_cast<size_t>(n) * w.rows);
+  std::vector<int8_t> q(tr.block_size);
+  std::vector<float> scale(tr.block_size), mn(tr.block_size, 0.0f);
+  for (uint64_t r = 0; r < w.rows; ++r) {
+    for (uint64_t b = 0; b < blocks; ++b) {
+      REQUIRE(decomposeBlock(w.type, w.source.data() + (r * blocks + b) * tr.type_size, q.data(), scale.data(), mn.data()));
+      for (uint64_t i = 0; i < tr.block_size; ++i)
+        terms[b * tr.block_size + i] = std::fabs(static_cast<double>(scale[i / group]) * q[i]) +
+                                       (hasMin(w.type) ? std::fabs(static_cast<double>(mn[i / group])) : 0.0);
+    }
+    for (int t = 0; t < n; ++t) {
+      double rounding = 0, accumulation = 0;
+      for (uint64_t k = 0; k < w.cols; ++k) {
+        const double ax = std::fabs(static_cast<double>(x[t * w.cols + k]));
+        rounding += terms[k] * ax;
+        accumulation += std::fabs(static_cast<double>(w.values[r * w.cols + k])) * ax;
+      }
+      bound[static_cast<size_t>(t) * w.rows + r] = 4.0 * std::ldexp(rounding, -11) +
+                                                   static_cast<double>(w.cols) * std::ldexp(accumulation, -24) + 1e-30;
+    }
+  }
+  return bound;
+}
+
+// minfer_mmq_blocks (mmq_blocks.cuh: the small-batch MatMul on the blocks, f16 tensor cores on weights and activations
+// dequantized in shared memory) against the CPU matmul on the exact block values and the dequantized q8 activations
+// (cpuBlocksMatmul). The kernel rounds s, m, each weight (one f16 fma), d and each activation (one f16 product) to
+// f16, so each output must lie within its own bound: 4·2⁻¹¹ · Σ_k (|s·q| + |m|)·|x_k| (the f16 roundings, relative
+// to each term's operands) + K·2⁻²⁴ · Σ_k |w_k·x_k| (f32 accumulation); the worst measured fraction of that bound is
+// tracked. Both types; row counts not multiples of the 128-row tile (7, 130, 4100) and the 7B's; K from one block to
+// the 7B's down projection; one split and several (split-K with the last-split sum; counters zero again: each
+// launched twice); tiles of 32 and 64 tokens at 1, 9, past half a tile and a full tile; bias and padding. Nothing
+// is written past the call's rows (poisoned rows stay poisoned).
+TEST_CASE("mmq_blocks: Q4_K and Q6_K blocks on f16 tensor cores, 1 … 64 rows, split-K, vs the CPU within the f16 bound") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded;
+    unsigned tn, splits;
+  };
+  const std::vector<Case> cases = {
+      {GgmlType::Q4_K, 7, 256, false, false, 32, 1},     {GgmlType::Q6_K, 130, 768, true, true, 64, 3},
+      {GgmlType::Q4_K, 512, 3584, true, false, 64, 7},   {GgmlType::Q6_K, 512, 3584, false, true, 32, 2},
+      {GgmlType::Q4_K, 4100, 1024, false, true, 16, 1},  {GgmlType::Q6_K, 3584, 18944, true, false, 64, 4},
+      {GgmlType::Q4_K, 3584, 3584, false, false, 32, 5}, {GgmlType::Q4_K, 1000, 18944, true, true, 64, 74},
+      {GgmlType::Q6_K, 100, 512, false, false, 16, 1},   {GgmlType::Q4_K, 300, 2048, true, false, 16, 8}};
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(c.type).type_size, 16));
+    const uint64_t pitch = c.cols / 256 * gp + (c.padded ? 32 : 0);
+    specs.push_back(spec("mmq_blocks_test_" + codegen::typeTag(static_cast<uint32_t>(c.type)) + "_n" + str(c.rows) +
+                             "_k" + str(c.cols) + (c.bias ? "_bias" : "") + (c.padded ? "_pad" : "") + "_tn" + str(c.tn) +
+                             "_s" + str(c.splits),
+                         "kernels/mmq_blocks.cuh", "minfer_mmq_blocks",
+                         {{"MMQB_N", str(c.rows)}, {"MMQB_K", str(c.cols)},
+                          {"MMQB_TYPE", str(static_cast<unsigned>(c.type))}, {"MMQB_PITCH", str(pitch)},
+                          {"MMQB_GROUP_PITCH", str(gp)}, {"MMQB_TN", str(c.tn)},
+                          {"MMQB_SPLITS", str(c.splits)},
+                          {"MMQB_HAS_BIAS", c.bias ? "1" : "0"}}));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    CAPTURE(k[i].key);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const RandomWeight rw = makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f);
+    const BuiltPlane pw = alignedBlocksPlane(rw, c.padded);
+    const int max_rows = static_cast<int>(c.tn);
+    const HostQ8 hq = quantizeHost(activations(max_rows, static_cast<int>(c.cols)), max_rows, static_cast<int>(c.cols));
+    const std::vector<float> bias_v = randomFloats(n, rng());
+    const std::vector<float> want = cpuBlocksMatmul(rw, c.bias ? bias_v.data() : nullptr, hq.deq, max_rows);
+    const std::vector<double> bound = f16MatmulBound(rw, hq.deq, max_rows);
+    DeviceArray w = DeviceArray::of(pw.bytes), bias = DeviceArray::of(bias_v), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), got(static_cast<uint64_t>(max_rows) * n * 4),
+                partial(std::max<uint64_t>(16, kern::mmqbPartialBytes(n, c.tn, c.splits))),
+                counters = DeviceArray::of(std::vector<uint32_t>(kern::mmqbCounterBytes(n) / 4, 0));
+    const kern::LaunchShape sh = kern::mmqbLaunchRule(n, static_cast<unsigned>(c.type), c.tn, c.splits).at(1);
+    for (int tokens : {1, 9, max_rows / 2 + 3, max_rows}) {
+      if (tokens > max_rows) continue;
+      for (int rep = 0; rep < 2; ++rep) {  // the counters must be zero again for the second launch's sums
+        CAPTURE(tokens);
+        CAPTURE(rep);
+        got.poison();
+        CUdeviceptr pw_ = w.ptr(), pb = c.bias ? bias.ptr() : 0, a = xq.ptr(), b = xm.ptr(), o = got.ptr(),
+                    pp = c.splits > 1 ? partial.ptr() : 0, pc = counters.ptr();
+        launch(k[i], sh, {&pw_, &pb, &a, &b, &o, &pp, &pc, &tokens});
+        const std::vector<float> all = got.download<float>(static_cast<size_t>(max_rows) * n);
+        const size_t used = static_cast<size_t>(tokens) * n;
+        double worst = 0;  // the largest |got − want| as a fraction of its bound
+        for (size_t j = 0; j < used; ++j) {
+          if (!std::isfinite(all[j])) worst = INFINITY;
+          worst = std::max(worst, std::fabs(static_cast<double>(all[j]) - want[j]) / bound[j]);
+        }
+        CHECK(track("mmq_blocks (fraction of the f16 bound)", worst) <= 1.0);
+        size_t written_past = 0;  // poison is NaN: a written value past the call's rows is a number
+        for (size_t j = used; j < all.size(); ++j) written_past += !std::isnan(all[j]);
+        CHECK(written_past == 0);
+      }
+    }
+    const size_t words = kern::mmqbCounterBytes(n) / 4;
+    CHECK(counters.download<uint32_t>(words) == std::vector<uint32_t>(words, 0));
+  }
+}
+
+}  // namespace
+}  // namespace minfer::test::gpu
