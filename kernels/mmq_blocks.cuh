@@ -49,7 +49,8 @@ constexpr unsigned kMmqbThreads = 256;
 constexpr unsigned kMmqbTM = 128;  // weight rows per thread block: 16 per warp
 // The rows of a small-batch step it takes (compiler/codegen/ops/matmul.cpp smallBatchBlocksMatmul): from
 // kMmqbFromRows (below, the batched GEMV of gemv_blocks.cuh is faster) to kMmqbMaxRows (above, the Hopper f16 GEMM of
-// the prefill plan); measured on an H200, BENCHMARKS.md.
+// the prefill plan); measured on an H200, BENCHMARKS.md. Models with experts keep the batched GEMV and the GEMM: the
+// f16 rounding here moved a near-tie MoE router row of tiny-qwen3moe to another expert (batched vs alone 0.11).
 constexpr unsigned kMmqbFromRows = 5;
 constexpr unsigned kMmqbMaxRows = 32;
 constexpr unsigned kMmqbLD = 256 + 16;  // q8 activation row of a stage (bytes)

@@ -419,8 +419,8 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
   // kF16 plane, max_batch) rows, with the codegen's split count; else, on the GGUF blocks (Q4_K, Q6_K),
   // minfer_gemv_batch with the decode GEMV's constants for the calls below kMmqbFromRows rows and minfer_mmq_blocks
   // in tiles of 16 and 32 tokens from there, up to min(kMmqbMaxRows, max_batch) rows (row ranges, 1.10; with
-  // max_batch below kMmqbFromRows the batched GEMV alone, up to min(kGemvBatchMaxRows, max_batch)). Every other step
-  // none.
+  // max_batch below kMmqbFromRows or in a model with experts the batched GEMV alone, up to min(kGemvBatchMaxRows,
+  // max_batch)). Every other step none.
   REQUIRE(set.prefill_small.size() == l.desc.plan.prefill.size());
   REQUIRE(set.prefill_small_rows.size() == l.desc.plan.prefill.size());
   size_t small_steps = 0;
@@ -433,7 +433,8 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
                         l.layouts[s.weights[0]].find(PlaneKind::kI8) < 0;
     const bool want = s.op == fb::OpKind::MatMul && !set.prefill_fused[i] && !follows &&
                       (isQuantizedMatMul(l, s) || blocks);
-    const bool mmq = blocks && max_batch >= kern::kMmqbFromRows;  // the batched GEMV, then mmq_blocks
+    // the batched GEMV, then mmq_blocks (not in models with experts)
+    const bool mmq = blocks && max_batch >= kern::kMmqbFromRows && l.desc.config.n_expert == 0;
     const size_t mmq_launches = !mmq ? 0 : max_batch >= 17 ? 2 : 1;
     REQUIRE_MESSAGE(set.prefill_small[i].size() == (want ? 1 + mmq_launches : 0u), s.name);
     const bool f16 = want && l.layouts[s.weights[0]].find(PlaneKind::kF16) >= 0;
@@ -566,7 +567,8 @@ TEST_CASE("every fixture model gets kernel images for sm_90") {
 // The small-batch launches where the Hopper images plan their K-quant weights (layout_planner.h f16_prefill: kBlocks
 // and kF16, no kI8): for every Q4_K and Q6_K matmul, minfer_gemv_batch on the GGUF blocks below kMmqbFromRows rows
 // and minfer_mmq_blocks from there in tiles of 16 and 32 tokens, the row ranges adjoining, up to
-// min(kMmqbMaxRows, max_batch) rows (checkSet covers the sm_90 planes); specs only, no NVRTC.
+// min(kMmqbMaxRows, max_batch) rows; in a model with experts the batched GEMV alone (checkSet covers the sm_90 planes);
+// specs only, no NVRTC.
 TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks beside a Hopper kF16 plane") {
   if (!test::haveFixtures()) return;
   const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
@@ -609,6 +611,24 @@ TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks be
     }
   }
   CHECK(types == std::set<uint32_t>{static_cast<uint32_t>(GgmlType::Q4_K), static_cast<uint32_t>(GgmlType::Q6_K)});
+  // A model with experts keeps the batched GEMV alone (mmq_blocks's f16 rounding moved a near-tie router row): its
+  // attention's Q4_K / Q6_K matmuls get one launch, no row range, up to min(kGemvBatchMaxRows, max_batch) rows.
+  const Loaded moe = load(test::fixturesDir() + "/arch/models/tiny-qwen3moe-Q4_K_M.gguf", true, true);
+  REQUIRE(moe.desc.config.n_expert > 0);
+  size_t moe_blocks = 0;
+  for (size_t i = 0; i < moe.desc.plan.prefill.size(); ++i) {
+    const model::StepDesc& s = moe.desc.plan.prefill[i];
+    if (s.op != fb::OpKind::MatMul || s.weights.empty() || !readsBlocksInDecode(moe, s)) continue;
+    CAPTURE(s.name);
+    auto small = smallLaunchesForStep(moe.desc, moe.layouts, PlanVariant::kPrefill, i, 0);
+    REQUIRE_MESSAGE(static_cast<bool>(small), llvm::toString(small.takeError()));
+    REQUIRE(small->launches.size() == 1);
+    CHECK(small->launches[0].spec.entry == "minfer_gemv_batch");
+    CHECK((small->launches[0].min_rows == 0 && small->launches[0].max_rows == 0));
+    CHECK(small->rows == std::min(kern::kGemvBatchMaxRows, moe.desc.plan.max_batch));
+    ++moe_blocks;
+  }
+  CHECK(moe_blocks > 0);
 }
 
 TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches equal to their buffers") {

@@ -308,7 +308,7 @@ Launches smallBatchMatmul(const StepContext& c, const MatMulOperands& m) {
 // max_rows), up to min(kMmqbMaxRows, max_batch): the batched GEMV (kernels/gemv_blocks.cuh GEMVB_BATCH, the decode
 // GEMV's sums for each row, one weight pass) below kMmqbFromRows rows; from there minfer_mmq_blocks
 // (kernels/mmq_blocks.cuh, f16 tensor cores) in tiles of 16 tokens, then 32; split over K (mmqbSplits) except in the
-// last-token tail.
+// last-token tail. Models with experts: the batched GEMV alone (up to min(kGemvBatchMaxRows, max_batch) rows).
 Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
   const StrideTable* blk = decodeBlocksPlane(*m.w);
   auto qin = c.input(1, "quantized input");
@@ -324,7 +324,9 @@ Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
   args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
   args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
   out.push_back({b.spec, args, kern::gemvBlocksLaunchRule(n, kern::gemvBlocksShape(n, k))});
-  if (rows < kern::kMmqbFromRows) return out;
+  // Not in models with experts: mmq_blocks's f16 rounding moved a near-tie router row to another expert
+  // (kMmqbFromRows' comment), where the batched GEMV's sums are the single-sequence decode's.
+  if (rows < kern::kMmqbFromRows || c.hasExperts()) return out;
   out.back().max_rows = kern::kMmqbFromRows - 1;
   // A step of the last-token tail may not use scratch (it runs on one row, see wgmmaMatmul): one split there.
   const unsigned splits = c.inTail() ? 1u : kern::mmqbSplits(n, k);
@@ -650,14 +652,14 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
   if (c.step().weights.empty()) return SmallLaunches{};
   SmallLaunches out;
   // The kI8 plane where the weight has one (gemm_small.cuh); else the GGUF blocks where the decode GEMV reads them
-  // (Q4_K, Q6_K beside a Hopper kF16 plane: the batched GEMV). The kI8 kernel first: at 32 and 64 rows it
-  // measured faster than a kernel on the blocks (BENCHMARKS.md, issue 14).
+  // (Q4_K, Q6_K beside a Hopper kF16 plane: the batched GEMV, then mmq_blocks). The kI8 kernel first: at 32 and 64
+  // rows it measured faster than a kernel on the blocks (BENCHMARKS.md, issue 14).
   if (!findPlane(*m->w, PlaneKind::kI8) && decodeBlocksPlane(*m->w)) {
     auto launches = smallBatchBlocksMatmul(c, *m);
     if (!launches) return launches.takeError();
     if (!launches->empty()) {
-      out.launches = std::move(*launches);
       out.rows = launches->size() > 1 ? launches->back().max_rows : std::min<uint32_t>(kern::kGemvBatchMaxRows, c.maxBatch());
+      out.launches = std::move(*launches);
       return out;
     }
   }

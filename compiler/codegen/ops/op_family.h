@@ -23,6 +23,7 @@ class StepContext {
   bool prefill() const { return variant_ == PlanVariant::kPrefill; }
   bool load() const { return variant_ == PlanVariant::kLoad; }
   uint32_t maxBatch() const { return desc_.plan.max_batch; }
+  bool hasExperts() const { return desc_.config.n_expert > 0; }  // a mixture-of-experts model
   // A prefill step of the last-token tail (plan_rewrite.h lastTokenTailBegin): it runs on one row.
   bool inTail() const;
 
