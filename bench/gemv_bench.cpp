@@ -253,6 +253,16 @@ double copyCeiling(const Gpu& g) {
   return best;
 }
 
+// max |a − b| / max |b|.
+double maxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    ref = std::max(ref, std::fabs(static_cast<double>(b[i])));
+  }
+  return diff / ref;
+}
+
 std::string str(uint64_t v) { return std::to_string(v); }
 
 }  // namespace
@@ -319,6 +329,14 @@ int main(int argc, char** argv) {
     auto launchesFor = [&](const Copies& c) {
       const uint64_t want = std::max<uint64_t>(c.sets.size(), (uint64_t{2} << 30) / c.bytes);
       return static_cast<unsigned>(std::min<uint64_t>(2000, (want + c.sets.size() - 1) / c.sets.size() * c.sets.size()));
+    };
+    // Row 0 of the two output buffers (the kernel under test's, the reference's), after the stream's work.
+    auto outputs = [&] {
+      std::pair<std::vector<float>, std::vector<float>> r{std::vector<float>(s.n), std::vector<float>(s.n)};
+      ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(r.first.data(), d_out_a.ptr(), s.n * 4, g.stream.get()), "download"));
+      ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(r.second.data(), d_out_b.ptr(), s.n * 4, g.stream.get()), "download"));
+      g.sync();
+      return r;
     };
     auto row = [&](const std::string& name, uint64_t bytes, const Timing& t) {
       std::printf("%-7s %-5s %7llu %6llu  %-34s %9.1f %8.3f %9.2f %10.0f ± %-5.0f %6.1f%%\n", s.name,
@@ -409,16 +427,8 @@ int main(int argc, char** argv) {
         std::vector<void*> b = {&gw[0], &gs[0], &gm[0], &null_ptr, &xqp, &xmp, &outb};
         ok(g.dev->check(g.cu().cuLaunchKernel(kg.fn, gsh.grid.x, 1, 1, gsh.block.x, 1, 1, 0, g.stream.get(), b.data(), nullptr),
                         "launch"));
-        std::vector<float> ra(s.n), rb(s.n);
-        ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(ra.data(), outa, s.n * 4, g.stream.get()), "download"));
-        ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(rb.data(), outb, s.n * 4, g.stream.get()), "download"));
-        g.sync();
-        double diff = 0, ref = 0;
-        for (uint64_t i = 0; i < s.n; ++i) {
-          diff = std::max(diff, std::fabs(static_cast<double>(ra[i]) - rb[i]));
-          ref = std::max(ref, std::fabs(static_cast<double>(rb[i])));
-        }
-        std::printf("        gemv_blocks vs gemv on the same weights: max |a - b| / max |b| = %.2e\n", diff / ref);
+        const auto [ra, rb] = outputs();
+        std::printf("        gemv_blocks vs gemv on the same weights: max |a - b| / max |b| = %.2e\n", maxRelDiff(ra, rb));
       }
     }
     if (!kBatch.empty()) {
@@ -451,10 +461,7 @@ int main(int argc, char** argv) {
       std::vector<void*> b = {&bw[0], &null_ptr, &xqp, &xmp, &outb};
       ok(g.dev->check(g.cu().cuLaunchKernel(k1.fn, sh1.grid.x, 1, 1, sh1.block.x, 1, 1, 0, g.stream.get(), b.data(), nullptr),
                       "launch"));
-      std::vector<float> ra(s.n), rb(s.n);
-      ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(ra.data(), outa, s.n * 4, g.stream.get()), "download"));
-      ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(rb.data(), outb, s.n * 4, g.stream.get()), "download"));
-      g.sync();
+      const auto [ra, rb] = outputs();
       std::printf("        gemv_batch token 0 vs gemv_blocks: %s\n",
                   std::memcmp(ra.data(), rb.data(), s.n * 4) == 0 ? "bit-identical" : "DIFFERENT");
     }
@@ -502,16 +509,9 @@ int main(int argc, char** argv) {
           ok(g.dev->check(g.cu().cuLaunchKernel(kernels[0].fn, sh1.grid.x, 1, 1, sh1.block.x, 1, 1, 0, g.stream.get(),
                                                 b.data(), nullptr),
                           "launch"));
-          std::vector<float> ra(s.n), rb(s.n);
-          ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(ra.data(), outa, s.n * 4, g.stream.get()), "download"));
-          ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(rb.data(), outb, s.n * 4, g.stream.get()), "download"));
-          g.sync();
-          double diff = 0, ref = 0;
-          for (uint64_t i = 0; i < s.n; ++i) {
-            diff = std::max(diff, std::fabs(static_cast<double>(ra[i]) - rb[i]));
-            ref = std::max(ref, std::fabs(static_cast<double>(rb[i])));
-          }
-          std::printf("        mmq_blocks tn%u s%u token 0 vs gemv_blocks: max |a - b| / max |b| = %.2e\n", tn, sp, diff / ref);
+          const auto [ra, rb] = outputs();
+          std::printf("        mmq_blocks tn%u s%u token 0 vs gemv_blocks: max |a - b| / max |b| = %.2e\n", tn, sp,
+                      maxRelDiff(ra, rb));
         }
     }
   }
