@@ -15,7 +15,9 @@
 // read per launch / time per launch. The ceiling printed first is a device-to-device copy of 1 GiB
 // (bytes read + written). --variants also times a grid of gemv_blocks work shapes (rows per warp, warps
 // per row, unroll). The two
-// kernels' outputs on the same weights are compared (max |a − b| / max |b|) as a sanity check.
+// kernels' outputs on the same weights are compared (max |a − b| / max |b|) as a sanity check. --batch also times
+// the batched GEMV (gemv_blocks.cuh GEMVB_BATCH) and --mmq-blocks minfer_mmq_blocks (mmq_blocks.cuh, f16 tensor
+// cores) on that many q8 rows, the weights GB/s of each launch.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -61,7 +63,7 @@ llvm::cl::list<unsigned> kBatch("batch", llvm::cl::CommaSeparated,
                                                "and work shape) on this many q8 rows, for each count given"),
                                 llvm::cl::cat(kCategory));
 llvm::cl::list<unsigned> kMmqBlocks("mmq-blocks", llvm::cl::CommaSeparated,
-                                    llvm::cl::desc("also time minfer_mmq_blocks (int8 tensor cores on the blocks, tiles of 32 "
+                                    llvm::cl::desc("also time minfer_mmq_blocks (f16 tensor cores on the blocks, tiles of 16, 32 "
                                                    "and 64 tokens) on this many q8 rows (≤ 64), for each count given"),
                                     llvm::cl::cat(kCategory));
 llvm::cl::list<unsigned> kMmqbSplits("mmqb-splits", llvm::cl::CommaSeparated,
@@ -466,7 +468,7 @@ int main(int argc, char** argv) {
                   std::memcmp(ra.data(), rb.data(), s.n * 4) == 0 ? "bit-identical" : "DIFFERENT");
     }
     if (!kMmqBlocks.empty()) {
-      // minfer_mmq_blocks: tiles of 32 and 64 tokens, the codegen's splits and those of --mmqb-splits; each token
+      // minfer_mmq_blocks: tiles of 16, 32 and 64 tokens, the codegen's splits and those of --mmqb-splits; each token
       // count on the smallest tile that holds it. Token 0 is checked against the one-row gemv_blocks (a different
       // summation order: relative difference printed).
       const unsigned n = static_cast<unsigned>(s.n), k = static_cast<unsigned>(s.k), type = static_cast<unsigned>(s.type);

@@ -1,5 +1,5 @@
-// Small-batch matmul straight from GGUF blocks on f16 tensor cores (OpKind MatMul, 2 … MMQB_TN q8 rows: the rows of
-// a batched decode step): out = x · Wᵀ for a kBlocks plane of Q4_K or Q6_K (the plane the decode GEMV,
+// Small-batch matmul straight from GGUF blocks on f16 tensor cores (OpKind MatMul, 1 … MMQB_TN q8 rows; the codegen
+// gives it the batched steps of kMmqbFromRows … kMmqbMaxRows rows): out = x · Wᵀ for a kBlocks plane of Q4_K or Q6_K (the plane the decode GEMV,
 // gemv_blocks.cuh, reads), so a step of many sequences streams the GGUF's weight bytes once instead of the f16
 // plane of the Hopper prefill GEMM (3.6× the bytes at Q4_K), and its dot products run on tensor cores instead of
 // the batched GEMV's dp4a (compute-bound past 4 rows).
@@ -56,7 +56,8 @@ constexpr unsigned kMmqbMaxRows = 32;
 constexpr unsigned kMmqbLD = 256 + 16;  // q8 activation row of a stage (bytes)
 constexpr unsigned kMmqbLDH = 256 + 8;  // f16 tile row (halves): 132 words, so ldmatrix's 8 rows hit distinct banks
 constexpr unsigned kMmqbSmemMax = 227 * 1024;  // dynamic shared memory of one block on sm_90 (opt-in)
-// Shared memory one block may take so that two fit on an SM (each block also takes 1 KiB of the SM's 228 KiB).
+// Shared memory one block may take so that two fit on an SM (each block also takes 1 KiB of the SM's 228 KiB, and 16
+// bytes of static shared memory).
 constexpr unsigned kMmqbSmemBudget = 113 * 1024;
 
 // Shared-memory row of one raw block (bytes): Q4_K 144 (36 words: rows g = 0..7 of an A-fragment load fall on
@@ -135,6 +136,7 @@ static_assert(kType == 12 || kType == 14, "MMQB_TYPE must be Q4_K (12) or Q6_K (
 static_assert(kTN == 16 || kTN == 32 || kTN == 64, "MMQB_TN must be 16, 32 or 64");
 static_assert(kTM == 16 * kThreads / 32, "a warp per 16 rows");
 static_assert(kS >= 1 && kS <= kKB, "MMQB_SPLITS: 1 … K/256");
+static_assert(mmqbSmemBytes(kType, kTN) <= kMmqbSmemMax, "dynamic shared memory above the sm_90 opt-in limit");
 static_assert(MMQB_PITCH % 16 == 0 && MMQB_GROUP_PITCH % 16 == 0, "blocks must start 16-byte aligned");
 static_assert(MMQB_GROUP_PITCH >= 16 * mmqbRawChunks(kType), "group pitch smaller than the copied chunks");
 static_assert(MMQB_PITCH >= static_cast<unsigned long long>(kKB) * MMQB_GROUP_PITCH, "row pitch smaller than a row");

@@ -34,13 +34,14 @@ struct Loaded {
   std::vector<planes::TensorLayout> layouts;
 };
 
-// Reads a GGUF, lowers it and plans its planes (no transforms: codegen needs only the stride tables).
-Loaded load(const std::string& path, bool rewrite = true, bool f16_prefill = false) {
+// Reads a GGUF, lowers it for batches of up to `max_batch` tokens and plans its planes (no transforms: codegen needs
+// only the stride tables).
+Loaded load(const std::string& path, bool rewrite = true, bool f16_prefill = false, uint32_t max_batch = 512) {
   Loaded l;
   auto file = gguf::GgufFile::open(path);
   REQUIRE_MESSAGE(static_cast<bool>(file), llvm::toString(file.takeError()));
   l.file = std::move(*file);
-  auto desc = model::describeModel(*l.file, 512);
+  auto desc = model::describeModel(*l.file, max_batch);
   REQUIRE_MESSAGE(static_cast<bool>(desc), llvm::toString(desc.takeError()));
   l.desc = std::move(*desc);
   for (const model::WeightDesc& w : l.desc.weights) {
@@ -629,6 +630,29 @@ TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks be
     ++moe_blocks;
   }
   CHECK(moe_blocks > 0);
+  // Plans for smaller batches clip the ranges: max_batch 4 (below kMmqbFromRows) the batched GEMV alone; 12 one
+  // mmq_blocks launch up to 12 rows; 20 the second tile up to 20 rows. small_rows is the last launch's bound.
+  for (const uint32_t batch : {4u, 12u, 20u}) {
+    CAPTURE(batch);
+    const Loaded sl = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true, batch);
+    REQUIRE(sl.desc.plan.max_batch == batch);
+    size_t checked = 0;
+    for (size_t i = 0; i < sl.desc.plan.prefill.size(); ++i) {
+      const model::StepDesc& s = sl.desc.plan.prefill[i];
+      if (s.op != fb::OpKind::MatMul || !readsBlocksInDecode(sl, s)) continue;
+      CAPTURE(s.name);
+      auto small = smallLaunchesForStep(sl.desc, sl.layouts, PlanVariant::kPrefill, i, 0);
+      REQUIRE_MESSAGE(static_cast<bool>(small), llvm::toString(small.takeError()));
+      const size_t want = batch < kern::kMmqbFromRows ? 1 : batch < 17 ? 2 : 3;
+      REQUIRE(small->launches.size() == want);
+      CHECK(small->launches[0].max_rows == (want == 1 ? 0u : kern::kMmqbFromRows - 1));
+      if (want > 1) CHECK(small->launches[1].max_rows == std::min(16u, batch));
+      if (want > 2) CHECK((small->launches[2].min_rows == 17 && small->launches[2].max_rows == batch));
+      CHECK(small->rows == (want == 1 ? std::min(kern::kGemvBatchMaxRows, batch) : batch));
+      ++checked;
+    }
+    CHECK(checked > 0);
+  }
 }
 
 TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches equal to their buffers") {

@@ -57,6 +57,7 @@ constexpr double kGemvTol = 2e-5;        // same definition as MMQ; measured 3.8
 constexpr double kGemmSmallTol = 2e-5;   // same definition and q8 activations as MMQ / GEMV: f32 summation
                                          // order only (split-K partials summed in split order)
 constexpr double kGemvBlocksTol = 1e-5;  // GEMV's definition on GGUF blocks, K ≤ 18944; measured 1.4e-6–1.6e-6
+constexpr double kMmqBlocksBoundFraction = 1.0;  // mmq_blocks: each output within its f16 rounding bound (f16MatmulBound); measured 0.061
 constexpr double kQ8ActTol = 2.5e-2;     // vs W·x: int8 activation rounding (README §4: 3e-2); measured 6.4e-3
 constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums; measured 1.0e-6 (GEMV 2.2e-7)
 constexpr double kRopeTol = 1e-6;        // same double θ, f32 rotation without FMA; measured 0

@@ -330,6 +330,7 @@ Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
   out.back().max_rows = kern::kMmqbFromRows - 1;
   // A step of the last-token tail may not use scratch (it runs on one row, see wgmmaMatmul): one split there.
   const unsigned splits = c.inTail() ? 1u : kern::mmqbSplits(n, k);
+  static_assert(kern::kMmqbMaxRows <= 32, "the tiles below serve up to 32 rows");
   for (const unsigned tn : {16u, 32u}) {
     const unsigned first = tn == 16 ? kern::kMmqbFromRows : 17;
     if (first > rows || first > kern::kMmqbMaxRows) break;
@@ -658,7 +659,9 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
     auto launches = smallBatchBlocksMatmul(c, *m);
     if (!launches) return launches.takeError();
     if (!launches->empty()) {
-      out.rows = launches->size() > 1 ? launches->back().max_rows : std::min<uint32_t>(kern::kGemvBatchMaxRows, c.maxBatch());
+      // The last launch's bound; 0: the batched GEMV alone, up to its GEMVB_BATCH rows.
+      const uint32_t top = launches->back().max_rows;
+      out.rows = top ? top : std::min<uint32_t>(kern::kGemvBatchMaxRows, c.maxBatch());
       out.launches = std::move(*launches);
       return out;
     }

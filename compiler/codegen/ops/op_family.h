@@ -235,8 +235,9 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // quantized weight and a q8 input, on a kBlocks plane the decode GEMV reads (Q4_K, Q6_K) where the weight has no kI8
 // plane: minfer_gemv_batch (kernels/gemv_blocks.cuh GEMVB_BATCH) for calls of 1 ≤ n_tokens < kMmqbFromRows and
 // minfer_mmq_blocks (kernels/mmq_blocks.cuh, tiles of 16 and 32 tokens) from there to min(kMmqbMaxRows, max_batch),
-// each launch with its row range (KernelLaunch min_rows / max_rows; with max_batch below kMmqbFromRows the batched
-// GEMV alone, up to min(kGemvBatchMaxRows, max_batch)); else, on a weight with a kI8 plane, minfer_gemm_small
+// each launch with its row range (KernelLaunch min_rows / max_rows; with max_batch below kMmqbFromRows or in a model
+// with experts the batched GEMV alone, up to min(kGemvBatchMaxRows, max_batch)); else, on a weight with a kI8 plane,
+// minfer_gemm_small
 // (kernels/gemm_small.cuh) on the plane the decode GEMV reads, for calls of 1 ≤ n_tokens ≤ min(kGemmSmallRowsVsMmq
 // or, for a weight with a kF16 plane (Hopper prefill), kGemmSmallRowsVsWgmma, max_batch). None (small_rows 0) for
 // other steps, plans or weights (float weights; other types whose only prefill plane is kF16). Errors as the
