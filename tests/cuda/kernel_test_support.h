@@ -212,6 +212,17 @@ struct GpuWeight {
   }
 };
 
+// g.w's planes by the compiler's planner layout and transforms (appended to g.planes), every plane of g on the device,
+// and g.view over them named `name`.
+inline void transformAndUpload(GpuWeight& g, const planes::TensorLayout& layout, const char* name) {
+  planes::PlaneWorkers workers(2);
+  auto bytes = planes::transformTensor(layout, g.w.source, workers);
+  REQUIRE_MESSAGE(static_cast<bool>(bytes), llvm::toString(bytes.takeError()));
+  for (size_t i = 0; i < layout.planes.size(); ++i) g.planes.push_back({layout.planes[i], std::move((*bytes)[i])});
+  for (const BuiltPlane& p : g.planes) g.dev.push_back(DeviceArray::of(p.bytes));
+  g.view = viewPlanes(g.planes, name);
+}
+
 // f16_prefill: the planner's kF16 plane of quantized matmul weights too (layout_planner.h).
 inline GpuWeight makeWeight(GgmlType type, uint64_t rows, uint64_t cols, planes::TensorRole role, bool padded = false,
                      bool f16_prefill = false) {
@@ -221,17 +232,14 @@ inline GpuWeight makeWeight(GgmlType type, uint64_t rows, uint64_t cols, planes:
     PlaneOptions o;
     o.extra_pitch = 16;
     g.planes = buildPlanes(g.w, o);
+    for (const BuiltPlane& p : g.planes) g.dev.push_back(DeviceArray::of(p.bytes));
+    g.view = viewPlanes(g.planes, "test weight");
   } else {
     auto layout = planes::planLayout({"test." + std::string(ggmlTypeTraits(type).name), type, rows, cols, role},
                                      planes::PlaneForm::kCompact, f16_prefill);
     REQUIRE_MESSAGE(static_cast<bool>(layout), llvm::toString(layout.takeError()));
-    planes::PlaneWorkers workers(2);
-    auto bytes = planes::transformTensor(*layout, g.w.source, workers);
-    REQUIRE_MESSAGE(static_cast<bool>(bytes), llvm::toString(bytes.takeError()));
-    for (size_t i = 0; i < layout->planes.size(); ++i) g.planes.push_back({layout->planes[i], std::move((*bytes)[i])});
+    transformAndUpload(g, *layout, "test weight");
   }
-  for (const BuiltPlane& p : g.planes) g.dev.push_back(DeviceArray::of(p.bytes));
-  g.view = viewPlanes(g.planes, "test weight");
   return g;
 }
 

@@ -18,12 +18,7 @@ GpuWeight makeExpertWeight(GgmlType type, uint32_t n_expert, uint64_t rows, uint
   g.w = makeRandomWeight(type, n_expert * rows, cols, rng(), 0.5f);
   auto layout = planes::planLayout({"test.exps", type, n_expert * rows, cols, planes::TensorRole::kMatMul, n_expert});
   REQUIRE_MESSAGE(static_cast<bool>(layout), llvm::toString(layout.takeError()));
-  planes::PlaneWorkers workers(2);
-  auto bytes = planes::transformTensor(*layout, g.w.source, workers);
-  REQUIRE_MESSAGE(static_cast<bool>(bytes), llvm::toString(bytes.takeError()));
-  for (size_t i = 0; i < layout->planes.size(); ++i) g.planes.push_back({layout->planes[i], std::move((*bytes)[i])});
-  for (const BuiltPlane& p : g.planes) g.dev.push_back(DeviceArray::of(p.bytes));
-  g.view = viewPlanes(g.planes, "test expert weight");
+  transformAndUpload(g, *layout, "test expert weight");
   return g;
 }
 
