@@ -1036,6 +1036,16 @@ void writeVariant(const GoodArtifact& g, const Spec& spec, const std::vector<fb:
   writeBytes(path, out);
 }
 
+// Step 3's MatMul (spec.prefill[3]) with two small-batch forms for 16 rows (1.10): its launch for 1..8 rows and again
+// from 9 on (max_rows 0: up to small_rows).
+void setRangedSmallLaunches(Spec& spec) {
+  TestLaunch few = spec.prefill[3].launches[0], more = few;
+  few.max_rows = 8;
+  more.min_rows = 9;
+  spec.prefill[3].small = {few, more};
+  spec.prefill[3].small_rows = 16;
+}
+
 TEST_CASE("loader: semantic damage built on purpose is refused with the field, offset and numbers") {
   const GoodArtifact g = makeGood("semantic");
   const std::string path = g.dir + "/variant.mfb";
@@ -1246,13 +1256,9 @@ TEST_CASE("loader: semantic damage built on purpose is refused with the field, o
     refused(spec, g.segs, {"prefill.steps[3].small_launches[0].args[0].plane.row_pitch", "specialized for row_pitch 528"});
   }
   SUBCASE("row ranges of small-batch launches (1.10): read back; bounded by small_rows; every call served") {
-    // Two forms of the MatMul for 16 rows: one for 1..8 rows and one from 9 on (max_rows 0: up to small_rows).
     Spec base = g.spec;
-    TestLaunch few = base.prefill[3].launches[0], more = few;
-    few.max_rows = 8;
-    more.min_rows = 9;
-    base.prefill[3].small = {few, more};
-    base.prefill[3].small_rows = 16;
+    setRangedSmallLaunches(base);
+    const TestLaunch few = base.prefill[3].small[0], more = base.prefill[3].small[1];
     writeVariant(g, base, g.segs, path);
     REQUIRE(openError(path) == "");
     {
@@ -1859,11 +1865,7 @@ TEST_CASE("minfer-inspect: text and JSON views of an artifact, --verify, errors 
 TEST_CASE("minfer-inspect: small-batch launches with their row ranges (1.10)") {
   const GoodArtifact g = makeGood("inspect-small");
   Spec spec = g.spec;
-  TestLaunch few = spec.prefill[3].launches[0], more = few;
-  few.max_rows = 8;
-  more.min_rows = 9;
-  spec.prefill[3].small = {few, more};
-  spec.prefill[3].small_rows = 16;
+  setRangedSmallLaunches(spec);
   const std::string path = g.dir + "/small.mfb";
   writeVariant(g, spec, g.segs, path);
 
