@@ -25,6 +25,11 @@
 // last thread block of each row tile (all chosen experts' blocks of those rows counted done in a counter word,
 // the acquire-release pattern of gemv_blocks.cuh's minfer_gemv_glu) computes the combine of the tile's rows with
 // minfer_moe_combine's expression and order (combineValue), so out is the same bit for bit.
+// When gate, up and down are all read from blocks, the decode plan's experts run instead as two GEMVs over the
+// token's K chosen experts' rows, which need no slot lists (the router launch then skips the sort,
+// MOE_SORT_SLOTS 0): minfer_moe_gate_up_dec (one output j·F + r of A per warp or two, gemv_blocks.cuh's sums and
+// minfer_gemv_glu's q8 tail; each block also moves its share of the chosen experts' down rows to L2), then
+// minfer_moe_down_dec (two output rows per warp over all K experts' rows, the combine's weights applied per part).
 // The expert kernels' grid.y walks the chosen experts (used[1 + blockIdx.y]; thread blocks past u exit):
 // min(n_tokens·K, NEXP) of them (moeExpertsLaunchRule), so an expert no slot chose costs nothing.
 // A weight element (e, r, c) is read through its planes' stride tables with the expert axis
@@ -61,7 +66,9 @@
 //   sort:     MOE_SORT, MOE_X_Q8 (1: quantize x, for gate/up read from blocks);  combine: MOE_COMBINE
 //   down + combine: MOE_DOWN and MOE_DOWN_COMBINE = 1 (down's constants)
 //   route + sort: MOE_ROUTE_SORT, MOE_NORM, MOE_X_Q8;  router + route + sort: MOE_ROUTER_SORT, MOE_NORM, MOE_X_Q8,
-//             MOE_R_PLANE (4 kF32, 5 kF16, 6 kBF16), MOE_R_PITCH, MOE_R_HAS_BIAS (the router weight's dense plane)
+//             MOE_R_PLANE (4 kF32, 5 kF16, 6 kBF16), MOE_R_PITCH, MOE_R_HAS_BIAS (the router weight's dense plane),
+//             MOE_SORT_SLOTS (default 1; 0: no slot sort, for the decode expert GEMVs, which read the ids)
+//   decode expert GEMVs: MOE_GATE_UP_DEC (MOE_X_TYPE, _GP, _PITCH, _EPITCH for X = G, U, D) and MOE_DOWN_DEC (those of D)
 // Launch ABI (x, out: n_tokens × E f32; ids: n_tokens × K i32; w: n_tokens × K f32; logits n_tokens × NEXP):
 //   minfer_moe_route(const float* logits, int* ids, float* w)                 grid n_tokens × 32 threads
 //   minfer_moe_sort(const int* ids, const float* x, float* scratch, int n_tokens)
@@ -82,6 +89,11 @@
 //   minfer_moe_down_combine(const uint8_t* dq, const uint8_t* ds, const uint8_t* dm, float* scratch,
 //                           const int* ids, const float* w, float* out, unsigned* counters, int n_tokens)
 //                                   minfer_moe_down's grid; counters: ⌈E/rows⌉ words, zero on entry and on exit
+//   minfer_moe_gate_up_dec(const int* ids, const uint8_t* gq, const uint8_t* uq, const uint8_t* dq, float* scratch,
+//                          unsigned* counters)       moeGateUpDecLaunchRule(K, F, E); one token (the decode plan's):
+//                          A and its q8 form into the scratch; counters: K·F/32 words, zero on entry and on exit
+//   minfer_moe_down_dec(const int* ids, const float* w, const uint8_t* dq, float* scratch, float* out)
+//                                                    moeDownDecLaunchRule(E); one token: out = E f32
 //   gs/gm/us/um/ds/dm are null for kBlocks and float weights and for absent min planes; x of the
 //   gate_up kernel is unused when gate/up are read from blocks (it reads the scratch's Xq).
 #pragma once
@@ -176,6 +188,26 @@ MINFER_HD LaunchRule moeExpertsLaunchRule(unsigned rows, unsigned per_cta, unsig
   r.grid_large[1] = fixedExtent(n_exp);
   r.large_from = ceilDiv(n_exp, k);
   r.block.x = 32 * kMoeWarps;
+  return r;
+}
+// The decode expert GEMVs (one token's K chosen experts, minfer_moe_gate_up_dec / minfer_moe_down_dec):
+// kGemvBlocksWarps warps per thread block. gate_up: one output (a gate and an up row of E weights) per
+// moeDecRowWarps(E) warps (one warp covers 8 blocks of a row per step: two from 16 blocks on, as the dense GEMV's
+// two warps per row); down: kMoeDownDecRows output rows per warp, each over all K experts' rows.
+MINFER_HD constexpr unsigned moeDecRowWarps(unsigned e) { return e / 256 >= 16 ? 2u : 1u; }
+MINFER_HD constexpr unsigned moeGateUpDecOutputs(unsigned e) { return kGemvBlocksWarps / moeDecRowWarps(e); }
+// Measured on the H200 (qwen3-30b-a3b tg128): 2 rows per warp 459.5 t/s, 1 row 448.6 (BENCHMARKS.md).
+constexpr unsigned kMoeDownDecRows = 2;
+MINFER_HD LaunchRule moeGateUpDecLaunchRule(unsigned k, unsigned f, unsigned e) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(ceilDiv(k * f, moeGateUpDecOutputs(e)));
+  r.block.x = 32 * kGemvBlocksWarps;
+  return r;
+}
+MINFER_HD LaunchRule moeDownDecLaunchRule(unsigned e) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(ceilDiv(e, kGemvBlocksWarps * kMoeDownDecRows));
+  r.block.x = 32 * kGemvBlocksWarps;
   return r;
 }
 MINFER_HD LaunchRule moeCombineLaunchRule(unsigned e) {
@@ -458,6 +490,9 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
 #ifndef MOE_R_HAS_BIAS
 #define MOE_R_HAS_BIAS 0
 #endif
+#ifndef MOE_SORT_SLOTS
+#define MOE_SORT_SLOTS 1
+#endif
 // The decode plan's router MatMul (a dense plane: MOE_R_PLANE 4 kF32, 5 kF16, 6 kBF16, MOE_R_PITCH its row pitch,
 // MOE_R_HAS_BIAS), MoeRoute and the MoeFfn's sort in one launch, for one token (grid: moeRouterSortLaunchRule,
 // kMoeRouterThreads threads per block: sortSlots and quantizeX take any block size). Its grid, counter and sort
@@ -465,16 +500,22 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeSortThreads)
 // decode plan only (ops/moe.cpp routerSortLaunch), which the runtime runs on one token.
 // thread blocks [0, R) compute the NEXP logits, one warp per row (dense_gemv's dense::gemvRow, then the bias: its
 // values bit for bit), and count themselves done in counters[0] (a block barrier, then one acquire-release
-// atomic, as minfer_moe_down_combine); the last of them routes (routeToken, logits read through L2) and sorts
-// (sortSlots), then sets the counter back to 0. With MOE_X_Q8 the thread blocks after R quantize x (quantizeX).
+// atomic, as minfer_moe_down_combine); the last of them routes (routeToken, logits read through L2) and, with
+// MOE_SORT_SLOTS, sorts (sortSlots), then sets the counter back to 0. With MOE_X_Q8 the thread blocks after R quantize
+// x (quantizeX). Each router block first asks for its rows to be moved to L2 (before the wait: a weight plane).
 extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeRouterThreads)
     minfer_moe_router_sort(const uint8_t* rw, const float* rbias, const float* x, float* logits, int* ids, float* w,
                            float* scratch, unsigned* counters, int n_tokens) {
-  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::moe;
+  constexpr unsigned kRouterBlocks = moeRouterBlocks(kNexp), kRowsPerBlock = kMoeRouterThreads / 32;
+  // While the previous kernel still runs, this block's router rows (a weight plane) start moving to L2.
+  if (threadIdx.x == 0 && blockIdx.x < kRouterBlocks) {
+    const unsigned first = blockIdx.x * kRowsPerBlock;
+    prefetchL2(rw + static_cast<unsigned long long>(first) * MOE_R_PITCH, min(kRowsPerBlock, kNexp - first) * MOE_R_PITCH);
+  }
+  overlapPrologue();
   if (n_tokens != 1) __trap();  // one token's logits, ids, weights and sort (the decode plan only)
-  constexpr unsigned kRouterBlocks = moeRouterBlocks(kNexp);
 #if MOE_X_Q8
   if (blockIdx.x >= kRouterBlocks) {
     quantizeX<kMoeRouterThreads>(x, scratch, 1, blockIdx.x - kRouterBlocks);
@@ -482,7 +523,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeRouterThreads)
   }
 #endif
   const unsigned lane = threadIdx.x % 32;
-  const int row = static_cast<int>(blockIdx.x * (kMoeRouterThreads / 32) + threadIdx.x / 32);
+  const int row = static_cast<int>(blockIdx.x * kRowsPerBlock + threadIdx.x / 32);
   if (row < static_cast<int>(kNexp)) {
     float acc = dense::gemvRow<MOE_R_PLANE, static_cast<int>(kE), MOE_R_PITCH>(rw, x, row, static_cast<int>(lane));
     if (lane == 0) {
@@ -505,12 +546,14 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeRouterThreads)
   __syncthreads();
   if (!last) return;
   if (threadIdx.x < 32) routeToken<true>(logits, ids, w, 0, lane);
+#if MOE_SORT_SLOTS
   __syncthreads();  // the ids (global memory, written by this thread block) are visible to all its threads
   sortSlots(ids, scratch, 1);
+#endif
 }
 #endif  // MOE_ROUTER_SORT
 
-#if defined(MOE_GATE_UP) || defined(MOE_DOWN)
+#if defined(MOE_GATE_UP) || defined(MOE_DOWN) || defined(MOE_GATE_UP_DEC) || defined(MOE_DOWN_DEC)
 namespace minfer::kern::moe {
 // Dot products of row r of expert e of W (and of V when kTwo) with the input rows of up to kMoeGroup
 // slots: lane l sums columns l, l + 32, … in order, then a warp sum.
@@ -934,5 +977,148 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMoeCombineThreads)
   out[i] = combineValue<false>(ids, w, regionY(const_cast<float*>(scratch)), t, r);
 }
 #endif  // MOE_COMBINE
+
+#if defined(MOE_GATE_UP_DEC) || defined(MOE_DOWN_DEC)
+static_assert(MOE_E % 256 == 0 && MOE_F % 256 == 0, "the decode expert GEMVs read whole 256-weight blocks");
+namespace minfer::kern::moe {
+using DecDownW = BlocksWeight<MOE_D_TYPE, MOE_D_GP, MOE_D_PITCH, MOE_D_EPITCH>;
+// Token 0's chosen expert j (ids[j]) where it is an expert, else −1 (its slot is skipped, as cpu::moeFfn does).
+__device__ __forceinline__ int decExpert(const int* ids, unsigned j) {
+  const int e = ids[j];
+  return e >= 0 && e < static_cast<int>(kNexp) ? e : -1;
+}
+}  // namespace minfer::kern::moe
+#endif
+
+#if defined(MOE_GATE_UP_DEC)
+namespace minfer::kern::moe {
+using DecGateW = BlocksWeight<MOE_G_TYPE, MOE_G_GP, MOE_G_PITCH, MOE_G_EPITCH>;
+using DecUpW = BlocksWeight<MOE_U_TYPE, MOE_U_GP, MOE_U_PITCH, MOE_U_EPITCH>;
+constexpr int kDecRowWarps = static_cast<int>(moeDecRowWarps(kE));
+constexpr unsigned kDecOutputs = moeGateUpDecOutputs(kE);  // outputs per thread block
+static_assert((kK * kF) % 32 == 0 && 32 % kDecOutputs == 0, "a q8 block of A spans whole thread blocks");
+}  // namespace minfer::kern::moe
+// The decode plan's gate|up of the chosen experts (one token): output o = j·F + r of the K·F is
+// A[j][r] = silu(gate_e(r)·x) · (up_e(r)·x) with e = ids[j] (writeA's expression), the two rows summed on x's q8
+// row (the scratch's Xq, written by the sort launch) as minfer_gemv_glu sums them (gemvb::accumulateRows,
+// kDecRowWarps warps per output); the q8 form of A (the scratch's Aq, row j) as minfer_gemv_glu makes it: the
+// thread block completing a block of 32 outputs (counters[o / 32]) quantizes it and sets its counter back to 0.
+// Each thread block then starts moving its share of expert e's down rows to L2 for the next launch.
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
+    minfer_moe_gate_up_dec(const int* __restrict__ ids, const uint8_t* __restrict__ gq, const uint8_t* __restrict__ uq,
+                           const uint8_t* __restrict__ dq, float* __restrict__ scratch,
+                           unsigned* __restrict__ counters) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::moe;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const unsigned first = blockIdx.x * kDecOutputs, o = first + warp / kDecRowWarps, j = o / kF, r = o % kF;
+  overlapPrologue();
+  const int e = decExpert(ids, j);
+  const unsigned ee = e < 0 ? 0u : static_cast<unsigned>(e);
+  const int8_t* xq = xqOf(scratch);
+  const Q8Meta* xm = xmetaOf(scratch);
+  const int t = (warp % kDecRowWarps) * 32 + lane;  // this lane's index in its output's lanes
+  float acc[2] = {0.0f, 0.0f};
+  if constexpr (MOE_G_TYPE == MOE_U_TYPE && MOE_G_GP == MOE_U_GP) {  // one pass over both rows' blocks
+    const uint8_t* wr[2] = {DecGateW::row(gq, ee, r), DecUpW::row(uq, ee, r)};
+    gemvb::accumulateRows<DecGateW::kQ4K, 2, kDecRowWarps, 1, kE / 256, MOE_G_GP>(wr, xq, xm, t % 4, t / 4, acc);
+  } else {
+    const uint8_t* wg[1] = {DecGateW::row(gq, ee, r)};
+    const uint8_t* wu[1] = {DecUpW::row(uq, ee, r)};
+    float ag[1] = {0.0f}, au[1] = {0.0f};
+    gemvb::accumulateRows<DecGateW::kQ4K, 1, kDecRowWarps, 1, kE / 256, MOE_G_GP>(wg, xq, xm, t % 4, t / 4, ag);
+    gemvb::accumulateRows<DecUpW::kQ4K, 1, kDecRowWarps, 1, kE / 256, MOE_U_GP>(wu, xq, xm, t % 4, t / 4, au);
+    acc[0] = ag[0], acc[1] = au[0];
+  }
+  // Once this block's own weight rows have arrived (so that they go first), its share of the expert's E down rows
+  // (kF / kDecOutputs shares) starts moving to L2 for minfer_moe_down_dec (measured: 452 t/s against 434 with the
+  // prefetch before the dot products and 446 without it; BENCHMARKS.md).
+  if (threadIdx.x == 0 && e >= 0) {
+    constexpr unsigned long long kBytes = static_cast<unsigned long long>(kE) * MOE_D_PITCH;
+    constexpr unsigned long long kShare = (kBytes / (kF / kDecOutputs) + 15) / 16 * 16;
+    const unsigned long long off = (first % kF) / kDecOutputs * kShare;
+    if (off < kBytes) prefetchL2(DecDownW::row(dq, ee, 0) + off, static_cast<unsigned>(min(kShare, kBytes - off)));
+  }
+  float* a = regionA(scratch);
+  if (gemvb::groupSum<2, kDecRowWarps>(acc) && lane == 0)
+    a[o] = e < 0 ? 0.0f : acc[0] / (1.0f + expf(-acc[0])) * acc[1];  // row j of A: o = j·F + r
+  // Count this block in its block of 32 outputs (minfer_gemv_glu's pattern); the block completing it quantizes.
+  __shared__ bool completes;
+  const unsigned blk = first / 32;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blk) : "memory");
+    completes = before == 32 / kDecOutputs - 1;
+  }
+  __syncthreads();
+  if (!completes || warp != 0) return;
+  const float v[1] = {__ldcg(a + 32 * blk + lane)};
+  quantizeBlock<1>(v, aqOf(scratch) + 32 * blk, ametaOf(scratch) + blk, true);
+  if (lane == 0) counters[blk] = 0;
+}
+#endif  // MOE_GATE_UP_DEC
+
+#if defined(MOE_DOWN_DEC)
+namespace minfer::kern::moe {
+constexpr unsigned kDecBlocks = kF / 256;             // blocks per down row
+constexpr unsigned kDecParts = kK * kDecBlocks * 4;   // (expert j, block b, part p) of one output row
+constexpr unsigned kDecSteps = (kDecParts + 31) / 32;  // parts per lane
+static_assert(kK <= 32, "lane j < K holds choice j's id and weight");
+}  // namespace minfer::kern::moe
+// The decode plan's down and combine of the chosen experts (one token): out[r] = Σ_j w[j] · down_e(r)·A[j] with
+// e = ids[j], A[j] the q8 row j of the scratch's Aq (minfer_moe_gate_up_dec). A warp computes kMoeDownDecRows
+// consecutive rows: lane l takes the parts l, l + 32, … of the row's K·F/256·4 (expert j, block b, part p)
+// (gemvb's four lanes per block; lane j < K loads id j and weight j, the others take them by shuffles), issues
+// all its weight loads, then its activation loads, adds w[j]·partDot for every row and part, then a warp sum. So
+// the combine's sum runs in another order than minfer_moe_combine's (Σ_j w[j]·Y[j][r]): equal up to f32 rounding.
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
+    minfer_moe_down_dec(const int* __restrict__ ids, const float* __restrict__ w, const uint8_t* __restrict__ dq,
+                        float* __restrict__ scratch, float* __restrict__ out) {
+  using namespace minfer::kern;
+  using namespace minfer::kern::moe;
+  const unsigned lane = threadIdx.x % 32;
+  const unsigned r0 = (blockIdx.x * kGemvBlocksWarps + threadIdx.x / 32) * kMoeDownDecRows;
+  const int p = static_cast<int>(lane % 4);
+  overlapPrologue();
+  const int my_e = lane < kK ? decExpert(ids, lane) : -1;
+  const float my_w = lane < kK ? w[lane] : 0.0f;
+  const int8_t* aq = aqOf(scratch);
+  const Q8Meta* am = ametaOf(scratch);
+  gemvb::Part part[kDecSteps][kMoeDownDecRows];
+  unsigned jb[kDecSteps][2];  // the part's choice j and block b
+  float wj[kDecSteps];        // its weight, 0 where the part is past the row's or its choice is not an expert
+#pragma unroll
+  for (unsigned step = 0; step < kDecSteps; ++step) {
+    const unsigned u = 32 * step + lane;  // (j·kDecBlocks + b)·4 + p
+    const unsigned j = min(u / (4 * kDecBlocks), kK - 1), b = u / 4 % kDecBlocks;
+    const int e = __shfl_sync(0xffffffffu, my_e, static_cast<int>(j));
+    const float wt = __shfl_sync(0xffffffffu, my_w, static_cast<int>(j));
+    const bool use = u < kDecParts && e >= 0;
+    jb[step][0] = j, jb[step][1] = b, wj[step] = use ? wt : 0.0f;
+    const unsigned ee = e < 0 ? 0u : static_cast<unsigned>(e);
+#pragma unroll
+    for (unsigned i = 0; i < kMoeDownDecRows; ++i) {
+      const unsigned r = min(r0 + i, kE - 1);  // rows past the end read the last row (not written)
+      part[step][i] = gemvb::load<DecDownW::kQ4K>(DecDownW::row(dq, ee, r) + b * MOE_D_GP, p);
+    }
+  }
+  float acc[kMoeDownDecRows] = {};
+#pragma unroll
+  for (unsigned step = 0; step < kDecSteps; ++step) {
+    const unsigned j = jb[step][0], b = jb[step][1];
+    const gemvb::Act x = gemvb::loadAct<DecDownW::kQ4K>(aq + j * kF + 256 * b, am + j * (kF / 32) + 8 * b, p);
+    if (wj[step] != 0.0f)  // a part without a weight adds nothing (and its bytes may be another expert's)
+#pragma unroll
+      for (unsigned i = 0; i < kMoeDownDecRows; ++i)
+        acc[i] = fmaf(wj[step], gemvb::partDot<DecDownW::kQ4K>(part[step][i], x, p), acc[i]);
+  }
+#pragma unroll
+  for (unsigned i = 0; i < kMoeDownDecRows; ++i) {
+    const float s = warpSum(acc[i]);
+    if (lane == 0 && r0 + i < kE) out[r0 + i] = s;
+  }
+}
+#endif  // MOE_DOWN_DEC
 
 #endif  // MINFER_DEVICE_CODE && MOE_NEXP

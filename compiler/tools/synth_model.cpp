@@ -463,4 +463,10 @@ llvm::Error buildSynthModel(const SynthOptions& options, gguf::GgufWriter& w, st
   return llvm::Error::success();
 }
 
+llvm::Error writeSynthModel(const SynthOptions& options, llvm::StringRef path, std::vector<std::string>* notes) {
+  gguf::GgufWriter w;
+  if (llvm::Error e = buildSynthModel(options, w, notes)) return e;
+  return w.write(path);
+}
+
 }  // namespace minfer::synth

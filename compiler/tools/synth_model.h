@@ -119,6 +119,9 @@ struct SynthOptions {
 // vocabulary file, n_vocab becomes its token count; `notes` receives a line saying so.
 // Errors: a vocabulary file without tokenizer.ggml.tokens, or a shape the mix cannot quantize.
 llvm::Error buildSynthModel(const SynthOptions& options, gguf::GgufWriter& writer, std::vector<std::string>* notes);
+// buildSynthModel into a writer, then the file written at `path` (GgufWriter::write: a temporary file renamed over
+// it, `path` untouched on failure). Errors: those two's.
+llvm::Error writeSynthModel(const SynthOptions& options, llvm::StringRef path, std::vector<std::string>* notes);
 
 // The built-in SentencePiece-style ("llama") vocabulary of n_vocab >= 260 tokens: <unk>, <s>, </s>,
 // the 256 byte tokens <0x00>..<0xFF>, then generated pieces ("▁a", "a", "▁b", ...).

@@ -82,14 +82,25 @@ bool isQuantizedMatMul(const Loaded& l, const model::StepDesc& s) {
 // The decode GEMV reads GGUF blocks (minfer_gemv_blocks) for a kBlocks plane of Q4_K or Q6_K whose blocks
 // start 16-byte aligned (restated from matmul.cpp's rule; the planner gives every Q4_K / Q6_K matmul weight one),
 // and so do the small-batch launches (minfer_gemv_batch).
-bool readsBlocksInDecode(const Loaded& l, const model::StepDesc& s) {
-  const planes::TensorLayout& w = l.layouts[s.weights[0]];
+bool readsBlocksInDecode(const Loaded& l, const model::StepDesc& s, size_t weight = 0) {
+  const planes::TensorLayout& w = l.layouts[s.weights[weight]];
   const int b = w.find(PlaneKind::kBlocks);
   if (b < 0) return false;
   const StrideTable& t = w.planes[static_cast<size_t>(b)];
   const bool k_quant = t.ggml_type == static_cast<uint32_t>(GgmlType::Q4_K) ||
                        t.ggml_type == static_cast<uint32_t>(GgmlType::Q6_K);
   return k_quant && t.group_pitch % 16 == 0 && t.row_pitch % 16 == 0;
+}
+
+// Whether a MoeFfn step's decode experts run as GEMVs on the GGUF blocks (ops/moe.cpp decodeExpertLaunches:
+// minfer_moe_gate_up_dec, minfer_moe_down_dec): gate, up and down all read from their blocks.
+bool decodeExpertsOnBlocks(const Loaded& l, const model::StepDesc& s) {
+  return readsBlocksInDecode(l, s, 0) && readsBlocksInDecode(l, s, 1) && readsBlocksInDecode(l, s, 2);
+}
+// The decode MoeFfn's launches after its sort launch (which the router or route launch may replace).
+std::vector<std::string> decodeExpertEntries(const Loaded& l, const model::StepDesc& s) {
+  if (decodeExpertsOnBlocks(l, s)) return {"minfer_moe_gate_up_dec", "minfer_moe_down_dec"};
+  return {"minfer_moe_gate_up", "minfer_moe_down_combine"};
 }
 
 std::string optionValue(const KernelImageData& img, const std::string& name) {
@@ -120,9 +131,12 @@ std::vector<std::string> expectedEntries(const Loaded& l, const model::StepDesc&
     case fb::OpKind::Scale: return {"minfer_scale"};
     case fb::OpKind::ExpandBlocks: return {"minfer_expand_blocks"};
     case fb::OpKind::MoeRoute: return {"minfer_moe_route"};
-    case fb::OpKind::MoeFfn:  // in decode the combine runs in the down launch
+    case fb::OpKind::MoeFfn: {  // in decode the combine runs in the down launch
       if (prefill) return {"minfer_moe_sort", "minfer_moe_gate_up", "minfer_moe_down", "minfer_moe_combine"};
-      return {"minfer_moe_sort", "minfer_moe_gate_up", "minfer_moe_down_combine"};
+      std::vector<std::string> e = decodeExpertEntries(l, s);
+      e.insert(e.begin(), "minfer_moe_sort");
+      return e;
+    }
   }
   return {};
 }
@@ -323,13 +337,15 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
       if (mm_leads && steps[i + 1].op == fb::OpKind::MoeRoute) {
         CHECK(!prefill);
         CHECK((*fused)[i + 2]);
-        want = {"minfer_moe_router_sort", "minfer_moe_gate_up", "minfer_moe_down_combine"};
+        want = decodeExpertEntries(l, steps[i + 2]);
+        want.insert(want.begin(), "minfer_moe_router_sort");
       }
       // A decode MoeRoute with its MoeFfn fused in runs the MoeFfn's launches, the sort launch routing too.
       if (!is_fused && steps[i].op == fb::OpKind::MoeRoute && fused && i + 1 < steps.size() && (*fused)[i + 1]) {
         CHECK(!prefill);
         CHECK(steps[i + 1].op == fb::OpKind::MoeFfn);
-        want = {"minfer_moe_route_sort", "minfer_moe_gate_up", "minfer_moe_down_combine"};
+        want = decodeExpertEntries(l, steps[i + 1]);
+        want.insert(want.begin(), "minfer_moe_route_sort");
       }
       // A q MatMul with k, v, the Rope and the Attention fused in runs the QKV GEMV, then the attention.
       if (mm_leads && i + 4 < steps.size() && (*fused)[i + 4] && steps[i + 3].op == fb::OpKind::Rope)
@@ -1267,6 +1283,23 @@ TEST_CASE("decode GEMV pair and GEMV + Add + RMSNorm launches: entries, fused st
   }
 }
 
+// A two-layer minfer-synth qwen3-30b-a3b at 256 wide in llama.cpp's Q4_K_M mix (the GEMV triple and decode MoE
+// tests below), written once per process.
+std::string synthQwen3MoeQ4KM() {
+  static const std::string path = [] {
+    synth::SynthOptions so;
+    so.shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
+    so.shape.n_layer = 2, so.shape.n_embd = 256, so.shape.n_head = 4, so.shape.n_head_kv = 1, so.shape.head_dim = 64;
+    so.shape.n_expert = 8, so.shape.n_expert_used = 2, so.shape.n_ff_exp = 256, so.shape.n_vocab = 300;
+    so.shape.n_ctx = 4096;
+    so.mix = synth::TypeMix::kQ4_K_M;
+    const std::string p = test::scratchDir() + "/synth-qwen3moe-q4_k_m.gguf";
+    llvm::cantFail(synth::writeSynthModel(so, p, nullptr));
+    return p;
+  }();
+  return path;
+}
+
 // The decode GEMV triple (gemv_blocks.cuh GEMVB_TRIPLE, under the QKV GEMV's option fuse_qkv): on a qwen3moe
 // whose q, k and v are Q4_K / Q6_K — a two-layer minfer-synth qwen3-30b-a3b at 256 wide in llama.cpp's Q4_K_M mix
 // (v Q4_K in layer 0, Q6_K in layer 1) — every layer's q MatMul runs one minfer_gemv_triple that writes q, k and v
@@ -1278,17 +1311,7 @@ TEST_CASE("decode GEMV triple: q, k, v of a q/k-norm model in one launch, each s
     MESSAGE("SKIPPED: built without NVRTC");
     return;
   }
-  synth::SynthOptions so;
-  so.shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
-  so.shape.n_layer = 2, so.shape.n_embd = 256, so.shape.n_head = 4, so.shape.n_head_kv = 1, so.shape.head_dim = 64;
-  so.shape.n_expert = 8, so.shape.n_expert_used = 2, so.shape.n_ff_exp = 256, so.shape.n_vocab = 300;
-  so.shape.n_ctx = 4096;
-  so.mix = synth::TypeMix::kQ4_K_M;
-  gguf::GgufWriter w;
-  llvm::cantFail(synth::buildSynthModel(so, w, nullptr));
-  const std::string path = test::scratchDir() + "/synth-qwen3moe-q4_k_m.gguf";
-  llvm::cantFail(w.write(path));
-  const Loaded l = load(path);
+  const Loaded l = load(synthQwen3MoeQ4KM());
   std::optional<KernelSet> sets[2];  // fused (the defaults), every step its own launches
   for (int off = 0; off < 2; ++off) {
     CodegenOptions o;
@@ -1343,7 +1366,6 @@ TEST_CASE("decode GEMV triple: q, k, v of a q/k-norm model in one launch, each s
   }
   CHECK(triples == l.desc.config.n_layer);
   CHECK(v_types == std::set<uint32_t>{12u, 14u});  // Q4_K and Q6_K segments both covered
-  std::filesystem::remove(path);
 }
 
 // The q/k head-norm RoPE fusion (kernels/rope.cuh minfer_head_norm_rope, ops/fusion.cpp), restated: in both
@@ -1356,6 +1378,61 @@ TEST_CASE("decode GEMV triple: q, k, v of a q/k-norm model in one launch, each s
 // minfer_head_norm_rope at per-row positions, minfer_kv_store_paged and minfer_attn_paged. Every layer of
 // tiny-qwen3moe and tiny-gemma3 has the chain. With fusion off, or with the k norm's epsilon changed (the rule's
 // negative case), each of the three steps keeps its own kernel and the attention its kv_store.
+// The decode expert GEMVs (ops/moe.cpp decodeExpertLaunches) on the same qwen3moe, whose experts are all Q4_K /
+// Q6_K blocks: each layer's router MatMul runs the router launch without the slot sort (MOE_SORT_SLOTS 0), then
+// minfer_moe_gate_up_dec (the ids, the three expert weights' blocks, the scratch, K·F/32 counter words; one gate|up
+// output per warp at n_embd 256) and minfer_moe_down_dec (ids, weights, down's blocks, the scratch, the step's
+// output; two rows per warp); the prefill plan keeps the sorted kernels.
+TEST_CASE("decode MoE experts on the GGUF blocks: router without the sort, then the gate|up and down GEMVs") {
+  if (!haveNvrtc()) {
+    MESSAGE("SKIPPED: built without NVRTC");
+    return;
+  }
+  const Loaded l = load(synthQwen3MoeQ4KM());
+  const KernelSet set = generate(l, {"sm_90"}, MINFER_TEST_KERNEL_CACHE);
+  checkSet(l, set, {"sm_90"});
+  size_t moe = 0;
+  for (size_t i = 2; i < l.desc.plan.decode.size(); ++i) {
+    const model::StepDesc& st = l.desc.plan.decode[i];
+    if (st.op != fb::OpKind::MoeFfn) continue;
+    ++moe;
+    CAPTURE(st.name);
+    REQUIRE(decodeExpertsOnBlocks(l, st));
+    const std::vector<LaunchRecord>& launches = set.decode[i - 2];
+    REQUIRE(launches.size() == 3);
+    const KernelImageData& router = set.images[launches[0].images[0]];
+    CHECK(router.entry == "minfer_moe_router_sort");
+    CHECK(optionValue(router, "MOE_SORT_SLOTS") == "0");
+    const LaunchRecord &gu = launches[1], &dn = launches[2];
+    CHECK(set.images[gu.images[0]].entry == "minfer_moe_gate_up_dec");
+    CHECK(set.images[dn.images[0]].entry == "minfer_moe_down_dec");
+    const uint32_t k = st.n_expert_used, f = st.rows, e = st.cols;
+    REQUIRE(gu.args.size() == 6);
+    CHECK(gu.args[0].buffer == st.inputs[1]);
+    for (size_t w = 0; w < 3; ++w) {
+      CHECK(gu.args[1 + w].kind == fb::ArgKind::Weight);
+      CHECK(gu.args[1 + w].tensor == st.weights[w]);
+      CHECK(gu.args[1 + w].plane.kind == PlaneKind::kBlocks);
+    }
+    CHECK(gu.args[4].kind == fb::ArgKind::Scratch);
+    CHECK(gu.args[5].kind == fb::ArgKind::Counters);
+    CHECK(gu.args[5].bytes == uint64_t{k} * f / 32 * 4);
+    CHECK(gu.rule.at(1).grid.x == k * f / kern::moeGateUpDecOutputs(e));
+    CHECK(gu.rule.at(1).block.x == 32 * kern::kGemvBlocksWarps);
+    REQUIRE(dn.args.size() == 5);
+    CHECK(dn.args[0].buffer == st.inputs[1]);
+    CHECK(dn.args[1].buffer == st.inputs[2]);
+    CHECK(dn.args[2].tensor == st.weights[2]);
+    CHECK(dn.args[3].kind == fb::ArgKind::Scratch);
+    CHECK(dn.args[4].buffer == st.outputs[0]);
+    CHECK(dn.args[4].access == fb::Access::Write);
+    CHECK(dn.rule.at(1).grid.x == kern::ceilDiv(e, kern::kGemvBlocksWarps * kern::kMoeDownDecRows));
+  }
+  CHECK(moe == l.desc.config.n_layer);
+  for (const std::vector<LaunchRecord>& step : set.prefill)
+    for (const LaunchRecord& r : step) CHECK(set.images[r.images[0]].entry.find("_dec") == std::string::npos);
+}
+
 TEST_CASE("launch fusion: HeadRmsNorm q, HeadRmsNorm k and Rope as one minfer_head_norm_rope launch (qwen3moe, gemma3)") {
   if (!test::haveFixtures()) return;
   for (const char* model : {"tiny-qwen3moe-Q4_K_M.gguf", "tiny-gemma3-Q8_0.gguf"})

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <limits>
+#include <tuple>
 
 #include "kernels/dense_matmul.cuh"
 #include "kernels/moe.cuh"
@@ -107,6 +108,21 @@ std::vector<std::pair<std::string, std::string>> moeCommon(uint32_t nexp, uint32
   return {{"MOE_NEXP", str(nexp)}, {"MOE_K", str(k)},   {"MOE_F", str(f)},
           {"MOE_E", str(e)},       {"MOE_MAX_BATCH", str(kMaxBatch)}, {which, "1"}};
 }
+
+// An expert FFN case: the types of gate, up and down, experts, choices per token, expert width F and n_embd E.
+struct MoeCase {
+  GgmlType gate, up, down;
+  uint32_t nexp, k;
+  uint64_t f, e;
+  std::string tag() const {
+    return std::string(ggmlTypeTraits(gate).name) + "_" + ggmlTypeTraits(up).name + "_" + ggmlTypeTraits(down).name +
+           "_e" + str(nexp) + "_k" + str(k) + "_f" + str(f) + "_n" + str(e);
+  }
+  // The case's three expert weights on the device (gate, up: nexp·F × E; down: nexp·E × F).
+  std::tuple<GpuWeight, GpuWeight, GpuWeight> weights() const {
+    return {makeExpertWeight(gate, nexp, f, e), makeExpertWeight(up, nexp, f, e), makeExpertWeight(down, nexp, e, f)};
+  }
+};
 
 TEST_CASE("moe_route: softmax top-k ids and (renormalised) weights vs the CPU, odd expert counts") {
   MINFER_REQUIRE_GPU(G);
@@ -258,10 +274,14 @@ TEST_CASE("moe_router_sort: router GEMV, top-k and slot sort in one launch, bit-
     drs.insert(drs.end(), {{"MOE_NORM", c.norm ? "1" : "0"}, {"MOE_X_Q8", c.x_q8 ? "1" : "0"},
                            {"MOE_R_PLANE", str(static_cast<unsigned>(plane.kind))}, {"MOE_R_PITCH", str(plane.row_pitch)},
                            {"MOE_R_HAS_BIAS", c.bias ? "1" : "0"}});
+    auto drs_nosort = drs;  // the decode expert GEMVs' form: no slot sort
+    drs_nosort.push_back({"MOE_SORT_SLOTS", "0"});
     std::vector<Kernel> k = compile({spec("moe_rts_test_gemv_" + tag, "kernels/dense_matmul.cuh", "minfer_dense_gemv", dg),
                                      spec("moe_rts_test_route_" + tag, "kernels/moe.cuh", "minfer_moe_route", dr),
                                      spec("moe_rts_test_sort_" + tag, "kernels/moe.cuh", "minfer_moe_sort", ds),
-                                     spec("moe_rts_test_fused_" + tag, "kernels/moe.cuh", "minfer_moe_router_sort", drs)});
+                                     spec("moe_rts_test_fused_" + tag, "kernels/moe.cuh", "minfer_moe_router_sort", drs),
+                                     spec("moe_rts_test_nosort_" + tag, "kernels/moe.cuh", "minfer_moe_router_sort",
+                                          drs_nosort)});
     const unsigned e32 = static_cast<unsigned>(c.e);
     const uint64_t scratch_bytes = kern::moeScratchBytes(c.nexp, kMaxBatch, c.k, 64, e32);
     const std::vector<float> bias_v = randomFloats(c.nexp, rng());
@@ -291,6 +311,20 @@ TEST_CASE("moe_router_sort: router GEMV, top-k and slot sort in one launch, bit-
                    xq1 = kern::moeScratchAq(c.nexp, kMaxBatch, c.k, 64, e32);
       CHECK(std::equal(rs.begin() + xq0, rs.begin() + xq1, gs.begin() + xq0));  // Xq (poison both when not written)
       CHECK(counters.download<uint32_t>(1)[0] == 0u);
+      // MOE_SORT_SLOTS 0: the same logits, ids, weights and Xq; the sort's regions left as they were (poisoned).
+      DeviceArray ns_logits(c.nexp * 4), ns_ids(c.k * 4), ns_w(c.k * 4), ns_scratch(scratch_bytes);
+      for (DeviceArray* a : {&ns_logits, &ns_ids, &ns_w, &ns_scratch}) a->poison();
+      const std::vector<int32_t> poisoned = ns_scratch.download<int32_t>(scratch_bytes / 4);
+      CUdeviceptr nl = ns_logits.ptr(), ni = ns_ids.ptr(), nw = ns_w.ptr(), nsc = ns_scratch.ptr();
+      launch(k[4], kern::moeRouterSortLaunchRule(c.nexp, e32, c.x_q8).at(1), {&rw, &rb, &px, &nl, &ni, &nw, &nsc, &pc, &one});
+      const std::vector<float> nlg = ns_logits.download<float>(c.nexp), nwv = ns_w.download<float>(c.k);
+      CHECK(std::memcmp(nlg.data(), glg.data(), c.nexp * 4) == 0);
+      CHECK(ns_ids.download<int32_t>(c.k) == ref_ids.download<int32_t>(c.k));
+      CHECK(std::memcmp(nwv.data(), gw.data(), c.k * 4) == 0);
+      const std::vector<int32_t> ns = ns_scratch.download<int32_t>(scratch_bytes / 4);
+      CHECK(std::equal(ns.begin(), ns.begin() + xq0, poisoned.begin()));  // offsets, list, used: not written
+      CHECK(std::equal(rs.begin() + xq0, rs.begin() + xq1, ns.begin() + xq0));
+      CHECK(counters.download<uint32_t>(1)[0] == 0u);
     }
   }
 }
@@ -299,11 +333,6 @@ TEST_CASE("moe_router_sort: router GEMV, top-k and slot sort in one launch, bit-
 // bit-identical to down + combine, its counters left zero.
 TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads only the chosen experts") {
   MINFER_REQUIRE_GPU(G);
-  struct Case {
-    GgmlType gate, up, down;
-    uint32_t nexp, k;
-    uint64_t f, e;  // expert width, n_embd
-  };
   // The fixture's mix (Q4_K gate/up from blocks, Q5_0 down of 32 columns), Q8_0, F32 with widths that are
   // not multiples of 32 (4-wide loads) and not multiples of 4 (one element per load), Q6_K (blocks) /
   // Q8_0, and 128 experts choosing 8. kBlocks (Q4_K, Q6_K): both kernels from blocks with 16 (down) and 8
@@ -311,25 +340,21 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
   // with 4 lanes per down row; i8 gate/up writing q8 A for a Q6_K down whose 96 rows end inside its second
   // thread block of 64 (37 experts: the sort scan's lanes hold 2 each, the last ones none); Q4_K gate/up
   // with an F32 down and 40 rows of A; and 128 experts choosing 8.
-  const Case cases[] = {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q5_0, 8, 2, 32, 256},
-                        {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, 5, 3, 64, 96},
-                        {GgmlType::F32, GgmlType::F32, GgmlType::F32, 5, 3, 40, 72},
-                        {GgmlType::F32, GgmlType::F32, GgmlType::F32, 5, 3, 42, 74},
-                        {GgmlType::Q6_K, GgmlType::Q6_K, GgmlType::Q8_0, 7, 3, 96, 256},
-                        {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q8_0, 128, 8, 64, 256},
-                        {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 9, 3, 768, 512},
-                        {GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q4_K, 6, 2, 256, 2304},
-                        {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q6_K, 37, 3, 256, 96},
-                        {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::F32, 5, 2, 40, 256},
-                        {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 128, 8, 256, 512}};
-  for (const Case& c : cases) {
-    const std::string tag = std::string(ggmlTypeTraits(c.gate).name) + "_" + ggmlTypeTraits(c.up).name + "_" +
-                            ggmlTypeTraits(c.down).name + "_e" + str(c.nexp) + "_k" + str(c.k) + "_f" + str(c.f) +
-                            "_n" + str(c.e);
+  const MoeCase cases[] = {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q5_0, 8, 2, 32, 256},
+                          {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, 5, 3, 64, 96},
+                          {GgmlType::F32, GgmlType::F32, GgmlType::F32, 5, 3, 40, 72},
+                          {GgmlType::F32, GgmlType::F32, GgmlType::F32, 5, 3, 42, 74},
+                          {GgmlType::Q6_K, GgmlType::Q6_K, GgmlType::Q8_0, 7, 3, 96, 256},
+                          {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q8_0, 128, 8, 64, 256},
+                          {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 9, 3, 768, 512},
+                          {GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q4_K, 6, 2, 256, 2304},
+                          {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q6_K, 37, 3, 256, 96},
+                          {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::F32, 5, 2, 40, 256},
+                          {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 128, 8, 256, 512}};
+  for (const MoeCase& c : cases) {
+    const std::string tag = c.tag();
     CAPTURE(tag);
-    const GpuWeight gate = makeExpertWeight(c.gate, c.nexp, c.f, c.e);
-    const GpuWeight up = makeExpertWeight(c.up, c.nexp, c.f, c.e);
-    const GpuWeight down = makeExpertWeight(c.down, c.nexp, c.e, c.f);
+    const auto [gate, up, down] = c.weights();
     auto dsort = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_SORT");
     auto dgu = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_GATE_UP");
     auto ddn = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_DOWN");
@@ -441,6 +466,129 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
     };
     const ExpertArgs gp = poison(gate, ga), upp = poison(up, ua), dp = poison(down, da);
     check(run(x, ids, w, n, gp, upp, dp), x, ids, w, n);
+  }
+}
+
+// The decode plan's expert GEMVs on the GGUF blocks (minfer_moe_gate_up_dec, minfer_moe_down_dec; one token): after
+// the sort launch's q8 x, out = Σ_j w[j]·down_e(silu(gate_e·x)·up_e·x) of the chosen experts e = ids[j], against the
+// host on the same q8 activations (kMoeFfnQ8Tol), against cpu::moeFfn (kMoeFfnQ8ActTol), and against the sorted
+// kernels' result (minfer_moe_gate_up + minfer_moe_down_combine, the same dot products summed in another order:
+// kMoeDecVsSortedTol). Every byte of the experts not chosen is poisoned (0xFF: NaN block scales), the counters are
+// zero again afterwards, and an id that is not an expert (−1) drops its slot as cpu::moeFfn does. Shapes: the
+// qwen3-30b-a3b layer (128 experts choosing 8 of 768 × 2048: one warp per gate|up output, 96 down parts per row);
+// n_embd 4096 (two warps per output); gate Q6_K with up Q4_K at n_embd 2304 (9 blocks: a second step for one lane
+// group); an expert width of 5 blocks (40 down parts per row: lanes 8 … 31 idle in the second step).
+TEST_CASE("moe decode expert GEMVs on the GGUF blocks vs the host, cpu::moeFfn and the sorted kernels") {
+  MINFER_REQUIRE_GPU(G);
+  const MoeCase cases[] = {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 128, 8, 768, 2048},
+                          {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, 16, 4, 512, 4096},
+                          {GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q6_K, 9, 3, 256, 2304},
+                          {GgmlType::Q6_K, GgmlType::Q6_K, GgmlType::Q4_K, 6, 2, 1280, 256}};
+  for (const MoeCase& c : cases) {
+    const std::string tag = c.tag();
+    CAPTURE(tag);
+    const auto [gate, up, down] = c.weights();
+    auto dsort = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_SORT");
+    auto dgu = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_GATE_UP");
+    auto ddn = moeCommon(c.nexp, c.k, c.f, c.e, "MOE_DOWN");
+    const ExpertArgs ga = expertDefines(gate, "G", dgu), ua = expertDefines(up, "U", dgu);
+    const ExpertArgs da = expertDefines(down, "D", ddn);
+    REQUIRE((ga.blocks() && ua.blocks() && da.blocks()));
+    dsort.push_back({"MOE_X_Q8", "1"});
+    dgu.push_back({"MOE_A_Q8", "1"});
+    ddn.push_back({"MOE_DOWN_COMBINE", "1"});
+    // The decode kernels' constants: each weight's TYPE, GP, PITCH and EPITCH (ops/moe.cpp defineBlocksWeight).
+    auto blocksDefines = [&](std::vector<std::pair<std::string, std::string>> from, const char* which,
+                             std::initializer_list<const char*> weights) {
+      auto d = moeCommon(c.nexp, c.k, c.f, c.e, which);
+      for (const char* x : weights)
+        for (const char* name : {"TYPE", "GP", "PITCH", "EPITCH"})
+          for (const auto& [key, value] : from)
+            if (key == std::string("MOE_") + x + "_" + name) d.push_back({key, value});
+      return d;
+    };
+    auto dall = dgu;
+    dall.insert(dall.end(), ddn.begin(), ddn.end());
+    std::vector<Kernel> k = compile(
+        {spec("moe_sort_dec_test_" + tag, "kernels/moe.cuh", "minfer_moe_sort", dsort),
+         spec("moe_gate_up_dec_test_" + tag, "kernels/moe.cuh", "minfer_moe_gate_up_dec",
+              blocksDefines(dall, "MOE_GATE_UP_DEC", {"G", "U", "D"})),
+         spec("moe_down_dec_test_" + tag, "kernels/moe.cuh", "minfer_moe_down_dec",
+              blocksDefines(dall, "MOE_DOWN_DEC", {"D"})),
+         spec("moe_gate_up_sorted_test_" + tag, "kernels/moe.cuh", "minfer_moe_gate_up", dgu),
+         spec("moe_down_sorted_test_" + tag, "kernels/moe.cuh", "minfer_moe_down_combine", ddn)});
+    const auto f32 = static_cast<unsigned>(c.f), e32 = static_cast<unsigned>(c.e);
+    const unsigned n_counters = c.k * f32 / 32, tiles = kern::ceilDiv(e32, kern::moeDownRows(true, f32));
+    const std::vector<float> dense_gate = dequantizeAll(gate), dense_up = dequantizeAll(up),
+                             dense_down = dequantizeAll(down);
+    const std::vector<float> x = activations(1, static_cast<int>(c.e));
+    std::vector<int32_t> ids(c.k);
+    std::vector<float> w(c.k);
+    for (uint32_t j = 0; j < c.k; ++j) ids[j] = static_cast<int32_t>((5 * j + 2) % c.nexp), w[j] = 1.0f / (j + 1.5f);
+    // Every expert's bytes poisoned but the chosen ones'.
+    std::vector<DeviceArray> poisoned;
+    auto poison = [&](const GpuWeight& g) {
+      const BuiltPlane& pl = g.planes.at(0);
+      REQUIRE(pl.table.kind == PlaneKind::kBlocks);
+      std::vector<uint8_t> bytes(pl.bytes.size(), 0xFF);
+      for (int32_t e : ids) {
+        const uint64_t off = expertOffset(pl.table, static_cast<uint64_t>(e));
+        std::memcpy(bytes.data() + off, pl.bytes.data() + off, pl.table.expert_pitch);
+      }
+      poisoned.push_back(DeviceArray::of(bytes));
+      return poisoned.back().ptr();
+    };
+    poisoned.reserve(3);
+    CUdeviceptr gq = poison(gate), uq = poison(up), dq = poison(down), null = 0;
+    // The decode kernels, then the sorted ones on the same sort, for ids `use` (the sort and the sorted kernels
+    // see only valid ids: −1 is given to the decode kernels alone).
+    auto run = [&](const std::vector<int32_t>& use) {
+      DeviceArray dx = DeviceArray::of(x), di = DeviceArray::of(use), dw = DeviceArray::of(w), out(c.e * 4),
+                  sorted_out(c.e * 4), scratch(kern::moeScratchBytes(c.nexp, kMaxBatch, c.k, f32, e32));
+      std::vector<int32_t> valid = use;
+      for (int32_t& id : valid) id = id < 0 ? ids[0] : id;
+      DeviceArray dvalid = DeviceArray::of(valid);
+      const std::vector<uint32_t> zeros(std::max(n_counters, tiles), 0);
+      DeviceArray counters = DeviceArray::of(zeros), tile_counters = DeviceArray::of(zeros);
+      scratch.poison();
+      out.poison();
+      sorted_out.poison();
+      int n = 1;
+      CUdeviceptr px = dx.ptr(), pi = di.ptr(), pv = dvalid.ptr(), pw = dw.ptr(), ps = scratch.ptr(), po = out.ptr(),
+                  pso = sorted_out.ptr(), pc = counters.ptr(), ptc = tile_counters.ptr();
+      launch(k[0], kern::moeSortLaunchRule(e32, true).at(1), {&pv, &px, &ps, &n});
+      launch(k[1], kern::moeGateUpDecLaunchRule(c.k, f32, e32).at(1), {&pi, &gq, &uq, &dq, &ps, &pc});
+      launch(k[2], kern::moeDownDecLaunchRule(e32).at(1), {&pi, &pw, &dq, &ps, &po});
+      CHECK(counters.download<uint32_t>(n_counters) == std::vector<uint32_t>(n_counters, 0));
+      launch(k[3], kern::moeExpertsLaunchRule(f32, kern::moeGateUpRows(true, e32, true), c.nexp, c.k).at(1),
+             {&px, &gq, &null, &null, &uq, &null, &null, &ps});
+      launch(k[4], kern::moeExpertsLaunchRule(e32, kern::moeDownRows(true, f32), c.nexp, c.k).at(1),
+             {&dq, &null, &null, &ps, &pv, &pw, &pso, &ptc, &n});
+      return std::pair{out.download<float>(c.e), sorted_out.download<float>(c.e)};
+    };
+    const auto [got, sorted] = run(ids);
+    const std::vector<float> ref_q8 = moeFfnQ8Ref(dense_gate, dense_up, dense_down, x, ids, w, 1, c.k, c.f, c.e, true, true);
+    CHECK(track("moe decode experts q8", relError(got.data(), ref_q8.data(), ref_q8.size())) <= kMoeFfnQ8Tol);
+    CHECK(track("moe decode experts vs sorted", relError(got.data(), sorted.data(), sorted.size())) <=
+          kMoeDecVsSortedTol);
+    const cpu::RowSource gs = *cpu::pickRowSource(gate.view, false), us = *cpu::pickRowSource(up.view, false),
+                         ds = *cpu::pickRowSource(down.view, false);
+    std::vector<float> ref(c.e),
+        cpu_scratch(static_cast<size_t>(cpu::moeScratchFloats(static_cast<int64_t>(c.e), static_cast<int64_t>(c.f))));
+    cpu::moeFfn(gate.view, gs, up.view, us, down.view, ds, x.data(), ids.data(), w.data(), 1, static_cast<int>(c.k),
+                ref.data(), nullptr, cpu_scratch.data());
+    CHECK(track("moe decode experts q8 vs f32 activations", relError(got.data(), ref.data(), ref.size())) <=
+          kMoeFfnQ8ActTol);
+    // Slot 1 not an expert: the host's sum without it (its weight 0).
+    std::vector<int32_t> dropped = ids;
+    dropped[1] = -1;
+    std::vector<float> w0 = w;
+    w0[1] = 0.0f;
+    const std::vector<float> got_dropped = run(dropped).first;
+    const std::vector<float> ref_dropped =
+        moeFfnQ8Ref(dense_gate, dense_up, dense_down, x, ids, w0, 1, c.k, c.f, c.e, true, true);
+    CHECK(track("moe decode experts q8", relError(got_dropped.data(), ref_dropped.data(), ref_dropped.size())) <=
+          kMoeFfnQ8Tol);
   }
 }
 

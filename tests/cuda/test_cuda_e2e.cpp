@@ -10,12 +10,14 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "compiler/compile_model.h"
+#include "compiler/tools/synth_model.h"
 #include "kernels/gemv_blocks.cuh"
 #include "minfer/artifact.h"
 #include "minfer/batch.h"
@@ -94,13 +96,14 @@ std::vector<std::string> goldenArchs() {
 // `fuse`: launch fusion (CompileOptions::fuse_launches, with the default fused QKV GEMV and gate|up pair), `gemv`:
 // the gate|up GLU GEMV and the GEMV + Add + RMSNorm fusions too (fuse_glu, fuse_norm, off by default). `arch`: the kernel target ("" = the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
-std::string compiled(const std::string& model, const std::string& dir = "models", bool fuse = true,
-                     const std::string& arch = "", bool gemv = false) {
+// compiledFile: the same for a GGUF at `input` (named `model` in the artifact's file name).
+std::string compiledFile(const std::string& input, const std::string& model, bool fuse = true,
+                         const std::string& arch = "", bool gemv = false) {
   static std::map<std::string, std::string> done;
   const std::string key = model + (fuse ? "" : ".unfused") + (gemv ? ".gemv" : "") + (arch.empty() ? "" : "." + arch);
   if (auto it = done.find(key); it != done.end()) return it->second;
   CompileOptions o;
-  o.input = fixturesDir() + "/" + dir + "/" + model;
+  o.input = input;
   o.output = scratchDir() + "/" + key + ".gpu.mfb";
   o.fuse_launches = fuse;
   o.fuse_glu = gemv;
@@ -116,6 +119,10 @@ std::string compiled(const std::string& model, const std::string& dir = "models"
   }
   done[key] = o.output;
   return o.output;
+}
+std::string compiled(const std::string& model, const std::string& dir = "models", bool fuse = true,
+                     const std::string& arch = "", bool gemv = false) {
+  return compiledFile(fixturesDir() + "/" + dir + "/" + model, model, fuse, arch, gemv);
 }
 
 struct Logits {
@@ -365,6 +372,66 @@ TEST_CASE("q/k head-norm models (qwen3moe, gemma3): fused and unfused launches g
       CAPTURE(i);
       CHECK(rows[0][i] == rows[1][i]);
     }
+  }
+}
+
+// A qwen3moe whose experts are whole 256-weight K-quant blocks (the fixtures' tiny-qwen3moe has experts 32 wide,
+// read from kI8): minfer-synth's qwen3-30b-a3b shape at n_embd 256, 2 layers, 16 experts choosing 4 of width 512,
+// llama.cpp's Q4_K_M mix (gate/up Q4_K; down Q4_K in layer 0, Q6_K in layer 1), written once per process.
+std::string blocksMoeGguf() {
+  static const std::string path = [] {
+    synth::SynthOptions so;
+    so.shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
+    so.shape.n_layer = 2, so.shape.n_embd = 256, so.shape.n_head = 4, so.shape.n_head_kv = 2, so.shape.head_dim = 64;
+    so.shape.n_expert = 16, so.shape.n_expert_used = 4, so.shape.n_ff_exp = 512, so.shape.n_vocab = 400;
+    so.shape.n_ctx = 256;
+    so.mix = synth::TypeMix::kQ4_K_M;
+    const std::string p = scratchDir() + "/synth-qwen3moe-blocks.gguf";
+    llvm::cantFail(synth::writeSynthModel(so, p, nullptr));
+    return p;
+  }();
+  return path;
+}
+
+// The decode expert GEMVs on the GGUF blocks (kernels/moe.cuh minfer_moe_gate_up_dec / minfer_moe_down_dec) in a
+// whole model: its decode logits against the CPU backend (f32 activations: kQuantRel / kQuantRms, as every
+// quantized golden) and against the GPU prefill of the same tokens (the sorted expert kernels, the same q8
+// activations on the sm_90 target: the prefill and decode matmuls and attention differ in summation order only).
+TEST_CASE("qwen3moe with experts on their GGUF blocks: decode with the expert GEMVs = the prefill and the CPU backend") {
+  MINFER_REQUIRE_GPU(G);
+  const std::string path = compiledFile(blocksMoeGguf(), "synth-qwen3moe-blocks.gguf");
+  REQUIRE(!path.empty());
+  {  // the decode plan launches the expert GEMVs
+    auto file = ArtifactFile::open(path);
+    REQUIRE(file.isOk());
+    std::set<std::string> entries;
+    for (const fb::KernelImage* img : *(*file)->manifest()->kernels()) entries.insert(img->entry()->str());
+    CHECK(entries.count("minfer_moe_gate_up_dec") == 1);
+    CHECK(entries.count("minfer_moe_down_dec") == 1);
+  }
+  auto gpu = Model::open(path, BackendKind::kCuda);
+  REQUIRE_MESSAGE(gpu.isOk(), gpu.status().message());
+  auto cpu = Model::open(path, BackendKind::kCpu);
+  REQUIRE_MESSAGE(cpu.isOk(), cpu.status().message());
+  GoldenCase g;
+  g.n_vocab = (*gpu)->info().n_vocab;
+  for (int i = 0; i < 20; ++i) g.prompt_ids.push_back(3 + (i * 53) % 390);
+  for (int i = 0; i < 10; ++i) g.generated_ids.push_back(5 + (i * 71) % 390);
+  g.prefill.resize(static_cast<size_t>(g.nPrompt()) * g.n_vocab);
+  g.decode.resize(static_cast<size_t>(g.nGenerate()) * g.n_vocab);
+  const Logits lg = run(**gpu, g), lc = run(**cpu, g);
+  // The same tokens in one prefill: row nPrompt() + i is decode row i's position.
+  GoldenCase all = g;
+  all.prompt_ids.insert(all.prompt_ids.end(), g.generated_ids.begin(), g.generated_ids.end());
+  all.generated_ids.clear();
+  all.prefill.resize(static_cast<size_t>(all.nPrompt()) * g.n_vocab);
+  all.decode.clear();
+  const Logits full = run(**gpu, all);
+  const std::vector<float> tail(full.prefill.begin() + static_cast<long>(g.nPrompt()) * g.n_vocab, full.prefill.end());
+  for (const auto& [what, want] : {std::pair{"decode vs the GPU prefill", &tail}, std::pair{"decode vs CPU", &lc.decode}}) {
+    const LogitDiff d = compareLogits(lg.decode.data(), want->data(), g.nGenerate(), g.n_vocab, {}, 0.0);
+    MESSAGE("synth qwen3moe (experts on blocks) " << std::string(what) << ": rel " << d.rel() << ", RMS rel " << d.rms_rel);
+    check(what, lg.decode.data(), *want, g.nGenerate(), g.n_vocab, {}, kQuantRel, kQuantRms);
   }
 }
 

@@ -1,7 +1,10 @@
 // Op families MoeRoute and MoeFfn → kernels/moe.cuh: the softmax router's top-k (one launch), and the
 // expert FFN as four launches (sort the token slots by expert, gate/up per chosen expert, down per chosen
 // expert, weighted combine; in decode three: the combine in the down launch, and, fused with the MoeRoute and the
-// router MatMul before it, the sort launch computing the router's logits and routing too) sharing the step's scratch. Every -D…PITCH / …EPITCH constant is taken from the
+// router MatMul before it, the sort launch computing the router's logits and routing too) sharing the step's scratch;
+// in decode with gate, up and down all on their blocks (and K ≤ 32), the experts run as two GEMVs over the chosen
+// experts' rows instead (decodeExpertLaunches: minfer_moe_gate_up_dec, minfer_moe_down_dec; the router launch without
+// the slot sort). Every -D…PITCH / …EPITCH constant is taken from the
 // stride table the launch record's Weight argument carries (row pitch and expert pitch). Q4_K and Q6_K
 // experts are read from their kBlocks plane (the GGUF blocks; q8 activations), other types from kI8 +
 // kScale [+ kMin] or their dense plane (layout_planner.h: which planes an expert tensor has).
@@ -56,7 +59,6 @@ llvm::Expected<ExpertPlanes> expertPlanes(const StepContext& c, size_t i, uint64
   return p;
 }
 
-// MOE_<X>_* constants and the three Weight (or Null) arguments of one expert weight.
 // moe.cuh's shape constants (experts, experts per token, expert width, n_embd, the plan's max batch) and the kernel
 // selector `which`.
 SpecBuilder& defineMoeShape(SpecBuilder& b, uint64_t n_expert, uint64_t k, uint64_t f, uint64_t e, uint64_t max_batch,
@@ -69,6 +71,7 @@ SpecBuilder& defineMoeShape(SpecBuilder& b, uint64_t n_expert, uint64_t k, uint6
       .define(which, uint64_t{1});
 }
 
+// The MOE_<X>_* constants and the three Weight (or Null) arguments of one expert weight.
 void addWeight(const StepContext& c, size_t i, const char* x, const ExpertPlanes& p, SpecBuilder& b,
                std::vector<KernelArgDesc>& args) {
   const std::string pre = std::string("MOE_") + x + "_";
@@ -90,6 +93,16 @@ void addWeight(const StepContext& c, size_t i, const char* x, const ExpertPlanes
   args.push_back(weightArg((lower + "q").c_str(), tensor, *p.q));
   args.push_back(p.s ? weightArg((lower + "s").c_str(), tensor, *p.s) : kindArg(fb::ArgKind::Null, (lower + "s").c_str()));
   args.push_back(p.m ? weightArg((lower + "m").c_str(), tensor, *p.m) : kindArg(fb::ArgKind::Null, (lower + "m").c_str()));
+}
+
+// The MOE_<X>_ TYPE, GP, PITCH and EPITCH constants of an expert weight read from its kBlocks plane alone (the
+// decode expert GEMVs: one Weight argument each).
+void defineBlocksWeight(const char* x, const ExpertPlanes& p, SpecBuilder& b) {
+  const std::string pre = std::string("MOE_") + x + "_";
+  b.define((pre + "TYPE").c_str(), uint64_t{p.q->ggml_type})
+      .define((pre + "GP").c_str(), uint64_t{p.q->group_pitch})
+      .define((pre + "PITCH").c_str(), uint64_t{p.q->row_pitch})
+      .define((pre + "EPITCH").c_str(), uint64_t{p.q->expert_pitch});
 }
 
 // "q4_k_blocks", "q8_0", "f32": the tag of the plane set an expert weight is read from.
@@ -190,11 +203,12 @@ const StrideTable* routerPlane(const StepContext& mm, uint32_t rows, uint32_t co
 // The decode MoeFfn step c's first launch with its MoeRoute step `route` and the router MatMul `mm` before that
 // (minfer_moe_router_sort): x and the router weight in, the logits, expert ids and weights out, then the sort's
 // work on the scratch (and x's q8 form with `x_q8`), with one counter word; one token (the kernel traps on a token
-// count ≠ 1), so the decode plan's only. Errors: a prefill step, the route's own, a router whose experts or outputs
+// count ≠ 1), so the decode plan's only; without `sort_slots` it leaves the sort out (MOE_SORT_SLOTS 0: the decode
+// expert GEMVs read the ids). Errors: a prefill step, the route's own, a router whose experts or outputs
 // are not the MoeFfn's, a MatMul fusesMoeRouter refuses, its bias plane's.
 llvm::Expected<KernelLaunch> routerSortLaunch(const StepContext& c, const StepContext& route, const StepContext& mm,
-                                             const std::string& shape, bool x_q8, const KernelArgDesc& x_in,
-                                             const KernelArgDesc& scratch) {
+                                             const std::string& shape, bool x_q8, bool sort_slots,
+                                             const KernelArgDesc& x_in, const KernelArgDesc& scratch) {
   const model::StepDesc &r = route.step(), &s = c.step();
   if (c.prefill()) return c.error("minfer_moe_router_sort computes one token: only in the decode plan");
   if (llvm::Error err = checkRouteFeeds(c, route)) return err;
@@ -206,15 +220,17 @@ llvm::Expected<KernelLaunch> routerSortLaunch(const StepContext& c, const StepCo
     if (!v) return v.takeError();
     bias = *v;
   }
-  SpecBuilder b(llvm::formatv("moe_router_sort_{0}_{1}_p{2}{3}{4}{5}", shape, denseTag(plane.kind), plane.row_pitch,
-                              bias ? "_bias" : "", r.moe_norm ? "_norm" : "", x_q8 ? "_xq8" : ""),
+  SpecBuilder b(llvm::formatv("moe_router_sort_{0}_{1}_p{2}{3}{4}{5}{6}", shape, denseTag(plane.kind),
+                              plane.row_pitch, bias ? "_bias" : "", r.moe_norm ? "_norm" : "", x_q8 ? "_xq8" : "",
+                              sort_slots ? "" : "_nosort"),
                 "kernels/moe.cuh", "minfer_moe_router_sort");
   defineMoeShape(b, s.n_expert, s.n_expert_used, s.rows, s.cols, c.maxBatch(), "MOE_ROUTER_SORT")
       .define("MOE_NORM", uint64_t{r.moe_norm})
       .define("MOE_X_Q8", uint64_t{x_q8})
       .define("MOE_R_PLANE", static_cast<uint64_t>(plane.kind))
       .define("MOE_R_PITCH", plane.row_pitch)
-      .define("MOE_R_HAS_BIAS", uint64_t{bias ? 1u : 0u});
+      .define("MOE_R_HAS_BIAS", uint64_t{bias ? 1u : 0u})
+      .define("MOE_SORT_SLOTS", uint64_t{sort_slots});
   return KernelLaunch{b.spec,
                       {weightArg("rw", mm.weightId(0), plane),
                        bias ? weightArg("rbias", mm.weightId(1), *bias) : kindArg(fb::ArgKind::Null, "rbias"), x_in,
@@ -224,6 +240,41 @@ llvm::Expected<KernelLaunch> routerSortLaunch(const StepContext& c, const StepCo
                        {.kind = fb::ArgKind::Counters, .name = "counters", .bytes = 4},
                        kindArg(fb::ArgKind::TokenCount, "n_tokens")},
                       kern::moeRouterSortLaunchRule(s.n_expert, s.cols, x_q8)};
+}
+
+// The decode MoeFfn step c's expert launches when gate, up and down are all read from blocks: one token's K chosen
+// experts as GEMVs over their rows (minfer_moe_gate_up_dec, then minfer_moe_down_dec with the combine), without the
+// sort's slot lists (the sort launch before them still quantizes x into the scratch). `shape`, `scratch`, `ids_in`:
+// moeFfn's.
+std::vector<KernelLaunch> decodeExpertLaunches(const StepContext& c, const std::string& shape,
+                                               const ExpertPlanes& gate, const ExpertPlanes& up,
+                                               const ExpertPlanes& down, const KernelArgDesc& scratch,
+                                               const KernelArgDesc& ids_in) {
+  const model::StepDesc& s = c.step();
+  const uint32_t nexp = s.n_expert, k = s.n_expert_used, f = s.rows, e = s.cols;
+  SpecBuilder gu(llvm::formatv("moe_gate_up_dec_{0}_{1}_{2}_p{3}_{4}_{5}_p{6}", shape, weightTag(gate),
+                               weightTag(up), gate.q->row_pitch, up.q->row_pitch, weightTag(down), down.q->row_pitch),
+                 "kernels/moe.cuh", "minfer_moe_gate_up_dec");
+  defineMoeShape(gu, nexp, k, f, e, c.maxBatch(), "MOE_GATE_UP_DEC");
+  defineBlocksWeight("G", gate, gu);
+  defineBlocksWeight("U", up, gu);
+  defineBlocksWeight("D", down, gu);
+  std::vector<KernelArgDesc> gu_args{ids_in, weightArg("gq", c.weightId(0), *gate.q),
+                                     weightArg("uq", c.weightId(1), *up.q), weightArg("dq", c.weightId(2), *down.q),
+                                     scratch};
+  gu_args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{k} * f / 32 * 4});
+
+  SpecBuilder dn(llvm::formatv("moe_down_dec_{0}_{1}_p{2}", shape, weightTag(down), down.q->row_pitch),
+                 "kernels/moe.cuh", "minfer_moe_down_dec");
+  defineMoeShape(dn, nexp, k, f, e, c.maxBatch(), "MOE_DOWN_DEC");
+  defineBlocksWeight("D", down, dn);
+  std::vector<KernelArgDesc> dn_args{ids_in, activationArg("w", c.inputId(2), k, fb::Access::Read),
+                                     weightArg("dq", c.weightId(2), *down.q), scratch,
+                                     activationArg("out", c.outputId(0), e, fb::Access::Write)};
+  std::vector<KernelLaunch> launches;
+  launches.push_back({gu.spec, std::move(gu_args), kern::moeGateUpDecLaunchRule(k, f, e)});
+  launches.push_back({dn.spec, std::move(dn_args), kern::moeDownDecLaunchRule(e)});
+  return launches;
 }
 
 // The MoeFfn step c's launches; with `route` (the decode plan's MoeRoute step before it, fused) the sort launch
@@ -259,6 +310,8 @@ Launches moeFfn(const StepContext& c, const StepContext* route, const StepContex
                                  (*c.weight(0))->desc.name, weightTag(*gate), (*c.weight(1))->desc.name,
                                  weightTag(*up)));
 
+  // Decode with every expert weight on its blocks: the expert GEMVs (decodeExpertLaunches; lane j < K holds choice j).
+  const bool dec_experts = !c.prefill() && gu_blocks && dn_blocks && k <= 32;
   const uint32_t mb = c.maxBatch();
   const KernelArgDesc scratch{.kind = fb::ArgKind::Scratch, .name = "scratch",
                               .bytes = kern::moeScratchBytes(nexp, mb, k, f, e)};
@@ -272,7 +325,7 @@ Launches moeFfn(const StepContext& c, const StepContext* route, const StepContex
 
   const KernelArgDesc x_in = activationArg("x", c.inputId(0), e, fb::Access::Read);
   if (route) {
-    auto rs = router ? routerSortLaunch(c, *route, *router, shape, gu_blocks, x_in, scratch)
+    auto rs = router ? routerSortLaunch(c, *route, *router, shape, gu_blocks, !dec_experts, x_in, scratch)
                      : routeSortLaunch(c, *route, shape, gu_blocks, x_in, scratch);
     if (!rs) return rs.takeError();
     launches.push_back(std::move(*rs));
@@ -280,6 +333,12 @@ Launches moeFfn(const StepContext& c, const StepContext* route, const StepContex
     SpecBuilder sort("moe_sort_" + shape + (gu_blocks ? "_xq8" : ""), "kernels/moe.cuh", "minfer_moe_sort");
     common(sort, "MOE_SORT").define("MOE_X_Q8", uint64_t{gu_blocks});
     launches.push_back({sort.spec, {ids_in, x_in, scratch, ntok}, kern::moeSortLaunchRule(e, gu_blocks)});
+  }
+
+  if (dec_experts) {
+    std::vector<KernelLaunch> experts = decodeExpertLaunches(c, shape, *gate, *up, *down, scratch, ids_in);
+    launches.insert(launches.end(), std::make_move_iterator(experts.begin()), std::make_move_iterator(experts.end()));
+    return launches;
   }
 
   SpecBuilder gu(llvm::formatv("moe_gate_up_{0}_{1}_{2}_p{3}_{4}{5}", shape, weightTag(*gate), weightTag(*up),
@@ -293,7 +352,7 @@ Launches moeFfn(const StepContext& c, const StepContext* route, const StepContex
   launches.push_back({gu.spec, std::move(gu_args),
                       kern::moeExpertsLaunchRule(f, kern::moeGateUpRows(gu_blocks, e, dn_blocks), nexp, k)});
 
-  // In decode the combine runs in the down launch (MOE_DOWN_COMBINE: the last thread block of each row tile
+  // In decode (expert planes other than all-blocks) the combine runs in the down launch (MOE_DOWN_COMBINE: the last thread block of each row tile
   // combines its rows, with one counter word per tile), the same values as minfer_moe_combine's.
   const bool down_combine = !c.prefill();
   const unsigned down_rows = kern::moeDownRows(dn_blocks, f);
