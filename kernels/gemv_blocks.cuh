@@ -69,26 +69,35 @@
 //                                 float* out0, float* out1, float* out2)
 // Launch shape: gemvTripleLaunchRule(): the three segments' gemvBlocksLaunchRule() blocks added.
 //
-// GEMV + residual Add + RMSNorm + q8 (GEMVB_NORM = 1): the decode steps MatMul (o or down), the Add of the
-// residual, the RmsNorm of the sum and its QuantizeAct in one launch. A block owns 32 consecutive rows
-// (gemvNormShape: 8 warps × 4 rows), sums them as minfer_gemv_blocks does, and writes out = W·x (+ bias),
-// sum = res + out, u = sum ⊙ nw (into y), the q8 form of u (quantizeBlock: the block's 32 rows are one q8
-// block) and its Σ sum² into partial[block]. It counts itself done in counters[0] (a block barrier, then one
-// acquire-release atomic, as minfer_gemv_glu); the last block adds the partials in block order, takes
-// inv = 1 / sqrt(Σ / N + eps) (rms_norm.cuh's formula) and scales y and every q8 block's d by it, so
-// y = sum·nw·inv and the q8 values are those of y up to rounding: q8(u) with d·inv instead of q8(u·inv),
-// the same integers except where u·inv rounds across a half-step. Not bit-identical to the unfused
-// steps (their sum of squares is a 1024-thread tree, their product order x·inv·w): within 1 ulp of y,
-// and the consumers' dot products within the q8 rounding the unfused path has (GPU parity test).
-// Constants: as minfer_gemv_blocks with GEMVB_ROWS 4, GEMVB_ROW_WARPS 1; GEMVB_NORM_EPS (float literal);
-// GEMVB_N % 32 == 0.
+// GEMV + residual Add + deferred RMSNorm + q8 (GEMVB_NORM = 1): the decode steps MatMul (o or down), the Add of
+// the residual, the RmsNorm of the sum and its QuantizeAct in one launch, the 1/rms left to the GEMVs that read the
+// q8 form. RMSNorm's y = sum·inv ⊙ nw with inv = 1 / sqrt(Σ sum² / N + eps) needs the whole row's sum of squares,
+// which no thread block of an 896-block GEMV has; but the q8 form of y is, up to rounding, the q8 form of
+// u = sum ⊙ nw with every block's scale d times inv (q8 is scale-invariant: max|y| / 127 = inv · max|u| / 127), and a
+// GEMV of that input is inv times the GEMV of q8(u). So this kernel computes out = W·x (+ bias) as minfer_gemv_blocks
+// does with the same shape (gemvBlocksShape: four rows per block), sum = res + out, and per q8 block b of 32 rows
+// (its 8 thread blocks counted in counters[b], an acquire-release atomic after a block barrier, as minfer_gemv_glu;
+// the one completing it reads the 32 sums back through L2) the q8 form of u and partial[b] = Σ sum² over the block.
+// The consumers (GEMVB_RMS_EPS below) add the N / 32 partials in a fixed order and multiply their sums by inv
+// before the bias. Against the unfused steps (rms_norm.cuh: a 1024-thread tree of squares, y = sum·inv·w, then
+// quantize_act): the same up to f32 rounding, and q8 integers that differ only where u / d(u) and y / d(y) round
+// across a half-step (GPU parity test). No launch in between, no serial tail: the last thread blocks each quantize
+// one block of 32.
+// Constants: as minfer_gemv_blocks (gemvBlocksShape's work shape); GEMVB_N % 32 == 0 and 32 % (rows per thread
+// block) == 0; no GEMVB_RMS_EPS (its input is an attention or GLU output).
 // Launch ABI:  minfer_gemv_add_norm(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
-//                                   float* out, const float* res, float* sum, const float* nw, float* y,
-//                                   int8_t* qs, Q8Meta* meta, float* partial, unsigned* counters)
-//   out, res, sum, y: N f32 (res and sum may alias; out null where y reuses the product's buffer); nw: N f32 (the
-//   norm weight); qs, meta: row 0 of y's q8
-//   buffer; partial: N / 32 f32 (scratch); counters: 1 word, zero on entry and again on exit.
-// Launch shape: gemvNormLaunchRule(N): N / 32 blocks of 256 threads.
+//                                   float* out, const float* res, float* sum, const float* nw, int8_t* qs,
+//                                   Q8Meta* meta, float* partial, unsigned* counters)
+//   out, res, sum: N f32 (res and sum may alias: the residual updated in place; out null where nothing reads the
+//   product); nw: N f32, the norm weight; qs, meta: row 0 of the q8 buffer (q8 of u); partial: N / 32 f32, Σ sum²
+//   per block of 32 (the RmsNorm's f32 output buffer, which no consumer reads as y); counters: N / 32 words, zero
+//   on entry and again on exit.
+// Launch shape: gemvBlocksLaunchRule(N, gemvBlocksShape(N, K)).
+//
+// Deferred RMSNorm of the input (GEMVB_RMS_EPS = the norm's eps, a float literal; minfer_gemv_blocks, _pair,
+// _triple, _qkv, _glu): the q8 input is minfer_gemv_add_norm's q8(u), and the kernel takes one more argument
+// after the others, `const float* rms`, its K / 32 partial sums of squares: every row's sum is multiplied by
+// inv = 1 / sqrt(Σ rms / K + eps) (InputRms: the same bits in every block) before its bias, RoPE or GLU.
 //
 // Fused gate|up GEMV (GEMVB_GLU = 1 SwiGLU or 3 GeGLU, elementwise.cuh's EW_OP codes): the decode steps
 // MatMul gate, MatMul up, SwiGlu / GeGlu and QuantizeAct in one launch. A group's two "rows" are gate row r
@@ -159,9 +168,11 @@ MINFER_HD GemvBlocksShape gemvGluShape(unsigned n, unsigned k) {
   return {2, 2, 1};
 }
 
+// Rows per thread block of gemvBlocksLaunchRule's grid.
+MINFER_HD unsigned gemvBlocksRowsPerCta(GemvBlocksShape s) { return kGemvBlocksWarps / s.warps * s.rows; }
 MINFER_HD LaunchRule gemvBlocksLaunchRule(unsigned n, GemvBlocksShape s) {
   LaunchRule r;
-  r.grid[0] = fixedExtent(ceilDiv(n, kGemvBlocksWarps / s.warps * s.rows));
+  r.grid[0] = fixedExtent(ceilDiv(n, gemvBlocksRowsPerCta(s)));
   r.block.x = 32 * kGemvBlocksWarps;
   return r;
 }
@@ -189,16 +200,6 @@ MINFER_HD LaunchRule gemvGluLaunchRule(unsigned n, GemvBlocksShape s) {
   return r;
 }
 
-// The GEMV + residual Add + RMSNorm's shape (GEMVB_NORM): four rows per warp, eight warps per block, so a
-// block's 32 rows are one q8 block of the normalized row.
-MINFER_HD GemvBlocksShape gemvNormShape() { return {4, 1, 1}; }
-MINFER_HD LaunchRule gemvNormLaunchRule(unsigned n) {
-  LaunchRule r;
-  r.grid[0] = fixedExtent(n / 32);
-  r.block.x = 32 * 32 / gemvNormShape().rows;
-  return r;
-}
-
 // The fused QKV GEMV's shape: two rows per warp (a rotation pair), two warps per pair.
 MINFER_HD GemvBlocksShape gemvQkvShape() { return {2, 2, 1}; }
 // The fused QKV GEMV: one row pair (two rows of one head) per group of s.warps warps, and one more warp
@@ -214,6 +215,14 @@ MINFER_HD LaunchRule gemvQkvLaunchRule(unsigned n_head, unsigned n_head_kv, unsi
 }  // namespace minfer::kern
 
 #if defined(MINFER_DEVICE_CODE)
+#ifdef GEMVB_RMS_EPS  // the input is a deferred RMSNorm's q8 form: the kernel takes its partial sums too
+#define MINFER_GEMVB_RMS_PARAM , const float* __restrict__ rms
+#define MINFER_GEMVB_RMS rms
+#else
+#define MINFER_GEMVB_RMS_PARAM
+#define MINFER_GEMVB_RMS nullptr
+#endif
+
 namespace minfer::kern::gemvb {
 
 // One lane's weight bytes of one block (see the header comment), loaded before use.
@@ -437,13 +446,45 @@ __device__ __forceinline__ bool groupSum(float (&acc)[kRows]) {
   return true;
 }
 
+// The deferred RMSNorm of a GEMV's input (GEMVB_RMS_EPS; the consumer side of minfer_gemv_add_norm, see the header
+// comment): the kK / 32 partial sums of squares are copied into shared memory by one warp's cp.async after
+// overlapPrologue (stage: nothing held in registers while the GEMV streams its weights; 52 instead of 48 registers
+// per thread when each lane kept its share, one thread block fewer per SM), waited for by the copying threads
+// (wait) before a block barrier, then 1/rms = 1 / sqrt(Σ / kK + eps) (rms_norm.cuh's formula) by any warp (inv).
+// The sum's order is fixed (lane l adds partials l, l + 32, …, then warpSum's butterfly, whose result is the same
+// on every lane), so every warp of every consumer launch computes the same bits.
+template <int kK>
+struct InputRms {
+  static constexpr int kGroups = kK / 32, kChunks = kGroups / 4;  // partials, 16-byte copies (kK % 128 == 0)
+  static_assert(kK % 128 == 0, "16-byte copies of the partial sums");
+  __device__ static float* staged() {
+    __shared__ __align__(16) float part[kGroups];
+    return part;
+  }
+  // Called by one warp of the block.
+  __device__ static void stage(const float* partial) {
+    for (int c = threadIdx.x % 32; c < kChunks; c += 32) cpAsync<16>(staged() + 4 * c, partial + 4 * c, true);
+    cpAsyncCommit();
+  }
+  __device__ static void wait() { cpAsyncWait<0>(); }  // any thread (those of other warps have nothing to wait for)
+  __device__ static float inv(float eps) {
+    const int lane = threadIdx.x % 32;
+    float t = 0.0f;
+    for (int j = lane; j < kGroups; j += 32) t += staged()[j];
+    return 1.0f / sqrtf(warpSum(t) / static_cast<float>(kK) + eps);
+  }
+};
+
 // Thread block `bx` of a GEMV of kN rows on a kBlocks plane of kPitch-byte rows (grid: gemvBlocksLaunchRule for
 // the shape {kRows, kRowWarps, kUnroll}): minfer_gemv_blocks' whole computation, and each segment of the GEMV
-// pair and triple, so that all of them sum a row in one order. kGemvBlocksWarps warps per block.
+// pair and triple and minfer_gemv_add_norm's products, so that all of them sum a row in one order.
+// kGemvBlocksWarps warps per block. Row r's value v (its sum, times 1/rms of the input with GEMVB_RMS_EPS, then
+// + bias[r]) goes to store(r, v), called by one lane per row; `rms`: the input's partial sums of squares
+// (GEMVB_RMS_EPS only, else unused).
 template <bool kQ4K, int kN, int kRows, int kRowWarps, int kUnroll, int kBlocksPerRow, unsigned kPitch,
-          int kGroupPitch, bool kBias>
-__device__ __forceinline__ void gemvRowsBlock(const uint8_t* w, const float* bias, const int8_t* xq,
-                                              const Q8Meta* xmeta, float* out, unsigned bx) {
+          int kGroupPitch, bool kBias, class Store>
+__device__ __forceinline__ void gemvRows(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
+                                         const float* rms, unsigned bx, Store store) {
   constexpr int kGroupsPerCta = static_cast<int>(kGemvBlocksWarps) / kRowWarps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = (bx * kGroupsPerCta + warp / kRowWarps) * kRows;
@@ -457,6 +498,12 @@ __device__ __forceinline__ void gemvRowsBlock(const uint8_t* w, const float* bia
   overlapPrologue();
   const int t = (warp % kRowWarps) * 32 + lane;  // this lane's index in its group
   const int p = t % 4;
+#ifdef GEMVB_RMS_EPS
+  using Rms = InputRms<256 * kBlocksPerRow>;
+  if (warp == 0) Rms::stage(rms);
+#else
+  (void)rms;
+#endif
   float acc[kRows];
 #pragma unroll
   for (int i = 0; i < kRows; ++i) acc[i] = 0.0f;
@@ -466,14 +513,32 @@ __device__ __forceinline__ void gemvRowsBlock(const uint8_t* w, const float* bia
     for (int i = 0; i < kRows; ++i) wr[i] = w + static_cast<uint64_t>(row0 + i < kN ? row0 + i : kN - 1) * kPitch;
     accumulateRows<kQ4K, kRows, kRowWarps, kUnroll, kBlocksPerRow, kGroupPitch>(wr, xq, xmeta, p, t / 4, acc);
   }
+#ifdef GEMVB_RMS_EPS
+  static_assert(kRowWarps == 2, "the staged partials become visible at groupSum's block barrier");
+  Rms::wait();
+#endif
   if (!groupSum<kRows, kRowWarps>(acc)) return;
-  // Lane i writes row row0 + i.
+#ifdef GEMVB_RMS_EPS
+  const float inv = Rms::inv(GEMVB_RMS_EPS);
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) acc[i] *= inv;
+#endif
+  // Lane i stores row row0 + i.
 #pragma unroll
   for (int i = 0; i < kRows; ++i)
     if (lane == i && row0 + i < kN) {
       if (kBias) acc[i] += bias[row0 + i];
-      out[row0 + i] = acc[i];
+      store(row0 + i, acc[i]);
     }
+}
+
+// gemvRows writing out[r].
+template <bool kQ4K, int kN, int kRows, int kRowWarps, int kUnroll, int kBlocksPerRow, unsigned kPitch,
+          int kGroupPitch, bool kBias>
+__device__ __forceinline__ void gemvRowsBlock(const uint8_t* w, const float* bias, const int8_t* xq,
+                                              const Q8Meta* xmeta, float* out, const float* rms, unsigned bx) {
+  gemvRows<kQ4K, kN, kRows, kRowWarps, kUnroll, kBlocksPerRow, kPitch, kGroupPitch, kBias>(
+      w, bias, xq, xmeta, rms, bx, [out](int r, float v) { out[r] = v; });
 }
 
 }  // namespace minfer::kern::gemvb
@@ -507,87 +572,50 @@ static_assert(GEMVB_PITCH >= static_cast<unsigned long long>(kBlocksPerRow) * GE
 
 #if GEMVB_NORM
 namespace minfer::kern::gemvb {
-constexpr int kNormWarps = 32 / kRows;  // a block's rows: one q8 block of 32
-constexpr int kNormPer = (kN + 32 * kNormWarps - 1) / (32 * kNormWarps);  // y values per thread in the tail
-static_assert(kRowWarps == 1 && 32 % kRows == 0 && kN % 32 == 0, "the GEMV + Add + RMSNorm shape (gemvNormShape)");
+constexpr int kNormRowsPerCta = kGroupsPerCta * kRows;  // rows per thread block; 32 / it blocks per q8 block
+static_assert(kN % 32 == 0 && 32 % kNormRowsPerCta == 0, "the GEMV + Add + RMSNorm: whole q8 blocks of 32 rows");
+#ifdef GEMVB_RMS_EPS
+static_assert(false, "the GEMV + Add + RMSNorm reads a plain q8 input (an attention or GLU output)");
+#endif
 }  // namespace minfer::kern::gemvb
-// `res` and `sum` may alias (the residual updated in place): each element is read, then written, by one thread.
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::gemvb::kNormWarps)
+// Row r's product o (minfer_gemv_blocks' value for the same shape, bit for bit), sum[r] = res[r] + o, and per q8
+// block of 32 rows (its thread blocks counted in counters[b]; the one completing it reads the 32 sums back through
+// L2) the q8 form of u = sum ⊙ nw and partial[b] = Σ sum² over the block. `res` and `sum` may alias (each element
+// is read, then written, by one thread).
+extern "C" __global__ void MINFER_GEMVB_BOUNDS
     minfer_gemv_add_norm(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
                          const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out, const float* res,
-                         float* sum, const float* __restrict__ nw, float* __restrict__ y, int8_t* __restrict__ qs,
+                         float* sum, const float* __restrict__ nw, int8_t* __restrict__ qs,
                          minfer::kern::Q8Meta* __restrict__ meta, float* __restrict__ partial,
                          unsigned* __restrict__ counters) {
   using namespace minfer::kern;
   using namespace minfer::kern::gemvb;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r0 = blockIdx.x * 32, row0 = r0 + warp * kRows;
-  if (threadIdx.x == 0) prefetchL2(w + static_cast<uint64_t>(r0) * GEMVB_PITCH, 32u * GEMVB_PITCH);
-  const float wn = nw[r0 + lane];  // the norm weight: a plane, readable before the wait
-  overlapPrologue();
-  float acc[kRows];
-  const uint8_t* wr[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    acc[i] = 0.0f;
-    wr[i] = w + static_cast<uint64_t>(row0 + i) * GEMVB_PITCH;
-  }
-  accumulateRows<kQ4K, kRows, 1, kUnroll, kBlocksPerRow, GEMVB_GROUP_PITCH>(wr, xq, xmeta, lane % 4, lane / 4, acc);
-  groupSum<kRows, 1>(acc);
-  __shared__ float os[32];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i)
-    if (lane == i) os[warp * kRows + i] = acc[i];
-  __syncthreads();
-  if (warp == 0) {
-    const int r = r0 + lane;
-    float o = os[lane];
-#if GEMVB_HAS_BIAS
-    o += bias[r];
-#endif
-    if (out) out[r] = o;
-    const float s = res[r] + o;
-    sum[r] = s;
-    const float u = s * wn;
-    y[r] = u;  // scaled by 1/rms in the tail
-    quantizeBlock<1>({u}, qs + r0, meta + blockIdx.x, true);
-    const float ss = warpSum(s * s);
-    if (lane == 0) partial[blockIdx.x] = ss;
-  }
-  // Count this block done (a block barrier, then one acquire-release atomic, as minfer_gemv_glu); the last
-  // block applies the row's 1/rms.
-  __shared__ bool last;
-  __shared__ float inv_s;
+  const int lane = threadIdx.x % 32;
+  const int blk = static_cast<int>(blockIdx.x) * kNormRowsPerCta / 32;  // this block's q8 block
+  gemvRows<kQ4K, kN, kRows, kRowWarps, kUnroll, kBlocksPerRow, GEMVB_PITCH, GEMVB_GROUP_PITCH, GEMVB_HAS_BIAS>(
+      w, bias, xq, xmeta, nullptr, blockIdx.x, [&](int r, float o) {
+        if (out) out[r] = o;
+        sum[r] = res[r] + o;
+      });
+  // This block's sums are written. Count it in its q8 block (a block barrier, then one thread's acquire-release
+  // atomic, as minfer_gemv_glu); the block completing the 32 rows quantizes them.
+  __shared__ bool completes;
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned before;
-    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters) : "memory");
-    last = before == gridDim.x - 1;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blk) : "memory");
+    completes = before == 32 / kNormRowsPerCta - 1;
   }
   __syncthreads();
-  if (!last) return;
-  if (warp == 0) {
-    float t = 0.0f;  // the blocks' sums of squares in a fixed order
-    for (int b = lane; b < static_cast<int>(gridDim.x); b += 32) t += __ldcg(partial + b);
-    t = warpSum(t);
-    if (lane == 0) {
-      inv_s = 1.0f / sqrtf(t / static_cast<float>(kN) + GEMVB_NORM_EPS);
-      counters[0] = 0;
-    }
-  }
-  __syncthreads();
-  const float inv = inv_s;
-  float v[kNormPer];  // every load issued before the first store
-#pragma unroll
-  for (int j = 0; j < kNormPer; ++j) {
-    const int i = threadIdx.x + j * 32 * kNormWarps;
-    v[j] = i < kN ? __ldcg(y + i) : 0.0f;
-  }
-  for (int b = threadIdx.x; b < kN / 32; b += 32 * kNormWarps) meta[b].d = __ldcg(&meta[b].d) * inv;
-#pragma unroll
-  for (int j = 0; j < kNormPer; ++j) {
-    const int i = threadIdx.x + j * 32 * kNormWarps;
-    if (i < kN) y[i] = v[j] * inv;
+  if (!completes || threadIdx.x >= 32) return;
+  // The norm weight loaded here, beside the sums (one round trip for both), not held in a register through the
+  // GEMV (52 instead of 44 registers for Q4_K 3584 × 3584).
+  const float wn = nw[32 * blk + lane], s = __ldcg(sum + 32 * blk + lane);
+  quantizeBlock<1>({s * wn}, qs + 32 * blk, meta + blk, true);
+  const float ss = warpSum(s * s);
+  if (lane == 0) {
+    partial[blk] = ss;
+    counters[blk] = 0;
   }
 }
 #elif GEMVB_GLU
@@ -597,7 +625,7 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
     minfer_gemv_glu(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, const int8_t* __restrict__ xq,
                     const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ gate, float* __restrict__ up,
                     float* __restrict__ out, int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta,
-                    unsigned* __restrict__ counters) {
+                    unsigned* __restrict__ counters MINFER_GEMVB_RMS_PARAM) {
   using namespace minfer::kern;
   using namespace minfer::kern::gemvb;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -607,11 +635,25 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
     prefetchL2(wu + static_cast<uint64_t>(first) * GEMVB_PITCH, kGroupsPerCta * GEMVB_PITCH);
   }
   overlapPrologue();
+#ifdef GEMVB_RMS_EPS
+  using Rms = InputRms<kK>;
+  if (warp == 0) Rms::stage(rms);
+#endif
   float acc[2] = {0.0f, 0.0f};
   const uint8_t* wr[2] = {wg + static_cast<uint64_t>(row) * GEMVB_PITCH, wu + static_cast<uint64_t>(row) * GEMVB_PITCH};
   const int t = (warp % kRowWarps) * 32 + lane;  // this lane's index in its group
   accumulateRows<kQ4K, 2, kRowWarps, kUnroll, kBlocksPerRow, GEMVB_GROUP_PITCH>(wr, xq, xmeta, t % 4, t / 4, acc);
-  if (groupSum<2, kRowWarps>(acc) && lane == 0) {
+#ifdef GEMVB_RMS_EPS
+  static_assert(kRowWarps == 2, "the staged partials become visible at groupSum's block barrier");
+  Rms::wait();
+#endif
+  const bool sums = groupSum<2, kRowWarps>(acc);
+#ifdef GEMVB_RMS_EPS
+  const float inv = Rms::inv(GEMVB_RMS_EPS);  // every lane of the warp: warpSum's shuffles
+  acc[0] *= inv;
+  acc[1] *= inv;
+#endif
+  if (sums && lane == 0) {
     if (gate) gate[row] = acc[0];
     up[row] = acc[1];
     out[row] = ewApply<GEMVB_GLU>(acc[0], acc[1]);
@@ -638,9 +680,9 @@ namespace minfer::kern::gemvb {
 // Thread block `bx` of the GEMV of weight w (the kernel's grid, gemvBlocksLaunchRule).
 __device__ __forceinline__ void gemvBlock(const uint8_t* w, const float* bias,
                                           const int8_t* xq, const Q8Meta* xmeta,
-                                          float* out, unsigned bx) {
+                                          float* out, const float* rms, unsigned bx) {
   gemvRowsBlock<kQ4K, kN, kRows, kRowWarps, kUnroll, kBlocksPerRow, GEMVB_PITCH, GEMVB_GROUP_PITCH, GEMVB_HAS_BIAS>(
-      w, bias, xq, xmeta, out, bx);
+      w, bias, xq, xmeta, out, rms, bx);
 }
 }  // namespace minfer::kern::gemvb
 
@@ -648,6 +690,9 @@ __device__ __forceinline__ void gemvBlock(const uint8_t* w, const float* bias,
 namespace minfer::kern::gemvb {
 constexpr int kBatch = GEMVB_BATCH;  // the most tokens a launch takes
 static_assert(kBatch >= 1 && kRows * kBatch <= 32, "GEMVB_BATCH: a lane per (row, token) sum at the end");
+#ifdef GEMVB_RMS_EPS
+static_assert(false, "the batched GEMV (prefill small launches) reads plain q8 rows");
+#endif
 }  // namespace minfer::kern::gemvb
 // The batched GEMV: minfer_gemv_blocks for n_tokens ≤ GEMVB_BATCH q8 rows at once. Each lane loads its weight
 // parts once per step and applies them to every token's activations (loadAct per token, from L1/L2), so the plane
@@ -718,18 +763,18 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
     minfer_gemv_pair(const uint8_t* __restrict__ w0, const float* __restrict__ bias0, const uint8_t* __restrict__ w1,
                      const float* __restrict__ bias1, const int8_t* __restrict__ xq,
                      const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out0,
-                     float* __restrict__ out1) {
+                     float* __restrict__ out1 MINFER_GEMVB_RMS_PARAM) {
   const unsigned half = gridDim.x / 2, bx = blockIdx.x;
   if (bx < half)
-    minfer::kern::gemvb::gemvBlock(w0, bias0, xq, xmeta, out0, bx);
+    minfer::kern::gemvb::gemvBlock(w0, bias0, xq, xmeta, out0, MINFER_GEMVB_RMS, bx);
   else
-    minfer::kern::gemvb::gemvBlock(w1, bias1, xq, xmeta, out1, bx - half);
+    minfer::kern::gemvb::gemvBlock(w1, bias1, xq, xmeta, out1, MINFER_GEMVB_RMS, bx - half);
 }
 #else
 extern "C" __global__ void MINFER_GEMVB_BOUNDS
     minfer_gemv_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
-                       const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out) {
-  minfer::kern::gemvb::gemvBlock(w, bias, xq, xmeta, out, blockIdx.x);
+                       const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out MINFER_GEMVB_RMS_PARAM) {
+  minfer::kern::gemvb::gemvBlock(w, bias, xq, xmeta, out, MINFER_GEMVB_RMS, blockIdx.x);
 }
 #endif  // GEMVB_PAIR
 #endif  // GEMVB_GLU
@@ -755,9 +800,9 @@ struct Segment {
                 "blocks must start 16-byte aligned inside their rows");
   static constexpr unsigned kBlocks = (kN + kGroupsPerCta * kRows - 1) / (kGroupsPerCta * kRows);
   __device__ static void run(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta, float* out,
-                             unsigned bx) {
+                             const float* rms, unsigned bx) {
     gemvb::gemvRowsBlock<kType == 12, kN, kRows, kRowWarps, kUnroll, kBlocksPerRow, kPitch, kGroupPitch, kBias>(
-        w, bias, xq, xmeta, out, bx);
+        w, bias, xq, xmeta, out, rms, bx);
   }
 };
 using Seg0 = Segment<GEMVB_N0, GEMVB_TYPE0, GEMVB_PITCH0, GEMVB_GROUP_PITCH0, GEMVB_ROWS0, GEMVB_HAS_BIAS0>;
@@ -772,15 +817,16 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
     minfer_gemv_triple(const uint8_t* __restrict__ w0, const float* __restrict__ bias0, const uint8_t* __restrict__ w1,
                        const float* __restrict__ bias1, const uint8_t* __restrict__ w2, const float* __restrict__ bias2,
                        const int8_t* __restrict__ xq, const minfer::kern::Q8Meta* __restrict__ xmeta,
-                       float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2) {
+                       float* __restrict__ out0, float* __restrict__ out1,
+                       float* __restrict__ out2 MINFER_GEMVB_RMS_PARAM) {
   using namespace minfer::kern::gemv3;
   const unsigned bx = blockIdx.x;
   if (bx < Seg0::kBlocks)
-    Seg0::run(w0, bias0, xq, xmeta, out0, bx);
+    Seg0::run(w0, bias0, xq, xmeta, out0, MINFER_GEMVB_RMS, bx);
   else if (bx < Seg0::kBlocks + Seg1::kBlocks)
-    Seg1::run(w1, bias1, xq, xmeta, out1, bx - Seg0::kBlocks);
+    Seg1::run(w1, bias1, xq, xmeta, out1, MINFER_GEMVB_RMS, bx - Seg0::kBlocks);
   else
-    Seg2::run(w2, bias2, xq, xmeta, out2, bx - Seg0::kBlocks - Seg1::kBlocks);
+    Seg2::run(w2, bias2, xq, xmeta, out2, MINFER_GEMVB_RMS, bx - Seg0::kBlocks - Seg1::kBlocks);
 }
 #endif  // GEMVB_TRIPLE
 
@@ -842,7 +888,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvQkvWarps)
                     const int8_t* __restrict__ xq, const minfer::kern::Q8Meta* __restrict__ xmeta,
                     const float* __restrict__ freq_factors, float* __restrict__ q, float* __restrict__ k,
                     float* __restrict__ v, uint16_t* __restrict__ kc, uint16_t* __restrict__ vc,
-                    const int* __restrict__ pos) {
+                    const int* __restrict__ pos MINFER_GEMVB_RMS_PARAM) {
   using namespace minfer::kern;
   using namespace minfer::kern::qkv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -865,11 +911,24 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvQkvWarps)
     return w;
   };
   __shared__ float angle[kGroupsPerCta][2];  // cos, sin of each group's pair
+#ifdef GEMVB_RMS_EPS
+  __shared__ float input_inv;  // 1/rms of the deferred norm's input, from the angle warp too
+#endif
   if (warp == static_cast<int>(kGemvBlocksWarps)) {  // the angle warp: lane g for group g
     overlapPrologue();
+#ifdef GEMVB_RMS_EPS
+    using Rms = gemvb::InputRms<GEMVB_K>;
+    Rms::stage(rms);
+#endif
     const Where w = where(lane);
     if (lane < kGroupsPerCta && w.active && w.rows.rotate)
       ropeCosSin(w.p % (kD / 2), pos[0], freq_factors, angle[lane][0], angle[lane][1]);
+#ifdef GEMVB_RMS_EPS
+    Rms::wait();
+    __syncwarp();
+    const float inv = Rms::inv(GEMVB_RMS_EPS);
+    if (lane == 0) input_inv = inv;
+#endif
     __syncthreads();
     float none[2] = {0.0f, 0.0f};
     gemvb::groupSum<2, kRowWarps>(none);  // its barrier
@@ -891,8 +950,12 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvQkvWarps)
     else if (w.seg == 1) SegK::sums(wk, w.rows.a, w.rows.b, xq, xmeta, t, acc);
     else SegV::sums(wv, w.rows.a, w.rows.b, xq, xmeta, t, acc);
   }
-  __syncthreads();  // the angles are in shared memory
+  __syncthreads();  // the angles (and the input's 1/rms) are in shared memory
   if (!gemvb::groupSum<2, kRowWarps>(acc) || lane != 0 || !w.active) return;
+#ifdef GEMVB_RMS_EPS
+  acc[0] *= input_inv;
+  acc[1] *= input_inv;
+#endif
   if (w.seg == 0) SegQ::bias(bq, w.rows.a, w.rows.b, acc);
   else if (w.seg == 1) SegK::bias(bk, w.rows.a, w.rows.b, acc);
   else SegV::bias(bv, w.rows.a, w.rows.b, acc);
@@ -911,3 +974,8 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvQkvWarps)
   cache[w.rows.b] = f2h(b);
 }
 #endif  // GEMVB_QKV
+
+#if defined(MINFER_DEVICE_CODE)
+#undef MINFER_GEMVB_RMS_PARAM
+#undef MINFER_GEMVB_RMS
+#endif

@@ -67,19 +67,33 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
     const std::vector<model::StepDesc>& steps = planSteps(desc.plan, v);
     const size_t n = steps.size();
     auto& out = v == PlanVariant::kPrefill ? set.prefill : v == PlanVariant::kDecode ? set.decode : set.load;
-    std::vector<uint8_t> fused(n, 0);
     // Fused steps stay on one side of the last-token tail (the tail runs whole launches on one row).
     const size_t tail = v == PlanVariant::kPrefill ? lastTokenTailBegin(steps, desc.plan.logits) : n;
+    const GemvFusions gemv{options.fuse_qkv, options.fuse_glu, options.fuse_pair, options.fuse_norm};
+    auto fusion = planFusion(desc, layouts, v, tail, gemv, options.fuse_launches);
+    if (!fusion) return fusion.takeError();
+    auto* paged = v == PlanVariant::kPrefill  ? &set.prefill_paged
+                  : v == PlanVariant::kDecode ? &set.decode_paged
+                                              : nullptr;
     for (size_t i = 0; i < n; ++i) {
-      const size_t followers = options.fuse_launches && v != PlanVariant::kLoad ? fusedFollowers(desc, layouts, v, i, tail, {options.fuse_qkv, options.fuse_glu, options.fuse_pair, options.fuse_norm}) : 0;
-      auto launches = followers ? fusedLaunches(desc, layouts, v, i, followers) : launchesForStep(desc, layouts, v, i);
+      if (fusion->fused[i]) {  // done by an earlier step's launches
+        out.emplace_back();
+        if (paged) paged->emplace_back();
+        if (v == PlanVariant::kPrefill) {
+          set.prefill_small.emplace_back();
+          set.prefill_small_rows.push_back(0);
+        }
+        continue;
+      }
+      const size_t followers = fusion->followers[i];
+      auto launches = followers ? fusedLaunches(desc, layouts, v, i, followers, fusion->input_norm[i])
+                                : launchesForStep(desc, layouts, v, i);
       if (!launches) return launches.takeError();
       std::vector<LaunchRecord> records;
       for (KernelLaunch& l : *launches) records.push_back(record(std::move(l)));
       out.push_back(std::move(records));
-      auto* paged = v == PlanVariant::kPrefill ? &set.prefill_paged : v == PlanVariant::kDecode ? &set.decode_paged : nullptr;
       if (paged) {
-        auto launches = pagedLaunchesForStep(desc, layouts, v, i, followers);
+        auto launches = pagedLaunchesForStep(desc, layouts, v, i, followers, fusion->input_norm[i]);
         if (!launches) return launches.takeError();
         paged->emplace_back();
         for (KernelLaunch& l : *launches) paged->back().push_back(record(std::move(l)));
@@ -91,18 +105,9 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
         for (KernelLaunch& l : small->launches) set.prefill_small.back().push_back(record(std::move(l)));
         set.prefill_small_rows.push_back(small->rows);
       }
-      for (size_t f = 0; f < followers; ++f) {
-        out.emplace_back();  // done by step i's launches
-        fused[++i] = 1;
-        if (paged) paged->emplace_back();
-        if (v == PlanVariant::kPrefill) {
-          set.prefill_small.emplace_back();
-          set.prefill_small_rows.push_back(0);
-        }
-      }
     }
-    if (v == PlanVariant::kPrefill) set.prefill_fused = std::move(fused);
-    if (v == PlanVariant::kDecode) set.decode_fused = std::move(fused);
+    if (v == PlanVariant::kPrefill) set.prefill_fused = std::move(fusion->fused);
+    if (v == PlanVariant::kDecode) set.decode_fused = std::move(fusion->fused);
   }
   set.argmax = record(argmaxLaunch(desc.plan, desc.config.n_vocab));
   set.topk = record(topkLaunch(desc.plan, desc.config.n_vocab));

@@ -23,40 +23,11 @@
 #include "kernels/mmq_blocks.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/topk.cuh"
+#include "tests/codegen/codegen_test_support.h"
 #include "tests/test_support.h"
 
 namespace minfer::codegen {
 namespace {
-
-struct Loaded {
-  std::unique_ptr<gguf::GgufFile> file;
-  model::ModelDescription desc;
-  std::vector<planes::TensorLayout> layouts;
-};
-
-// Reads a GGUF, lowers it for batches of up to `max_batch` tokens and plans its planes (no transforms: codegen needs
-// only the stride tables).
-Loaded load(const std::string& path, bool rewrite = true, bool f16_prefill = false, uint32_t max_batch = 512) {
-  Loaded l;
-  auto file = gguf::GgufFile::open(path);
-  REQUIRE_MESSAGE(static_cast<bool>(file), llvm::toString(file.takeError()));
-  l.file = std::move(*file);
-  auto desc = model::describeModel(*l.file, max_batch);
-  REQUIRE_MESSAGE(static_cast<bool>(desc), llvm::toString(desc.takeError()));
-  l.desc = std::move(*desc);
-  for (const model::WeightDesc& w : l.desc.weights) {
-    auto layout = planes::planLayout({w.name, w.info->type, w.info->rows(), w.info->cols(), w.role, w.experts},
-                                     planes::PlaneForm::kCompact, f16_prefill);
-    REQUIRE_MESSAGE(static_cast<bool>(layout), llvm::toString(layout.takeError()));
-    l.layouts.push_back(std::move(*layout));
-  }
-  if (rewrite) {
-    llvm::Error e = insertActivationQuantization(l.desc, l.layouts);
-    REQUIRE_MESSAGE(!e, llvm::toString(std::move(e)));
-    buildLoadPlan(l.desc, l.layouts);
-  }
-  return l;
-}
 
 std::vector<std::string> fixtureModels() {
   std::vector<std::string> out;
@@ -1219,67 +1190,6 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
       CHECK(qkv_chains == (prefill ? 0 : l.desc.config.n_layer));
       CHECK(add_norms == 2 * l.desc.config.n_layer);
     }
-  }
-}
-
-// The decode GEMV pair (gemv_blocks.cuh GEMVB_PAIR, on by default) and the GEMV + Add + RMSNorm fusion (GEMVB_NORM,
-// fuse_norm): on tiny-qwen2 (Q4_K / Q6_K kBlocks planes), every layer's gate step runs minfer_gemv_pair writing gate
-// and up (the up step fused, nothing else); with fuse_norm every attn_output and ffn_down step runs one
-// minfer_gemv_add_norm that writes the Add's sum, the RmsNorm's output and the QuantizeAct's q8 buffer, with one
-// Counters word and N / 32 floats of scratch, the next three steps fused; without it none.
-TEST_CASE("decode GEMV pair and GEMV + Add + RMSNorm launches: entries, fused steps, what they write") {
-  if (!test::haveFixtures()) return;
-  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf");
-  for (bool norm : {false, true}) {
-    CAPTURE(norm);
-    CodegenOptions o;
-    o.targets = {"sm_90"};
-    o.cache_dir = test::scratchDir() + "/kernel-cache-fusion";
-    o.fuse_norm = norm;
-    auto set = generateKernels(l.desc, l.layouts, o);
-    REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
-    const auto& steps = l.desc.plan.decode;
-    size_t pairs = 0, norms = 0;
-    const auto writes = [](const LaunchRecord& r, uint32_t buffer, fb::ArgKind kind) {
-      for (const KernelArgDesc& a : r.args)
-        if (a.kind == kind && a.buffer == buffer && a.access == fb::Access::Write) return true;
-      return false;
-    };
-    for (size_t i = 0; i < steps.size(); ++i) {
-      CAPTURE(steps[i].name);
-      if (set->decode[i].size() != 1) continue;
-      const LaunchRecord& r = set->decode[i][0];
-      const std::string& entry = set->images[r.images[0]].entry;
-      if (entry == "minfer_gemv_pair") {
-        ++pairs;
-        REQUIRE(i + 1 < steps.size());
-        CHECK(steps[i + 1].op == fb::OpKind::MatMul);
-        CHECK(set->decode_fused[i + 1] != 0);
-        CHECK(writes(r, steps[i].outputs[0], fb::ArgKind::Activation));
-        CHECK(writes(r, steps[i + 1].outputs[0], fb::ArgKind::Activation));
-        if (i + 2 < steps.size()) CHECK(set->decode_fused[i + 2] == 0);
-      }
-      if (entry == "minfer_gemv_add_norm") {
-        ++norms;
-        REQUIRE(i + 3 < steps.size());
-        CHECK(steps[i + 1].op == fb::OpKind::Add);
-        CHECK(steps[i + 2].op == fb::OpKind::RmsNorm);
-        CHECK(steps[i + 3].op == fb::OpKind::QuantizeAct);
-        for (size_t f = 1; f <= 3; ++f) CHECK(set->decode_fused[i + f] != 0);
-        CHECK(writes(r, steps[i + 1].outputs[0], fb::ArgKind::Activation));
-        CHECK(writes(r, steps[i + 2].outputs[0], fb::ArgKind::Activation));
-        CHECK(writes(r, steps[i + 3].outputs[0], fb::ArgKind::Q8Values));
-        CHECK(writes(r, steps[i + 3].outputs[0], fb::ArgKind::Q8Meta));
-        const uint64_t n = l.layouts[steps[i].weights[0]].desc.rows;
-        CHECK(r.args.back().kind == fb::ArgKind::Counters);
-        CHECK(r.args.back().bytes == 4u);
-        CHECK(r.args[r.args.size() - 2].kind == fb::ArgKind::Scratch);
-        CHECK(r.args[r.args.size() - 2].bytes == n / 32 * 4);
-      }
-    }
-    CHECK(pairs == l.desc.config.n_layer);
-    // attn_output and ffn_down of every layer (the last ffn_down's norm is the output norm).
-    CHECK(norms == (norm ? 2 * l.desc.config.n_layer : 0u));
   }
 }
 

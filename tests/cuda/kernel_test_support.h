@@ -57,6 +57,13 @@ constexpr double kGemvTol = 2e-5;        // same definition as MMQ; measured 3.8
 constexpr double kGemmSmallTol = 2e-5;   // same definition and q8 activations as MMQ / GEMV: f32 summation
                                          // order only (split-K partials summed in split order)
 constexpr double kGemvBlocksTol = 1e-5;  // GEMV's definition on GGUF blocks, K ≤ 18944; measured 1.4e-6–1.6e-6
+// A deferred RMSNorm's consumers (GEMVB_RMS_EPS) against the same kernels on block scales the host multiplied by
+// 1/rms: inv·Σ d·dot against Σ (d·inv)·dot, f32 rounding only (each term within an ulp, ~6e-8, over K / 32 ≤ 112
+// blocks, and the kernel's 1/rms from its partials in f32 against the host's in double: a few ulps), ~1e-6 at
+// most; the K/V cache rows also through f16 rounding (2⁻¹¹ per element). Not yet measured on a GPU: the bounds
+// allow 10× that estimate.
+constexpr double kDeferredRmsTol = 1e-5;
+constexpr double kDeferredRmsF16Tol = 2e-3;
 constexpr double kMmqBlocksBoundFraction = 1.0;  // mmq_blocks: each output within its f16 rounding bound (f16MatmulBound); measured 0.061
 constexpr double kQ8ActTol = 2.5e-2;     // vs W·x: int8 activation rounding (README §4: 3e-2); measured 6.4e-3
 constexpr double kDenseTol = 1e-5;       // f32 FMA chain vs 8 partial sums; measured 1.0e-6 (GEMV 2.2e-7)
@@ -185,6 +192,16 @@ inline HostQ8 quantizeHost(const std::vector<float>& x, int n, int k) {
   return h;
 }
 
+// A q8 buffer (qs / meta) bit-identical to the host mirror of quantize_act on n rows of w values.
+inline void checkQ8Of(const std::vector<float>& values, const DeviceArray& qs, const DeviceArray& meta, int n, int w) {
+  const HostQ8 hq = quantizeHost(values, n, w);
+  CHECK(qs.download<int8_t>(hq.qs.size()) == hq.qs);
+  const std::vector<kern::Q8Meta> gm = meta.download<kern::Q8Meta>(hq.meta.size());
+  size_t bad = 0;
+  for (size_t j = 0; j < gm.size(); ++j) bad += std::memcmp(&gm[j], &hq.meta[j], sizeof(kern::Q8Meta)) != 0;
+  CHECK(bad == 0);
+}
+
 // A kernel with a fused q8 output (RMS_Q8, EW_Q8) against its plain form: `fused` rows bit-identical to
 // `plain` rows, and qs / meta bit-identical to the host mirror of quantize_act on those rows.
 inline void checkFusedQ8(const DeviceArray& plain, const DeviceArray& fused, const DeviceArray& qs, const DeviceArray& meta,
@@ -192,12 +209,7 @@ inline void checkFusedQ8(const DeviceArray& plain, const DeviceArray& fused, con
   const size_t count = static_cast<size_t>(n) * w;
   const std::vector<float> ref = plain.download<float>(count), got = fused.download<float>(count);
   CHECK(std::memcmp(ref.data(), got.data(), count * sizeof(float)) == 0);
-  const HostQ8 hq = quantizeHost(ref, n, w);
-  CHECK(qs.download<int8_t>(hq.qs.size()) == hq.qs);
-  const std::vector<kern::Q8Meta> gm = meta.download<kern::Q8Meta>(hq.meta.size());
-  size_t bad = 0;
-  for (size_t j = 0; j < gm.size(); ++j) bad += std::memcmp(&gm[j], &hq.meta[j], sizeof(kern::Q8Meta)) != 0;
-  CHECK(bad == 0);
+  checkQ8Of(ref, qs, meta, n, w);
 }
 
 // A random weight on host and device. `padded`: planes from test::buildPlanes with 16 extra bytes per

@@ -404,20 +404,19 @@ TEST_CASE("gemv_triple: three GEMVs of one input in one launch, bit-identical to
   }
 }
 
-// minfer_gemv_add_norm (gemv_blocks.cuh GEMVB_NORM: a decode MatMul, the residual Add, RmsNorm and QuantizeAct
-// in one launch). The matmul output bit-identical to minfer_gemv_blocks with the same work shape, the sum
-// bit-identical to res + out on the host; y against a float64 RMSNorm of that sum (kRmsNormTol); the q8 form: each
-// block's d = max|y| / 127 of the launch's y (1e-6 relative: d(u)·inv instead of d(u·inv)), every q within one
-// step of y / d (the rounding of u / d(u) may differ from y / d at a half-step), |q| ≤ 127, and the block's
-// half sums equal to its q. Rows 32 … 3584 (1 … 112 blocks), K 256 … 18944, both types, bias, padding, the
-// residual updated in place (res = sum) or not, the product written or not (out null); launched twice
-// (counters back to zero).
-TEST_CASE("gemv_add_norm: fused GEMV, residual Add, RMSNorm and q8 vs the unfused kernels and float64; counters left zero") {
+// minfer_gemv_add_norm (gemv_blocks.cuh GEMVB_NORM: a decode MatMul, the residual Add, and the RmsNorm and
+// QuantizeAct with the 1/rms left to the consumers). The product bit-identical to minfer_gemv_blocks with the same work
+// shape (gemvBlocksShape, as the codegen launches both), the sum bit-identical to res + out on the host, the q8 buffer
+// bit-identical to the host mirror of quantize_act on u = sum ⊙ nw (f32 products), and each block's partial sum of
+// squares against float64 (kRmsNormTol). Rows 32 … 3584 (1 … 112 q8 blocks, each completed by 8 thread blocks),
+// K 256 … 18944, both types, bias, padding, the residual updated in place (res = sum) or not, the product written or
+// not (out null); launched twice (the counters back to zero).
+TEST_CASE("gemv_add_norm: fused GEMV, residual Add, the deferred RMSNorm's q8 form and partial sums; counters zero") {
   MINFER_REQUIRE_GPU(G);
   struct Case {
     GgmlType type;
     uint64_t rows, cols;
-    bool bias, padded, in_place, no_out;  // no_out: out null (y reuses the product's buffer)
+    bool bias, padded, in_place, no_out;  // no_out: out null (the norm's output reuses the product's buffer)
   };
   const std::vector<Case> cases = {{GgmlType::Q4_K, 32, 256, false, false, true, false},
                                    {GgmlType::Q6_K, 96, 768, true, true, false, true},
@@ -425,14 +424,15 @@ TEST_CASE("gemv_add_norm: fused GEMV, residual Add, RMSNorm and q8 vs the unfuse
                                    {GgmlType::Q6_K, 3584, 3584, false, true, true, true},
                                    {GgmlType::Q4_K, 3584, 18944, false, false, false, false},
                                    {GgmlType::Q6_K, 3584, 18944, true, false, true, true}};
-  const float eps = 1e-6f;
+  const auto shape = [](const Case& c) {
+    return kern::gemvBlocksShape(static_cast<unsigned>(c.rows), static_cast<unsigned>(c.cols));
+  };
   std::vector<codegen::KernelSpec> specs;
   for (const Case& c : cases) {
-    auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, kern::gemvNormShape(), c.bias);
+    auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, shape(c), c.bias);
     const std::string tag = gemvBlocksTag(c.type, c.rows, c.cols, c.bias, c.padded);
     specs.push_back(spec("gemv_norm_test_plain_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_blocks", defs));
     defs.push_back({"GEMVB_NORM", "1"});
-    defs.push_back({"GEMVB_NORM_EPS", "1e-6f"});
     specs.push_back(spec("gemv_norm_test_fused_" + tag, "kernels/gemv_blocks.cuh", "minfer_gemv_add_norm", defs));
   }
   std::vector<Kernel> k = compile(specs);
@@ -442,54 +442,234 @@ TEST_CASE("gemv_add_norm: fused GEMV, residual Add, RMSNorm and q8 vs the unfuse
     CAPTURE(fused.key);
     CAPTURE(c.in_place);
     const unsigned n = static_cast<unsigned>(c.rows);
+    const kern::LaunchShape ls = kern::gemvBlocksLaunch(n, shape(c));
     const BuiltPlane pw = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
     const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
     const std::vector<float> res_v = activations(1, static_cast<int>(n)), nw_v = randomFloats(n, rng());
     DeviceArray w = DeviceArray::of(pw.bytes), bias = DeviceArray::of(randomFloats(n, rng())), xq = DeviceArray::of(hq.qs),
                 xm = DeviceArray::of(hq.meta), nw = DeviceArray::of(nw_v), ref(n * 4), out(n * 4), res(n * 4),
-                sum(n * 4), y(n * 4), qs(n), meta(n / 32 * 8), partial(n / 32 * 4), counters(4);
+                sum(n * 4), qs(n), meta(n / 32 * 8), partial(n / 32 * 4);
+    DeviceArray counters = DeviceArray::of(std::vector<uint32_t>(n / 32, 0));
     ref.poison();
     CUdeviceptr pw_ = w.ptr(), pb = c.bias ? bias.ptr() : 0, a = xq.ptr(), b = xm.ptr(), pref = ref.ptr();
-    launch(plain, kern::gemvBlocksLaunch(n, kern::gemvNormShape()), {&pw_, &pb, &a, &b, &pref});
+    launch(plain, ls, {&pw_, &pb, &a, &b, &pref});
     const std::vector<float> mm = ref.download<float>(n);
-    const uint32_t zero = 0;
-    counters.upload(&zero, 4);
+    std::vector<float> want_sum(n), u(n), want_partial(n / 32, 0.0f);
+    for (unsigned r = 0; r < n; ++r) {
+      want_sum[r] = res_v[r] + mm[r];
+      u[r] = want_sum[r] * nw_v[r];
+    }
+    for (unsigned blk = 0; blk < n / 32; ++blk) {
+      double ss = 0;
+      for (unsigned j = 0; j < 32; ++j) ss += static_cast<double>(want_sum[32 * blk + j]) * want_sum[32 * blk + j];
+      want_partial[blk] = static_cast<float>(ss);
+    }
     for (int round = 0; round < 2; ++round) {
       CAPTURE(round);
-      for (DeviceArray* d : {&out, &sum, &y, &qs, &meta, &partial}) d->poison();
+      for (DeviceArray* d : {&out, &sum, &qs, &meta, &partial}) d->poison();
       res.upload(res_v.data(), n * 4);
-      CUdeviceptr po = c.no_out ? 0 : out.ptr(), pr = res.ptr(), ps = c.in_place ? res.ptr() : sum.ptr(), pnw = nw.ptr(), py = y.ptr(),
-                  pq = qs.ptr(), pm = meta.ptr(), pp = partial.ptr(), pc = counters.ptr();
-      launch(fused, kern::gemvNormLaunchRule(n).at(1), {&pw_, &pb, &a, &b, &po, &pr, &ps, &pnw, &py, &pq, &pm, &pp, &pc});
+      CUdeviceptr po = c.no_out ? 0 : out.ptr(), pr = res.ptr(), ps = c.in_place ? res.ptr() : sum.ptr(),
+                  pnw = nw.ptr(), pq = qs.ptr(), pm = meta.ptr(), pp = partial.ptr(), pc = counters.ptr();
+      launch(fused, ls, {&pw_, &pb, &a, &b, &po, &pr, &ps, &pnw, &pq, &pm, &pp, &pc});
       if (!c.no_out) CHECK(out.download<float>(n) == mm);
-      const std::vector<float> got_sum = (c.in_place ? res : sum).download<float>(n), got_y = y.download<float>(n);
-      std::vector<float> want_sum(n), want_y(n);
-      double ss = 0;
-      for (unsigned r = 0; r < n; ++r) {
-        want_sum[r] = res_v[r] + mm[r];
-        ss += static_cast<double>(want_sum[r]) * want_sum[r];
+      CHECK((c.in_place ? res : sum).download<float>(n) == want_sum);
+      checkQ8Of(u, qs, meta, 1, static_cast<int>(n));
+      const std::vector<float> got_partial = partial.download<float>(n / 32);
+      CHECK(track("gemv_add_norm partial sums", relError(got_partial.data(), want_partial.data(), n / 32)) <=
+            kRmsNormTol);
+      CHECK(counters.download<uint32_t>(n / 32) == std::vector<uint32_t>(n / 32, 0));
+    }
+  }
+}
+
+// Poisoned f32 outputs of a plain launch (ref, its pointers r) and of the same kernel with a deferred RMSNorm (got,
+// g), one pair per row count; compare() checks each pair within kDeferredRmsTol.
+struct Outputs {
+  std::vector<unsigned> rows;
+  std::vector<DeviceArray> ref, got;
+  CUdeviceptr r[3] = {}, g[3] = {};
+  explicit Outputs(std::vector<unsigned> n) : rows(std::move(n)) {
+    for (size_t i = 0; i < rows.size() && i < 3; ++i) {
+      ref.emplace_back(rows[i] * 4);
+      got.emplace_back(rows[i] * 4);
+      ref.back().poison();
+      got.back().poison();
+      r[i] = ref.back().ptr();
+      g[i] = got.back().ptr();
+    }
+  }
+  void compare(const char* what) const {
+    for (size_t i = 0; i < ref.size(); ++i) {
+      CAPTURE(what);
+      CAPTURE(i);
+      const std::vector<float> want = ref[i].download<float>(rows[i]), have = got[i].download<float>(rows[i]);
+      CHECK(track("deferred RMSNorm consumers", relError(have.data(), want.data(), rows[i])) <= kDeferredRmsTol);
+    }
+  }
+};
+
+// One case of the deferred-norm consumer test: K, the weights' type, biases, and the QKV GEMV's heads (rows h·d,
+// hkv·d, hkv·d; the other forms take h·d rows).
+struct DeferredCase {
+  uint64_t cols;
+  GgmlType type;
+  bool bias;
+  int h, hkv, d;
+  unsigned n() const { return static_cast<unsigned>(h * d); }
+  unsigned nkv() const { return static_cast<unsigned>(hkv * d); }
+};
+constexpr float kDeferredEps = 1e-6f;
+
+// The case's kernels, each plain then with GEMVB_RMS_EPS: gemv_blocks, pair, triple (k padded), glu (SwiGLU), qkv
+// (NeoX RoPE over the whole head).
+std::vector<codegen::KernelSpec> deferredConsumerSpecs(const DeferredCase& c, const std::string& tag) {
+  std::vector<codegen::KernelSpec> specs;
+  using Defines = std::vector<std::pair<std::string, std::string>>;
+  const auto both = [&](const std::string& name, const char* entry, Defines defs) {
+    specs.push_back(spec("rms_defer_test_plain_" + name + tag, "kernels/gemv_blocks.cuh", entry, defs));
+    defs.push_back({"GEMVB_RMS_EPS", codegen::floatLiteral(kDeferredEps)});
+    specs.push_back(spec("rms_defer_test_deferred_" + name + tag, "kernels/gemv_blocks.cuh", entry, defs));
+  };
+  const auto shape = [&](uint64_t rows) {
+    return kern::gemvBlocksShape(static_cast<unsigned>(rows), static_cast<unsigned>(c.cols));
+  };
+  auto defs = gemvBlocksDefs(c.type, c.n(), c.cols, false, shape(c.n()), c.bias);
+  both("blocks", "minfer_gemv_blocks", defs);
+  defs.push_back({"GEMVB_PAIR", "1"});
+  both("pair", "minfer_gemv_pair", defs);
+  Defines triple = {
+      {"GEMVB_TRIPLE", "1"}, {"GEMVB_K", str(c.cols)}, {"GEMVB_ROW_WARPS", "2"}, {"GEMVB_UNROLL", "1"}};
+  const uint64_t rows[3] = {c.n(), c.nkv(), c.nkv()};
+  for (int s = 0; s < 3; ++s)
+    for (const auto& [name, value] : gemvBlocksDefs(c.type, rows[s], c.cols, s == 1, shape(rows[s]), c.bias))
+      if (name != "GEMVB_K" && name != "GEMVB_ROW_WARPS" && name != "GEMVB_UNROLL")
+        triple.push_back({name + str(s), value});
+  both("triple", "minfer_gemv_triple", triple);
+  const kern::GemvBlocksShape glu_shape = kern::gemvGluShape(c.n(), static_cast<unsigned>(c.cols));
+  auto glu = gemvBlocksDefs(c.type, c.n(), c.cols, false, glu_shape, false);
+  glu.push_back({"GEMVB_GLU", "1"});
+  both("glu", "minfer_gemv_glu", glu);
+  Defines qkv = {
+      {"GEMVB_QKV", "1"}, {"GEMVB_K", str(c.cols)}, {"QKV_NHEAD", str(c.h)}, {"QKV_NHEAD_KV", str(c.hkv)},
+      {"QKV_HEAD_DIM", str(c.d)}, {"GEMVB_ROW_WARPS", "2"}, {"GEMVB_UNROLL", "1"}};
+  const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(c.type).type_size, 16));
+  for (const char* seg : {"Q", "K", "V"}) {
+    const std::string p = std::string("GEMVB_") + seg + "_";
+    qkv.insert(qkv.end(), {{p + "TYPE", str(static_cast<unsigned>(c.type))}, {p + "PITCH", str(c.cols / 256 * gp)},
+                           {p + "GROUP_PITCH", str(gp)}, {p + "HAS_BIAS", c.bias ? "1" : "0"}});
+  }
+  const kern::RopeYarn yarn = kern::ropeYarn(c.d, 10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f, 4096);
+  const auto rope = ropeDefines(c.d, true, 10000.0f, 1.0f, false, yarn);
+  qkv.insert(qkv.end(), rope.begin(), rope.end());
+  both("qkv", "minfer_gemv_qkv", qkv);
+  return specs;
+}
+
+// The consumers of a deferred RMSNorm (gemv_blocks.cuh GEMVB_RMS_EPS: minfer_gemv_blocks, _pair, _triple, _glu and
+// _qkv reading minfer_gemv_add_norm's q8(u) and partial sums of squares): each against the same kernel without the
+// constant on the q8 input whose block scales the host multiplied by inv = 1 / sqrt(Σ partials / K + eps), so every
+// output (biases, RoPE, GLU, the K/V cache row) must agree up to f32 rounding (kDeferredRmsTol; the f16 cache rows
+// within f16 rounding), and the GLU's q8 form is bit-identical to the host mirror of quantize_act on its output.
+// K 256, 768 and 3584 (8 … 112 partials: lanes with 1 … 4 each), both types, biases or none.
+TEST_CASE("deferred RMSNorm consumers: gemv_blocks, pair, triple, glu and qkv scale their sums by 1/rms") {
+  MINFER_REQUIRE_GPU(G);
+  const DeferredCase cases[] = {{256, GgmlType::Q4_K, true, 4, 2, 64}, {768, GgmlType::Q6_K, false, 6, 2, 64},
+                                {3584, GgmlType::Q4_K, true, 28, 4, 128}};
+  constexpr int kCtx = 8, kPos = 5;
+  std::vector<codegen::KernelSpec> specs;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const std::vector<codegen::KernelSpec> s = deferredConsumerSpecs(cases[ci], "_" + str(ci));
+    specs.insert(specs.end(), s.begin(), s.end());
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const DeferredCase& c = cases[ci];
+    const Kernel* kk = &k[10 * ci];  // plain / deferred: blocks, pair, triple, glu, qkv
+    CAPTURE(kk[1].key);
+    const unsigned n = c.n(), nkv = c.nkv();
+    const int K = static_cast<int>(c.cols);
+    // The input as minfer_gemv_add_norm leaves it: q8(sum ⊙ nw) and Σ sum² per block of 32; the reference input:
+    // the same q8 with every scale times inv.
+    const std::vector<float> sum_v = activations(1, K), nw_v = randomFloats(c.cols, rng());
+    std::vector<float> u(c.cols), partial_v(c.cols / 32, 0.0f);
+    for (int j = 0; j < K; ++j) {
+      u[j] = sum_v[j] * nw_v[j];
+      partial_v[j / 32] += sum_v[j] * sum_v[j];
+    }
+    double total = 0;
+    for (float p : partial_v) total += p;
+    const float inv = static_cast<float>(1.0 / std::sqrt(total / K + kDeferredEps));
+    const HostQ8 hq = quantizeHost(u, 1, K);
+    std::vector<kern::Q8Meta> scaled = hq.meta;
+    for (kern::Q8Meta& m : scaled) m.d *= inv;
+    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta), xs = DeviceArray::of(scaled),
+                rms = DeviceArray::of(partial_v);
+    CUdeviceptr a = xq.ptr(), b_def = xm.ptr(), b_ref = xs.ptr(), pr = rms.ptr(), null = 0;
+    const auto plane = [&](uint64_t rows, bool padded) {
+      return DeviceArray::of(alignedBlocksPlane(makeRandomWeight(c.type, rows, c.cols, rng(), 0.5f), padded).bytes);
+    };
+    const kern::GemvBlocksShape sh = kern::gemvBlocksShape(n, static_cast<unsigned>(c.cols));
+    DeviceArray w0 = plane(n, false), w1 = plane(n, false), wk = plane(nkv, true), wv = plane(nkv, false),
+                b0 = DeviceArray::of(randomFloats(n, rng())), b1 = DeviceArray::of(randomFloats(n, rng())),
+                bk = DeviceArray::of(randomFloats(nkv, rng())), bv = DeviceArray::of(randomFloats(nkv, rng()));
+    CUdeviceptr pw0 = w0.ptr(), pw1 = w1.ptr(), pwk = wk.ptr(), pwv = wv.ptr(), pb0 = c.bias ? b0.ptr() : 0,
+                pb1 = c.bias ? b1.ptr() : 0, pbk = c.bias ? bk.ptr() : 0, pbv = c.bias ? bv.ptr() : 0;
+    {  // minfer_gemv_blocks and minfer_gemv_pair
+      Outputs o({n, n, n});
+      const kern::LaunchShape pair = kern::gemvPairLaunchRule(n, sh).at(1);
+      launch(kk[0], kern::gemvBlocksLaunch(n, sh), {&pw0, &pb0, &a, &b_ref, &o.r[0]});
+      launch(kk[1], kern::gemvBlocksLaunch(n, sh), {&pw0, &pb0, &a, &b_def, &o.g[0], &pr});
+      launch(kk[2], pair, {&pw0, &pb0, &pw1, &pb1, &a, &b_ref, &o.r[1], &o.r[2]});
+      launch(kk[3], pair, {&pw0, &pb0, &pw1, &pb1, &a, &b_def, &o.g[1], &o.g[2], &pr});
+      o.compare("blocks, pair");
+    }
+    const unsigned qkv_rows[3] = {n, nkv, nkv};
+    {  // minfer_gemv_triple (q, k, v shapes; k padded)
+      Outputs o({n, nkv, nkv});
+      kern::GemvBlocksShape shapes[3];
+      for (int s = 0; s < 3; ++s) shapes[s] = kern::gemvBlocksShape(qkv_rows[s], static_cast<unsigned>(c.cols));
+      const kern::LaunchShape ls = kern::gemvTripleLaunchRule(qkv_rows, shapes).at(1);
+      launch(kk[4], ls, {&pw0, &pb0, &pwk, &pbk, &pwv, &pbv, &a, &b_ref, &o.r[0], &o.r[1], &o.r[2]});
+      launch(kk[5], ls, {&pw0, &pb0, &pwk, &pbk, &pwv, &pbv, &a, &b_def, &o.g[0], &o.g[1], &o.g[2], &pr});
+      o.compare("triple");
+    }
+    {  // minfer_gemv_glu (SwiGLU): gate, up, out and out's q8 form
+      Outputs o({n, n, n});
+      DeviceArray rq(n), rm(n / 32 * 8), gq(n), gm(n / 32 * 8);
+      DeviceArray counters = DeviceArray::of(std::vector<uint32_t>(n / 32, 0));
+      CUdeviceptr prq = rq.ptr(), prm = rm.ptr(), pgq = gq.ptr(), pgm = gm.ptr(), pc = counters.ptr();
+      const kern::GemvBlocksShape glu_shape = kern::gemvGluShape(n, static_cast<unsigned>(c.cols));
+      const kern::LaunchShape ls = kern::gemvGluLaunchRule(n, glu_shape).at(1);
+      launch(kk[6], ls, {&pw0, &pw1, &a, &b_ref, &o.r[0], &o.r[1], &o.r[2], &prq, &prm, &pc});
+      launch(kk[7], ls, {&pw0, &pw1, &a, &b_def, &o.g[0], &o.g[1], &o.g[2], &pgq, &pgm, &pc, &pr});
+      o.compare("glu");
+      checkQ8Of(o.got[2].download<float>(n), gq, gm, 1, static_cast<int>(n));
+      CHECK(counters.download<uint32_t>(n / 32) == std::vector<uint32_t>(n / 32, 0));
+    }
+    {  // minfer_gemv_qkv (NeoX RoPE at kPos, K and V stored as f16)
+      Outputs o({n, nkv, nkv});
+      DeviceArray rkc(kCtx * nkv * 2), rvc(kCtx * nkv * 2), gkc(kCtx * nkv * 2), gvc(kCtx * nkv * 2),
+          pos = DeviceArray::of(std::vector<int32_t>{kPos});
+      for (DeviceArray* x : {&rkc, &rvc, &gkc, &gvc}) x->poison();
+      CUdeviceptr prk = rkc.ptr(), prv = rvc.ptr(), pgk = gkc.ptr(), pgv = gvc.ptr(), pp = pos.ptr();
+      const kern::LaunchShape ls = kern::gemvQkvLaunchRule(c.h, c.hkv, c.d, kern::gemvQkvShape()).at(1);
+      // The QKV kernels were compiled with unpadded pitches: w1's first nkv rows serve as k (wk, padded, is the
+      // triple's).
+      launch(kk[8], ls,
+             {&pw0, &pb0, &pw1, &pbk, &pwv, &pbv, &a, &b_ref, &null, &o.r[0], &o.r[1], &o.r[2], &prk, &prv, &pp});
+      launch(kk[9], ls,
+             {&pw0, &pb0, &pw1, &pbk, &pwv, &pbv, &a, &b_def, &null, &o.g[0], &o.g[1], &o.g[2], &pgk, &pgv, &pp, &pr});
+      o.compare("qkv");
+      const auto row = [&](const DeviceArray& cache) {  // the stored position as floats
+        const std::vector<uint16_t> h = cache.download<uint16_t>(static_cast<size_t>(kCtx) * nkv);
+        std::vector<float> f(nkv);
+        for (unsigned j = 0; j < nkv; ++j) f[j] = halfToFloat(h[static_cast<size_t>(kPos) * nkv + j]);
+        return f;
+      };
+      for (const auto& [rc, gc] : {std::pair<const DeviceArray*, const DeviceArray*>{&rkc, &gkc}, {&rvc, &gvc}}) {
+        const std::vector<float> rr = row(*rc), gg = row(*gc);
+        CHECK(relError(gg.data(), rr.data(), nkv) <= kDeferredRmsF16Tol);
       }
-      CHECK(got_sum == want_sum);
-      const double inv = 1.0 / std::sqrt(ss / n + eps);
-      for (unsigned r = 0; r < n; ++r) want_y[r] = static_cast<float>(want_sum[r] * inv * nw_v[r]);
-      CHECK(track("gemv_add_norm y", relError(got_y.data(), want_y.data(), n)) <= kRmsNormTol);
-      const std::vector<int8_t> q = qs.download<int8_t>(n);
-      const std::vector<kern::Q8Meta> m = meta.download<kern::Q8Meta>(n / 32);
-      int bad = 0;
-      for (unsigned blk = 0; blk < n / 32; ++blk) {
-        float amax = 0;
-        int lo = 0, hi = 0;
-        for (unsigned j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(got_y[32 * blk + j]));
-        if (std::fabs(m[blk].d - amax / 127.0f) > 1e-6f * amax / 127.0f) ++bad;
-        for (unsigned j = 0; j < 32; ++j) {
-          const int qv = q[32 * blk + j];
-          (j < 16 ? lo : hi) += qv;
-          if (qv > 127 || qv < -127 || std::fabs(qv - got_y[32 * blk + j] / m[blk].d) > 0.5f + 1e-3f) ++bad;
-        }
-        if (lo != m[blk].sum_lo || hi != m[blk].sum_hi) ++bad;
-      }
-      CHECK(bad == 0);
-      CHECK(counters.download<uint32_t>(1)[0] == 0u);
     }
   }
 }

@@ -94,20 +94,23 @@ std::vector<std::string> goldenArchs() {
 // The fixture fixtures/<dir>/<model> compiled with kernel images for this GPU (once per process), max batch 64 so the
 // 72-token goldens prefill in several batches (pos0 > 0 on the GPU prefill path too).
 // `fuse`: launch fusion (CompileOptions::fuse_launches, with the default fused QKV GEMV and gate|up pair), `gemv`:
-// the gate|up GLU GEMV and the GEMV + Add + RMSNorm fusions too (fuse_glu, fuse_norm, off by default). `arch`: the kernel target ("" = the GPU's arch;
+// minfer-compile's --fuse-gemv beyond that: "" none, "norm" the GEMV + Add + deferred RMSNorm too (fuse_norm), "all"
+// also the gate|up GLU GEMV (fuse_glu); both off by default. `arch`: the kernel target ("" = the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 // compiledFile: the same for a GGUF at `input` (named `model` in the artifact's file name).
 std::string compiledFile(const std::string& input, const std::string& model, bool fuse = true,
-                         const std::string& arch = "", bool gemv = false) {
+                         const std::string& arch = "", const std::string& gemv = "") {
   static std::map<std::string, std::string> done;
-  const std::string key = model + (fuse ? "" : ".unfused") + (gemv ? ".gemv" : "") + (arch.empty() ? "" : "." + arch);
+  const std::string key =
+      model + (fuse ? "" : ".unfused") + (gemv.empty() ? "" : "." + gemv) + (arch.empty() ? "" : "." + arch);
   if (auto it = done.find(key); it != done.end()) return it->second;
   CompileOptions o;
   o.input = input;
   o.output = scratchDir() + "/" + key + ".gpu.mfb";
   o.fuse_launches = fuse;
-  o.fuse_glu = gemv;
-  o.fuse_norm = gemv;
+  REQUIRE_MESSAGE((gemv.empty() || gemv == "norm" || gemv == "all"), "compiledFile: gemv " << gemv);
+  o.fuse_glu = gemv == "all";
+  o.fuse_norm = !gemv.empty();
   o.max_batch = 64;
   o.targets = {arch.empty() ? get()->arch : arch};
   const char* cache = std::getenv("MINFER_TEST_KERNEL_CACHE");
@@ -121,7 +124,7 @@ std::string compiledFile(const std::string& input, const std::string& model, boo
   return o.output;
 }
 std::string compiled(const std::string& model, const std::string& dir = "models", bool fuse = true,
-                     const std::string& arch = "", bool gemv = false) {
+                     const std::string& arch = "", const std::string& gemv = "") {
   return compiledFile(fixturesDir() + "/" + dir + "/" + model, model, fuse, arch, gemv);
 }
 
@@ -167,13 +170,19 @@ TEST_CASE("GPU logits match the CPU backend and llama.cpp on every golden case")
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;
   const char* filter = std::getenv("MINFER_GOLDEN_FILTER");  // substring of case names (e.g. under compute-sanitizer)
+  // The K-quant models once more (on the first arch) with the GEMV + Add + deferred RMSNorm (--fuse-gemv=norm): their
+  // Q4_K / Q6_K decode GEMVs are where it applies.
   for (const std::string& arch : goldenArchs())
-  for (const std::string& name : goldenCaseNames()) {
+  for (const std::string& name : goldenCaseNames())
+  for (const std::string gemv : {"", "norm"}) {
     if (filter && *filter && name.find(filter) == std::string::npos) continue;
+    const bool k_quant = name.find("Q4_K") != std::string::npos || name.find("Q6_K") != std::string::npos;
+    if (!gemv.empty() && (arch != goldenArchs().front() || !k_quant)) continue;
     CAPTURE(arch);
     CAPTURE(name);
+    CAPTURE(gemv);
     const GoldenCase g = loadGolden(name);
-    const std::string path = compiled(g.model, g.model_dir, true, arch);
+    const std::string path = compiled(g.model, g.model_dir, true, arch, gemv);
     REQUIRE(!path.empty());
     auto gpu = Model::open(path, BackendKind::kCuda);
     REQUIRE_MESSAGE(gpu.isOk(), gpu.status().message());
@@ -192,7 +201,7 @@ TEST_CASE("GPU logits match the CPU backend and llama.cpp on every golden case")
                                               : kFloatRel;
     const double golden_rel = kind == Kind::kBF16 ? kBf16GoldenRel : rel;
     const double golden_rms = kind == Kind::kBF16 ? kBf16GoldenRel : rms;
-    const std::string what = name + " (" + arch + ")";
+    const std::string what = name + " (" + arch + (gemv.empty() ? "" : ", --fuse-gemv=" + gemv) + ")";
     check(what + " prefill vs llama.cpp", lg.prefill.data(), g.prefill, g.nPrompt(), g.n_vocab, g.prefill_margin,
           golden_rel, golden_rms);
     check(what + " decode vs llama.cpp", lg.decode.data(), g.decode, g.nGenerate(), g.n_vocab, g.decode_margin,
@@ -244,17 +253,20 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
   // one with the decode GEMV fusions too.
   auto unfused = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/false));
   REQUIRE_MESSAGE(unfused.isOk(), unfused.status().message());
-  // And one more with every decode GEMV fusion (--fuse-gemv=all).
-  auto gemv = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/true, "", /*gemv=*/true));
+  // And two more with the decode GEMV fusions that are off by default: --fuse-gemv=all (mode 4) and norm (mode 5).
+  auto gemv = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/true, "", /*gemv=*/"all"));
   REQUIRE_MESSAGE(gemv.isOk(), gemv.status().message());
-  const Mode modes[] = {{true, true}, {true, false}, {false, true}, {true, true}, {true, true}};
-  std::vector<std::vector<float>> rows[5];
-  for (int mi = 0; mi < 5; ++mi) {
+  auto norm = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/true, "", /*gemv=*/"norm"));
+  REQUIRE_MESSAGE(norm.isOk(), norm.status().message());
+  const Mode modes[] = {{true, true}, {true, false}, {false, true}, {true, true}, {true, true}, {true, true}};
+  const ArtifactFile* artifacts[] = {&**file, &**file, &**file, &**unfused, &**gemv, &**norm};
+  std::vector<std::vector<float>> rows[6];
+  for (int mi = 0; mi < 6; ++mi) {
     const Mode mode = modes[mi];
     CAPTURE(mode.graph);
     CAPTURE(mode.overlap);
     CAPTURE(mi);
-    auto backend = cuda::CudaBackend::create(mi < 3 ? **file : mi == 3 ? **unfused : **gemv,
+    auto backend = cuda::CudaBackend::create(*artifacts[mi],
                                              {.device = -1, .decode_graph = mode.graph, .overlap_launches = mode.overlap});
     REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
     MESSAGE((*backend)->note());
@@ -271,7 +283,7 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
       CHECK(*id == std::max_element(logits.begin(), logits.end()) - logits.begin());
     }
     if (mode.overlap && mi != 3) {
-      const auto* pm = (mi < 3 ? **file : **gemv).manifest();  // the profiled artifact's plans
+      const auto* pm = artifacts[mi]->manifest();  // the profiled artifact's plans
       // Profiled: the prompt (direct launches) and two decode steps (inside the graph when there is one).
       (*session)->setProfiling(true);
       REQUIRE((*session)->forward(g.prompt_ids, 0, logits.data(), false).isOk());
@@ -313,27 +325,31 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
       CHECK(total > 0);
     }
   }
-  // Same kernels, or the fused kernels' bit-identical outputs: the same logits, bit for bit. The artifact with
-  // every decode GEMV fusion (mode 4) differs where it fuses the o and down GEMVs with the residual Add and
-  // RMSNorm (gemv_blocks.cuh GEMVB_NORM): 1/rms from block partial sums and applied to the q8 scale, so y within
-  // an ulp and an occasional q8 rounding flip, through the layers. Bound: the batched tests' for quantized
-  // weights (the same kind of difference: kBatchQuantRel's comment), 3e-2 per logits row; measured 1.7e-7 (H200).
+  // Same kernels, or the fused kernels' bit-identical outputs: the same logits, bit for bit. The artifacts with the
+  // GEMV + Add + deferred RMSNorm (modes 4 and 5) differ where they fuse the o and down GEMVs with the residual Add
+  // and an RMSNorm whose 1/rms the next GEMVs apply (gemv_blocks.cuh GEMVB_NORM, GEMVB_RMS_EPS): the q8 form of
+  // sum ⊙ w with d·inv instead of that of y, so f32 rounding and an occasional q8 rounding flip, through the layers.
+  // Bound: the batched tests' for quantized weights (the same kind of difference: kBatchQuantRel's comment), 3e-2
+  // per logits row (the earlier form of this fusion, 1/rms applied to each q8 scale by its own last block, measured
+  // 1.7e-7 on the H200). Modes 4 and 5 run the same deferred norms, the GLU GEMV's gate and up the pair's sums.
   constexpr double kUnfusedNormRel = 3e-2;
-  double unfused_rel = 0;
-  for (int mi = 1; mi < 5; ++mi) {
+  double deferred_rel[6] = {};
+  for (int mi = 1; mi < 6; ++mi) {
     CAPTURE(mi);
     REQUIRE(rows[0].size() == rows[mi].size());
     for (size_t i = 0; i < rows[0].size(); ++i) {
-      if (mi != 4) {
+      if (mi < 4) {
         CHECK(rows[0][i] == rows[mi][i]);
         continue;
       }
       const double rel = relError(rows[mi][i].data(), rows[0][i].data(), rows[0][i].size());
-      unfused_rel = std::max(unfused_rel, rel);
+      deferred_rel[mi] = std::max(deferred_rel[mi], rel);
       CHECK(rel <= kUnfusedNormRel);
+      if (mi == 5) CHECK(relError(rows[5][i].data(), rows[4][i].data(), rows[4][i].size()) <= kUnfusedNormRel);
     }
   }
-  MESSAGE("GEMV + Add + RMSNorm fused vs not: decode logits max rel " << unfused_rel);
+  MESSAGE("GEMV + Add + deferred RMSNorm vs not: decode logits max rel " << deferred_rel[5] << " (with the GLU GEMV "
+                                                                         << deferred_rel[4] << ")");
 }
 
 // The models with per-head q/k RMS norms, whose HeadRmsNorm q, HeadRmsNorm k and Rope steps run as one
@@ -894,10 +910,15 @@ BatchCompare compareWithSessions(const Model& m, const std::vector<std::vector<B
 TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequence's own session logits") {
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;
-  const std::pair<const char*, const char*> models[] = {
+  struct Fixture {
+    const char *model, *dir;
+    const char* gemv = "";  // compiled()'s `gemv`
+  };
+  const Fixture models[] = {
       {"stories260K.gguf", "models"},               // llama, F32, head_dim 8 (strided lanes)
       {"tiny-llama-Q4_K_M.gguf", "models"},         // quantized MMQ rows
       {"tiny-qwen2-Q4_K_M.gguf", "models"},         // q/k/v biases, NeoX RoPE
+      {"tiny-qwen2-Q4_K_M.gguf", "models", "norm"}, // one-row steps with the deferred RMSNorm (paged QKV GEMVs too)
       {"tiny-gemma2-F32.gguf", "arch/models"},      // sliding window, query scale, soft-cap
       {"tiny-gemma3-Q8_0.gguf", "arch/models"},     // sliding window layers, QK norm, per-layer RoPE bases
       {"tiny-phi3-Q8_0.gguf", "arch/models"},       // q|k|v column views (PA_/ATT_ pitches)
@@ -905,11 +926,12 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
       {"tiny-llama31-Q8_0.gguf", "arch/models"},    // RoPE frequency factors
   };
   for (const std::string& arch : goldenArchs())
-    for (const auto& [model, dir] : models) {
-      const std::string name = model;
+    for (const Fixture& f : models) {
+      const std::string model = f.model, gemv = f.gemv;
+      const std::string name = model + (gemv.empty() ? "" : " (--fuse-gemv=" + gemv + ")");
       CAPTURE(arch);
       CAPTURE(name);
-      const std::string path = compiled(model, dir, true, arch);
+      const std::string path = compiled(model, f.dir, true, arch, f.gemv);
       REQUIRE(!path.empty());
       auto m = Model::open(path, BackendKind::kCuda);
       REQUIRE_MESSAGE(m.isOk(), m.status().message());

@@ -1,5 +1,8 @@
 // Launch fusion (schema Step.fused): a step runs inside the launch of the step before it (see
 // op_family.h). Which steps fuse, chains of them, and the check the q8 forms make.
+#include <algorithm>
+#include <optional>
+
 #include "compiler/codegen/ops/op_family.h"
 
 namespace minfer::codegen {
@@ -94,7 +97,87 @@ bool moeRouterChain(const std::vector<model::StepDesc>& steps, size_t i) {
          steps[i + 1].inputs.size() == 1 && steps[i + 1].inputs[0] == mm.outputs[0];
 }
 
+// Whether the GEMV chain of fusedFollowers that starts at decode step j (f followers) is one whose launches take a
+// deferred RMSNorm's q8 form (gemv_blocks.cuh GEMVB_RMS_EPS): the fused QKV GEMV, the triple, the gate|up GLU
+// GEMV, the pair.
+bool normConsumerChain(const std::vector<model::StepDesc>& steps, size_t j, size_t f) {
+  return (f >= 4 && qkvChain(steps, j)) || (f == 2 && gemvTripleChain(steps, j)) ||
+         (f == 3 && gateUpGluChain(steps, j)) || (f == 1 && gemvPairChain(steps, j));
+}
+
+bool reads(const model::StepDesc& s, uint32_t buffer) {
+  return std::find(s.inputs.begin(), s.inputs.end(), buffer) != s.inputs.end();
+}
+bool writes(const model::StepDesc& s, uint32_t buffer) {
+  return std::find(s.outputs.begin(), s.outputs.end(), buffer) != s.outputs.end();
+}
+
+// Decode steps i .. i+3: MatMul, residual Add, RmsNorm, QuantizeAct (gemvNormChain) whose 1/rms the GEMV leaves to
+// the GEMVs after them (minfer_gemv_add_norm): with `gemv.norm`, where fusesGemvAddNorm allows it and every reader
+// of the norm's f32 output y and of its q8 form, until each is written again, is a MatMul of the GEMV chain that
+// fusedFollowers fuses right after the QuantizeAct and that takes a deferred norm (normConsumerChain), reading y
+// (its unused f32 input) and the q8 form and nothing else of them; and the q8 form is not the matmul's own q8 input.
+// y then holds the partial sums of squares.
+bool defersNorm(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
+                size_t i, GemvFusions gemv) {
+  const std::vector<model::StepDesc>& steps = planSteps(desc.plan, variant);
+  if (!gemv.norm || variant != PlanVariant::kDecode || i + 4 >= steps.size() || !gemvNormChain(steps, i)) return false;
+  const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, k); };
+  if (!fusesGemvAddNorm(ctx(i), ctx(i + 1), ctx(i + 2))) return false;
+  const uint32_t y = steps[i + 2].outputs[0], q8 = steps[i + 3].outputs[0];
+  // The launch writes the q8 form while its other thread blocks still read the matmul's q8 input.
+  if (steps[i].inputs.size() < 2 || steps[i].inputs[1] == q8) return false;
+  const size_t j = i + 4, f = fusedFollowers(desc, layouts, variant, j, steps.size(), gemv);
+  if (!normConsumerChain(steps, j, f)) return false;
+  // Within the chain, only its MatMuls read them, and nothing writes them (its thread blocks would overwrite what
+  // others still read).
+  for (size_t k = j; k <= j + f; ++k) {
+    const model::StepDesc& s = steps[k];
+    const bool consumer = s.op == fb::OpKind::MatMul && s.inputs == std::vector<uint32_t>{y, q8};
+    if ((!consumer && (reads(s, y) || reads(s, q8))) || writes(s, y) || writes(s, q8)) return false;
+  }
+  // After it, nothing until the plan writes them again. (The next token's decode writes both before reading them:
+  // its first layer's RmsNorm and QuantizeAct.)
+  bool y_live = true, q8_live = true;
+  for (size_t k = j + f + 1; k < steps.size() && (y_live || q8_live); ++k) {
+    if ((y_live && reads(steps[k], y)) || (q8_live && reads(steps[k], q8))) return false;
+    y_live = y_live && !writes(steps[k], y);
+    q8_live = q8_live && !writes(steps[k], q8);
+  }
+  return true;
+}
+
 }  // namespace
+
+llvm::Expected<PlanFusion> planFusion(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
+                                      PlanVariant variant, size_t tail, GemvFusions gemv, bool fuse) {
+  const std::vector<model::StepDesc>& steps = planSteps(desc.plan, variant);
+  const size_t n = steps.size();
+  PlanFusion pf;
+  pf.followers.assign(n, 0);
+  pf.fused.assign(n, 0);
+  pf.input_norm.assign(n, std::nullopt);
+  if (!fuse || variant == PlanVariant::kLoad) return pf;
+  std::optional<size_t> deferred;  // the RmsNorm step the chain starting next must apply
+  for (size_t i = 0; i < n; i += 1 + pf.followers[i]) {
+    const size_t f = fusedFollowers(desc, layouts, variant, i, tail, gemv);
+    pf.followers[i] = f;
+    for (size_t k = 1; k <= f; ++k) pf.fused[i + k] = 1;
+    if (deferred) {  // defersNorm checked this chain; fusedFollowers must have fused it the same way
+      if (!normConsumerChain(steps, i, f))
+        return StepContext(desc, layouts, variant, i)
+            .error(llvm::formatv("step {0} defers its RMSNorm to the GEMV chain here, which is not fused as one",
+                                 *deferred));
+      pf.input_norm[i] = deferred;
+      deferred.reset();
+    }
+    // fusedLaunches' minfer_gemv_add_norm (the only 3-follower chain starting with a MatMul and an Add).
+    if (f == 3 && gemvNormChain(steps, i)) deferred = i + 2;
+  }
+  if (deferred)
+    return StepContext(desc, layouts, variant, *deferred).error("an RMSNorm deferred to a GEMV chain the plan lacks");
+  return pf;
+}
 
 bool headNormRopeChain(const std::vector<model::StepDesc>& steps, size_t i) {
   if (i + 2 >= steps.size()) return false;
@@ -133,9 +216,7 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
   if (gemv.qkv && variant == PlanVariant::kDecode && fitsAll(i + 2) && gemvTripleChain(steps, i) &&
       fusesGemvTriple(ctx(i), ctx(i + 1), ctx(i + 2)))
     return 2;
-  if (gemv.norm && variant == PlanVariant::kDecode && fitsAll(i + 3) && gemvNormChain(steps, i) &&
-      fusesGemvAddNorm(ctx(i), ctx(i + 1), ctx(i + 2)))
-    return 3;
+  if (fitsAll(i + 3) && defersNorm(desc, layouts, variant, i, gemv)) return 3;
   if (gemv.pair && variant == PlanVariant::kDecode && fits(i + 1) && gemvPairChain(steps, i) &&
       fusesGemvPair(ctx(i), ctx(i + 1)))
     return 1;
@@ -155,19 +236,29 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
 }
 
 Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
-                       PlanVariant variant, size_t i, size_t followers) {
+                       PlanVariant variant, size_t i, size_t followers, std::optional<size_t> input_norm_step) {
   const StepContext producer(desc, layouts, variant, i), next(desc, layouts, variant, i + 1);
   const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, k); };
   // The chain fusedFollowers recognised (by its steps, not by its length alone).
   const std::vector<model::StepDesc>& steps = planSteps(desc.plan, variant);
-  if (followers >= 4 && qkvChain(steps, i)) {
-    if (followers == 4) return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), nullptr);
-    const StepContext quant = ctx(i + 5);
-    return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), &quant);
+  // A GEMV chain reading a deferred RMSNorm's q8 form: that norm's step (planFusion).
+  std::optional<StepContext> norm;
+  if (input_norm_step) {
+    if (!normConsumerChain(steps, i, followers))
+      return producer.error("a deferred RMSNorm's reader is not a GEMV chain");
+    norm.emplace(ctx(*input_norm_step));
   }
-  if (followers == 2 && gemvTripleChain(steps, i)) return gemvTripleLaunches(producer, next, ctx(i + 2));
-  if (followers == 3 && gateUpGluChain(steps, i)) return gateUpGluLaunches(producer, next, ctx(i + 2), ctx(i + 3));
-  if (followers == 1 && gemvPairChain(steps, i)) return gemvPairLaunches(producer, next);
+  const StepContext* input_norm = norm ? &*norm : nullptr;
+  if (followers >= 4 && qkvChain(steps, i)) {
+    if (followers == 4)
+      return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), nullptr, input_norm);
+    const StepContext quant = ctx(i + 5);
+    return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), &quant, input_norm);
+  }
+  if (followers == 2 && gemvTripleChain(steps, i)) return gemvTripleLaunches(producer, next, ctx(i + 2), input_norm);
+  if (followers == 3 && gateUpGluChain(steps, i))
+    return gateUpGluLaunches(producer, next, ctx(i + 2), ctx(i + 3), input_norm);
+  if (followers == 1 && gemvPairChain(steps, i)) return gemvPairLaunches(producer, next, input_norm);
   if (followers == 2 && headNormRopeChain(steps, i)) return headNormRopeLaunches(producer, next, ctx(i + 2), false);
   if (followers >= 3 && headNormRopeChain(steps, i)) {
     if (followers == 3) return headNormRopeAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), nullptr);

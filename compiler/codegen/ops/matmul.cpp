@@ -165,6 +165,16 @@ void defineBlocksGemv(SpecBuilder& b, const StrideTable& blk, uint64_t n, uint64
       .define("GEMVB_HAS_BIAS", uint64_t{bias ? 1u : 0u});
 }
 
+// A GEMV on the GGUF blocks whose q8 input is a deferred RMSNorm's (gemv_blocks.cuh GEMVB_RMS_EPS; `norm` the
+// RmsNorm step, whose f32 output buffer holds the partial sums of squares): the key part, the constant and the
+// kernel's last argument, `rms`. Nothing without a norm.
+void deferInputNorm(SpecBuilder& b, std::vector<KernelArgDesc>& args, const StepContext* norm, uint64_t k) {
+  if (!norm) return;
+  b.spec.key += "_rms" + keyNumber(norm->step().eps);
+  b.define("GEMVB_RMS_EPS", floatLiteral(norm->step().eps));
+  args.push_back(activationArg("rms", norm->outputId(0), static_cast<uint32_t>(k), fb::Access::Read));
+}
+
 // The spec of gemv_blocks.cuh's `entry` (key `prefix`_type_g…_n…_k…[bias]) on the kBlocks plane `blk` of m, in
 // gemvBlocksShape's work shape.
 SpecBuilder blocksGemvSpec(const char* prefix, const char* entry, const StrideTable& blk, const MatMulOperands& m) {
@@ -176,14 +186,16 @@ SpecBuilder blocksGemvSpec(const char* prefix, const char* entry, const StrideTa
   return b;
 }
 
-// Decode GEMV on a kBlocks plane (kernels/gemv_blocks.cuh); the q8 input was checked by the caller.
-Launches blocksGemv(const StepContext& c, const MatMulOperands& m, const StrideTable& blk) {
+// Decode GEMV on a kBlocks plane (kernels/gemv_blocks.cuh); the q8 input was checked by the caller. `norm`: the
+// deferred RmsNorm of that input (deferInputNorm), or null.
+Launches blocksGemv(const StepContext& c, const MatMulOperands& m, const StrideTable& blk, const StepContext* norm) {
   const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
   const kern::GemvBlocksShape shape = kern::gemvBlocksShape(n, k);
   SpecBuilder b = blocksGemvSpec("gemv_blocks", "minfer_gemv_blocks", blk, m);
   std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), blk), biasArg(c, m)};
   pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
   args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
+  deferInputNorm(b, args, norm, k);
   return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvBlocksLaunchRule(n, shape)}};
 }
 
@@ -198,7 +210,7 @@ Launches quantized(const StepContext& c, const MatMulOperands& m) {
   const StrideTable* f16 = findPlane(l, PlaneKind::kF16);
   const StrideTable* blocks = decodeBlocksPlane(l);
   if (c.prefill() && f16) return wgmmaMatmul(c, m, *f16);
-  if (!c.prefill() && blocks) return blocksGemv(c, m, *blocks);
+  if (!c.prefill() && blocks) return blocksGemv(c, m, *blocks, nullptr);
   const StrideTable* qp = findPlane(l, PlaneKind::kI8);
   if (!qp)
     return c.error(llvm::formatv("'{0}' has no kI8 plane for the {1} matmul", l.desc.name, c.prefill() ? "prefill" : "decode"));
@@ -401,7 +413,7 @@ bool fusesGemvPair(const StepContext& a, const StepContext& b) {
 
 // MatMul a, MatMul b of one q8 input (decode) → one minfer_gemv_pair launch (kernels/gemv_blocks.cuh
 // GEMVB_PAIR) with minfer_gemv_blocks' constants: each output exactly as its own GEMV writes it.
-Launches gemvPairLaunches(const StepContext& a, const StepContext& b) {
+Launches gemvPairLaunches(const StepContext& a, const StepContext& b, const StepContext* norm) {
   if (!fusesGemvPair(a, b)) return a.error("the two matmuls cannot run as one GEMV pair");
   const MatMulOperands ma = *fusibleOperands(a), mb = *fusibleOperands(b);
   const StrideTable& ba = *decodeBlocksPlane(*ma.w);
@@ -415,6 +427,7 @@ Launches gemvPairLaunches(const StepContext& a, const StepContext& b) {
   pushQ8Args(args, "xq", "xmeta", a.inputId(1), k, fb::Access::Read);
   args.push_back(activationArg("out0", a.outputId(0), n, fb::Access::Write));
   args.push_back(activationArg("out1", b.outputId(0), n, fb::Access::Write));
+  deferInputNorm(sb, args, norm, k);
   return std::vector<KernelLaunch>{{sb.spec, std::move(args), kern::gemvPairLaunchRule(n, shape)}};
 }
 
@@ -438,7 +451,8 @@ bool fusesGemvTriple(const StepContext& a, const StepContext& b, const StepConte
 // MatMul a, b, c of one q8 input (decode; q, k, v where the fused QKV GEMV does not take them) → one
 // minfer_gemv_triple launch (kernels/gemv_blocks.cuh GEMVB_TRIPLE): each segment with minfer_gemv_blocks'
 // constants for its weight, so each output is exactly what its own GEMV writes.
-Launches gemvTripleLaunches(const StepContext& a, const StepContext& b, const StepContext& c) {
+Launches gemvTripleLaunches(const StepContext& a, const StepContext& b, const StepContext& c,
+                            const StepContext* norm) {
   if (!fusesGemvTriple(a, b, c)) return a.error("the three matmuls cannot run as one GEMV triple");
   const StepContext* mm[3] = {&a, &b, &c};
   MatMulOperands m[3];
@@ -479,12 +493,18 @@ Launches gemvTripleLaunches(const StepContext& a, const StepContext& b, const St
   }
   pushQ8Args(args, "xq", "xmeta", a.inputId(1), static_cast<uint32_t>(m[0].k), fb::Access::Read);
   for (int i = 0; i < 3; ++i) args.push_back(activationArg(kOut[i], mm[i]->outputId(0), n[i], fb::Access::Write));
+  deferInputNorm(sb, args, norm, m[0].k);
   return std::vector<KernelLaunch>{{sb.spec, std::move(args), kern::gemvTripleLaunchRule(n, shape)}};
 }
 
 bool fusesGemvAddNorm(const StepContext& mm, const StepContext& add, const StepContext& norm) {
   const std::optional<MatMulOperands> m = fusibleOperands(mm);
-  if (!m || !fusibleBlocks(mm, *m, true) || m->n % kern::kQ8Block != 0) return false;
+  // (n ≤ 2³⁰: the kernel's row and block indices are int.)
+  if (!m || !fusibleBlocks(mm, *m, true) || m->n % kern::kQ8Block != 0 || m->n > (uint64_t{1} << 30)) return false;
+  // Whole q8 blocks of 32 rows in whole thread blocks of the GEMV's grid (gemv_blocks.cuh GEMVB_NORM).
+  const unsigned rows_per_cta = kern::gemvBlocksRowsPerCta(
+      kern::gemvBlocksShape(static_cast<unsigned>(m->n), static_cast<unsigned>(m->k)));
+  if (kern::kQ8Block % rows_per_cta != 0) return false;
   const model::StepDesc &ms = mm.step(), &as = add.step(), &ns = norm.step();
   const uint32_t o = ms.outputs[0], s = as.outputs[0], y = ns.outputs[0];
   const uint32_t res = as.inputs[0] == o ? as.inputs[1] : as.inputs[0];
@@ -493,13 +513,19 @@ bool fusesGemvAddNorm(const StepContext& mm, const StepContext& add, const StepC
     llvm::consumeError(width.takeError());
     return false;
   }
+  auto weight = norm.vector(0, m->n);
+  if (!weight) {
+    llvm::consumeError(weight.takeError());
+    return false;
+  }
   // y may be the matmul's buffer (the plan reuses it: nothing reads the product after the Add).
   return (as.inputs[0] == o) != (as.inputs[1] == o) && (*width)->width == m->n && y != s && y != res && o != res &&
          o != s;
 }
 
 // MatMul (o or down), the residual Add, its RmsNorm and QuantizeAct (decode) → one minfer_gemv_add_norm launch
-// (kernels/gemv_blocks.cuh GEMVB_NORM), writing every buffer the four steps write.
+// (kernels/gemv_blocks.cuh GEMVB_NORM): the product (unless the norm's output reuses its buffer), the Add's sum,
+// the q8 form of sum ⊙ w and, in the norm's output buffer, the partial sums of squares its consumers take.
 Launches gemvAddNormLaunches(const StepContext& mm, const StepContext& add, const StepContext& norm,
                              const StepContext& quant) {
   if (!fusesGemvAddNorm(mm, add, norm)) return mm.error("the matmul, Add and RmsNorm cannot run as one GEMV launch");
@@ -509,26 +535,31 @@ Launches gemvAddNormLaunches(const StepContext& mm, const StepContext& add, cons
   if (llvm::Error e = checkFusedQuantize(quant, n)) return e;
   auto nw = norm.vector(0, n);
   if (!nw) return nw.takeError();
-  const float eps = norm.step().eps;
   const uint32_t o = mm.outputId(0);
   const uint32_t res = add.inputId(0) == o ? add.inputId(1) : add.inputId(0);
-  SpecBuilder b(llvm::formatv("gemv_add_norm_{0}_g{1}_n{2}_k{3}{4}_eps{5}", typeTag(blk.ggml_type), blk.group_pitch, n,
-                              k, m.bias_tag, keyNumber(eps)),
-                "kernels/gemv_blocks.cuh", "minfer_gemv_add_norm");
-  defineBlocksGemv(b, blk, m.n, m.k, kern::gemvNormShape(), m.bias != nullptr);
-  b.define("GEMVB_NORM", uint64_t{1}).define("GEMVB_NORM_EPS", floatLiteral(eps));
+  SpecBuilder b = blocksGemvSpec("gemv_add_norm", "minfer_gemv_add_norm", blk, m);
+  b.define("GEMVB_NORM", uint64_t{1});
   std::vector<KernelArgDesc> args{weightArg("w", mm.weightId(0), blk), biasArg(mm, m)};
   pushQ8Args(args, "xq", "xmeta", mm.inputId(1), k, fb::Access::Read);
-  // Where the norm's output reuses the product's buffer, the product is not written (its last writer is y).
+  // Where the norm's output reuses the product's buffer, the product is not written (the partials go there).
   args.push_back(o == norm.outputId(0) ? kindArg(fb::ArgKind::Null, "out") : activationArg("out", o, n, fb::Access::Write));
   args.push_back(activationArg("res", res, n, fb::Access::Read));
   args.push_back(activationArg("sum", add.outputId(0), n, fb::Access::Write));
   args.push_back(weightArg("nw", norm.weightId(0), **nw));
-  args.push_back(activationArg("y", norm.outputId(0), n, fb::Access::Write));
   pushQ8Args(args, "qs", "meta", quant.outputId(0), n, fb::Access::Write);
-  args.push_back({.kind = fb::ArgKind::Scratch, .name = "partial", .bytes = uint64_t{n / kern::kQ8Block} * 4});
-  args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = 4});
-  return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvNormLaunchRule(n)}};
+  // The norm's output buffer (n wide, as the verifier checks the argument against it): its first n / 32 values.
+  args.push_back(activationArg("partial", norm.outputId(0), n, fb::Access::Write));
+  args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{n / kern::kQ8Block} * 4});
+  const kern::LaunchRule rule = kern::gemvBlocksLaunchRule(n, kern::gemvBlocksShape(n, k));
+  return std::vector<KernelLaunch>{{b.spec, std::move(args), rule}};
+}
+
+Launches deferredNormMatmulLaunches(const StepContext& c, const StepContext& norm) {
+  auto m = operands(c);
+  if (!m) return m.takeError();
+  const StrideTable* blk = fusibleBlocks(c, *m, true);
+  if (!blk) return c.error("a matmul reading a deferred RMSNorm's q8 form needs a decode GEMV on Q4_K / Q6_K blocks");
+  return blocksGemv(c, *m, *blk, &norm);
 }
 
 // MatMul gate, MatMul up, SwiGlu / GeGlu, QuantizeAct (decode) → one minfer_gemv_glu launch
@@ -536,7 +567,7 @@ Launches gemvAddNormLaunches(const StepContext& mm, const StepContext& add, cons
 // products (the gate buffer only when the GLU does not write its output there), the GLU output and
 // its q8 form.
 Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const StepContext& glu,
-                           const StepContext& quant) {
+                           const StepContext& quant, const StepContext* norm) {
   if (!fusesGateUp(gate, up)) return gate.error("the gate and up matmuls cannot run as one fused GEMV");
   auto m = operands(gate);
   if (!m) return m.takeError();
@@ -563,6 +594,7 @@ Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const
   args.push_back(activationArg("out", out_buf, n, fb::Access::Write));
   pushQ8Args(args, "qs", "meta", quant.outputId(0), n, fb::Access::Write);
   args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{n / kern::kQ8Block} * 4});
+  deferInputNorm(b, args, norm, k);
   return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemvGluLaunchRule(n, shape)}};
 }
 
@@ -583,7 +615,8 @@ bool fusesQkv(const StepContext& q, const StepContext& k, const StepContext& v, 
 // products, biases, the rotation and the K/V cache store) and the attention's decode launches without
 // their store; `quant`, the QuantizeAct of the attention output, rides in its combine launch as before.
 Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const StepContext& v,
-                              const StepContext& rope, const StepContext& attention, const StepContext* quant) {
+                              const StepContext& rope, const StepContext& attention, const StepContext* quant,
+                              const StepContext* norm) {
   if (!fusesQkv(q, k, v, rope, attention)) return q.error("the q, k and v matmuls cannot run as one fused GEMV");
   auto rc = ropeConstants(rope);
   if (!rc) return rc.takeError();
@@ -637,6 +670,7 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
   args.push_back({.kind = fb::ArgKind::KCache, .name = "kc", .access = fb::Access::Write, .width = kv_width, .layer = layer});
   args.push_back({.kind = fb::ArgKind::VCache, .name = "vc", .access = fb::Access::Write, .width = kv_width, .layer = layer});
   args.push_back(kindArg(fb::ArgKind::Positions, "pos"));
+  deferInputNorm(b, args, norm, k_cols);
   std::vector<KernelLaunch> launches{
       {b.spec, std::move(args), kern::gemvQkvLaunchRule(a.n_head, a.n_head_kv, a.head_dim, shape)}};
   for (KernelLaunch& l : *after) launches.push_back(std::move(l));

@@ -4,6 +4,7 @@
 // record); the runtime binds them from the record alone.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,8 +119,8 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // launches (GEMVB_QKV) where fusesQkv allows it, and where that chain is not there (a q/k HeadRmsNorm before the
 // Rope) MatMul q, k, v as one GEMV triple launch (GEMVB_TRIPLE) where fusesGemvTriple allows it; with `gemv.pair` two MatMuls of one input (gate and up,
 // when the GLU fusion does not take them) as one GEMV pair launch (GEMVB_PAIR) where fusesGemvPair allows it;
-// with `gemv.norm` MatMul, Add, RmsNorm and QuantizeAct as one GEMV launch (GEMVB_NORM) where fusesGemvAddNorm
-// allows it.
+// with `gemv.norm` MatMul, Add, RmsNorm and QuantizeAct as one GEMV launch that leaves the 1/rms to the GEMV chain
+// after it (GEMVB_NORM; defersNorm in ops/fusion.cpp, deferredInputNorm below).
 // In both plans, HeadRmsNorm q, HeadRmsNorm k and their Rope as one launch (rope.cuh minfer_head_norm_rope)
 // where fusesHeadNormRope allows it; in decode, where fusesHeadNormRopeStore allows it, with the Attention after
 // them (and its QuantizeAct) too: that launch also stores K and V (minfer_head_norm_rope_kv), then the
@@ -134,8 +135,25 @@ struct GemvFusions {
 };
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                       PlanVariant variant, size_t i, size_t tail, GemvFusions gemv);
+// `input_norm_step`: planFusion's input_norm of step i (the chain's launches apply that RmsNorm's 1/rms).
 Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
-                       PlanVariant variant, size_t i, size_t followers);
+                       PlanVariant variant, size_t i, size_t followers, std::optional<size_t> input_norm_step);
+// With `gemv.norm`, a decode MatMul, its residual Add, the RmsNorm of the sum and its QuantizeAct run as one
+// minfer_gemv_add_norm launch whose RMSNorm is deferred (gemv_blocks.cuh GEMVB_NORM: the q8 form of sum ⊙ w, the
+// partial sums of squares in the norm's output buffer) where fusesGemvAddNorm allows it and every reader of the
+// norm's outputs is the GEMV chain fused right after it, which applies the 1/rms (GEMVB_RMS_EPS: the fused QKV
+// GEMV, the triple, the gate|up GLU GEMV or the pair).
+// The fusions of one plan, decided once (generateKernels launches what this says): steps taken in order, each not
+// fused into an earlier one getting fusedFollowers (none with `fuse` off, none in the load plan); `input_norm`: for
+// the first step of each GEMV chain that reads a deferred RMSNorm, that RmsNorm step. An error naming the step if
+// a deferring launch and its chain disagree (a compiler bug, never silently wrong launches).
+struct PlanFusion {
+  std::vector<size_t> followers;                  // per step: the steps after it that its launches run
+  std::vector<uint8_t> fused;                     // per step: 1 when an earlier step's launches run it
+  std::vector<std::optional<size_t>> input_norm;  // per step: the deferred RmsNorm its chain applies, if any
+};
+llvm::Expected<PlanFusion> planFusion(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
+                                      PlanVariant variant, size_t tail, GemvFusions gemv, bool fuse);
 Launches rmsNormQuantizeLaunches(const StepContext& norm, const StepContext& quant);
 Launches addRmsNormLaunches(const StepContext& add, const StepContext& norm, const StepContext* quant);
 Launches gluQuantizeLaunches(const StepContext& glu, const StepContext& quant);
@@ -145,32 +163,40 @@ Launches attentionQuantizeLaunches(const StepContext& attention, const StepConte
 // GEMV reads, and a width of whole blocks of 32 (ops/matmul.cpp).
 // Whether a decode MatMul (o or down), the residual Add of its output, the RmsNorm of the sum (and the
 // QuantizeAct after it, checked by the launches) can run as one minfer_gemv_add_norm launch (gemv_blocks.cuh
-// GEMVB_NORM): a q8 input and a kBlocks plane the decode GEMV reads, N % 32 == 0, the norm as wide as the
-// matmul, and the norm's output distinct from the other buffers.
+// GEMVB_NORM): a q8 input and a kBlocks plane the decode GEMV reads, N % 32 == 0 with whole q8 blocks in whole
+// thread blocks, the norm as wide as the matmul with its weight, and the norm's output distinct from the other
+// buffers.
 bool fusesGemvAddNorm(const StepContext& mm, const StepContext& add, const StepContext& norm);
-// Their launch, writing the matmul's, the Add's, the RmsNorm's and the QuantizeAct's outputs. An error naming
-// the matmul step unless fusesGemvAddNorm; the QuantizeAct's and the weight's errors as theirs.
+// Their launch, writing the matmul's product (unless the norm's output reuses its buffer), the Add's sum, the
+// QuantizeAct's q8 buffer (the q8 form of sum ⊙ w) and in the RmsNorm's output buffer the partial sums of squares
+// (GEMVB_NORM; only for a norm deferredInputNorm gives its consumers). An error naming the matmul step unless
+// fusesGemvAddNorm; the QuantizeAct's and the weight's errors as theirs.
 Launches gemvAddNormLaunches(const StepContext& mm, const StepContext& add, const StepContext& norm,
                              const StepContext& quant);
+// A decode MatMul on Q4_K / Q6_K blocks whose q8 input is the deferred RmsNorm `norm`'s: minfer_gemv_blocks with
+// GEMVB_RMS_EPS (a fused QKV GEMV chain's paged launches). An error naming the step for another weight or plan.
+Launches deferredNormMatmulLaunches(const StepContext& c, const StepContext& norm);
 // Whether three decode MatMul steps (q, k, v where the fused QKV GEMV does not take them: a q/k HeadRmsNorm
 // between them and the Rope) can run as one GEMV triple launch (gemv_blocks.cuh GEMVB_TRIPLE): one q8 input,
 // distinct outputs, kBlocks planes the decode GEMV reads (any mix of Q4_K and Q6_K, pitches and biases), the same
 // k, and gemvBlocksShape giving the three the same warps and unroll.
 bool fusesGemvTriple(const StepContext& a, const StepContext& b, const StepContext& c);
 // Their launch: minfer_gemv_triple, writing the three outputs as their own minfer_gemv_blocks launches would. An
-// error naming step `a` unless fusesGemvTriple.
-Launches gemvTripleLaunches(const StepContext& a, const StepContext& b, const StepContext& c);
+// error naming step `a` unless fusesGemvTriple. `norm` (here and in the pair, GLU and QKV launches below): the
+// deferred RmsNorm whose q8 form the chain reads (planFusion's input_norm), or null.
+Launches gemvTripleLaunches(const StepContext& a, const StepContext& b, const StepContext& c,
+                            const StepContext* norm);
 // Whether two decode MatMul steps (e.g. gate and up) can run as one GEMV pair launch (gemv_blocks.cuh
 // GEMVB_PAIR): one q8 input, distinct outputs, kBlocks planes of one type and geometry, the same n and k,
 // both with a bias or neither.
 bool fusesGemvPair(const StepContext& a, const StepContext& b);
 // Their launch: minfer_gemv_pair, writing both outputs. An error naming step `a` unless fusesGemvPair.
-Launches gemvPairLaunches(const StepContext& a, const StepContext& b);
+Launches gemvPairLaunches(const StepContext& a, const StepContext& b, const StepContext* norm);
 bool fusesGateUp(const StepContext& gate, const StepContext& up);
 // The one launch of those steps and the GLU's QuantizeAct `quant`: writes the gate and up products, the GLU
 // output and its q8 form, with N / 32 counter words. An error naming the step unless fusesGateUp.
 Launches gateUpGluLaunches(const StepContext& gate, const StepContext& up, const StepContext& glu,
-                           const StepContext& quant);
+                           const StepContext& quant, const StepContext* norm);
 // Decode MatMul steps q, k, v, the Rope of q and k and the Attention of the three (whole buffers, one q8
 // input, kBlocks planes the decode GEMV reads) can run as one minfer_gemv_qkv launch that also stores K
 // and V, followed by the attention's own launches without its store (ops/matmul.cpp).
@@ -180,7 +206,8 @@ bool fusesQkv(const StepContext& q, const StepContext& k, const StepContext& v, 
 // then the decode attention's without kv_store; `quant` its QuantizeAct or null. An error naming the step
 // unless fusesQkv.
 Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const StepContext& v,
-                              const StepContext& rope, const StepContext& attention, const StepContext* quant);
+                              const StepContext& rope, const StepContext& attention, const StepContext* quant,
+                              const StepContext* norm);
 // The HeadRmsNorm of q, the HeadRmsNorm of k and the Rope of the two (steps[i .. i+2], prefill or decode;
 // qwen3, qwen3moe, gemma3) can run as one minfer_head_norm_rope launch (kernels/rope.cuh ROPE_NORM_EPS): the
 // norms in place on the Rope's q and k, whole buffers, the norms' heads and head size the Rope's, one epsilon.
@@ -221,15 +248,17 @@ Launches storedAttentionLaunches(const StepContext& attention, const StepContext
 // without followers minfer_rope_paged; for an Attention step minfer_kv_store_paged and minfer_attn_paged, all
 // with per-row positions and block tables (kernels/paged_attention.cuh); with one follower that is a
 // QuantizeAct (the decode plan's fusion) the attention also writes its q8 form (PA_Q8); for a q MatMul with
-// the fused QKV GEMV's chain (4 or 5 followers) the three GEMVs' own launches, minfer_rope_paged and the
-// attention's paged launches; for a q HeadRmsNorm with the head-norm RoPE chain (2 followers)
+// the fused QKV GEMV's chain (4 or 5 followers) the three GEMVs' own launches (deferredNormMatmulLaunches where
+// the chain reads a deferred RMSNorm: planFusion's `input_norm_step`), minfer_rope_paged and the attention's paged
+// launches; for a q HeadRmsNorm with the head-norm RoPE chain (2 followers)
 // minfer_head_norm_rope at per-row positions, and with the Attention too (3 or 4 followers) that launch, then the
 // attention's paged launches (minfer_kv_store_paged, minfer_attn_paged). None for other ops (row-wise launches serve a batch as they are) or other
 // fusions, for attention groups too wide for the
 // kernel's shared memory, or a q8 form of heads that are not whole blocks of 32. Errors as the step's own
 // launches.
 Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
-                              PlanVariant variant, size_t step_index, size_t followers);
+                              PlanVariant variant, size_t step_index, size_t followers,
+                              std::optional<size_t> input_norm_step);
 // The small-batch launches of step `step_index` of the prefill plan (schema Step.small_launches, 1.7,
 // ops/matmul.cpp) and the largest call they serve (small_rows): for a MatMul step with no followers on a
 // quantized weight and a q8 input, on a kBlocks plane the decode GEMV reads (Q4_K, Q6_K) where the weight has no kI8

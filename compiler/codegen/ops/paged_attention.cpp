@@ -91,7 +91,8 @@ Launches pagedAttention(const StepContext& c, const StepContext* quant) {
 }  // namespace
 
 Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
-                              PlanVariant variant, size_t step_index, size_t followers) {
+                              PlanVariant variant, size_t step_index, size_t followers,
+                              std::optional<size_t> input_norm_step) {
   const StepContext c(desc, layouts, variant, step_index);
   const auto& steps = planSteps(desc.plan, variant);
   if (followers == 0 && c.step().op == fb::OpKind::Rope) return ropeLaunchesOf(c, true);
@@ -125,9 +126,12 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
   if (followers >= 4 && c.step().op == fb::OpKind::MatMul && steps[step_index + 3].op == fb::OpKind::Rope &&
       steps[step_index + 4].op == fb::OpKind::Attention) {
     const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, step_index + k); };
+    // A deferred RMSNorm's q8 input (planFusion): the GEMVs apply its 1/rms, as the fused QKV GEMV does.
     std::vector<KernelLaunch> all;
     for (size_t k = 0; k < 3; ++k) {
-      auto m = matmulLaunches(ctx(k));
+      auto m = input_norm_step
+                   ? deferredNormMatmulLaunches(ctx(k), StepContext(desc, layouts, variant, *input_norm_step))
+                   : matmulLaunches(ctx(k));
       if (!m) return m.takeError();
       all.insert(all.end(), m->begin(), m->end());
     }
