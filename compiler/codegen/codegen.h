@@ -42,7 +42,7 @@ struct CodegenOptions {
   bool fuse_pair = true;
   // With fuse_norm (off by default: not yet measured on the H200) the decode o and down GEMVs with the residual
   // Add, RmsNorm and QuantizeAct after them in one launch that leaves the 1/rms to the GEMV chain reading the norm
-  // (gemv_blocks.cuh GEMVB_NORM and GEMVB_RMS_EPS; ops/op_family.h deferredInputNorm): equal to the unfused steps
+  // (gemv_blocks.cuh GEMVB_NORM and GEMVB_RMS_EPS; ops/op_family.h planFusion): equal to the unfused steps
   // up to rounding, not bit for bit.
   bool fuse_norm = false;
 };

@@ -120,7 +120,7 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // Rope) MatMul q, k, v as one GEMV triple launch (GEMVB_TRIPLE) where fusesGemvTriple allows it; with `gemv.pair` two MatMuls of one input (gate and up,
 // when the GLU fusion does not take them) as one GEMV pair launch (GEMVB_PAIR) where fusesGemvPair allows it;
 // with `gemv.norm` MatMul, Add, RmsNorm and QuantizeAct as one GEMV launch that leaves the 1/rms to the GEMV chain
-// after it (GEMVB_NORM; defersNorm in ops/fusion.cpp, deferredInputNorm below).
+// after it (GEMVB_NORM; defersNorm in ops/fusion.cpp, planFusion below).
 // In both plans, HeadRmsNorm q, HeadRmsNorm k and their Rope as one launch (rope.cuh minfer_head_norm_rope)
 // where fusesHeadNormRope allows it; in decode, where fusesHeadNormRopeStore allows it, with the Attention after
 // them (and its QuantizeAct) too: that launch also stores K and V (minfer_head_norm_rope_kv), then the
@@ -169,7 +169,7 @@ Launches attentionQuantizeLaunches(const StepContext& attention, const StepConte
 bool fusesGemvAddNorm(const StepContext& mm, const StepContext& add, const StepContext& norm);
 // Their launch, writing the matmul's product (unless the norm's output reuses its buffer), the Add's sum, the
 // QuantizeAct's q8 buffer (the q8 form of sum ⊙ w) and in the RmsNorm's output buffer the partial sums of squares
-// (GEMVB_NORM; only for a norm deferredInputNorm gives its consumers). An error naming the matmul step unless
+// (GEMVB_NORM; only for a norm whose consumers planFusion names). An error naming the matmul step unless
 // fusesGemvAddNorm; the QuantizeAct's and the weight's errors as theirs.
 Launches gemvAddNormLaunches(const StepContext& mm, const StepContext& add, const StepContext& norm,
                              const StepContext& quant);
