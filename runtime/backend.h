@@ -46,6 +46,11 @@ class BackendSession {
   // the logits after the last token. Requires pos0 + n ≤ n_ctx. Error (nothing evaluated) when
   // !canResumeAt(pos0).
   virtual Status forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) = 0;
+  // Like forward(tokens, pos0, ·, false) without the copy: the last token's logits (n_vocab floats) in memory the
+  // session owns, valid until its next call that evaluates tokens or copies logits back. The CUDA session's is the
+  // pinned buffer the row is downloaded into (llama.cpp's output buffer is pinned host memory too), the CPU
+  // session's its executor's logits row. Errors: forward's.
+  virtual Result<std::span<const float>> forwardLast(std::span<const int32_t> tokens, int pos0) = 0;
   // False when a forward at pos0 would read keys that sliding-window layers' ring caches (schema
   // Step.kv_ring, runtime/kv_ring.h) have overwritten since: after going back by more than the artifact's
   // max batch, only position 0 is safe. Always true without rings.

@@ -32,8 +32,8 @@ uint64_t Session::allocatedBytes() const {
 uint64_t Session::kvCacheBytes() const { return backend_->kvCacheBytes(); }
 
 std::span<const float> Session::logits() const {
-  if (!has_logits_ || logits_on_device_) return {};  // logits_ is an older row then
-  return logits_;
+  if (!has_logits_ || logits_on_device_) return {};  // row_ is an older row then
+  return row_;
 }
 
 Status Session::rewind(int pos) {
@@ -71,8 +71,15 @@ Status Session::evaluate(std::span<const int32_t> tokens, std::span<float> all_l
   for (int64_t done = 0; done < n;) {
     const int64_t m = std::min<int64_t>(batch, n - done);
     const bool last = done + m == n;
-    float* dst = !all_logits.empty() ? all_logits.data() + done * n_vocab : logits_.data();
-    Status st = backend_->forward(tokens.subspan(done, m), pos_, dst, !all_logits.empty());
+    // Without all_logits, the last row stays where the backend session put it (no copy: forwardLast).
+    Status st = Status::ok();
+    if (!all_logits.empty()) {
+      st = backend_->forward(tokens.subspan(done, m), pos_, all_logits.data() + done * n_vocab, true);
+    } else {
+      Result<std::span<const float>> last = backend_->forwardLast(tokens.subspan(done, m), pos_);
+      if (last) row_ = *last;
+      else st = last.takeStatus();
+    }
     if (!st) {
       has_logits_ = false;
       return st;
@@ -80,8 +87,10 @@ Status Session::evaluate(std::span<const int32_t> tokens, std::span<float> all_l
     std::copy(tokens.begin() + done, tokens.begin() + done + m, tokens_.begin() + pos_);
     pos_ += static_cast<int>(m);
     done += m;
-    if (last && !all_logits.empty())
+    if (last && !all_logits.empty()) {
       std::copy(all_logits.end() - n_vocab, all_logits.end(), logits_.begin());
+      row_ = logits_;
+    }
   }
   has_logits_ = true;
   logits_on_device_ = false;
@@ -120,6 +129,7 @@ Result<int32_t> Session::decodeSampled(int32_t token, Sampler& sampler, std::spa
 
 Status Session::syncLogits() {
   MINFER_RETURN_IF_ERROR(backend_->lastLogits(logits_.data()));
+  row_ = logits_;
   logits_on_device_ = false;
   return Status::ok();
 }

@@ -41,6 +41,7 @@ class CpuSession final : public BackendSession {
     return exec_.allocate(n_ctx_, n_ctx_, "a CPU session with n_ctx = " + std::to_string(n_ctx_), /*rings=*/true);
   }
   Status forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) override;
+  Result<std::span<const float>> forwardLast(std::span<const int32_t> tokens, int pos0) override;
   bool canResumeAt(int pos0) const override { return rings_.canResumeAt(pos0); }
   int maxBatch() const override { return exec_.maxBatch(); }
   int contextLength() const override { return n_ctx_; }
@@ -48,6 +49,9 @@ class CpuSession final : public BackendSession {
   uint64_t kvCacheBytes() const override { return exec_.kvCacheBytes(); }
 
  private:
+  // Runs the plan on tokens at pos0; the executor then holds the logits of the last row (all_rows: of every row).
+  Status run(std::span<const int32_t> tokens, int pos0, bool all_rows);
+
   const CpuBackend& backend_;
   CpuExecutor exec_;
   int n_ctx_;
@@ -175,7 +179,7 @@ void CpuExecutor::run(int n) {
 
 namespace {
 
-Status CpuSession::forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) {
+Status CpuSession::run(std::span<const int32_t> tokens, int pos0, bool all_rows) {
   const int n = static_cast<int>(tokens.size()), n_vocab = exec_.nVocab();
   if (n < 1 || n > exec_.maxBatch() || pos0 < 0 || pos0 + n > n_ctx_)
     return Status::error("cpu forward: " + std::to_string(n) + " tokens at position " + std::to_string(pos0) +
@@ -194,9 +198,20 @@ Status CpuSession::forward(std::span<const int32_t> tokens, int pos0, float* log
   for (int t = all_rows ? 0 : n - 1; t < n; ++t) rc.out_rows.push_back(t);
   exec_.run(n);
   rings_.advance(pos0, n);
-  for (size_t i = 0; i < rc.out_rows.size(); ++i)
-    std::memcpy(logits + i * size_t(n_vocab), exec_.logits(i), sizeof(float) * size_t(n_vocab));
   return Status::ok();
+}
+
+Status CpuSession::forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) {
+  MINFER_RETURN_IF_ERROR(run(tokens, pos0, all_rows));
+  const size_t n_vocab = static_cast<size_t>(exec_.nVocab());
+  for (size_t i = 0; i < exec_.context().out_rows.size(); ++i)
+    std::memcpy(logits + i * n_vocab, exec_.logits(i), sizeof(float) * n_vocab);
+  return Status::ok();
+}
+
+Result<std::span<const float>> CpuSession::forwardLast(std::span<const int32_t> tokens, int pos0) {
+  MINFER_RETURN_IF_ERROR(run(tokens, pos0, /*all_rows=*/false));
+  return std::span<const float>(exec_.logits(0), static_cast<size_t>(exec_.nVocab()));
 }
 
 }  // namespace

@@ -85,6 +85,7 @@ class CudaSession final : public BackendSession {
  public:
   ~CudaSession() override;
   Status forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) override;
+  Result<std::span<const float>> forwardLast(std::span<const int32_t> tokens, int pos0) override;
   int maxBatch() const override;
   int contextLength() const override;
   uint64_t allocatedBytes() const override;

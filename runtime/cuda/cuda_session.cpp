@@ -415,21 +415,35 @@ double CudaSession::peakBytesPerSecond() const { return s_->dev->info().peak_byt
 
 Status CudaSession::forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) {
   State& st = *s_;
-  MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, !all_rows));
   const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
   const uint64_t n = tokens.size();
-  const CUdeviceptr src = st.buf[st.logits_buffer] + (all_rows ? 0 : st.lastRowOffset(n));
-  // One row (every decode step) goes through the pinned row buffer: a DMA straight from the device, then a
-  // host copy, where a download into pageable memory is staged by the driver in pieces (BENCHMARKS.md:
-  // the gap between decode steps). Many rows go straight to the caller's memory.
-  const bool one = !all_rows || n == 1;
+  // One row (every decode step) goes through the pinned row buffer (forwardLast): a DMA straight from the device,
+  // then a host copy, where a download into pageable memory is staged by the driver in pieces (BENCHMARKS.md: the
+  // gap between decode steps). Many rows go straight to the caller's memory.
+  if (!all_rows || n == 1) {
+    Result<std::span<const float>> last = forwardLast(tokens, pos0);
+    if (!last) return last.takeStatus();
+    std::memcpy(logits, last->data(), row);
+    return Status::ok();
+  }
+  MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, /*last_only=*/false));
   MINFER_RETURN_IF_ERROR(st.dev->check(
-      st.cu().cuMemcpyDtoHAsync(one ? st.h_logits : logits, src, one ? row : n * row, st.stream.get()),
-      "CUDA forward: logits download"));
+      st.cu().cuMemcpyDtoHAsync(logits, st.buf[st.logits_buffer], n * row, st.stream.get()), "CUDA forward: logits download"));
   MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(st.stream.get()), "CUDA forward"));
-  if (one) std::memcpy(logits, st.h_logits, row);
   if (st.profiling) st.collectProfile(n > 1);
   return Status::ok();
+}
+
+Result<std::span<const float>> CudaSession::forwardLast(std::span<const int32_t> tokens, int pos0) {
+  State& st = *s_;
+  MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, /*last_only=*/true));
+  const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
+  const CUdeviceptr src = st.buf[st.logits_buffer] + st.lastRowOffset(tokens.size());
+  MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuMemcpyDtoHAsync(st.h_logits, src, row, st.stream.get()),
+                                       "CUDA forward: logits download"));
+  MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(st.stream.get()), "CUDA forward"));
+  if (st.profiling) st.collectProfile(tokens.size() > 1);
+  return std::span<const float>(st.h_logits, static_cast<size_t>(st.n_vocab));
 }
 
 DeviceSampling CudaSession::deviceSampling() const {

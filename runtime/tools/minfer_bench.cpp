@@ -416,9 +416,10 @@ int main(int argc, char** argv) {
           if (!s) die(s.message());
           next = sampler.sampleTopK(top);
         } else {
-          minfer::Status s = session->forward({&t, 1}, depth + i, logits.data(), false);
-          if (!s) die(s.message());
-          if (sample) next = sampler.sample(logits);
+          // The row in the session's pinned buffer, as llama.cpp's logits land in its pinned output buffer.
+          minfer::Result<std::span<const float>> row = session->forwardLast({&t, 1}, depth + i);
+          if (!row) die(row.status().message());
+          if (sample) next = sampler.sample(*row);
         }
       }
       return now() - start;

@@ -225,6 +225,9 @@ class Session {
   bool has_logits_ = false;
   bool logits_on_device_ = false;  // the latest row was sampled on the device: logits_ is older
   std::vector<float> logits_;  // (n_vocab)
+  // What logits() shows while has_logits_: logits_, or the backend session's own row (BackendSession::forwardLast,
+  // valid until its next call).
+  std::span<const float> row_;
   std::vector<int32_t> tokens_;  // (n_ctx) the token at each position < pos_, for rewind()'s re-evaluation
 };
 
