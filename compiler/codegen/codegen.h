@@ -35,16 +35,16 @@ struct CodegenOptions {
   // sits between them and the RoPE, the three GEMVs alone in one launch),
   // with fuse_glu the decode gate|up GEMVs with their GLU (off by default: slower on the H200,
   // BENCHMARKS.md), with fuse_pair (the default) two decode GEMVs of one input (gate and up) in one launch.
-  // Off: every step launches its own kernels (the same results, bit for bit, unless fuse_norm applies).
+  // Off: every step launches its own kernels (the same results, bit for bit, where fuse_norm does not apply).
   bool fuse_launches = true;
   bool fuse_qkv = true;
   bool fuse_glu = false;
   bool fuse_pair = true;
-  // With fuse_norm (off by default: not yet measured on the H200) the decode o and down GEMVs with the residual
-  // Add, RmsNorm and QuantizeAct after them in one launch that leaves the 1/rms to the GEMV chain reading the norm
-  // (gemv_blocks.cuh GEMVB_NORM and GEMVB_RMS_EPS; ops/op_family.h planFusion): equal to the unfused steps
+  // With fuse_norm (the default: tg128 +1.1% on the H200's 7B, BENCHMARKS.md) the decode o and down GEMVs with the
+  // residual Add, RmsNorm and QuantizeAct after them in one launch that leaves the 1/rms to the GEMV chain reading
+  // the norm (gemv_blocks.cuh GEMVB_NORM and GEMVB_RMS_EPS; ops/op_family.h planFusion): equal to the unfused steps
   // up to rounding, not bit for bit.
-  bool fuse_norm = false;
+  bool fuse_norm = true;
 };
 
 struct KernelImageData {

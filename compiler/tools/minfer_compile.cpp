@@ -65,17 +65,17 @@ llvm::cl::opt<bool> kNoFuse("no-fuse",
                             llvm::cl::cat(kCategory));
 enum class GemvFusion { kNone, kQkv, kPair, kNorm, kAll };
 llvm::cl::opt<GemvFusion> kFuseGemv(
-    "fuse-gemv", llvm::cl::ValueOptional, llvm::cl::init(GemvFusion::kPair),
-    llvm::cl::desc("Decode GEMV fusions: pair (the default: q, k, v with their RoPE and KV store in one launch, "
-                   "or the three GEMVs alone where q/k norms sit before the RoPE; gate and up in one launch), qkv "
-                   "(the first only), norm (pair, and the o and down GEMVs with the residual Add and RMSNorm after "
-                   "them, the 1/rms applied by the GEMVs that read the norm; not yet measured on the H200), all "
-                   "(norm, with gate|up and its GLU instead of the pair, which measured slower; a bare --fuse-gemv), "
-                   "none (BENCHMARKS.md)"),
+    "fuse-gemv", llvm::cl::ValueOptional, llvm::cl::init(GemvFusion::kNorm),
+    llvm::cl::desc("Decode GEMV fusions: norm (the default: q, k, v with their RoPE and KV store in one launch, "
+                   "or the three GEMVs alone where q/k norms sit before the RoPE; gate and up in one launch; the o "
+                   "and down GEMVs each with the residual Add and RMSNorm after them, the 1/rms applied by the GEMVs "
+                   "that read the norm), pair (the same without the last: every result bit for bit the unfused "
+                   "steps'), qkv (the first only), all (norm, with gate|up and its GLU instead of the pair, which "
+                   "measured slower; a bare --fuse-gemv), none (BENCHMARKS.md)"),
     llvm::cl::values(clEnumValN(GemvFusion::kNone, "none", "no decode GEMV fusion"),
                      clEnumValN(GemvFusion::kQkv, "qkv", "q, k, v GEMVs (with RoPE and KV store) in one launch"),
                      clEnumValN(GemvFusion::kPair, "pair", "and the gate and up GEMVs in one launch"),
-                     clEnumValN(GemvFusion::kNorm, "norm", "and the o and down GEMVs with the Add and RMSNorm"),
+                     clEnumValN(GemvFusion::kNorm, "norm", "and the o and down GEMVs with the Add and RMSNorm (default)"),
                      clEnumValN(GemvFusion::kAll, "all", "and gate|up GEMVs with their GLU"),
                      clEnumValN(GemvFusion::kAll, "", "")),
     llvm::cl::cat(kCategory));

@@ -318,6 +318,12 @@ void checkSet(const Loaded& l, const KernelSet& set, const std::vector<std::stri
         want = decodeExpertEntries(l, steps[i + 1]);
         want.insert(want.begin(), "minfer_moe_route_sort");
       }
+      // A decode o / down MatMul with the residual Add, the RmsNorm and its QuantizeAct fused in (the default GEMV +
+      // Add + deferred RMSNorm; test_codegen_fusion.cpp checks where) runs the GEMV + Add + norm kernel.
+      if (mm_leads && steps[i + 1].op == fb::OpKind::Add) {
+        CHECK(!prefill);
+        want = {"minfer_gemv_add_norm"};
+      }
       // A q MatMul with k, v, the Rope and the Attention fused in runs the QKV GEMV, then the attention.
       if (mm_leads && i + 4 < steps.size() && (*fused)[i + 4] && steps[i + 3].op == fb::OpKind::Rope)
         want = {"minfer_gemv_qkv", "minfer_attn_decode", "minfer_attn_combine"};
@@ -1067,7 +1073,8 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
     o.targets = {"sm_90"};
     o.cache_dir = cache;
     o.fuse_launches = fuse;
-    o.fuse_qkv = o.fuse_glu = true;  // every decode GEMV fusion but GEMVB_NORM (next test case; the GLU's is off by default)
+    o.fuse_qkv = o.fuse_glu = true;  // every decode GEMV fusion but GEMVB_NORM (test_codegen_fusion.cpp; the GLU's is
+    o.fuse_norm = false;             // off by default)
     auto set = generateKernels(l.desc, l.layouts, o);
     REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
     for (bool prefill : {true, false}) {

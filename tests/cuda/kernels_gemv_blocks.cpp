@@ -668,7 +668,8 @@ TEST_CASE("deferred RMSNorm consumers: gemv_blocks, pair, triple, glu and qkv sc
       };
       for (const auto& [rc, gc] : {std::pair<const DeviceArray*, const DeviceArray*>{&rkc, &gkc}, {&rvc, &gvc}}) {
         const std::vector<float> rr = row(*rc), gg = row(*gc);
-        CHECK(relError(gg.data(), rr.data(), nkv) <= kDeferredRmsF16Tol);
+        CHECK(track("deferred RMSNorm consumers (f16 cache rows)", relError(gg.data(), rr.data(), nkv)) <=
+              kDeferredRmsF16Tol);
       }
     }
   }
