@@ -76,9 +76,9 @@ Status Session::evaluate(std::span<const int32_t> tokens, std::span<float> all_l
     if (!all_logits.empty()) {
       st = backend_->forward(tokens.subspan(done, m), pos_, all_logits.data() + done * n_vocab, true);
     } else {
-      Result<std::span<const float>> last = backend_->forwardLast(tokens.subspan(done, m), pos_);
-      if (last) row_ = *last;
-      else st = last.takeStatus();
+      Result<std::span<const float>> row = backend_->forwardLast(tokens.subspan(done, m), pos_);
+      if (row) row_ = *row;
+      else st = row.takeStatus();
     }
     if (!st) {
       has_logits_ = false;

@@ -34,7 +34,9 @@ struct CudaSession::State {
   int32_t* h_ids = nullptr;
   int32_t* h_pos = nullptr;
   int32_t* h_argmax = nullptr;
-  float* h_logits = nullptr;         // 16-byte aligned; a single row's download lands here (see forward)
+  // 16-byte aligned; a single row's download lands here: forwardLast hands it out (Session::logits() may show it),
+  // forward, forwardRows and lastLogits copy it on; each of them overwrites it.
+  float* h_logits = nullptr;
   kern::TopKSlot* h_topk = nullptr;  // 16-byte aligned pinned mirror of topk_slot
   // A paged session (CudaBackend::createPagedSession): the prefill plan with each step's paged launches
   // (Step.paged_launches), the KV cache a pool of kv_slots slots, rows placed by forwardRows; the decode plan

@@ -416,7 +416,8 @@ int main(int argc, char** argv) {
           if (!s) die(s.message());
           next = sampler.sampleTopK(top);
         } else {
-          // The row in the session's pinned buffer, as llama.cpp's logits land in its pinned output buffer.
+          // The row where the backend session left it (CUDA: its pinned buffer, as llama.cpp's logits land in its
+          // pinned output buffer), not copied.
           minfer::Result<std::span<const float>> row = session->forwardLast({&t, 1}, depth + i);
           if (!row) die(row.status().message());
           if (sample) next = sampler.sample(*row);

@@ -1073,8 +1073,9 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
     o.targets = {"sm_90"};
     o.cache_dir = cache;
     o.fuse_launches = fuse;
-    o.fuse_qkv = o.fuse_glu = true;  // every decode GEMV fusion but GEMVB_NORM (test_codegen_fusion.cpp; the GLU's is
-    o.fuse_norm = false;             // off by default)
+    // Every decode GEMV fusion but GEMVB_NORM (test_codegen_fusion.cpp; the GLU's is off by default).
+    o.fuse_qkv = o.fuse_glu = true;
+    o.fuse_norm = false;
     auto set = generateKernels(l.desc, l.layouts, o);
     REQUIRE_MESSAGE(static_cast<bool>(set), llvm::toString(set.takeError()));
     for (bool prefill : {true, false}) {

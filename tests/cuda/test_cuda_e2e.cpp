@@ -93,9 +93,10 @@ std::vector<std::string> goldenArchs() {
 
 // The fixture fixtures/<dir>/<model> compiled with kernel images for this GPU (once per process), max batch 64 so the
 // 72-token goldens prefill in several batches (pos0 > 0 on the GPU prefill path too).
-// `fuse`: launch fusion (CompileOptions::fuse_launches, with the default fused QKV GEMV, gate|up pair and GEMV + Add +
-// deferred RMSNorm), `gemv`: minfer-compile's --fuse-gemv: "" the default (norm), "pair" without the deferred RMSNorm
-// (fuse_norm off: every result the unfused steps', bit for bit), "all" with the gate|up GLU GEMV (fuse_glu). `arch`: the kernel target ("" = the GPU's arch;
+// `fuse`: launch fusion (CompileOptions::fuse_launches, with the default fused QKV GEMV, gate|up pair and GEMV +
+// Add + deferred RMSNorm), `gemv`: minfer-compile's --fuse-gemv: "" the default (norm), "pair" without the
+// deferred RMSNorm (fuse_norm off: every result the unfused steps', bit for bit), "all" with the gate|up GLU GEMV
+// (fuse_glu). `arch`: the kernel target ("" = the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 // compiledFile: the same for a GGUF at `input` (named `model` in the artifact's file name).
 std::string compiledFile(const std::string& input, const std::string& model, bool fuse = true,
@@ -192,10 +193,10 @@ TEST_CASE("GPU logits match the CPU backend and llama.cpp on every golden case")
     CAPTURE(name);
     CAPTURE(gemv);
     const GoldenCase g = loadGolden(name);
-    const std::string path = compiled(g.model, g.model_dir, true, arch, gemv);
-    REQUIRE(!path.empty());
     // Nothing the default fuses there (e.g. gemma's norms): the pair artifact is the default one.
     if (!gemv.empty() && !hasKernel(compiled(g.model, g.model_dir, true, arch), "minfer_gemv_add_norm")) continue;
+    const std::string path = compiled(g.model, g.model_dir, true, arch, gemv);
+    REQUIRE(!path.empty());
     auto gpu = Model::open(path, BackendKind::kCuda);
     REQUIRE_MESSAGE(gpu.isOk(), gpu.status().message());
     CHECK(std::string((*gpu)->backendName()) == "cuda");
@@ -344,10 +345,12 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
   // the o and down GEMVs with the residual Add and an RMSNorm whose 1/rms the next GEMVs apply (gemv_blocks.cuh
   // GEMVB_NORM, GEMVB_RMS_EPS): the q8 form of sum ⊙ w with d·inv instead of that of y, so f32 rounding and an
   // occasional q8 rounding flip, through the layers. Bound: the batched tests' for quantized weights (the same kind of
-  // difference: kBatchQuantRel's comment) would be 3e-2 per logits row; measured on the H200 (2026-12-01): 2.9e-6, so
-  // the bound is 1e-4 (the earlier form of this fusion, 1/rms applied to each q8 scale by its own last block, measured
-  // 1.7e-7). Modes 0 and 4 run the same deferred norms, the GLU GEMV's gate and up the pair's sums (measured: equal).
-  constexpr double kUnfusedNormRel = 1e-4;
+  // difference: kBatchQuantRel's comment) is 3e-2 per logits row. Here: f32 rounding (~1e-6, as measured) and an
+  // occasional q8 flip (one activation off by a quantum, 1/127 of its block's largest, moving that layer's outputs
+  // by ~(1/127)/√K ≈ 5e-4 of their size at K = 256), so the bound is 1e-3; measured on the H200 (2026-12-01):
+  // 2.9e-6 (the earlier form of this fusion, 1/rms applied to each q8 scale by its own last block, 1.7e-7). Modes 0
+  // and 4 run the same deferred norms, the GLU GEMV's gate and up the pair's sums (measured: equal).
+  constexpr double kUnfusedNormRel = 1e-3;
   double deferred_rel = 0, glu_rel = 0;
   for (int mi = 1; mi < 6; ++mi) {
     CAPTURE(mi);

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <random>
 
+#include "minfer/artifact.h"
 #include "minfer/runtime.h"
+#include "runtime/backend.h"
 #include "tests/runtime/tiny_artifact.h"
 #include "tests/test_support.h"
 
@@ -134,6 +136,40 @@ TEST_CASE("prefill then decode gives the logits of one prefill over all tokens")
     REQUIRE(s->rewind(7).isOk());
     REQUIRE(s->decode(tokens[7]).isOk());
     CHECK(maxRel(s->logits(), std::span<const float>(all).subspan(7 * nv, nv)) < 1e-6);
+  }
+}
+
+TEST_CASE("forwardLast: forward's last row, bit for bit, left in the session's memory until its next call") {
+  for (const auto& [name, spec] : variants()) {
+    CAPTURE(name);
+    const Built b = build(spec, name);
+    auto file = ArtifactFile::open(b.path);
+    REQUIRE_MESSAGE(file.isOk(), file.status().message());
+    auto backend = createCpuBackend(**file);
+    REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
+    auto copied = (*backend)->createSession({.n_ctx = 16, .n_threads = 2});
+    auto kept = (*backend)->createSession({.n_ctx = 16, .n_threads = 2});
+    REQUIRE(copied.isOk());
+    REQUIRE(kept.isOk());
+    const size_t nv = b.model.n_vocab;
+    const std::vector<int32_t> tokens = randomTokens(7, static_cast<uint32_t>(nv), 13);
+    REQUIRE((*kept)->maxBatch() >= 3);
+    // A prefill of 3 tokens (the last row of a batch), then 4 decode steps.
+    std::vector<float> want(nv), before(nv);
+    for (int pos = 0; pos < 7; pos = pos == 0 ? 3 : pos + 1) {
+      CAPTURE(pos);
+      const std::span<const int32_t> chunk = std::span(tokens).subspan(pos, pos == 0 ? 3 : 1);
+      REQUIRE((*copied)->forward(chunk, pos, want.data(), false).isOk());
+      Result<std::span<const float>> row = (*kept)->forwardLast(chunk, pos);
+      REQUIRE_MESSAGE(row.isOk(), row.status().message());
+      REQUIRE(row->size() == nv);
+      CHECK(std::memcmp(row->data(), want.data(), nv * sizeof(float)) == 0);
+      if (pos > 0) CHECK(std::memcmp(before.data(), want.data(), nv * sizeof(float)) != 0);  // a new row each step
+      before = want;
+    }
+    // Errors are forward's: past the context, nothing evaluated.
+    const int32_t t = tokens[0];
+    CHECK(!(*kept)->forwardLast({&t, 1}, 16).isOk());
   }
 }
 

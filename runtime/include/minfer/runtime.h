@@ -177,7 +177,9 @@ class Session {
   // Logits after the last evaluated token (n_vocab floats). Empty before the first evaluation, after a
   // failed one, after rewind()/reset(), and while that row lives on the device only: inside generate()'s
   // callback once a decode step sampled on the device (GenerateParams::device_sampling; the row is copied
-  // back when generate() returns).
+  // back when generate() returns). The span may point into the backend session's own memory
+  // (BackendSession::forwardLast): valid until the next call on this session that evaluates tokens, rewinds or
+  // resets; copy the row to keep it.
   std::span<const float> logits() const;
 
   int position() const { return pos_; }   // tokens in the KV cache
@@ -214,7 +216,7 @@ class Session {
   Status evaluate(std::span<const int32_t> tokens, std::span<float> all_logits);
   // decode(token) with the next token sampled on the device (Session::generate's device path): the argmax
   // when `top` is empty, else the top.size() candidates of the device top-k, finished by sampler.sampleTopK.
-  // logits() is empty afterwards (logits_on_device_: logits_ holds an older row) until syncLogits().
+  // logits() is empty afterwards (logits_on_device_: row_ shows an older row) until syncLogits().
   Result<int32_t> decodeSampled(int32_t token, Sampler& sampler, std::span<TokenLogit> top);
   Status syncLogits();
 
@@ -223,7 +225,7 @@ class Session {
   int n_ctx_ = 0;
   int pos_ = 0;
   bool has_logits_ = false;
-  bool logits_on_device_ = false;  // the latest row was sampled on the device: logits_ is older
+  bool logits_on_device_ = false;  // the latest row was sampled on the device: row_ is older
   std::vector<float> logits_;  // (n_vocab)
   // What logits() shows while has_logits_: logits_, or the backend session's own row (BackendSession::forwardLast,
   // valid until its next call).
