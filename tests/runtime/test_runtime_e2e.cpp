@@ -156,9 +156,10 @@ TEST_CASE("forwardLast: forward's last row, bit for bit, left in the session's m
     REQUIRE((*kept)->maxBatch() >= 3);
     // A prefill of 3 tokens (the last row of a batch), then 4 decode steps.
     std::vector<float> want(nv), before(nv);
-    for (int pos = 0; pos < 7; pos = pos == 0 ? 3 : pos + 1) {
+    const std::pair<int, int> calls[] = {{0, 3}, {3, 1}, {4, 1}, {5, 1}, {6, 1}};  // (position, tokens)
+    for (const auto& [pos, count] : calls) {
       CAPTURE(pos);
-      const std::span<const int32_t> chunk = std::span(tokens).subspan(pos, pos == 0 ? 3 : 1);
+      const std::span<const int32_t> chunk = std::span(tokens).subspan(pos, count);
       REQUIRE((*copied)->forward(chunk, pos, want.data(), false).isOk());
       Result<std::span<const float>> row = (*kept)->forwardLast(chunk, pos);
       REQUIRE_MESSAGE(row.isOk(), row.status().message());
