@@ -4,7 +4,8 @@
 # e.g. a copy of the previous pack), each compiling its own artifact of the same GGUF, alternated in rounds so
 # that drift in the machine's speed hits all alike. MINFER_AB_VARIANT (compile flags, e.g. --fuse-gemv=none;
 # several sets separated by '|'): more artifacts compiled by the current pack with those flags, measured in the
-# same rounds ("variant N"). Logs in $OUT/ab.log.
+# same rounds ("variant N"). MINFER_AB_MODEL: the minfer-synth model (default qwen2-7b); MINFER_AB_DEPTH=0 leaves
+# the tg128 @ d4096 rounds out. Logs in $OUT/ab.log.
 set -uo pipefail
 . "$(dirname "$0")/device-common.sh"
 names=() bins=() files=()
@@ -14,12 +15,13 @@ if [ -f .bin/base.tar.xz ]; then
 fi
 names+=(new); bins+=("$B"); files+=(/tmp/q7new.mfb)
 {
-  [ -f /tmp/q7.gguf ] || timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf
-  for i in "${!names[@]}"; do timeout 120 "${bins[$i]}/minfer-compile" /tmp/q7.gguf -o "${files[$i]}"; done
+  model=${MINFER_AB_MODEL:-qwen2-7b}
+  [ -f "/tmp/$model.gguf" ] || timeout 200 "$B/minfer-synth" "$model" --types q4_k_m -o "/tmp/$model.gguf"
+  for i in "${!names[@]}"; do timeout 300 "${bins[$i]}/minfer-compile" "/tmp/$model.gguf" -o "${files[$i]}"; done
   IFS='|' read -r -a variants <<<"${MINFER_AB_VARIANT:-}"
   for j in "${!variants[@]}"; do
     # shellcheck disable=SC2086  # the flags are words
-    timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o "/tmp/q7var$j.mfb" ${variants[$j]}
+    timeout 300 "$B/minfer-compile" "/tmp/$model.gguf" -o "/tmp/q7var$j.mfb" ${variants[$j]}
     names+=("variant $j (${variants[$j]})"); bins+=("$B"); files+=("/tmp/q7var$j.mfb")
   done
   for r in 1 2 3; do
@@ -27,7 +29,7 @@ names+=(new); bins+=("$B"); files+=(/tmp/q7new.mfb)
       echo "== round $r ${names[$i]}"; timeout 120 "${bins[$i]}/minfer-bench" "${files[$i]}" -p 0 -n 128 -r 3
     done
   done
-  for r in 1 2; do
+  for r in $([ "${MINFER_AB_DEPTH:-1}" = 0 ] || echo 1 2); do
     for i in "${!names[@]}"; do
       echo "== depth round $r ${names[$i]}"; timeout 120 "${bins[$i]}/minfer-bench" "${files[$i]}" -p 0 -n 128 -d 4096 -r 2
     done
