@@ -59,7 +59,7 @@ int BatchSessionBase::blocksNeeded(int seq, int n_tokens) const {
 }
 
 // Every condition of batch.h's step() errors, in its order; changes nothing (seen_ is cleared again).
-Status BatchSessionBase::check(std::span<const Chunk> chunks, std::span<float> logits) {
+Status BatchSessionBase::check(std::span<const Chunk> chunks) {
   if (chunks.empty()) return Status::error("step: no chunks");
   const auto where = [&](size_t i) {
     return "step: chunk " + std::to_string(i) + " (sequence " + std::to_string(chunks[i].seq) + ")";
@@ -105,9 +105,6 @@ Status BatchSessionBase::check(std::span<const Chunk> chunks, std::span<float> l
     return Status::error("step: out of KV blocks: the chunks need " + std::to_string(new_blocks) +
                          " new blocks, " + std::to_string(blocks_.freeBlocks()) + " are free (of " +
                          std::to_string(blocks_.totalBlocks()) + ")");
-  if (logits.size() != chunks.size() * static_cast<size_t>(config_.n_vocab))
-    return Status::error("step: logits has " + std::to_string(logits.size()) + " floats, expected " +
-                         std::to_string(chunks.size()) + " chunks x " + std::to_string(config_.n_vocab));
   return Status::ok();
 }
 
@@ -145,18 +142,45 @@ void BatchSessionBase::layoutRows(std::span<const Chunk> chunks, BatchRows& out)
 }
 
 Status BatchSessionBase::step(std::span<const Chunk> chunks, std::span<float> logits) {
-  MINFER_RETURN_IF_ERROR(check(chunks, logits));
+  MINFER_RETURN_IF_ERROR(check(chunks));
+  if (logits.size() != chunks.size() * static_cast<size_t>(config_.n_vocab))
+    return Status::error("step: logits has " + std::to_string(logits.size()) + " floats, expected " +
+                         std::to_string(chunks.size()) + " chunks x " + std::to_string(config_.n_vocab));
+  return execute(chunks, [&] { return run(chunks, logits); });
+}
+
+Result<std::span<const float>> BatchSessionBase::step(std::span<const Chunk> chunks) {
+  MINFER_RETURN_IF_ERROR(check(chunks));
+  std::span<const float> rows;
+  MINFER_RETURN_IF_ERROR(execute(chunks, [&] {
+    Result<std::span<const float>> r = runInPlace(chunks);
+    if (!r) return r.takeStatus();
+    rows = *r;
+    return Status::ok();
+  }));
+  return rows;
+}
+
+Status BatchSessionBase::execute(std::span<const Chunk> chunks, const std::function<Status()>& evaluate) {
   for (const Chunk& c : chunks) {
     const bool grown = blocks_.grow(c.seq, int64_t{lengths_[static_cast<size_t>(c.seq)]} + int64_t(c.tokens.size()));
     (void)grown;  // check() counted the blocks of every chunk against freeBlocks()
   }
-  Status st = run(chunks, logits);
+  Status st = evaluate();
   if (!st) {  // give the new blocks back, last taken first: the free stack is as before
     for (size_t i = chunks.size(); i-- > 0;) blocks_.shrink(chunks[i].seq, lengths_[static_cast<size_t>(chunks[i].seq)]);
     return st;
   }
   for (const Chunk& c : chunks) lengths_[static_cast<size_t>(c.seq)] += static_cast<int>(c.tokens.size());
   return Status::ok();
+}
+
+Result<std::span<const float>> BatchSessionBase::runInPlace(std::span<const Chunk> chunks) {
+  const size_t n = chunks.size() * static_cast<size_t>(config_.n_vocab);
+  if (own_logits_.size() < n) own_logits_.resize(n);
+  const std::span<float> rows(own_logits_.data(), n);
+  MINFER_RETURN_IF_ERROR(run(chunks, rows));
+  return std::span<const float>(rows);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -59,6 +60,7 @@ class BatchSessionBase : public BatchSession {
   Status closeSequence(int seq) override;
   Status truncate(int seq, int pos) override;
   Status step(std::span<const Chunk> chunks, std::span<float> logits) override;
+  Result<std::span<const float>> step(std::span<const Chunk> chunks) override;
 
   int length(int seq) const override { return isOpen(seq) ? lengths_[static_cast<size_t>(seq)] : 0; }
   bool isOpen(int seq) const override {
@@ -78,13 +80,19 @@ class BatchSessionBase : public BatchSession {
   // inside the context and covered by blocks().table(seq); logits: chunks.size() × n_vocab. On an
   // error the base rolls the blocks back and the lengths stay.
   virtual Status run(std::span<const Chunk> chunks, std::span<float> logits) = 0;
+  // The same for step(chunks): the logits rows where this session keeps them (chunks.size() × n_vocab, valid until
+  // the next step). By default run() into a buffer of the base's, grown to the rows of the largest such step.
+  virtual Result<std::span<const float>> runInPlace(std::span<const Chunk> chunks);
   const KvBlockAllocator& blocks() const { return blocks_; }
   const BatchConfig& config() const { return config_; }
   // Fills `out` (allocated for this session's config) for checked chunks inside run(). Allocates nothing.
   void layoutRows(std::span<const Chunk> chunks, BatchRows& out) const;
 
  private:
-  Status check(std::span<const Chunk> chunks, std::span<float> logits);
+  // Every error of a step but the logits' size: chunks, sequences, tokens, context, blocks.
+  Status check(std::span<const Chunk> chunks);
+  // Grows the chunks' block tables, runs `evaluate`, then advances the lengths; on its error the blocks go back.
+  Status execute(std::span<const Chunk> chunks, const std::function<Status()>& evaluate);
   Status badSequence(const char* what, int seq) const;
 
   BatchConfig config_;
@@ -93,6 +101,7 @@ class BatchSessionBase : public BatchSession {
   std::vector<uint8_t> open_;   // (n_seq_max)
   std::vector<uint8_t> seen_;   // (n_seq_max) step()'s duplicate check, all 0 between steps
   int n_open_ = 0;
+  std::vector<float> own_logits_;  // runInPlace's rows by default (grown, never shrunk)
 };
 
 // The sequential fallback for backends without batched kernels: one BackendSession of n_ctx positions per

@@ -36,6 +36,17 @@ class CudaBatchSession final : public BatchSessionBase {
                                  std::span<const int32_t>(rows_.tables.data(), rows_.words), rows_.out_rows,
                                  logits.data());
   }
+  // The rows left in the session's pinned buffer (forwardRows with null logits; it holds min(n_seq_max,
+  // max_tokens) rows, the most chunks a step can have).
+  Result<std::span<const float>> runInPlace(std::span<const Chunk> chunks) override {
+    layoutRows(chunks, rows_);
+    const size_t n = static_cast<size_t>(rows_.rows);
+    MINFER_RETURN_IF_ERROR(session_->forwardRows(std::span<const int32_t>(rows_.ids.data(), n),
+                                                 std::span<const int32_t>(rows_.pos.data(), n),
+                                                 std::span<const int32_t>(rows_.tables.data(), rows_.words),
+                                                 rows_.out_rows, nullptr));
+    return std::span<const float>(session_->pinnedLogits(), chunks.size() * static_cast<size_t>(config().n_vocab));
+  }
 
  private:
   std::unique_ptr<CudaSession> session_;
@@ -54,7 +65,8 @@ Result<std::unique_ptr<BatchSession>> CudaBackend::createBatchSession(const Batc
       {.n_ctx = config.n_ctx,
        .kv_slots = int64_t{config.n_blocks} * config.block_size,
        .block_size = config.block_size,
-       .table_words = static_cast<int>(words)});
+       .table_words = static_cast<int>(words),
+       .out_rows = std::min(config.n_seq_max, config.max_tokens)});
   if (!session) return session.takeStatus().withContext("CUDA batch session: ");
   return std::unique_ptr<BatchSession>(std::make_unique<CudaBatchSession>(config, std::move(*session)));
 }

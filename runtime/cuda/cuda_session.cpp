@@ -43,6 +43,7 @@ struct CudaSession::State {
   // likewise (and its graph) when every positional decode step has paged launches (CudaBackend paged_decode).
   bool paged = false;
   int block_size = 0, table_words = 0;
+  int pinned_rows = 1;  // logits rows at h_logits (a paged session's PagedSessionConfig::out_rows)
   int64_t kv_slots = 0;                     // slots of the pool per layer (kv_slots / block_size blocks)
   CUdeviceptr row_pos = 0, tables = 0;      // (max_batch) int32; (table_words) int32 (schema BlockTables)
   int32_t* h_row_pos = nullptr;             // pinned mirrors of the two
@@ -354,6 +355,11 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
       return Status::error("CUDA forwardRows: output row " + std::to_string(out_rows[i]) + " (index " + std::to_string(i) +
                            ") of " + std::to_string(n) + " rows: need increasing rows < the row count");
   if (out_rows.empty()) return Status::error("CUDA forwardRows: no output rows");
+  if (!logits && out_rows.size() > static_cast<size_t>(st.pinned_rows))
+    return Status::error("CUDA forwardRows: " + std::to_string(out_rows.size()) + " output rows into the pinned buffer of " +
+                         std::to_string(st.pinned_rows) + " rows");
+  const bool pinned = logits == nullptr;  // the rows stay in the pinned buffer (pinnedLogits)
+  if (pinned) logits = st.h_logits;
   MINFER_RETURN_IF_ERROR(st.dev->makeCurrent());
   st.sampled_row.reset();  // the logits buffer is about to be rewritten
   const size_t rows_bytes = tokens.size() * sizeof(int32_t);
@@ -378,7 +384,7 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
     MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyDtoHAsync(st.h_logits, st.buf[st.logits_buffer], row, s),
                                          "CUDA forwardRows: logits download"));
     MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows"));
-    std::memcpy(logits, st.h_logits, row);
+    if (!pinned) std::memcpy(logits, st.h_logits, row);
     return Status::ok();
   }
   // When some rows' logits are not wanted (prompt chunks) and the plan has a last-token tail, the tail runs
@@ -404,6 +410,8 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
   }
   return st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows");
 }
+
+const float* CudaSession::pinnedLogits() const { return s_->h_logits; }
 
 CudaSession::CudaSession(std::unique_ptr<State> state) : s_(std::move(state)) {}
 CudaSession::~CudaSession() = default;
@@ -596,8 +604,9 @@ class SessionBuilder {
 
   // kv_slots: positions of the KV cache per layer (n_ctx, or a paged session's pool); table_words > 0: a
   // paged session (its row positions and block tables are laid out too).
-  Status layout(int n_ctx, int64_t kv_slots, int block_size = 0, int table_words = 0) {
+  Status layout(int n_ctx, int64_t kv_slots, int block_size = 0, int table_words = 0, int pinned_rows = 1) {
     st_.paged = table_words > 0;
+    st_.pinned_rows = pinned_rows;
     st_.block_size = block_size;
     st_.kv_slots = kv_slots;
     st_.table_words = table_words;
@@ -658,7 +667,7 @@ class SessionBuilder {
     st_.argmax_out = base_ + argmax_offset_;
     const uint64_t paged_words = st_.paged ? static_cast<uint64_t>(st_.max_batch) + st_.table_words : 0;
     const uint64_t small = alignUp((static_cast<uint64_t>(st_.max_batch) + paged_words) * 4 + 64, 16);
-    const uint64_t row = alignUp(static_cast<uint64_t>(st_.n_vocab) * sizeof(float), 16);
+    const uint64_t row = alignUp(static_cast<uint64_t>(st_.n_vocab) * sizeof(float), 16) * st_.pinned_rows;
     Result<PinnedBuffer> pinned =
         be_.dev->allocPinned(small + row + (topk() ? sizeof(kern::TopKSlot) : 0), "CUDA session");
     if (!pinned) return pinned.takeStatus();
@@ -902,15 +911,17 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createPagedSession(const Paged
   if (!s_->paged)
     return Status::error(s_->artifact->path() + ": the artifact's prefill plan has no paged launches for every "
                          "positional step (Step.paged_launches, format 1.6): recompile it for batched sessions");
-  if (config.n_ctx < 1 || config.kv_slots < 0 || config.block_size < 1 || config.table_words < 1)
+  if (config.n_ctx < 1 || config.kv_slots < 0 || config.block_size < 1 || config.table_words < 1 || config.out_rows < 1)
     return Status::error("CUDA paged session: n_ctx " + std::to_string(config.n_ctx) + ", kv_slots " +
                          std::to_string(config.kv_slots) + ", block_size " + std::to_string(config.block_size) +
-                         ", table_words " + std::to_string(config.table_words) + ": need kv_slots ≥ 0, the rest ≥ 1");
+                         ", table_words " + std::to_string(config.table_words) + ", out_rows " +
+                         std::to_string(config.out_rows) + ": need kv_slots ≥ 0, the rest ≥ 1");
   auto st = std::make_unique<CudaSession::State>();
   st->be = s_.get();
   st->dev = s_->dev;
   SessionBuilder builder(*s_, *st);
-  MINFER_RETURN_IF_ERROR(builder.layout(config.n_ctx, config.kv_slots, config.block_size, config.table_words));
+  MINFER_RETURN_IF_ERROR(
+      builder.layout(config.n_ctx, config.kv_slots, config.block_size, config.table_words, config.out_rows));
   MINFER_RETURN_IF_ERROR(builder.allocate());
   builder.bind();
   MINFER_RETURN_IF_ERROR(builder.captureDecodeGraph());  // when the decode plan is bound (paged_decode)

@@ -79,7 +79,6 @@ Scheduler::Scheduler(BatchSession& session, Tokenizer tokenizer, const Scheduler
     : session_(session), tokenizer_(std::move(tokenizer)), options_(options), shared_(std::make_shared<Shared>()) {
   capacity_ = static_cast<int>(
       std::min<int64_t>(session_.contextLength(), int64_t{session_.totalBlocks()} * session_.blockSize()));
-  logits_.resize(static_cast<size_t>(std::max(1, session_.maxSequences())) * std::max(1, options_.n_vocab));
   shared_->metrics.kv_blocks_total = session_.totalBlocks();
   shared_->metrics.kv_blocks_used = session_.totalBlocks() - session_.freeBlocks();
 }
@@ -210,10 +209,12 @@ bool Scheduler::runOnce() {
   bool progressed = waiting_.size() + running_.size() != before;
   if (!chunks_.empty()) {
     progressed = true;
-    const std::span<float> rows(logits_.data(), chunks_.size() * static_cast<size_t>(options_.n_vocab));
-    if (Status s = session_.step(chunks_, rows); !s) {
-      for (Running* r : owners_) finish(*r, FinishReason::kError, "batch step failed: " + s.message());
+    // The rows stay where the session keeps them (its pinned buffer on the GPU) until the next step.
+    Result<std::span<const float>> rows = session_.step(chunks_);
+    if (!rows) {
+      for (Running* r : owners_) finish(*r, FinishReason::kError, "batch step failed: " + rows.status().message());
     } else {
+      logits_ = *rows;
       ++steps_;
       for (const BatchSession::Chunk& c : chunks_) evaluated_tokens_ += c.tokens.size();
       afterStep();
@@ -362,7 +363,7 @@ void Scheduler::afterStep() {
     if (r.done) continue;
     r.n_cached += static_cast<int>(chunks_[i].tokens.size());
     if (static_cast<size_t>(r.n_cached) != r.tokens.size()) continue;  // a prompt chunk before the last
-    const int32_t token = r.sampler->sample(std::span<const float>(logits_.data() + i * n_vocab, n_vocab));
+    const int32_t token = r.sampler->sample(logits_.subspan(i * n_vocab, n_vocab));
     acceptToken(r, token);
   }
 }

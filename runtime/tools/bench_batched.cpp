@@ -67,11 +67,8 @@ struct RunTokens {
 
 class BatchedRunner {
  public:
-  BatchedRunner(BatchSession& session, int n_vocab, int n_parallel)
-      : session_(session),
-        n_vocab_(n_vocab),
-        rows_(std::min(n_parallel, session.maxTokensPerStep())),
-        logits_(static_cast<size_t>(rows_) * n_vocab) {
+  BatchedRunner(BatchSession& session, int n_parallel)
+      : session_(session), rows_(std::min(n_parallel, session.maxTokensPerStep())) {
     chunks_.reserve(rows_);
   }
 
@@ -136,14 +133,15 @@ class BatchedRunner {
     return Status::ok();
   }
 
+  // One step, its logits left where the session keeps them (llama-batched-bench's llama_decode leaves them in
+  // its pinned output buffer too; neither reads them).
   Status step() {
-    return session_.step(chunks_, std::span<float>(logits_.data(), chunks_.size() * size_t(n_vocab_)));
+    Result<std::span<const float>> logits = session_.step(chunks_);
+    return logits ? Status::ok() : logits.takeStatus();
   }
 
   BatchSession& session_;
-  int n_vocab_;
-  int rows_;                                  // chunks per step at most
-  std::vector<float> logits_;                 // (rows_, n_vocab) of the last step
+  int rows_;  // chunks per step at most
   std::vector<BatchSession::Chunk> chunks_;
 };
 
@@ -177,7 +175,7 @@ Result<std::vector<BatchedResult>> runBatchedBench(const Model& model, const Bat
                            std::to_string(max_gen) + " = " + std::to_string(batch.n_ctx) +
                            " positions per sequence): " + session.status().message());
     batched_kernels = (*session)->batchedKernels();
-    BatchedRunner runner(**session, n_vocab, n_parallel);
+    BatchedRunner runner(**session, n_parallel);
     for (int n_prompt : options.prompts)
       for (int n_gen : options.gens) {
         BatchedResult r{.n_prompt = n_prompt, .n_gen = n_gen, .n_parallel = n_parallel};

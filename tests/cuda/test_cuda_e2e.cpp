@@ -805,7 +805,8 @@ struct BatchEvent {
 // may get its sequence id and, through the free stack, its blocks).
 using BatchPlan = std::vector<std::vector<std::pair<int, int>>>;
 
-// Steps `b` through `plan`; returns each slot's events. A slot opens at its first chunk.
+// Steps `b` through `plan`; returns each slot's events. A slot opens at its first chunk. Odd steps take
+// step(chunks), the logits where the session keeps them, even steps step(chunks, logits).
 std::vector<std::vector<BatchEvent>> runBatchScript(BatchSession& b, int n_vocab, const BatchPlan& plan, int slots) {
   std::mt19937 rng(20261130);
   std::vector<int> id(static_cast<size_t>(slots), -1);
@@ -839,9 +840,17 @@ std::vector<std::vector<BatchEvent>> runBatchScript(BatchSession& b, int n_vocab
     }
     std::vector<BatchSession::Chunk> chunks;
     for (size_t i = 0; i < tokens.size(); ++i) chunks.push_back({id[static_cast<size_t>(slot_of[i])], tokens[i]});
+    // Odd steps take the in-place form (the rows in the session's pinned buffer, step(chunks)), even steps copy.
     std::vector<float> logits(chunks.size() * static_cast<size_t>(n_vocab), NAN);
-    const Status st = b.step(chunks, logits);
-    REQUIRE_MESSAGE(st.isOk(), st.message());
+    if (si % 2 == 1) {
+      Result<std::span<const float>> rows = b.step(chunks);
+      REQUIRE_MESSAGE(rows.isOk(), rows.status().message());
+      REQUIRE(rows->size() == logits.size());
+      std::copy(rows->begin(), rows->end(), logits.begin());
+    } else {
+      const Status st = b.step(chunks, logits);
+      REQUIRE_MESSAGE(st.isOk(), st.message());
+    }
     for (size_t i = 0; i < chunks.size(); ++i) {
       const float* row = logits.data() + i * n_vocab;
       events[static_cast<size_t>(slot_of[i])].push_back({tokens[i], std::vector<float>(row, row + n_vocab), 0});

@@ -43,6 +43,12 @@ class FakeBatchSession final : public BatchSession {
   Status closeSequence(int seq) override;
   Status truncate(int seq, int pos) override;
   Status step(std::span<const Chunk> chunks, std::span<float> logits) override;
+  // The copying step into a buffer of its own.
+  Result<std::span<const float>> step(std::span<const Chunk> chunks) override {
+    rows_.resize(chunks.size() * static_cast<size_t>(config_.n_vocab));
+    MINFER_RETURN_IF_ERROR(step(chunks, std::span<float>(rows_)));
+    return std::span<const float>(rows_);
+  }
   int length(int seq) const override;
   bool isOpen(int seq) const override;
   int openSequences() const override;
@@ -66,6 +72,7 @@ class FakeBatchSession final : public BatchSession {
   Config config_;
   std::vector<Seq> seqs_;
   int free_ = 0;
+  std::vector<float> rows_;  // step(chunks)'s logits
 };
 
 }  // namespace minfer::test

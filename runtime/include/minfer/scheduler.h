@@ -172,7 +172,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Running>> running_;  // arrival order
   std::vector<BatchSession::Chunk> chunks_;        // the step being packed
   std::vector<Running*> owners_;                   // (chunks_.size()) the request of each chunk
-  std::vector<float> logits_;                      // (maxSequences, n_vocab) rows of one step
+  std::span<const float> logits_;  // the last step's rows (chunks, n_vocab), where the session keeps them
   struct Final {                                   // a final event held until the metrics are published
     RequestCallback callback;
     std::string text, error;
