@@ -25,8 +25,8 @@
 //   launch: pagedKvStoreLaunchRule(), one thread per element.
 // attn_paged (PA_ATTN): out[t, j] = softmax_i(q[t, j]·K[i, g]·scale)·V[i, g] over i = lo..pos[t] of row t's
 //   sequence (lo = 0, or pos[t] − ATT_WINDOW + 1 with a window; soft-cap as ATT_SOFTCAP), the definitions and
-//   helpers of attention.cuh (qkScale, capScore, windowStart). One block per (row t, kv head g): its 4 warps
-//   take keys lo + w, lo + w + 4, … two at a time (two independent load/reduce chains), lanes over the
+//   helpers of attention.cuh (qkScale, capScore, windowStart). One block per (row t, kv head g): its W warps
+//   (pagedAttnWarps: 8, or 4 for wide groups) take keys lo + w, lo + w + W, … two at a time (two independent load/reduce chains), lanes over the
 //   dimensions, for all kGroup query heads of g at once (each K/V row read once per group: GQA), an online
 //   softmax per warp, then the warps' partials merge through shared memory. Cost: row t reads
 //   (pos[t] + 1)·2·HEAD_DIM f16 per kv head; no tensor cores (a straightforward first form: decode rows
@@ -38,8 +38,8 @@
 //   With PA_Q8 = 1 (the decode plan's QuantizeAct of the output fused in, as attention.cuh's ATT_Q8; HEAD_DIM
 //   % 32 == 0): minfer_attn_paged(q, kc, vc, out, int8_t* qs, Q8Meta* meta, pos, tables, block_size, n_tokens)
 //   also writes out's q8 form (quantize_act.cuh's definition bit for bit; qs row t at t·NHEAD·HEAD_DIM).
-//   launch: pagedAttnLaunchRule(): grid (n_tokens, NHEAD_KV), 128 threads, static shared memory
-//   4·kGroup·(HEAD_DIM + 2) floats.
+//   launch: pagedAttnLaunchRule(): grid (n_tokens, NHEAD_KV), 32·W threads, static shared memory
+//   W·kGroup·(HEAD_DIM + 2) floats.
 #pragma once
 
 #include "kernels/attention.cuh"
@@ -47,23 +47,32 @@
 
 namespace minfer::kern {
 
-constexpr unsigned kPagedAttnWarps = 4;
+// Warps of attn_paged's block: 8 where their partials fit its 48 KiB of static shared memory (at 32 decode rows of
+// the 7B, 4 warps took 40.8 µs per layer on the H200: each warp's keys are one serial chain), else 4.
+constexpr unsigned kPagedAttnMaxWarps = 8, kPagedAttnMinWarps = 4;
+MINFER_HD constexpr unsigned pagedAttnPartialBytes(unsigned warps, unsigned group, unsigned head_dim) {
+  return 4u * warps * group * (head_dim + 2);
+}
+MINFER_HD constexpr unsigned pagedAttnWarps(unsigned n_head, unsigned n_head_kv, unsigned head_dim) {
+  return pagedAttnPartialBytes(kPagedAttnMaxWarps, n_head / n_head_kv, head_dim) <= 48u * 1024u ? kPagedAttnMaxWarps
+                                                                                                   : kPagedAttnMinWarps;
+}
 
 MINFER_HD LaunchRule pagedKvStoreLaunchRule(unsigned n_head_kv, unsigned head_dim) {
   return kvStoreLaunchRule(n_head_kv, head_dim);  // same element-per-thread shape as kv_store
 }
 
-MINFER_HD LaunchRule pagedAttnLaunchRule(unsigned n_head_kv) {
+MINFER_HD LaunchRule pagedAttnLaunchRule(unsigned n_head, unsigned n_head_kv, unsigned head_dim) {
   LaunchRule r;
   r.grid[0] = perToken(1);
   r.grid[1] = fixedExtent(n_head_kv);
-  r.block.x = 32 * kPagedAttnWarps;
+  r.block.x = 32 * pagedAttnWarps(n_head, n_head_kv, head_dim);
   return r;
 }
 
 // Static shared memory of attn_paged in bytes (the per-warp partials); ≤ 48 KiB for the kernel to compile.
 MINFER_HD constexpr unsigned pagedAttnSmemBytes(unsigned n_head, unsigned n_head_kv, unsigned head_dim) {
-  return 4u * kPagedAttnWarps * (n_head / n_head_kv) * (head_dim + 2);
+  return pagedAttnPartialBytes(pagedAttnWarps(n_head, n_head_kv, head_dim), n_head / n_head_kv, head_dim);
 }
 
 }  // namespace minfer::kern
@@ -137,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kKvStoreThreads)
 #ifndef PA_Q8
 #define PA_Q8 0
 #endif
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kPagedAttnWarps)
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::pagedAttnWarps(ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM))
     minfer_attn_paged(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
                       float* __restrict__ out,
 #if PA_Q8
@@ -147,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kPagedAttnWarps)
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
-  constexpr int kW = kPagedAttnWarps;
+  constexpr int kW = static_cast<int>(pagedAttnWarps(ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM));
   __shared__ float wm[kW][kGroup], wl[kW][kGroup];
   __shared__ float wo[kW][kGroup][kD];
 

@@ -141,6 +141,21 @@ void BatchSessionBase::layoutRows(std::span<const Chunk> chunks, BatchRows& out)
   }
 }
 
+template <class Evaluate>
+Status BatchSessionBase::execute(std::span<const Chunk> chunks, const Evaluate& evaluate) {
+  for (const Chunk& c : chunks) {
+    const bool grown = blocks_.grow(c.seq, int64_t{lengths_[static_cast<size_t>(c.seq)]} + int64_t(c.tokens.size()));
+    (void)grown;  // check() counted the blocks of every chunk against freeBlocks()
+  }
+  Status st = evaluate();
+  if (!st) {  // give the new blocks back, last taken first: the free stack is as before
+    for (size_t i = chunks.size(); i-- > 0;) blocks_.shrink(chunks[i].seq, lengths_[static_cast<size_t>(chunks[i].seq)]);
+    return st;
+  }
+  for (const Chunk& c : chunks) lengths_[static_cast<size_t>(c.seq)] += static_cast<int>(c.tokens.size());
+  return Status::ok();
+}
+
 Status BatchSessionBase::step(std::span<const Chunk> chunks, std::span<float> logits) {
   MINFER_RETURN_IF_ERROR(check(chunks));
   if (logits.size() != chunks.size() * static_cast<size_t>(config_.n_vocab))
@@ -159,20 +174,6 @@ Result<std::span<const float>> BatchSessionBase::step(std::span<const Chunk> chu
     return Status::ok();
   }));
   return rows;
-}
-
-Status BatchSessionBase::execute(std::span<const Chunk> chunks, const std::function<Status()>& evaluate) {
-  for (const Chunk& c : chunks) {
-    const bool grown = blocks_.grow(c.seq, int64_t{lengths_[static_cast<size_t>(c.seq)]} + int64_t(c.tokens.size()));
-    (void)grown;  // check() counted the blocks of every chunk against freeBlocks()
-  }
-  Status st = evaluate();
-  if (!st) {  // give the new blocks back, last taken first: the free stack is as before
-    for (size_t i = chunks.size(); i-- > 0;) blocks_.shrink(chunks[i].seq, lengths_[static_cast<size_t>(chunks[i].seq)]);
-    return st;
-  }
-  for (const Chunk& c : chunks) lengths_[static_cast<size_t>(c.seq)] += static_cast<int>(c.tokens.size());
-  return Status::ok();
 }
 
 Result<std::span<const float>> BatchSessionBase::runInPlace(std::span<const Chunk> chunks) {

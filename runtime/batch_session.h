@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -81,7 +80,8 @@ class BatchSessionBase : public BatchSession {
   // error the base rolls the blocks back and the lengths stay.
   virtual Status run(std::span<const Chunk> chunks, std::span<float> logits) = 0;
   // The same for step(chunks): the logits rows where this session keeps them (chunks.size() × n_vocab, valid until
-  // the next step). By default run() into a buffer of the base's, grown to the rows of the largest such step.
+  // the next step of either form). By default run() into a buffer of the base's, grown to the rows of the largest
+  // such step.
   virtual Result<std::span<const float>> runInPlace(std::span<const Chunk> chunks);
   const KvBlockAllocator& blocks() const { return blocks_; }
   const BatchConfig& config() const { return config_; }
@@ -91,8 +91,10 @@ class BatchSessionBase : public BatchSession {
  private:
   // Every error of a step but the logits' size: chunks, sequences, tokens, context, blocks.
   Status check(std::span<const Chunk> chunks);
-  // Grows the chunks' block tables, runs `evaluate`, then advances the lengths; on its error the blocks go back.
-  Status execute(std::span<const Chunk> chunks, const std::function<Status()>& evaluate);
+  // Grows the chunks' block tables, runs `evaluate` (a callable returning Status), then advances the lengths; on
+  // its error the blocks go back. A template, so that a step allocates nothing.
+  template <class Evaluate>
+  Status execute(std::span<const Chunk> chunks, const Evaluate& evaluate);
   Status badSequence(const char* what, int seq) const;
 
   BatchConfig config_;

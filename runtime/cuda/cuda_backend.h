@@ -105,10 +105,11 @@ class CudaSession final : public BackendSession {
   // maxBatch(), positions.size() == rows, rows ≤ tables.size() ≤ the session's table_words, and tables that
   // cover every row's position with blocks inside the pool; each is checked before anything is uploaded and
   // a violation is an error naming the row, the value and the bound. logits null: the rows go to the session's
-  // pinned buffer instead (pinnedLogits; at most the PagedSessionConfig's out_rows rows, else an error).
+  // pinned buffer instead (pinnedLogits; at most the PagedSessionConfig's pinned_rows rows, else an error).
   Status forwardRows(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                      std::span<const int32_t> tables, std::span<const int> out_rows, float* logits);
-  // The pinned host rows forwardRows(…, nullptr) left (n_vocab floats each; valid until the next forward).
+  // The pinned host rows forwardRows(…, nullptr) left: (out_rows.size(), n_vocab) f32, row i the logits of row
+  // out_rows[i]; valid until the next forward of this session.
   const float* pinnedLogits() const;
 
   // Device sampling (runtime/backend.h): the artifact's argmax (1.1) and top-k (1.9, kernels/topk.cuh)
@@ -151,7 +152,7 @@ class CudaBackend final : public Backend {
     int64_t kv_slots = 0; // KV pool slots per layer (n_blocks · block_size)
     int block_size = 0;   // positions per block
     int table_words = 0;  // int32 words of the largest `tables` argument of forwardRows
-    int out_rows = 1;     // logits rows the pinned buffer holds (forwardRows with null logits), ≥ 1
+    int pinned_rows = 1;  // logits rows the pinned buffer holds (forwardRows with null logits), ≥ 1
   };
   // Errors: no paged launches in the artifact, out of device memory.
   Result<std::unique_ptr<CudaSession>> createPagedSession(const PagedSessionConfig& config) const;

@@ -6,7 +6,8 @@
 // KV pool of n_blocks·block_size slots per attention layer, device arrays for the row positions and block
 // tables) and host arrays of the same sizes (BatchRows). step() lays the chunks out as rows with their
 // positions and block tables (BatchSessionBase::layoutRows; BatchSessionBase grew the tables before run())
-// and asks forwardRows for the logits of each chunk's last row; it allocates nothing. The matmuls are the
+// and asks forwardRows for the logits of each chunk's last row, into the caller's memory (step(chunks, logits)) or
+// left in the session's pinned buffer of min(n_seq_max, max_tokens) rows (step(chunks)); it allocates nothing. The matmuls are the
 // prefill plan's: its small-batch kernels for a step of 2 … Step.small_rows rows (format 1.7,
 // the batched GEMV on the GGUF blocks of Q4_K / Q6_K weights (kernels/gemv_blocks.cuh GEMVB_BATCH): up to 8 rows;
 // kernels/gemm_small.cuh for the other quantized types: up to 64 rows, 16 beside Hopper f16 planes), its batched
@@ -28,27 +29,24 @@ class CudaBatchSession final : public BatchSessionBase {
   bool batchedKernels() const override { return true; }
 
  protected:
-  Status run(std::span<const Chunk> chunks, std::span<float> logits) override {
-    layoutRows(chunks, rows_);
-    const size_t n = static_cast<size_t>(rows_.rows);
-    return session_->forwardRows(std::span<const int32_t>(rows_.ids.data(), n),
-                                 std::span<const int32_t>(rows_.pos.data(), n),
-                                 std::span<const int32_t>(rows_.tables.data(), rows_.words), rows_.out_rows,
-                                 logits.data());
-  }
+  Status run(std::span<const Chunk> chunks, std::span<float> logits) override { return forward(chunks, logits.data()); }
   // The rows left in the session's pinned buffer (forwardRows with null logits; it holds min(n_seq_max,
   // max_tokens) rows, the most chunks a step can have).
   Result<std::span<const float>> runInPlace(std::span<const Chunk> chunks) override {
-    layoutRows(chunks, rows_);
-    const size_t n = static_cast<size_t>(rows_.rows);
-    MINFER_RETURN_IF_ERROR(session_->forwardRows(std::span<const int32_t>(rows_.ids.data(), n),
-                                                 std::span<const int32_t>(rows_.pos.data(), n),
-                                                 std::span<const int32_t>(rows_.tables.data(), rows_.words),
-                                                 rows_.out_rows, nullptr));
+    MINFER_RETURN_IF_ERROR(forward(chunks, nullptr));
     return std::span<const float>(session_->pinnedLogits(), chunks.size() * static_cast<size_t>(config().n_vocab));
   }
 
  private:
+  // The chunks as rows, one forward pass; logits as forwardRows takes them (null: the pinned buffer).
+  Status forward(std::span<const Chunk> chunks, float* logits) {
+    layoutRows(chunks, rows_);
+    const size_t n = static_cast<size_t>(rows_.rows);
+    return session_->forwardRows(std::span<const int32_t>(rows_.ids.data(), n),
+                                 std::span<const int32_t>(rows_.pos.data(), n),
+                                 std::span<const int32_t>(rows_.tables.data(), rows_.words), rows_.out_rows, logits);
+  }
+
   std::unique_ptr<CudaSession> session_;
   BatchRows rows_;  // the step's rows, refilled by every run()
 };
@@ -66,7 +64,7 @@ Result<std::unique_ptr<BatchSession>> CudaBackend::createBatchSession(const Batc
        .kv_slots = int64_t{config.n_blocks} * config.block_size,
        .block_size = config.block_size,
        .table_words = static_cast<int>(words),
-       .out_rows = std::min(config.n_seq_max, config.max_tokens)});
+       .pinned_rows = std::min(config.n_seq_max, config.max_tokens)});
   if (!session) return session.takeStatus().withContext("CUDA batch session: ");
   return std::unique_ptr<BatchSession>(std::make_unique<CudaBatchSession>(config, std::move(*session)));
 }

@@ -43,7 +43,7 @@ struct CudaSession::State {
   // likewise (and its graph) when every positional decode step has paged launches (CudaBackend paged_decode).
   bool paged = false;
   int block_size = 0, table_words = 0;
-  int pinned_rows = 1;  // logits rows at h_logits (a paged session's PagedSessionConfig::out_rows)
+  int pinned_rows = 1;  // logits rows at h_logits (a paged session's PagedSessionConfig::pinned_rows)
   int64_t kv_slots = 0;                     // slots of the pool per layer (kv_slots / block_size blocks)
   CUdeviceptr row_pos = 0, tables = 0;      // (max_batch) int32; (table_words) int32 (schema BlockTables)
   int32_t* h_row_pos = nullptr;             // pinned mirrors of the two
@@ -357,7 +357,7 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
   if (out_rows.empty()) return Status::error("CUDA forwardRows: no output rows");
   if (!logits && out_rows.size() > static_cast<size_t>(st.pinned_rows))
     return Status::error("CUDA forwardRows: " + std::to_string(out_rows.size()) + " output rows into the pinned buffer of " +
-                         std::to_string(st.pinned_rows) + " rows");
+                         std::to_string(st.pinned_rows) + " rows (PagedSessionConfig::pinned_rows)");
   const bool pinned = logits == nullptr;  // the rows stay in the pinned buffer (pinnedLogits)
   if (pinned) logits = st.h_logits;
   MINFER_RETURN_IF_ERROR(st.dev->makeCurrent());
@@ -911,17 +911,17 @@ Result<std::unique_ptr<CudaSession>> CudaBackend::createPagedSession(const Paged
   if (!s_->paged)
     return Status::error(s_->artifact->path() + ": the artifact's prefill plan has no paged launches for every "
                          "positional step (Step.paged_launches, format 1.6): recompile it for batched sessions");
-  if (config.n_ctx < 1 || config.kv_slots < 0 || config.block_size < 1 || config.table_words < 1 || config.out_rows < 1)
+  if (config.n_ctx < 1 || config.kv_slots < 0 || config.block_size < 1 || config.table_words < 1 || config.pinned_rows < 1)
     return Status::error("CUDA paged session: n_ctx " + std::to_string(config.n_ctx) + ", kv_slots " +
                          std::to_string(config.kv_slots) + ", block_size " + std::to_string(config.block_size) +
-                         ", table_words " + std::to_string(config.table_words) + ", out_rows " +
-                         std::to_string(config.out_rows) + ": need kv_slots ≥ 0, the rest ≥ 1");
+                         ", table_words " + std::to_string(config.table_words) + ", pinned_rows " +
+                         std::to_string(config.pinned_rows) + ": need kv_slots ≥ 0, the rest ≥ 1");
   auto st = std::make_unique<CudaSession::State>();
   st->be = s_.get();
   st->dev = s_->dev;
   SessionBuilder builder(*s_, *st);
   MINFER_RETURN_IF_ERROR(
-      builder.layout(config.n_ctx, config.kv_slots, config.block_size, config.table_words, config.out_rows));
+      builder.layout(config.n_ctx, config.kv_slots, config.block_size, config.table_words, config.pinned_rows));
   MINFER_RETURN_IF_ERROR(builder.allocate());
   builder.bind();
   MINFER_RETURN_IF_ERROR(builder.captureDecodeGraph());  // when the decode plan is bound (paged_decode)

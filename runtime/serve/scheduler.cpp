@@ -211,13 +211,16 @@ bool Scheduler::runOnce() {
     progressed = true;
     // The rows stay where the session keeps them (its pinned buffer on the GPU) until the next step.
     Result<std::span<const float>> rows = session_.step(chunks_);
+    const size_t want = chunks_.size() * static_cast<size_t>(options_.n_vocab);
+    if (rows && rows->size() != want)
+      rows = Status::error("the step gave " + std::to_string(rows->size()) + " logits, expected " +
+                           std::to_string(chunks_.size()) + " chunks x n_vocab " + std::to_string(options_.n_vocab));
     if (!rows) {
       for (Running* r : owners_) finish(*r, FinishReason::kError, "batch step failed: " + rows.status().message());
     } else {
-      logits_ = *rows;
       ++steps_;
       for (const BatchSession::Chunk& c : chunks_) evaluated_tokens_ += c.tokens.size();
-      afterStep();
+      afterStep(*rows);
     }
   }
   std::erase_if(running_, [](const std::unique_ptr<Running>& r) { return r->done; });
@@ -356,14 +359,14 @@ void Scheduler::preempt(Running& r) {
   ++preemptions_;
 }
 
-void Scheduler::afterStep() {
+void Scheduler::afterStep(std::span<const float> logits) {
   const size_t n_vocab = static_cast<size_t>(options_.n_vocab);
   for (size_t i = 0; i < owners_.size(); ++i) {
     Running& r = *owners_[i];
     if (r.done) continue;
     r.n_cached += static_cast<int>(chunks_[i].tokens.size());
     if (static_cast<size_t>(r.n_cached) != r.tokens.size()) continue;  // a prompt chunk before the last
-    const int32_t token = r.sampler->sample(logits_.subspan(i * n_vocab, n_vocab));
+    const int32_t token = r.sampler->sample(logits.subspan(i * n_vocab, n_vocab));
     acceptToken(r, token);
   }
 }

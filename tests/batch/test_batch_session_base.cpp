@@ -59,7 +59,7 @@ TEST_CASE("run() sees the lengths before the step and tables covering the new po
   CHECK(b.freeBlocks() == 5);
 }
 
-TEST_CASE("a failed run() changes nothing: lengths, tables, free blocks, and the blocks the next step takes") {
+TEST_CASE("a failed run() changes nothing, in both step forms: lengths, tables, free blocks, and the blocks the next step takes") {
   RecordingBatch b(kConfig);
   const int s0 = *b.openSequence(), s1 = *b.openSequence(), s2 = *b.openSequence();
   const std::vector<int32_t> five = {1, 2, 3, 4, 0}, nine = {0, 1, 2, 3, 4, 0, 1, 2, 3};
@@ -79,6 +79,18 @@ TEST_CASE("a failed run() changes nothing: lengths, tables, free blocks, and the
   CHECK(attempted[0].size() == 3);  // 9 positions
   CHECK(attempted[1].size() == 2);  // 3 + 5
   CHECK(attempted[2].size() == 2);  // 5 + 1
+  CHECK(b.length(s0) == 3);
+  CHECK(b.length(s1) == 0);
+  CHECK(b.length(s2) == 5);
+  CHECK(b.table(s0) == t0);
+  CHECK(b.table(s1) == t1);
+  CHECK(b.table(s2) == t2);
+  CHECK(b.freeBlocks() == free);
+  // The in-place form (step(chunks): the default runInPlace runs run()) fails and rolls back alike.
+  Result<std::span<const float>> in_place = b.step(chunks);
+  REQUIRE_FALSE(in_place.isOk());
+  REQUIRE(in_place.status().message() == "injected failure");
+  CHECK(b.tables_seen == attempted);
   CHECK(b.length(s0) == 3);
   CHECK(b.length(s1) == 0);
   CHECK(b.length(s2) == 5);

@@ -347,7 +347,8 @@ TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and de
   struct Heads {
     int h, hkv, d;
   };
-  // GQA groups 1, 3, 4 and 5; head sizes for every loader form: 32, 64, 128, 256 (contiguous vector loads),
+  // GQA groups 1, 3, 4, 5 and 8; blocks of 8 warps, and of 4 for 8 heads of 256 (pagedAttnWarps: their partials
+  // would not fit in 8 warps' shared memory); head sizes for every loader form: 32, 64, 128, 256 (contiguous vector loads),
   // 96 (contiguous 2-byte loads), 36 and 80 (strided lanes); with one case each of a query scale + soft-cap,
   // a sliding window, and q as a column view of wider rows.
   struct Case {
@@ -357,7 +358,7 @@ TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and de
     int q_extra = 0;  // floats of other columns after q in each row (ATT_Q_PITCH = h·d + q_extra)
   };
   const Case cases[] = {{{6, 2, 32}}, {{6, 2, 36}}, {{8, 2, 64}}, {{4, 4, 80}}, {{6, 2, 96}},
-                        {{32, 8, 128}}, {{5, 1, 256}}, {{6, 2, 64}, 0.0625f, 3.0f, 0, 0}, {{6, 2, 64}, 0, 0, 7, 0},
+                        {{32, 8, 128}}, {{5, 1, 256}}, {{16, 2, 256}}, {{6, 2, 64}, 0.0625f, 3.0f, 0, 0}, {{6, 2, 64}, 0, 0, 7, 0},
                         {{6, 2, 80}, 0, 0, 40, 0}, {{6, 2, 64}, 0, 0, 0, 2 * 2 * 64}};
   for (const Case& c : cases) {
     const int h = c.heads.h, hkv = c.heads.hkv, d = c.heads.d, kvw = hkv * d, q_pitch = h * d + c.q_extra;
@@ -423,7 +424,7 @@ TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and de
       CUdeviceptr a = d_k.ptr(), b = d_v.ptr(), kp = kc.ptr(), vp = vc.ptr(), p = d_pos.ptr(), t = d_tab.ptr();
       CUdeviceptr qp = d_q.ptr(), o = out.ptr();
       launch(k[0], kern::pagedKvStoreLaunchRule(hkv, d).at(n), {&a, &b, &kp, &vp, &p, &t, &bs, &n});
-      launch(k[1], kern::pagedAttnLaunchRule(hkv).at(n), {&qp, &kp, &vp, &o, &p, &t, &bs, &n});
+      launch(k[1], kern::pagedAttnLaunchRule(h, hkv, d).at(n), {&qp, &kp, &vp, &o, &p, &t, &bs, &n});
       std::vector<float> kround(kk.size()), vround(vv.size());
       for (size_t i = 0; i < kk.size(); ++i) kround[i] = roundHalf(kk[i]), vround[i] = roundHalf(vv[i]);
       cpu::kvStore(layer, kround.data(), vround.data(), n, st.kvRows());
@@ -461,7 +462,7 @@ TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and de
         qs.poison();
         meta.poison();
         CUdeviceptr o8 = out8.ptr(), pq = qs.ptr(), pm = meta.ptr();
-        launch(k[2], kern::pagedAttnLaunchRule(hkv).at(n), {&qp, &kp, &vp, &o8, &pq, &pm, &p, &t, &bs, &n});
+        launch(k[2], kern::pagedAttnLaunchRule(h, hkv, d).at(n), {&qp, &kp, &vp, &o8, &pq, &pm, &p, &t, &bs, &n});
         checkFusedQ8(out, out8, qs, meta, n, w);
       }
     }

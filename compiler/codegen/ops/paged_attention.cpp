@@ -81,7 +81,7 @@ Launches pagedAttention(const StepContext& c, const StepContext* quant) {
                      pagedCacheArg(fb::ArgKind::KCache, "kc", layer, kv_width, fb::Access::Read),
                      pagedCacheArg(fb::ArgKind::VCache, "vc", layer, kv_width, fb::Access::Read),
                      activationArg("out", c.outputId(0), qv.width, fb::Access::Write)},
-                    kern::pagedAttnLaunchRule(hkv)};
+                    kern::pagedAttnLaunchRule(h, hkv, d)};
   if (quant) pushQ8Args(attn.args, "qs", "meta", quant->outputId(0), qv.width, fb::Access::Write);
   attn.args.insert(attn.args.end(), {pos, tables, bs, ntok});
   launches.push_back(std::move(attn));

@@ -10,8 +10,8 @@
 //
 // Phases (STYLE.md): Model::createBatchSession allocates everything (activations for the token budget,
 // the block pool, block tables, scratch); openSequence/closeSequence/truncate only move block ids
-// between lists; step() executes and allocates nothing (but step(chunks) on a backend without a logits buffer
-// of its own, which grows the session's copy at the first step that needs more rows).
+// between lists; step() executes and allocates nothing, except that step(chunks) on a backend without a logits
+// buffer of its own (the CPU) grows the session's copy at the first step that needs more rows.
 //
 // Units: token ids int32 in [0, n_vocab); positions count a sequence's tokens from 0; logits float32
 // rows of n_vocab. Errors are Status/Result with messages naming the sequence, the field and the
@@ -76,8 +76,9 @@ class BatchSession {
   // The same step with the logits left where the backend put them instead of copied into the caller's memory (the
   // CUDA backend: its pinned host buffer, as llama.cpp's llama_get_logits; a step of 32 rows of a 152,064-token
   // vocabulary is 19.5 MB): chunks.size() × n_vocab floats, row i = the logits after the last token of chunk i,
-  // valid until the next step of this session. Backends without such a buffer copy into one the session keeps
-  // (grown at the first step that needs more rows). Errors: as step(chunks, logits), less the logits' size.
+  // valid until the next call of either step form on this session (a failed one included). Backends without such a
+  // buffer copy into one the session keeps (grown at the first step that needs more rows). Errors: as
+  // step(chunks, logits), less the logits' size.
   virtual Result<std::span<const float>> step(std::span<const Chunk> chunks) = 0;
 
   virtual int length(int seq) const = 0;                  // positions held by an open sequence (0 if not open)

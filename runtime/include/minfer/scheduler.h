@@ -153,7 +153,7 @@ class Scheduler {
   void packStep();
   void preempt(Running& r);
   void finish(Running& r, FinishReason reason, std::string_view error = {});
-  void afterStep();
+  void afterStep(std::span<const float> logits);  // the step's rows (chunks, n_vocab)
   void acceptToken(Running& r, int32_t token);
   void publishMetrics();
   void deliverFinals();
@@ -172,7 +172,6 @@ class Scheduler {
   std::vector<std::unique_ptr<Running>> running_;  // arrival order
   std::vector<BatchSession::Chunk> chunks_;        // the step being packed
   std::vector<Running*> owners_;                   // (chunks_.size()) the request of each chunk
-  std::span<const float> logits_;  // the last step's rows (chunks, n_vocab), where the session keeps them
   struct Final {                                   // a final event held until the metrics are published
     RequestCallback callback;
     std::string text, error;
