@@ -79,25 +79,22 @@ TEST_CASE("a failed run() changes nothing, in both step forms: lengths, tables, 
   CHECK(attempted[0].size() == 3);  // 9 positions
   CHECK(attempted[1].size() == 2);  // 3 + 5
   CHECK(attempted[2].size() == 2);  // 5 + 1
-  CHECK(b.length(s0) == 3);
-  CHECK(b.length(s1) == 0);
-  CHECK(b.length(s2) == 5);
-  CHECK(b.table(s0) == t0);
-  CHECK(b.table(s1) == t1);
-  CHECK(b.table(s2) == t2);
-  CHECK(b.freeBlocks() == free);
+  const auto unchanged = [&] {
+    CHECK(b.length(s0) == 3);
+    CHECK(b.length(s1) == 0);
+    CHECK(b.length(s2) == 5);
+    CHECK(b.table(s0) == t0);
+    CHECK(b.table(s1) == t1);
+    CHECK(b.table(s2) == t2);
+    CHECK(b.freeBlocks() == free);
+  };
+  unchanged();
   // The in-place form (step(chunks): the default runInPlace runs run()) fails and rolls back alike.
   Result<std::span<const float>> in_place = b.step(chunks);
   REQUIRE_FALSE(in_place.isOk());
   REQUIRE(in_place.status().message() == "injected failure");
   CHECK(b.tables_seen == attempted);
-  CHECK(b.length(s0) == 3);
-  CHECK(b.length(s1) == 0);
-  CHECK(b.length(s2) == 5);
-  CHECK(b.table(s0) == t0);
-  CHECK(b.table(s1) == t1);
-  CHECK(b.table(s2) == t2);
-  CHECK(b.freeBlocks() == free);
+  unchanged();
 
   b.fail = false;
   REQUIRE(b.step(chunks, three).isOk());
