@@ -37,7 +37,8 @@ struct CudaBackendOptions {
   // Launch the decode plan's records marked `overlap` with programmatic dependent launch on sm_90+ GPUs:
   // a kernel's launch and prologue (e.g. a GEMV's weight prefetch) overlap the previous kernel's tail.
   // Measured on an H200 (7B Q4_K_M, BENCHMARKS.md): decode +11%; the prefill of 128 tokens −6% with it
-  // (pp512 unchanged), so prefill launches without it.
+  // (pp512 unchanged), so prefill launches without it, except a paged session's steps of at most 64 rows
+  // (batched decode: +3 … +10% at 8 … 64 sequences).
   bool overlap_launches = true;
   // Check every data segment's XXH64: planes while they are staged for upload, kernel images before
   // cuModuleLoadData, the images not loaded at the end. Error names segment, tensor/kernel, hashes.

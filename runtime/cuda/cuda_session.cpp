@@ -67,7 +67,10 @@ struct CudaSession::State {
   // Programmatic dependent launch for records marked `overlap` (sm_90+ GPUs, CudaBackendOptions), in the
   // decode plan only (see CudaBackendOptions::overlap_launches).
   bool overlap = false;
-  bool decoding = false;  // runPlan is launching the decode plan
+  // This call's launches may overlap: the decode plan's, and a paged session's steps of at most kOverlapRows rows
+  // (batched decode; longer prompt chunks launch without, as single-sequence prefill does).
+  bool overlapping = false;
+  static constexpr unsigned kOverlapRows = 64;
   uint64_t allocated = 0, kv_bytes = 0;
   KvRingTracker rings;    // what the sliding-window layers' ring caches (schema Step.kv_ring) still hold
   // Profiling: one event pair per plan step, accumulated milliseconds and calls.
@@ -105,7 +108,7 @@ struct CudaSession::State {
     for (int i = 0; i < l.n_args; ++i) argp[i] = &args[i];
     const kern::LaunchShape s = l.rule.at(n_tokens);
     CUresult r;
-    if (overlap && decoding && l.overlap && !profiling) {
+    if (overlap && overlapping && l.overlap && !profiling) {
       // The kernel may start while the previous one of the stream runs; it waits for it itself
       // (kernels/common.cuh overlapPrologue). Under stream capture this becomes a programmatic edge.
       CUlaunchAttribute attr = {};
@@ -132,7 +135,7 @@ struct CudaSession::State {
     std::vector<Launch>& ls = prefill ? this->prefill : decode;
     std::vector<Event>& ev = prefill ? ev_prefill : ev_decode;
     const size_t tail_begin = prefill && last_only && n > 1 ? tail : ls.size();
-    decoding = !prefill;
+    overlapping = !prefill || (paged && n <= kOverlapRows);
     std::fill(fresh.begin(), fresh.end(), false);
     int current = -1;
     for (size_t i = 0; i < ls.size(); ++i) {
@@ -154,9 +157,9 @@ struct CudaSession::State {
     return Status::ok();
   }
 
-  // Prefill launches [begin, end) on n rows (a paged session's forwardRows; no profiling, no overlap).
+  // Prefill launches [begin, end) on n rows (a paged session's forwardRows; no profiling).
   Status launchRange(size_t begin, size_t end, unsigned n) {
-    decoding = false;
+    overlapping = paged && n <= kOverlapRows;
     for (size_t i = begin; i < end; ++i) MINFER_RETURN_IF_ERROR(launch(prefill[i], n));
     return Status::ok();
   }
