@@ -201,6 +201,50 @@ TEST_CASE("repetition penalty: divides positive logits, multiplies negative ones
   }
 }
 
+// Greedy sampling reads the logits directly (Sampler::greedy, no candidate list): against the definition written out
+// here (NaN as −∞, each distinct penalized token of the window divided or multiplied once, then the first index of
+// the highest value) on 2,000 random rows with ties, NaNs, −∞ rows, windows longer and shorter than the history
+// and penalties below and above 1 — and the penalty marks must not leak into the next call.
+TEST_CASE("greedy with a repetition penalty: the definition's token on random rows with ties, NaN and −∞") {
+  std::mt19937 rng(20261202);
+  const int32_t n_vocab = 37;
+  for (int trial = 0; trial < 2000; ++trial) {
+    CAPTURE(trial);
+    SamplerParams p = plain(0.0f);
+    p.repeat_penalty = std::vector<float>{1.0f, 1.3f, 0.7f, 2.0f}[trial % 4];
+    p.repeat_last_n = static_cast<int32_t>(rng() % 8);
+    Sampler s(p, n_vocab);
+    std::vector<int32_t> history;
+    for (int h = static_cast<int>(rng() % 12); h > 0; --h) {
+      history.push_back(static_cast<int32_t>(rng() % n_vocab));
+      s.accept(history.back());
+    }
+    for (int call = 0; call < 3; ++call) {
+      std::vector<float> logits(n_vocab);
+      for (float& l : logits) {
+        const uint32_t r = rng() % 16;
+        l = r == 0 ? NAN : r == 1 ? -INFINITY : static_cast<float>(static_cast<int>(rng() % 9) - 4) * 0.5f;  // ties
+      }
+      if (trial % 97 == 0) std::fill(logits.begin(), logits.end(), -INFINITY);
+      std::vector<float> v(n_vocab);
+      for (int32_t i = 0; i < n_vocab; ++i) v[i] = std::isnan(logits[i]) ? -INFINITY : logits[i];
+      std::vector<bool> done(n_vocab, false);
+      const size_t window = std::min(history.size(), static_cast<size_t>(std::max(0, p.repeat_last_n)));
+      if (p.repeat_penalty != 1.0f)
+        for (size_t h = history.size() - window; h < history.size(); ++h) {
+          const int32_t t = history[h];
+          if (done[t]) continue;
+          done[t] = true;
+          v[t] = v[t] > 0 ? v[t] / p.repeat_penalty : v[t] * p.repeat_penalty;
+        }
+      int32_t want = 0;
+      for (int32_t i = 1; i < n_vocab; ++i)
+        if (v[i] > v[want]) want = i;
+      CHECK(s.sample(logits) == want);
+    }
+  }
+}
+
 TEST_CASE("same seed gives the same tokens; another seed does not; reset() re-seeds") {
   std::vector<float> logits(100, 0.0f);  // uniform over 100 tokens
   SamplerParams p = plain(1.0f);
