@@ -73,18 +73,25 @@ void Sampler::accept(int32_t token) {
   history_size_ = std::min(history_size_ + 1, history_.size());
 }
 
+namespace {
+// A logit as the candidates hold it: NaN counts as −∞.
+float candidateLogit(float l) { return std::isnan(l) ? -INFINITY : l; }
+}  // namespace
+
+// Step 1's operation on one penalized token's logit (llama.cpp's: divide a positive logit, multiply a negative one).
+float Sampler::penalize(float l) const { return l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty; }
+
 int32_t Sampler::sample(std::span<const float> logits) {
   const int32_t n = std::min<int32_t>(n_vocab_, static_cast<int32_t>(logits.size()));
   if (params_.temperature <= 0.0f) return greedy(logits.first(static_cast<size_t>(n)));
   Candidate* cand = candidates_.data();
-  for (int32_t i = 0; i < n; ++i) cand[i] = {i, std::isnan(logits[i]) ? -INFINITY : logits[i], 0.0f};
+  for (int32_t i = 0; i < n; ++i) cand[i] = {i, candidateLogit(logits[i]), 0.0f};
 
   // 1. Repetition penalty, once per distinct token of the history (candidates are still indexed by id).
   // The device top-k (kernels/topk.cuh) applies the same float operations to the same list.
   for (const int32_t tok : penalizedTokens()) {
     if (tok >= n) continue;
-    float& l = cand[tok].logit;
-    l = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    cand[tok].logit = penalize(cand[tok].logit);
   }
 
   // 2. Greedy (temperature ≤ 0) ran above, in greedy().
@@ -108,21 +115,17 @@ int32_t Sampler::greedy(std::span<const float> logits) {
   const int32_t n = static_cast<int32_t>(logits.size());
   if (pen.empty()) {  // no penalty: one compare per logit (a NaN never compares greater)
     int32_t best = 0;
-    float best_value = n > 0 && !std::isnan(logits[0]) ? logits[0] : -INFINITY;
+    float best_value = n > 0 ? candidateLogit(logits[0]) : -INFINITY;
     for (int32_t i = 1; i < n; ++i)
       if (logits[i] > best_value) best = i, best_value = logits[i];
     return best;
   }
   for (const int32_t tok : pen) {
     if (tok >= n) continue;
-    const float l = std::isnan(logits[tok]) ? -INFINITY : logits[tok];
-    candidates_[tok].logit = l > 0 ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+    candidates_[tok].logit = penalize(candidateLogit(logits[tok]));
     penalized_[tok] = 1;
   }
-  const auto value = [&](int32_t i) {
-    if (penalized_[i]) return candidates_[i].logit;
-    return std::isnan(logits[i]) ? -INFINITY : logits[i];
-  };
+  const auto value = [&](int32_t i) { return penalized_[i] ? candidates_[i].logit : candidateLogit(logits[i]); };
   int32_t best = 0;
   float best_value = n > 0 ? value(0) : -INFINITY;
   for (int32_t i = 1; i < n; ++i) {

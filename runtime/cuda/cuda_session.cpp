@@ -64,8 +64,8 @@ struct CudaSession::State {
   std::optional<uint64_t> sampled_row;
   CUgraph graph = nullptr;
   CUgraphExec graph_exec = nullptr;
-  // Programmatic dependent launch for records marked `overlap` (sm_90+ GPUs, CudaBackendOptions), in the
-  // decode plan only (see CudaBackendOptions::overlap_launches).
+  // Programmatic dependent launch for records marked `overlap` (sm_90+ GPUs, CudaBackendOptions), where
+  // `overlapping` allows it (see CudaBackendOptions::overlap_launches).
   bool overlap = false;
   // This call's launches may overlap: the decode plan's, and a paged session's steps of at most kOverlapRows rows
   // (batched decode; longer prompt chunks launch without, as single-sequence prefill does).
@@ -670,9 +670,9 @@ class SessionBuilder {
     st_.argmax_out = base_ + argmax_offset_;
     const uint64_t paged_words = st_.paged ? static_cast<uint64_t>(st_.max_batch) + st_.table_words : 0;
     const uint64_t small = alignUp((static_cast<uint64_t>(st_.max_batch) + paged_words) * 4 + 64, 16);
-    const uint64_t row = alignUp(static_cast<uint64_t>(st_.n_vocab) * sizeof(float), 16) * st_.pinned_rows;
+    const uint64_t logits_bytes = alignUp(static_cast<uint64_t>(st_.n_vocab) * sizeof(float), 16) * st_.pinned_rows;
     Result<PinnedBuffer> pinned =
-        be_.dev->allocPinned(small + row + (topk() ? sizeof(kern::TopKSlot) : 0), "CUDA session");
+        be_.dev->allocPinned(small + logits_bytes + (topk() ? sizeof(kern::TopKSlot) : 0), "CUDA session");
     if (!pinned) return pinned.takeStatus();
     st_.pinned = std::move(*pinned);
     st_.h_ids = static_cast<int32_t*>(st_.pinned.data());
@@ -681,7 +681,7 @@ class SessionBuilder {
     st_.h_logits = reinterpret_cast<float*>(static_cast<uint8_t*>(st_.pinned.data()) + small);
     if (topk()) {
       st_.topk_slot = base_ + topk_offset_;
-      st_.h_topk = reinterpret_cast<kern::TopKSlot*>(static_cast<uint8_t*>(st_.pinned.data()) + small + row);
+      st_.h_topk = reinterpret_cast<kern::TopKSlot*>(static_cast<uint8_t*>(st_.pinned.data()) + small + logits_bytes);
     }
     if (st_.paged) {
       st_.row_pos = base_ + row_pos_offset_;

@@ -98,6 +98,7 @@ class Sampler {
     float logit;
     float p;
   };
+  float penalize(float logit) const;  // step 1 on one penalized token
   // Steps 1 and 2 (temperature ≤ 0) straight from the logits: the repetition penalty, then the argmax.
   int32_t greedy(std::span<const float> logits);
   // Steps 4–6 on candidates_[0 .. size) (sorted: in step 3's order).
