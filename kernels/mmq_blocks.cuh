@@ -14,10 +14,12 @@
 // shared memory once). K advances one GGUF block (256 columns) per stage through a cp.async pipeline
 // (mmqbStages, sized so that two blocks fit on an SM): the raw blocks of the tile's rows (whole 16-byte chunks:
 // Q4_K 144 B, Q6_K 224 B) and the tokens' 256 q8 values and 8 Q8Meta. Per stage the activations are converted once
-// to an f16 tile (the MMA's B fragments, by ldmatrix), and each lane dequantizes its A fragments straight from the
-// raw bytes in registers (Q4_K: a 32-bit word of qs masked to its low or high nibbles; Q6_K: ql nibbles | qh bit
-// pairs << 4; small integers become f16 by their bits, 0x6400 | q = 1024 + q), then mma.m16n8k16 (f16, f32
-// accumulate).
+// to an f16 tile (the MMA's B fragments, by ldmatrix), each lane decodes its two rows' scales and mins once (two
+// groups per f16x2 register), and dequantizes its A fragments straight from the raw bytes in registers (Q4_K: a
+// 32-bit word of qs masked to its low or high nibbles; Q6_K: ql nibbles with the qh bit pairs selected in; small
+// integers become f16 by their bits, 0x6400 | q = 1024 + q, one lop3 each), then mma.m16n8k16 (f16, f32
+// accumulate). Every n8 tile of the block's tokens runs, also past n_tokens (those sums are never written), so the
+// inner loop has no branches. Measured per instruction by Nsight Compute: BENCHMARKS.md (issue 14).
 //
 // Split-K (MMQB_SPLITS = S > 1, for matrices of few row tiles): grid.y = S; split s takes GGUF blocks
 // [s·KB/S, (s+1)·KB/S) of every row, writes its f32 sums to partial[s][t][r], and counts itself in its row
@@ -140,6 +142,9 @@ static_assert(mmqbSmemBytes(kType, kTN) <= kMmqbSmemMax, "dynamic shared memory 
 static_assert(MMQB_PITCH % 16 == 0 && MMQB_GROUP_PITCH % 16 == 0, "blocks must start 16-byte aligned");
 static_assert(MMQB_GROUP_PITCH >= 16 * mmqbRawChunks(kType), "group pitch smaller than the copied chunks");
 static_assert(MMQB_PITCH >= static_cast<unsigned long long>(kKB) * MMQB_GROUP_PITCH, "row pitch smaller than a row");
+static_assert(static_cast<unsigned long long>(kTM) * MMQB_PITCH < (1ull << 31) &&
+                  static_cast<unsigned long long>(kTN) * kK < (1ull << 31),
+              "loadStage's 32-bit offsets inside a tile");
 
 MINFER_HD constexpr int iters(int items) { return (items + kThreads - 1) / kThreads; }
 
@@ -148,42 +153,43 @@ struct Stage {
   int8_t* act;   // [TN][kLD]
   Q8Meta* x;     // [8][TN]
 };
+constexpr int kActAt = kTM * kRawLd, kMetaAt = kActAt + kTN * kLD;  // byte offsets inside a stage
 __device__ __forceinline__ Stage stageAt(uint8_t* smem, int i) {
   uint8_t* p = smem + i * kStageBytes;
-  return {p, reinterpret_cast<int8_t*>(p + kTM * kRawLd), reinterpret_cast<Q8Meta*>(p + kTM * kRawLd + kTN * kLD)};
+  return {p, reinterpret_cast<int8_t*>(p + kActAt), reinterpret_cast<Q8Meta*>(p + kMetaAt)};
 }
 
-// Issues the cp.async copies of GGUF block column `blk` (rows past N and tokens past n_tokens zero-filled).
-__device__ __forceinline__ void loadStage(const Stage& st, int blk, int m0, int n_tokens, const uint8_t* w,
-                                          const int8_t* xq, const Q8Meta* xmeta) {
+// Issues the cp.async copies of GGUF block column `blk` into the stage at shared address `st` (stageAt's layout; rows
+// past N and tokens past n_tokens zero-filled). Each copy's source is the block column's (uniform) base plus a 32-bit
+// offset, so a copy costs a few integer instructions.
+__device__ __forceinline__ void loadStage(unsigned st, int blk, int m0, int n_tokens, const uint8_t* w, const int8_t* xq,
+                                          const Q8Meta* xmeta) {
+  const uint8_t* wb = w + static_cast<uint64_t>(m0) * MMQB_PITCH + static_cast<uint64_t>(blk) * MMQB_GROUP_PITCH;
 #pragma unroll
   for (int i = 0; i < iters(kTM * kChunks); ++i) {
     const int c = static_cast<int>(threadIdx.x) + i * kThreads;
     if ((kTM * kChunks) % kThreads != 0 && c >= kTM * kChunks) break;
     const int row = c / kChunks, ch = c % kChunks;
-    const bool ok = m0 + row < kN;
-    const uint8_t* src = ok ? w + static_cast<uint64_t>(m0 + row) * MMQB_PITCH +
-                                  static_cast<uint64_t>(blk) * MMQB_GROUP_PITCH + 16 * ch
-                            : w;
-    cpAsync<16>(st.raw + row * kRawLd + 16 * ch, src, ok);
+    const bool ok = kN % kTM == 0 || m0 + row < kN;
+    cpAsync<16>(st + row * kRawLd + 16 * ch, ok ? wb + static_cast<unsigned>(row * MMQB_PITCH + 16 * ch) : w, ok);
   }
+  const int8_t* xb = xq + 256 * blk;
 #pragma unroll
   for (int i = 0; i < iters(kTN * 16); ++i) {
     const int c = static_cast<int>(threadIdx.x) + i * kThreads;
     if ((kTN * 16) % kThreads != 0 && c >= kTN * 16) break;
     const int tok = c / 16, ch = c % 16;
     const bool ok = tok < n_tokens;
-    const int8_t* src = ok ? xq + static_cast<uint64_t>(tok) * kK + 256 * blk + 16 * ch : xq;
-    cpAsync<16>(st.act + tok * kLD + 16 * ch, src, ok);
+    cpAsync<16>(st + kActAt + tok * kLD + 16 * ch, ok ? xb + static_cast<unsigned>(tok * kK + 16 * ch) : xq, ok);
   }
+  const Q8Meta* mb = xmeta + 8 * blk;
 #pragma unroll
   for (int i = 0; i < iters(8 * kTN); ++i) {
     const int e = static_cast<int>(threadIdx.x) + i * kThreads;
     if ((8 * kTN) % kThreads != 0 && e >= 8 * kTN) break;
     const int tok = e % kTN, kb = e / kTN;
     const bool ok = tok < n_tokens;
-    const Q8Meta* src = ok ? xmeta + static_cast<uint64_t>(tok) * (kK / 32) + 8 * blk + kb : xmeta;
-    cpAsync<8>(st.x + e, src, ok);
+    cpAsync<8>(st + kMetaAt + 8 * e, ok ? mb + static_cast<unsigned>(tok * (kK / 32) + kb) : xmeta, ok);
   }
 }
 
@@ -207,9 +213,40 @@ __device__ __forceinline__ unsigned half2Of(float v) {
   const unsigned h = f2h(v);
   return h | (h << 16);
 }
+// prmt with an immediate selector: output byte i = byte kSel[4i..4i+3] of {b (bytes 4..7), a (bytes 0..3)}.
+template <unsigned kSel>
+__device__ __forceinline__ unsigned prmtImm(unsigned a, unsigned b) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "n"(kSel));
+  return d;
+}
+// The low or the high half of an f16x2 in both halves.
+__device__ __forceinline__ unsigned lowTwice(unsigned v) { return prmtImm<0x1010u>(v, v); }
+__device__ __forceinline__ unsigned highTwice(unsigned v) { return prmtImm<0x3232u>(v, v); }
+// Bytes 0 and 2 of q, biased by 128 (signed → unsigned), as the f16x2 (1024 + 128 + byte): one lop3 (b ? a ^ c : c
+// with b = 0x00FF00FF, c = 0x64806480, the PTX ISA's truth table F(0xF0, 0xCC, 0xAA) = 0x6A).
+__device__ __forceinline__ unsigned signedBytesPlus1152(unsigned q) {
+  unsigned d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(q), "r"(0x00FF00FFu), "r"(0x64806480u));
+  return d;
+}
 // Small integers as f16 by their bits: 0x6400 | b is the f16 1024 + b for 0 ≤ b < 1024, so (v & mask) | 0x64006400
 // holds 1024 + the two masked fields; subtracting 1024 + an offset is exact.
 constexpr unsigned kF16Of1024 = 0x64006400u;
+// (v & kMask) | kF16Of1024 with the constant in a register: one lop3 ((a & b) | c, truth table 0xEA), where the compiler
+// would spend two (a SASS lop3 takes one immediate).
+template <unsigned kMask>
+__device__ __forceinline__ unsigned bitsPlus1024(unsigned v) {
+  unsigned d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(v), "r"(kMask), "r"(kF16Of1024));
+  return d;
+}
+// The bits of a where mask is set, of b elsewhere: one lop3 ((a & c) | (b & ~c), truth table 0xE4).
+__device__ __forceinline__ unsigned bitSelect(unsigned a, unsigned b, unsigned mask) {
+  unsigned d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(d) : "r"(a), "r"(b), "r"(mask));
+  return d;
+}
 
 // The k order inside each group of 16 that the MMA sees (any order works when A and B agree): fragment register
 // a0 / b0 (MMA k 2t, 2t + 1) holds k 4t and 4t + 2, a2 / b1 (MMA k 8 + 2t, 9 + 2t) holds k 4t + 1 and 4t + 3, so that
@@ -230,12 +267,12 @@ __device__ __forceinline__ void dequantActivations(const Stage& st, uint16_t* b,
 #pragma unroll
     for (int c = 0; c < 2; ++c) {  // the two groups of 16 of the activation block
       const uint4 q = *reinterpret_cast<const uint4*>(st.act + tok * kLD + 32 * kb + 16 * c);
-      const unsigned qw[4] = {q.x ^ 0x80808080u, q.y ^ 0x80808080u, q.z ^ 0x80808080u, q.w ^ 0x80808080u};  // q + 128
+      const unsigned qw[4] = {q.x, q.y, q.z, q.w};
       unsigned o[8];
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
-        o[t] = hmul2(hsub2((qw[t] & 0x00FF00FFu) | kF16Of1024, k1152), d2);
-        o[4 + t] = hmul2(hsub2(((qw[t] >> 8) & 0x00FF00FFu) | kF16Of1024, k1152), d2);
+        o[t] = hmul2(hsub2(signedBytesPlus1152(qw[t]), k1152), d2);
+        o[4 + t] = hmul2(hsub2(signedBytesPlus1152(qw[t] >> 8), k1152), d2);
       }
       uint4* out = reinterpret_cast<uint4*>(b + tok * kLDH + 32 * kb + 16 * c);
       out[0] = {o[0], o[1], o[2], o[3]};
@@ -252,20 +289,24 @@ __device__ __forceinline__ void weightFragment(const uint8_t* r0, const uint8_t*
   const uint8_t* rows[2] = {r0, r8};
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
-    unsigned q;
+    unsigned e, o;  // the f16x2 1024 + q of MMA k (4t, 4t + 2) and (4t + 1, 4t + 3)
     if (kQ4K) {
       // Sub-block kb = 2p + h: qs bytes [32p, 32p + 32) at block byte 16, nibble h.
       const int p = kb / 2, h = kb % 2;
-      q = (*reinterpret_cast<const unsigned*>(rows[ri] + 16 + 32 * p + 16 * c + 4 * t) >> (4 * h)) & 0x0F0F0F0Fu;
+      const unsigned v = *reinterpret_cast<const unsigned*>(rows[ri] + 16 + 32 * p + 16 * c + 4 * t);
+      e = bitsPlus1024<0x000F000Fu>(v >> (4 * h));
+      o = bitsPlus1024<0x000F000Fu>(v >> (4 * h + 8));
     } else {
       // Activation block kb = 4n + k: ql bytes [64n + 32(k & 1), +32) nibble k >> 1, qh bytes [128 + 32n, +32) bit
-      // pair k (ggml's dequantize_row_q6_K).
+      // pair k (ggml's dequantize_row_q6_K), the pair moved to bits 4..5 of each byte; bits 6..7 of q hold other
+      // pairs, which the 6-bit masks below drop.
       const int n = kb / 4, k = kb % 4;
       const unsigned lo = *reinterpret_cast<const unsigned*>(rows[ri] + 64 * n + 32 * (k & 1) + 16 * c + 4 * t);
       const unsigned hi = *reinterpret_cast<const unsigned*>(rows[ri] + 128 + 32 * n + 16 * c + 4 * t);
-      q = ((lo >> (4 * (k >> 1))) & 0x0F0F0F0Fu) | (((hi >> (2 * k)) & 0x03030303u) << 4);
+      const unsigned q = bitSelect(lo >> (4 * (k >> 1)), k < 2 ? hi << (4 - 2 * k) : hi >> (2 * k - 4), 0x0F0F0F0Fu);
+      e = bitsPlus1024<0x003F003Fu>(q);
+      o = bitsPlus1024<0x003F003Fu>(q >> 8);
     }
-    const unsigned e = (q & 0x00FF00FFu) | kF16Of1024, o = ((q >> 8) & 0x00FF00FFu) | kF16Of1024;
     if (kQ4K) {
       a[ri] = hfma2(hsub2(e, kF16Of1024), s2[ri], m2[ri]);
       a[2 + ri] = hfma2(hsub2(o, kF16Of1024), s2[ri], m2[ri]);
@@ -277,58 +318,54 @@ __device__ __forceinline__ void weightFragment(const uint8_t* r0, const uint8_t*
   }
 }
 
-// prmt with a run-time selector: output byte i = byte sel[4i..4i+3] of {b (bytes 4..7), a (bytes 0..3)}.
-__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
-  unsigned d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-// Byte j (0..3) of v as the f16x2 (1024 + byte, 1024 + byte).
-__device__ __forceinline__ unsigned byteTwicePlus1024(unsigned v, int j) {
-  return prmt(v, 0x64646464u, 0x4040u + static_cast<unsigned>(j) * 0x0101u);
+// Bytes 2j, 2j + 1 (j = 0, 1) of v as the f16x2 (1024 + byte 2j, 1024 + byte 2j + 1).
+template <int kJ>
+__device__ __forceinline__ unsigned bytePairPlus1024(unsigned v) {
+  return prmtImm<kJ == 0 ? 0x4140u : 0x4342u>(v, 0x64646464u);
 }
 
-// The f16 scale factors of one raw block for a lane's row, per stage: Q4_K d and −dmin (f16x2, both halves equal)
-// and the 6-bit scales and mins of its eight sub-blocks packed one per byte (block_formats.h kScaleMin, as
-// gemv_blocks.cuh decodePart); Q6_K d and the 16 signed scales (+ 128, one per byte).
+// One raw block's f16 scale factors for a lane's row, computed once per stage, two groups per f16x2 register (halves:
+// groups 2i, 2i + 1): Q4_K s = d·sc and m = −dmin·mn of sub-blocks 2i, 2i + 1 (the 6-bit scales and mins unpacked as
+// block_formats.h kScaleMin, gemv_blocks.cuh decodePart); Q6_K s = d·sc of groups 2i, 2i + 1 (signed scales). The
+// integers become f16 by their bits, then one f16 product: the value of rounding the exact f32 product once.
 struct RowScales {
-  unsigned d2, dmin2;  // f16x2 (d, d), (−dmin, −dmin)
-  unsigned sc[4];      // Q4_K: scales 0..3, 4..7, mins 0..3, 4..7; Q6_K: scale bytes 0..15, each + 128
+  unsigned s[kQ4K ? 4 : 8];
+  unsigned m[kQ4K ? 4 : 1];  // Q6_K: unused
 };
 __device__ __forceinline__ RowScales rowScales(const uint8_t* blk) {
   RowScales r;
   if (kQ4K) {
     const uint4 head = *reinterpret_cast<const uint4*>(blk);
-    r.d2 = prmt(head.x, 0, 0x1010u);
-    r.dmin2 = prmt(head.x, 0, 0x3232u) ^ 0x80008000u;
-    r.sc[0] = head.y & 0x3F3F3F3Fu;
-    r.sc[1] = (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u);
-    r.sc[2] = head.z & 0x3F3F3F3Fu;
-    r.sc[3] = ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u);
+    const unsigned d2 = prmtImm<0x1010u>(head.x, 0), dmin2 = prmtImm<0x3232u>(head.x, 0) ^ 0x80008000u;  // (d, d), (−dmin, −dmin)
+    const unsigned sc[4] = {head.y & 0x3F3F3F3Fu, (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u),
+                            head.z & 0x3F3F3F3Fu, ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // scales in sc[0..1], mins in sc[2..3], one byte each
+      const unsigned sp = i % 2 ? bytePairPlus1024<1>(sc[i / 2]) : bytePairPlus1024<0>(sc[i / 2]);
+      const unsigned mp = i % 2 ? bytePairPlus1024<1>(sc[2 + i / 2]) : bytePairPlus1024<0>(sc[2 + i / 2]);
+      r.s[i] = hmul2(hsub2(sp, kF16Of1024), d2);
+      r.m[i] = hmul2(hsub2(mp, kF16Of1024), dmin2);
+    }
   } else {
     const unsigned d = *reinterpret_cast<const uint16_t*>(blk + 208);
-    r.d2 = d | (d << 16);
-    r.dmin2 = 0;
     const uint4 sc = *reinterpret_cast<const uint4*>(blk + 192);
-    r.sc[0] = sc.x ^ 0x80808080u;
-    r.sc[1] = sc.y ^ 0x80808080u;
-    r.sc[2] = sc.z ^ 0x80808080u;
-    r.sc[3] = sc.w ^ 0x80808080u;
+    const unsigned words[4] = {sc.x ^ 0x80808080u, sc.y ^ 0x80808080u, sc.z ^ 0x80808080u, sc.w ^ 0x80808080u};  // + 128
+    constexpr unsigned k1152 = 0x64806480u;  // f16x2 (1152, 1152): 1024 + the byte bias 128
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const unsigned sp = i % 2 ? bytePairPlus1024<1>(words[i / 2]) : bytePairPlus1024<0>(words[i / 2]);
+      r.s[i] = hmul2(hsub2(sp, k1152), d | (d << 16));
+    }
+    r.m[0] = 0;
   }
   return r;
 }
-// The f16x2 scale s2 = (s, s) and min m2 = (m, m) of group `grp` (Q4_K sub-block 0..7, Q6_K group 0..15): Q4_K s =
-// d·sc, m = −dmin·mn; Q6_K s = d·sc (m2 = 0): the integers as f16 by their bits, then one f16 product (the same
-// value as rounding the exact f32 product d·sc once).
-__device__ __forceinline__ void groupScale(const RowScales& r, int grp, unsigned& s2, unsigned& m2) {
-  if (kQ4K) {
-    s2 = hmul2(hsub2(byteTwicePlus1024(r.sc[grp / 4], grp % 4), kF16Of1024), r.d2);
-    m2 = hmul2(hsub2(byteTwicePlus1024(r.sc[2 + grp / 4], grp % 4), kF16Of1024), r.dmin2);
-  } else {
-    constexpr unsigned k1152 = 0x64806480u;  // f16x2 (1152, 1152): 1024 + the byte bias 128
-    s2 = hmul2(hsub2(byteTwicePlus1024(r.sc[grp / 4], grp % 4), k1152), r.d2);
-    m2 = 0;
-  }
+// The f16x2 scale s2 = (s, s) and min m2 = (m, m) of the groups that activation block kb, group of 16 c, multiplies:
+// Q4_K sub-block kb (register kb / 2, half kb % 2), Q6_K group 2kb + c (register kb, half c; m2 = 0).
+__device__ __forceinline__ void groupScale(const RowScales& r, int kb, int c, unsigned& s2, unsigned& m2) {
+  const int reg = kQ4K ? kb / 2 : kb, half = kQ4K ? kb % 2 : c;
+  s2 = half ? highTwice(r.s[reg]) : lowTwice(r.s[reg]);
+  m2 = kQ4K ? (half ? highTwice(r.m[reg]) : lowTwice(r.m[reg])) : 0u;
 }
 
 }  // namespace minfer::kern::mmqb
@@ -349,11 +386,12 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int wm0 = warp * 16;  // warp's first row inside the tile
-  const int nt = (min(n_tokens, kTN) + 7) / 8;  // n8 tiles holding tokens (warp-uniform)
-  // ldmatrix row addresses of the B fragments (halves), lane l → matrix q = l / 8, row l % 8; q = 0..3 → n8 tile
-  // +0/+1 (q / 2), k +0/+8 (q % 2): b0, b1 of each.
-  const int q = lane / 8, r8 = lane % 8;
-  const int b_off = ((q / 2) * 8 + r8) * kLDH + (q % 2) * 8;
+  // ldmatrix row addresses of the B fragments (shared state space), lane l → matrix mq = l / 8, row l % 8; mq = 0..3
+  // → n8 tile +0/+1 (mq / 2), k +0/+8 (mq % 2): b0, b1 of each. Every n8 tile runs, also past n_tokens (those sums are not
+  // written), so the loop has no branches.
+  const int mq = lane / 8, mr = lane % 8;
+  const unsigned b_addr = static_cast<unsigned>(__cvta_generic_to_shared(bt)) + 2u * (((mq / 2) * 8 + mr) * kLDH + (mq % 2) * 8);
+  const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
 
   float acc[kNI][4];
 #pragma unroll
@@ -367,14 +405,14 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   const int n_blk = b1 - b0;
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < n_blk) loadStage(stageAt(smem, i), b0 + i, m0, n_tokens, w, xq, xmeta);
+    if (i < n_blk) loadStage(smem_addr + i * kStageBytes, b0 + i, m0, n_tokens, w, xq, xmeta);
     cpAsyncCommit();
   }
   for (int it = 0; it < n_blk; ++it) {
     cpAsyncWait<kStages - 2>();
     __syncthreads();  // the stage is visible to all; everyone's MMAs on the previous f16 activations are done
     const int next = it + kStages - 1;
-    if (next < n_blk) loadStage(stageAt(smem, next % kStages), b0 + next, m0, n_tokens, w, xq, xmeta);
+    if (next < n_blk) loadStage(smem_addr + (next % kStages) * kStageBytes, b0 + next, m0, n_tokens, w, xq, xmeta);
     cpAsyncCommit();
     const Stage st = stageAt(smem, it % kStages);
     dequantActivations(st, bt, n_tokens);
@@ -382,21 +420,19 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
     const uint8_t* r0 = st.raw + (wm0 + g) * kRawLd;
     const uint8_t* r8 = r0 + 8 * kRawLd;
     const RowScales rs[2] = {rowScales(r0), rowScales(r8)};
-    unsigned s2[2], m2[2];  // of rows g, g + 8: Q4_K sub-block kb (both groups c), Q6_K group 8n + 2k + c
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        if (!kQ4K || c == 0)
+        unsigned s2[2], m2[2];  // of rows g, g + 8
 #pragma unroll
-          for (int ri = 0; ri < 2; ++ri) groupScale(rs[ri], kQ4K ? kb : 8 * (kb / 4) + 2 * (kb % 4) + c, s2[ri], m2[ri]);
+        for (int ri = 0; ri < 2; ++ri) groupScale(rs[ri], kb, c, s2[ri], m2[ri]);
         unsigned a[4];
         weightFragment(r0, r8, kb, c, t, s2, m2, a);
 #pragma unroll
         for (int ni = 0; ni < kNI; ni += 2) {
-          if (ni >= nt) break;
           int r[4];
-          ldmatrixX4(r, reinterpret_cast<const int8_t*>(bt + b_off + ni * 8 * kLDH + kb * 32 + c * 16));
+          ldmatrixX4(r, b_addr + 2u * (ni * 8 * kLDH + kb * 32 + c * 16));
           mmaF16(acc[ni], a, r[0], r[1]);
           mmaF16(acc[ni + 1], a, r[2], r[3]);
         }
