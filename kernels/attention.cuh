@@ -355,11 +355,12 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 }
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && \
-    ((defined(ATT_PREFILL) && MINFER_ATT_PREFILL_MMA) || (defined(ATT_DECODE) && MINFER_ATT_DECODE_MMA))
+#if defined(MINFER_DEVICE_CODE) &&                                                             \
+    ((defined(ATT_PREFILL) && MINFER_ATT_PREFILL_MMA) || (defined(ATT_DECODE) && MINFER_ATT_DECODE_MMA) || \
+     (defined(PA_ATTN) && MINFER_ATT_DECODE_MMA))
 namespace minfer::kern::attn {
 constexpr int kBQ = kAttnMmaBQ, kBKV = attnMmaBKV(kD);
-#ifdef ATT_DECODE
+#if defined(ATT_DECODE) || defined(PA_ATTN)
 static_assert(kBKV == static_cast<int>(kAttnDecodeMmaKeys), "the decode's key tile is the prefill's");
 #endif
 constexpr bool kQSmem = attnMmaQInSmem(kD);  // Q rows in shared memory (after the K/V stages), not registers
@@ -385,17 +386,23 @@ __device__ __forceinline__ void ldsmX4T(unsigned r[4], const uint16_t* row) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
-// Copies positions [kv0, kv0 + BKV) of kv head g into a K and a V tile (rows past kv_end zero-filled).
-__device__ __forceinline__ void loadKvTile(uint16_t* sk, uint16_t* sv, const uint16_t* kc, const uint16_t* vc,
-                                           int kv0, int kv_end, int g) {
+// Copies positions [kv0, kv0 + BKV) of kv head g into a K and a V tile (rows past kv_end zero-filled); row_of(p) is
+// the first element of the cache row holding position p (kvRow, or a paged sequence's slot).
+template <class RowOf>
+__device__ __forceinline__ void loadKvTileAt(uint16_t* sk, uint16_t* sv, const uint16_t* kc, const uint16_t* vc, int kv0,
+                                             int kv_end, int g, RowOf row_of) {
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row
   for (int c = threadIdx.x; c < kBKV * kChunks; c += 32 * kAttnWarps) {
     const int i = c / kChunks, col = (c % kChunks) * 8, p = kv0 + i;
     const bool ok = p < kv_end;
-    const uint64_t src = ok ? kvRow(p) + g * kD + col : 0;
+    const uint64_t src = ok ? row_of(p) + g * kD + col : 0;
     cpAsync<16>(sk + i * kLDH + col, kc + src, ok);
     cpAsync<16>(sv + i * kLDH + col, vc + src, ok);
   }
+}
+__device__ __forceinline__ void loadKvTile(uint16_t* sk, uint16_t* sv, const uint16_t* kc, const uint16_t* vc,
+                                           int kv0, int kv_end, int g) {
+  loadKvTileAt(sk, sv, kc, vc, kv0, kv_end, g, [](int p) { return kvRow(p); });
 }
 
 // S = Q·Kᵀ for kTiles n8 tiles of keys (rows of sk, kLDH halves apart) with the Q fragments held in registers

@@ -198,42 +198,33 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 }
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE) && MINFER_ATT_DECODE_MMA
-// Tensor-core decode (attnDecodeUsesMma; the flash-decoding split of the SIMT form, FlashAttention-2's tile
-// arithmetic): block (kv head g, split s) takes the kGroup query heads of g as the rows of one m16 tile
-// (rows ≥ kGroup are zero queries, never stored), so S = Q·Kᵀ and O += P·V are the prefill's mma.m16n8k16
-// steps with heads in place of query tokens. The split's keys stream through shared memory in the
-// prefill's double-buffered tiles of kAttnDecodeMmaKeys positions (cp.async: every K and V byte of a tile
-// is in flight at once); warp w takes positions [16w, 16w + 16) of each tile, with its own online softmax
-// (in log2 units, exp2), and the four warps' (max, sum, output) merge through shared memory into the
-// block's partial as the SIMT form writes it (max in natural units). Q is rounded to f16 after scaling by
-// log2(e)·scale and P before P·V, as the tensor-core prefill does (its tolerance).
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
-    minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
-                       float* __restrict__ part, const int* __restrict__ pos) {
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  using namespace minfer::kern::attn;
-  constexpr int kSplits = ATT_SPLITS;
+#if defined(MINFER_DEVICE_CODE) && (defined(ATT_DECODE) || defined(PA_ATTN)) && MINFER_ATT_DECODE_MMA
+namespace minfer::kern::attn {
+// The tensor-core decode's block (attnDecodeUsesMma; attn_decode below, and paged_attention.cuh's attn_paged): the
+// kGroup query heads of kv head g (q0: the first one's row, kGroup rows of kD floats) as the rows of one m16 tile
+// (rows ≥ kGroup are zero queries, never stored), so S = Q·Kᵀ and O += P·V are the prefill's mma.m16n8k16 steps
+// with heads in place of query tokens, over the keys [begin, end) (row_of(p): the first element of the cache row
+// of position p). The keys stream through shared memory (smem_h: two stages of a K and a V tile) in the
+// prefill's double-buffered tiles of kAttnDecodeMmaKeys positions (cp.async: every K and V byte of a tile is in
+// flight at once); warp w takes positions [16w, 16w + 16) of each tile, with its own online softmax (in log2
+// units, exp2). Q is rounded to f16 after scaling by log2(e)·scale and P before P·V, as the tensor-core prefill
+// does (its tolerance). Leaves this thread's rows (gr, gr + 8) of the warp's (m, l, o); a warp without keys keeps
+// m = −inf, l = 0.
+template <class RowOf>
+__device__ __forceinline__ void mmaGroupKeys(const float* q0, const uint16_t* kc, const uint16_t* vc, int begin,
+                                             int end, int g, RowOf row_of, uint16_t* smem_h, float (&o)[kDT][4],
+                                             float (&m_run)[2], float (&l_run)[2]) {
   constexpr int kWarps = static_cast<int>(kAttnWarps);
   static_assert(kBKV == 16 * kWarps && kKS >= 1 && kDT % 2 == 0, "a warp's 16 keys per tile; pairs of n8 output tiles");
-  extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]; then the warps' outputs (f32)
-
-  const int g = blockIdx.x, split = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = lane / 4, t4 = lane % 4, mq = lane / 8, r8 = lane % 8;
-  const int kv_len = pos[0] + 1;
-  const DecodeSplits sp = decodeSplits(kv_len);
-  if (split >= sp.active) return;  // idle: the combine reads splits [0, active) only
-  const int begin = sp.lo + split * sp.chunk, end = min(kv_len, begin + sp.chunk);
   const int n_tiles = (end - begin + kBKV - 1) / kBKV;
-  loadKvTile(smem_h, smem_h + kTileH, kc, vc, begin, end, g);
+  loadKvTileAt(smem_h, smem_h + kTileH, kc, vc, begin, end, g, row_of);
   cpAsyncCommit();
 
   // A fragments of the group's queries: row r = query head g·kGroup + r (zero for r ≥ kGroup).
   constexpr float kLog2e = 1.4426950408889634f;
   const float qscale = kLog2e * qkScale();
-  const float* q0 = q + static_cast<uint64_t>(g) * kGroup * kD;
   unsigned qf[kKS][4];
 #pragma unroll
   for (int ks = 0; ks < kKS; ++ks)
@@ -245,12 +236,12 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       qf[ks][r] = packHalf2(v.x * qscale, v.y * qscale);
     }
 
-  float o[kDT][4];
 #pragma unroll
   for (int dt = 0; dt < kDT; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
-  float m_run[2] = {-MINFER_INF, -MINFER_INF}, l_run[2] = {0.0f, 0.0f};
+  m_run[0] = m_run[1] = -MINFER_INF;
+  l_run[0] = l_run[1] = 0.0f;
 
   for (int it = 0; it < n_tiles; ++it) {
     const int kv0 = begin + it * kBKV + 16 * warp, stage = it & 1;  // this warp's first key of the tile
@@ -259,17 +250,17 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     __syncthreads();
     if (it + 1 < n_tiles) {
       uint16_t* nb = smem_h + (stage ^ 1) * 2 * kTileH;
-      loadKvTile(nb, nb + kTileH, kc, vc, begin + (it + 1) * kBKV, end, g);
+      loadKvTileAt(nb, nb + kTileH, kc, vc, begin + (it + 1) * kBKV, end, g, row_of);
     }
     cpAsyncCommit();
-    if (kv0 >= end) continue;  // the split's last tile may leave this warp no key
+    if (kv0 >= end) continue;  // the last tile may leave this warp no key
     const uint16_t* sk = smem_h + stage * 2 * kTileH + 16 * warp * kLDH;
     const uint16_t* sv = sk + kTileH;
 
     float s[2][4];  // S = Q·Kᵀ: 16 rows × this warp's 16 keys (two n8 tiles)
     scoresQK(s, qf, sk, r8, mq);
-    // Keys past the split's end masked, then the online softmax; O = O·corr + P·V (P's two n8 accumulator tiles
-    // are the A fragment of one k16 step).
+    // Keys past the end masked, then the online softmax; O = O·corr + P·V (P's two n8 accumulator tiles are the A
+    // fragment of one k16 step).
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -279,13 +270,14 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     packP(pa, s[0], s[1]);
     accumulatePV(o, pa, sv, r8, mq);
   }
+}
 
-  // Merge the warps (rows < kGroup): their (m, l) and outputs through shared memory (the K/V stages, free once
-  // every warp has passed the barrier below), then the block's partial per head, m in natural units.
-  __shared__ float wm[kWarps][kGroup], wl[kWarps][kGroup];
-  __syncthreads();
-  float* wo = reinterpret_cast<float*>(smem_h);  // [kWarps][kGroup][kD]
-  static_assert(kWarps * kGroup * kD * 4 <= 2 * 2 * kTileH * 2, "the warps' outputs fit the K/V stages");
+// This thread's rows (< kGroup) of the warp's (m in log2 units, l, o) from mmaGroupKeys into the block's shared
+// arrays: wm, wl [kAttnWarps][kGroup], wo [kAttnWarps][kGroup][kD] floats. Call after a barrier that every warp
+// has passed since its last read of the K/V stages when wo lies there.
+__device__ __forceinline__ void stashMma(const float (&o)[kDT][4], const float (&m_run)[2], const float (&l_run)[2],
+                                         float (*wm)[kGroup], float (*wl)[kGroup], float* wo) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = h ? gr + 8 : gr;
@@ -299,6 +291,40 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
       *reinterpret_cast<float2*>(wo + (warp * kGroup + row) * kD + dt * 8 + 2 * t4) =
           make_float2(o[dt][h * 2], o[dt][h * 2 + 1]);
   }
+}
+}  // namespace minfer::kern::attn
+#endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE) && MINFER_ATT_DECODE_MMA
+// Tensor-core decode (attnDecodeUsesMma; the flash-decoding split of the SIMT form, FlashAttention-2's tile
+// arithmetic): block (kv head g, split s) runs mmaGroupKeys over the split's keys, and the four warps' (max, sum,
+// output) merge through shared memory into the block's partial as the SIMT form writes it (max in natural units).
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
+    minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
+                       float* __restrict__ part, const int* __restrict__ pos) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::attn;
+  constexpr int kSplits = ATT_SPLITS;
+  constexpr int kWarps = static_cast<int>(kAttnWarps);
+  extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]; then the warps' outputs (f32)
+
+  const int g = blockIdx.x, split = blockIdx.y;
+  const int kv_len = pos[0] + 1;
+  const DecodeSplits sp = decodeSplits(kv_len);
+  if (split >= sp.active) return;  // idle: the combine reads splits [0, active) only
+  const int begin = sp.lo + split * sp.chunk, end = min(kv_len, begin + sp.chunk);
+  float o[kDT][4], m_run[2], l_run[2];
+  mmaGroupKeys(q + static_cast<uint64_t>(g) * kGroup * kD, kc, vc, begin, end, g, [](int p) { return kvRow(p); },
+               smem_h, o, m_run, l_run);
+
+  // Merge the warps (rows < kGroup): their (m, l) and outputs through shared memory (the K/V stages, free once
+  // every warp has passed the barrier below), then the block's partial per head, m in natural units.
+  __shared__ float wm[kWarps][kGroup], wl[kWarps][kGroup];
+  __syncthreads();
+  float* wo = reinterpret_cast<float*>(smem_h);  // [kWarps][kGroup][kD]
+  static_assert(kWarps * kGroup * kD * 4 <= 2 * 2 * kTileH * 2, "the warps' outputs fit the K/V stages");
+  stashMma(o, m_run, l_run, wm, wl, wo);
   __syncthreads();
   constexpr float kLn2 = 0.6931471805599453f;
   for (int h = 0; h < kGroup; ++h) {
