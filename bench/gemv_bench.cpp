@@ -69,7 +69,8 @@ llvm::cl::list<unsigned> kMmqBlocks("mmq-blocks", llvm::cl::CommaSeparated,
 llvm::cl::list<unsigned> kMmqbSplits("mmqb-splits", llvm::cl::CommaSeparated,
                                      llvm::cl::desc("with --mmq-blocks: splits of K to time besides the codegen's mmqbSplits"),
                                      llvm::cl::cat(kCategory));
-llvm::cl::opt<std::string> kShapes("shapes", llvm::cl::desc("comma-separated subset of q,gate,down,output"),
+llvm::cl::opt<std::string> kShapes("shapes", llvm::cl::desc("comma-separated subset of q,k,gate,down,output (k: not "
+                                                            "in the default set)"),
                                    llvm::cl::init("q,gate,down,output"), llvm::cl::cat(kCategory));
 
 [[noreturn]] void die(const std::string& what) {
@@ -91,6 +92,7 @@ struct Shape {
   uint64_t n, k;
 };
 const Shape kAllShapes[] = {{"q", GgmlType::Q4_K, 3584, 3584},
+                            {"k", GgmlType::Q4_K, 512, 3584},
                             {"gate", GgmlType::Q4_K, 18944, 3584},
                             {"down", GgmlType::Q6_K, 3584, 18944},
                             {"output", GgmlType::Q6_K, 152064, 3584}};

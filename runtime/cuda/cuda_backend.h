@@ -33,7 +33,9 @@ namespace minfer {
 
 struct CudaBackendOptions {
   int device = -1;          // GPU ordinal; −1: $MINFER_CUDA_DEVICE, else 0
-  bool decode_graph = true; // capture the decode plan in a CUDA graph
+  // Capture the decode plan in a CUDA graph, and a paged session's steps of at most 64 rows without a gathered
+  // tail in one graph per row count (at the first step of that many rows).
+  bool decode_graph = true;
   // Launch the decode plan's records marked `overlap` with programmatic dependent launch on sm_90+ GPUs:
   // a kernel's launch and prologue (e.g. a GEMV's weight prefetch) overlap the previous kernel's tail.
   // Measured on an H200 (7B Q4_K_M, BENCHMARKS.md): decode +11%; the prefill of 128 tokens −6% with it

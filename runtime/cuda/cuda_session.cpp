@@ -64,6 +64,15 @@ struct CudaSession::State {
   std::optional<uint64_t> sampled_row;
   CUgraph graph = nullptr;
   CUgraphExec graph_exec = nullptr;
+  // A paged session's steps of n ≤ kOverlapRows rows without a gathered tail as CUDA graphs, index n, each captured
+  // at the first step of that many rows (CudaBackendOptions::decode_graph): a step's launches, grids and n_tokens
+  // depend on its row count alone, its rows' ids, positions and block tables are read from device memory.
+  struct RowsGraph {
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+  };
+  std::vector<RowsGraph> rows_graphs;
+  bool rows_graphs_on = false;
   // Programmatic dependent launch for records marked `overlap` (sm_90+ GPUs, CudaBackendOptions), where
   // `overlapping` allows it (see CudaBackendOptions::overlap_launches).
   bool overlap = false;
@@ -90,6 +99,10 @@ struct CudaSession::State {
     if (graph) dev->cu().cuGraphDestroy(graph);
     if (profile_exec) dev->cu().cuGraphExecDestroy(profile_exec);
     if (profile_graph) dev->cu().cuGraphDestroy(profile_graph);
+    for (RowsGraph& g : rows_graphs) {
+      if (g.exec) dev->cu().cuGraphExecDestroy(g.exec);
+      if (g.graph) dev->cu().cuGraphDestroy(g.graph);
+    }
   }
 
   const CudaDriver& cu() const { return dev->cu(); }
@@ -155,6 +168,16 @@ struct CudaSession::State {
     }
     if (profiling && current >= 0) record(ev[2 * current + 1]);
     return Status::ok();
+  }
+
+  // A paged session's step of n rows without a gathered tail: its graph (rows_graphs), captured first where there is
+  // none yet, else (profiling, longer steps, graphs off) the launches themselves.
+  Status runRows(unsigned n) {
+    if (!rows_graphs_on || profiling || n > kOverlapRows) return runPlan(/*prefill=*/true, n);
+    if (rows_graphs.size() <= n) rows_graphs.resize(n + 1);
+    RowsGraph& g = rows_graphs[n];
+    if (!g.exec) MINFER_RETURN_IF_ERROR(capture(&g.graph, &g.exec, n));
+    return dev->check(cu().cuGraphLaunch(g.exec, stream.get()), "CUDA forwardRows: batched step graph launch");
   }
 
   // Prefill launches [begin, end) on n rows (a paged session's forwardRows; no profiling).
@@ -232,15 +255,16 @@ struct CudaSession::State {
       cu().cuEventRecord(e.get(), stream.get());
   }
 
-  // Captures the decode plan (n_tokens = 1, positions read from device memory) as a graph; with
-  // `profiling` on, an event pair around every step is part of it.
-  Status capture(CUgraph* graph, CUgraphExec* exec) {
+  // Captures the decode plan (n_tokens = 1, positions read from device memory) as a graph, or with `rows` > 0 the
+  // prefill plan's launches for that many rows (a paged session's step); with `profiling` on, an event pair around
+  // every step is part of it.
+  Status capture(CUgraph* graph, CUgraphExec* exec, unsigned rows = 0) {
     CUstream s = stream.get();
     MINFER_RETURN_IF_ERROR(dev->check(cu().cuStreamSynchronize(s), "CUDA session: cuStreamSynchronize"));
     MINFER_RETURN_IF_ERROR(
         dev->check(cu().cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "CUDA session: begin capture"));
     capturing = true;
-    Status launched = runPlan(/*prefill=*/false, 1);
+    Status launched = rows > 0 ? runPlan(/*prefill=*/true, rows) : runPlan(/*prefill=*/false, 1);
     capturing = false;
     const CUresult end = cu().cuStreamEndCapture(s, graph);
     MINFER_RETURN_IF_ERROR(launched);
@@ -399,7 +423,7 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
     MINFER_RETURN_IF_ERROR(st.gatherTailRows(out_rows));
     MINFER_RETURN_IF_ERROR(st.launchRange(st.tail, st.prefill.size(), static_cast<unsigned>(k)));
   } else {
-    MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/true, static_cast<unsigned>(n)));
+    MINFER_RETURN_IF_ERROR(st.runRows(static_cast<unsigned>(n)));
   }
   // The wanted rows, runs of consecutive rows in one copy each (a step of decode rows is one copy).
   for (size_t i = 0; i < k;) {
@@ -693,6 +717,7 @@ class SessionBuilder {
     if (!stream) return stream.takeStatus();
     st_.stream = std::move(*stream);
     st_.overlap = be_.options.overlap_launches && be_.dev->info().cc_major >= 9;
+    st_.rows_graphs_on = st_.paged && be_.options.decode_graph;
     // Poison the activations (NaN bit pattern) so a kernel that reads an unwritten element shows it.
     const CudaDriver& cu = be_.dev->cu();
     MINFER_RETURN_IF_ERROR(be_.dev->check(cu.cuMemsetD32Async(base_, 0x7FC00000u, act_bytes_ / 4, st_.stream.get()),
