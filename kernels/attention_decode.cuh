@@ -2,7 +2,8 @@
 // and attn_combine. Part of kernels/attention.cuh, which includes it at its end and which the codegen's specs
 // name: its KV cache layout, definitions, compile-time constants, launch rules (attnDecodeLaunch,
 // attnCombineLaunch) and tensor-core steps (scoresQK, softmaxStep, packP, accumulatePV) are there.
-// WarpAttention is also the paged kernels' attention (paged_attention.cuh, PA_ATTN).
+// WarpAttention is also the paged kernels' SIMT attention, mmaGroupKeys and stashMma their tensor-core one
+// (paged_attention.cuh, PA_ATTN).
 //
 // attn_decode (ATT_DECODE): one token, split-KV (flash-decoding): block (kv head g, split s) reduces, for each
 //   query head j of g's group (GQA: each K/V row read once for the group), the positions
@@ -292,6 +293,19 @@ __device__ __forceinline__ void stashMma(const float (&o)[kDT][4], const float (
           make_float2(o[dt][h * 2], o[dt][h * 2 + 1]);
   }
 }
+// The block's warps' (m, l, o) after mmaGroupKeys in shared memory: wm, wl, and the outputs in the K/V stages
+// `smem_h` (free once every warp has passed the first barrier here), visible to the block on return (the second
+// barrier). Returns the outputs, [kAttnWarps][kGroup][kD] floats.
+__device__ __forceinline__ const float* stashMmaInStages(const float (&o)[kDT][4], const float (&m_run)[2],
+                                                         const float (&l_run)[2], float (*wm)[kGroup], float (*wl)[kGroup],
+                                                         uint16_t* smem_h) {
+  static_assert(kAttnWarps * kGroup * kD * 4 <= 2 * 2 * kTileH * 2, "the warps' outputs fit the K/V stages");
+  __syncthreads();
+  float* wo = reinterpret_cast<float*>(smem_h);
+  stashMma(o, m_run, l_run, wm, wl, wo);
+  __syncthreads();
+  return wo;
+}
 }  // namespace minfer::kern::attn
 #endif
 
@@ -318,14 +332,10 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
   mmaGroupKeys(q + static_cast<uint64_t>(g) * kGroup * kD, kc, vc, begin, end, g, [](int p) { return kvRow(p); },
                smem_h, o, m_run, l_run);
 
-  // Merge the warps (rows < kGroup): their (m, l) and outputs through shared memory (the K/V stages, free once
-  // every warp has passed the barrier below), then the block's partial per head, m in natural units.
+  // Merge the warps (rows < kGroup): their (m, l) and outputs through shared memory, then the block's partial per
+  // head, m in natural units.
   __shared__ float wm[kWarps][kGroup], wl[kWarps][kGroup];
-  __syncthreads();
-  float* wo = reinterpret_cast<float*>(smem_h);  // [kWarps][kGroup][kD]
-  static_assert(kWarps * kGroup * kD * 4 <= 2 * 2 * kTileH * 2, "the warps' outputs fit the K/V stages");
-  stashMma(o, m_run, l_run, wm, wl, wo);
-  __syncthreads();
+  const float* wo = stashMmaInStages(o, m_run, l_run, wm, wl, smem_h);
   constexpr float kLn2 = 0.6931471805599453f;
   for (int h = 0; h < kGroup; ++h) {
     float mb = -MINFER_INF;

@@ -140,17 +140,17 @@ __device__ __forceinline__ int warpSumInt(int v) {
 // is 4, 8 or 16; when `valid` is false the destination is zero-filled and nothing is read (src must still be a
 // mapped address).
 template <int kBytes>
-__device__ __forceinline__ void cpAsync(unsigned smem, const void* gmem, bool valid) {
+__device__ __forceinline__ void cpAsyncShared(unsigned smem, const void* gmem, bool valid) {
   const int src_size = valid ? kBytes : 0;
   if (kBytes == 16)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "r"(src_size));
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(smem), "l"(gmem), "n"(kBytes), "r"(src_size));
 }
-// The same to a generic pointer into shared memory.
+// The same to a generic pointer into shared memory (cpAsyncShared: to a shared-state-space address).
 template <int kBytes>
 __device__ __forceinline__ void cpAsync(void* smem, const void* gmem, bool valid) {
-  cpAsync<kBytes>(static_cast<unsigned>(__cvta_generic_to_shared(smem)), gmem, valid);
+  cpAsyncShared<kBytes>(static_cast<unsigned>(__cvta_generic_to_shared(smem)), gmem, valid);
 }
 __device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most kPending of this thread's committed groups are outstanding. The copies are then
@@ -194,15 +194,15 @@ __device__ __forceinline__ void mmaF16(float d[4], const unsigned a[4], unsigned
 // lanes 8q..8q+7 give the row addresses of matrix q, and lane l receives bytes 4(l%4)..4(l%4)+3 of row l/4
 // of each matrix: exactly the s8 MMA fragments when the matrices are the 16-byte halves of the tiles
 // (PTX ISA, "ldmatrix").
-__device__ __forceinline__ void ldmatrixX4(int r[4], unsigned smem_row) {
+__device__ __forceinline__ void ldmatrixX4Shared(int r[4], unsigned smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_row));
 }
-// From a generic pointer; the form above takes a shared-state-space address (__cvta_generic_to_shared), so a kernel
-// can hoist a row's address out of its loops and give the unrolled offsets as immediates.
+// From a generic pointer; ldmatrixX4Shared takes a shared-state-space address (__cvta_generic_to_shared), so a
+// kernel can hoist a row's address out of its loops and give the unrolled offsets as immediates.
 __device__ __forceinline__ void ldmatrixX4(int r[4], const int8_t* row) {
-  ldmatrixX4(r, static_cast<unsigned>(__cvta_generic_to_shared(row)));
+  ldmatrixX4Shared(r, static_cast<unsigned>(__cvta_generic_to_shared(row)));
 }
 __device__ __forceinline__ void ldmatrixX2(int r[2], const int8_t* row) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(row));

@@ -171,7 +171,7 @@ __device__ __forceinline__ void loadStage(unsigned st, int blk, int m0, int n_to
     if ((kTM * kChunks) % kThreads != 0 && c >= kTM * kChunks) break;
     const int row = c / kChunks, ch = c % kChunks;
     const bool ok = kN % kTM == 0 || m0 + row < kN;
-    cpAsync<16>(st + row * kRawLd + 16 * ch, ok ? wb + static_cast<unsigned>(row * MMQB_PITCH + 16 * ch) : w, ok);
+    cpAsyncShared<16>(st + row * kRawLd + 16 * ch, ok ? wb + static_cast<unsigned>(row * MMQB_PITCH + 16 * ch) : w, ok);
   }
   const int8_t* xb = xq + 256 * blk;
 #pragma unroll
@@ -180,7 +180,7 @@ __device__ __forceinline__ void loadStage(unsigned st, int blk, int m0, int n_to
     if ((kTN * 16) % kThreads != 0 && c >= kTN * 16) break;
     const int tok = c / 16, ch = c % 16;
     const bool ok = tok < n_tokens;
-    cpAsync<16>(st + kActAt + tok * kLD + 16 * ch, ok ? xb + static_cast<unsigned>(tok * kK + 16 * ch) : xq, ok);
+    cpAsyncShared<16>(st + kActAt + tok * kLD + 16 * ch, ok ? xb + static_cast<unsigned>(tok * kK + 16 * ch) : xq, ok);
   }
   const Q8Meta* mb = xmeta + 8 * blk;
 #pragma unroll
@@ -189,7 +189,8 @@ __device__ __forceinline__ void loadStage(unsigned st, int blk, int m0, int n_to
     if ((8 * kTN) % kThreads != 0 && e >= 8 * kTN) break;
     const int tok = e % kTN, kb = e / kTN;
     const bool ok = tok < n_tokens;
-    cpAsync<8>(st + kMetaAt + 8 * e, ok ? mb + static_cast<unsigned>(tok * (kK / 32) + kb) : xmeta, ok);
+    const Q8Meta* src = ok ? mb + static_cast<unsigned>(tok * (kK / 32) + kb) : xmeta;
+    cpAsyncShared<8>(st + kMetaAt + static_cast<int>(sizeof(Q8Meta)) * e, src, ok);
   }
 }
 
@@ -336,7 +337,8 @@ __device__ __forceinline__ RowScales rowScales(const uint8_t* blk) {
   RowScales r;
   if (kQ4K) {
     const uint4 head = *reinterpret_cast<const uint4*>(blk);
-    const unsigned d2 = prmtImm<0x1010u>(head.x, 0), dmin2 = prmtImm<0x3232u>(head.x, 0) ^ 0x80008000u;  // (d, d), (−dmin, −dmin)
+    const unsigned d2 = prmtImm<0x1010u>(head.x, 0);                   // (d, d)
+    const unsigned dmin2 = prmtImm<0x3232u>(head.x, 0) ^ 0x80008000u;  // (−dmin, −dmin)
     const unsigned sc[4] = {head.y & 0x3F3F3F3Fu, (head.w & 0x0F0F0F0Fu) | ((head.y >> 2) & 0x30303030u),
                             head.z & 0x3F3F3F3Fu, ((head.w >> 4) & 0x0F0F0F0Fu) | ((head.z >> 2) & 0x30303030u)};
 #pragma unroll
@@ -363,9 +365,13 @@ __device__ __forceinline__ RowScales rowScales(const uint8_t* blk) {
 // The f16x2 scale s2 = (s, s) and min m2 = (m, m) of the groups that activation block kb, group of 16 c, multiplies:
 // Q4_K sub-block kb (register kb / 2, half kb % 2), Q6_K group 2kb + c (register kb, half c; m2 = 0).
 __device__ __forceinline__ void groupScale(const RowScales& r, int kb, int c, unsigned& s2, unsigned& m2) {
-  const int reg = kQ4K ? kb / 2 : kb, half = kQ4K ? kb % 2 : c;
-  s2 = half ? highTwice(r.s[reg]) : lowTwice(r.s[reg]);
-  m2 = kQ4K ? (half ? highTwice(r.m[reg]) : lowTwice(r.m[reg])) : 0u;
+  if constexpr (kQ4K) {
+    s2 = kb % 2 ? highTwice(r.s[kb / 2]) : lowTwice(r.s[kb / 2]);
+    m2 = kb % 2 ? highTwice(r.m[kb / 2]) : lowTwice(r.m[kb / 2]);
+  } else {
+    s2 = c ? highTwice(r.s[kb]) : lowTwice(r.s[kb]);
+    m2 = 0u;
+  }
 }
 
 }  // namespace minfer::kern::mmqb
@@ -387,10 +393,11 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   const int g = lane / 4, t = lane % 4;
   const int wm0 = warp * 16;  // warp's first row inside the tile
   // ldmatrix row addresses of the B fragments (shared state space), lane l → matrix mq = l / 8, row l % 8; mq = 0..3
-  // → n8 tile +0/+1 (mq / 2), k +0/+8 (mq % 2): b0, b1 of each. Every n8 tile runs, also past n_tokens (those sums are not
-  // written), so the loop has no branches.
+  // → n8 tile +0/+1 (mq / 2), k +0/+8 (mq % 2): b0, b1 of each. Every n8 tile runs, also past n_tokens (those sums
+  // are not written), so the loop has no branches.
   const int mq = lane / 8, mr = lane % 8;
-  const unsigned b_addr = static_cast<unsigned>(__cvta_generic_to_shared(bt)) + 2u * (((mq / 2) * 8 + mr) * kLDH + (mq % 2) * 8);
+  const unsigned b_addr =
+      static_cast<unsigned>(__cvta_generic_to_shared(bt)) + 2u * (((mq / 2) * 8 + mr) * kLDH + (mq % 2) * 8);
   const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
 
   float acc[kNI][4];
@@ -432,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
 #pragma unroll
         for (int ni = 0; ni < kNI; ni += 2) {
           int r[4];
-          ldmatrixX4(r, b_addr + 2u * (ni * 8 * kLDH + kb * 32 + c * 16));
+          ldmatrixX4Shared(r, b_addr + 2u * (ni * 8 * kLDH + kb * 32 + c * 16));
           mmaF16(acc[ni], a, r[0], r[1]);
           mmaF16(acc[ni + 1], a, r[2], r[3]);
         }

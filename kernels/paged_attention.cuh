@@ -55,17 +55,17 @@ namespace minfer::kern {
 MINFER_HD constexpr bool pagedAttnUsesMma(unsigned n_head, unsigned n_head_kv, unsigned head_dim) {
   return attnDecodeUsesMma(head_dim, n_head / n_head_kv);
 }
-// Warps of the SIMT form's block: 8 where their partials fit its 48 KiB of static shared memory (at 32 decode rows of
-// the 7B, 4 warps took 40.8 µs per layer on the H200: each warp's keys are one serial chain), else 4. The tensor-core
-// form: kAttnWarps (its key tile is 16 keys per warp).
+// Warps of the SIMT form's block: 8 where their partials fit its 48 KiB of static shared memory (else 4; measured when
+// the 7B still took this form: at 32 decode rows 4 warps took 40.8 µs per layer on the H200, each warp's keys one
+// serial chain). The tensor-core form: kAttnWarps (its key tile is 16 keys per warp).
 constexpr unsigned kPagedAttnMaxWarps = 8, kPagedAttnMinWarps = 4;
 MINFER_HD constexpr unsigned pagedAttnPartialBytes(unsigned warps, unsigned group, unsigned head_dim) {
   return 4u * warps * group * (head_dim + 2);
 }
 MINFER_HD constexpr unsigned pagedAttnWarps(unsigned n_head, unsigned n_head_kv, unsigned head_dim) {
-  return pagedAttnUsesMma(n_head, n_head_kv, head_dim) ? kAttnWarps
-         : pagedAttnPartialBytes(kPagedAttnMaxWarps, n_head / n_head_kv, head_dim) <= 48u * 1024u ? kPagedAttnMaxWarps
-                                                                                                   : kPagedAttnMinWarps;
+  if (pagedAttnUsesMma(n_head, n_head_kv, head_dim)) return kAttnWarps;
+  return pagedAttnPartialBytes(kPagedAttnMaxWarps, n_head / n_head_kv, head_dim) <= 48u * 1024u ? kPagedAttnMaxWarps
+                                                                                                 : kPagedAttnMinWarps;
 }
 
 MINFER_HD LaunchRule pagedKvStoreLaunchRule(unsigned n_head_kv, unsigned head_dim) {
@@ -228,14 +228,11 @@ __device__ __forceinline__ void attendMma(const float* q, const uint16_t* kc, co
   constexpr int kWarps = static_cast<int>(kAttnWarps);
   extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]; then the warps' outputs (f32)
   __shared__ float wm[kWarps][kGroup], wl[kWarps][kGroup];
+  static_assert(kQPitch % 2 == 0, "mmaGroupKeys reads the queries as float2");
   float o[kDT][4], m_run[2], l_run[2];
   mmaGroupKeys(q + static_cast<uint64_t>(t) * kQPitch + static_cast<uint64_t>(g) * kGroup * kD, kc, vc, lo, end, g,
                [=](int p) { return slot(table, p, block_size) * kKvW; }, smem_h, o, m_run, l_run);
-  __syncthreads();  // every warp is done with the K/V stages
-  float* wo = reinterpret_cast<float*>(smem_h);
-  static_assert(kWarps * kGroup * kD * 4 <= 2 * 2 * kTileH * 2, "the warps' outputs fit the K/V stages");
-  stashMma(o, m_run, l_run, wm, wl, wo);
-  __syncthreads();
+  const float* wo = stashMmaInStages(o, m_run, l_run, wm, wl, smem_h);
   mergeAndStore<kWarps, true>(wm, wl, wo, t, g, out, qs, meta);
 }
 #endif

@@ -64,14 +64,19 @@ struct CudaSession::State {
   std::optional<uint64_t> sampled_row;
   CUgraph graph = nullptr;
   CUgraphExec graph_exec = nullptr;
-  // A paged session's steps of n ≤ kOverlapRows rows without a gathered tail as CUDA graphs, index n, each captured
-  // at the first step of that many rows (CudaBackendOptions::decode_graph): a step's launches, grids and n_tokens
-  // depend on its row count alone, its rows' ids, positions and block tables are read from device memory.
+  // A paged session's steps of n ≤ kGraphRows rows without a gathered tail as CUDA graphs, index n, each captured at
+  // the first step of that many rows (CudaBackendOptions::decode_graph; a one-time capture and instantiation per row
+  // count): a step's launches, grids and n_tokens depend on its row count alone, its rows' ids, positions and block
+  // tables are read from device memory. A row count whose capture failed launches directly from then on (`failed`).
   struct RowsGraph {
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
+    bool failed = false;
   };
-  std::vector<RowsGraph> rows_graphs;
+  // The batched decode steps (the server's -np is at most 64 in the measurements, BENCHMARKS.md); longer steps are
+  // prompt chunks, whose launches outlast their launch overhead.
+  static constexpr unsigned kGraphRows = 64;
+  std::vector<RowsGraph> rows_graphs;  // kGraphRows + 1 entries where rows_graphs_on (sized when the session is built)
   bool rows_graphs_on = false;
   // Programmatic dependent launch for records marked `overlap` (sm_90+ GPUs, CudaBackendOptions), where
   // `overlapping` allows it (see CudaBackendOptions::overlap_launches).
@@ -84,7 +89,7 @@ struct CudaSession::State {
   KvRingTracker rings;    // what the sliding-window layers' ring caches (schema Step.kv_ring) still hold
   // Profiling: one event pair per plan step, accumulated milliseconds and calls.
   bool profiling = false;
-  bool capturing = false;                    // inside captureDecodeGraph: events become graph nodes
+  bool capturing = false;                    // inside capture(): events become graph nodes
   CUgraph profile_graph = nullptr;           // the decode graph with an event pair around every step
   CUgraphExec profile_exec = nullptr;
   std::vector<Event> ev_prefill, ev_decode;  // 2 per step
@@ -171,13 +176,17 @@ struct CudaSession::State {
   }
 
   // A paged session's step of n rows without a gathered tail: its graph (rows_graphs), captured first where there is
-  // none yet, else (profiling, longer steps, graphs off) the launches themselves.
+  // none yet, else (profiling, longer steps, graphs off, a failed capture) the launches themselves: the graphs only
+  // save launch overhead, so a row count whose capture fails runs without one.
   Status runRows(unsigned n) {
-    if (!rows_graphs_on || profiling || n > kOverlapRows) return runPlan(/*prefill=*/true, n);
-    if (rows_graphs.size() <= n) rows_graphs.resize(n + 1);
+    if (!rows_graphs_on || profiling || n > kGraphRows || rows_graphs[n].failed) return runPlan(/*prefill=*/true, n);
     RowsGraph& g = rows_graphs[n];
-    if (!g.exec) MINFER_RETURN_IF_ERROR(capture(&g.graph, &g.exec, n));
-    return dev->check(cu().cuGraphLaunch(g.exec, stream.get()), "CUDA forwardRows: batched step graph launch");
+    if (!g.exec && !capture(&g.graph, &g.exec, n).isOk()) {
+      g.failed = true;
+      return runPlan(/*prefill=*/true, n);
+    }
+    return dev->check(cu().cuGraphLaunch(g.exec, stream.get()),
+                      "CUDA forwardRows: the graph of a step of " + std::to_string(n) + " rows: launch");
   }
 
   // Prefill launches [begin, end) on n rows (a paged session's forwardRows; no profiling).
@@ -267,9 +276,16 @@ struct CudaSession::State {
     Status launched = rows > 0 ? runPlan(/*prefill=*/true, rows) : runPlan(/*prefill=*/false, 1);
     capturing = false;
     const CUresult end = cu().cuStreamEndCapture(s, graph);
-    MINFER_RETURN_IF_ERROR(launched);
-    MINFER_RETURN_IF_ERROR(dev->check(end, "CUDA session: end capture"));
-    return dev->check(cu().cuGraphInstantiateWithFlags(exec, *graph, 0), "CUDA session: graph instantiate");
+    Status done = !launched.isOk() ? launched
+                  : end != CUDA_SUCCESS ? dev->check(end, "CUDA session: end capture")
+                                        : dev->check(cu().cuGraphInstantiateWithFlags(exec, *graph, 0),
+                                                     "CUDA session: graph instantiate");
+    if (!done.isOk()) {  // nothing half-made stays behind
+      if (*graph) cu().cuGraphDestroy(*graph);
+      *graph = nullptr;
+      *exec = nullptr;
+    }
+    return done;
   }
 
   void collectProfile(bool prefill) {
@@ -718,6 +734,7 @@ class SessionBuilder {
     st_.stream = std::move(*stream);
     st_.overlap = be_.options.overlap_launches && be_.dev->info().cc_major >= 9;
     st_.rows_graphs_on = st_.paged && be_.options.decode_graph;
+    if (st_.rows_graphs_on) st_.rows_graphs.resize(st_.kGraphRows + 1);
     // Poison the activations (NaN bit pattern) so a kernel that reads an unwritten element shows it.
     const CudaDriver& cu = be_.dev->cu();
     MINFER_RETURN_IF_ERROR(be_.dev->check(cu.cuMemsetD32Async(base_, 0x7FC00000u, act_bytes_ / 4, st_.stream.get()),

@@ -347,19 +347,23 @@ TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and de
   struct Heads {
     int h, hkv, d;
   };
-  // GQA groups 1, 3, 4, 5 and 8; the tensor-core form (pagedAttnUsesMma: heads of 32, 64, 80, 96 and 128), the SIMT
-  // form in blocks of 8 warps (36 strided, 160 contiguous 2-byte loads) and of 4 for 8 heads of 256 (pagedAttnWarps:
-  // their partials would not fit in 8 warps' shared memory), 5 of 256; with one case each of a query scale +
-  // soft-cap, a sliding window, and q as a column view of wider rows.
+  // GQA groups 1, 3, 4, 5, 8, 12, 16 and 32; the tensor-core form (pagedAttnUsesMma: heads of 32, 64, 80, 96 and 128,
+  // groups up to 16), the SIMT form in blocks of 8 warps (heads of 36: strided lanes; 160: contiguous 2-byte loads;
+  // 5 of 256) and of 4 (8 heads of 256, and a group of 32 heads of 64: their partials would not fit in 8 warps'
+  // shared memory; pagedAttnWarps); in each form one case each of a query scale + soft-cap, a sliding window, and
+  // q as a column view of wider rows.
   struct Case {
     Heads heads;
     float scale = 0, softcap = 0;
     int window = 0;
     int q_extra = 0;  // floats of other columns after q in each row (ATT_Q_PITCH = h·d + q_extra)
   };
-  const Case cases[] = {{{6, 2, 32}}, {{6, 2, 36}}, {{8, 2, 64}}, {{4, 4, 80}}, {{6, 2, 96}},
-                        {{32, 8, 128}}, {{6, 2, 160}}, {{5, 1, 256}}, {{16, 2, 256}}, {{6, 2, 64}, 0.0625f, 3.0f, 0, 0}, {{6, 2, 64}, 0, 0, 7, 0},
-                        {{6, 2, 80}, 0, 0, 40, 0}, {{6, 2, 64}, 0, 0, 0, 2 * 2 * 64}};
+  const Case cases[] = {{{6, 2, 32}}, {{6, 2, 36}}, {{8, 2, 64}}, {{4, 4, 80}}, {{6, 2, 96}}, {{32, 8, 128}},
+                        {{32, 2, 64}}, {{24, 2, 128}},  // groups of 16 and 12: the m16 tile's rows 8 … 15
+                        {{32, 1, 64}}, {{6, 2, 160}}, {{5, 1, 256}}, {{16, 2, 256}},
+                        {{6, 2, 64}, 0.0625f, 3.0f, 0, 0}, {{6, 2, 64}, 0, 0, 7, 0}, {{6, 2, 80}, 0, 0, 40, 0},
+                        {{6, 2, 64}, 0, 0, 0, 2 * 2 * 64}, {{6, 2, 36}, 0.0625f, 3.0f, 0, 0}, {{6, 2, 36}, 0, 0, 7, 0},
+                        {{6, 2, 36}, 0, 0, 0, 2 * 2 * 36}};
   for (const Case& c : cases) {
     const int h = c.heads.h, hkv = c.heads.hkv, d = c.heads.d, kvw = hkv * d, q_pitch = h * d + c.q_extra;
     CAPTURE(h);
@@ -442,7 +446,8 @@ TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and de
       cpu::attention(q.data(), layer, n, st.kvRows(), h, ref.data(), nullptr, scratch.data(),
                      {.scale = c.scale, .softcap = c.softcap, .window = c.window}, q_pitch);
       const std::vector<float> got = out.download<float>(ref.size());
-      const double err = track("attn_paged", relError(got.data(), ref.data(), ref.size()));
+      const bool mma = kern::pagedAttnUsesMma(h, hkv, d);
+      const double err = track(mma ? "attn_paged (tensor cores)" : "attn_paged", relError(got.data(), ref.data(), ref.size()));
       // On failure: the worst row, its sequence and position (a wrong table or slot shows as whole rows off).
       int worst_row = 0;
       double worst = -1;
@@ -452,7 +457,7 @@ TEST_CASE("kv_store_paged and attn_paged: scattered blocks, mixed prefill and de
         if (e > worst) worst = e, worst_row = r;
       }
       // The tensor-core form (pagedAttnUsesMma) rounds Q and P to f16, as the tensor-core decode: its tolerance.
-      const double tol = kern::pagedAttnUsesMma(h, hkv, d) ? attnMmaTol(d) : kPagedAttnTol;
+      const double tol = mma ? attnMmaTol(d) : kPagedAttnTol;
       CHECK_MESSAGE(err <= tol, "worst row " << worst_row << " (sequence " << st.row_seq[static_cast<size_t>(worst_row)]
                                                         << ", position " << st.row_pos[static_cast<size_t>(worst_row)]
                                                         << ") rel error " << worst);

@@ -22,6 +22,7 @@
 #include "minfer/artifact.h"
 #include "minfer/batch.h"
 #include "minfer/runtime.h"
+#include "runtime/batch_session.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_internal.h"
 #include "tests/cuda/gpu_harness.h"
@@ -1092,6 +1093,44 @@ TEST_CASE("batched session: greedy texts of sequences stepped together equal eac
         MESSAGE(name << " (" << arch << ") sequence " << i << ": " << *tt);
       }
     }
+}
+
+// The CUDA batch session replays its steps of up to 64 rows as one CUDA graph per row count (CudaSession runRows):
+// the same script through a backend with graphs and one without (CudaBackendOptions::decode_graph) gives every row's
+// logits bit for bit (the script repeats row counts, so graphs are captured and replayed).
+TEST_CASE("batched session: steps replayed as CUDA graphs give the direct launches' logits bit for bit") {
+  MINFER_REQUIRE_GPU(G);
+  if (!haveFixtures()) return;
+  const std::string path = compiled("tiny-qwen2-Q4_K_M.gguf");
+  auto file = ArtifactFile::open(path);
+  REQUIRE_MESSAGE(file.isOk(), file.status().message());
+  auto m = Model::open(path, BackendKind::kCuda);
+  REQUIRE_MESSAGE(m.isOk(), m.status().message());
+  const int n_vocab = (*m)->info().n_vocab;
+  // Model::createBatchSession's resolution of {.n_ctx = 64, .n_seq_max = 6, .block_size = 8}.
+  const BatchConfig config{.n_ctx = 64, .n_seq_max = 6, .n_blocks = 6 * 8, .block_size = 8, .n_threads = 1,
+                           .max_tokens = (*m)->info().max_batch, .n_vocab = n_vocab};
+  std::vector<std::vector<BatchEvent>> ev[2];
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    CAPTURE(graphs);
+    auto backend = cuda::CudaBackend::create(**file, {.device = -1, .decode_graph = graphs != 0});
+    REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
+    auto b = (*backend)->createBatchSession(config);
+    REQUIRE_MESSAGE(b.isOk(), b.status().message());
+    REQUIRE((*b)->batchedKernels());
+    ev[graphs] = runBatchScript(**b, n_vocab, batchPlan(), 5);
+  }
+  REQUIRE(ev[0].size() == ev[1].size());
+  size_t rows = 0, differ = 0;
+  for (size_t s = 0; s < ev[0].size(); ++s) {
+    REQUIRE(ev[0][s].size() == ev[1][s].size());
+    for (size_t e = 0; e < ev[0][s].size(); ++e) {
+      rows += !ev[0][s][e].logits.empty();
+      differ += ev[0][s][e].tokens != ev[1][s][e].tokens || ev[0][s][e].logits != ev[1][s][e].logits;
+    }
+  }
+  CHECK(rows > 0);
+  CHECK_MESSAGE(differ == 0, differ << " of " << rows << " rows differ between graph replay and direct launches");
 }
 
 TEST_CASE("batched session: the sequential fallback on request, and its logits equal the batched ones within the bound") {

@@ -34,8 +34,9 @@ Launches pagedAttention(const StepContext& c, const StepContext* quant) {
   if (s.layer < 0) return c.error("attention step without a KV cache layer");
   const uint32_t h = s.n_head, hkv = s.n_head_kv, d = s.head_dim, layer = static_cast<uint32_t>(s.layer);
   // The SIMT kernel keeps every query head of a kv head's group in static shared memory (≤ 48 KiB,
-  // pagedAttnSmemBytes; the tensor-core form only their maxima and sums): a wider group gets no paged launches, and its batch sessions run sequentially (as the decode kernel, whose
-  // shared memory is the same, could not be compiled for it either).
+  // pagedAttnSmemBytes; the tensor-core form only their maxima and sums): a wider group gets no paged launches,
+  // and its batch sessions run sequentially (as the decode kernel, whose shared memory is the same, could not be
+  // compiled for it either).
   if (kern::pagedAttnSmemBytes(h, hkv, d) > 48u * 1024u) return std::vector<KernelLaunch>{};
   if (quant && d % 32 != 0) return std::vector<KernelLaunch>{};  // no q8 form for such heads: no paged launches
   if (quant)
