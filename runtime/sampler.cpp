@@ -58,7 +58,9 @@ Sampler::Sampler(const SamplerParams& params, int32_t n_vocab)
       candidates_(static_cast<size_t>(n_vocab_)),
       history_(static_cast<size_t>(std::max(params.repeat_last_n, 0))),
       penalized_(static_cast<size_t>(n_vocab_), 0),
-      distinct_(history_.size()) {}
+      distinct_(history_.size()) {
+  heap_.reserve(static_cast<size_t>(std::clamp(params.top_k, 0, n_vocab_)));
+}
 
 void Sampler::reset() {
   rng_ = Xoshiro256(params_.seed);
@@ -84,6 +86,9 @@ float Sampler::penalize(float l) const { return l > 0 ? l / params_.repeat_penal
 int32_t Sampler::sample(std::span<const float> logits) {
   const int32_t n = std::min<int32_t>(n_vocab_, static_cast<int32_t>(logits.size()));
   if (params_.temperature <= 0.0f) return greedy(logits.first(static_cast<size_t>(n)));
+  // 1 and 3 (top-k) without the full list where top-k keeps fewer than all.
+  if (params_.top_k > 0 && params_.top_k < n)
+    return sampleCandidates(selectTopK(logits.first(static_cast<size_t>(n))), /*sorted=*/true);
   Candidate* cand = candidates_.data();
   for (int32_t i = 0; i < n; ++i) cand[i] = {i, candidateLogit(logits[i]), 0.0f};
 
@@ -93,48 +98,62 @@ int32_t Sampler::sample(std::span<const float> logits) {
     if (tok >= n) continue;
     cand[tok].logit = penalize(cand[tok].logit);
   }
-
-  // 2. Greedy (temperature ≤ 0) ran above, in greedy().
-  int32_t size = n;
-  bool sorted = false;
-  // 3. Top-k.
-  if (params_.top_k > 0 && params_.top_k < size) {
-    std::partial_sort(cand, cand + params_.top_k, cand + size, higher);
-    size = params_.top_k;
-    sorted = true;
-  }
-  return sampleCandidates(size, sorted);
+  // 2. Greedy (temperature ≤ 0) ran above, in greedy(); 3. top-k, in selectTopK() (here it keeps every candidate).
+  return sampleCandidates(n, /*sorted=*/false);
 }
 
-// Steps 1 and 2 for temperature ≤ 0 without the candidate list (a served step of 32 rows of a 152,064-token
-// vocabulary filled 58 MB of candidates for 32 argmaxes): the penalized tokens' values go to their candidates_
-// entries, marked in penalized_, and one scan reads either those or the logits (NaN as −∞). The same token as
-// the list would give: the first index of the highest value, 0 when every value is −∞.
-int32_t Sampler::greedy(std::span<const float> logits) {
+// Step 1 without the candidate list (a served step of 32 rows of a 152,064-token vocabulary filled 58 MB of
+// candidates): the penalized tokens' values wait in their candidates_ entries, marked in penalized_, and one scan
+// reads either those or the logits (NaN as −∞); the marks are cleared before returning.
+template <class Visit>
+void Sampler::forEachValue(std::span<const float> logits, Visit visit) {
   const std::span<const int32_t> pen = penalizedTokens();
   const int32_t n = static_cast<int32_t>(logits.size());
-  if (pen.empty()) {  // no penalty: one compare per logit (a NaN never compares greater)
-    int32_t best = 0;
-    float best_value = n > 0 ? candidateLogit(logits[0]) : -INFINITY;
-    for (int32_t i = 1; i < n; ++i)
-      if (logits[i] > best_value) best = i, best_value = logits[i];
-    return best;
+  if (pen.empty()) {
+    for (int32_t i = 0; i < n; ++i) visit(i, candidateLogit(logits[i]));
+    return;
   }
   for (const int32_t tok : pen) {
     if (tok >= n) continue;
     candidates_[tok].logit = penalize(candidateLogit(logits[tok]));
     penalized_[tok] = 1;
   }
-  const auto value = [&](int32_t i) { return penalized_[i] ? candidates_[i].logit : candidateLogit(logits[i]); };
-  int32_t best = 0;
-  float best_value = n > 0 ? value(0) : -INFINITY;
-  for (int32_t i = 1; i < n; ++i) {
-    const float v = value(i);
-    if (v > best_value) best = i, best_value = v;
-  }
+  for (int32_t i = 0; i < n; ++i) visit(i, penalized_[i] ? candidates_[i].logit : candidateLogit(logits[i]));
   for (const int32_t tok : pen)
     if (tok < n) penalized_[tok] = 0;
+}
+
+// Steps 1 and 2 for temperature ≤ 0: the same token as the list would give, the first index of the highest value
+// (0 when every value is −∞).
+int32_t Sampler::greedy(std::span<const float> logits) {
+  int32_t best = 0;
+  float best_value = -INFINITY;
+  forEachValue(logits, [&](int32_t i, float v) {
+    if (v > best_value) best = i, best_value = v;
+  });
   return best;
+}
+
+// Step 3 as a selection: a heap (std::push_heap with `higher`: its front is the lowest-ranked kept candidate) of
+// the k best values so far; the scan runs in id order, so a later value enters only when it is higher than the
+// front's. The same k candidates in the same order as std::partial_sort of the whole list (`higher` is a total
+// order: ids differ), so the same token; O(n) compares instead of filling and ordering n candidates.
+int32_t Sampler::selectTopK(std::span<const float> logits) {
+  const size_t k = static_cast<size_t>(params_.top_k);
+  heap_.clear();
+  forEachValue(logits, [&](int32_t i, float v) {
+    if (heap_.size() < k) {
+      heap_.push_back({i, v, 0.0f});
+      std::push_heap(heap_.begin(), heap_.end(), higher);
+    } else if (v > heap_.front().logit) {
+      std::pop_heap(heap_.begin(), heap_.end(), higher);
+      heap_.back() = {i, v, 0.0f};
+      std::push_heap(heap_.begin(), heap_.end(), higher);
+    }
+  });
+  std::sort_heap(heap_.begin(), heap_.end(), higher);
+  std::copy(heap_.begin(), heap_.end(), candidates_.begin());
+  return static_cast<int32_t>(heap_.size());
 }
 
 int32_t Sampler::sampleTopK(std::span<const TokenLogit> top) {

@@ -99,8 +99,15 @@ class Sampler {
     float p;
   };
   float penalize(float logit) const;  // step 1 on one penalized token
+  // visit(i, v) for every token i of `logits` in id order, v its value after step 1 (NaN as −∞), without filling
+  // the candidate list.
+  template <class Visit>
+  void forEachValue(std::span<const float> logits, Visit visit);
   // Steps 1 and 2 (temperature ≤ 0) straight from the logits: the repetition penalty, then the argmax.
   int32_t greedy(std::span<const float> logits);
+  // Steps 1 and 3 straight from the logits (0 < top_k < the row's length): the k highest values into
+  // candidates_[0 .. k) in step 3's order; returns k.
+  int32_t selectTopK(std::span<const float> logits);
   // Steps 4–6 on candidates_[0 .. size) (sorted: in step 3's order).
   int32_t sampleCandidates(int32_t size, bool sorted);
   SamplerParams params_;
@@ -112,6 +119,7 @@ class Sampler {
   size_t history_size_ = 0;
   std::vector<uint8_t> penalized_;     // (n_vocab) scratch: token already penalized this call
   std::vector<int32_t> distinct_;      // (repeat_last_n) scratch: penalizedTokens()
+  std::vector<Candidate> heap_;        // (top_k) scratch: selectTopK's k best so far
 };
 
 }  // namespace minfer
