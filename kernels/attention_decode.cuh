@@ -138,67 +138,6 @@ struct WarpAttention {
 }  // namespace minfer::kern::attn
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE) && !MINFER_ATT_DECODE_MMA
-// Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys, so
-// each K and V row is read once for all of them (GQA). A warp takes two keys at a time (keys begin + w,
-// begin + w + kWarps, …), its lanes splitting the dimensions: the kGroup scores are warp sums, the
-// online softmax runs in every lane, and each lane accumulates P·V for its own dimensions. (The earlier
-// form, lane = key, ran HEAD_DIM · kGroup dependent FMAs per key on one lane: 14 µs per layer at a
-// depth of a few keys on the 7B, measured with Nsight Compute.) The warps' partials merge through shared
-// memory into the block's (max, sum, output) per head.
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
-    minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
-                       float* __restrict__ part, const int* __restrict__ pos) {
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  using namespace minfer::kern::attn;
-  constexpr int kSplits = ATT_SPLITS;
-  constexpr int kWarps = static_cast<int>(kAttnWarps);
-  __shared__ float wm[kWarps][kGroup], wl[kWarps][kGroup];
-  __shared__ float wo[kWarps][kGroup][kD];
-
-  const int g = blockIdx.x, split = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kv_len = pos[0] + 1;
-  const DecodeSplits sp = decodeSplits(kv_len);
-  if (split >= sp.active) return;  // idle: the combine reads splits [0, active) only
-  const int begin = sp.lo + split * sp.chunk, end = min(kv_len, begin + sp.chunk);
-  const float scale = qkScale();
-  WarpAttention wa;
-  wa.init(q + static_cast<uint64_t>(g) * kGroup * kD, lane);
-  // Two keys per iteration (key, key + kWarps).
-  const uint64_t col = static_cast<uint64_t>(g) * kD;
-  for (int key = begin + warp; key < end; key += 2 * kWarps) {
-    const bool two = key + kWarps < end;
-    const uint64_t row = kvRow(key) + col, row2 = kvRow(two ? key + kWarps : key) + col;
-    wa.keyPair(kc + row, kc + row2, vc + row, vc + row2, two, scale, lane);
-  }
-  wa.stash(warp, lane, wm, wl, wo);
-  __syncthreads();
-  for (int h = 0; h < kGroup; ++h) {
-    float mb = -MINFER_INF;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mb = fmaxf(mb, wm[w][h]);
-    float* dst = part + ((static_cast<uint64_t>(g) * kGroup + h) * kSplits + split) * (kD + 2);
-    for (int d = threadIdx.x; d < kD; d += blockDim.x) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w)
-        if (wm[w][h] != -MINFER_INF) acc += wo[w][h][d] * expf(wm[w][h] - mb);
-      dst[2 + d] = acc;
-    }
-    if (threadIdx.x == 0) {
-      float lb = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w)
-        if (wm[w][h] != -MINFER_INF) lb += wl[w][h] * expf(wm[w][h] - mb);
-      dst[0] = mb;  // −inf for an empty split
-      dst[1] = lb;
-    }
-  }
-}
-#endif
-
 #if defined(MINFER_DEVICE_CODE) && (defined(ATT_DECODE) || defined(PA_ATTN)) && MINFER_ATT_DECODE_MMA
 namespace minfer::kern::attn {
 // The tensor-core decode's block (attnDecodeUsesMma; attn_decode below, and paged_attention.cuh's attn_paged): the
@@ -309,55 +248,87 @@ __device__ __forceinline__ const float* stashMmaInStages(const float (&o)[kDT][4
 }  // namespace minfer::kern::attn
 #endif
 
-#if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE) && MINFER_ATT_DECODE_MMA
-// Tensor-core decode (attnDecodeUsesMma; the flash-decoding split of the SIMT form, FlashAttention-2's tile
-// arithmetic): block (kv head g, split s) runs mmaGroupKeys over the split's keys, and the four warps' (max, sum,
-// output) merge through shared memory into the block's partial as the SIMT form writes it (max in natural units).
-extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
-    minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
-                       float* __restrict__ part, const int* __restrict__ pos) {
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  using namespace minfer::kern::attn;
-  constexpr int kSplits = ATT_SPLITS;
-  constexpr int kWarps = static_cast<int>(kAttnWarps);
-  extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]; then the warps' outputs (f32)
-
-  const int g = blockIdx.x, split = blockIdx.y;
-  const int kv_len = pos[0] + 1;
-  const DecodeSplits sp = decodeSplits(kv_len);
-  if (split >= sp.active) return;  // idle: the combine reads splits [0, active) only
-  const int begin = sp.lo + split * sp.chunk, end = min(kv_len, begin + sp.chunk);
-  float o[kDT][4], m_run[2], l_run[2];
-  mmaGroupKeys(q + static_cast<uint64_t>(g) * kGroup * kD, kc, vc, begin, end, g, [](int p) { return kvRow(p); },
-               smem_h, o, m_run, l_run);
-
-  // Merge the warps (rows < kGroup): their (m, l) and outputs through shared memory, then the block's partial per
-  // head, m in natural units.
-  __shared__ float wm[kWarps][kGroup], wl[kWarps][kGroup];
-  const float* wo = stashMmaInStages(o, m_run, l_run, wm, wl, smem_h);
+#if defined(MINFER_DEVICE_CODE) && defined(ATT_DECODE)
+namespace minfer::kern::attn {
+// The block's partial of each query head of kv head g's group, split `split`, from its warps' (m, l, o) in shared
+// memory (wm, wl: [kWarps][kGroup]; wo: [kWarps][kGroup][kD] floats; m in log2 units with kLog2, else natural):
+// M = max_w m_w (written in natural units), L = Σ_w e^{m_w − M}·l_w, o = Σ_w e^{m_w − M}·o_w (warps without keys,
+// m = −inf, skipped).
+template <int kWarps, bool kLog2>
+__device__ __forceinline__ void writeSplitPartial(const float (*wm)[kGroup], const float (*wl)[kGroup], const float* wo,
+                                                  int g, int split, float* part) {
   constexpr float kLn2 = 0.6931471805599453f;
   for (int h = 0; h < kGroup; ++h) {
     float mb = -MINFER_INF;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mb = fmaxf(mb, wm[w][h]);
-    float* dst = part + ((static_cast<uint64_t>(g) * kGroup + h) * kSplits + split) * (kD + 2);
+    float* dst = part + ((static_cast<uint64_t>(g) * kGroup + h) * ATT_SPLITS + split) * (kD + 2);
     for (int d = threadIdx.x; d < kD; d += blockDim.x) {
       float acc = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w)
-        if (wm[w][h] != -MINFER_INF) acc += wo[(w * kGroup + h) * kD + d] * exp2f(wm[w][h] - mb);
+        if (wm[w][h] != -MINFER_INF)
+          acc += wo[(w * kGroup + h) * kD + d] * (kLog2 ? exp2f(wm[w][h] - mb) : expf(wm[w][h] - mb));
       dst[2 + d] = acc;
     }
     if (threadIdx.x == 0) {
       float lb = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w)
-        if (wm[w][h] != -MINFER_INF) lb += wl[w][h] * exp2f(wm[w][h] - mb);
-      dst[0] = mb * kLn2;  // a split always has keys: finite
+        if (wm[w][h] != -MINFER_INF) lb += wl[w][h] * (kLog2 ? exp2f(wm[w][h] - mb) : expf(wm[w][h] - mb));
+      dst[0] = kLog2 ? mb * kLn2 : mb;  // −inf only where no warp had keys
       dst[1] = lb;
     }
   }
+}
+}  // namespace minfer::kern::attn
+
+// Block (kv head g, split s): the kGroup query heads that share kv head g, over the split's keys (decodeSplits), so
+// each K and V row is read once for all of them (GQA), in one of two forms (attnDecodeUsesMma), then the warps'
+// (max, sum, output) merge through shared memory into the block's partial (writeSplitPartial):
+// - tensor cores (the flash-decoding split of the SIMT form, FlashAttention-2's tile arithmetic): mmaGroupKeys over
+//   the split's keys (4 warps, m in log2 units);
+// - SIMT: a warp takes two keys at a time (keys begin + w, begin + w + kWarps, …), its lanes splitting the
+//   dimensions: the kGroup scores are warp sums, the online softmax runs in every lane, and each lane accumulates
+//   P·V for its own dimensions. (The earlier form, lane = key, ran HEAD_DIM · kGroup dependent FMAs per key on one
+//   lane: 14 µs per layer at a depth of a few keys on the 7B, measured with Nsight Compute.)
+extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
+    minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
+                       float* __restrict__ part, const int* __restrict__ pos) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::attn;
+  constexpr int kWarps = static_cast<int>(kAttnWarps);
+  __shared__ float wm[kWarps][kGroup], wl[kWarps][kGroup];
+
+  const int g = blockIdx.x, split = blockIdx.y;
+  const int kv_len = pos[0] + 1;
+  const DecodeSplits sp = decodeSplits(kv_len);
+  if (split >= sp.active) return;  // idle: the combine reads splits [0, active) only
+  const int begin = sp.lo + split * sp.chunk, end = min(kv_len, begin + sp.chunk);
+#if MINFER_ATT_DECODE_MMA
+  extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]; then the warps' outputs (f32)
+  float o[kDT][4], m_run[2], l_run[2];
+  mmaGroupKeys(q + static_cast<uint64_t>(g) * kGroup * kD, kc, vc, begin, end, g, [](int p) { return kvRow(p); },
+               smem_h, o, m_run, l_run);
+  writeSplitPartial<kWarps, true>(wm, wl, stashMmaInStages(o, m_run, l_run, wm, wl, smem_h), g, split, part);
+#else
+  __shared__ float wo[kWarps][kGroup][kD];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float scale = qkScale();
+  WarpAttention wa;
+  wa.init(q + static_cast<uint64_t>(g) * kGroup * kD, lane);
+  // Two keys per iteration (key, key + kWarps).
+  const uint64_t col = static_cast<uint64_t>(g) * kD;
+  for (int key = begin + warp; key < end; key += 2 * kWarps) {
+    const bool two = key + kWarps < end;
+    const uint64_t row = kvRow(key) + col, row2 = kvRow(two ? key + kWarps : key) + col;
+    wa.keyPair(kc + row, kc + row2, vc + row, vc + row2, two, scale, lane);
+  }
+  wa.stash(warp, lane, wm, wl, wo);
+  __syncthreads();
+  writeSplitPartial<kWarps, false>(wm, wl, &wo[0][0][0], g, split, part);
+#endif
 }
 #endif
 

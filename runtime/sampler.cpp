@@ -89,22 +89,18 @@ int32_t Sampler::sample(std::span<const float> logits) {
   // 1 and 3 (top-k) without the full list where top-k keeps fewer than all.
   if (params_.top_k > 0 && params_.top_k < n)
     return sampleCandidates(selectTopK(logits.first(static_cast<size_t>(n))), /*sorted=*/true);
+  // 1. on the whole list, indexed by id (entry i is written after its value is read, so the penalized values
+  // forEachValue keeps in later entries are still there); 2. greedy ran above, in greedy(); 3. top-k keeps every
+  // candidate here.
   Candidate* cand = candidates_.data();
-  for (int32_t i = 0; i < n; ++i) cand[i] = {i, candidateLogit(logits[i]), 0.0f};
-
-  // 1. Repetition penalty, once per distinct token of the history (candidates are still indexed by id).
-  // The device top-k (kernels/topk.cuh) applies the same float operations to the same list.
-  for (const int32_t tok : penalizedTokens()) {
-    if (tok >= n) continue;
-    cand[tok].logit = penalize(cand[tok].logit);
-  }
-  // 2. Greedy (temperature ≤ 0) ran above, in greedy(); 3. top-k, in selectTopK() (here it keeps every candidate).
+  forEachValue(logits.first(static_cast<size_t>(n)), [&](int32_t i, float v) { cand[i] = {i, v, 0.0f}; });
   return sampleCandidates(n, /*sorted=*/false);
 }
 
-// Step 1 without the candidate list (a served step of 32 rows of a 152,064-token vocabulary filled 58 MB of
-// candidates): the penalized tokens' values wait in their candidates_ entries, marked in penalized_, and one scan
-// reads either those or the logits (NaN as −∞); the marks are cleared before returning.
+// Step 1, the repetition penalty once per distinct token of the history, without the candidate list (a served step
+// of 32 rows of a 152,064-token vocabulary filled 58 MB of candidates): the penalized tokens' values wait in their
+// candidates_ entries, marked in penalized_, and one scan reads either those or the logits (NaN as −∞); the marks
+// are cleared before returning. The device top-k (kernels/topk.cuh) applies the same float operations.
 template <class Visit>
 void Sampler::forEachValue(std::span<const float> logits, Visit visit) {
   const std::span<const int32_t> pen = penalizedTokens();
