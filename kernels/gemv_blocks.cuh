@@ -541,6 +541,37 @@ __device__ __forceinline__ void gemvRowsBlock(const uint8_t* w, const float* bia
       w, bias, xq, xmeta, rms, bx, [out](int r, float v) { out[r] = v; });
 }
 
+// The deferred RMSNorm's producer side (minfer_gemv_add_norm, moe.cuh's minfer_moe_down_dec with MOE_ADD_NORM),
+// called by every thread of a block once its sums of q8 block `blk` (32 rows, written by kCtas thread blocks) are
+// written: the block counts itself in counters[blk] (a block barrier, then one thread's acquire-release atomic, as
+// minfer_gemv_glu), and the block completing the 32 rows writes the q8 form of u = sum ⊙ nw (reading the sums
+// back through L2) and partial[blk] = Σ sum², then sets the counter back to 0.
+template <int kCtas>
+__device__ __forceinline__ void addNormComplete(int blk, const float* sum, const float* __restrict__ nw,
+                                                int8_t* __restrict__ qs, Q8Meta* __restrict__ meta,
+                                                float* __restrict__ partial, unsigned* __restrict__ counters) {
+  static_assert(kCtas >= 1 && 32 % kCtas == 0, "whole q8 blocks of 32 rows in whole thread blocks");
+  __shared__ bool completes;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blk) : "memory");
+    completes = before == kCtas - 1;
+  }
+  __syncthreads();
+  if (!completes || threadIdx.x >= 32) return;
+  const int lane = threadIdx.x % 32;
+  // The norm weight loaded here, beside the sums (one round trip for both), not held in a register through the
+  // GEMV (52 instead of 44 registers for Q4_K 3584 × 3584).
+  const float wn = nw[32 * blk + lane], s = __ldcg(sum + 32 * blk + lane);
+  quantizeBlock<1>({s * wn}, qs + 32 * blk, meta + blk, true);
+  const float ss = warpSum(s * s);
+  if (lane == 0) {
+    partial[blk] = ss;
+    counters[blk] = 0;
+  }
+}
+
 }  // namespace minfer::kern::gemvb
 #endif  // MINFER_DEVICE_CODE
 
@@ -590,33 +621,13 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
                          unsigned* __restrict__ counters) {
   using namespace minfer::kern;
   using namespace minfer::kern::gemvb;
-  const int lane = threadIdx.x % 32;
   const int blk = static_cast<int>(blockIdx.x) * kNormRowsPerCta / 32;  // this block's q8 block
   gemvRows<kQ4K, kN, kRows, kRowWarps, kUnroll, kBlocksPerRow, GEMVB_PITCH, GEMVB_GROUP_PITCH, GEMVB_HAS_BIAS>(
       w, bias, xq, xmeta, nullptr, blockIdx.x, [&](int r, float o) {
         if (out) out[r] = o;
         sum[r] = res[r] + o;
       });
-  // This block's sums are written. Count it in its q8 block (a block barrier, then one thread's acquire-release
-  // atomic, as minfer_gemv_glu); the block completing the 32 rows quantizes them.
-  __shared__ bool completes;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned before;
-    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blk) : "memory");
-    completes = before == 32 / kNormRowsPerCta - 1;
-  }
-  __syncthreads();
-  if (!completes || threadIdx.x >= 32) return;
-  // The norm weight loaded here, beside the sums (one round trip for both), not held in a register through the
-  // GEMV (52 instead of 44 registers for Q4_K 3584 × 3584).
-  const float wn = nw[32 * blk + lane], s = __ldcg(sum + 32 * blk + lane);
-  quantizeBlock<1>({s * wn}, qs + 32 * blk, meta + blk, true);
-  const float ss = warpSum(s * s);
-  if (lane == 0) {
-    partial[blk] = ss;
-    counters[blk] = 0;
-  }
+  addNormComplete<32 / kNormRowsPerCta>(blk, sum, nw, qs, meta, partial, counters);
 }
 #elif GEMVB_GLU
 static_assert(minfer::kern::gemvb::kRows == 2 && !GEMVB_HAS_BIAS, "the gate|up GEMV takes two rows (gate, up), no bias");

@@ -68,7 +68,8 @@
 //   route + sort: MOE_ROUTE_SORT, MOE_NORM, MOE_X_Q8;  router + route + sort: MOE_ROUTER_SORT, MOE_NORM, MOE_X_Q8,
 //             MOE_R_PLANE (4 kF32, 5 kF16, 6 kBF16), MOE_R_PITCH, MOE_R_HAS_BIAS (the router weight's dense plane),
 //             MOE_SORT_SLOTS (default 1; 0: no slot sort, for the decode expert GEMVs, which read the ids)
-//   decode expert GEMVs: MOE_GATE_UP_DEC (MOE_X_TYPE, _GP, _PITCH, _EPITCH for X = G, U, D) and MOE_DOWN_DEC (those of D)
+//   decode expert GEMVs: MOE_GATE_UP_DEC (MOE_X_TYPE, _GP, _PITCH, _EPITCH for X = G, U, D) and MOE_DOWN_DEC (those of D;
+//             MOE_ADD_NORM = 1: the residual Add and the deferred RMSNorm's q8 form and partial sums too)
 // Launch ABI (x, out: n_tokens × E f32; ids: n_tokens × K i32; w: n_tokens × K f32; logits n_tokens × NEXP):
 //   minfer_moe_route(const float* logits, int* ids, float* w)                 grid n_tokens × 32 threads
 //   minfer_moe_sort(const int* ids, const float* x, float* scratch, int n_tokens)
@@ -94,6 +95,10 @@
 //                          A and its q8 form into the scratch; counters: K·F/32 words, zero on entry and on exit
 //   minfer_moe_down_dec(const int* ids, const float* w, const uint8_t* dq, float* scratch, float* out)
 //                                                    moeDownDecLaunchRule(E); one token: out = E f32
+//     with MOE_ADD_NORM = 1, after out: (const float* res, float* sum, const float* nw, int8_t* qs, Q8Meta* meta,
+//     float* partial, unsigned* counters): res, sum E f32 (may alias: the residual in place), nw E f32 (the norm
+//     weight), qs, meta: row 0 of the q8 buffer (q8 of sum ⊙ nw), partial E / 32 f32, counters E / 32 words, zero
+//     on entry and on exit (gemv_blocks.cuh minfer_gemv_add_norm's arguments after its product)
 //   gs/gm/us/um/ds/dm are null for kBlocks and float weights and for absent min planes; x of the
 //   gate_up kernel is unused when gate/up are read from blocks (it reads the scratch's Xq).
 #pragma once
@@ -1072,9 +1077,23 @@ static_assert(kK <= 32, "lane j < K holds choice j's id and weight");
 // (gemvb's four lanes per block; lane j < K loads id j and weight j, the others take them by shuffles), issues
 // all its weight loads, then its activation loads, adds w[j]·partDot for every row and part, then a warp sum. So
 // the combine's sum runs in another order than minfer_moe_combine's (Σ_j w[j]·Y[j][r]): equal up to f32 rounding.
+// With MOE_ADD_NORM = 1 it also does the residual Add after the MoeFfn step and the RmsNorm and QuantizeAct of the
+// sum, the norm deferred to the GEMVs that read its q8 form, as gemv_blocks.cuh's minfer_gemv_add_norm does after
+// a GEMV: sum[r] = res[r] + out[r], and per q8 block of 32 rows (4 thread blocks, counted in counters[b]) the q8
+// form of u = sum ⊙ nw and partial[b] = Σ sum² (gemvb::addNormComplete).
+#ifndef MOE_ADD_NORM
+#define MOE_ADD_NORM 0
+#endif
+#if MOE_ADD_NORM
+#define MINFER_MOE_ADD_NORM_PARAMS                                                                              \
+  , const float *res, float *sum, const float *__restrict__ nw, int8_t *__restrict__ qs,                        \
+      minfer::kern::Q8Meta *__restrict__ meta, float *__restrict__ partial, unsigned *__restrict__ counters
+#else
+#define MINFER_MOE_ADD_NORM_PARAMS
+#endif
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
     minfer_moe_down_dec(const int* __restrict__ ids, const float* __restrict__ w, const uint8_t* __restrict__ dq,
-                        float* __restrict__ scratch, float* __restrict__ out) {
+                        float* __restrict__ scratch, float* __restrict__ out MINFER_MOE_ADD_NORM_PARAMS) {
   using namespace minfer::kern;
   using namespace minfer::kern::moe;
   const unsigned lane = threadIdx.x % 32;
@@ -1116,8 +1135,18 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
 #pragma unroll
   for (unsigned i = 0; i < kMoeDownDecRows; ++i) {
     const float s = warpSum(acc[i]);
-    if (lane == 0 && r0 + i < kE) out[r0 + i] = s;
+    if (lane == 0 && r0 + i < kE) {
+      out[r0 + i] = s;
+#if MOE_ADD_NORM
+      sum[r0 + i] = res[r0 + i] + s;
+#endif
+    }
   }
+#if MOE_ADD_NORM
+  constexpr int kRowsPerCta = static_cast<int>(kGemvBlocksWarps * kMoeDownDecRows);
+  gemvb::addNormComplete<32 / kRowsPerCta>(static_cast<int>(blockIdx.x) * kRowsPerCta / 32, sum, nw, qs, meta,
+                                           partial, counters);
+#endif
 }
 #endif  // MOE_DOWN_DEC
 

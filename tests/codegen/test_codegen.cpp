@@ -1300,7 +1300,9 @@ TEST_CASE("decode GEMV triple: q, k, v of a q/k-norm model in one launch, each s
 // Q6_K blocks: each layer's router MatMul runs the router launch without the slot sort (MOE_SORT_SLOTS 0), then
 // minfer_moe_gate_up_dec (the ids, the three expert weights' blocks, the scratch, K·F/32 counter words; one gate|up
 // output per warp at n_embd 256) and minfer_moe_down_dec (ids, weights, down's blocks, the scratch, the step's
-// output; two rows per warp); the prefill plan keeps the sorted kernels.
+// output; two rows per warp), with, in every layer but the last, the residual Add, the next layer's attn_norm and its
+// QuantizeAct as the down launch's epilogue (MOE_ADD_NORM: the norm's arguments after the output; the q, k, v GEMV
+// triple after it applies the deferred 1/rms); the prefill plan keeps the sorted kernels.
 TEST_CASE("decode MoE experts on the GGUF blocks: router without the sort, then the gate|up and down GEMVs") {
   if (!haveNvrtc()) {
     MESSAGE("SKIPPED: built without NVRTC");
@@ -1337,7 +1339,16 @@ TEST_CASE("decode MoE experts on the GGUF blocks: router without the sort, then 
     CHECK(gu.args[5].bytes == uint64_t{k} * f / 32 * 4);
     CHECK(gu.rule.at(1).grid.x == k * f / kern::moeGateUpDecOutputs(e));
     CHECK(gu.rule.at(1).block.x == 32 * kern::kGemvBlocksWarps);
-    REQUIRE(dn.args.size() == 5);
+    // The residual Add, the next layer's attn_norm and its QuantizeAct in the down launch, the norm deferred to the
+    // q, k, v GEMV triple after them; the last layer's output_norm feeds the output GEMV alone, so it stays apart.
+    const bool last = moe == l.desc.config.n_layer;
+    REQUIRE(i + 4 < l.desc.plan.decode.size());
+    const model::StepDesc &add = l.desc.plan.decode[i + 1], &norm = l.desc.plan.decode[i + 2],
+                          &quant = l.desc.plan.decode[i + 3];
+    REQUIRE((add.op == fb::OpKind::Add && norm.op == fb::OpKind::RmsNorm && quant.op == fb::OpKind::QuantizeAct));
+    CHECK(set.decode_fused[i + 1] == !last);  // the last Add runs the output_norm's launch (RMS_ADD)
+    CHECK(optionValue(set.images[dn.images[0]], "MOE_ADD_NORM") == (last ? "" : "1"));
+    REQUIRE(dn.args.size() == (last ? 5u : 12u));
     CHECK(dn.args[0].buffer == st.inputs[1]);
     CHECK(dn.args[1].buffer == st.inputs[2]);
     CHECK(dn.args[2].tensor == st.weights[2]);
@@ -1345,6 +1356,23 @@ TEST_CASE("decode MoE experts on the GGUF blocks: router without the sort, then 
     CHECK(dn.args[4].buffer == st.outputs[0]);
     CHECK(dn.args[4].access == fb::Access::Write);
     CHECK(dn.rule.at(1).grid.x == kern::ceilDiv(e, kern::kGemvBlocksWarps * kern::kMoeDownDecRows));
+    if (last) continue;
+    const uint32_t res = add.inputs[0] == st.outputs[0] ? add.inputs[1] : add.inputs[0];
+    CHECK(dn.args[5].buffer == res);
+    CHECK(dn.args[6].buffer == add.outputs[0]);
+    CHECK(dn.args[6].access == fb::Access::Write);
+    CHECK(dn.args[7].tensor == norm.weights[0]);
+    CHECK(dn.args[8].buffer == quant.outputs[0]);
+    CHECK(dn.args[9].buffer == quant.outputs[0]);
+    CHECK(dn.args[10].buffer == norm.outputs[0]);  // the partial sums of squares
+    CHECK(dn.args[11].kind == fb::ArgKind::Counters);
+    CHECK(dn.args[11].bytes == uint64_t{e} / 32 * 4);
+    // The triple applies the 1/rms: GEMVB_RMS_EPS with the norm's epsilon, the partials as its last argument.
+    const std::vector<LaunchRecord>& triple = set.decode[i + 4];
+    REQUIRE(triple.size() == 1);
+    CHECK(set.images[triple[0].images[0]].entry == "minfer_gemv_triple");
+    CHECK(!optionValue(set.images[triple[0].images[0]], "GEMVB_RMS_EPS").empty());
+    CHECK(triple[0].args.back().buffer == norm.outputs[0]);
   }
   CHECK(moe == l.desc.config.n_layer);
   for (const std::vector<LaunchRecord>& step : set.prefill)

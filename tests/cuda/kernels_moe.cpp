@@ -477,7 +477,8 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
 // zero again afterwards, and an id that is not an expert (−1) drops its slot as cpu::moeFfn does. Shapes: the
 // qwen3-30b-a3b layer (128 experts choosing 8 of 768 × 2048: one warp per gate|up output, 96 down parts per row);
 // n_embd 4096 (two warps per output); gate Q6_K with up Q4_K at n_embd 2304 (9 blocks: a second step for one lane
-// group); an expert width of 5 blocks (40 down parts per row: lanes 8 … 31 idle in the second step).
+// group); an expert width of 5 blocks (40 down parts per row: lanes 8 … 31 idle in the second step). The down
+// launch with the residual Add and deferred RMSNorm after it (MOE_ADD_NORM) is checked on each run (checkAddNorm).
 TEST_CASE("moe decode expert GEMVs on the GGUF blocks vs the host, cpu::moeFfn and the sorted kernels") {
   MINFER_REQUIRE_GPU(G);
   const MoeCase cases[] = {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 128, 8, 768, 2048},
@@ -509,6 +510,8 @@ TEST_CASE("moe decode expert GEMVs on the GGUF blocks vs the host, cpu::moeFfn a
     };
     auto dall = dgu;
     dall.insert(dall.end(), ddn.begin(), ddn.end());
+    auto add_norm_defines = blocksDefines(dall, "MOE_DOWN_DEC", {"D"});
+    add_norm_defines.push_back({"MOE_ADD_NORM", "1"});
     std::vector<Kernel> k = compile(
         {spec("moe_sort_dec_test_" + tag, "kernels/moe.cuh", "minfer_moe_sort", dsort),
          spec("moe_gate_up_dec_test_" + tag, "kernels/moe.cuh", "minfer_moe_gate_up_dec",
@@ -516,7 +519,8 @@ TEST_CASE("moe decode expert GEMVs on the GGUF blocks vs the host, cpu::moeFfn a
          spec("moe_down_dec_test_" + tag, "kernels/moe.cuh", "minfer_moe_down_dec",
               blocksDefines(dall, "MOE_DOWN_DEC", {"D"})),
          spec("moe_gate_up_sorted_test_" + tag, "kernels/moe.cuh", "minfer_moe_gate_up", dgu),
-         spec("moe_down_sorted_test_" + tag, "kernels/moe.cuh", "minfer_moe_down_combine", ddn)});
+         spec("moe_down_sorted_test_" + tag, "kernels/moe.cuh", "minfer_moe_down_combine", ddn),
+         spec("moe_down_dec_add_norm_test_" + tag, "kernels/moe.cuh", "minfer_moe_down_dec", add_norm_defines)});
     const auto f32 = static_cast<unsigned>(c.f), e32 = static_cast<unsigned>(c.e);
     const unsigned n_counters = c.k * f32 / 32, tiles = kern::ceilDiv(e32, kern::moeDownRows(true, f32));
     const std::vector<float> dense_gate = dequantizeAll(gate), dense_up = dequantizeAll(up),
@@ -540,6 +544,40 @@ TEST_CASE("moe decode expert GEMVs on the GGUF blocks vs the host, cpu::moeFfn a
     };
     poisoned.reserve(3);
     CUdeviceptr gq = poison(gate), uq = poison(up), dq = poison(down), null = 0;
+    // The down launch with the residual Add and the deferred RMSNorm after it (MOE_ADD_NORM; its first four
+    // arguments `head`, on the scratch minfer_moe_gate_up_dec left), twice (the counters back to zero), the residual
+    // updated in place and not: its output bit-identical to the plain launch's `plain`, the sum to res + plain on the
+    // host, the q8 buffer to the host mirror of quantize_act on u = sum ⊙ nw, each block's Σ sum² against float64
+    // (kRmsNormTol).
+    const std::vector<float> res_v = activations(1, static_cast<int>(c.e)), nw_v = randomFloats(c.e, rng());
+    auto checkAddNorm = [&](const Kernel& kernel, const std::vector<float>& plain, std::vector<void*> head) {
+      std::vector<float> want_sum(c.e), u(c.e), want_partial(c.e / 32);
+      for (size_t r = 0; r < c.e; ++r) want_sum[r] = res_v[r] + plain[r], u[r] = want_sum[r] * nw_v[r];
+      for (size_t b = 0; b < c.e / 32; ++b) {
+        double ss = 0;
+        for (size_t j = 0; j < 32; ++j) ss += static_cast<double>(want_sum[32 * b + j]) * want_sum[32 * b + j];
+        want_partial[b] = static_cast<float>(ss);
+      }
+      DeviceArray nw = DeviceArray::of(nw_v), counters = DeviceArray::of(std::vector<uint32_t>(c.e / 32, 0));
+      for (int in_place = 0; in_place < 2; ++in_place) {
+        CAPTURE(in_place);
+        DeviceArray out(c.e * 4), res = DeviceArray::of(res_v), sum(c.e * 4), qs(c.e), meta(c.e / 32 * 8),
+            partial(c.e / 32 * 4);
+        for (DeviceArray* d : {&out, &sum, &qs, &meta, &partial}) d->poison();
+        CUdeviceptr po = out.ptr(), pr = res.ptr(), psum = in_place ? res.ptr() : sum.ptr(), pnw = nw.ptr(),
+                    pq = qs.ptr(), pm = meta.ptr(), pp = partial.ptr(), pc = counters.ptr();
+        std::vector<void*> args = head;
+        args.insert(args.end(), {&po, &pr, &psum, &pnw, &pq, &pm, &pp, &pc});
+        launch(kernel, kern::moeDownDecLaunchRule(e32).at(1), args);
+        CHECK(out.download<float>(c.e) == plain);
+        CHECK((in_place ? res : sum).download<float>(c.e) == want_sum);
+        checkQ8Of(u, qs, meta, 1, static_cast<int>(c.e));
+        const std::vector<float> got_partial = partial.download<float>(c.e / 32);
+        CHECK(track("moe down + add + norm partial sums",
+                    relError(got_partial.data(), want_partial.data(), want_partial.size())) <= kRmsNormTol);
+        CHECK(counters.download<uint32_t>(c.e / 32) == std::vector<uint32_t>(c.e / 32, 0));
+      }
+    };
     // The decode kernels, then the sorted ones on the same sort, for ids `use` (the sort and the sorted kernels
     // see only valid ids: −1 is given to the decode kernels alone).
     auto run = [&](const std::vector<int32_t>& use) {
@@ -560,6 +598,7 @@ TEST_CASE("moe decode expert GEMVs on the GGUF blocks vs the host, cpu::moeFfn a
       launch(k[1], kern::moeGateUpDecLaunchRule(c.k, f32, e32).at(1), {&pi, &gq, &uq, &dq, &ps, &pc});
       launch(k[2], kern::moeDownDecLaunchRule(e32).at(1), {&pi, &pw, &dq, &ps, &po});
       CHECK(counters.download<uint32_t>(n_counters) == std::vector<uint32_t>(n_counters, 0));
+      checkAddNorm(k[5], out.download<float>(c.e), {&pi, &pw, &dq, &ps});
       launch(k[3], kern::moeExpertsLaunchRule(f32, kern::moeGateUpRows(true, e32, true), c.nexp, c.k).at(1),
              {&px, &gq, &null, &null, &uq, &null, &null, &ps});
       launch(k[4], kern::moeExpertsLaunchRule(e32, kern::moeDownRows(true, f32), c.nexp, c.k).at(1),

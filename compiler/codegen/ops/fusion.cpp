@@ -60,14 +60,22 @@ bool qkvChain(const std::vector<model::StepDesc>& steps, size_t i) {
          q.outputs[0] != v.outputs[0] && k.outputs[0] != v.outputs[0];
 }
 
-// steps[i .. i+3]: a MatMul, the Add of its output and one other buffer, the RmsNorm of the sum and its
-// QuantizeAct, whole buffers.
-bool gemvNormChain(const std::vector<model::StepDesc>& steps, size_t i) {
-  const model::StepDesc &mm = steps[i], &add = steps[i + 1], &norm = steps[i + 2];
-  return mm.op == fb::OpKind::MatMul && wholeBuffers(mm) && mm.outputs.size() == 1 && add.op == fb::OpKind::Add &&
-         add.inputs.size() == 2 && (add.inputs[0] == mm.outputs[0] || add.inputs[1] == mm.outputs[0]) &&
+// steps[i .. i+3]: a step of kind `op` with one output, the Add of that output and one other buffer, the RmsNorm
+// of the sum and its QuantizeAct, whole buffers.
+bool addNormChain(const std::vector<model::StepDesc>& steps, size_t i, fb::OpKind op) {
+  const model::StepDesc &p = steps[i], &add = steps[i + 1], &norm = steps[i + 2];
+  return p.op == op && wholeBuffers(p) && p.outputs.size() == 1 && add.op == fb::OpKind::Add &&
+         add.inputs.size() == 2 && (add.inputs[0] == p.outputs[0] || add.inputs[1] == p.outputs[0]) &&
          fusesAddNorm(add, norm) && wholeBuffers(norm) && norm.outputs.size() == 1 &&
          fusesQuantize(norm, steps[i + 3], PlanVariant::kDecode);
+}
+
+// A MatMul's (gemv_blocks.cuh minfer_gemv_add_norm) and a MoeFfn's (moe.cuh minfer_moe_down_dec, MOE_ADD_NORM).
+bool gemvNormChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  return addNormChain(steps, i, fb::OpKind::MatMul);
+}
+bool moeNormChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  return addNormChain(steps, i, fb::OpKind::MoeFfn);
 }
 
 // steps[i], steps[i+1]: two MatMuls of one input into distinct whole buffers (gate and up).
@@ -112,21 +120,26 @@ bool writes(const model::StepDesc& s, uint32_t buffer) {
   return std::find(s.outputs.begin(), s.outputs.end(), buffer) != s.outputs.end();
 }
 
-// Decode steps i .. i+3: MatMul, residual Add, RmsNorm, QuantizeAct (gemvNormChain) whose 1/rms the GEMV leaves to
-// the GEMVs after them (minfer_gemv_add_norm): with `gemv.norm`, where fusesGemvAddNorm allows it and every reader
-// of the norm's f32 output y and of its q8 form, until each is written again, is a MatMul of the GEMV chain that
-// fusedFollowers fuses right after the QuantizeAct and that takes a deferred norm (normConsumerChain), reading y
-// (its unused f32 input) and the q8 form and nothing else of them; and the q8 form is not the matmul's own q8 input.
-// y then holds the partial sums of squares.
+// Decode steps i .. i+3: a MatMul or the MoeFfn of the decode expert GEMVs, residual Add, RmsNorm, QuantizeAct
+// (gemvNormChain, moeNormChain) whose 1/rms the launch leaves to the GEMVs after them (minfer_gemv_add_norm,
+// minfer_moe_down_dec with MOE_ADD_NORM): with `gemv.norm`, where fusesGemvAddNorm or fusesMoeAddNorm allows it and
+// every reader of the norm's f32 output y and of its q8 form, until each is written again, is a MatMul of the GEMV
+// chain that fusedFollowers fuses right after the QuantizeAct and that takes a deferred norm (normConsumerChain),
+// reading y (its unused f32 input) and the q8 form and nothing else of them; and the q8 form is not the matmul's own
+// q8 input. y then holds the partial sums of squares.
 bool defersNorm(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
                 size_t i, GemvFusions gemv) {
   const std::vector<model::StepDesc>& steps = planSteps(desc.plan, variant);
-  if (!gemv.norm || variant != PlanVariant::kDecode || i + 4 >= steps.size() || !gemvNormChain(steps, i)) return false;
+  if (!gemv.norm || variant != PlanVariant::kDecode || i + 4 >= steps.size()) return false;
   const auto ctx = [&](size_t k) { return StepContext(desc, layouts, variant, k); };
-  if (!fusesGemvAddNorm(ctx(i), ctx(i + 1), ctx(i + 2))) return false;
+  if (gemvNormChain(steps, i)) {
+    if (!fusesGemvAddNorm(ctx(i), ctx(i + 1), ctx(i + 2))) return false;
+    // The launch writes the q8 form while its other thread blocks still read the matmul's q8 input.
+    if (steps[i].inputs.size() < 2 || steps[i].inputs[1] == steps[i + 3].outputs[0]) return false;
+  } else if (!moeNormChain(steps, i) || !fusesMoeAddNorm(ctx(i), ctx(i + 1), ctx(i + 2))) {
+    return false;
+  }
   const uint32_t y = steps[i + 2].outputs[0], q8 = steps[i + 3].outputs[0];
-  // The launch writes the q8 form while its other thread blocks still read the matmul's q8 input.
-  if (steps[i].inputs.size() < 2 || steps[i].inputs[1] == q8) return false;
   const size_t j = i + 4, f = fusedFollowers(desc, layouts, variant, j, steps.size(), gemv);
   if (!normConsumerChain(steps, j, f)) return false;
   // Within the chain, only its MatMuls read them, and nothing writes them (its thread blocks would overwrite what
@@ -145,6 +158,15 @@ bool defersNorm(const model::ModelDescription& desc, llvm::ArrayRef<planes::Tens
     q8_live = q8_live && !writes(steps[k], q8);
   }
   return true;
+}
+
+// The RmsNorm step whose 1/rms the fused chain of steps[i] and its `f` followers defers (a GEMV + Add + RMSNorm, or
+// MoE launches ending with the Add and RMSNorm after the MoeFfn: fusedFollowers gave them 3, or 3 more), if any.
+std::optional<size_t> deferredNormOf(const std::vector<model::StepDesc>& steps, size_t i, size_t f) {
+  if (f == 3 && gemvNormChain(steps, i)) return i + 2;
+  const bool moe = (f == 5 && moeRouterChain(steps, i)) || (f == 4 && moeRouteFfnChain(steps, i));
+  if (moe && moeNormChain(steps, i + f - 3)) return i + f - 1;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -171,8 +193,7 @@ llvm::Expected<PlanFusion> planFusion(const model::ModelDescription& desc, llvm:
       pf.input_norm[i] = deferred;
       deferred.reset();
     }
-    // fusedLaunches' minfer_gemv_add_norm (the only 3-follower chain starting with a MatMul and an Add).
-    if (f == 3 && gemvNormChain(steps, i)) deferred = i + 2;
+    deferred = deferredNormOf(steps, i, f);
   }
   if (deferred)
     return StepContext(desc, layouts, variant, *deferred).error("an RMSNorm deferred to a GEMV chain the plan lacks");
@@ -226,10 +247,13 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
       return fits(i + 4) && fusesQuantize(steps[i + 3], steps[i + 4], variant) ? 4 : 3;
     return 2;
   }
+  // The router MatMul, MoeRoute and MoeFfn (or the last two), and the residual Add and RmsNorm after them where the
+  // MoE launches can defer that norm.
   if (variant == PlanVariant::kDecode && fitsAll(i + 2) && moeRouterChain(steps, i) &&
       fusesMoeRouter(ctx(i), ctx(i + 1), ctx(i + 2)))
-    return 2;
-  if (variant == PlanVariant::kDecode && fits(i + 1) && moeRouteFfnChain(steps, i)) return 1;
+    return fitsAll(i + 5) && defersNorm(desc, layouts, variant, i + 2, gemv) ? 5 : 2;
+  if (variant == PlanVariant::kDecode && fits(i + 1) && moeRouteFfnChain(steps, i))
+    return fitsAll(i + 4) && defersNorm(desc, layouts, variant, i + 1, gemv) ? 4 : 1;
   if (fits(i + 1) && fusesAddNorm(steps[i], steps[i + 1]))
     return fits(i + 2) && fusesQuantize(steps[i + 1], steps[i + 2], variant) ? 2 : 1;
   return fits(i + 1) && fusesQuantize(steps[i], steps[i + 1], variant) ? 1 : 0;
@@ -266,8 +290,16 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
     return headNormRopeAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), &quant);
   }
   if (followers == 3 && gemvNormChain(steps, i)) return gemvAddNormLaunches(producer, next, ctx(i + 2), ctx(i + 3));
-  if (followers == 1 && moeRouteFfnChain(steps, i)) return moeRouteFfnLaunches(producer, next);
-  if (followers == 2 && moeRouterChain(steps, i)) return moeRouterFfnLaunches(producer, next, ctx(i + 2));
+  if ((followers == 1 || followers == 4) && moeRouteFfnChain(steps, i)) {
+    if (followers == 1) return moeRouteFfnLaunches(producer, next, nullptr);
+    const AddNormSteps add_norm{ctx(i + 2), ctx(i + 3), ctx(i + 4)};
+    return moeRouteFfnLaunches(producer, next, &add_norm);
+  }
+  if ((followers == 2 || followers == 5) && moeRouterChain(steps, i)) {
+    if (followers == 2) return moeRouterFfnLaunches(producer, next, ctx(i + 2), nullptr);
+    const AddNormSteps add_norm{ctx(i + 3), ctx(i + 4), ctx(i + 5)};
+    return moeRouterFfnLaunches(producer, next, ctx(i + 2), &add_norm);
+  }
   if (producer.step().op == fb::OpKind::Add) {
     if (followers == 1) return addRmsNormLaunches(producer, next, nullptr);
     const StepContext quant = ctx(i + 2);

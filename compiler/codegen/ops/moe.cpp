@@ -8,6 +8,8 @@
 // stride table the launch record's Weight argument carries (row pitch and expert pitch). Q4_K and Q6_K
 // experts are read from their kBlocks plane (the GGUF blocks; q8 activations), other types from kI8 +
 // kScale [+ kMin] or their dense plane (layout_planner.h: which planes an expert tensor has).
+#include <tuple>
+
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/moe.cuh"
 
@@ -245,11 +247,12 @@ llvm::Expected<KernelLaunch> routerSortLaunch(const StepContext& c, const StepCo
 // The decode MoeFfn step c's expert launches when gate, up and down are all read from blocks: one token's K chosen
 // experts as GEMVs over their rows (minfer_moe_gate_up_dec, then minfer_moe_down_dec with the combine), without the
 // sort's slot lists (the sort launch before them still quantizes x into the scratch). `shape`, `scratch`, `ids_in`:
-// moeFfn's.
-std::vector<KernelLaunch> decodeExpertLaunches(const StepContext& c, const std::string& shape,
-                                               const ExpertPlanes& gate, const ExpertPlanes& up,
-                                               const ExpertPlanes& down, const KernelArgDesc& scratch,
-                                               const KernelArgDesc& ids_in) {
+// moeFfn's; `add_norm`: the residual Add, RmsNorm and QuantizeAct the down launch also runs (MOE_ADD_NORM), or null.
+llvm::Expected<std::vector<KernelLaunch>> decodeExpertLaunches(const StepContext& c, const std::string& shape,
+                                                              const ExpertPlanes& gate, const ExpertPlanes& up,
+                                                              const ExpertPlanes& down, const KernelArgDesc& scratch,
+                                                              const KernelArgDesc& ids_in,
+                                                              const AddNormSteps* add_norm) {
   const model::StepDesc& s = c.step();
   const uint32_t nexp = s.n_expert, k = s.n_expert_used, f = s.rows, e = s.cols;
   SpecBuilder gu(llvm::formatv("moe_gate_up_dec_{0}_{1}_{2}_p{3}_{4}_{5}_p{6}", shape, weightTag(gate),
@@ -264,13 +267,30 @@ std::vector<KernelLaunch> decodeExpertLaunches(const StepContext& c, const std::
                                      scratch};
   gu_args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{k} * f / 32 * 4});
 
-  SpecBuilder dn(llvm::formatv("moe_down_dec_{0}_{1}_p{2}", shape, weightTag(down), down.q->row_pitch),
+  SpecBuilder dn(llvm::formatv("moe_down_dec_{0}_{1}_p{2}{3}", shape, weightTag(down), down.q->row_pitch,
+                               add_norm ? "_add_norm" : ""),
                  "kernels/moe.cuh", "minfer_moe_down_dec");
   defineMoeShape(dn, nexp, k, f, e, c.maxBatch(), "MOE_DOWN_DEC");
   defineBlocksWeight("D", down, dn);
   std::vector<KernelArgDesc> dn_args{ids_in, activationArg("w", c.inputId(2), k, fb::Access::Read),
                                      weightArg("dq", c.weightId(2), *down.q), scratch,
                                      activationArg("out", c.outputId(0), e, fb::Access::Write)};
+  if (add_norm) {  // minfer_gemv_add_norm's arguments after its product (gemvAddNormLaunches)
+    const StepContext &add = add_norm->add, &norm = add_norm->norm;
+    if (!fusesMoeAddNorm(c, add, norm))
+      return c.error("the MoeFfn, the Add and the RmsNorm after it cannot run as one launch (fusesMoeAddNorm)");
+    if (llvm::Error err = checkFusedQuantize(add_norm->quant, e)) return err;
+    auto nw = norm.vector(0, e);
+    if (!nw) return nw.takeError();
+    dn.define("MOE_ADD_NORM", uint64_t{1});
+    const uint32_t o = c.outputId(0), res = add.inputId(0) == o ? add.inputId(1) : add.inputId(0);
+    dn_args.push_back(activationArg("res", res, e, fb::Access::Read));
+    dn_args.push_back(activationArg("sum", add.outputId(0), e, fb::Access::Write));
+    dn_args.push_back(weightArg("nw", norm.weightId(0), **nw));
+    pushQ8Args(dn_args, "qs", "meta", add_norm->quant.outputId(0), e, fb::Access::Write);
+    dn_args.push_back(activationArg("partial", norm.outputId(0), e, fb::Access::Write));
+    dn_args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{e / kern::kQ8Block} * 4});
+  }
   std::vector<KernelLaunch> launches;
   launches.push_back({gu.spec, std::move(gu_args), kern::moeGateUpDecLaunchRule(k, f, e)});
   launches.push_back({dn.spec, std::move(dn_args), kern::moeDownDecLaunchRule(e)});
@@ -279,8 +299,9 @@ std::vector<KernelLaunch> decodeExpertLaunches(const StepContext& c, const std::
 
 // The MoeFfn step c's launches; with `route` (the decode plan's MoeRoute step before it, fused) the sort launch
 // routes too (minfer_moe_route_sort), and with `router` (the router MatMul before that, fused) it also computes
-// the router's logits (minfer_moe_router_sort).
-Launches moeFfn(const StepContext& c, const StepContext* route, const StepContext* router) {
+// the router's logits (minfer_moe_router_sort); with `add_norm` the down launch also runs those steps after it
+// (decodeExpertLaunches).
+Launches moeFfn(const StepContext& c, const StepContext* route, const StepContext* router, const AddNormSteps* add_norm) {
   const model::StepDesc& s = c.step();
   const uint32_t nexp = s.n_expert, k = s.n_expert_used, f = s.rows, e = s.cols;
   auto x = c.input(0, "input");
@@ -336,10 +357,12 @@ Launches moeFfn(const StepContext& c, const StepContext* route, const StepContex
   }
 
   if (dec_experts) {
-    std::vector<KernelLaunch> experts = decodeExpertLaunches(c, shape, *gate, *up, *down, scratch, ids_in);
-    launches.insert(launches.end(), std::make_move_iterator(experts.begin()), std::make_move_iterator(experts.end()));
+    auto experts = decodeExpertLaunches(c, shape, *gate, *up, *down, scratch, ids_in, add_norm);
+    if (!experts) return experts.takeError();
+    launches.insert(launches.end(), std::make_move_iterator(experts->begin()), std::make_move_iterator(experts->end()));
     return launches;
   }
+  if (add_norm) return c.error("the Add and RmsNorm after a MoeFfn run in its launches only with the decode expert GEMVs");
 
   SpecBuilder gu(llvm::formatv("moe_gate_up_{0}_{1}_{2}_p{3}_{4}{5}", shape, weightTag(*gate), weightTag(*up),
                                gate->q->row_pitch, up->q->row_pitch, dn_blocks ? "_aq8" : ""),
@@ -384,11 +407,11 @@ Launches moeFfn(const StepContext& c, const StepContext* route, const StepContex
 
 }  // namespace
 
-Launches moeFfnLaunches(const StepContext& c) { return moeFfn(c, nullptr, nullptr); }
+Launches moeFfnLaunches(const StepContext& c) { return moeFfn(c, nullptr, nullptr, nullptr); }
 
-Launches moeRouteFfnLaunches(const StepContext& route, const StepContext& ffn) {
+Launches moeRouteFfnLaunches(const StepContext& route, const StepContext& ffn, const AddNormSteps* add_norm) {
   if (ffn.prefill()) return route.error("only the decode plan routes in the MoeFfn step's launches");
-  return moeFfn(ffn, &route, nullptr);
+  return moeFfn(ffn, &route, nullptr, add_norm);
 }
 
 bool fusesMoeRouter(const StepContext& mm, const StepContext& route, const StepContext& ffn) {
@@ -397,9 +420,43 @@ bool fusesMoeRouter(const StepContext& mm, const StepContext& route, const StepC
          r.inputs.size() == 1 && r.inputs[0] == m.outputs[0] && m.outputs[0] != f.inputs[0];
 }
 
-Launches moeRouterFfnLaunches(const StepContext& mm, const StepContext& route, const StepContext& ffn) {
+Launches moeRouterFfnLaunches(const StepContext& mm, const StepContext& route, const StepContext& ffn,
+                              const AddNormSteps* add_norm) {
   if (ffn.prefill()) return mm.error("only the decode plan computes the router in the MoeFfn step's launches");
-  return moeFfn(ffn, &route, &mm);
+  return moeFfn(ffn, &route, &mm, add_norm);
+}
+
+bool fusesMoeAddNorm(const StepContext& ffn, const StepContext& add, const StepContext& norm) {
+  const model::StepDesc &s = ffn.step(), &as = add.step(), &ns = norm.step();
+  if (ffn.prefill() || s.op != fb::OpKind::MoeFfn || s.inputs.size() != 3 || s.outputs.size() != 1 ||
+      s.n_expert_used == 0 || s.n_expert_used > 32 || s.cols % kern::kQ8Block != 0 || as.inputs.size() != 2 ||
+      as.outputs.size() != 1 || ns.inputs.size() != 1 || ns.outputs.size() != 1 || ns.inputs[0] != as.outputs[0])
+    return false;
+  // The decode expert GEMVs (moeFfn's dec_experts): gate, up and down on readable blocks.
+  for (auto [i, rows, cols] : {std::tuple{size_t{0}, s.rows, s.cols}, std::tuple{size_t{1}, s.rows, s.cols},
+                               std::tuple{size_t{2}, s.cols, s.rows}}) {
+    auto p = expertPlanes(ffn, i, rows, cols);
+    if (!p) {
+      llvm::consumeError(p.takeError());
+      return false;
+    }
+    if (!p->blocks()) return false;
+  }
+  auto weight = norm.vector(0, s.cols);
+  if (!weight) {
+    llvm::consumeError(weight.takeError());
+    return false;
+  }
+  auto width = norm.input(0, "input");
+  if (!width) {
+    llvm::consumeError(width.takeError());
+    return false;
+  }
+  const uint32_t o = s.outputs[0], sum = as.outputs[0], y = ns.outputs[0], ids = s.inputs[1], w = s.inputs[2];
+  const uint32_t res = as.inputs[0] == o ? as.inputs[1] : as.inputs[0];
+  // The launch writes sum, y and the q8 form while its thread blocks read the ids, the weights and the scratch.
+  return (as.inputs[0] == o) != (as.inputs[1] == o) && (*width)->width == s.cols && y != sum && y != res && o != res &&
+         o != sum && o != y && sum != ids && sum != w && y != ids && y != w;
 }
 
 }  // namespace minfer::codegen

@@ -126,7 +126,9 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // them (and its QuantizeAct) too: that launch also stores K and V (minfer_head_norm_rope_kv), then the
 // attention's own launches without kv_store. In decode, a MoeRoute with the MoeFfn after it as the MoeFfn's
 // launches, the first of them routing too (moeRouteFfnLaunches), and where fusesMoeRouter allows it with the
-// router MatMul before them, the first launch computing the logits too (moeRouterFfnLaunches).
+// router MatMul before them, the first launch computing the logits too (moeRouterFfnLaunches); with `gemv.norm` and
+// where the decode expert GEMVs run, the residual Add and RmsNorm after the MoeFfn in its last launch, the norm
+// deferred as the GEMV + Add + RMSNorm's (fusesMoeAddNorm, defersNorm).
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`; `gemv`: which decode GEMV fusions (CodegenOptions fuse_qkv,
 // fuse_glu, fuse_pair, fuse_norm). fusedLaunches: the launches of steps[i] and those followers.
@@ -233,14 +235,28 @@ Launches headNormRopeAttentionLaunches(const StepContext& q_norm, const StepCont
 // launches with the sort launch routing too (kernels/moe.cuh minfer_moe_route_sort: ids and weights as
 // minfer_moe_route writes them, the sort's scratch as minfer_moe_sort's), then gate/up and down + combine
 // (ops/moe.cpp). Errors: the route's and the MoeFfn's own, a prefill step, a MoeFfn not fed by this router.
-Launches moeRouteFfnLaunches(const StepContext& route, const StepContext& ffn);
+// With `add_norm` (fusesMoeAddNorm allowed it) the residual Add after the MoeFfn, the RmsNorm of the sum and its
+// QuantizeAct run in the last launch, the norm deferred to the GEMVs that read its q8 form (moe.cuh
+// minfer_moe_down_dec with MOE_ADD_NORM: the MoeFfn's output, the Add's sum, the q8 form of sum ⊙ w and the partial
+// sums of squares in the norm's output buffer, as gemvAddNormLaunches writes them); an error naming the MoeFfn
+// unless fusesMoeAddNorm, the QuantizeAct's and the norm weight's as theirs.
+struct AddNormSteps {
+  const StepContext &add, &norm, &quant;
+};
+Launches moeRouteFfnLaunches(const StepContext& route, const StepContext& ffn, const AddNormSteps* add_norm);
+// Whether the residual Add after a decode MoeFfn step and the RmsNorm of the sum can run in its last launch (the
+// decode expert GEMVs: gate, up and down read from their blocks, K ≤ 32): the Add of the MoeFfn's output and one
+// other buffer, the norm as wide as n_embd with its weight, its output distinct from the sum, the residual and the
+// expert ids and weights, and the sum distinct from the MoeFfn's output, ids and weights (ops/moe.cpp).
+bool fusesMoeAddNorm(const StepContext& ffn, const StepContext& add, const StepContext& norm);
 // Whether the decode router MatMul `mm` before that MoeRoute can run in the same first launch too
 // (minfer_moe_router_sort): one f32 input, the MoeFfn's x, a dense float weight (no kI8 or kBlocks plane) of
 // n_expert rows of the MoeFfn's width with 16-byte aligned rows, its output the route's input (ops/moe.cpp).
 bool fusesMoeRouter(const StepContext& mm, const StepContext& route, const StepContext& ffn);
 // The three steps as the MoeFfn's launches, the first computing the logits (dense_gemv's values), routing and
 // sorting (minfer_moe_router_sort). Errors as moeRouteFfnLaunches, and one naming the MatMul unless fusesMoeRouter.
-Launches moeRouterFfnLaunches(const StepContext& mm, const StepContext& route, const StepContext& ffn);
+Launches moeRouterFfnLaunches(const StepContext& mm, const StepContext& route, const StepContext& ffn,
+                              const AddNormSteps* add_norm);
 // The decode attention's launches after a fused QKV GEMV stored K and V (ops/attention.cpp).
 Launches storedAttentionLaunches(const StepContext& attention, const StepContext* quant);
 // The paged launches of step `step_index` of the prefill or decode plan (schema Step.paged_launches,
