@@ -27,7 +27,7 @@
 // minfer_moe_combine's expression and order (combineValue), so out is the same bit for bit.
 // When gate, up and down are all read from blocks, the decode plan's experts run instead as two GEMVs over the
 // token's K chosen experts' rows, which need no slot lists (the router launch then skips the sort,
-// MOE_SORT_SLOTS 0): minfer_moe_gate_up_dec (one output j·F + r of A per warp or two, gemv_blocks.cuh's sums and
+// MOE_SORT_SLOTS 0): minfer_moe_gate_up_dec (two outputs j·F + r of A per warp or pair of warps, gemv_blocks.cuh's sums and
 // minfer_gemv_glu's q8 tail; each block also moves its share of the chosen experts' down rows to L2), then
 // minfer_moe_down_dec (two output rows per warp over all K experts' rows, the combine's weights applied per part).
 // The expert kernels' grid.y walks the chosen experts (used[1 + blockIdx.y]; thread blocks past u exit):
@@ -196,11 +196,17 @@ MINFER_HD LaunchRule moeExpertsLaunchRule(unsigned rows, unsigned per_cta, unsig
   return r;
 }
 // The decode expert GEMVs (one token's K chosen experts, minfer_moe_gate_up_dec / minfer_moe_down_dec):
-// kGemvBlocksWarps warps per thread block. gate_up: one output (a gate and an up row of E weights) per
-// moeDecRowWarps(E) warps (one warp covers 8 blocks of a row per step: two from 16 blocks on, as the dense GEMV's
-// two warps per row); down: kMoeDownDecRows output rows per warp, each over all K experts' rows.
+// kGemvBlocksWarps warps per thread block. gate_up: kMoeGateUpDecPerWarp consecutive outputs (each a gate and an up
+// row of E weights, all summed in one pass) per group of moeDecRowWarps(E) warps (one warp covers 8 blocks of a row
+// per step: two from 16 blocks on, as the dense GEMV's two warps per row); down: kMoeDownDecRows output rows per
+// warp, each over all K experts' rows.
 MINFER_HD constexpr unsigned moeDecRowWarps(unsigned e) { return e / 256 >= 16 ? 2u : 1u; }
-MINFER_HD constexpr unsigned moeGateUpDecOutputs(unsigned e) { return kGemvBlocksWarps / moeDecRowWarps(e); }
+// Measured on the H200 (qwen3-30b-a3b tg128): 2 outputs per warp group 489.2 t/s, 1 output 476.2 (its 1,536
+// thread blocks of 50 registers took 1.29 waves; 1 output with 12 blocks per SM forced, 467.4; BENCHMARKS.md).
+constexpr unsigned kMoeGateUpDecPerWarp = 2;
+MINFER_HD constexpr unsigned moeGateUpDecOutputs(unsigned e) {
+  return kGemvBlocksWarps / moeDecRowWarps(e) * kMoeGateUpDecPerWarp;
+}
 // Measured on the H200 (qwen3-30b-a3b tg128): 2 rows per warp 459.5 t/s, 1 row 448.6 (BENCHMARKS.md).
 constexpr unsigned kMoeDownDecRows = 2;
 MINFER_HD LaunchRule moeGateUpDecLaunchRule(unsigned k, unsigned f, unsigned e) {
@@ -1006,7 +1012,7 @@ static_assert((kK * kF) % 32 == 0 && 32 % kDecOutputs == 0, "a q8 block of A spa
 // The decode plan's gate|up of the chosen experts (one token): output o = j·F + r of the K·F is
 // A[j][r] = silu(gate_e(r)·x) · (up_e(r)·x) with e = ids[j] (writeA's expression), the two rows summed on x's q8
 // row (the scratch's Xq, written by the sort launch) as minfer_gemv_glu sums them (gemvb::accumulateRows,
-// kDecRowWarps warps per output); the q8 form of A (the scratch's Aq, row j) as minfer_gemv_glu makes it: the
+// kDecRowWarps warps per kMoeGateUpDecPerWarp consecutive outputs of one expert); the q8 form of A (the scratch's Aq, row j) as minfer_gemv_glu makes it: the
 // thread block completing a block of 32 outputs (counters[o / 32]) quantizes it and sets its counter back to 0.
 // Each thread block then starts moving its share of expert e's down rows to L2 for the next launch.
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
@@ -1015,25 +1021,31 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
                            unsigned* __restrict__ counters) {
   using namespace minfer::kern;
   using namespace minfer::kern::moe;
+  constexpr unsigned kPer = kMoeGateUpDecPerWarp;
+  static_assert(kF % kPer == 0, "a warp group's outputs are rows of one expert");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const unsigned first = blockIdx.x * kDecOutputs, o = first + warp / kDecRowWarps, j = o / kF, r = o % kF;
+  const unsigned first = blockIdx.x * kDecOutputs, o = first + warp / kDecRowWarps * kPer, j = o / kF, r = o % kF;
   overlapPrologue();
   const int e = decExpert(ids, j);
   const unsigned ee = e < 0 ? 0u : static_cast<unsigned>(e);
   const int8_t* xq = xqOf(scratch);
   const Q8Meta* xm = xmetaOf(scratch);
   const int t = (warp % kDecRowWarps) * 32 + lane;  // this lane's index in its output's lanes
-  float acc[2] = {0.0f, 0.0f};
-  if constexpr (MOE_G_TYPE == MOE_U_TYPE && MOE_G_GP == MOE_U_GP) {  // one pass over both rows' blocks
-    const uint8_t* wr[2] = {DecGateW::row(gq, ee, r), DecUpW::row(uq, ee, r)};
-    gemvb::accumulateRows<DecGateW::kQ4K, 2, kDecRowWarps, 1, kE / 256, MOE_G_GP>(wr, xq, xm, t % 4, t / 4, acc);
+  float acc[2 * kPer] = {};  // gate, up of output o, then of o + 1, …
+  if constexpr (MOE_G_TYPE == MOE_U_TYPE && MOE_G_GP == MOE_U_GP) {  // one pass over all the rows' blocks
+    const uint8_t* wr[2 * kPer];
+#pragma unroll
+    for (unsigned i = 0; i < kPer; ++i) wr[2 * i] = DecGateW::row(gq, ee, r + i), wr[2 * i + 1] = DecUpW::row(uq, ee, r + i);
+    gemvb::accumulateRows<DecGateW::kQ4K, 2 * kPer, kDecRowWarps, 1, kE / 256, MOE_G_GP>(wr, xq, xm, t % 4, t / 4, acc);
   } else {
-    const uint8_t* wg[1] = {DecGateW::row(gq, ee, r)};
-    const uint8_t* wu[1] = {DecUpW::row(uq, ee, r)};
-    float ag[1] = {0.0f}, au[1] = {0.0f};
-    gemvb::accumulateRows<DecGateW::kQ4K, 1, kDecRowWarps, 1, kE / 256, MOE_G_GP>(wg, xq, xm, t % 4, t / 4, ag);
-    gemvb::accumulateRows<DecUpW::kQ4K, 1, kDecRowWarps, 1, kE / 256, MOE_U_GP>(wu, xq, xm, t % 4, t / 4, au);
-    acc[0] = ag[0], acc[1] = au[0];
+    const uint8_t *wg[kPer], *wu[kPer];
+#pragma unroll
+    for (unsigned i = 0; i < kPer; ++i) wg[i] = DecGateW::row(gq, ee, r + i), wu[i] = DecUpW::row(uq, ee, r + i);
+    float ag[kPer] = {}, au[kPer] = {};
+    gemvb::accumulateRows<DecGateW::kQ4K, kPer, kDecRowWarps, 1, kE / 256, MOE_G_GP>(wg, xq, xm, t % 4, t / 4, ag);
+    gemvb::accumulateRows<DecUpW::kQ4K, kPer, kDecRowWarps, 1, kE / 256, MOE_U_GP>(wu, xq, xm, t % 4, t / 4, au);
+#pragma unroll
+    for (unsigned i = 0; i < kPer; ++i) acc[2 * i] = ag[i], acc[2 * i + 1] = au[i];
   }
   // Once this block's own weight rows have arrived (so that they go first), its share of the expert's E down rows
   // (kF / kDecOutputs shares) starts moving to L2 for minfer_moe_down_dec (measured: 452 t/s against 434 with the
@@ -1045,8 +1057,11 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
     if (off < kBytes) prefetchL2(DecDownW::row(dq, ee, 0) + off, static_cast<unsigned>(min(kShare, kBytes - off)));
   }
   float* a = regionA(scratch);
-  if (gemvb::groupSum<2, kDecRowWarps>(acc) && lane == 0)
-    a[o] = e < 0 ? 0.0f : acc[0] / (1.0f + expf(-acc[0])) * acc[1];  // row j of A: o = j·F + r
+  if (gemvb::groupSum<2 * kPer, kDecRowWarps>(acc) && lane < static_cast<int>(kPer))
+#pragma unroll
+    for (unsigned i = 0; i < kPer; ++i)
+      if (lane == static_cast<int>(i))  // row j of A: o + i = j·F + r + i
+        a[o + i] = e < 0 ? 0.0f : acc[2 * i] / (1.0f + expf(-acc[2 * i])) * acc[2 * i + 1];
   // Count this block in its block of 32 outputs (minfer_gemv_glu's pattern); the block completing it quantizes.
   __shared__ bool completes;
   const unsigned blk = first / 32;

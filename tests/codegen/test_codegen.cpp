@@ -1298,8 +1298,8 @@ TEST_CASE("decode GEMV triple: q, k, v of a q/k-norm model in one launch, each s
 // negative case), each of the three steps keeps its own kernel and the attention its kv_store.
 // The decode expert GEMVs (ops/moe.cpp decodeExpertLaunches) on the same qwen3moe, whose experts are all Q4_K /
 // Q6_K blocks: each layer's router MatMul runs the router launch without the slot sort (MOE_SORT_SLOTS 0), then
-// minfer_moe_gate_up_dec (the ids, the three expert weights' blocks, the scratch, K·F/32 counter words; one gate|up
-// output per warp at n_embd 256) and minfer_moe_down_dec (ids, weights, down's blocks, the scratch, the step's
+// minfer_moe_gate_up_dec (the ids, the three expert weights' blocks, the scratch, K·F/32 counter words; two gate|up
+// outputs per warp at n_embd 256) and minfer_moe_down_dec (ids, weights, down's blocks, the scratch, the step's
 // output; two rows per warp), with, in every layer but the last, the residual Add, the next layer's attn_norm and its
 // QuantizeAct as the down launch's epilogue (MOE_ADD_NORM: the norm's arguments after the output; the q, k, v GEMV
 // triple after it applies the deferred 1/rms); the prefill plan keeps the sorted kernels.

@@ -475,8 +475,8 @@ TEST_CASE("moe_ffn: sort, gate_up, down, combine vs cpu::moeFfn; decode reads on
 // kernels' result (minfer_moe_gate_up + minfer_moe_down_combine, the same dot products summed in another order:
 // kMoeDecVsSortedTol). Every byte of the experts not chosen is poisoned (0xFF: NaN block scales), the counters are
 // zero again afterwards, and an id that is not an expert (−1) drops its slot as cpu::moeFfn does. Shapes: the
-// qwen3-30b-a3b layer (128 experts choosing 8 of 768 × 2048: one warp per gate|up output, 96 down parts per row);
-// n_embd 4096 (two warps per output); gate Q6_K with up Q4_K at n_embd 2304 (9 blocks: a second step for one lane
+// qwen3-30b-a3b layer (128 experts choosing 8 of 768 × 2048: two gate|up outputs per warp, 96 down parts per row);
+// n_embd 4096 (two per pair of warps); gate Q6_K with up Q4_K at n_embd 2304 (9 blocks: a second step for one lane
 // group); an expert width of 5 blocks (40 down parts per row: lanes 8 … 31 idle in the second step). The down
 // launch with the residual Add and deferred RMSNorm after it (MOE_ADD_NORM) is checked on each run (checkAddNorm).
 TEST_CASE("moe decode expert GEMVs on the GGUF blocks vs the host, cpu::moeFfn and the sorted kernels") {
