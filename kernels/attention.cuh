@@ -51,7 +51,8 @@
 // Compile-time constants: ATT_NHEAD, ATT_NHEAD_KV, ATT_HEAD_DIM, ATT_SPLITS (decode/combine) and one of
 // ATT_KV_STORE / ATT_PREFILL / ATT_DECODE / ATT_COMBINE = 1; optional ATT_SCALE, ATT_SOFTCAP (float
 // literals) and ATT_WINDOW (positions) for prefill and decode; ATT_KV_RING (slots) for kv_store, prefill and
-// decode of a layer with a ring cache; ATT_PREFILL_SIMT = 1 (tests) the SIMT prefill at any head size. A
+// decode of a layer with a ring cache; ATT_PREFILL_SIMT = 1 (tests) the SIMT prefill at any head size;
+// ATT_COMBINE_BATCH (tests; default 16) the most splits the combine's short-context form takes (0: none). A
 // window skips the keys before it (whole tiles in prefill; decode splits only the window's positions); the
 // f32 reference is cpu::attention.
 #pragma once

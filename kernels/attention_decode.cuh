@@ -21,7 +21,7 @@
 //   launch: attnDecodeLaunch(n_head_kv, SPLITS, HEAD_DIM, group); part: NHEAD × SPLITS × (HEAD_DIM + 2) f32
 //   (attnDecodePartFloats).
 // attn_combine (ATT_COMBINE): merges the non-empty splits' partials of each head (decodeSplits from pos):
-//   out[j] = Σ_s e^{m_s−M}·o_s / L.
+//   out[j] = Σ_s e^{m_s−M}·o_s / L; up to ATT_COMBINE_BATCH splits (a short context) with all the loads at once.
 //   minfer_attn_combine(const float* part, float* out, const int* pos)       launch: attnCombineLaunch()
 //   With ATT_Q8 = 1 (the QuantizeAct of the output fused into this launch; HEAD_DIM % 32 == 0):
 //   minfer_attn_combine(const float* part, float* out, const int* pos, int8_t* qs, Q8Meta* meta), also writing out's q8
@@ -333,6 +333,27 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
 #endif
 
 #if defined(MINFER_DEVICE_CODE) && defined(ATT_COMBINE)
+namespace minfer::kern::attn {
+// Output dimension d of query head j, and with ATT_Q8 its q8 form (every lane of the warp holding the block of 32
+// calls it together: quantize_act.cuh's definition, bit for bit).
+__device__ __forceinline__ void combineStore(float* out, int j, int d, float v
+#if ATT_Q8
+                                             , int8_t* qs, Q8Meta* meta
+#endif
+) {
+  out[static_cast<uint64_t>(j) * kD + d] = v;
+#if ATT_Q8
+  static_assert(kD % 32 == 0, "the q8 form needs heads of whole blocks of 32");
+  const uint64_t at = static_cast<uint64_t>(j) * kD + (d & ~31);  // this warp's block
+  quantizeBlock<1>({v}, qs + at, meta + at / 32, true);
+#endif
+}
+}  // namespace minfer::kern::attn
+#if ATT_Q8
+#define MINFER_ATT_COMBINE_Q8_ARGS , qs, meta
+#else
+#define MINFER_ATT_COMBINE_Q8_ARGS
+#endif
 extern "C" __global__ void __launch_bounds__(128)
     minfer_attn_combine(const float* __restrict__ part, float* __restrict__ out, const int* __restrict__ pos
 #if ATT_Q8
@@ -347,6 +368,39 @@ extern "C" __global__ void __launch_bounds__(128)
   const int j = blockIdx.x;
   const int active = decodeSplits(pos[0] + 1).active;  // every one of them non-empty, its partial written
   const float* src = part + static_cast<uint64_t>(j) * kSplits * (kD + 2);
+  // Up to kBatch splits (a short context): every thread loads the splits' m, l and its dimension's output at once
+  // (one L2 round trip instead of three) and computes the same M, weights, L and output as the general form below,
+  // in its order, so the bits are the same. (ATT_COMBINE_BATCH: 16 unless set; 0, the general form only, for the
+  // kernel test's comparison.)
+#ifndef ATT_COMBINE_BATCH
+#define ATT_COMBINE_BATCH 16
+#endif
+  constexpr int kBatch = kSplits < ATT_COMBINE_BATCH ? kSplits : ATT_COMBINE_BATCH, kSlots = kBatch > 0 ? kBatch : 1;
+  if (kBatch > 0 && active <= kBatch) {
+    for (int d = threadIdx.x; d < kD; d += blockDim.x) {
+      float ms[kSlots], ls[kSlots], os[kSlots];
+#pragma unroll
+      for (int s = 0; s < kBatch; ++s) {
+        const bool on = s < active;
+        ms[s] = on ? src[s * (kD + 2)] : -MINFER_INF;
+        ls[s] = on ? src[s * (kD + 2) + 1] : 0.0f;
+        os[s] = on ? src[s * (kD + 2) + 2 + d] : 0.0f;
+      }
+      float m = -MINFER_INF;
+#pragma unroll
+      for (int s = 0; s < kBatch; ++s) m = fmaxf(m, ms[s]);
+      float lb = 0.0f, acc = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kBatch; ++s)
+        if (s < active) {
+          const float ws = expf(ms[s] - m);
+          lb += ls[s] * ws;
+          acc += os[s] * ws;
+        }
+      combineStore(out, j, d, acc * (1.0f / lb) MINFER_ATT_COMBINE_Q8_ARGS);
+    }
+    return;
+  }
   if (threadIdx.x < 32) {  // M = max_s m_s, then the weights, by the first warp
     float m = -MINFER_INF;
     for (int s = threadIdx.x; s < active; s += 32) m = fmaxf(m, src[s * (kD + 2)]);
@@ -364,12 +418,7 @@ extern "C" __global__ void __launch_bounds__(128)
     float acc = 0.0f;
 #pragma unroll 16
     for (int s = 0; s < active; ++s) acc += src[s * (kD + 2) + 2 + d] * w[s];
-    out[static_cast<uint64_t>(j) * kD + d] = acc * inv;
-#if ATT_Q8
-    static_assert(kD % 32 == 0, "the q8 form needs heads of whole blocks of 32");
-    const uint64_t at = static_cast<uint64_t>(j) * kD + (d & ~31);  // this warp's block
-    quantizeBlock<1>({acc * inv}, qs + at, meta + at / 32, true);
-#endif
+    combineStore(out, j, d, acc * inv MINFER_ATT_COMBINE_Q8_ARGS);
   }
 }
 #endif

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstring>
 #include <limits>
 
 #include "kernels/attention.cuh"
@@ -98,9 +99,14 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
                   {{"ATT_NHEAD", str(h)}, {"ATT_NHEAD_KV", str(hkv)}, {"ATT_HEAD_DIM", str(d)}, {which, "1"},
                    {"ATT_SPLITS", "4"}});
     };
+    // The combine's general form alone (ATT_COMBINE_BATCH 0), against which the short-context form is bit for bit.
+    codegen::KernelSpec general = att("minfer_attn_combine", "ATT_COMBINE");
+    general.key += "_general";
+    general.defines.push_back({"ATT_COMBINE_BATCH", "0"});
     std::vector<Kernel> k = compile({att("minfer_kv_store", "ATT_KV_STORE"), att("minfer_attn_prefill", "ATT_PREFILL"),
                                      att("minfer_attn_decode", "ATT_DECODE"), att("minfer_attn_combine", "ATT_COMBINE"),
-                                     att4("minfer_attn_decode", "ATT_DECODE"), att4("minfer_attn_combine", "ATT_COMBINE")});
+                                     att4("minfer_attn_decode", "ATT_DECODE"), att4("minfer_attn_combine", "ATT_COMBINE"),
+                                     general});
     const bool decode_mma = kern::attnDecodeUsesMma(static_cast<unsigned>(d), h / hkv);
     const double decode_tol = decode_mma ? attnMmaTol(d) : kAttnTol;
     const int kvw = hkv * d;
@@ -175,6 +181,10 @@ TEST_CASE("attention: kv_store, prefill (tiled) and decode (split-KV) vs the CPU
       cpu::attention(q.data(), layer, 1, cpu::KvRowStorage(1).contiguous(pos0, 1, int(layer.n_ctx)), h, ref.data(), nullptr, scratch.data());
       CHECK(track(decode_mma ? "attn_decode (tensor cores)" : "attn_decode", relError(got.data(), ref.data(), ref.size())) <=
             decode_tol);
+      out.poison();
+      launch(k[6], kern::attnCombineLaunch(h), {&pt, &o, &p});
+      const std::vector<float> general_out = out.download<float>(q.size());
+      CHECK(std::memcmp(general_out.data(), got.data(), got.size() * 4) == 0);
       out.poison();
       launch(k[4], kern::attnDecodeLaunch(hkv, 4, d, h / hkv), {&a, &c, &e, &pt, &p});
       launch(k[5], kern::attnCombineLaunch(h), {&pt, &o, &p});
