@@ -295,16 +295,17 @@ __device__ __forceinline__ void writeSplitPartial(const float (*wm)[kGroup], con
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kAttnWarps)
     minfer_attn_decode(const float* __restrict__ q, const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc,
                        float* __restrict__ part, const int* __restrict__ pos) {
-  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
   constexpr int kWarps = static_cast<int>(kAttnWarps);
   __shared__ float wm[kWarps][kGroup], wl[kWarps][kGroup];
 
+  // The position (the host's: read before the wait, common.cuh overlapPrologue) and this block's keys.
   const int g = blockIdx.x, split = blockIdx.y;
   const int kv_len = pos[0] + 1;
   const DecodeSplits sp = decodeSplits(kv_len);
   if (split >= sp.active) return;  // idle: the combine reads splits [0, active) only
+  overlapPrologue();
   const int begin = sp.lo + split * sp.chunk, end = min(kv_len, begin + sp.chunk);
 #if MINFER_ATT_DECODE_MMA
   extern __shared__ __align__(16) uint16_t smem_h[];  // [2 stages][K tile, V tile]; then the warps' outputs (f32)
@@ -360,13 +361,14 @@ extern "C" __global__ void __launch_bounds__(128)
                         , int8_t* __restrict__ qs, minfer::kern::Q8Meta* __restrict__ meta
 #endif
     ) {
-  minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::attn;
   constexpr int kSplits = ATT_SPLITS;
   __shared__ float w[kSplits];  // e^{m_s − M} of the active splits
   const int j = blockIdx.x;
-  const int active = decodeSplits(pos[0] + 1).active;  // every one of them non-empty, its partial written
+  // Every one of them non-empty, its partial written; the position is the host's (read before the wait).
+  const int active = decodeSplits(pos[0] + 1).active;
+  overlapPrologue();
   const float* src = part + static_cast<uint64_t>(j) * kSplits * (kD + 2);
   // Up to kBatch splits (a short context): every thread loads the splits' m, l and its dimension's output at once
   // (one L2 round trip instead of three) and computes the same M, weights, L and output as the general form below,
@@ -408,17 +410,17 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int s = threadIdx.x; s < active; s += 32) w[s] = expf(src[s * (kD + 2)] - m);
   }
   __syncthreads();
-  // L = Σ_s e^{m_s − M}·l_s and the outputs, in split order; sixteen splits' loads in flight per iteration
-  // (the loop is a chain of L2 round trips: four per iteration measured 6.3 µs per layer at 64 splits).
-  float lb = 0.0f;  // every thread the same sum
-#pragma unroll 16
-  for (int s = 0; s < active; ++s) lb += src[s * (kD + 2) + 1] * w[s];
-  const float inv = 1.0f / lb;
+  // L = Σ_s e^{m_s − M}·l_s and the outputs, in split order, in one loop: sixteen splits' l and o loads in flight per
+  // iteration (the loop is a chain of L2 round trips: four per iteration measured 6.3 µs per layer at 64 splits; L
+  // in a loop of its own before the outputs', twice the round trips).
   for (int d = threadIdx.x; d < kD; d += blockDim.x) {
-    float acc = 0.0f;
+    float lb = 0.0f, acc = 0.0f;  // lb: every thread the same sum
 #pragma unroll 16
-    for (int s = 0; s < active; ++s) acc += src[s * (kD + 2) + 2 + d] * w[s];
-    combineStore(out, j, d, acc * inv MINFER_ATT_COMBINE_Q8_ARGS);
+    for (int s = 0; s < active; ++s) {
+      lb += src[s * (kD + 2) + 1] * w[s];
+      acc += src[s * (kD + 2) + 2 + d] * w[s];
+    }
+    combineStore(out, j, d, acc * (1.0f / lb) MINFER_ATT_COMBINE_Q8_ARGS);
   }
 }
 #endif

@@ -225,12 +225,14 @@ __device__ __forceinline__ void headNormRope(float* q, float* k, const float* v,
   float wv[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) wv[j] = h < kHeads && lane + 32 * j < ROPE_HEAD_DIM ? w[lane + 32 * j] : 0.0f;
-  overlapPrologue();
+  // So are the positions (the host's, common.cuh overlapPrologue) and the frequency factors: the cos/sin pairs are
+  // computed while the previous kernel still runs. (n_tokens is a launch argument.)
   if (t >= n_tokens) return;  // whole blocks (the grid's x is the token)
   __shared__ float cs[ROPE_NROT / 2], sn[ROPE_NROT / 2];
   __shared__ float xs[kHeadNormRopeWarps][ROPE_HEAD_DIM];
   const int position = ROPE_ROW_POSITIONS ? pos[t] : pos[0] + t;
   for (int i = threadIdx.x; i < ROPE_NROT / 2; i += blockDim.x) ropeCosSin(i, position, freq_factors, cs[i], sn[i]);
+  overlapPrologue();
   float* xh = nullptr;
   if (h < kHeads) {
     xh = is_q ? q + static_cast<uint64_t>(t) * (ROPE_NHEAD * ROPE_HEAD_DIM) + h * ROPE_HEAD_DIM
