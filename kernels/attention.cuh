@@ -52,7 +52,8 @@
 // ATT_KV_STORE / ATT_PREFILL / ATT_DECODE / ATT_COMBINE = 1; optional ATT_SCALE, ATT_SOFTCAP (float
 // literals) and ATT_WINDOW (positions) for prefill and decode; ATT_KV_RING (slots) for kv_store, prefill and
 // decode of a layer with a ring cache; ATT_PREFILL_SIMT = 1 (tests) the SIMT prefill at any head size;
-// ATT_COMBINE_BATCH (tests; default 16) the most splits the combine's short-context form takes (0: none). A
+// ATT_COMBINE_BATCH (tests; default kAttnCombineBatch) the most splits the combine's short-context form takes (0:
+// none). A
 // window skips the keys before it (whole tiles in prefill; decode splits only the window's positions); the
 // f32 reference is cpu::attention.
 #pragma once
@@ -68,6 +69,10 @@ constexpr unsigned kAttnWarps = 4;
 constexpr unsigned kAttnDecodeMinKeys = 2 * kAttnWarps;
 // The tensor-core decode's key tile (16 keys per warp), also its splits' least number of keys.
 constexpr unsigned kAttnDecodeMmaKeys = 64;
+// The most non-empty splits attn_combine's short-context form takes, all their loads at once (the general form's
+// unroll; up to 64 keys of tg128 on the 7B's 64 splits of the tensor-core form, 1,024 keys at most: BENCHMARKS.md
+// 2026-12-02). ATT_COMBINE_BATCH overrides it (tests: 0, the general form only).
+constexpr unsigned kAttnCombineBatch = 16;
 constexpr unsigned kKvStoreThreads = 256;
 constexpr unsigned kAttnMmaBQ = 64;    // query tokens per tensor-core prefill block (16 per warp)
 

@@ -21,7 +21,8 @@
 //   launch: attnDecodeLaunch(n_head_kv, SPLITS, HEAD_DIM, group); part: NHEAD × SPLITS × (HEAD_DIM + 2) f32
 //   (attnDecodePartFloats).
 // attn_combine (ATT_COMBINE): merges the non-empty splits' partials of each head (decodeSplits from pos):
-//   out[j] = Σ_s e^{m_s−M}·o_s / L; up to ATT_COMBINE_BATCH splits (a short context) with all the loads at once.
+//   out[j] = Σ_s e^{m_s−M}·o_s / L; up to kAttnCombineBatch splits (a short context) with all the loads
+//   at once.
 //   minfer_attn_combine(const float* part, float* out, const int* pos)       launch: attnCombineLaunch()
 //   With ATT_Q8 = 1 (the QuantizeAct of the output fused into this launch; HEAD_DIM % 32 == 0):
 //   minfer_attn_combine(const float* part, float* out, const int* pos, int8_t* qs, Q8Meta* meta), also writing out's q8
@@ -372,12 +373,13 @@ extern "C" __global__ void __launch_bounds__(128)
   const float* src = part + static_cast<uint64_t>(j) * kSplits * (kD + 2);
   // Up to kBatch splits (a short context): every thread loads the splits' m, l and its dimension's output at once
   // (one L2 round trip instead of three) and computes the same M, weights, L and output as the general form below,
-  // in its order, so the bits are the same. (ATT_COMBINE_BATCH: 16 unless set; 0, the general form only, for the
-  // kernel test's comparison.)
-#ifndef ATT_COMBINE_BATCH
-#define ATT_COMBINE_BATCH 16
+  // in its order, so the bits are the same.
+#ifdef ATT_COMBINE_BATCH
+  constexpr int kMost = ATT_COMBINE_BATCH;
+#else
+  constexpr int kMost = static_cast<int>(kAttnCombineBatch);
 #endif
-  constexpr int kBatch = kSplits < ATT_COMBINE_BATCH ? kSplits : ATT_COMBINE_BATCH, kSlots = kBatch > 0 ? kBatch : 1;
+  constexpr int kBatch = kSplits < kMost ? kSplits : kMost, kSlots = kBatch > 0 ? kBatch : 1;
   if (kBatch > 0 && active <= kBatch) {
     for (int d = threadIdx.x; d < kD; d += blockDim.x) {
       float ms[kSlots], ls[kSlots], os[kSlots];

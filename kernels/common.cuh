@@ -264,12 +264,13 @@ __device__ __forceinline__ void quantizeBlock(const float (&x)[V], int8_t* qs, Q
 
 // Programmatic dependent launch (schema Launch.overlap; sm_90 and later). The runtime may launch a
 // kernel while the previous kernel of its stream is still running. Every kernel entry therefore starts
-// with overlapPrologue() (or prefetches, then calls it): griddepcontrol.wait returns once the previous
-// kernel has completed and its writes are visible, so nothing before it may touch memory an earlier
-// kernel writes or this kernel writes (only weight planes, which no decode or prefill kernel writes, and the
-// step's positions — `pos`, a batch step's row positions — which the host uploads before the step's first
-// kernel and no kernel writes, may be read before it). griddepcontrol.launch_dependents then lets the next kernel start its own
-// prologue: once every block of this grid has passed this point, at most one kernel ahead. Launched
+// with overlapPrologue() (or prefetches or reads the positions, then calls it; a block with nothing to do may return
+// before it): griddepcontrol.wait returns once the previous kernel has completed and its writes are visible, so
+// nothing before it may touch memory an earlier kernel writes or this kernel writes (only weight planes, which no
+// decode or prefill kernel writes, and the step's positions — `pos`, a batch step's row positions — which the host
+// uploads before the step's first kernel and no kernel writes, may be read before it).
+// griddepcontrol.launch_dependents then lets the next kernel start its own prologue: once every block of this grid
+// has passed this point (or exited), at most one kernel ahead. Launched
 // normally, or on older GPUs, both are no-ops. (PTX ISA: griddepcontrol; CUDA programming guide,
 // "Programmatic Dependent Launch and Synchronization".)
 __device__ __forceinline__ void overlapPrologue() {

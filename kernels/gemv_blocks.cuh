@@ -95,7 +95,8 @@
 // Launch shape: gemvBlocksLaunchRule(N, gemvBlocksShape(N, K)).
 //
 // Deferred RMSNorm of the input (GEMVB_RMS_EPS = the norm's eps, a float literal; minfer_gemv_blocks, _pair,
-// _triple, _qkv, _glu): the q8 input is minfer_gemv_add_norm's q8(u), and the kernel takes one more argument
+// _triple, _qkv, _glu): the q8 input is minfer_gemv_add_norm's q8(u) (or moe.cuh minfer_moe_down_dec's with
+// MOE_ADD_NORM, the same form), and the kernel takes one more argument
 // after the others, `const float* rms`, its K / 32 partial sums of squares: every row's sum is multiplied by
 // inv = 1 / sqrt(Σ rms / K + eps) (InputRms: the same bits in every block) before its bias, RoPE or GLU.
 //

@@ -196,16 +196,16 @@ MINFER_HD LaunchRule moeExpertsLaunchRule(unsigned rows, unsigned per_cta, unsig
   return r;
 }
 // The decode expert GEMVs (one token's K chosen experts, minfer_moe_gate_up_dec / minfer_moe_down_dec):
-// kGemvBlocksWarps warps per thread block. gate_up: kMoeGateUpDecPerWarp consecutive outputs (each a gate and an up
+// kGemvBlocksWarps warps per thread block. gate_up: kMoeGateUpDecGroupOutputs consecutive outputs (each a gate and an up
 // row of E weights, all summed in one pass) per group of moeDecRowWarps(E) warps (one warp covers 8 blocks of a row
 // per step: two from 16 blocks on, as the dense GEMV's two warps per row); down: kMoeDownDecRows output rows per
 // warp, each over all K experts' rows.
 MINFER_HD constexpr unsigned moeDecRowWarps(unsigned e) { return e / 256 >= 16 ? 2u : 1u; }
-// Measured on the H200 (qwen3-30b-a3b tg128): 2 outputs per warp group 489.2 t/s, 1 output 476.2 (its 1,536
+// Measured on the H200 (qwen3-30b-a3b tg128): 2 outputs per warp group 489.3 t/s, 1 output 476.2 (its 1,536
 // thread blocks of 50 registers took 1.29 waves; 1 output with 12 blocks per SM forced, 467.4; BENCHMARKS.md).
-constexpr unsigned kMoeGateUpDecPerWarp = 2;
+constexpr unsigned kMoeGateUpDecGroupOutputs = 2;
 MINFER_HD constexpr unsigned moeGateUpDecOutputs(unsigned e) {
-  return kGemvBlocksWarps / moeDecRowWarps(e) * kMoeGateUpDecPerWarp;
+  return kGemvBlocksWarps / moeDecRowWarps(e) * kMoeGateUpDecGroupOutputs;
 }
 // Measured on the H200 (qwen3-30b-a3b tg128): 2 rows per warp 459.5 t/s, 1 row 448.6 (BENCHMARKS.md).
 constexpr unsigned kMoeDownDecRows = 2;
@@ -1012,8 +1012,9 @@ static_assert((kK * kF) % 32 == 0 && 32 % kDecOutputs == 0, "a q8 block of A spa
 // The decode plan's gate|up of the chosen experts (one token): output o = j·F + r of the K·F is
 // A[j][r] = silu(gate_e(r)·x) · (up_e(r)·x) with e = ids[j] (writeA's expression), the two rows summed on x's q8
 // row (the scratch's Xq, written by the sort launch) as minfer_gemv_glu sums them (gemvb::accumulateRows,
-// kDecRowWarps warps per kMoeGateUpDecPerWarp consecutive outputs of one expert); the q8 form of A (the scratch's Aq, row j) as minfer_gemv_glu makes it: the
-// thread block completing a block of 32 outputs (counters[o / 32]) quantizes it and sets its counter back to 0.
+// kDecRowWarps warps per kMoeGateUpDecGroupOutputs consecutive outputs of one expert); the q8 form of A (the
+// scratch's Aq, row j) as minfer_gemv_glu makes it: the thread block completing a block of 32 outputs
+// (counters[o / 32]) quantizes it and sets its counter back to 0.
 // Each thread block then starts moving its share of expert e's down rows to L2 for the next launch.
 extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps)
     minfer_moe_gate_up_dec(const int* __restrict__ ids, const uint8_t* __restrict__ gq, const uint8_t* __restrict__ uq,
@@ -1021,7 +1022,7 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
                            unsigned* __restrict__ counters) {
   using namespace minfer::kern;
   using namespace minfer::kern::moe;
-  constexpr unsigned kPer = kMoeGateUpDecPerWarp;
+  constexpr unsigned kPer = kMoeGateUpDecGroupOutputs;
   static_assert(kF % kPer == 0, "a warp group's outputs are rows of one expert");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const unsigned first = blockIdx.x * kDecOutputs, o = first + warp / kDecRowWarps * kPer, j = o / kF, r = o % kF;
@@ -1035,7 +1036,10 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
   if constexpr (MOE_G_TYPE == MOE_U_TYPE && MOE_G_GP == MOE_U_GP) {  // one pass over all the rows' blocks
     const uint8_t* wr[2 * kPer];
 #pragma unroll
-    for (unsigned i = 0; i < kPer; ++i) wr[2 * i] = DecGateW::row(gq, ee, r + i), wr[2 * i + 1] = DecUpW::row(uq, ee, r + i);
+    for (unsigned i = 0; i < kPer; ++i) {
+      wr[2 * i] = DecGateW::row(gq, ee, r + i);
+      wr[2 * i + 1] = DecUpW::row(uq, ee, r + i);
+    }
     gemvb::accumulateRows<DecGateW::kQ4K, 2 * kPer, kDecRowWarps, 1, kE / 256, MOE_G_GP>(wr, xq, xm, t % 4, t / 4, acc);
   } else {
     const uint8_t *wg[kPer], *wu[kPer];

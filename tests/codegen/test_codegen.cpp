@@ -1201,23 +1201,6 @@ TEST_CASE("launch fusion: QuantizeAct into its producer, RmsNorm into the residu
   }
 }
 
-// A two-layer minfer-synth qwen3-30b-a3b at 256 wide in llama.cpp's Q4_K_M mix (the GEMV triple and decode MoE
-// tests below), written once per process.
-std::string synthQwen3MoeQ4KM() {
-  static const std::string path = [] {
-    synth::SynthOptions so;
-    so.shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
-    so.shape.n_layer = 2, so.shape.n_embd = 256, so.shape.n_head = 4, so.shape.n_head_kv = 1, so.shape.head_dim = 64;
-    so.shape.n_expert = 8, so.shape.n_expert_used = 2, so.shape.n_ff_exp = 256, so.shape.n_vocab = 300;
-    so.shape.n_ctx = 4096;
-    so.mix = synth::TypeMix::kQ4_K_M;
-    const std::string p = test::scratchDir() + "/synth-qwen3moe-q4_k_m.gguf";
-    llvm::cantFail(synth::writeSynthModel(so, p, nullptr));
-    return p;
-  }();
-  return path;
-}
-
 // The decode GEMV triple (gemv_blocks.cuh GEMVB_TRIPLE, under the QKV GEMV's option fuse_qkv): on a qwen3moe
 // whose q, k and v are Q4_K / Q6_K — a two-layer minfer-synth qwen3-30b-a3b at 256 wide in llama.cpp's Q4_K_M mix
 // (v Q4_K in layer 0, Q6_K in layer 1) — every layer's q MatMul runs one minfer_gemv_triple that writes q, k and v
@@ -1363,7 +1346,9 @@ TEST_CASE("decode MoE experts on the GGUF blocks: router without the sort, then 
     CHECK(dn.args[6].access == fb::Access::Write);
     CHECK(dn.args[7].tensor == norm.weights[0]);
     CHECK(dn.args[8].buffer == quant.outputs[0]);
+    CHECK(dn.args[8].kind == fb::ArgKind::Q8Values);
     CHECK(dn.args[9].buffer == quant.outputs[0]);
+    CHECK(dn.args[9].kind == fb::ArgKind::Q8Meta);
     CHECK(dn.args[10].buffer == norm.outputs[0]);  // the partial sums of squares
     CHECK(dn.args[11].kind == fb::ArgKind::Counters);
     CHECK(dn.args[11].bytes == uint64_t{e} / 32 * 4);
@@ -1377,6 +1362,26 @@ TEST_CASE("decode MoE experts on the GGUF blocks: router without the sort, then 
   CHECK(moe == l.desc.config.n_layer);
   for (const std::vector<LaunchRecord>& step : set.prefill)
     for (const LaunchRecord& r : step) CHECK(set.images[r.images[0]].entry.find("_dec") == std::string::npos);
+  // Without the deferred norms (fuse_norm off: --fuse-gemv=pair) every Add after a MoeFfn keeps its own launch and
+  // the down launch its five arguments.
+  CodegenOptions o;
+  o.targets = {"sm_90"};
+  o.cache_dir = MINFER_TEST_KERNEL_CACHE;
+  o.fuse_norm = false;
+  auto plain = generateKernels(l.desc, l.layouts, o);
+  REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));
+  checkSet(l, *plain, {"sm_90"});
+  size_t plain_moe = 0;
+  for (size_t i = 2; i + 1 < l.desc.plan.decode.size(); ++i) {
+    if (l.desc.plan.decode[i].op != fb::OpKind::MoeFfn) continue;
+    ++plain_moe;
+    CHECK(!plain->decode_fused[i + 1]);
+    const LaunchRecord& dn = plain->decode[i - 2].back();
+    CHECK(plain->images[dn.images[0]].entry == "minfer_moe_down_dec");
+    CHECK(optionValue(plain->images[dn.images[0]], "MOE_ADD_NORM").empty());
+    CHECK(dn.args.size() == 5);
+  }
+  CHECK(plain_moe == l.desc.config.n_layer);
 }
 
 TEST_CASE("launch fusion: HeadRmsNorm q, HeadRmsNorm k and Rope as one minfer_head_norm_rope launch (qwen3moe, gemma3)") {

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "compiler/codegen/codegen.h"
+#include "compiler/codegen/nvrtc_compiler.h"
 #include "tests/codegen/codegen_test_support.h"
 #include "tests/test_support.h"
 
@@ -189,6 +190,54 @@ TEST_CASE("GEMV + Add + deferred RMSNorm: not where the norm's output has a late
     CHECK(d.norms == (a ? 1u : 2u));
     CHECK(deferredLaunches(set, set.decode, d.consumer) == 0);
     CHECK(deferredLaunches(set, set.decode_paged, d.consumer) == 0);
+  }
+}
+
+// The decode MoE layer's residual Add, the next attn_norm and its QuantizeAct in minfer_moe_down_dec (MOE_ADD_NORM),
+// deferred to the q, k, v GEMV triple: on the two-layer synthetic qwen3moe (every expert on Q4_K / Q6_K blocks), layer
+// 0's MoE launches write the sum, the q8 form (values and meta) and the partials with E / 32 counter words, the Add,
+// RmsNorm and QuantizeAct fused, and layer 1's triple reads the partials with the norm's eps; layer 1's (the last:
+// its output_norm feeds the output GEMV) keeps its Add + RmsNorm launch. Edited so that layer 1's attn_output writes
+// its q buffer (of the residual's width), its attn_residual Add then reads the attn_norm's output after the triple:
+// layer 0's down launch takes no norm and no launch reads partials.
+TEST_CASE("MoE down + Add + deferred RMSNorm: in every layer but the last; not where the norm's output has a later reader") {
+  if (!haveNvrtc()) {
+    MESSAGE("SKIPPED: built without NVRTC");
+    return;
+  }
+  for (bool edited : {false, true}) {
+    CAPTURE(edited);
+    Loaded l = load(synthQwen3MoeQ4KM());
+    auto& steps = l.desc.plan.decode;
+    const size_t o1 = decodeStep(l, "blk.1.attn_output"), q1 = decodeStep(l, "blk.1.attn_q");
+    const size_t ffn0 = decodeStep(l, "blk.0.moe_ffn"), ffn1 = decodeStep(l, "blk.1.moe_ffn");
+    if (edited) {
+      REQUIRE(l.desc.plan.buffers[steps[q1].outputs[0]].width == l.desc.plan.buffers[steps[o1].outputs[0]].width);
+      steps[o1].outputs[0] = steps[q1].outputs[0];
+    }
+    const KernelSet set = generateFused(l, true);
+    for (size_t ffn : {ffn0, ffn1}) {
+      CAPTURE(steps[ffn].name);
+      REQUIRE(ffn >= 2);
+      const LaunchRecord& dn = set.decode[ffn - 2].back();  // the router MatMul's launches run the MoE step's
+      REQUIRE(set.images[dn.images[0]].entry == "minfer_moe_down_dec");
+      const bool defers = !edited && ffn == ffn0;
+      CHECK(set.decode_fused[ffn + 1] == defers);
+      CHECK(dn.args.size() == (defers ? 12u : 5u));
+      if (!defers) continue;
+      CHECK(writes(dn, steps[ffn + 1].outputs[0], fb::ArgKind::Activation));  // the sum
+      CHECK(writes(dn, steps[ffn + 2].outputs[0], fb::ArgKind::Activation));  // the partials
+      CHECK(writes(dn, steps[ffn + 3].outputs[0], fb::ArgKind::Q8Values));
+      CHECK(writes(dn, steps[ffn + 3].outputs[0], fb::ArgKind::Q8Meta));
+      CHECK(dn.args[7].kind == fb::ArgKind::Weight);
+      CHECK(dn.args[7].tensor == steps[ffn + 2].weights[0]);
+      CHECK(dn.args[5].access == fb::Access::Read);
+      CHECK(dn.args.back().kind == fb::ArgKind::Counters);
+      CHECK(dn.args.back().bytes == steps[ffn].cols / 32 * 4);
+      REQUIRE(!set.decode[ffn + 4].empty());
+      checkReadsDeferred(set, set.decode[ffn + 4][0], steps[ffn + 2], steps[ffn].cols);
+    }
+    CHECK(deferredLaunches(set, set.decode) == (edited ? 0u : 1u));
   }
 }
 

@@ -237,7 +237,7 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
   if (gemv.qkv && variant == PlanVariant::kDecode && fitsAll(i + 2) && gemvTripleChain(steps, i) &&
       fusesGemvTriple(ctx(i), ctx(i + 1), ctx(i + 2)))
     return 2;
-  if (fitsAll(i + 3) && defersNorm(desc, layouts, variant, i, gemv)) return 3;
+  if (fitsAll(i + 3) && gemvNormChain(steps, i) && defersNorm(desc, layouts, variant, i, gemv)) return 3;
   if (gemv.pair && variant == PlanVariant::kDecode && fits(i + 1) && gemvPairChain(steps, i) &&
       fusesGemvPair(ctx(i), ctx(i + 1)))
     return 1;

@@ -505,22 +505,44 @@ bool fusesGemvAddNorm(const StepContext& mm, const StepContext& add, const StepC
   const unsigned rows_per_cta = kern::gemvBlocksRowsPerCta(
       kern::gemvBlocksShape(static_cast<unsigned>(m->n), static_cast<unsigned>(m->k)));
   if (kern::kQ8Block % rows_per_cta != 0) return false;
-  const model::StepDesc &ms = mm.step(), &as = add.step(), &ns = norm.step();
-  const uint32_t o = ms.outputs[0], s = as.outputs[0], y = ns.outputs[0];
+  // y may be the matmul's buffer (the plan reuses it: nothing reads the product after the Add; the launch then leaves
+  // the product unwritten).
+  return addNormFollows(add, norm, mm.step().outputs[0], m->n, true);
+}
+
+bool addNormFollows(const StepContext& add, const StepContext& norm, uint32_t o, uint64_t n, bool o_may_be_y) {
+  const model::StepDesc &as = add.step(), &ns = norm.step();
+  if (as.inputs.size() != 2 || as.outputs.size() != 1 || ns.outputs.size() != 1) return false;
+  const uint32_t s = as.outputs[0], y = ns.outputs[0];
   const uint32_t res = as.inputs[0] == o ? as.inputs[1] : as.inputs[0];
   auto width = norm.input(0, "input");
   if (!width) {
     llvm::consumeError(width.takeError());
     return false;
   }
-  auto weight = norm.vector(0, m->n);
+  auto weight = norm.vector(0, n);
   if (!weight) {
     llvm::consumeError(weight.takeError());
     return false;
   }
-  // y may be the matmul's buffer (the plan reuses it: nothing reads the product after the Add).
-  return (as.inputs[0] == o) != (as.inputs[1] == o) && (*width)->width == m->n && y != s && y != res && o != res &&
-         o != s;
+  return (as.inputs[0] == o) != (as.inputs[1] == o) && (*width)->width == n && y != s && y != res && o != res &&
+         o != s && (o_may_be_y || o != y);
+}
+
+llvm::Error pushAddNormArgs(std::vector<KernelArgDesc>& args, const StepContext& add, const StepContext& norm,
+                            const StepContext& quant, uint32_t o, uint32_t n) {
+  if (llvm::Error e = checkFusedQuantize(quant, n)) return e;
+  auto nw = norm.vector(0, n);
+  if (!nw) return nw.takeError();
+  const uint32_t res = add.inputId(0) == o ? add.inputId(1) : add.inputId(0);
+  args.push_back(activationArg("res", res, n, fb::Access::Read));
+  args.push_back(activationArg("sum", add.outputId(0), n, fb::Access::Write));
+  args.push_back(weightArg("nw", norm.weightId(0), **nw));
+  pushQ8Args(args, "qs", "meta", quant.outputId(0), n, fb::Access::Write);
+  // The norm's output buffer (n wide, as the verifier checks the argument against it): its first n / 32 values.
+  args.push_back(activationArg("partial", norm.outputId(0), n, fb::Access::Write));
+  args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{n / kern::kQ8Block} * 4});
+  return llvm::Error::success();
 }
 
 // MatMul (o or down), the residual Add, its RmsNorm and QuantizeAct (decode) → one minfer_gemv_add_norm launch
@@ -532,24 +554,14 @@ Launches gemvAddNormLaunches(const StepContext& mm, const StepContext& add, cons
   const MatMulOperands m = *fusibleOperands(mm);
   const StrideTable& blk = *decodeBlocksPlane(*m.w);
   const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
-  if (llvm::Error e = checkFusedQuantize(quant, n)) return e;
-  auto nw = norm.vector(0, n);
-  if (!nw) return nw.takeError();
   const uint32_t o = mm.outputId(0);
-  const uint32_t res = add.inputId(0) == o ? add.inputId(1) : add.inputId(0);
   SpecBuilder b = blocksGemvSpec("gemv_add_norm", "minfer_gemv_add_norm", blk, m);
   b.define("GEMVB_NORM", uint64_t{1});
   std::vector<KernelArgDesc> args{weightArg("w", mm.weightId(0), blk), biasArg(mm, m)};
   pushQ8Args(args, "xq", "xmeta", mm.inputId(1), k, fb::Access::Read);
   // Where the norm's output reuses the product's buffer, the product is not written (the partials go there).
   args.push_back(o == norm.outputId(0) ? kindArg(fb::ArgKind::Null, "out") : activationArg("out", o, n, fb::Access::Write));
-  args.push_back(activationArg("res", res, n, fb::Access::Read));
-  args.push_back(activationArg("sum", add.outputId(0), n, fb::Access::Write));
-  args.push_back(weightArg("nw", norm.weightId(0), **nw));
-  pushQ8Args(args, "qs", "meta", quant.outputId(0), n, fb::Access::Write);
-  // The norm's output buffer (n wide, as the verifier checks the argument against it): its first n / 32 values.
-  args.push_back(activationArg("partial", norm.outputId(0), n, fb::Access::Write));
-  args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{n / kern::kQ8Block} * 4});
+  if (llvm::Error e = pushAddNormArgs(args, add, norm, quant, o, n)) return e;
   const kern::LaunchRule rule = kern::gemvBlocksLaunchRule(n, kern::gemvBlocksShape(n, k));
   return std::vector<KernelLaunch>{{b.spec, std::move(args), rule}};
 }

@@ -4,7 +4,8 @@
 // router MatMul before it, the sort launch computing the router's logits and routing too) sharing the step's scratch;
 // in decode with gate, up and down all on their blocks (and K ≤ 32), the experts run as two GEMVs over the chosen
 // experts' rows instead (decodeExpertLaunches: minfer_moe_gate_up_dec, minfer_moe_down_dec; the router launch without
-// the slot sort). Every -D…PITCH / …EPITCH constant is taken from the
+// the slot sort), the down GEMV also running the residual Add, RmsNorm and QuantizeAct after the step where planFusion
+// defers that norm (MOE_ADD_NORM, fusesMoeAddNorm). Every -D…PITCH / …EPITCH constant is taken from the
 // stride table the launch record's Weight argument carries (row pitch and expert pitch). Q4_K and Q6_K
 // experts are read from their kBlocks plane (the GGUF blocks; q8 activations), other types from kI8 +
 // kScale [+ kMin] or their dense plane (layout_planner.h: which planes an expert tensor has).
@@ -275,21 +276,12 @@ llvm::Expected<std::vector<KernelLaunch>> decodeExpertLaunches(const StepContext
   std::vector<KernelArgDesc> dn_args{ids_in, activationArg("w", c.inputId(2), k, fb::Access::Read),
                                      weightArg("dq", c.weightId(2), *down.q), scratch,
                                      activationArg("out", c.outputId(0), e, fb::Access::Write)};
-  if (add_norm) {  // minfer_gemv_add_norm's arguments after its product (gemvAddNormLaunches)
-    const StepContext &add = add_norm->add, &norm = add_norm->norm;
-    if (!fusesMoeAddNorm(c, add, norm))
+  if (add_norm) {  // minfer_gemv_add_norm's arguments after its product
+    if (!fusesMoeAddNorm(c, add_norm->add, add_norm->norm))
       return c.error("the MoeFfn, the Add and the RmsNorm after it cannot run as one launch (fusesMoeAddNorm)");
-    if (llvm::Error err = checkFusedQuantize(add_norm->quant, e)) return err;
-    auto nw = norm.vector(0, e);
-    if (!nw) return nw.takeError();
     dn.define("MOE_ADD_NORM", uint64_t{1});
-    const uint32_t o = c.outputId(0), res = add.inputId(0) == o ? add.inputId(1) : add.inputId(0);
-    dn_args.push_back(activationArg("res", res, e, fb::Access::Read));
-    dn_args.push_back(activationArg("sum", add.outputId(0), e, fb::Access::Write));
-    dn_args.push_back(weightArg("nw", norm.weightId(0), **nw));
-    pushQ8Args(dn_args, "qs", "meta", add_norm->quant.outputId(0), e, fb::Access::Write);
-    dn_args.push_back(activationArg("partial", norm.outputId(0), e, fb::Access::Write));
-    dn_args.push_back({.kind = fb::ArgKind::Counters, .name = "counters", .bytes = uint64_t{e / kern::kQ8Block} * 4});
+    if (llvm::Error err = pushAddNormArgs(dn_args, add_norm->add, add_norm->norm, add_norm->quant, c.outputId(0), e))
+      return err;
   }
   std::vector<KernelLaunch> launches;
   launches.push_back({gu.spec, std::move(gu_args), kern::moeGateUpDecLaunchRule(k, f, e)});
@@ -442,21 +434,10 @@ bool fusesMoeAddNorm(const StepContext& ffn, const StepContext& add, const StepC
     }
     if (!p->blocks()) return false;
   }
-  auto weight = norm.vector(0, s.cols);
-  if (!weight) {
-    llvm::consumeError(weight.takeError());
-    return false;
-  }
-  auto width = norm.input(0, "input");
-  if (!width) {
-    llvm::consumeError(width.takeError());
-    return false;
-  }
-  const uint32_t o = s.outputs[0], sum = as.outputs[0], y = ns.outputs[0], ids = s.inputs[1], w = s.inputs[2];
-  const uint32_t res = as.inputs[0] == o ? as.inputs[1] : as.inputs[0];
-  // The launch writes sum, y and the q8 form while its thread blocks read the ids, the weights and the scratch.
-  return (as.inputs[0] == o) != (as.inputs[1] == o) && (*width)->width == s.cols && y != sum && y != res && o != res &&
-         o != sum && o != y && sum != ids && sum != w && y != ids && y != w;
+  // The kernel always writes the MoeFfn's output, so the norm's output may not reuse it; the launch writes sum, y
+  // and the q8 form while its thread blocks read the ids, the weights and the scratch.
+  const uint32_t sum = as.outputs[0], y = ns.outputs[0], ids = s.inputs[1], w = s.inputs[2];
+  return addNormFollows(add, norm, s.outputs[0], s.cols, false) && sum != ids && sum != w && y != ids && y != w;
 }
 
 }  // namespace minfer::codegen

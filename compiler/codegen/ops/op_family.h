@@ -144,7 +144,8 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
 // minfer_gemv_add_norm launch whose RMSNorm is deferred (gemv_blocks.cuh GEMVB_NORM: the q8 form of sum ⊙ w, the
 // partial sums of squares in the norm's output buffer) where fusesGemvAddNorm allows it and every reader of the
 // norm's outputs is the GEMV chain fused right after it, which applies the 1/rms (GEMVB_RMS_EPS: the fused QKV
-// GEMV, the triple, the gate|up GLU GEMV or the pair).
+// GEMV, the triple, the gate|up GLU GEMV or the pair); so do a decode MoeFfn's expert GEMVs with the Add, RmsNorm
+// and QuantizeAct after them (moe.cuh minfer_moe_down_dec MOE_ADD_NORM) where fusesMoeAddNorm allows it.
 // The fusions of one plan, decided once (generateKernels launches what this says): steps taken in order, each not
 // fused into an earlier one getting fusedFollowers (none with `fuse` off, none in the load plan); `input_norm`: for
 // the first step of each GEMV chain that reads a deferred RMSNorm, that RmsNorm step. An error naming the step if
@@ -169,6 +170,16 @@ Launches attentionQuantizeLaunches(const StepContext& attention, const StepConte
 // thread blocks, the norm as wide as the matmul with its weight, and the norm's output distinct from the other
 // buffers.
 bool fusesGemvAddNorm(const StepContext& mm, const StepContext& add, const StepContext& norm);
+// Shared by it and fusesMoeAddNorm: the Add reads the product's buffer `o` (n values) once and one other buffer, the
+// RmsNorm reads the sum, n wide, with its weight, and its output is distinct from the sum and the residual, o from
+// the residual and the sum (and from the norm's output unless `o_may_be_y`).
+bool addNormFollows(const StepContext& add, const StepContext& norm, uint32_t o, uint64_t n, bool o_may_be_y);
+// The arguments after the product of a GEMV + Add + deferred RMSNorm launch (minfer_gemv_add_norm; moe.cuh
+// minfer_moe_down_dec with MOE_ADD_NORM): res, sum (n f32), the norm weight, the q8 form (values, meta), the
+// partial sums of squares (in the norm's output buffer) and n / 32 counter words. Errors: the QuantizeAct's
+// (checkFusedQuantize) and the norm weight's.
+llvm::Error pushAddNormArgs(std::vector<KernelArgDesc>& args, const StepContext& add, const StepContext& norm,
+                            const StepContext& quant, uint32_t o, uint32_t n);
 // Their launch, writing the matmul's product (unless the norm's output reuses its buffer), the Add's sum, the
 // QuantizeAct's q8 buffer (the q8 form of sum ⊙ w) and in the RmsNorm's output buffer the partial sums of squares
 // (GEMVB_NORM; only for a norm whose consumers planFusion names). An error naming the matmul step unless
@@ -246,8 +257,9 @@ struct AddNormSteps {
 Launches moeRouteFfnLaunches(const StepContext& route, const StepContext& ffn, const AddNormSteps* add_norm);
 // Whether the residual Add after a decode MoeFfn step and the RmsNorm of the sum can run in its last launch (the
 // decode expert GEMVs: gate, up and down read from their blocks, K ≤ 32): the Add of the MoeFfn's output and one
-// other buffer, the norm as wide as n_embd with its weight, its output distinct from the sum, the residual and the
-// expert ids and weights, and the sum distinct from the MoeFfn's output, ids and weights (ops/moe.cpp).
+// other buffer, the norm as wide as n_embd with its weight, its output distinct from the sum, the residual, the
+// MoeFfn's output (which the kernel always writes) and the expert ids and weights, and the MoeFfn's output distinct
+// from the sum and the residual (ops/moe.cpp).
 bool fusesMoeAddNorm(const StepContext& ffn, const StepContext& add, const StepContext& norm);
 // Whether the decode router MatMul `mm` before that MoeRoute can run in the same first launch too
 // (minfer_moe_router_sort): one f32 input, the MoeFfn's x, a dense float weight (no kI8 or kBlocks plane) of
