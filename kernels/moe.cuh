@@ -27,8 +27,8 @@
 // minfer_moe_combine's expression and order (combineValue), so out is the same bit for bit.
 // When gate, up and down are all read from blocks, the decode plan's experts run instead as two GEMVs over the
 // token's K chosen experts' rows, which need no slot lists (the router launch then skips the sort,
-// MOE_SORT_SLOTS 0): minfer_moe_gate_up_dec (two outputs j·F + r of A per warp or pair of warps, gemv_blocks.cuh's sums and
-// minfer_gemv_glu's q8 tail; each block also moves its share of the chosen experts' down rows to L2), then
+// MOE_SORT_SLOTS 0): minfer_moe_gate_up_dec (two outputs j·F + r of A per warp or pair of warps, gemv_blocks.cuh's
+// sums and minfer_gemv_glu's q8 tail; each block also moves its share of the chosen experts' down rows to L2), then
 // minfer_moe_down_dec (two output rows per warp over all K experts' rows, the combine's weights applied per part).
 // The expert kernels' grid.y walks the chosen experts (used[1 + blockIdx.y]; thread blocks past u exit):
 // min(n_tokens·K, NEXP) of them (moeExpertsLaunchRule), so an expert no slot chose costs nothing.
@@ -1044,12 +1044,18 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvBlocksWarps
   } else {
     const uint8_t *wg[kPer], *wu[kPer];
 #pragma unroll
-    for (unsigned i = 0; i < kPer; ++i) wg[i] = DecGateW::row(gq, ee, r + i), wu[i] = DecUpW::row(uq, ee, r + i);
+    for (unsigned i = 0; i < kPer; ++i) {
+      wg[i] = DecGateW::row(gq, ee, r + i);
+      wu[i] = DecUpW::row(uq, ee, r + i);
+    }
     float ag[kPer] = {}, au[kPer] = {};
     gemvb::accumulateRows<DecGateW::kQ4K, kPer, kDecRowWarps, 1, kE / 256, MOE_G_GP>(wg, xq, xm, t % 4, t / 4, ag);
     gemvb::accumulateRows<DecUpW::kQ4K, kPer, kDecRowWarps, 1, kE / 256, MOE_U_GP>(wu, xq, xm, t % 4, t / 4, au);
 #pragma unroll
-    for (unsigned i = 0; i < kPer; ++i) acc[2 * i] = ag[i], acc[2 * i + 1] = au[i];
+    for (unsigned i = 0; i < kPer; ++i) {
+      acc[2 * i] = ag[i];
+      acc[2 * i + 1] = au[i];
+    }
   }
   // Once this block's own weight rows have arrived (so that they go first), its share of the expert's E down rows
   // (kF / kDecOutputs shares) starts moving to L2 for minfer_moe_down_dec (measured: 452 t/s against 434 with the

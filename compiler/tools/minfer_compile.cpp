@@ -68,9 +68,9 @@ llvm::cl::opt<GemvFusion> kFuseGemv(
     "fuse-gemv", llvm::cl::ValueOptional, llvm::cl::init(GemvFusion::kNorm),
     llvm::cl::desc("Decode GEMV fusions: norm (the default: q, k, v with their RoPE and KV store in one launch, "
                    "or the three GEMVs alone where q/k norms sit before the RoPE; gate and up in one launch; the o "
-                   "and down GEMVs (a MoE FFN's down GEMV) each with the residual Add and RMSNorm after them, the 1/rms "
-                   "applied by the GEMVs that read the norm), pair (the same without the last: every result bit for bit the unfused "
-                   "steps'), qkv (the first only), all (norm, with gate|up and its GLU instead of the pair, which "
+                   "and down GEMVs (a MoE FFN's down GEMV) each with the residual Add and RMSNorm after them, the "
+                   "1/rms applied by the GEMVs that read the norm), pair (the same without the last: every result "
+                   "bit for bit the unfused steps'), qkv (the first only), all (norm, with gate|up and its GLU instead of the pair, which "
                    "measured slower; a bare --fuse-gemv), none (BENCHMARKS.md)"),
     llvm::cl::values(clEnumValN(GemvFusion::kNone, "none", "no decode GEMV fusion"),
                      clEnumValN(GemvFusion::kQkv, "qkv", "q, k, v GEMVs (with RoPE and KV store) in one launch"),

@@ -12,8 +12,7 @@
 #include "compiler/gguf/gguf_reader.h"
 #include "compiler/model/model_desc.h"
 #include "compiler/planes/layout_planner.h"
-#include "compiler/tools/synth_model.h"
-#include "tests/test_support.h"
+#include "tests/synth_support.h"
 
 namespace minfer::codegen {
 
@@ -50,17 +49,9 @@ inline Loaded load(const std::string& path, bool rewrite = true, bool f16_prefil
 // A two-layer minfer-synth qwen3-30b-a3b at 256 wide in llama.cpp's Q4_K_M mix (the GEMV triple, decode MoE and
 // deferred-norm tests), written once per process.
 inline std::string synthQwen3MoeQ4KM() {
-  static const std::string path = [] {
-    synth::SynthOptions so;
-    so.shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
-    so.shape.n_layer = 2, so.shape.n_embd = 256, so.shape.n_head = 4, so.shape.n_head_kv = 1, so.shape.head_dim = 64;
-    so.shape.n_expert = 8, so.shape.n_expert_used = 2, so.shape.n_ff_exp = 256, so.shape.n_vocab = 300;
-    so.shape.n_ctx = 4096;
-    so.mix = synth::TypeMix::kQ4_K_M;
-    const std::string p = test::scratchDir() + "/synth-qwen3moe-q4_k_m.gguf";
-    llvm::cantFail(synth::writeSynthModel(so, p, nullptr));
-    return p;
-  }();
+  static const std::string path = test::writeSmallQwen3Moe(
+      "synth-qwen3moe-q4_k_m.gguf",
+      {.n_head_kv = 1, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .n_vocab = 300, .n_ctx = 4096});
   return path;
 }
 

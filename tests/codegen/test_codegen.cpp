@@ -16,7 +16,6 @@
 #include "compiler/codegen/ops/op_family.h"
 #include "compiler/codegen/plan_rewrite.h"
 #include "compiler/gguf/gguf_reader.h"
-#include "compiler/tools/synth_model.h"
 #include "kernels/attention.cuh"
 #include "kernels/gemm_small.cuh"
 #include "kernels/gemv_blocks.cuh"

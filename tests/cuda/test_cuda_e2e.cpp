@@ -17,7 +17,6 @@
 #include <xxhash.h>
 
 #include "compiler/compile_model.h"
-#include "compiler/tools/synth_model.h"
 #include "kernels/gemv_blocks.cuh"
 #include "minfer/artifact.h"
 #include "minfer/batch.h"
@@ -27,6 +26,7 @@
 #include "runtime/cuda/cuda_internal.h"
 #include "tests/cuda/gpu_harness.h"
 #include "tests/e2e/golden_support.h"
+#include "tests/synth_support.h"
 #include "tests/test_support.h"
 
 namespace minfer::test::gpu {
@@ -414,17 +414,9 @@ TEST_CASE("q/k head-norm models (qwen3moe, gemma3): fused and unfused launches g
 // read from kI8): minfer-synth's qwen3-30b-a3b shape at n_embd 256, 2 layers, 16 experts choosing 4 of width 512,
 // llama.cpp's Q4_K_M mix (gate/up Q4_K; down Q4_K in layer 0, Q6_K in layer 1), written once per process.
 std::string blocksMoeGguf() {
-  static const std::string path = [] {
-    synth::SynthOptions so;
-    so.shape = llvm::cantFail(synth::modelShape("qwen3-30b-a3b"));
-    so.shape.n_layer = 2, so.shape.n_embd = 256, so.shape.n_head = 4, so.shape.n_head_kv = 2, so.shape.head_dim = 64;
-    so.shape.n_expert = 16, so.shape.n_expert_used = 4, so.shape.n_ff_exp = 512, so.shape.n_vocab = 400;
-    so.shape.n_ctx = 256;
-    so.mix = synth::TypeMix::kQ4_K_M;
-    const std::string p = scratchDir() + "/synth-qwen3moe-blocks.gguf";
-    llvm::cantFail(synth::writeSynthModel(so, p, nullptr));
-    return p;
-  }();
+  static const std::string path = writeSmallQwen3Moe(
+      "synth-qwen3moe-blocks.gguf",
+      {.n_head_kv = 2, .n_expert = 16, .n_expert_used = 4, .n_ff_exp = 512, .n_vocab = 400, .n_ctx = 256});
   return path;
 }
 

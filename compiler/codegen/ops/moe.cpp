@@ -9,8 +9,6 @@
 // stride table the launch record's Weight argument carries (row pitch and expert pitch). Q4_K and Q6_K
 // experts are read from their kBlocks plane (the GGUF blocks; q8 activations), other types from kI8 +
 // kScale [+ kMin] or their dense plane (layout_planner.h: which planes an expert tensor has).
-#include <tuple>
-
 #include "compiler/codegen/ops/op_family.h"
 #include "kernels/moe.cuh"
 
@@ -106,6 +104,12 @@ void defineBlocksWeight(const char* x, const ExpertPlanes& p, SpecBuilder& b) {
       .define((pre + "GP").c_str(), uint64_t{p.q->group_pitch})
       .define((pre + "PITCH").c_str(), uint64_t{p.q->row_pitch})
       .define((pre + "EPITCH").c_str(), uint64_t{p.q->expert_pitch});
+}
+
+// Whether the MoeFfn step c's experts run as the decode expert GEMVs (decodeExpertLaunches): the decode plan, gate,
+// up and down read from their blocks, K ≤ 32 (minfer_moe_down_dec's lane j < K holds choice j).
+bool decodeExperts(const StepContext& c, const ExpertPlanes& gate, const ExpertPlanes& up, const ExpertPlanes& down) {
+  return !c.prefill() && gate.blocks() && up.blocks() && down.blocks() && c.step().n_expert_used <= 32;
 }
 
 // "q4_k_blocks", "q8_0", "f32": the tag of the plane set an expert weight is read from.
@@ -324,7 +328,7 @@ Launches moeFfn(const StepContext& c, const StepContext* route, const StepContex
                                  weightTag(*up)));
 
   // Decode with every expert weight on its blocks: the expert GEMVs (decodeExpertLaunches; lane j < K holds choice j).
-  const bool dec_experts = !c.prefill() && gu_blocks && dn_blocks && k <= 32;
+  const bool dec_experts = decodeExperts(c, *gate, *up, *down);
   const uint32_t mb = c.maxBatch();
   const KernelArgDesc scratch{.kind = fb::ArgKind::Scratch, .name = "scratch",
                               .bytes = kern::moeScratchBytes(nexp, mb, k, f, e)};
@@ -420,20 +424,18 @@ Launches moeRouterFfnLaunches(const StepContext& mm, const StepContext& route, c
 
 bool fusesMoeAddNorm(const StepContext& ffn, const StepContext& add, const StepContext& norm) {
   const model::StepDesc &s = ffn.step(), &as = add.step(), &ns = norm.step();
-  if (ffn.prefill() || s.op != fb::OpKind::MoeFfn || s.inputs.size() != 3 || s.outputs.size() != 1 ||
-      s.n_expert_used == 0 || s.n_expert_used > 32 || s.cols % kern::kQ8Block != 0 || as.inputs.size() != 2 ||
-      as.outputs.size() != 1 || ns.inputs.size() != 1 || ns.outputs.size() != 1 || ns.inputs[0] != as.outputs[0])
+  if (s.op != fb::OpKind::MoeFfn || s.inputs.size() != 3 || s.outputs.size() != 1 || s.cols % kern::kQ8Block != 0 ||
+      as.inputs.size() != 2 || as.outputs.size() != 1 || ns.inputs.size() != 1 || ns.outputs.size() != 1 ||
+      ns.inputs[0] != as.outputs[0])
     return false;
-  // The decode expert GEMVs (moeFfn's dec_experts): gate, up and down on readable blocks.
-  for (auto [i, rows, cols] : {std::tuple{size_t{0}, s.rows, s.cols}, std::tuple{size_t{1}, s.rows, s.cols},
-                               std::tuple{size_t{2}, s.cols, s.rows}}) {
-    auto p = expertPlanes(ffn, i, rows, cols);
-    if (!p) {
-      llvm::consumeError(p.takeError());
-      return false;
-    }
-    if (!p->blocks()) return false;
-  }
+  // The decode expert GEMVs (moeFfn's dec_experts).
+  auto gate = expertPlanes(ffn, 0, s.rows, s.cols), up = expertPlanes(ffn, 1, s.rows, s.cols),
+       down = expertPlanes(ffn, 2, s.cols, s.rows);
+  const bool planes = gate && up && down;
+  if (!gate) llvm::consumeError(gate.takeError());
+  if (!up) llvm::consumeError(up.takeError());
+  if (!down) llvm::consumeError(down.takeError());
+  if (!planes || !decodeExperts(ffn, *gate, *up, *down)) return false;
   // The kernel always writes the MoeFfn's output, so the norm's output may not reuse it; the launch writes sum, y
   // and the q8 form while its thread blocks read the ids, the weights and the scratch.
   const uint32_t sum = as.outputs[0], y = ns.outputs[0], ids = s.inputs[1], w = s.inputs[2];
