@@ -619,4 +619,53 @@ MINFER_HD bool dequantizeBlock(GgmlType t, const uint8_t* b, float* out) {
   }
 }
 
+// The eighth `part` (0 … 7) of dequantizeBlock's loop for a Q4_K, Q5_K or Q6_K block, so that eight threads can
+// dequantize one block at once (kernels/embed.cuh): the same operations in the same order on the same bytes, so
+// `out` (the block's 256 floats) receives dequantizeBlock's values bit for bit in the part's 32 positions:
+//   Q4_K, Q5_K: iteration j = 64·(part / 2) of the loop, its first (part even) or second 32 weights;
+//   Q6_K: half n = part / 4 of the block, l in [8·(part % 4), +8) and its four weights l, l+32, l+64, l+96.
+// Returns false for other types (dequantizeBlock then).
+MINFER_HD bool dequantizeBlockPart(GgmlType t, const uint8_t* b, int part, float* out) {
+  switch (t) {
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
+      const bool five = (t == GgmlType::Q5_K);
+      const int it = part / 2, second = part % 2;
+      const float d = halfToFloat(readU16(b)), dmin = halfToFloat(readU16(b + 2));
+      const uint8_t* qh = b + 16;
+      const uint8_t* ql = b + (five ? 48 : 16) + 32 * it;
+      const uint8_t u = static_cast<uint8_t>((second ? 2 : 1) << (2 * it));
+      uint8_t sc, m;
+      kScaleMin(2 * it + second, b + 4, &sc, &m);
+      const float dl = d * sc, ml = dmin * m;
+      float* y = out + 64 * it + 32 * second;
+      for (int l = 0; l < 32; ++l)
+        y[l] = dl * static_cast<float>((second ? ql[l] >> 4 : ql[l] & 0xF) + (five && (qh[l] & u) ? 16 : 0)) - ml;
+      return true;
+    }
+    case GgmlType::Q6_K: {
+      const int n = part / 4;
+      const float d = halfToFloat(readU16(b + 208));
+      const uint8_t* ql = b + 64 * n;
+      const uint8_t* qh = b + 128 + 32 * n;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * n);
+      float* y = out + 128 * n;
+      for (int l = 8 * (part % 4); l < 8 * (part % 4) + 8; ++l) {
+        const int is = l / 16;
+        const int q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l + 0] = d * sc[is + 0] * q1;
+        y[l + 32] = d * sc[is + 2] * q2;
+        y[l + 64] = d * sc[is + 4] * q3;
+        y[l + 96] = d * sc[is + 6] * q4;
+      }
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
 }  // namespace minfer

@@ -126,6 +126,34 @@ bool exactFloat(double x, float* out) {
   return std::isnan(x) || static_cast<double>(*out) == x;
 }
 
+// The eight parts of dequantizeBlockPart (K-quants; kernels/embed.cuh's eight threads per block) against `whole`,
+// dequantizeBlock's values of `block`: every element written by exactly one part, with the same bits.
+void checkParts(GgmlType t, const std::vector<uint8_t>& block, const std::vector<float>& whole) {
+  constexpr uint32_t kPoison = 0x7fc0dead;  // a NaN no dequantization writes
+  std::vector<float> parts(whole.size(), floatFromBits(kPoison));
+  for (int part = 0; part < 8; ++part) {
+    std::vector<float> one(whole.size(), floatFromBits(kPoison));
+    const bool has = minfer::dequantizeBlockPart(t, block.data(), part, one.data());
+    const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+    REQUIRE(has == k_quant);
+    if (!has) return;
+    int written = 0;
+    for (size_t e = 0; e < whole.size(); ++e) {
+      if (bitsOf(one[e]) == kPoison) continue;
+      ++written;
+      CHECK_MESSAGE(bitsOf(parts[e]) == kPoison, "element " << e << " written by two parts");
+      parts[e] = one[e];
+    }
+    CHECK(written == 32);
+  }
+  int bad = 0;
+  for (size_t e = 0; e < whole.size(); ++e)
+    if (bitsOf(parts[e]) != bitsOf(whole[e]) && ++bad <= 5)
+      FAIL_CHECK("element " << e << ": dequantizeBlockPart gave " << hex(bitsOf(parts[e])) << ", dequantizeBlock "
+                            << hex(bitsOf(whole[e])));
+  CHECK(bad == 0);
+}
+
 // dequantizeBlock and decomposeBlock on `b` against the values the test built. Block, q, scale and
 // min buffers are heap-allocated at their exact sizes so ASan catches any access past them.
 void checkBuilt(GgmlType t, const Built& b, const std::string& label) {
@@ -151,6 +179,7 @@ void checkBuilt(GgmlType t, const Built& b, const std::string& label) {
     }
   }
   CHECK_MESSAGE(bad == 0, bad << " of " << bs << " elements wrong");
+  checkParts(t, block, out);
 
   if (b.q.empty()) return;  // a case that checks the values only
   const int gs = minfer::groupSize(t);
@@ -484,6 +513,25 @@ TEST_CASE("hand-built blocks of every quantized type decode to their exact value
     for (const HalfPair& p : kPairs) {
       const Built b = build(t, p.d, p.dmin);
       checkBuilt(t, b, pairLabel(p));
+    }
+  }
+}
+
+TEST_CASE("dequantizeBlockPart: eight parts of random K-quant blocks give dequantizeBlock's bits") {
+  std::mt19937 gen(20261202);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    INFO(std::string(minfer::ggmlTypeTraits(t).name));
+    const auto tr = minfer::ggmlTypeTraits(t);
+    for (int i = 0; i < 200; ++i) {
+      std::vector<uint8_t> block(tr.type_size);
+      for (uint8_t& v : block) v = static_cast<uint8_t>(gen());
+      // Finite scales (f16 exponent below 31) in most blocks, so that the values compared are numbers.
+      const size_t d_at = t == GgmlType::Q6_K ? 209 : 1;
+      if (i % 8) block[d_at] &= 0x7b;
+      if (i % 8 && t != GgmlType::Q6_K) block[3] &= 0x7b;
+      std::vector<float> whole(tr.block_size);
+      REQUIRE(minfer::dequantizeBlock(t, block.data(), whole.data()));
+      checkParts(t, block, whole);
     }
   }
 }
