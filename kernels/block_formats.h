@@ -453,6 +453,20 @@ MINFER_HD bool decomposeBlock(GgmlType t, const uint8_t* block, int8_t* q, float
   }
 }
 
+// Q6_K: the four weights l, l + 32, l + 64, l + 96 (l < 32) of one 128-weight half of a block (ql, qh, sc: that
+// half's 64 low-nibble bytes, 32 high-bit bytes and 8 scales; y: its 128 floats), in the format definition's order.
+MINFER_HD void q6kQuad(const uint8_t* ql, const uint8_t* qh, const int8_t* sc, float d, int l, float* y) {
+  const int is = l / 16;
+  const int q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+  const int q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+  const int q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+  const int q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+  y[l + 0] = d * sc[is + 0] * q1;
+  y[l + 32] = d * sc[is + 2] * q2;
+  y[l + 64] = d * sc[is + 4] * q3;
+  y[l + 96] = d * sc[is + 6] * q4;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reference dequantization of one block to float, written in the loop order of the format
 // definitions (independent of decomposeBlock; tests check that both agree bit for bit).
@@ -597,15 +611,7 @@ MINFER_HD bool dequantizeBlock(GgmlType t, const uint8_t* b, float* out) {
       float* y = out;
       for (int n = 0; n < 256; n += 128) {
         for (int l = 0; l < 32; ++l) {
-          const int is = l / 16;
-          const int q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-          const int q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-          const int q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-          const int q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-          y[l + 0] = d * sc[is + 0] * q1;
-          y[l + 32] = d * sc[is + 2] * q2;
-          y[l + 64] = d * sc[is + 4] * q3;
-          y[l + 96] = d * sc[is + 6] * q4;
+          q6kQuad(ql, qh, sc, d, l, y);
         }
         y += 128;
         ql += 64;
@@ -651,15 +657,7 @@ MINFER_HD bool dequantizeBlockPart(GgmlType t, const uint8_t* b, int part, float
       const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * n);
       float* y = out + 128 * n;
       for (int l = 8 * (part % 4); l < 8 * (part % 4) + 8; ++l) {
-        const int is = l / 16;
-        const int q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-        const int q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        const int q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-        y[l + 0] = d * sc[is + 0] * q1;
-        y[l + 32] = d * sc[is + 2] * q2;
-        y[l + 64] = d * sc[is + 4] * q3;
-        y[l + 96] = d * sc[is + 6] * q4;
+        q6kQuad(ql, qh, sc, d, l, y);
       }
       return true;
     }
