@@ -42,6 +42,12 @@ struct CudaBackendOptions {
   // (pp512 unchanged), so prefill launches without it, except a paged session's steps of at most 64 rows
   // (batched decode: +3 … +10% at 8 … 64 sequences).
   bool overlap_launches = true;
+  // A single-sequence session's decode step whose logits the host reads (forwardLast) runs a second decode graph in
+  // which the output head's GEMV stores the row straight into the session's pinned host buffer (mapped memory), so
+  // the row's download (608 KB for a 152,064-token vocabulary) leaves the critical path between two steps. Only where
+  // one launch of the decode plan touches the logits row and it is a GEMV that only stores it; else (and off) the
+  // row is written to device memory and downloaded after the graph.
+  bool logits_to_host = true;
   // Check every data segment's XXH64: planes while they are staged for upload, kernel images before
   // cuModuleLoadData, the images not loaded at the end. Error names segment, tensor/kernel, hashes.
   bool verify_checksums = true;
@@ -127,6 +133,9 @@ class CudaSession final : public BackendSession {
   std::vector<StepTime> profile() const;  // steps with calls > 0, plan order (prefill then decode)
   void resetProfile();
   bool usesDecodeGraph() const;
+  // forwardLast's decode steps run the graph whose output head stores the row into the pinned buffer
+  // (CudaBackendOptions::logits_to_host, where the plan allows it).
+  bool decodeRowToHost() const;
   double peakBytesPerSecond() const;  // the GPU's DRAM bandwidth from its attributes (0: unknown)
 
   struct State;

@@ -32,8 +32,10 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
     release();
     dev_ = std::move(o.dev_);
     ptr_ = o.ptr_;
+    device_ = o.device_;
     size_ = o.size_;
     o.ptr_ = nullptr;
+    o.device_ = 0;
     o.size_ = 0;
   }
   return *this;
@@ -45,6 +47,7 @@ void PinnedBuffer::release() {
     dev_->cu().cuMemFreeHost(ptr_);
   }
   ptr_ = nullptr;
+  device_ = 0;
   dev_.reset();
 }
 
@@ -137,11 +140,13 @@ Result<PinnedBuffer> CudaDevice::allocPinned(uint64_t bytes, const std::string& 
   PinnedBuffer b;
   if (bytes == 0) return b;
   void* p = nullptr;
-  MINFER_RETURN_IF_ERROR(check(cu_->cuMemHostAlloc(&p, bytes, 0),
+  MINFER_RETURN_IF_ERROR(check(cu_->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_DEVICEMAP),
                                what + ": cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory"));
   b.dev_ = shared_from_this();
   b.ptr_ = p;
   b.size_ = bytes;
+  MINFER_RETURN_IF_ERROR(check(cu_->cuMemHostGetDevicePointer(&b.device_, p, 0),
+                               what + ": no device address for " + std::to_string(bytes) + " bytes of pinned host memory"));
   return b;
 }
 

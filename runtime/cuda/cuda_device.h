@@ -47,7 +47,8 @@ class DeviceBuffer {
   uint64_t size_ = 0;
 };
 
-// Owned page-locked host memory (cuMemHostAlloc); move-only.
+// Owned page-locked host memory (cuMemHostAlloc), mapped into the device's address space
+// (CU_MEMHOSTALLOC_DEVICEMAP): kernels may write it directly (zero-copy). Move-only.
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
@@ -55,6 +56,8 @@ class PinnedBuffer {
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
   ~PinnedBuffer() { release(); }
   void* data() const { return ptr_; }
+  // The device address of data() (cuMemHostGetDevicePointer); byte offsets carry over.
+  CUdeviceptr device() const { return device_; }
   uint64_t size() const { return size_; }
 
  private:
@@ -62,6 +65,7 @@ class PinnedBuffer {
   friend class CudaDevice;
   std::shared_ptr<const CudaDevice> dev_;
   void* ptr_ = nullptr;
+  CUdeviceptr device_ = 0;
   uint64_t size_ = 0;
 };
 

@@ -36,6 +36,7 @@ namespace minfer::cuda {
   X(cuMemFree) \
   X(cuMemGetInfo) \
   X(cuMemHostAlloc) \
+  X(cuMemHostGetDevicePointer) \
   X(cuMemFreeHost) \
   X(cuMemcpyHtoDAsync) \
   X(cuMemcpyDtoHAsync) \

@@ -34,8 +34,8 @@ struct CudaSession::State {
   int32_t* h_ids = nullptr;
   int32_t* h_pos = nullptr;
   int32_t* h_argmax = nullptr;
-  // 16-byte aligned; a single row's download lands here: forwardLast hands it out (Session::logits() may show it),
-  // forward, forwardRows and lastLogits copy it on; each of them overwrites it.
+  // 16-byte aligned; a single row's download lands here, or host_exec's output head stores it here: forwardLast hands
+  // it out (Session::logits() may show it), forward, forwardRows and lastLogits copy it on; each of them overwrites it.
   float* h_logits = nullptr;
   kern::TopKSlot* h_topk = nullptr;  // 16-byte aligned pinned mirror of topk_slot
   // A paged session (CudaBackend::createPagedSession): the prefill plan with each step's paged launches
@@ -64,6 +64,15 @@ struct CudaSession::State {
   std::optional<uint64_t> sampled_row;
   CUgraph graph = nullptr;
   CUgraphExec graph_exec = nullptr;
+  // CudaBackendOptions::logits_to_host: `row_writer` is the decode launch that writes the logits row, with that
+  // argument pointed at h_logits' device address; the decode graph captured with it in place of decode[row_writer_at]
+  // is host_exec. row_on_host: the latest forward left its row at h_logits (host_exec ran).
+  Launch row_writer;
+  size_t row_writer_at = SIZE_MAX;
+  bool capturing_host_row = false;
+  CUgraph host_graph = nullptr;
+  CUgraphExec host_exec = nullptr;
+  bool row_on_host = false;
   // A paged session's steps of n ≤ kGraphRows rows without a gathered tail as CUDA graphs, index n, each captured at
   // the first step of that many rows (CudaBackendOptions::decode_graph; a one-time capture and instantiation per row
   // count): a step's launches, grids and n_tokens depend on its row count alone, its rows' ids, positions and block
@@ -102,6 +111,8 @@ struct CudaSession::State {
     if (dev) (void)dev->makeCurrent();
     if (graph_exec) dev->cu().cuGraphExecDestroy(graph_exec);
     if (graph) dev->cu().cuGraphDestroy(graph);
+    if (host_exec) dev->cu().cuGraphExecDestroy(host_exec);
+    if (host_graph) dev->cu().cuGraphDestroy(host_graph);
     if (profile_exec) dev->cu().cuGraphExecDestroy(profile_exec);
     if (profile_graph) dev->cu().cuGraphDestroy(profile_graph);
     for (RowsGraph& g : rows_graphs) {
@@ -157,7 +168,7 @@ struct CudaSession::State {
     std::fill(fresh.begin(), fresh.end(), false);
     int current = -1;
     for (size_t i = 0; i < ls.size(); ++i) {
-      const Launch& l = ls[i];
+      const Launch& l = !prefill && capturing_host_row && i == row_writer_at ? row_writer : ls[i];
       if (profiling && l.step != current) {
         if (current >= 0) record(ev[2 * current + 1]);
         current = l.step;
@@ -267,14 +278,17 @@ struct CudaSession::State {
   // Captures the decode plan (n_tokens = 1, positions read from device memory) as a graph, or with `rows` > 0 the
   // prefill plan's launches for that many rows (a paged session's step); with `profiling` on, an event pair around
   // every step is part of it.
-  Status capture(CUgraph* graph, CUgraphExec* exec, unsigned rows = 0) {
+  // host_row: the decode plan with row_writer in place of its launch (host_exec).
+  Status capture(CUgraph* graph, CUgraphExec* exec, unsigned rows = 0, bool host_row = false) {
     CUstream s = stream.get();
     MINFER_RETURN_IF_ERROR(dev->check(cu().cuStreamSynchronize(s), "CUDA session: cuStreamSynchronize"));
     MINFER_RETURN_IF_ERROR(
         dev->check(cu().cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "CUDA session: begin capture"));
     capturing = true;
+    capturing_host_row = host_row;
     Status launched = rows > 0 ? runPlan(/*prefill=*/true, rows) : runPlan(/*prefill=*/false, 1);
     capturing = false;
+    capturing_host_row = false;
     const CUresult end = cu().cuStreamEndCapture(s, graph);
     Status done = !launched.isOk() ? launched
                   : end != CUDA_SUCCESS ? dev->check(end, "CUDA session: end capture")
@@ -317,8 +331,9 @@ struct CudaSession::State {
   }
 
   // last_only: only the last token's logits are needed (they land in row 0 of the logits buffer
-  // when the plan has a tail, see lastRowOffset).
-  Status forward(std::span<const int32_t> tokens, int pos0, bool last_only) {
+  // when the plan has a tail, see lastRowOffset). row_to_host: a decode step may leave its row at h_logits instead
+  // (host_exec; row_on_host says whether it did).
+  Status forward(std::span<const int32_t> tokens, int pos0, bool last_only, bool row_to_host = false) {
     if (paged) return Status::error("CUDA forward: a paged session runs rows placed by forwardRows only");
     const int n = static_cast<int>(tokens.size());
     if (n < 1 || n > max_batch)
@@ -344,9 +359,10 @@ struct CudaSession::State {
     // Counted before the launches: a run that fails part way may already have overwritten ring slots, and
     // the tracker must then refuse to resume from the positions they held.
     rings.advance(pos0, n);
+    row_on_host = !prefill_plan && row_to_host && host_exec && !profiling;
     if (!prefill_plan && graph_exec)
-      MINFER_RETURN_IF_ERROR(
-          dev->check(cu().cuGraphLaunch(profiling ? profile_exec : graph_exec, s), "CUDA forward: decode graph launch"));
+      MINFER_RETURN_IF_ERROR(dev->check(cu().cuGraphLaunch(row_on_host ? host_exec : profiling ? profile_exec : graph_exec, s),
+                                        "CUDA forward: decode graph launch"));
     else
       MINFER_RETURN_IF_ERROR(runPlan(prefill_plan, static_cast<unsigned>(n), last_only));
     return Status::ok();
@@ -464,15 +480,16 @@ uint64_t CudaSession::allocatedBytes() const { return s_->allocated; }
 uint64_t CudaSession::kvCacheBytes() const { return s_->kv_bytes; }
 bool CudaSession::canResumeAt(int pos0) const { return s_->rings.canResumeAt(pos0); }
 bool CudaSession::usesDecodeGraph() const { return s_->graph_exec != nullptr; }
+bool CudaSession::decodeRowToHost() const { return s_->host_exec != nullptr; }
 double CudaSession::peakBytesPerSecond() const { return s_->dev->info().peak_bytes_per_s; }
 
 Status CudaSession::forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) {
   State& st = *s_;
   const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
   const uint64_t n = tokens.size();
-  // One row (every decode step) goes through the pinned row buffer (forwardLast): a DMA straight from the device,
-  // then a host copy, where a download into pageable memory is staged by the driver in pieces (BENCHMARKS.md: the
-  // gap between decode steps). Many rows go straight to the caller's memory.
+  // One row (every decode step) goes through the pinned row buffer (forwardLast): stored there by the output head or
+  // a DMA straight from the device, then a host copy, where a download into pageable memory is staged by the driver
+  // in pieces (BENCHMARKS.md: the gap between decode steps). Many rows go straight to the caller's memory.
   if (!all_rows || n == 1) {
     Result<std::span<const float>> last = forwardLast(tokens, pos0);
     if (!last) return last.takeStatus();
@@ -489,11 +506,12 @@ Status CudaSession::forward(std::span<const int32_t> tokens, int pos0, float* lo
 
 Result<std::span<const float>> CudaSession::forwardLast(std::span<const int32_t> tokens, int pos0) {
   State& st = *s_;
-  MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, /*last_only=*/true));
+  MINFER_RETURN_IF_ERROR(st.forward(tokens, pos0, /*last_only=*/true, /*row_to_host=*/true));
   const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
   const CUdeviceptr src = st.buf[st.logits_buffer] + st.lastRowOffset(tokens.size());
-  MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuMemcpyDtoHAsync(st.h_logits, src, row, st.stream.get()),
-                                       "CUDA forward: logits download"));
+  if (!st.row_on_host)
+    MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuMemcpyDtoHAsync(st.h_logits, src, row, st.stream.get()),
+                                         "CUDA forward: logits download"));
   MINFER_RETURN_IF_ERROR(st.dev->check(st.cu().cuStreamSynchronize(st.stream.get()), "CUDA forward"));
   if (st.profiling) st.collectProfile(tokens.size() > 1);
   return std::span<const float>(st.h_logits, static_cast<size_t>(st.n_vocab));
@@ -795,10 +813,37 @@ class SessionBuilder {
   // device memory by the kernels).
   Status captureDecodeGraph() {
     if (!be_.options.decode_graph || st_.decode.empty()) return Status::ok();
-    return st_.capture(&st_.graph, &st_.graph_exec);
+    MINFER_RETURN_IF_ERROR(st_.capture(&st_.graph, &st_.graph_exec));
+    if (!be_.options.logits_to_host || st_.paged || !findRowWriter()) return Status::ok();
+    // The second graph only takes the row's download off the step: where its capture fails (capture() leaves nothing
+    // behind), decode steps run the first and download the row.
+    (void)st_.capture(&st_.host_graph, &st_.host_exec, 0, /*host_row=*/true);
+    return Status::ok();
   }
 
  private:
+  // CudaBackendOptions::logits_to_host: true with st_.row_writer set where one decode launch touches the logits
+  // buffer, writing it, and that launch is a decode GEMV (gemv.cuh, gemv_blocks.cuh), whose row values are stored
+  // once each and never read back or accumulated into (no atomics on host memory over the bus).
+  bool findRowWriter() {
+    size_t at = SIZE_MAX;
+    int arg = -1, uses = 0;
+    for (size_t i = 0; i < st_.decode.size(); ++i)
+      for (int r = 0; r < st_.decode[i].n_rows; ++r)
+        if (st_.decode[i].rows[r].buffer == st_.logits_buffer) {
+          ++uses;
+          if (st_.decode[i].rows[r].written) at = i, arg = st_.decode[i].rows[r].arg;
+        }
+    if (uses != 1 || at == SIZE_MAX) return false;
+    const std::string entry = st_.decode[at].entry;
+    if (entry != "minfer_gemv" && entry != "minfer_gemv_blocks") return false;
+    st_.row_writer = st_.decode[at];
+    st_.row_writer.args[arg].p = st_.pinned.device() + (reinterpret_cast<uint8_t*>(st_.h_logits) -
+                                                        static_cast<uint8_t*>(st_.pinned.data()));
+    st_.row_writer_at = at;
+    return true;
+  }
+
   // The session launches the artifact's top-k (format 1.9): single-sequence sessions only, like the argmax.
   bool topk() const { return be_.topk.record != nullptr && !st_.paged; }
 

@@ -3,7 +3,8 @@
 //   ppP  one prompt of P random tokens evaluated from an empty KV cache (in batches of the artifact's
 //        max batch, as llama.cpp splits into ubatches); t/s = P / seconds.
 //   tgN  N single-token decode steps from an empty KV cache, each fed a random token, one logits row
-//        copied back per step (no sampling); t/s = N / seconds.
+//        in host memory per step (no sampling): stored there by the output head itself where the session can
+//        (CudaBackendOptions::logits_to_host), else downloaded after the step; t/s = N / seconds.
 //   "@ dD" (-d D, llama-bench's --n-depth): the same test with D random tokens already in the KV cache
 //        (prefilled, untimed, before every repetition); the test's tokens go to positions D, D+1, ….
 // Each test runs once as warm-up, then -r times; the table shows mean ± standard deviation of the
@@ -17,6 +18,7 @@
 // 40 (id, logit) pairs back, then the Sampler's top-p / min-p / temperature steps (Sampler::sampleTopK). tgN
 // itself stays llama-bench's definition.
 // --no-overlap launches every kernel after the previous one has ended (no programmatic dependent launch).
+// --logits-copy writes every decode step's logits row to device memory and downloads it after the step.
 // --parallel B1,B2,… runs llama-batched-bench's test instead (bench_batched.h): per B, B sequences of a
 // -p token prompt each (default 128) evaluated together, then -n decode steps of one token per sequence,
 // through the public BatchSession API; prompt, aggregate decode and total t/s, time to first token and
@@ -73,6 +75,10 @@ llvm::cl::opt<unsigned> kSeed("seed", llvm::cl::desc("Seed of the random tokens 
 llvm::cl::opt<bool> kNoOverlap("no-overlap",
                                llvm::cl::desc("Launch each kernel after the previous one ends (no programmatic dependent launch)"),
                                llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kLogitsCopy("logits-copy",
+                                llvm::cl::desc("Download each decode step's logits row after the step instead of the "
+                                               "output head storing it into pinned host memory"),
+                                llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kParallel(
     "parallel",
     llvm::cl::desc("Batched test (llama-batched-bench): numbers of sequences B, comma-separated, each in 1..4096; "
@@ -348,6 +354,7 @@ int main(int argc, char** argv) {
       minfer::CudaBackendOptions options;
       options.verify_checksums = !kNoVerify;  // hashed while staging the upload
       options.overlap_launches = !kNoOverlap;
+      options.logits_to_host = !kLogitsCopy;
       auto b = minfer::cuda::CudaBackend::create(**file, options);
       if (b) {
         cuda = true;

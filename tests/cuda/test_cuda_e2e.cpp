@@ -254,18 +254,19 @@ TEST_CASE("stories260K greedy text on the GPU is llama.cpp's, token for token") 
   }
 }
 
-TEST_CASE("decode graph, overlapped, direct and unfused launches give the same logits; profiles cover every step") {
+TEST_CASE("decode graph, overlapped, direct, unfused launches and the row downloaded give the same logits; profiles cover every step") {
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;
   const GoldenCase g = loadGolden("tiny-qwen2-Q4_K_M_ids48");
   auto file = ArtifactFile::open(compiled(g.model));
   REQUIRE_MESSAGE(file.isOk(), file.status().message());
   struct Mode {
-    bool graph, overlap;
+    bool graph, overlap, row_to_host = true;
   };
   // Mode 3 runs the artifact compiled without launch fusion (every QuantizeAct its own launch), mode 4 the one with
   // the gate|up GLU GEMV too (--fuse-gemv=all), mode 5 the one without the default's GEMV + Add + deferred RMSNorm
-  // (--fuse-gemv=pair).
+  // (--fuse-gemv=pair); mode 6 the default artifact with each decode row written to device memory and downloaded
+  // (CudaBackendOptions::logits_to_host off; the others' output head stores it into pinned host memory).
   auto unfused = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/false));
   REQUIRE_MESSAGE(unfused.isOk(), unfused.status().message());
   auto gemv = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/true, "", /*gemv=*/"all"));
@@ -273,22 +274,29 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
   auto pair = ArtifactFile::open(compiled(g.model, "models", /*fuse=*/true, "", /*gemv=*/"pair"));
   REQUIRE_MESSAGE(pair.isOk(), pair.status().message());
   REQUIRE(hasKernel(compiled(g.model), "minfer_gemv_add_norm"));  // the default defers its norms
-  const Mode modes[] = {{true, true}, {true, false}, {false, true}, {true, true}, {true, true}, {true, true}};
-  const ArtifactFile* artifacts[] = {&**file, &**file, &**file, &**unfused, &**gemv, &**pair};
-  std::vector<std::vector<float>> rows[6];
-  for (int mi = 0; mi < 6; ++mi) {
+  const Mode modes[] = {{true, true}, {true, false}, {false, true}, {true, true},
+                        {true, true}, {true, true}, {true, true, false}};
+  const ArtifactFile* artifacts[] = {&**file, &**file, &**file, &**unfused, &**gemv, &**pair, &**file};
+  constexpr int kModes = 7;
+  std::vector<std::vector<float>> rows[kModes];
+  for (int mi = 0; mi < kModes; ++mi) {
     const Mode mode = modes[mi];
     CAPTURE(mode.graph);
     CAPTURE(mode.overlap);
     CAPTURE(mi);
-    auto backend = cuda::CudaBackend::create(*artifacts[mi],
-                                             {.device = -1, .decode_graph = mode.graph, .overlap_launches = mode.overlap});
+    CAPTURE(mode.row_to_host);
+    auto backend = cuda::CudaBackend::create(*artifacts[mi], {.device = -1,
+                                                              .decode_graph = mode.graph,
+                                                              .overlap_launches = mode.overlap,
+                                                              .logits_to_host = mode.row_to_host});
     REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
     MESSAGE((*backend)->note());
     auto session = (*backend)->createCudaSession({.n_ctx = 128, .n_threads = 1});
     REQUIRE_MESSAGE(session.isOk(), session.status().message());
     CHECK((*session)->usesDecodeGraph() == mode.graph);
-    std::vector<float> logits(g.n_vocab);
+    // The tiny model's output head is a decode GEMV on its GGUF blocks, the only launch touching the logits row.
+    CHECK((*session)->decodeRowToHost() == (mode.graph && mode.row_to_host));
+    std::vector<float> logits(g.n_vocab), device_row(g.n_vocab);
     REQUIRE((*session)->forward(g.prompt_ids, 0, logits.data(), false).isOk());
     for (int i = 0; i < 8; ++i) {
       REQUIRE((*session)->forward({&g.generated_ids[i], 1}, g.nPrompt() + i, logits.data(), false).isOk());
@@ -296,6 +304,9 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
       auto id = (*session)->forwardArgmax({&g.generated_ids[i], 1}, g.nPrompt() + i);  // same position again
       REQUIRE(id.isOk());
       CHECK(*id == std::max_element(logits.begin(), logits.end()) - logits.begin());
+      // The same step's row where the device graph left it (device memory, downloaded): the host-stored row's bits.
+      REQUIRE((*session)->lastLogits(device_row.data()).isOk());
+      CHECK(device_row == logits);
     }
     if (mode.overlap && mi != 3) {
       const auto* pm = artifacts[mi]->manifest();  // the profiled artifact's plans
@@ -340,8 +351,8 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
       CHECK(total > 0);
     }
   }
-  // Same kernels, or the fused kernels' bit-identical outputs: the same logits, bit for bit (modes 1 and 2 against
-  // mode 0, all three the default artifact; mode 5, the pair without the deferred RMSNorm, against mode 3, unfused).
+  // Same kernels, or the fused kernels' bit-identical outputs: the same logits, bit for bit (modes 1, 2 and 6 against
+  // mode 0, all four the default artifact; mode 5, the pair without the deferred RMSNorm, against mode 3, unfused).
   // The artifacts with the GEMV + Add + deferred RMSNorm (modes 0 and 4) differ from those without it where they fuse
   // the o and down GEMVs with the residual Add and an RMSNorm whose 1/rms the next GEMVs apply (gemv_blocks.cuh
   // GEMVB_NORM, GEMVB_RMS_EPS): the q8 form of sum ⊙ w with d·inv instead of that of y, so f32 rounding and an
@@ -353,11 +364,11 @@ TEST_CASE("decode graph, overlapped, direct and unfused launches give the same l
   // and 4 run the same deferred norms, the GLU GEMV's gate and up the pair's sums (measured: equal).
   constexpr double kUnfusedNormRel = 1e-3;
   double deferred_rel = 0, glu_rel = 0;
-  for (int mi = 1; mi < 6; ++mi) {
+  for (int mi = 1; mi < kModes; ++mi) {
     CAPTURE(mi);
     REQUIRE(rows[0].size() == rows[mi].size());
     for (size_t i = 0; i < rows[0].size(); ++i) {
-      if (mi < 3) CHECK(rows[0][i] == rows[mi][i]);
+      if (mi < 3 || mi == 6) CHECK(rows[0][i] == rows[mi][i]);
       if (mi == 5) CHECK(rows[3][i] == rows[5][i]);
       if (mi != 3 && mi != 4) continue;
       const double rel = relError(rows[mi][i].data(), rows[0][i].data(), rows[0][i].size());
