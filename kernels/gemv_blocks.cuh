@@ -45,6 +45,12 @@
 // Launch ABI:  minfer_gemv_pair(const uint8_t* w0, const float* bias0, const uint8_t* w1, const float* bias1,
 //                               const int8_t* xq, const Q8Meta* xmeta, float* out0, float* out1)
 // Launch shape: gemvPairLaunchRule(): twice gemvBlocksLaunchRule()'s blocks.
+// Its persistent form (GEMVB_PAIR = 1 and GEMVB_PERSIST = 1; the codegen's where gemvPairPersists): a fixed grid that
+// is resident at once, thread block b taking the blocks b, b + gridDim.x, … of gemvPairLaunchRule's grid ("items"),
+// each summed exactly as that grid's block sums it (the outputs bit for bit the same), and asking L2 for the weight
+// rows of its item two ahead while it sums one, so that HBM streams without a thread block's launch, ramp and exit
+// between items (the block form's 9,472 short blocks on the 7B's gate|up). Launch shape:
+// gemvPairPersistentLaunchRule(n, shape, kGemvPairPersistBlocks).
 //
 // Batched GEMV (GEMVB_BATCH = B, 1 ≤ B, GEMVB_ROWS · B ≤ 32): minfer_gemv_blocks for n_tokens ≤ B q8 rows at once,
 // the small-batch form of a MatMul on the blocks (Step.small_launches, calls of 1 … kGemvBatchMaxRows rows): each
@@ -182,6 +188,21 @@ MINFER_HD LaunchShape gemvBlocksLaunch(unsigned n, GemvBlocksShape s) { return g
 MINFER_HD LaunchRule gemvPairLaunchRule(unsigned n, GemvBlocksShape s) {
   LaunchRule r = gemvBlocksLaunchRule(n, s);
   r.grid[0] = fixedExtent(2 * ceilDiv(n, kGemvBlocksWarps / s.warps * s.rows));
+  return r;
+}
+// The GEMV pair's persistent grid (GEMVB_PERSIST): 8 thread blocks per SM of a 132-SM H100 / H200 (at 44 registers
+// per thread 10 fit; the previous launch's blocks share the SMs while it ends). Measured on an H200 (BENCHMARKS.md,
+// 2026-12-04; the 7B's 18944 × 3584 gate|up): tg128 +3.0% at 1,056 blocks; 1,320 −0.8%, 528 −16% against the
+// block grid. On GPUs with fewer SMs the blocks past the resident ones run after them, still correct.
+constexpr unsigned kGemvPairPersistBlocks = 1056;
+// True when the pair takes its persistent form: its block grid (gemvPairLaunchRule) exceeds kGemvPairPersistBlocks.
+MINFER_HD bool gemvPairPersists(unsigned n, GemvBlocksShape s) {
+  return 2 * ceilDiv(n, gemvBlocksRowsPerCta(s)) > kGemvPairPersistBlocks;
+}
+// The persistent form's grid: `blocks` thread blocks (at most the block grid's).
+MINFER_HD LaunchRule gemvPairPersistentLaunchRule(unsigned n, GemvBlocksShape s, unsigned blocks) {
+  LaunchRule r = gemvPairLaunchRule(n, s);
+  r.grid[0] = fixedExtent(blocks < r.grid[0].constant ? blocks : r.grid[0].constant);
   return r;
 }
 // Three GEMVs of one input in one launch (GEMVB_TRIPLE): the blocks of gemvBlocksLaunchRule(n[s], shape[s]),
@@ -476,6 +497,29 @@ struct InputRms {
   }
 };
 
+// Starts moving the weight rows of thread block `bx` of gemvBlocksLaunchRule's grid to L2: kCtaRows consecutive rows
+// of kPitch bytes (fewer at the end).
+template <int kN, int kCtaRows, unsigned kPitch>
+__device__ __forceinline__ void prefetchBlockRows(const uint8_t* w, unsigned bx) {
+  const int first = static_cast<int>(bx) * kCtaRows;
+  const int rows = min(kCtaRows, kN - first);
+  prefetchL2(w + static_cast<uint64_t>(first) * kPitch, static_cast<unsigned>(rows) * kPitch);
+}
+
+// Lane t's (its index in its group) kRows sums of the row group starting at row0, as accumulateRows leaves them
+// (rows past the end read the last row; their sums are not written); zero where row0 ≥ kN.
+template <bool kQ4K, int kN, int kRows, int kRowWarps, int kUnroll, int kBlocksPerRow, unsigned kPitch, int kGroupPitch>
+__device__ __forceinline__ void rowGroupSums(const uint8_t* w, int row0, const int8_t* xq, const Q8Meta* xmeta, int t,
+                                             float (&acc)[kRows]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) acc[i] = 0.0f;
+  if (row0 >= kN) return;
+  const uint8_t* wr[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) wr[i] = w + static_cast<uint64_t>(row0 + i < kN ? row0 + i : kN - 1) * kPitch;
+  accumulateRows<kQ4K, kRows, kRowWarps, kUnroll, kBlocksPerRow, kGroupPitch>(wr, xq, xmeta, t % 4, t / 4, acc);
+}
+
 // Thread block `bx` of a GEMV of kN rows on a kBlocks plane of kPitch-byte rows (grid: gemvBlocksLaunchRule for
 // the shape {kRows, kRowWarps, kUnroll}): minfer_gemv_blocks' whole computation, and each segment of the GEMV
 // pair and triple and minfer_gemv_add_norm's products, so that all of them sum a row in one order.
@@ -489,16 +533,10 @@ __device__ __forceinline__ void gemvRows(const uint8_t* w, const float* bias, co
   constexpr int kGroupsPerCta = static_cast<int>(kGemvBlocksWarps) / kRowWarps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = (bx * kGroupsPerCta + warp / kRowWarps) * kRows;
-  // While the previous kernel still runs (programmatic launch), this block's weight rows start moving
-  // to L2: they are consecutive, kGroupsPerCta · kRows rows of kPitch bytes.
-  if (threadIdx.x == 0) {
-    const int first = bx * kGroupsPerCta * kRows;
-    const int rows = min(kGroupsPerCta * kRows, kN - first);
-    prefetchL2(w + static_cast<uint64_t>(first) * kPitch, static_cast<unsigned>(rows) * kPitch);
-  }
+  // While the previous kernel still runs (programmatic launch), this block's weight rows start moving to L2.
+  if (threadIdx.x == 0) prefetchBlockRows<kN, kGroupsPerCta * kRows, kPitch>(w, bx);
   overlapPrologue();
   const int t = (warp % kRowWarps) * 32 + lane;  // this lane's index in its group
-  const int p = t % 4;
 #ifdef GEMVB_RMS_EPS
   using Rms = InputRms<256 * kBlocksPerRow>;
   if (warp == 0) Rms::stage(rms);
@@ -506,14 +544,7 @@ __device__ __forceinline__ void gemvRows(const uint8_t* w, const float* bias, co
   (void)rms;
 #endif
   float acc[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) acc[i] = 0.0f;
-  if (row0 < kN) {
-    const uint8_t* wr[kRows];  // rows past the end read the last row (their sums are not written)
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) wr[i] = w + static_cast<uint64_t>(row0 + i < kN ? row0 + i : kN - 1) * kPitch;
-    accumulateRows<kQ4K, kRows, kRowWarps, kUnroll, kBlocksPerRow, kGroupPitch>(wr, xq, xmeta, p, t / 4, acc);
-  }
+  rowGroupSums<kQ4K, kN, kRows, kRowWarps, kUnroll, kBlocksPerRow, kPitch, kGroupPitch>(w, row0, xq, xmeta, t, acc);
 #ifdef GEMVB_RMS_EPS
   static_assert(kRowWarps == 2, "the staged partials become visible at groupSum's block barrier");
   Rms::wait();
@@ -522,7 +553,7 @@ __device__ __forceinline__ void gemvRows(const uint8_t* w, const float* bias, co
 #ifdef GEMVB_RMS_EPS
   const float inv = Rms::inv(GEMVB_RMS_EPS);
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) acc[i] *= inv;
+  for (int i = 0; i < kRows; ++i) acc[i] = __fmul_rn(acc[i], inv);  // rounded here: never fused with the bias's add
 #endif
   // Lane i stores row row0 + i.
 #pragma unroll
@@ -767,6 +798,86 @@ extern "C" __global__ void MINFER_GEMVB_BOUNDS
       out[static_cast<uint64_t>(tok) * kN + r] = acc[i];
     }
   }
+}
+#elif GEMVB_PERSIST
+namespace minfer::kern::gemvb {
+static_assert(kRowWarps == 2, "the persistent form sums a group's two warps through shared memory");
+constexpr unsigned kCtaRows = kGroupsPerCta * kRows;
+constexpr unsigned kCtas = (kN + kCtaRows - 1) / kCtaRows;  // gemvBlocksLaunchRule's blocks per GEMV
+// Item j of the persistent grid: gemvBlocksLaunchRule's block `bx` of one GEMV's (w, bias, out).
+struct Item {
+  const uint8_t* w;
+  const float* bias;
+  float* out;
+  unsigned bx;
+};
+__device__ __forceinline__ void prefetchItem(const Item& it) {
+  prefetchBlockRows<kN, static_cast<int>(kCtaRows), GEMVB_PITCH>(it.w, it.bx);
+}
+// The persistent form (GEMVB_PERSIST = 1; gridDim.x ≤ kItems, the grid resident at once): thread block b takes the
+// items b, b + gridDim.x, … < kItems (item(j): an Item), each summed exactly as gemvRows sums that block (the same
+// lanes, steps and group sums, so each output is minfer_gemv_blocks' bit for bit; the deferred norm's partials staged
+// and 1/rms computed once per block), and asks L2 for the rows of the item two ahead while it sums one.
+template <unsigned kItems, class ItemOf>
+__device__ __forceinline__ void persistentRows(ItemOf item, const int8_t* xq, const Q8Meta* xmeta, const float* rms) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const unsigned stride = gridDim.x;
+  if (threadIdx.x == 0)
+    for (unsigned j = blockIdx.x, i = 0; i < 2 && j < kItems; ++i, j += stride) prefetchItem(item(j));
+  overlapPrologue();
+  const int t = (warp % kRowWarps) * 32 + lane;  // this lane's index in its group
+#ifdef GEMVB_RMS_EPS
+  using Rms = InputRms<kK>;
+  if (warp == 0) Rms::stage(rms);
+  Rms::wait();
+  __syncthreads();
+  const float inv = Rms::inv(GEMVB_RMS_EPS);
+#else
+  (void)rms;
+#endif
+  __shared__ float partial[2][kGemvBlocksWarps][kRows];  // by item parity: a warp may run one item ahead
+  int parity = 0;
+  for (unsigned j = blockIdx.x; j < kItems; j += stride, parity ^= 1) {
+    if (threadIdx.x == 0 && j + 2 * stride < kItems) prefetchItem(item(j + 2 * stride));
+    const Item it = item(j);
+    const int row0 = (it.bx * kGroupsPerCta + warp / kRowWarps) * kRows;
+    float acc[kRows];
+    rowGroupSums<kQ4K, kN, kRows, kRowWarps, kUnroll, kBlocksPerRow, GEMVB_PITCH, GEMVB_GROUP_PITCH>(it.w, row0, xq, xmeta,
+                                                                                                     t, acc);
+    // groupSum's sums, through the parity's buffer.
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) acc[i] = warpSum(acc[i]);
+    if (lane == 0)
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) partial[parity][warp][i] = acc[i];
+    __syncthreads();
+    if (warp % kRowWarps != 0) continue;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      acc[i] += partial[parity][warp + 1][i];
+#ifdef GEMVB_RMS_EPS
+      acc[i] = __fmul_rn(acc[i], inv);  // as gemvRows: never fused with the bias's add
+#endif
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+      if (lane == i && row0 + i < kN) it.out[row0 + i] = GEMVB_HAS_BIAS ? acc[i] + it.bias[row0 + i] : acc[i];
+  }
+}
+}  // namespace minfer::kern::gemvb
+#if !GEMVB_PAIR
+#error "GEMVB_PERSIST: the GEMV pair's form only (GEMVB_PAIR = 1)"
+#endif
+// The GEMV pair's persistent form: items [0, kCtas) the first GEMV's blocks, [kCtas, 2·kCtas) the second's.
+extern "C" __global__ void MINFER_GEMVB_BOUNDS
+    minfer_gemv_pair(const uint8_t* __restrict__ w0, const float* __restrict__ bias0, const uint8_t* __restrict__ w1,
+                     const float* __restrict__ bias1, const int8_t* __restrict__ xq,
+                     const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out0,
+                     float* __restrict__ out1 MINFER_GEMVB_RMS_PARAM) {
+  using namespace minfer::kern::gemvb;
+  persistentRows<2 * kCtas>(
+      [&](unsigned j) { return j < kCtas ? Item{w0, bias0, out0, j} : Item{w1, bias1, out1, j - kCtas}; }, xq, xmeta,
+      MINFER_GEMVB_RMS);
 }
 #elif GEMVB_PAIR
 // Two GEMVs of one input and one shape in one launch (the first gridDim.x / 2 blocks the first, the rest

@@ -259,6 +259,76 @@ TEST_CASE("gemv_pair: two GEMVs of one input in one launch, bit-identical to two
   }
 }
 
+// minfer_gemv_pair's persistent form (gemv_blocks.cuh GEMVB_PERSIST: a fixed grid whose blocks each take every
+// gridDim.x-th block of gemvPairLaunchRule's grid) against the block grid form: both outputs bit-identical, with a plain
+// q8 input and with a deferred RMSNorm's (GEMVB_RMS_EPS: the partial sums staged once per block). Grids of 1, 5 and 37
+// blocks (items left over for some blocks, the last item partly empty) and the codegen's kGemvPairPersistBlocks on the
+// 7B's gate|up (18944 × 3584, 9,472 items, the shape gemvPairPersists takes); odd rows, both types, biases, padding.
+TEST_CASE("gemv_pair persistent: a resident grid over the block grid's items, bit-identical to the block grid") {
+  MINFER_REQUIRE_GPU(G);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    bool bias, padded;
+    std::vector<unsigned> grids;
+  };
+  const std::vector<Case> cases = {{GgmlType::Q4_K, 257, 3584, true, false, {1, 5, 37}},
+                                   {GgmlType::Q6_K, 33, 768, true, true, {1, 5}},
+                                   {GgmlType::Q4_K, 4100, 1024, false, true, {5, 37}},
+                                   {GgmlType::Q4_K, 18944, 3584, false, false, {kern::kGemvPairPersistBlocks}}};
+  REQUIRE(kern::gemvPairPersists(18944, kern::gemvBlocksShape(18944, 3584)));
+  std::vector<codegen::KernelSpec> specs;  // per case: block grid, persistent; each plain, then with the deferred norm
+  for (const Case& c : cases) {
+    const kern::GemvBlocksShape sh = kern::gemvBlocksShape(static_cast<unsigned>(c.rows), static_cast<unsigned>(c.cols));
+    const std::string tag = gemvBlocksTag(c.type, c.rows, c.cols, c.bias, c.padded);
+    for (bool rms : {false, true}) {
+      auto defs = gemvBlocksDefs(c.type, c.rows, c.cols, c.padded, sh, c.bias);
+      defs.push_back({"GEMVB_PAIR", "1"});
+      if (rms) defs.push_back({"GEMVB_RMS_EPS", codegen::floatLiteral(1e-6f)});
+      const std::string name = tag + (rms ? "_rms" : "");
+      specs.push_back(spec("gemv_pair_persist_test_grid_" + name, "kernels/gemv_blocks.cuh", "minfer_gemv_pair", defs));
+      defs.push_back({"GEMVB_PERSIST", "1"});
+      specs.push_back(spec("gemv_pair_persist_test_resident_" + name, "kernels/gemv_blocks.cuh", "minfer_gemv_pair", defs));
+    }
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const kern::GemvBlocksShape sh = kern::gemvBlocksShape(n, static_cast<unsigned>(c.cols));
+    const BuiltPlane p0 = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const BuiltPlane p1 = alignedBlocksPlane(makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f), c.padded);
+    const HostQ8 hq = quantizeHost(activations(1, static_cast<int>(c.cols)), 1, static_cast<int>(c.cols));
+    std::vector<float> partials(c.cols / 32);
+    for (float& v : partials) v = 0.5f + std::abs(randomFloats(1, rng())[0]);  // Σ sum² of a block: positive
+    DeviceArray w0 = DeviceArray::of(p0.bytes), w1 = DeviceArray::of(p1.bytes), b0 = DeviceArray::of(randomFloats(n, rng())),
+                b1 = DeviceArray::of(randomFloats(n, rng())), xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta),
+                rms = DeviceArray::of(partials), r0(n * 4), r1(n * 4), o0(n * 4), o1(n * 4);
+    CUdeviceptr pw0 = w0.ptr(), pw1 = w1.ptr(), pb0 = c.bias ? b0.ptr() : 0, pb1 = c.bias ? b1.ptr() : 0, a = xq.ptr(),
+                b = xm.ptr(), pr = rms.ptr(), pr0 = r0.ptr(), pr1 = r1.ptr(), po0 = o0.ptr(), po1 = o1.ptr();
+    for (int rms_input = 0; rms_input < 2; ++rms_input) {
+      const Kernel &grid = k[4 * i + 2 * rms_input], &resident = k[4 * i + 2 * rms_input + 1];
+      CAPTURE(resident.key);
+      std::vector<void*> ref_args = {&pw0, &pb0, &pw1, &pb1, &a, &b, &pr0, &pr1};
+      if (rms_input) ref_args.push_back(&pr);
+      for (DeviceArray* x : {&r0, &r1}) x->poison();
+      launch(grid, kern::gemvPairLaunchRule(n, sh).at(1), ref_args);
+      const std::vector<float> want0 = r0.download<float>(n), want1 = r1.download<float>(n);
+      for (unsigned g : c.grids) {
+        CAPTURE(g);
+        std::vector<void*> args = {&pw0, &pb0, &pw1, &pb1, &a, &b, &po0, &po1};
+        if (rms_input) args.push_back(&pr);
+        for (DeviceArray* x : {&o0, &o1}) x->poison();
+        const kern::LaunchShape ls = kern::gemvPairPersistentLaunchRule(n, sh, g).at(1);
+        CHECK(ls.grid.x == g);
+        launch(resident, ls, args);
+        CHECK(o0.download<float>(n) == want0);
+        CHECK(o1.download<float>(n) == want1);
+      }
+    }
+  }
+}
+
 // minfer_gemv_batch (gemv_blocks.cuh GEMVB_BATCH: the small-batch MatMul on the blocks) on 1 … B q8 rows against
 // one minfer_gemv_blocks launch per row with the same constants: every row's output bit-identical, and nothing
 // written past the call's rows (poisoned rows stay poisoned). Odd row counts (the last block partly empty), K from

@@ -412,7 +412,8 @@ bool fusesGemvPair(const StepContext& a, const StepContext& b) {
 }
 
 // MatMul a, MatMul b of one q8 input (decode) → one minfer_gemv_pair launch (kernels/gemv_blocks.cuh
-// GEMVB_PAIR) with minfer_gemv_blocks' constants: each output exactly as its own GEMV writes it.
+// GEMVB_PAIR, and GEMVB_PERSIST where gemvPairPersists) with minfer_gemv_blocks' constants: each output exactly as
+// its own GEMV writes it.
 Launches gemvPairLaunches(const StepContext& a, const StepContext& b, const StepContext* norm) {
   if (!fusesGemvPair(a, b)) return a.error("the two matmuls cannot run as one GEMV pair");
   const MatMulOperands ma = *fusibleOperands(a), mb = *fusibleOperands(b);
@@ -428,7 +429,13 @@ Launches gemvPairLaunches(const StepContext& a, const StepContext& b, const Step
   args.push_back(activationArg("out0", a.outputId(0), n, fb::Access::Write));
   args.push_back(activationArg("out1", b.outputId(0), n, fb::Access::Write));
   deferInputNorm(sb, args, norm, k);
-  return std::vector<KernelLaunch>{{sb.spec, std::move(args), kern::gemvPairLaunchRule(n, shape)}};
+  // Above kGemvPairPersistBlocks thread blocks, the persistent form's resident grid (GEMVB_PERSIST).
+  if (!kern::gemvPairPersists(n, shape))
+    return std::vector<KernelLaunch>{{sb.spec, std::move(args), kern::gemvPairLaunchRule(n, shape)}};
+  sb.spec.key += "_persist";
+  sb.define("GEMVB_PERSIST", uint64_t{1});
+  return std::vector<KernelLaunch>{
+      {sb.spec, std::move(args), kern::gemvPairPersistentLaunchRule(n, shape, kern::kGemvPairPersistBlocks)}};
 }
 
 bool fusesGemvTriple(const StepContext& a, const StepContext& b, const StepContext& c) {
