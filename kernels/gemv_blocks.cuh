@@ -192,7 +192,7 @@ MINFER_HD LaunchRule gemvPairLaunchRule(unsigned n, GemvBlocksShape s) {
 }
 // The GEMV pair's persistent grid (GEMVB_PERSIST): 8 thread blocks per SM of a 132-SM H100 / H200 (at 44 registers
 // per thread 10 fit; the previous launch's blocks share the SMs while it ends). Measured on an H200 (BENCHMARKS.md,
-// 2026-12-04; the 7B's 18944 × 3584 gate|up): tg128 +3.0% at 1,056 blocks; 1,320 −0.8%, 528 −16% against the
+// 2026-12-04; the 7B's 18944 × 3584 gate|up): tg128 +3.0% at 1,056 blocks; 1,320 −1.2%, 528 −16% against the
 // block grid. On GPUs with fewer SMs the blocks past the resident ones run after them, still correct.
 constexpr unsigned kGemvPairPersistBlocks = 1056;
 // True when the pair takes its persistent form: its block grid (gemvPairLaunchRule) exceeds kGemvPairPersistBlocks.
