@@ -45,8 +45,8 @@
 // Launch ABI:  minfer_gemv_pair(const uint8_t* w0, const float* bias0, const uint8_t* w1, const float* bias1,
 //                               const int8_t* xq, const Q8Meta* xmeta, float* out0, float* out1)
 // Launch shape: gemvPairLaunchRule(): twice gemvBlocksLaunchRule()'s blocks.
-// Its persistent form (GEMVB_PAIR = 1 and GEMVB_PERSIST = 1; the codegen's where gemvPairPersists): a fixed grid that
-// is resident at once, thread block b taking the blocks b, b + gridDim.x, … of gemvPairLaunchRule's grid ("items"),
+// Its persistent form (GEMVB_PAIR = 1 and GEMVB_PERSIST = 1; the codegen takes it where gemvPairPersists): a fixed
+// grid that is resident at once, thread block b taking the blocks b, b + gridDim.x, … of gemvPairLaunchRule's grid ("items"),
 // each summed exactly as that grid's block sums it (the outputs bit for bit the same), and asking L2 for the weight
 // rows of its item two ahead while it sums one, so that HBM streams without a thread block's launch, ramp and exit
 // between items (the block form's 9,472 short blocks on the 7B's gate|up). Launch shape:
@@ -196,8 +196,9 @@ MINFER_HD LaunchRule gemvPairLaunchRule(unsigned n, GemvBlocksShape s) {
 // block grid. On GPUs with fewer SMs the blocks past the resident ones run after them, still correct.
 constexpr unsigned kGemvPairPersistBlocks = 1056;
 // True when the pair takes its persistent form: its block grid (gemvPairLaunchRule) exceeds kGemvPairPersistBlocks.
+// The persistent form sums a group's two warps (GEMVB_ROW_WARPS 2).
 MINFER_HD bool gemvPairPersists(unsigned n, GemvBlocksShape s) {
-  return 2 * ceilDiv(n, gemvBlocksRowsPerCta(s)) > kGemvPairPersistBlocks;
+  return s.warps == 2 && gemvPairLaunchRule(n, s).grid[0].constant > kGemvPairPersistBlocks;
 }
 // The persistent form's grid: `blocks` thread blocks (at most the block grid's).
 MINFER_HD LaunchRule gemvPairPersistentLaunchRule(unsigned n, GemvBlocksShape s, unsigned blocks) {
@@ -608,6 +609,9 @@ __device__ __forceinline__ void addNormComplete(int blk, const float* sum, const
 #endif  // MINFER_DEVICE_CODE
 
 #if defined(MINFER_DEVICE_CODE) && defined(GEMVB_N)
+#if defined(GEMVB_PERSIST) && GEMVB_PERSIST && (!GEMVB_PAIR || GEMVB_BATCH || GEMVB_NORM || GEMVB_GLU)
+#error "GEMVB_PERSIST: the GEMV pair's form only (GEMVB_PAIR = 1, none of GEMVB_BATCH, GEMVB_NORM, GEMVB_GLU)"
+#endif
 namespace minfer::kern::gemvb {
 
 constexpr int kN = GEMVB_N, kK = GEMVB_K, kType = GEMVB_TYPE;
@@ -847,10 +851,11 @@ __device__ __forceinline__ void persistentRows(ItemOf item, const int8_t* xq, co
     // groupSum's sums, through the parity's buffer.
 #pragma unroll
     for (int i = 0; i < kRows; ++i) acc[i] = warpSum(acc[i]);
-    if (lane == 0)
+    if (lane == 0) {
 #pragma unroll
       for (int i = 0; i < kRows; ++i) partial[parity][warp][i] = acc[i];
-    __syncthreads();
+    }
+    __syncthreads();  // every warp reaches it each item (the loop bounds are the block's); the sums' warps go on
     if (warp % kRowWarps != 0) continue;
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
@@ -865,9 +870,6 @@ __device__ __forceinline__ void persistentRows(ItemOf item, const int8_t* xq, co
   }
 }
 }  // namespace minfer::kern::gemvb
-#if !GEMVB_PAIR
-#error "GEMVB_PERSIST: the GEMV pair's form only (GEMVB_PAIR = 1)"
-#endif
 // The GEMV pair's persistent form: items [0, kCtas) the first GEMV's blocks, [kCtas, 2·kCtas) the second's.
 extern "C" __global__ void MINFER_GEMVB_BOUNDS
     minfer_gemv_pair(const uint8_t* __restrict__ w0, const float* __restrict__ bias0, const uint8_t* __restrict__ w1,
@@ -1076,8 +1078,8 @@ extern "C" __global__ void __launch_bounds__(32 * minfer::kern::kGemvQkvWarps)
   __syncthreads();  // the angles (and the input's 1/rms) are in shared memory
   if (!gemvb::groupSum<2, kRowWarps>(acc) || lane != 0 || !w.active) return;
 #ifdef GEMVB_RMS_EPS
-  acc[0] *= input_inv;
-  acc[1] *= input_inv;
+  acc[0] = __fmul_rn(acc[0], input_inv);  // as gemvRows: never fused with the bias's add
+  acc[1] = __fmul_rn(acc[1], input_inv);
 #endif
   if (w.seg == 0) SegQ::bias(bq, w.rows.a, w.rows.b, acc);
   else if (w.seg == 1) SegK::bias(bk, w.rows.a, w.rows.b, acc);

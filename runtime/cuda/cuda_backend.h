@@ -133,9 +133,9 @@ class CudaSession final : public BackendSession {
   std::vector<StepTime> profile() const;  // steps with calls > 0, plan order (prefill then decode)
   void resetProfile();
   bool usesDecodeGraph() const;
-  // forwardLast's decode steps run the graph whose output head stores the row into the pinned buffer
-  // (CudaBackendOptions::logits_to_host, where the plan allows it).
-  bool decodeRowToHost() const;
+  // The latest forward's logits row was stored into the pinned buffer by the output head itself (the decode graph of
+  // CudaBackendOptions::logits_to_host, where the plan allows it), not downloaded.
+  bool rowStoredByHead() const;
   double peakBytesPerSecond() const;  // the GPU's DRAM bandwidth from its attributes (0: unknown)
 
   struct State;

@@ -135,18 +135,20 @@ Result<DeviceBuffer> CudaDevice::alloc(uint64_t bytes, const std::string& what) 
   return b;
 }
 
-Result<PinnedBuffer> CudaDevice::allocPinned(uint64_t bytes, const std::string& what) const {
+Result<PinnedBuffer> CudaDevice::allocPinned(uint64_t bytes, const std::string& what, bool mapped) const {
   MINFER_RETURN_IF_ERROR(makeCurrent());
   PinnedBuffer b;
   if (bytes == 0) return b;
   void* p = nullptr;
-  MINFER_RETURN_IF_ERROR(check(cu_->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_DEVICEMAP),
+  MINFER_RETURN_IF_ERROR(check(cu_->cuMemHostAlloc(&p, bytes, mapped ? CU_MEMHOSTALLOC_DEVICEMAP : 0),
                                what + ": cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory"));
   b.dev_ = shared_from_this();
   b.ptr_ = p;
   b.size_ = bytes;
-  MINFER_RETURN_IF_ERROR(check(cu_->cuMemHostGetDevicePointer(&b.device_, p, 0),
-                               what + ": no device address for " + std::to_string(bytes) + " bytes of pinned host memory"));
+  if (mapped)
+    MINFER_RETURN_IF_ERROR(check(cu_->cuMemHostGetDevicePointer(&b.device_, p, 0), what + ": no device address for " +
+                                                                                       std::to_string(bytes) +
+                                                                                       " bytes of pinned host memory"));
   return b;
 }
 

@@ -47,8 +47,8 @@ class DeviceBuffer {
   uint64_t size_ = 0;
 };
 
-// Owned page-locked host memory (cuMemHostAlloc), mapped into the device's address space
-// (CU_MEMHOSTALLOC_DEVICEMAP): kernels may write it directly (zero-copy). Move-only.
+// Owned page-locked host memory (cuMemHostAlloc), where asked also mapped into the device's address space
+// (CudaDevice::allocPinned's `mapped`): kernels may then store into it directly (zero-copy). Move-only.
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
@@ -56,7 +56,7 @@ class PinnedBuffer {
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
   ~PinnedBuffer() { release(); }
   void* data() const { return ptr_; }
-  // The device address of data() (cuMemHostGetDevicePointer); byte offsets carry over.
+  // The device address of data() (cuMemHostGetDevicePointer) of a mapped buffer, else 0; byte offsets carry over.
   CUdeviceptr device() const { return device_; }
   uint64_t size() const { return size_; }
 
@@ -114,7 +114,9 @@ class CudaDevice : public std::enable_shared_from_this<CudaDevice> {
 
   // `what` names the allocation in errors: "<what>: cannot allocate N bytes on <GPU> (F bytes free of T)".
   Result<DeviceBuffer> alloc(uint64_t bytes, const std::string& what) const;
-  Result<PinnedBuffer> allocPinned(uint64_t bytes, const std::string& what) const;
+  // mapped: also in the device's address space (PinnedBuffer::device(); CU_MEMHOSTALLOC_DEVICEMAP), for kernels that
+  // store into it; else device() is 0.
+  Result<PinnedBuffer> allocPinned(uint64_t bytes, const std::string& what, bool mapped = false) const;
   Result<Stream> createStream() const;
   Result<Event> createEvent(bool timing = false) const;
   // Loads a cubin or a NUL-terminated PTX image. PTX is JIT-compiled by the driver; its error log is

@@ -116,12 +116,13 @@ struct Launch {
     uint32_t buffer = 0;
     uint64_t row_bytes = 0;
     bool written = false;  // an output of the launch (else an input)
+    bool read = true;      // an input of the launch (access Read or ReadWrite)
   };
   RowArg rows[kArtifactMaxKernelArgs] = {};
   int n_rows = 0;
   void push(CUdeviceptr p) { args[n_args++].p = p; }
-  void pushRow(CUdeviceptr p, uint32_t buffer, uint64_t row_bytes, bool written) {
-    rows[n_rows++] = {n_args, buffer, row_bytes, written};
+  void pushRow(CUdeviceptr p, uint32_t buffer, uint64_t row_bytes, bool written, bool read) {
+    rows[n_rows++] = {n_args, buffer, row_bytes, written, read};
     push(p);
   }
   void pushInt(int32_t v) { args[n_args++].i = v; }

@@ -480,7 +480,7 @@ uint64_t CudaSession::allocatedBytes() const { return s_->allocated; }
 uint64_t CudaSession::kvCacheBytes() const { return s_->kv_bytes; }
 bool CudaSession::canResumeAt(int pos0) const { return s_->rings.canResumeAt(pos0); }
 bool CudaSession::usesDecodeGraph() const { return s_->graph_exec != nullptr; }
-bool CudaSession::decodeRowToHost() const { return s_->host_exec != nullptr; }
+bool CudaSession::rowStoredByHead() const { return s_->row_on_host; }
 double CudaSession::peakBytesPerSecond() const { return s_->dev->info().peak_bytes_per_s; }
 
 Status CudaSession::forward(std::span<const int32_t> tokens, int pos0, float* logits, bool all_rows) {
@@ -730,7 +730,8 @@ class SessionBuilder {
     const uint64_t small = alignUp((static_cast<uint64_t>(st_.max_batch) + paged_words) * 4 + 64, 16);
     const uint64_t logits_bytes = alignUp(static_cast<uint64_t>(st_.n_vocab) * sizeof(float), 16) * st_.pinned_rows;
     Result<PinnedBuffer> pinned =
-        be_.dev->allocPinned(small + logits_bytes + (topk() ? sizeof(kern::TopKSlot) : 0), "CUDA session");
+        be_.dev->allocPinned(small + logits_bytes + (topk() ? sizeof(kern::TopKSlot) : 0), "CUDA session",
+                             /*mapped=*/be_.options.logits_to_host && !st_.paged);
     if (!pinned) return pinned.takeStatus();
     st_.pinned = std::move(*pinned);
     st_.h_ids = static_cast<int32_t*>(st_.pinned.data());
@@ -823,23 +824,25 @@ class SessionBuilder {
 
  private:
   // CudaBackendOptions::logits_to_host: true with st_.row_writer set where one decode launch touches the logits
-  // buffer, writing it, and that launch is a decode GEMV (gemv.cuh, gemv_blocks.cuh), whose row values are stored
-  // once each and never read back or accumulated into (no atomics on host memory over the bus).
+  // buffer, an argument it only writes (Access Write), and that launch is a MatMul step's (the decode GEMVs: gemv.cuh,
+  // gemv_blocks.cuh, dense_matmul.cuh store each output value once, never read it back or accumulate into it, so no
+  // atomics or read-backs cross the bus); the argument keeps its offset into the row.
   bool findRowWriter() {
     size_t at = SIZE_MAX;
     int arg = -1, uses = 0;
+    bool write_only = false;
     for (size_t i = 0; i < st_.decode.size(); ++i)
       for (int r = 0; r < st_.decode[i].n_rows; ++r)
         if (st_.decode[i].rows[r].buffer == st_.logits_buffer) {
           ++uses;
-          if (st_.decode[i].rows[r].written) at = i, arg = st_.decode[i].rows[r].arg;
+          at = i, arg = st_.decode[i].rows[r].arg;
+          write_only = st_.decode[i].rows[r].written && !st_.decode[i].rows[r].read;
         }
-    if (uses != 1 || at == SIZE_MAX) return false;
-    const std::string entry = st_.decode[at].entry;
-    if (entry != "minfer_gemv" && entry != "minfer_gemv_blocks") return false;
+    if (uses != 1 || !write_only || be_.decode[static_cast<size_t>(st_.decode[at].step)].step->op() != fb::OpKind::MatMul)
+      return false;
     st_.row_writer = st_.decode[at];
-    st_.row_writer.args[arg].p = st_.pinned.device() + (reinterpret_cast<uint8_t*>(st_.h_logits) -
-                                                        static_cast<uint8_t*>(st_.pinned.data()));
+    const uint64_t host_row = reinterpret_cast<uint8_t*>(st_.h_logits) - static_cast<uint8_t*>(st_.pinned.data());
+    st_.row_writer.args[arg].p = st_.pinned.device() + host_row + (st_.decode[at].args[arg].p - st_.buf[st_.logits_buffer]);
     st_.row_writer_at = at;
     return true;
   }
@@ -925,19 +928,19 @@ class SessionBuilder {
     if (bl.record->args())
       for (const fb::KernelArg* a : *bl.record->args()) {
         const uint32_t b = a->buffer();
-        const bool written = a->access() != fb::Access::Read;
+        const bool written = a->access() != fb::Access::Read, read = a->access() != fb::Access::Write;
         switch (a->kind()) {
           case fb::ArgKind::Null: l.push(0); break;
           case fb::ArgKind::Activation: {  // a column view (1.4) starts view_offset elements into row 0
             const uint64_t elem = st_.buf_type[b] == fb::BufferType::F16 ? 2 : 4;
-            l.pushRow(st_.buf[b] + a->view_offset() * elem, b, rowBytes(a->kind(), b), written);
+            l.pushRow(st_.buf[b] + a->view_offset() * elem, b, rowBytes(a->kind(), b), written, read);
             break;
           }
           case fb::ArgKind::Q8Values:
-            l.pushRow(st_.buf[b], b, rowBytes(a->kind(), b), written);
+            l.pushRow(st_.buf[b], b, rowBytes(a->kind(), b), written, read);
             break;
           case fb::ArgKind::Q8Meta:
-            l.pushRow(st_.buf[b] + kern::q8MetaOffset(mb, st_.buf_width[b]), b, rowBytes(a->kind(), b), written);
+            l.pushRow(st_.buf[b] + kern::q8MetaOffset(mb, st_.buf_width[b]), b, rowBytes(a->kind(), b), written, read);
             break;
           case fb::ArgKind::Weight:  // the verifier checked that the tensor has this plane, with this table
             l.push(be_.tensors[a->tensor()].plane(static_cast<PlaneKind>(a->plane()->kind())));

@@ -3,8 +3,12 @@
 // fuse, what each launch writes and reads, and where the deferral must not apply.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "compiler/codegen/codegen.h"
 #include "compiler/codegen/nvrtc_compiler.h"
+#include "compiler/tools/synth_model.h"
+#include "kernels/gemv_blocks.cuh"
 #include "tests/codegen/codegen_test_support.h"
 #include "tests/test_support.h"
 
@@ -148,6 +152,46 @@ TEST_CASE("decode GEMV pair and GEMV + Add + deferred RMSNorm launches: fused st
     CHECK(deferredLaunches(set, set.decode_paged, d.consumer) == 0);
     for (const auto* plan : {&set.prefill, &set.prefill_paged, &set.prefill_small})
       CHECK(deferredLaunches(set, *plan) == 0);
+  }
+}
+
+// The GEMV pair's two forms (gemv_blocks.cuh gemvPairPersists): tiny-qwen2's pairs (block grids of at most
+// kGemvPairPersistBlocks) launch the block grid without GEMVB_PERSIST; a cut-down qwen2 whose gate and up have 2,304
+// rows (1,152 thread blocks of 4 rows) gets the persistent form: GEMVB_PERSIST and a grid of kGemvPairPersistBlocks.
+TEST_CASE("decode GEMV pair: the persistent form's define and grid exactly where the block grid exceeds its blocks") {
+  if (!test::haveFixtures()) return;
+  synth::SynthOptions so;
+  so.shape = llvm::cantFail(synth::modelShape("qwen2-7b"));
+  so.shape.n_layer = 1, so.shape.n_embd = 256, so.shape.n_head = 4, so.shape.n_head_kv = 2, so.shape.head_dim = 64;
+  so.shape.n_ff = 2304, so.shape.n_vocab = 512, so.shape.n_ctx = 64;
+  so.mix = synth::TypeMix::kQ4_K_M;
+  const std::string wide = test::scratchDir() + "/qwen2-ffn2304.gguf";
+  if (llvm::Error e = synth::writeSynthModel(so, wide, nullptr)) FAIL(llvm::toString(std::move(e)));
+  for (const auto& [path, persistent] :
+       {std::pair{test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", false}, std::pair{wide, true}}) {
+    CAPTURE(path);
+    const Loaded l = load(path);
+    const KernelSet set = generateFused(l, true);
+    size_t pairs = 0;
+    for (const std::vector<LaunchRecord>& step : set.decode)
+      for (const LaunchRecord& r : step) {
+        const KernelImageData& img = set.images[r.images[0]];
+        if (img.entry != "minfer_gemv_pair") continue;
+        ++pairs;
+        const auto option = [&](const std::string& define) {
+          for (const std::string& o : img.options)
+            if (o.rfind("-D" + define + "=", 0) == 0) return static_cast<unsigned>(std::stoul(o.substr(define.size() + 3)));
+          return 0u;
+        };
+        const unsigned n = option("GEMVB_N"), k = option("GEMVB_K");
+        const kern::GemvBlocksShape sh = kern::gemvBlocksShape(n, k);
+        const unsigned block_grid = 2 * kern::ceilDiv(n, kern::gemvBlocksRowsPerCta(sh));
+        CHECK(kern::gemvPairPersists(n, sh) == persistent);
+        CHECK(option("GEMVB_PERSIST") == (persistent ? 1u : 0u));
+        CHECK(r.rule.at(1).grid.x == (persistent ? kern::kGemvPairPersistBlocks : block_grid));
+        CHECK((block_grid > kern::kGemvPairPersistBlocks) == persistent);
+      }
+    CHECK(pairs == l.desc.config.n_layer);
   }
 }
 

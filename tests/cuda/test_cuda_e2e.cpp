@@ -294,12 +294,13 @@ TEST_CASE("decode graph, overlapped, direct, unfused launches and the row downlo
     auto session = (*backend)->createCudaSession({.n_ctx = 128, .n_threads = 1});
     REQUIRE_MESSAGE(session.isOk(), session.status().message());
     CHECK((*session)->usesDecodeGraph() == mode.graph);
-    // The tiny model's output head is a decode GEMV on its GGUF blocks, the only launch touching the logits row.
-    CHECK((*session)->decodeRowToHost() == (mode.graph && mode.row_to_host));
     std::vector<float> logits(g.n_vocab), device_row(g.n_vocab);
     REQUIRE((*session)->forward(g.prompt_ids, 0, logits.data(), false).isOk());
+    CHECK_FALSE((*session)->rowStoredByHead());  // the prompt: the prefill plan's rows, downloaded
     for (int i = 0; i < 8; ++i) {
       REQUIRE((*session)->forward({&g.generated_ids[i], 1}, g.nPrompt() + i, logits.data(), false).isOk());
+      // The tiny model's output head is a decode GEMV on its GGUF blocks, the only launch touching the logits row.
+      CHECK((*session)->rowStoredByHead() == (mode.graph && mode.row_to_host));
       rows[mi].push_back(logits);
       auto id = (*session)->forwardArgmax({&g.generated_ids[i], 1}, g.nPrompt() + i);  // same position again
       REQUIRE(id.isOk());
