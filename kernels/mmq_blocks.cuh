@@ -35,12 +35,21 @@
 //   MMQB_TN               tokens per tile, 16, 32 or 64: the most rows a launch takes (more trap)
 //   MMQB_SPLITS           splits of K (1 … K/256): mmqbSplits(N, K)
 //   MMQB_HAS_BIAS         bias vector (N f32)
+//   MMQB_SEGMENTS         1 (default: minfer_mmq_blocks) or 3 (minfer_mmq_blocks3, below)
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, float* partial, unsigned* counters, int n_tokens)
 //   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K); out: n_tokens × N f32 (row stride N);
 //   partial: mmqbPartialBytes() of scratch (null with one split); counters: mmqbCounterBytes() of words, zero on
 //   entry and again on exit (ArgKind Counters; unused with one split).
 // Launch shape: mmqbLaunchRule(): grid (⌈N/128⌉, S), 256 threads, mmqbSmemBytes() of dynamic shared memory.
+//
+// The fused form over three matrices of one input (q, k, v of a layer; MMQB_SEGMENTS 3, entry minfer_mmq_blocks3):
+// segment 0 takes the constants above, segments 1 and 2 MMQB_N1, MMQB_TYPE1, MMQB_PITCH1, MMQB_GROUP_PITCH1,
+// MMQB_HAS_BIAS1 and likewise …2 (K, TN and the splits are shared). Each tile runs as the plain kernel's with the same
+// splits, so every output equals what minfer_mmq_blocks with that matrix's constants and the same MMQB_SPLITS writes;
+// one launch instead of three fills the GPU where k and v alone take a few row tiles (the 7B's 512 rows: 4).
+//   minfer_mmq_blocks3(w0, bias0, w1, bias1, w2, bias2, xq, xmeta, out0, out1, out2, partial, counters, n_tokens)
+//   partial: mmqb3PartialBytes(), counters: mmqb3CounterBytes() (zero on entry and exit); mmqb3LaunchRule().
 #pragma once
 
 #include "kernels/common.cuh"
@@ -55,6 +64,9 @@ constexpr unsigned kMmqbTM = 128;  // weight rows per thread block: 16 per warp
 // f16 rounding here moved a near-tie MoE router row of tiny-qwen3moe to another expert (batched vs alone 0.11).
 constexpr unsigned kMmqbFromRows = 5;
 constexpr unsigned kMmqbMaxRows = 32;
+// The same bound for minfer_mmq_blocks3 (q, k and v in one launch, below): its tiles of 64 tokens serve 33 … 64 rows,
+// where three Hopper f16 GEMMs launched one after another measured slower (BENCHMARKS.md, issue 14).
+constexpr unsigned kMmqb3MaxRows = 64;
 constexpr unsigned kMmqbLD = 256 + 16;  // q8 activation row of a stage (bytes)
 constexpr unsigned kMmqbLDH = 256 + 8;  // f16 tile row (halves): 132 words, so ldmatrix's 8 rows hit distinct banks
 constexpr unsigned kMmqbSmemMax = 227 * 1024;  // dynamic shared memory of one block on sm_90 (opt-in)
@@ -119,59 +131,97 @@ MINFER_HD LaunchRule mmqbLaunchRule(unsigned n, unsigned type, unsigned tn, unsi
   return r;
 }
 
+// minfer_mmq_blocks3 (MMQB_SEGMENTS 3): three matrices of one input in one launch, n[i] rows of type[i] each. Its
+// row tiles are the three matrices' side by side; its scratch S × TN × (n[0] + n[1] + n[2]) f32, its counters one
+// word per row tile, its shared memory the largest segment's (each segment keeps its own stages).
+MINFER_HD unsigned mmqb3Tiles(const unsigned (&n)[3]) {
+  return ceilDiv(n[0], kMmqbTM) + ceilDiv(n[1], kMmqbTM) + ceilDiv(n[2], kMmqbTM);
+}
+MINFER_HD unsigned long long mmqb3PartialBytes(const unsigned (&n)[3], unsigned tn, unsigned splits) {
+  return mmqbPartialBytes(n[0] + n[1] + n[2], tn, splits);
+}
+MINFER_HD unsigned mmqb3CounterBytes(const unsigned (&n)[3]) { return 4 * mmqb3Tiles(n); }
+MINFER_HD LaunchRule mmqb3LaunchRule(const unsigned (&n)[3], const unsigned (&type)[3], unsigned tn, unsigned splits) {
+  LaunchRule r;
+  r.grid[0] = fixedExtent(mmqb3Tiles(n));
+  r.grid[1] = fixedExtent(splits);
+  r.block.x = kMmqbThreads;
+  unsigned smem = 0;
+  for (unsigned i = 0; i < 3; ++i) smem = mmqbSmemBytes(type[i], tn) > smem ? mmqbSmemBytes(type[i], tn) : smem;
+  r.smem = smem;
+  return r;
+}
+
 }  // namespace minfer::kern
 
 #if defined(MINFER_DEVICE_CODE) && defined(MMQB_N)
+#ifndef MMQB_SEGMENTS
+#define MMQB_SEGMENTS 1
+#endif
 namespace minfer::kern::mmqb {
 
-constexpr int kN = MMQB_N, kK = MMQB_K, kType = MMQB_TYPE, kTN = MMQB_TN, kS = MMQB_SPLITS;
-constexpr bool kQ4K = kType == 12;
+constexpr int kK = MMQB_K, kTN = MMQB_TN, kS = MMQB_SPLITS;
 constexpr int kTM = static_cast<int>(kMmqbTM), kLD = static_cast<int>(kMmqbLD), kLDH = static_cast<int>(kMmqbLDH);
 constexpr int kNI = kTN / 8;  // n8 tiles per warp: every warp takes all the tile's tokens, 16 rows each
 constexpr int kKB = kK / 256;  // GGUF blocks per row
-constexpr int kRawLd = static_cast<int>(mmqbRawLd(kType)), kChunks = static_cast<int>(mmqbRawChunks(kType));
-constexpr int kStages = static_cast<int>(mmqbStages(kType, kTN));
-constexpr int kStageBytes = static_cast<int>(mmqbStageBytes(kType, kTN));
 constexpr int kThreads = static_cast<int>(kMmqbThreads);
 static_assert(kK % 256 == 0, "MMQB_K must be a multiple of 256");
-static_assert(kType == 12 || kType == 14, "MMQB_TYPE must be Q4_K (12) or Q6_K (14)");
 static_assert(kTN == 16 || kTN == 32 || kTN == 64, "MMQB_TN must be 16, 32 or 64");
 static_assert(kTM == 16 * kThreads / 32, "a warp per 16 rows");
 static_assert(kS >= 1 && kS <= kKB, "MMQB_SPLITS: 1 … K/256");
-static_assert(mmqbSmemBytes(kType, kTN) <= kMmqbSmemMax, "dynamic shared memory above the sm_90 opt-in limit");
-static_assert(MMQB_PITCH % 16 == 0 && MMQB_GROUP_PITCH % 16 == 0, "blocks must start 16-byte aligned");
-static_assert(MMQB_GROUP_PITCH >= 16 * mmqbRawChunks(kType), "group pitch smaller than the copied chunks");
-static_assert(MMQB_PITCH >= static_cast<unsigned long long>(kKB) * MMQB_GROUP_PITCH, "row pitch smaller than a row");
-static_assert(static_cast<unsigned long long>(kTM) * MMQB_PITCH < (1ull << 31) &&
-                  static_cast<unsigned long long>(kTN) * kK < (1ull << 31),
-              "loadStage's 32-bit offsets inside a tile");
+static_assert(static_cast<unsigned long long>(kTN) * kK < (1ull << 31), "loadStage's 32-bit offsets inside a tile");
+
+// One weight matrix of the launch (a segment: the plain kernel has one, minfer_mmq_blocks3 three): its rows, its
+// kBlocks plane's type, row pitch and group pitch, whether it has a bias; the stage layout that follows from its type.
+template <int kN_, int kType_, unsigned long long kPitch_, unsigned kGroupPitch_, bool kBias_>
+struct Seg {
+  static constexpr int kN = kN_;
+  static constexpr bool kQ4K = kType_ == 12;
+  static constexpr unsigned long long kPitch = kPitch_;
+  static constexpr unsigned kGroupPitch = kGroupPitch_;
+  static constexpr bool kBias = kBias_;
+  static constexpr int kRawLd = static_cast<int>(mmqbRawLd(kType_)), kChunks = static_cast<int>(mmqbRawChunks(kType_));
+  static constexpr int kStages = static_cast<int>(mmqbStages(kType_, kTN));
+  static constexpr int kStageBytes = static_cast<int>(mmqbStageBytes(kType_, kTN));
+  static constexpr int kActAt = kTM * kRawLd, kMetaAt = kActAt + kTN * kLD;  // byte offsets inside a stage
+  static constexpr int kTiles = (kN_ + kTM - 1) / kTM;
+  static_assert(kType_ == 12 || kType_ == 14, "MMQB_TYPE must be Q4_K (12) or Q6_K (14)");
+  static_assert(kN_ >= 1, "a segment has rows");
+  static_assert(mmqbSmemBytes(kType_, kTN) <= kMmqbSmemMax, "dynamic shared memory above the sm_90 opt-in limit");
+  static_assert(kPitch_ % 16 == 0 && kGroupPitch_ % 16 == 0, "blocks must start 16-byte aligned");
+  static_assert(kGroupPitch_ >= 16 * mmqbRawChunks(kType_), "group pitch smaller than the copied chunks");
+  static_assert(kPitch_ >= static_cast<unsigned long long>(kKB) * kGroupPitch_, "row pitch smaller than a row");
+  static_assert(static_cast<unsigned long long>(kTM) * kPitch_ < (1ull << 31), "loadStage's 32-bit offsets inside a tile");
+};
 
 MINFER_HD constexpr int iters(int items) { return (items + kThreads - 1) / kThreads; }
 
 struct Stage {
-  uint8_t* raw;  // [TM][kRawLd]
+  uint8_t* raw;  // [TM][S::kRawLd]
   int8_t* act;   // [TN][kLD]
   Q8Meta* x;     // [8][TN]
 };
-constexpr int kActAt = kTM * kRawLd, kMetaAt = kActAt + kTN * kLD;  // byte offsets inside a stage
+template <class S>
 __device__ __forceinline__ Stage stageAt(uint8_t* smem, int i) {
-  uint8_t* p = smem + i * kStageBytes;
-  return {p, reinterpret_cast<int8_t*>(p + kActAt), reinterpret_cast<Q8Meta*>(p + kMetaAt)};
+  uint8_t* p = smem + i * S::kStageBytes;
+  return {p, reinterpret_cast<int8_t*>(p + S::kActAt), reinterpret_cast<Q8Meta*>(p + S::kMetaAt)};
 }
 
 // Issues the cp.async copies of GGUF block column `blk` into the stage at shared address `st` (stageAt's layout; rows
 // past N and tokens past n_tokens zero-filled). Each copy's source is the block column's (uniform) base plus a 32-bit
 // offset, so a copy costs a few integer instructions.
+template <class S>
 __device__ __forceinline__ void loadStage(unsigned st, int blk, int m0, int n_tokens, const uint8_t* w, const int8_t* xq,
                                           const Q8Meta* xmeta) {
-  const uint8_t* wb = w + static_cast<uint64_t>(m0) * MMQB_PITCH + static_cast<uint64_t>(blk) * MMQB_GROUP_PITCH;
+  const uint8_t* wb = w + static_cast<uint64_t>(m0) * S::kPitch + static_cast<uint64_t>(blk) * S::kGroupPitch;
 #pragma unroll
-  for (int i = 0; i < iters(kTM * kChunks); ++i) {
+  for (int i = 0; i < iters(kTM * S::kChunks); ++i) {
     const int c = static_cast<int>(threadIdx.x) + i * kThreads;
-    if ((kTM * kChunks) % kThreads != 0 && c >= kTM * kChunks) break;
-    const int row = c / kChunks, ch = c % kChunks;
-    const bool ok = kN % kTM == 0 || m0 + row < kN;
-    cpAsyncShared<16>(st + row * kRawLd + 16 * ch, ok ? wb + static_cast<unsigned>(row * MMQB_PITCH + 16 * ch) : w, ok);
+    if ((kTM * S::kChunks) % kThreads != 0 && c >= kTM * S::kChunks) break;
+    const int row = c / S::kChunks, ch = c % S::kChunks;
+    const bool ok = S::kN % kTM == 0 || m0 + row < S::kN;
+    cpAsyncShared<16>(st + row * S::kRawLd + 16 * ch,
+                      ok ? wb + static_cast<unsigned>(row * static_cast<int>(S::kPitch) + 16 * ch) : w, ok);
   }
   const int8_t* xb = xq + 256 * blk;
 #pragma unroll
@@ -180,7 +230,7 @@ __device__ __forceinline__ void loadStage(unsigned st, int blk, int m0, int n_to
     if ((kTN * 16) % kThreads != 0 && c >= kTN * 16) break;
     const int tok = c / 16, ch = c % 16;
     const bool ok = tok < n_tokens;
-    cpAsyncShared<16>(st + kActAt + tok * kLD + 16 * ch, ok ? xb + static_cast<unsigned>(tok * kK + 16 * ch) : xq, ok);
+    cpAsyncShared<16>(st + S::kActAt + tok * kLD + 16 * ch, ok ? xb + static_cast<unsigned>(tok * kK + 16 * ch) : xq, ok);
   }
   const Q8Meta* mb = xmeta + 8 * blk;
 #pragma unroll
@@ -190,7 +240,7 @@ __device__ __forceinline__ void loadStage(unsigned st, int blk, int m0, int n_to
     const int tok = e % kTN, kb = e / kTN;
     const bool ok = tok < n_tokens;
     const Q8Meta* src = ok ? mb + static_cast<unsigned>(tok * (kK / 32) + kb) : xmeta;
-    cpAsyncShared<8>(st + kMetaAt + static_cast<int>(sizeof(Q8Meta)) * e, src, ok);
+    cpAsyncShared<8>(st + S::kMetaAt + static_cast<int>(sizeof(Q8Meta)) * e, src, ok);
   }
 }
 
@@ -285,13 +335,14 @@ __device__ __forceinline__ void dequantActivations(const Stage& st, uint16_t* b,
 // One lane's A fragment (rows g and g + 8 of its warp's 16, MMA k order above) of group c (16 weights) of activation
 // block kb of the raw blocks `r0`, `r8`, as f16 weights: Q4_K w = s·q + m (one f16 fma), Q6_K w = s·(q − 32).
 // s2, m2: the f16x2 scale and min of rows g (index 0) and g + 8 (index 1) for this group.
+template <bool kQ4K>
 __device__ __forceinline__ void weightFragment(const uint8_t* r0, const uint8_t* r8, int kb, int c, int t,
                                               const unsigned (&s2)[2], const unsigned (&m2)[2], unsigned (&a)[4]) {
   const uint8_t* rows[2] = {r0, r8};
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     unsigned e, o;  // the f16x2 1024 + q of MMA k (4t, 4t + 2) and (4t + 1, 4t + 3)
-    if (kQ4K) {
+    if constexpr (kQ4K) {
       // Sub-block kb = 2p + h: qs bytes [32p, 32p + 32) at block byte 16, nibble h.
       const int p = kb / 2, h = kb % 2;
       const unsigned v = *reinterpret_cast<const unsigned*>(rows[ri] + 16 + 32 * p + 16 * c + 4 * t);
@@ -308,7 +359,7 @@ __device__ __forceinline__ void weightFragment(const uint8_t* r0, const uint8_t*
       e = bitsPlus1024<0x003F003Fu>(q);
       o = bitsPlus1024<0x003F003Fu>(q >> 8);
     }
-    if (kQ4K) {
+    if constexpr (kQ4K) {
       a[ri] = hfma2(hsub2(e, kF16Of1024), s2[ri], m2[ri]);
       a[2 + ri] = hfma2(hsub2(o, kF16Of1024), s2[ri], m2[ri]);
     } else {
@@ -329,13 +380,15 @@ __device__ __forceinline__ unsigned bytePairPlus1024(unsigned v) {
 // groups 2i, 2i + 1): Q4_K s = d·sc and m = −dmin·mn of sub-blocks 2i, 2i + 1 (the 6-bit scales and mins unpacked as
 // block_formats.h kScaleMin, gemv_blocks.cuh decodePart); Q6_K s = d·sc of groups 2i, 2i + 1 (signed scales). The
 // integers become f16 by their bits, then one f16 product: the value of rounding the exact f32 product once.
+template <bool kQ4K>
 struct RowScales {
   unsigned s[kQ4K ? 4 : 8];
   unsigned m[kQ4K ? 4 : 1];  // Q6_K: unused
 };
-__device__ __forceinline__ RowScales rowScales(const uint8_t* blk) {
-  RowScales r;
-  if (kQ4K) {
+template <bool kQ4K>
+__device__ __forceinline__ RowScales<kQ4K> rowScales(const uint8_t* blk) {
+  RowScales<kQ4K> r;
+  if constexpr (kQ4K) {
     const uint4 head = *reinterpret_cast<const uint4*>(blk);
     const unsigned d2 = prmtImm<0x1010u>(head.x, 0);                   // (d, d)
     const unsigned dmin2 = prmtImm<0x3232u>(head.x, 0) ^ 0x80008000u;  // (−dmin, −dmin)
@@ -364,7 +417,8 @@ __device__ __forceinline__ RowScales rowScales(const uint8_t* blk) {
 }
 // The f16x2 scale s2 = (s, s) and min m2 = (m, m) of the groups that activation block kb, group of 16 c, multiplies:
 // Q4_K sub-block kb (register kb / 2, half kb % 2), Q6_K group 2kb + c (register kb, half c; m2 = 0).
-__device__ __forceinline__ void groupScale(const RowScales& r, int kb, int c, unsigned& s2, unsigned& m2) {
+template <bool kQ4K>
+__device__ __forceinline__ void groupScale(const RowScales<kQ4K>& r, int kb, int c, unsigned& s2, unsigned& m2) {
   if constexpr (kQ4K) {
     s2 = kb % 2 ? highTwice(r.s[kb / 2]) : lowTwice(r.s[kb / 2]);
     m2 = kb % 2 ? highTwice(r.m[kb / 2]) : lowTwice(r.m[kb / 2]);
@@ -374,20 +428,17 @@ __device__ __forceinline__ void groupScale(const RowScales& r, int kb, int c, un
   }
 }
 
-}  // namespace minfer::kern::mmqb
-
-extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
-    minfer_mmq_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
-                      const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out,
-                      float* __restrict__ partial, unsigned* __restrict__ counters, int n_tokens) {
-  using namespace minfer::kern;
-  using namespace minfer::kern::mmqb;
-  if (n_tokens > kTN) __trap();  // more rows than a tile holds (the launch's max_rows is MMQB_TN)
-  overlapPrologue();
-  extern __shared__ __align__(16) uint8_t smem[];
-  uint16_t* const bt = reinterpret_cast<uint16_t*>(smem + kStages * kStageBytes);  // [TN][kLDH] f16 activations
-
-  const int m0 = blockIdx.x * kTM, split = blockIdx.y;
+// One thread block's tile of segment S: rows [m0, m0 + TM) of its matrix, GGUF blocks of split `split`. Split-K
+// sums go to rows [prow0, prow0 + S::kN) of the launch's scratch of `pld` rows (partial[split][t][prow0 + r]) and
+// the tile counts itself in `*counter`.
+template <class S>
+__device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const uint8_t* __restrict__ w,
+                                         const float* __restrict__ bias, const int8_t* __restrict__ xq,
+                                         const Q8Meta* __restrict__ xmeta, float* __restrict__ out,
+                                         float* __restrict__ partial, int prow0, int pld, unsigned* counter,
+                                         int n_tokens) {
+  constexpr int kStages = S::kStages, kRawLd = S::kRawLd;
+  uint16_t* const bt = reinterpret_cast<uint16_t*>(smem + kStages * S::kStageBytes);  // [TN][kLDH] f16 activations
   const int b0 = split * kKB / kS, b1 = (split + 1) * kKB / kS;  // this split's GGUF blocks
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -412,30 +463,31 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   const int n_blk = b1 - b0;
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < n_blk) loadStage(smem_addr + i * kStageBytes, b0 + i, m0, n_tokens, w, xq, xmeta);
+    if (i < n_blk) loadStage<S>(smem_addr + i * S::kStageBytes, b0 + i, m0, n_tokens, w, xq, xmeta);
     cpAsyncCommit();
   }
   for (int it = 0; it < n_blk; ++it) {
     cpAsyncWait<kStages - 2>();
     __syncthreads();  // the stage is visible to all; everyone's MMAs on the previous f16 activations are done
     const int next = it + kStages - 1;
-    if (next < n_blk) loadStage(smem_addr + (next % kStages) * kStageBytes, b0 + next, m0, n_tokens, w, xq, xmeta);
+    if (next < n_blk)
+      loadStage<S>(smem_addr + (next % kStages) * S::kStageBytes, b0 + next, m0, n_tokens, w, xq, xmeta);
     cpAsyncCommit();
-    const Stage st = stageAt(smem, it % kStages);
+    const Stage st = stageAt<S>(smem, it % kStages);
     dequantActivations(st, bt, n_tokens);
     __syncthreads();
     const uint8_t* r0 = st.raw + (wm0 + g) * kRawLd;
     const uint8_t* r8 = r0 + 8 * kRawLd;
-    const RowScales rs[2] = {rowScales(r0), rowScales(r8)};
+    const RowScales<S::kQ4K> rs[2] = {rowScales<S::kQ4K>(r0), rowScales<S::kQ4K>(r8)};
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         unsigned s2[2], m2[2];  // of rows g, g + 8
 #pragma unroll
-        for (int ri = 0; ri < 2; ++ri) groupScale(rs[ri], kb, c, s2[ri], m2[ri]);
+        for (int ri = 0; ri < 2; ++ri) groupScale<S::kQ4K>(rs[ri], kb, c, s2[ri], m2[ri]);
         unsigned a[4];
-        weightFragment(r0, r8, kb, c, t, s2, m2, a);
+        weightFragment<S::kQ4K>(r0, r8, kb, c, t, s2, m2, a);
 #pragma unroll
         for (int ni = 0; ni < kNI; ni += 2) {
           int r[4];
@@ -447,6 +499,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   }
 
   // Epilogue: element (ni, e) is row m0 + wm0 + g + 8·(e / 2), token 8·ni + 2t + e % 2.
+  constexpr int kN = S::kN;
   if (kS == 1) {
 #pragma unroll
     for (int ni = 0; ni < kNI; ++ni)
@@ -455,9 +508,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
         const int row = m0 + wm0 + g + (e / 2) * 8, tok = ni * 8 + 2 * t + (e % 2);
         if (row < kN && tok < n_tokens) {
           float v = acc[ni][e];
-#if MMQB_HAS_BIAS
-          v += bias[row];
-#endif
+          if constexpr (S::kBias) v += bias[row];
           out[static_cast<uint64_t>(tok) * kN + row] = v;
         }
       }
@@ -468,19 +519,20 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = m0 + wm0 + g + (e / 2) * 8, tok = ni * 8 + 2 * t + (e % 2);
-      if (row < kN && tok < n_tokens) partial[(static_cast<uint64_t>(split) * kTN + tok) * kN + row] = acc[ni][e];
+      if (row < kN && tok < n_tokens)
+        partial[(static_cast<uint64_t>(split) * kTN + tok) * pld + prow0 + row] = acc[ni][e];
     }
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     unsigned before;
-    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counters + blockIdx.x) : "memory");
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
     last = before == kS - 1;
   }
   __syncthreads();
   if (!last) return;
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+  if (threadIdx.x == 0) *counter = 0;
 #pragma unroll
   for (int ni = 0; ni < kNI; ++ni)
 #pragma unroll
@@ -489,11 +541,58 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
       if (row >= kN || tok >= n_tokens) continue;
       float v = 0.0f;
       for (int s = 0; s < kS; ++s)
-        v += s == split ? acc[ni][e] : __ldcg(partial + (static_cast<uint64_t>(s) * kTN + tok) * kN + row);
-#if MMQB_HAS_BIAS
-      v += bias[row];
-#endif
+        v += s == split ? acc[ni][e] : __ldcg(partial + (static_cast<uint64_t>(s) * kTN + tok) * pld + prow0 + row);
+      if constexpr (S::kBias) v += bias[row];
       out[static_cast<uint64_t>(tok) * kN + row] = v;
     }
 }
+
+using Seg0 = Seg<MMQB_N, MMQB_TYPE, MMQB_PITCH, MMQB_GROUP_PITCH, MMQB_HAS_BIAS != 0>;
+#if MMQB_SEGMENTS == 3
+using Seg1 = Seg<MMQB_N1, MMQB_TYPE1, MMQB_PITCH1, MMQB_GROUP_PITCH1, MMQB_HAS_BIAS1 != 0>;
+using Seg2 = Seg<MMQB_N2, MMQB_TYPE2, MMQB_PITCH2, MMQB_GROUP_PITCH2, MMQB_HAS_BIAS2 != 0>;
+#endif
+
+}  // namespace minfer::kern::mmqb
+
+#if MMQB_SEGMENTS == 1
+extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
+    minfer_mmq_blocks(const uint8_t* __restrict__ w, const float* __restrict__ bias, const int8_t* __restrict__ xq,
+                      const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out,
+                      float* __restrict__ partial, unsigned* __restrict__ counters, int n_tokens) {
+  using namespace minfer::kern::mmqb;
+  if (n_tokens > kTN) __trap();  // more rows than a tile holds (the launch's max_rows is MMQB_TN)
+  minfer::kern::overlapPrologue();
+  extern __shared__ __align__(16) uint8_t smem[];
+  mmqbTile<Seg0>(smem, blockIdx.x * kTM, blockIdx.y, w, bias, xq, xmeta, out, partial, 0, Seg0::kN,
+                 counters + blockIdx.x, n_tokens);
+}
+#elif MMQB_SEGMENTS == 3
+// Three matrices of one input (q, k and v): the row tiles of segment 0, then 1, then 2 along grid.x, each as the
+// plain kernel runs it with the same splits; the split-K scratch holds the three side by side (N0 + N1 + N2 rows).
+extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
+    minfer_mmq_blocks3(const uint8_t* __restrict__ w0, const float* __restrict__ bias0, const uint8_t* __restrict__ w1,
+                       const float* __restrict__ bias1, const uint8_t* __restrict__ w2, const float* __restrict__ bias2,
+                       const int8_t* __restrict__ xq, const minfer::kern::Q8Meta* __restrict__ xmeta,
+                       float* __restrict__ out0, float* __restrict__ out1, float* __restrict__ out2,
+                       float* __restrict__ partial, unsigned* __restrict__ counters, int n_tokens) {
+  using namespace minfer::kern::mmqb;
+  if (n_tokens > kTN) __trap();  // more rows than a tile holds (the launch's max_rows is MMQB_TN)
+  minfer::kern::overlapPrologue();
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kRows = Seg0::kN + Seg1::kN + Seg2::kN;
+  const int tile = blockIdx.x, split = blockIdx.y;
+  unsigned* const counter = counters + tile;
+  if (tile < Seg0::kTiles)
+    mmqbTile<Seg0>(smem, tile * kTM, split, w0, bias0, xq, xmeta, out0, partial, 0, kRows, counter, n_tokens);
+  else if (tile < Seg0::kTiles + Seg1::kTiles)
+    mmqbTile<Seg1>(smem, (tile - Seg0::kTiles) * kTM, split, w1, bias1, xq, xmeta, out1, partial, Seg0::kN, kRows,
+                   counter, n_tokens);
+  else
+    mmqbTile<Seg2>(smem, (tile - Seg0::kTiles - Seg1::kTiles) * kTM, split, w2, bias2, xq, xmeta, out2, partial,
+                   Seg0::kN + Seg1::kN, kRows, counter, n_tokens);
+}
+#else
+#error "MMQB_SEGMENTS must be 1 or 3"
+#endif
 #endif

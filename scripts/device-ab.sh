@@ -6,7 +6,9 @@
 # several sets separated by '|'): more artifacts compiled by the current pack with those flags, measured in the
 # same rounds ("variant N"). MINFER_AB_BENCH_VARIANT (minfer-bench flags, e.g. --logits-copy; several sets separated by
 # '|'): more runs of the current pack on its own artifact with those flags ("bench variant N"). MINFER_AB_MODEL: the
-# minfer-synth model (default qwen2-7b); MINFER_AB_DEPTH=0 leaves the tg128 @ d4096 rounds out. Logs in $OUT/ab.log.
+# minfer-synth model (default qwen2-7b); MINFER_AB_DEPTH=0 leaves the tg128 @ d4096 rounds out. MINFER_AB_PARALLEL
+# (e.g. 8,32,64): batched rounds instead (minfer-bench --parallel, 128 prompt + 128 generated tokens per sequence, as
+# llama-batched-bench), no tg128 or depth rounds. Logs in $OUT/ab.log.
 set -uo pipefail
 . "$(dirname "$0")/device-common.sh"
 names=() bins=() files=() flags=()
@@ -29,13 +31,22 @@ names+=(new); bins+=("$B"); files+=(/tmp/q7new.mfb); flags+=("")
   for j in "${!bench_variants[@]}"; do
     names+=("bench variant $j (${bench_variants[$j]})"); bins+=("$B"); files+=(/tmp/q7new.mfb); flags+=("${bench_variants[$j]}")
   done
-  for r in 1 2 3; do
+  if [ -n "${MINFER_AB_PARALLEL:-}" ]; then
+    for r in 1 2; do
+      for i in "${!names[@]}"; do
+        # shellcheck disable=SC2086
+        echo "== parallel round $r ${names[$i]}"
+        timeout 200 "${bins[$i]}/minfer-bench" "${files[$i]}" --parallel "$MINFER_AB_PARALLEL" -p 128 -n 128 -r 2 ${flags[$i]}
+      done
+    done
+  fi
+  for r in $([ -n "${MINFER_AB_PARALLEL:-}" ] || echo 1 2 3); do
     for i in "${!names[@]}"; do
       # shellcheck disable=SC2086  # the flags are words
       echo "== round $r ${names[$i]}"; timeout 120 "${bins[$i]}/minfer-bench" "${files[$i]}" -p 0 -n 128 -r 3 ${flags[$i]}
     done
   done
-  for r in $([ "${MINFER_AB_DEPTH:-1}" = 0 ] || echo 1 2); do
+  for r in $([ "${MINFER_AB_DEPTH:-1}" = 0 ] || [ -n "${MINFER_AB_PARALLEL:-}" ] || echo 1 2); do
     for i in "${!names[@]}"; do
       # shellcheck disable=SC2086
       echo "== depth round $r ${names[$i]}"; timeout 120 "${bins[$i]}/minfer-bench" "${files[$i]}" -p 0 -n 128 -d 4096 -r 2 ${flags[$i]}

@@ -8,6 +8,7 @@
 #include <optional>
 #include <regex>
 #include <set>
+#include <tuple>
 
 #include "compiler/codegen/codegen.h"
 #include "compiler/codegen/kernel_spec.h"
@@ -644,6 +645,115 @@ TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks be
       ++checked;
     }
     CHECK(checked > 0);
+  }
+}
+
+// q, k and v of each layer beside a Hopper kF16 plane: the prefill plan fuses them (planFusion: the q step with 2
+// followers) so that a batched step of kMmqbFromRows … kMmqb3MaxRows rows takes one minfer_mmq_blocks3 launch instead
+// of three matmul launches: the q step's small-batch launches are the three batched GEMVs (each below
+// kMmqbFromRows rows, with its own weight and output) and minfer_mmq_blocks3 in tiles of 16, 32 and 64 tokens, each
+// segment with its weight's kBlocks constants, split as mmqbSplits gives for the three's row tiles, grid over those
+// tiles; its launches are the three steps' own in turn. Not with max_batch below kMmqbFromRows, nor with fusion off,
+// nor in a model with experts; specs only, no NVRTC.
+TEST_CASE("prefill q, k, v beside a Hopper kF16 plane: their small-batch steps as one minfer_mmq_blocks3 launch") {
+  if (!test::haveFixtures()) return;
+  const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true};
+  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
+  const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
+  const size_t tail = lastTokenTailBegin(steps, l.desc.plan.logits);
+  auto fusion = planFusion(l.desc, l.layouts, PlanVariant::kPrefill, tail, gemv, true);
+  REQUIRE_MESSAGE(static_cast<bool>(fusion), llvm::toString(fusion.takeError()));
+  const unsigned max_batch = l.desc.plan.max_batch;
+  size_t triples = 0;
+  std::set<std::string> v_types;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].op != fb::OpKind::MatMul || steps[i].name.find("attn_q") == std::string::npos) continue;
+    CAPTURE(steps[i].name);
+    REQUIRE(fusion->followers[i] == 2);
+    CHECK((fusion->fused[i + 1] == 1 && fusion->fused[i + 2] == 1));
+    auto small = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, 2);
+    REQUIRE_MESSAGE(static_cast<bool>(small), llvm::toString(small.takeError()));
+    REQUIRE(max_batch >= 33);  // all three tiles
+    REQUIRE(small->launches.size() == 6);
+    CHECK(small->rows == std::min(kern::kMmqb3MaxRows, max_batch));
+    unsigned n[3], type[3], tiles = 0;
+    uint64_t k = 0;
+    for (size_t j = 0; j < 3; ++j) {
+      const model::StepDesc& s = steps[i + j];
+      const planes::TensorLayout& w = l.layouts[s.weights[0]];
+      const StrideTable& b = w.planes[static_cast<size_t>(w.find(PlaneKind::kBlocks))];
+      n[j] = static_cast<unsigned>(w.desc.rows);
+      type[j] = b.ggml_type;
+      k = w.desc.cols;
+      tiles += (n[j] + kern::kMmqbTM - 1) / kern::kMmqbTM;
+      const KernelLaunch& g = small->launches[j];
+      CHECK(g.spec.entry == "minfer_gemv_batch");
+      CHECK(g.spec.define("GEMVB_TYPE") == std::to_string(b.ggml_type));
+      CHECK((g.min_rows == 0 && g.max_rows == kern::kMmqbFromRows - 1));
+      const KernelArgDesc* out = nullptr;
+      for (const KernelArgDesc& a : g.args)
+        if (a.kind == fb::ArgKind::Activation && a.access == fb::Access::Write) out = &a;
+      REQUIRE(out != nullptr);
+      CHECK(out->buffer == s.outputs[0]);
+    }
+    v_types.insert(std::to_string(type[2]));
+    const unsigned splits = kern::mmqbSplits(tiles * kern::kMmqbTM, static_cast<unsigned>(k));
+    unsigned next = kern::kMmqbFromRows;
+    for (size_t j = 3; j < 6; ++j) {
+      const KernelLaunch& m = small->launches[j];
+      const unsigned tn = 16u << (j - 3);
+      CHECK(m.spec.entry == "minfer_mmq_blocks3");
+      CHECK(m.spec.define("MMQB_SEGMENTS") == "3");
+      CHECK(m.spec.define("MMQB_TN") == std::to_string(tn));
+      CHECK(m.spec.define("MMQB_SPLITS") == std::to_string(splits));
+      const char* n_names[3] = {"MMQB_N", "MMQB_N1", "MMQB_N2"};
+      const char* t_names[3] = {"MMQB_TYPE", "MMQB_TYPE1", "MMQB_TYPE2"};
+      for (size_t s = 0; s < 3; ++s) {
+        CHECK(m.spec.define(n_names[s]) == std::to_string(n[s]));
+        CHECK(m.spec.define(t_names[s]) == std::to_string(type[s]));
+      }
+      CHECK(m.min_rows == next);
+      CHECK(m.max_rows == std::min({tn, max_batch, kern::kMmqb3MaxRows}));
+      next = m.max_rows + 1;
+      CHECK(m.rule.at(1).grid.x == tiles);
+      CHECK(m.rule.at(1).grid.y == splits);
+      CHECK(m.rule.at(1).smem == std::max({kern::mmqbSmemBytes(type[0], tn), kern::mmqbSmemBytes(type[1], tn),
+                                           kern::mmqbSmemBytes(type[2], tn)}));
+      std::vector<uint32_t> written;
+      for (const KernelArgDesc& a : m.args)
+        if (a.kind == fb::ArgKind::Activation && a.access == fb::Access::Write) written.push_back(a.buffer);
+      CHECK(written == std::vector<uint32_t>{steps[i].outputs[0], steps[i + 1].outputs[0], steps[i + 2].outputs[0]});
+    }
+    // The step's own launches: q's, k's and v's in turn.
+    auto fused = fusedLaunches(l.desc, l.layouts, PlanVariant::kPrefill, i, 2, std::nullopt);
+    REQUIRE_MESSAGE(static_cast<bool>(fused), llvm::toString(fused.takeError()));
+    std::vector<std::string> want;
+    for (size_t j = 0; j < 3; ++j) {
+      auto own = launchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i + j);
+      REQUIRE_MESSAGE(static_cast<bool>(own), llvm::toString(own.takeError()));
+      for (const KernelLaunch& x : *own) want.push_back(x.spec.key);
+    }
+    std::vector<std::string> got;
+    for (const KernelLaunch& x : *fused) got.push_back(x.spec.key);
+    CHECK(got == want);
+    ++triples;
+  }
+  CHECK(triples == l.desc.config.n_layer);
+  // The Q4_K_M mix gives some layers a Q6_K v: the segments differ in type there.
+  CHECK(v_types == std::set<std::string>{std::to_string(static_cast<unsigned>(GgmlType::Q4_K)),
+                                         std::to_string(static_cast<unsigned>(GgmlType::Q6_K))});
+  // No fusion where the triple would not run: max_batch 4, fusion off, experts.
+  const Loaded small = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true, 4);
+  const Loaded moe = load(test::fixturesDir() + "/arch/models/tiny-qwen3moe-Q4_K_M.gguf", true, true);
+  for (const auto& [what, loaded, fuse] : {std::tuple{"max_batch 4", &small, true}, std::tuple{"fusion off", &l, false},
+                                          std::tuple{"experts", &moe, true}}) {
+    CAPTURE(what);
+    const std::vector<model::StepDesc>& ps = loaded->desc.plan.prefill;
+    auto f = planFusion(loaded->desc, loaded->layouts, PlanVariant::kPrefill,
+                        lastTokenTailBegin(ps, loaded->desc.plan.logits), gemv, fuse);
+    REQUIRE_MESSAGE(static_cast<bool>(f), llvm::toString(f.takeError()));
+    for (size_t i = 0; i < ps.size(); ++i)
+      if (ps[i].op == fb::OpKind::MatMul) CHECK_MESSAGE(f->followers[i] == 0, ps[i].name);
   }
 }
 

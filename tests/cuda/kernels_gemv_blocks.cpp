@@ -964,5 +964,129 @@ TEST_CASE("mmq_blocks: Q4_K and Q6_K blocks on f16 tensor cores, 1 … 64 rows, 
   }
 }
 
+// minfer_mmq_blocks3 (mmq_blocks.cuh MMQB_SEGMENTS 3: q, k and v of one q8 input in one launch) against three
+// minfer_mmq_blocks launches with the same constants and splits: every output bit for bit theirs (the same tiles, the
+// same split order), and each within its f16 bound of the CPU (f16MatmulBound). Segments of mixed types (the Q4_K_M
+// mix gives some layers a Q6_K v), row counts not multiples of the 128-row tile, biases on some, padded pitches; one
+// split and several (the counters zero again after each launch: each runs twice); tiles of 16, 32 and 64 tokens at 1, 9,
+// past half a tile and a full tile; nothing written past the call's rows.
+TEST_CASE("mmq_blocks3: q, k and v in one launch, bit for bit three mmq_blocks launches, mixed types, split-K") {
+  MINFER_REQUIRE_GPU(G);
+  struct Seg {
+    GgmlType type;
+    uint64_t rows;
+    bool bias, padded;
+  };
+  struct Case {
+    Seg seg[3];
+    uint64_t cols;
+    unsigned tn, splits;
+  };
+  const std::vector<Case> cases = {
+      {{{GgmlType::Q4_K, 300, true, false}, {GgmlType::Q4_K, 130, true, true}, {GgmlType::Q6_K, 100, true, false}}, 768, 32, 3},
+      {{{GgmlType::Q4_K, 3584, true, false}, {GgmlType::Q4_K, 512, true, false}, {GgmlType::Q6_K, 512, true, true}}, 3584, 16, 7},
+      {{{GgmlType::Q6_K, 7, false, true}, {GgmlType::Q6_K, 200, false, false}, {GgmlType::Q4_K, 129, true, false}}, 512, 32, 1},
+      {{{GgmlType::Q4_K, 1000, false, false}, {GgmlType::Q4_K, 256, false, true}, {GgmlType::Q4_K, 256, false, false}}, 2048, 16, 8},
+      {{{GgmlType::Q4_K, 3584, true, false}, {GgmlType::Q4_K, 512, true, false}, {GgmlType::Q6_K, 512, true, false}}, 3584, 64, 7},
+      {{{GgmlType::Q6_K, 50, false, false}, {GgmlType::Q4_K, 333, true, true}, {GgmlType::Q6_K, 64, true, false}}, 1024, 64, 2}};
+  const char* suffix[3] = {"", "1", "2"};
+  std::vector<codegen::KernelSpec> specs;
+  for (const Case& c : cases) {
+    std::vector<std::pair<std::string, std::string>> defs = {
+        {"MMQB_SEGMENTS", "3"}, {"MMQB_K", str(c.cols)}, {"MMQB_TN", str(c.tn)}, {"MMQB_SPLITS", str(c.splits)}};
+    std::string key = "mmq_blocks3_test_k" + str(c.cols) + "_tn" + str(c.tn) + "_s" + str(c.splits);
+    for (int j = 0; j < 3; ++j) {
+      const Seg& g = c.seg[j];
+      const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(g.type).type_size, 16));
+      const uint64_t pitch = c.cols / 256 * gp + (g.padded ? 32 : 0);
+      const std::string x = suffix[j];
+      for (const auto& d : std::vector<std::pair<std::string, std::string>>{
+               {"MMQB_N" + x, str(g.rows)}, {"MMQB_TYPE" + x, str(static_cast<unsigned>(g.type))},
+               {"MMQB_PITCH" + x, str(pitch)}, {"MMQB_GROUP_PITCH" + x, str(gp)}, {"MMQB_HAS_BIAS" + x, g.bias ? "1" : "0"}})
+        defs.push_back(d);
+      key += "_" + codegen::typeTag(static_cast<uint32_t>(g.type)) + "n" + str(g.rows) + (g.bias ? "b" : "") +
+             (g.padded ? "p" : "");
+      specs.push_back(spec(key + "_alone" + str(j), "kernels/mmq_blocks.cuh", "minfer_mmq_blocks",
+                           {{"MMQB_N", str(g.rows)}, {"MMQB_K", str(c.cols)}, {"MMQB_TYPE", str(static_cast<unsigned>(g.type))},
+                            {"MMQB_PITCH", str(pitch)}, {"MMQB_GROUP_PITCH", str(gp)}, {"MMQB_TN", str(c.tn)},
+                            {"MMQB_SPLITS", str(c.splits)}, {"MMQB_HAS_BIAS", g.bias ? "1" : "0"}}));
+    }
+    specs.push_back(spec(key, "kernels/mmq_blocks.cuh", "minfer_mmq_blocks3", defs));
+  }
+  std::vector<Kernel> k = compile(specs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const Kernel& fused = k[4 * i + 3];
+    CAPTURE(fused.key);
+    const int max_rows = static_cast<int>(c.tn);
+    const HostQ8 hq = quantizeHost(activations(max_rows, static_cast<int>(c.cols)), max_rows, static_cast<int>(c.cols));
+    DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta);
+    unsigned n[3], type[3];
+    std::vector<RandomWeight> rw;
+    std::vector<DeviceArray> w, bias, got, alone;
+    std::vector<std::vector<float>> want;
+    std::vector<std::vector<double>> bound;
+    for (int j = 0; j < 3; ++j) {
+      const Seg& g = c.seg[j];
+      n[j] = static_cast<unsigned>(g.rows);
+      type[j] = static_cast<unsigned>(g.type);
+      rw.push_back(makeRandomWeight(g.type, g.rows, c.cols, rng(), 0.5f));
+      const std::vector<float> bias_v = randomFloats(n[j], rng());
+      w.push_back(DeviceArray::of(alignedBlocksPlane(rw.back(), g.padded).bytes));
+      bias.push_back(DeviceArray::of(bias_v));
+      got.emplace_back(static_cast<uint64_t>(max_rows) * n[j] * 4);
+      alone.emplace_back(static_cast<uint64_t>(max_rows) * n[j] * 4);
+      want.push_back(cpuBlocksMatmul(rw.back(), g.bias ? bias_v.data() : nullptr, hq.deq, max_rows));
+      bound.push_back(f16MatmulBound(rw.back(), hq.deq, max_rows));
+    }
+    DeviceArray partial(std::max<uint64_t>(16, kern::mmqb3PartialBytes(n, c.tn, c.splits))),
+        counters = DeviceArray::of(std::vector<uint32_t>(kern::mmqb3CounterBytes(n) / 4, 0));
+    std::vector<DeviceArray> alone_partial, alone_counters;
+    for (int j = 0; j < 3; ++j) {
+      alone_partial.emplace_back(std::max<uint64_t>(16, kern::mmqbPartialBytes(n[j], c.tn, c.splits)));
+      alone_counters.push_back(DeviceArray::of(std::vector<uint32_t>(kern::mmqbCounterBytes(n[j]) / 4, 0)));
+    }
+    const kern::LaunchShape sh = kern::mmqb3LaunchRule(n, type, c.tn, c.splits).at(1);
+    CHECK(sh.grid.x == kern::mmqb3Tiles(n));
+    for (int tokens : {1, 9, max_rows / 2 + 3, max_rows}) {
+      for (int rep = 0; rep < 2; ++rep) {  // the counters must be zero again for the second launch's sums
+        CAPTURE(tokens);
+        CAPTURE(rep);
+        CUdeviceptr pw[3], pb[3], po[3];
+        for (int j = 0; j < 3; ++j) {
+          got[j].poison();
+          alone[j].poison();
+          pw[j] = w[j].ptr();
+          pb[j] = c.seg[j].bias ? bias[j].ptr() : 0;
+          po[j] = got[j].ptr();
+        }
+        CUdeviceptr a = xq.ptr(), b = xm.ptr(), pp = c.splits > 1 ? partial.ptr() : 0, pc = counters.ptr();
+        launch(fused, sh, {&pw[0], &pb[0], &pw[1], &pb[1], &pw[2], &pb[2], &a, &b, &po[0], &po[1], &po[2], &pp, &pc, &tokens});
+        for (int j = 0; j < 3; ++j) {
+          CAPTURE(j);
+          CUdeviceptr o = alone[j].ptr(), ap = c.splits > 1 ? alone_partial[j].ptr() : 0, ac = alone_counters[j].ptr();
+          launch(k[4 * i + j], kern::mmqbLaunchRule(n[j], type[j], c.tn, c.splits).at(1),
+                 {&pw[j], &pb[j], &a, &b, &o, &ap, &ac, &tokens});
+          const std::vector<float> all = got[j].download<float>(static_cast<size_t>(max_rows) * n[j]);
+          const std::vector<float> ref = alone[j].download<float>(static_cast<size_t>(max_rows) * n[j]);
+          const size_t used = static_cast<size_t>(tokens) * n[j];
+          CHECK(std::memcmp(all.data(), ref.data(), used * 4) == 0);
+          double worst = 0;
+          for (size_t e = 0; e < used; ++e) {
+            if (!std::isfinite(all[e])) worst = INFINITY;
+            worst = std::max(worst, std::fabs(static_cast<double>(all[e]) - want[j][e]) / bound[j][e]);
+          }
+          CHECK(track("mmq_blocks3 (fraction of the f16 bound)", worst) <= kMmqBlocksBoundFraction);
+          size_t written_past = 0;  // poison is NaN: a written value past the call's rows is a number
+          for (size_t e = used; e < all.size(); ++e) written_past += !std::isnan(all[e]);
+          CHECK(written_past == 0);
+        }
+      }
+    }
+    const size_t words = kern::mmqb3CounterBytes(n) / 4;
+    CHECK(counters.download<uint32_t>(words) == std::vector<uint32_t>(words, 0));
+  }
+}
+
 }  // namespace
 }  // namespace minfer::test::gpu

@@ -227,6 +227,11 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
       if (!fits(k)) return false;
     return true;
   };
+  // q, k, v of one q8 input in the prefill plan: batched steps of a few rows run them as one mmq_blocks launch (their
+  // small-batch launches), longer ones as their own launches.
+  if (gemv.qkv && variant == PlanVariant::kPrefill && fitsAll(i + 2) && gemvTripleChain(steps, i) &&
+      fusesMmqbTriple(ctx(i), ctx(i + 1), ctx(i + 2)))
+    return 2;
   if (gemv.glu && variant == PlanVariant::kDecode && fitsAll(i + 3) && gateUpGluChain(steps, i) &&
       fusesGateUp(ctx(i), ctx(i + 1)))
     return 3;
@@ -278,6 +283,16 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
       return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), nullptr, input_norm);
     const StepContext quant = ctx(i + 5);
     return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), &quant, input_norm);
+  }
+  if (variant == PlanVariant::kPrefill && followers == 2 && gemvTripleChain(steps, i)) {
+    // The prefill q, k, v (their small-batch launches fused: smallLaunchesForStep): each step's own launches in turn.
+    std::vector<KernelLaunch> all;
+    for (size_t k = 0; k < 3; ++k) {
+      auto own = launchesForStep(desc, layouts, variant, i + k);
+      if (!own) return own.takeError();
+      for (KernelLaunch& l : *own) all.push_back(std::move(l));
+    }
+    return all;
   }
   if (followers == 2 && gemvTripleChain(steps, i)) return gemvTripleLaunches(producer, next, ctx(i + 2), input_norm);
   if (followers == 3 && gateUpGluChain(steps, i))

@@ -315,6 +315,47 @@ Launches smallBatchMatmul(const StepContext& c, const MatMulOperands& m) {
   return std::vector<KernelLaunch>{{b.spec, std::move(args), kern::gemmSmallLaunchRule(n, splits)}};
 }
 
+// The kBlocks plane a prefill MatMul's small-batch launches read (Q4_K, Q6_K, as the decode GEMV) where its input is
+// q8 and the weight has no kI8 plane (minfer_gemm_small reads that one); null otherwise.
+const StrideTable* smallBatchBlocks(const StepContext& c, const MatMulOperands& m) {
+  auto qin = c.input(1, "quantized input");
+  if (!qin) {
+    llvm::consumeError(qin.takeError());
+    return nullptr;
+  }
+  const bool q8 = (*qin)->type == fb::BufferType::I8 && (*qin)->width == m.k;
+  if (!q8 || m.n > (uint64_t{1} << 30) || m.k > (uint64_t{1} << 30) || findPlane(*m.w, PlaneKind::kI8)) return nullptr;
+  return decodeBlocksPlane(*m.w);
+}
+
+// The batched GEMV of a small-batch step (gemv_blocks.cuh GEMVB_BATCH: the decode GEMV's sums for each row, one
+// weight pass), serving every row count up to its GEMVB_BATCH unless bounded.
+KernelLaunch batchedGemvLaunch(const StepContext& c, const MatMulOperands& m, const StrideTable& blk) {
+  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
+  SpecBuilder b = blocksGemvSpec("gemv_batch", "minfer_gemv_batch", blk, m);
+  b.define("GEMVB_BATCH", uint64_t{kern::kGemvBatchMaxRows});
+  std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), blk), biasArg(c, m)};
+  pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
+  args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
+  args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+  return {b.spec, std::move(args), kern::gemvBlocksLaunchRule(n, kern::gemvBlocksShape(n, k))};
+}
+
+// The mmq_blocks tiles of a small-batch step and the rows each serves: 16 tokens from kMmqbFromRows, then 32, then
+// 64, up to min(most, max_batch) rows (`most`: kMmqbMaxRows, or kMmqb3MaxRows for minfer_mmq_blocks3); `make(tn)`
+// builds the launch of one tile.
+template <class Make>
+void pushMmqbTiles(std::vector<KernelLaunch>& out, unsigned rows, unsigned most, Make make) {
+  for (const unsigned tn : {16u, 32u, 64u}) {
+    const unsigned first = tn == 16 ? kern::kMmqbFromRows : tn / 2 + 1;
+    if (first > rows || first > most) break;
+    KernelLaunch l = make(tn);
+    l.min_rows = first;
+    l.max_rows = std::min({tn, rows, most});
+    out.push_back(std::move(l));
+  }
+}
+
 // The small-batch forms of a prefill MatMul on the GGUF blocks, for a weight with a kBlocks plane the decode GEMV reads
 // (Q4_K, Q6_K) and a q8 input (nothing otherwise), each serving its range of rows (format 1.10 Launch.min_rows and
 // max_rows), up to min(kMmqbMaxRows, max_batch): the batched GEMV (kernels/gemv_blocks.cuh GEMVB_BATCH, the decode
@@ -328,24 +369,15 @@ Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
   const bool q8 = (*qin)->type == fb::BufferType::I8 && (*qin)->width == m.k;
   if (!blk || !q8 || m.n > (uint64_t{1} << 30) || m.k > (uint64_t{1} << 30)) return std::vector<KernelLaunch>{};
   const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k), rows = c.maxBatch();
-  std::vector<KernelLaunch> out;
-  SpecBuilder b = blocksGemvSpec("gemv_batch", "minfer_gemv_batch", *blk, m);
-  b.define("GEMVB_BATCH", uint64_t{kern::kGemvBatchMaxRows});
-  std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), *blk), biasArg(c, m)};
-  pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
-  args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
-  args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-  out.push_back({b.spec, args, kern::gemvBlocksLaunchRule(n, kern::gemvBlocksShape(n, k))});
+  std::vector<KernelLaunch> out{batchedGemvLaunch(c, m, *blk)};
   // Not in models with experts: mmq_blocks's f16 rounding moved a near-tie router row to another expert
   // (kMmqbFromRows' comment), where the batched GEMV's sums are the single-sequence decode's.
   if (rows < kern::kMmqbFromRows || c.hasExperts()) return out;
   out.back().max_rows = kern::kMmqbFromRows - 1;
   // A step of the last-token tail may not use scratch (it runs on one row, see wgmmaMatmul): one split there.
   const unsigned splits = c.inTail() ? 1u : kern::mmqbSplits(n, k);
-  static_assert(kern::kMmqbMaxRows <= 32, "the tiles below serve up to 32 rows");
-  for (const unsigned tn : {16u, 32u}) {
-    const unsigned first = tn == 16 ? kern::kMmqbFromRows : 17;
-    if (first > rows || first > kern::kMmqbMaxRows) break;
+  const std::vector<KernelArgDesc> args = out.back().args;  // a copy: out grows below
+  pushMmqbTiles(out, rows, kern::kMmqbMaxRows, [&](unsigned tn) {
     SpecBuilder mb(llvm::formatv("mmq_blocks_{0}_g{1}_n{2}_k{3}_t{4}_s{5}{6}", typeTag(blk->ggml_type), blk->group_pitch,
                                  n, k, tn, splits, m.bias_tag),
                    "kernels/mmq_blocks.cuh", "minfer_mmq_blocks");
@@ -360,11 +392,8 @@ Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
     std::vector<KernelArgDesc> margs(args.begin(), args.end() - 1);  // w, bias, xq, xmeta, out
     pushSplitKArgs(margs, kern::mmqbPartialBytes(n, tn, splits), kern::mmqbCounterBytes(n), splits);
     margs.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-    KernelLaunch l{mb.spec, std::move(margs), kern::mmqbLaunchRule(n, blk->ggml_type, tn, splits)};
-    l.min_rows = first;
-    l.max_rows = std::min({tn, rows, kern::kMmqbMaxRows});
-    out.push_back(std::move(l));
-  }
+    return KernelLaunch{mb.spec, std::move(margs), kern::mmqbLaunchRule(n, blk->ggml_type, tn, splits)};
+  });
   return out;
 }
 
@@ -696,10 +725,79 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
   return launches;
 }
 
+bool fusesMmqbTriple(const StepContext& a, const StepContext& b, const StepContext& c) {
+  const StepContext* mm[3] = {&a, &b, &c};
+  std::optional<MatMulOperands> m[3];
+  for (int i = 0; i < 3; ++i) {
+    m[i] = fusibleOperands(*mm[i]);
+    if (!mm[i]->prefill() || mm[i]->inTail() || !m[i] || !smallBatchBlocks(*mm[i], *m[i]) || m[i]->k != m[0]->k ||
+        mm[i]->step().inputs != a.step().inputs)
+      return false;
+  }
+  return a.maxBatch() >= kern::kMmqbFromRows && !a.hasExperts() && a.outputId(0) != b.outputId(0) &&
+         a.outputId(0) != c.outputId(0) && b.outputId(0) != c.outputId(0);
+}
+
+llvm::Expected<SmallLaunches> mmqbTripleSmallLaunches(const StepContext& a, const StepContext& b, const StepContext& c) {
+  if (!fusesMmqbTriple(a, b, c)) return a.error("the three matmuls cannot run as one small-batch mmq_blocks launch");
+  const StepContext* mm[3] = {&a, &b, &c};
+  MatMulOperands m[3];
+  const StrideTable* blk[3];
+  unsigned n[3], type[3];
+  SmallLaunches out;
+  for (int i = 0; i < 3; ++i) {
+    m[i] = *fusibleOperands(*mm[i]);
+    blk[i] = smallBatchBlocks(*mm[i], m[i]);
+    n[i] = static_cast<unsigned>(m[i].n);
+    type[i] = blk[i]->ggml_type;
+    out.launches.push_back(batchedGemvLaunch(*mm[i], m[i], *blk[i]));
+    out.launches.back().max_rows = kern::kMmqbFromRows - 1;
+  }
+  const unsigned k = static_cast<unsigned>(m[0].k), tiles = kern::mmqb3Tiles(n);
+  const unsigned splits = kern::mmqbSplits(tiles * kern::kMmqbTM, k);
+  std::string segs;
+  for (int i = 0; i < 3; ++i)
+    segs += llvm::formatv("_{0}g{1}n{2}{3}", typeTag(type[i]), blk[i]->group_pitch, n[i], m[i].bias_tag).str();
+  pushMmqbTiles(out.launches, a.maxBatch(), kern::kMmqb3MaxRows, [&](unsigned tn) {
+    SpecBuilder sb(llvm::formatv("mmq_blocks3{0}_k{1}_t{2}_s{3}", segs, k, tn, splits), "kernels/mmq_blocks.cuh",
+                   "minfer_mmq_blocks3");
+    sb.define("MMQB_SEGMENTS", uint64_t{3}).define("MMQB_K", m[0].k).define("MMQB_TN", uint64_t{tn});
+    sb.define("MMQB_SPLITS", uint64_t{splits});
+    const char* names[3][5] = {{"MMQB_N", "MMQB_TYPE", "MMQB_PITCH", "MMQB_GROUP_PITCH", "MMQB_HAS_BIAS"},
+                               {"MMQB_N1", "MMQB_TYPE1", "MMQB_PITCH1", "MMQB_GROUP_PITCH1", "MMQB_HAS_BIAS1"},
+                               {"MMQB_N2", "MMQB_TYPE2", "MMQB_PITCH2", "MMQB_GROUP_PITCH2", "MMQB_HAS_BIAS2"}};
+    for (int i = 0; i < 3; ++i)
+      sb.define(names[i][0], m[i].n)
+          .define(names[i][1], uint64_t{type[i]})
+          .define(names[i][2], blk[i]->row_pitch)
+          .define(names[i][3], uint64_t{blk[i]->group_pitch})
+          .define(names[i][4], uint64_t{m[i].bias ? 1u : 0u});
+    const char* w_names[3] = {"w0", "w1", "w2"};
+    const char* b_names[3] = {"bias0", "bias1", "bias2"};
+    const char* out_names[3] = {"out0", "out1", "out2"};
+    std::vector<KernelArgDesc> args;
+    for (int i = 0; i < 3; ++i) {
+      args.push_back(weightArg(w_names[i], mm[i]->weightId(0), *blk[i]));
+      args.push_back(biasArg(*mm[i], m[i], b_names[i]));
+    }
+    pushQ8Args(args, "xq", "xmeta", a.inputId(1), k, fb::Access::Read);
+    for (int i = 0; i < 3; ++i) args.push_back(activationArg(out_names[i], mm[i]->outputId(0), n[i], fb::Access::Write));
+    pushSplitKArgs(args, kern::mmqb3PartialBytes(n, tn, splits), kern::mmqb3CounterBytes(n), splits);
+    args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+    return KernelLaunch{sb.spec, std::move(args), kern::mmqb3LaunchRule(n, type, tn, splits)};
+  });
+  out.rows = out.launches.back().max_rows;
+  return out;
+}
+
 llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
                                                    size_t step_index, size_t followers) {
   const StepContext c(desc, layouts, variant, step_index);
+  // q, k, v fused for their small-batch steps (fusedFollowers): their batched GEMVs and one mmq_blocks launch.
+  if (variant == PlanVariant::kPrefill && followers == 2 && c.step().op == fb::OpKind::MatMul)
+    return mmqbTripleSmallLaunches(c, StepContext(desc, layouts, variant, step_index + 1),
+                                   StepContext(desc, layouts, variant, step_index + 2));
   if (variant != PlanVariant::kPrefill || followers != 0 || c.step().op != fb::OpKind::MatMul) return SmallLaunches{};
   auto m = operands(c);
   if (!m) return m.takeError();

@@ -194,6 +194,12 @@ Launches deferredNormMatmulLaunches(const StepContext& c, const StepContext& nor
 // distinct outputs, kBlocks planes the decode GEMV reads (any mix of Q4_K and Q6_K, pitches and biases), the same
 // k, and gemvBlocksShape giving the three the same warps and unroll.
 bool fusesGemvTriple(const StepContext& a, const StepContext& b, const StepContext& c);
+// Whether three prefill MatMul steps of one q8 input (q, k, v) can take one small-batch launch, minfer_mmq_blocks3
+// (kernels/mmq_blocks.cuh MMQB_SEGMENTS 3): not in the last-token tail, distinct outputs, the same k, each weight on a
+// kBlocks plane the decode GEMV reads and without a kI8 plane (as smallLaunchesForStep's mmq_blocks), max_batch ≥
+// kMmqbFromRows and no experts. fusedFollowers then fuses them (the step's launches: the three steps' own in turn;
+// its small-batch launches: mmqbTripleSmallLaunches).
+bool fusesMmqbTriple(const StepContext& a, const StepContext& b, const StepContext& c);
 // Their launch: minfer_gemv_triple, writing the three outputs as their own minfer_gemv_blocks launches would. An
 // error naming step `a` unless fusesGemvTriple. `norm` (here and in the pair, GLU and QKV launches below): the
 // deferred RmsNorm whose q8 form the chain reads (planFusion's input_norm), or null.
@@ -306,6 +312,11 @@ struct SmallLaunches {
 llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
                                                    size_t step_index, size_t followers);
+// The small-batch launches of prefill q, k, v that fusesMmqbTriple allows (smallLaunchesForStep with 2 followers):
+// each step's batched GEMV below kMmqbFromRows rows, then minfer_mmq_blocks3 in tiles of 16, 32 and 64 tokens up to
+// min(kMmqb3MaxRows, max_batch), split over K as mmqbSplits gives for the three matrices' row tiles together; each
+// output as minfer_mmq_blocks would write it with those splits. An error naming step `a` unless fusesMmqbTriple.
+llvm::Expected<SmallLaunches> mmqbTripleSmallLaunches(const StepContext& a, const StepContext& b, const StepContext& c);
 // The check the q8 forms make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
 llvm::Error checkFusedQuantize(const StepContext& quant, uint32_t width);
 
