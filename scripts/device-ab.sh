@@ -4,7 +4,7 @@
 # e.g. a copy of the previous pack), each compiling its own artifact of the same GGUF, alternated in rounds so
 # that drift in the machine's speed hits all alike. MINFER_AB_VARIANT (compile flags, e.g. --fuse-gemv=none;
 # several sets separated by '|'): more artifacts compiled by the current pack with those flags, measured in the
-# same rounds ("variant N"). MINFER_AB_BENCH_VARIANT (minfer-bench flags, e.g. --logits-copy; several sets separated by
+# same rounds ("variant N"). MINFER_AB_PACKS: more packs, measured likewise. MINFER_AB_BENCH_VARIANT (minfer-bench flags, e.g. --logits-copy; several sets separated by
 # '|'): more runs of the current pack on its own artifact with those flags ("bench variant N"). MINFER_AB_MODEL: the
 # minfer-synth model (default qwen2-7b); MINFER_AB_DEPTH=0 leaves the tg128 @ d4096 rounds out. MINFER_AB_PARALLEL
 # (e.g. 8,32,64): batched rounds instead (minfer-bench --parallel, 128 prompt + 128 generated tokens per sequence, as
@@ -17,6 +17,11 @@ if [ -f .bin/base.tar.xz ]; then
   names+=(base); bins+=("$BW/bin"); files+=(/tmp/q7base.mfb); flags+=("")
 fi
 names+=(new); bins+=("$B"); files+=(/tmp/q7new.mfb); flags+=("")
+# MINFER_AB_PACKS: more packs (paths in the checkout, e.g. .bin/variant.tar.xz), each compiling its own artifact.
+for p in ${MINFER_AB_PACKS:-}; do
+  PW=$(mktemp -d); tar -C "$PW" -xJf "$p"
+  names+=("pack $p"); bins+=("$PW/bin"); files+=("/tmp/q7$(basename "$p" .tar.xz).mfb"); flags+=("")
+done
 {
   model=${MINFER_AB_MODEL:-qwen2-7b}
   [ -f "/tmp/$model.gguf" ] || timeout 200 "$B/minfer-synth" "$model" --types q4_k_m -o "/tmp/$model.gguf"
