@@ -884,6 +884,22 @@ std::vector<double> f16MatmulBound(const RandomWeight& w, const std::vector<floa
   return bound;
 }
 
+// The first `used` values of a launch's output `got` against `want`, each within its f16 bound (f16MatmulBound; the
+// worst fraction tracked as `what`, at most kMmqBlocksBoundFraction), and nothing written past them (poison is NaN: a
+// written value there is a number).
+void checkWithinF16Bound(const char* what, const std::vector<float>& got, const std::vector<float>& want,
+                         const std::vector<double>& bound, size_t used) {
+  double worst = 0;  // the largest |got − want| as a fraction of its bound
+  for (size_t j = 0; j < used; ++j) {
+    if (!std::isfinite(got[j])) worst = INFINITY;
+    worst = std::max(worst, std::fabs(static_cast<double>(got[j]) - want[j]) / bound[j]);
+  }
+  CHECK(track(what, worst) <= kMmqBlocksBoundFraction);
+  size_t written_past = 0;
+  for (size_t j = used; j < got.size(); ++j) written_past += !std::isnan(got[j]);
+  CHECK(written_past == 0);
+}
+
 // minfer_mmq_blocks (mmq_blocks.cuh: the small-batch MatMul on the blocks, f16 tensor cores; the activations converted
 // to an f16 tile in shared memory, the weights dequantized in registers) against the CPU matmul on the exact block
 // values and the dequantized q8 activations (cpuBlocksMatmul). The kernel rounds s, m, each weight (one f16 fma), d and each activation (one f16 product) to
@@ -947,16 +963,7 @@ TEST_CASE("mmq_blocks: Q4_K and Q6_K blocks on f16 tensor cores, 1 … 64 rows, 
                     pp = c.splits > 1 ? partial.ptr() : 0, pc = counters.ptr();
         launch(k[i], sh, {&pw_, &pb, &a, &b, &o, &pp, &pc, &tokens});
         const std::vector<float> all = got.download<float>(static_cast<size_t>(max_rows) * n);
-        const size_t used = static_cast<size_t>(tokens) * n;
-        double worst = 0;  // the largest |got − want| as a fraction of its bound
-        for (size_t j = 0; j < used; ++j) {
-          if (!std::isfinite(all[j])) worst = INFINITY;
-          worst = std::max(worst, std::fabs(static_cast<double>(all[j]) - want[j]) / bound[j]);
-        }
-        CHECK(track("mmq_blocks (fraction of the f16 bound)", worst) <= kMmqBlocksBoundFraction);
-        size_t written_past = 0;  // poison is NaN: a written value past the call's rows is a number
-        for (size_t j = used; j < all.size(); ++j) written_past += !std::isnan(all[j]);
-        CHECK(written_past == 0);
+        checkWithinF16Bound("mmq_blocks (fraction of the f16 bound)", all, want, bound, static_cast<size_t>(tokens) * n);
       }
     }
     const size_t words = kern::mmqbCounterBytes(n) / 4;
@@ -1071,15 +1078,7 @@ TEST_CASE("mmq_blocks3: q, k and v in one launch, bit for bit three mmq_blocks l
           const std::vector<float> ref = alone[j].download<float>(static_cast<size_t>(max_rows) * n[j]);
           const size_t used = static_cast<size_t>(tokens) * n[j];
           CHECK(std::memcmp(all.data(), ref.data(), used * 4) == 0);
-          double worst = 0;
-          for (size_t e = 0; e < used; ++e) {
-            if (!std::isfinite(all[e])) worst = INFINITY;
-            worst = std::max(worst, std::fabs(static_cast<double>(all[e]) - want[j][e]) / bound[j][e]);
-          }
-          CHECK(track("mmq_blocks3 (fraction of the f16 bound)", worst) <= kMmqBlocksBoundFraction);
-          size_t written_past = 0;  // poison is NaN: a written value past the call's rows is a number
-          for (size_t e = used; e < all.size(); ++e) written_past += !std::isnan(all[e]);
-          CHECK(written_past == 0);
+          checkWithinF16Bound("mmq_blocks3 (fraction of the f16 bound)", all, want[j], bound[j], used);
         }
       }
     }
