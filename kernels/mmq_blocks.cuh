@@ -1,5 +1,6 @@
 // Small-batch matmul straight from GGUF blocks on f16 tensor cores (OpKind MatMul, 1 … MMQB_TN q8 rows; the codegen
-// gives it the batched steps of kMmqbFromRows … kMmqbMaxRows rows): out = x · Wᵀ for a kBlocks plane of Q4_K or Q6_K (the plane the decode GEMV,
+// gives it the batched steps of kMmqbFromRows … kMmqbMaxRows rows, and the fused q, k, v form below those up to
+// kMmqb3MaxRows): out = x · Wᵀ for a kBlocks plane of Q4_K or Q6_K (the plane the decode GEMV,
 // gemv_blocks.cuh, reads), so a step of many sequences streams the GGUF's weight bytes once instead of the f16
 // plane of the Hopper prefill GEMM (3.6× the bytes at Q4_K), and its dot products run on tensor cores instead of
 // the batched GEMV's dp4a (compute-bound past 4 rows).
@@ -33,7 +34,8 @@
 //   MMQB_PITCH            the kBlocks plane's row pitch (bytes, multiple of 16)
 //   MMQB_GROUP_PITCH      its group pitch: bytes from one block to the next (multiple of 16, ≥ the block)
 //   MMQB_TN               tokens per tile, 16, 32 or 64: the most rows a launch takes (more trap)
-//   MMQB_SPLITS           splits of K (1 … K/256): mmqbSplits(N, K)
+//   MMQB_SPLITS           splits of K (1 … K/256): mmqbSplits(N, K) (the fused form: mmqbSplits(128 · its row
+//                         tiles, K))
 //   MMQB_HAS_BIAS         bias vector (N f32)
 //   MMQB_SEGMENTS         1 (default: minfer_mmq_blocks) or 3 (minfer_mmq_blocks3, below)
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
@@ -174,7 +176,7 @@ static_assert(static_cast<unsigned long long>(kTN) * kK < (1ull << 31), "loadSta
 // One weight matrix of the launch (a segment: the plain kernel has one, minfer_mmq_blocks3 three): its rows, its
 // kBlocks plane's type, row pitch and group pitch, whether it has a bias; the stage layout that follows from its type.
 template <int kN_, int kType_, unsigned long long kPitch_, unsigned kGroupPitch_, bool kBias_>
-struct Seg {
+struct Segment {
   static constexpr int kN = kN_;
   static constexpr bool kQ4K = kType_ == 12;
   static constexpr unsigned long long kPitch = kPitch_;
@@ -547,10 +549,10 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
     }
 }
 
-using Seg0 = Seg<MMQB_N, MMQB_TYPE, MMQB_PITCH, MMQB_GROUP_PITCH, MMQB_HAS_BIAS != 0>;
+using Segment0 = Segment<MMQB_N, MMQB_TYPE, MMQB_PITCH, MMQB_GROUP_PITCH, MMQB_HAS_BIAS != 0>;
 #if MMQB_SEGMENTS == 3
-using Seg1 = Seg<MMQB_N1, MMQB_TYPE1, MMQB_PITCH1, MMQB_GROUP_PITCH1, MMQB_HAS_BIAS1 != 0>;
-using Seg2 = Seg<MMQB_N2, MMQB_TYPE2, MMQB_PITCH2, MMQB_GROUP_PITCH2, MMQB_HAS_BIAS2 != 0>;
+using Segment1 = Segment<MMQB_N1, MMQB_TYPE1, MMQB_PITCH1, MMQB_GROUP_PITCH1, MMQB_HAS_BIAS1 != 0>;
+using Segment2 = Segment<MMQB_N2, MMQB_TYPE2, MMQB_PITCH2, MMQB_GROUP_PITCH2, MMQB_HAS_BIAS2 != 0>;
 #endif
 
 }  // namespace minfer::kern::mmqb
@@ -564,7 +566,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   if (n_tokens > kTN) __trap();  // more rows than a tile holds (the launch's max_rows is MMQB_TN)
   minfer::kern::overlapPrologue();
   extern __shared__ __align__(16) uint8_t smem[];
-  mmqbTile<Seg0>(smem, blockIdx.x * kTM, blockIdx.y, w, bias, xq, xmeta, out, partial, 0, Seg0::kN,
+  mmqbTile<Segment0>(smem, blockIdx.x * kTM, blockIdx.y, w, bias, xq, xmeta, out, partial, 0, Segment0::kN,
                  counters + blockIdx.x, n_tokens);
 }
 #elif MMQB_SEGMENTS == 3
@@ -580,17 +582,17 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   if (n_tokens > kTN) __trap();  // more rows than a tile holds (the launch's max_rows is MMQB_TN)
   minfer::kern::overlapPrologue();
   extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int kRows = Seg0::kN + Seg1::kN + Seg2::kN;
+  constexpr int kRows = Segment0::kN + Segment1::kN + Segment2::kN;
   const int tile = blockIdx.x, split = blockIdx.y;
   unsigned* const counter = counters + tile;
-  if (tile < Seg0::kTiles)
-    mmqbTile<Seg0>(smem, tile * kTM, split, w0, bias0, xq, xmeta, out0, partial, 0, kRows, counter, n_tokens);
-  else if (tile < Seg0::kTiles + Seg1::kTiles)
-    mmqbTile<Seg1>(smem, (tile - Seg0::kTiles) * kTM, split, w1, bias1, xq, xmeta, out1, partial, Seg0::kN, kRows,
+  if (tile < Segment0::kTiles)
+    mmqbTile<Segment0>(smem, tile * kTM, split, w0, bias0, xq, xmeta, out0, partial, 0, kRows, counter, n_tokens);
+  else if (tile < Segment0::kTiles + Segment1::kTiles)
+    mmqbTile<Segment1>(smem, (tile - Segment0::kTiles) * kTM, split, w1, bias1, xq, xmeta, out1, partial, Segment0::kN, kRows,
                    counter, n_tokens);
   else
-    mmqbTile<Seg2>(smem, (tile - Seg0::kTiles - Seg1::kTiles) * kTM, split, w2, bias2, xq, xmeta, out2, partial,
-                   Seg0::kN + Seg1::kN, kRows, counter, n_tokens);
+    mmqbTile<Segment2>(smem, (tile - Segment0::kTiles - Segment1::kTiles) * kTM, split, w2, bias2, xq, xmeta, out2, partial,
+                   Segment0::kN + Segment1::kN, kRows, counter, n_tokens);
 }
 #else
 #error "MMQB_SEGMENTS must be 1 or 3"

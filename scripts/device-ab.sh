@@ -18,9 +18,11 @@ if [ -f .bin/base.tar.xz ]; then
 fi
 names+=(new); bins+=("$B"); files+=(/tmp/q7new.mfb); flags+=("")
 # MINFER_AB_PACKS: more packs (paths in the checkout, e.g. .bin/variant.tar.xz), each compiling its own artifact.
+j=0
 for p in ${MINFER_AB_PACKS:-}; do
   PW=$(mktemp -d); tar -C "$PW" -xJf "$p"
-  names+=("pack $p"); bins+=("$PW/bin"); files+=("/tmp/q7$(basename "$p" .tar.xz).mfb"); flags+=("")
+  names+=("pack $p"); bins+=("$PW/bin"); files+=("/tmp/q7pack$j.mfb"); flags+=("")
+  j=$((j + 1))
 done
 {
   model=${MINFER_AB_MODEL:-qwen2-7b}
@@ -39,22 +41,24 @@ done
   if [ -n "${MINFER_AB_PARALLEL:-}" ]; then
     for r in 1 2; do
       for i in "${!names[@]}"; do
-        # shellcheck disable=SC2086
         echo "== parallel round $r ${names[$i]}"
+        # shellcheck disable=SC2086  # the flags are words
         timeout 200 "${bins[$i]}/minfer-bench" "${files[$i]}" --parallel "$MINFER_AB_PARALLEL" -p 128 -n 128 -r 2 ${flags[$i]}
       done
     done
   fi
   for r in $([ -n "${MINFER_AB_PARALLEL:-}" ] || echo 1 2 3); do
     for i in "${!names[@]}"; do
+      echo "== round $r ${names[$i]}"
       # shellcheck disable=SC2086  # the flags are words
-      echo "== round $r ${names[$i]}"; timeout 120 "${bins[$i]}/minfer-bench" "${files[$i]}" -p 0 -n 128 -r 3 ${flags[$i]}
+      timeout 120 "${bins[$i]}/minfer-bench" "${files[$i]}" -p 0 -n 128 -r 3 ${flags[$i]}
     done
   done
   for r in $([ "${MINFER_AB_DEPTH:-1}" = 0 ] || [ -n "${MINFER_AB_PARALLEL:-}" ] || echo 1 2); do
     for i in "${!names[@]}"; do
-      # shellcheck disable=SC2086
-      echo "== depth round $r ${names[$i]}"; timeout 120 "${bins[$i]}/minfer-bench" "${files[$i]}" -p 0 -n 128 -d 4096 -r 2 ${flags[$i]}
+      echo "== depth round $r ${names[$i]}"
+      # shellcheck disable=SC2086  # the flags are words
+      timeout 120 "${bins[$i]}/minfer-bench" "${files[$i]}" -p 0 -n 128 -d 4096 -r 2 ${flags[$i]}
     done
   done
 } > "$OUT/ab.log" 2>&1

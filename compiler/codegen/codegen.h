@@ -35,7 +35,12 @@ struct CodegenOptions {
   // sits between them and the RoPE, the three GEMVs alone in one launch),
   // with fuse_glu the decode gate|up GEMVs with their GLU (off by default: slower on the H200,
   // BENCHMARKS.md), with fuse_pair (the default) two decode GEMVs of one input (gate and up) in one launch.
-  // Off: every step launches its own kernels (the same results, bit for bit, where fuse_norm does not apply).
+  // fuse_qkv also gives the prefill q, k, v one small-batch launch (minfer_mmq_blocks3, ops/op_family.h
+  // fusesMmqbTriple) for calls of kMmqbFromRows … kMmqb3MaxRows rows on sm_90a images: each output as
+  // minfer_mmq_blocks writes it with the fused launch's split count (the 7B's: each matrix's own), and for 33 … 64 rows
+  // in place of the Hopper f16 GEMM (both within the f16 GEMM's rounding of weights and activations).
+  // Off: every step launches its own kernels (the same results, bit for bit, where fuse_norm and that prefill fusion
+  // do not apply).
   bool fuse_launches = true;
   bool fuse_qkv = true;
   bool fuse_glu = false;

@@ -66,7 +66,9 @@ llvm::cl::opt<bool> kNoFuse("no-fuse",
 enum class GemvFusion { kNone, kQkv, kPair, kNorm, kAll };
 llvm::cl::opt<GemvFusion> kFuseGemv(
     "fuse-gemv", llvm::cl::ValueOptional, llvm::cl::init(GemvFusion::kNorm),
-    llvm::cl::desc("Decode GEMV fusions: norm (the default: q, k, v with their RoPE and KV store in one launch, "
+    llvm::cl::desc("Decode GEMV fusions (qkv also fuses the prefill q, k, v of calls of 5 … 64 rows on sm_90a into "
+                   "one mmq_blocks launch: the same f16 rounding, not always the same split of K): norm (the default: "
+                   "q, k, v with their RoPE and KV store in one launch, "
                    "or the three GEMVs alone where q/k norms sit before the RoPE; gate and up in one launch; the o "
                    "and down GEMVs (a MoE FFN's down GEMV) each with the residual Add and RMSNorm after them, the "
                    "1/rms applied by the GEMVs that read the norm), pair (the same without the last: every result "

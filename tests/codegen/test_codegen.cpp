@@ -562,7 +562,7 @@ TEST_CASE("every fixture model gets kernel images for sm_90") {
 // and kF16, no kI8): for every Q4_K and Q6_K matmul, minfer_gemv_batch on the GGUF blocks below kMmqbFromRows rows
 // and minfer_mmq_blocks from there in tiles of 16 and 32 tokens, the row ranges adjoining, up to
 // min(kMmqbMaxRows, max_batch) rows; in a model with experts the batched GEMV alone (checkSet covers the sm_90 planes);
-// specs only, no NVRTC.
+// each step on its own (the plan fuses q, k, v: the next test case); specs only, no NVRTC.
 TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks beside a Hopper kF16 plane") {
   if (!test::haveFixtures()) return;
   const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
@@ -719,10 +719,41 @@ TEST_CASE("prefill q, k, v beside a Hopper kF16 plane: their small-batch steps a
       CHECK(m.rule.at(1).grid.y == splits);
       CHECK(m.rule.at(1).smem == std::max({kern::mmqbSmemBytes(type[0], tn), kern::mmqbSmemBytes(type[1], tn),
                                            kern::mmqbSmemBytes(type[2], tn)}));
-      std::vector<uint32_t> written;
-      for (const KernelArgDesc& a : m.args)
-        if (a.kind == fb::ArgKind::Activation && a.access == fb::Access::Write) written.push_back(a.buffer);
-      CHECK(written == std::vector<uint32_t>{steps[i].outputs[0], steps[i + 1].outputs[0], steps[i + 2].outputs[0]});
+      // The arguments in the kernel's order (w0, bias0, w1, bias1, w2, bias2, xq, xmeta, out0 … out2, partial,
+      // counters, n_tokens), each segment's weight, bias and output its own step's, and its constants its plane's.
+      REQUIRE(m.args.size() == 14);
+      const char* pitch_names[3] = {"MMQB_PITCH", "MMQB_PITCH1", "MMQB_PITCH2"};
+      const char* group_names[3] = {"MMQB_GROUP_PITCH", "MMQB_GROUP_PITCH1", "MMQB_GROUP_PITCH2"};
+      const char* bias_names[3] = {"MMQB_HAS_BIAS", "MMQB_HAS_BIAS1", "MMQB_HAS_BIAS2"};
+      for (size_t g = 0; g < 3; ++g) {
+        const model::StepDesc& s = steps[i + g];
+        const KernelArgDesc &w = m.args[2 * g], &b = m.args[2 * g + 1], &o = m.args[8 + g];
+        CHECK(w.name == "w" + std::to_string(g));
+        CHECK((w.kind == fb::ArgKind::Weight && w.tensor == s.weights[0]));
+        const planes::TensorLayout& wl = l.layouts[s.weights[0]];
+        CHECK(w.plane.row_pitch == wl.planes[static_cast<size_t>(wl.find(PlaneKind::kBlocks))].row_pitch);
+        CHECK(m.spec.define(pitch_names[g]) == std::to_string(w.plane.row_pitch));
+        CHECK(m.spec.define(group_names[g]) == std::to_string(w.plane.group_pitch));
+        const bool has_bias = s.weights.size() > 1;
+        CHECK(m.spec.define(bias_names[g]) == (has_bias ? "1" : "0"));
+        CHECK(b.name == "bias" + std::to_string(g));
+        if (has_bias)
+          CHECK((b.kind == fb::ArgKind::Weight && b.tensor == s.weights[1]));
+        else
+          CHECK(b.kind == fb::ArgKind::Null);
+        CHECK((o.kind == fb::ArgKind::Activation && o.access == fb::Access::Write && o.buffer == s.outputs[0]));
+        CHECK(o.name == "out" + std::to_string(g));
+      }
+      CHECK((m.args[6].kind == fb::ArgKind::Q8Values && m.args[6].buffer == steps[i].inputs[1]));
+      CHECK((m.args[7].kind == fb::ArgKind::Q8Meta && m.args[7].buffer == steps[i].inputs[1]));
+      const unsigned nn[3] = {n[0], n[1], n[2]};
+      if (splits > 1) {
+        CHECK((m.args[11].kind == fb::ArgKind::Scratch && m.args[11].bytes == kern::mmqb3PartialBytes(nn, tn, splits)));
+        CHECK((m.args[12].kind == fb::ArgKind::Counters && m.args[12].bytes == kern::mmqb3CounterBytes(nn)));
+      } else {
+        CHECK((m.args[11].kind == fb::ArgKind::Null && m.args[12].kind == fb::ArgKind::Null));
+      }
+      CHECK(m.args[13].kind == fb::ArgKind::TokenCount);
     }
     // The step's own launches: q's, k's and v's in turn.
     auto fused = fusedLaunches(l.desc, l.layouts, PlanVariant::kPrefill, i, 2, std::nullopt);
@@ -742,15 +773,29 @@ TEST_CASE("prefill q, k, v beside a Hopper kF16 plane: their small-batch steps a
   // The Q4_K_M mix gives some layers a Q6_K v: the segments differ in type there.
   CHECK(v_types == std::set<std::string>{std::to_string(static_cast<unsigned>(GgmlType::Q4_K)),
                                          std::to_string(static_cast<unsigned>(GgmlType::Q6_K))});
-  // No fusion where the triple would not run: max_batch 4, fusion off, experts.
+  // No fusion where the triple would not run: max_batch 4, fuse_qkv off, experts (a MoE model whose q, k, v are all
+  // Q4_K blocks: each alone would take mmq_blocks but for the experts).
   const Loaded small = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true, 4);
-  const Loaded moe = load(test::fixturesDir() + "/arch/models/tiny-qwen3moe-Q4_K_M.gguf", true, true);
-  for (const auto& [what, loaded, fuse] : {std::tuple{"max_batch 4", &small, true}, std::tuple{"fusion off", &l, false},
-                                          std::tuple{"experts", &moe, true}}) {
+  const Loaded moe = load(synthQwen3MoeQ4KM(), true, true);
+  size_t moe_triples = 0;
+  for (size_t i = 0; i + 2 < moe.desc.plan.prefill.size(); ++i) {
+    const model::StepDesc& q = moe.desc.plan.prefill[i];
+    if (q.op != fb::OpKind::MatMul || q.name.find("attn_q") == std::string::npos) continue;
+    bool blocks = true;
+    for (size_t j = 0; j < 3; ++j)
+      blocks = blocks && readsBlocksInDecode(moe, moe.desc.plan.prefill[i + j]) &&
+               moe.layouts[moe.desc.plan.prefill[i + j].weights[0]].find(PlaneKind::kI8) < 0;
+    moe_triples += blocks;
+  }
+  CHECK(moe_triples > 0);
+  GemvFusions no_qkv = gemv;
+  no_qkv.qkv = false;
+  for (const auto& [what, loaded, fusions] : {std::tuple{"max_batch 4", &small, gemv}, std::tuple{"fuse_qkv off", &l, no_qkv},
+                                             std::tuple{"experts", &moe, gemv}}) {
     CAPTURE(what);
     const std::vector<model::StepDesc>& ps = loaded->desc.plan.prefill;
     auto f = planFusion(loaded->desc, loaded->layouts, PlanVariant::kPrefill,
-                        lastTokenTailBegin(ps, loaded->desc.plan.logits), gemv, fuse);
+                        lastTokenTailBegin(ps, loaded->desc.plan.logits), fusions, true);
     REQUIRE_MESSAGE(static_cast<bool>(f), llvm::toString(f.takeError()));
     for (size_t i = 0; i < ps.size(); ++i)
       if (ps[i].op == fb::OpKind::MatMul) CHECK_MESSAGE(f->followers[i] == 0, ps[i].name);

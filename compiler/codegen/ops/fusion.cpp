@@ -227,8 +227,8 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
       if (!fits(k)) return false;
     return true;
   };
-  // q, k, v of one q8 input in the prefill plan: batched steps of a few rows run them as one mmq_blocks launch (their
-  // small-batch launches), longer ones as their own launches.
+  // q, k, v of one q8 input in the prefill plan: calls of a few rows (batched steps, short prompt chunks) run them as
+  // one mmq_blocks launch (their small-batch launches), longer ones as their own launches.
   if (gemv.qkv && variant == PlanVariant::kPrefill && fitsAll(i + 2) && gemvTripleChain(steps, i) &&
       fusesMmqbTriple(ctx(i), ctx(i + 1), ctx(i + 2)))
     return 2;
@@ -286,6 +286,7 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
   }
   if (variant == PlanVariant::kPrefill && followers == 2 && gemvTripleChain(steps, i)) {
     // The prefill q, k, v (their small-batch launches fused: smallLaunchesForStep): each step's own launches in turn.
+    if (input_norm) return producer.error("the prefill q, k, v launches take no deferred RMSNorm");
     std::vector<KernelLaunch> all;
     for (size_t k = 0; k < 3; ++k) {
       auto own = launchesForStep(desc, layouts, variant, i + k);

@@ -8,8 +8,9 @@
 //   where a q/k HeadRmsNorm keeps that chain out, the three GEMVs alone into one (gemvTripleLaunches),
 //   and with fuse_glu (off by default) the gate and up matmuls of a GLU with it and its quantization
 //   (gateUpGluLaunches); batched decode steps of a few rows (Step.small_launches) the batched GEMV
-//   (gemv_blocks.cuh GEMVB_BATCH) on the kBlocks plane of Q4_K / Q6_K, else kernels/gemm_small.cuh on the plane the
-//   decode GEMV reads;
+//   (gemv_blocks.cuh GEMVB_BATCH) on the kBlocks plane of Q4_K / Q6_K and from kMmqbFromRows rows
+//   kernels/mmq_blocks.cuh on f16 tensor cores (the prefill q, k, v of one input as one minfer_mmq_blocks3 launch:
+//   fusesMmqbTriple), else kernels/gemm_small.cuh on the plane the decode GEMV reads;
 //   float weights (dense F32 / F16 / BF16 plane), f32 activations: kernels/dense_matmul.cuh
 //   (dense_mm in prefill, dense_gemv in decode).
 // Every plane constant the kernel is compiled with (-D…_PITCH) is taken from the stride table that the

@@ -120,7 +120,9 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // Rope) MatMul q, k, v as one GEMV triple launch (GEMVB_TRIPLE) where fusesGemvTriple allows it; with `gemv.pair` two MatMuls of one input (gate and up,
 // when the GLU fusion does not take them) as one GEMV pair launch (GEMVB_PAIR) where fusesGemvPair allows it;
 // with `gemv.norm` MatMul, Add, RmsNorm and QuantizeAct as one GEMV launch that leaves the 1/rms to the GEMV chain
-// after it (GEMVB_NORM; defersNorm in ops/fusion.cpp, planFusion below).
+// after it (GEMVB_NORM; defersNorm in ops/fusion.cpp, planFusion below). In prefill, with `gemv.qkv`, MatMul q, k, v
+// where fusesMmqbTriple allows it: the step's launches are the three steps' own, its small-batch launches one
+// minfer_mmq_blocks3 (mmqbTripleSmallLaunches).
 // In both plans, HeadRmsNorm q, HeadRmsNorm k and their Rope as one launch (rope.cuh minfer_head_norm_rope)
 // where fusesHeadNormRope allows it; in decode, where fusesHeadNormRopeStore allows it, with the Attention after
 // them (and its QuantizeAct) too: that launch also stores K and V (minfer_head_norm_rope_kv), then the
@@ -303,8 +305,8 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // minfer_gemm_small
 // (kernels/gemm_small.cuh) on the plane the decode GEMV reads, for calls of 1 ≤ n_tokens ≤ min(kGemmSmallRowsVsMmq
 // or, for a weight with a kF16 plane (Hopper prefill), kGemmSmallRowsVsWgmma, max_batch). None (small_rows 0) for
-// other steps, plans or weights (float weights; other types whose only prefill plane is kF16). Errors as the
-// step's own launches.
+// other steps, plans or weights (float weights; other types whose only prefill plane is kF16). With 2 followers (the
+// prefill q, k, v fusesMmqbTriple fused) mmqbTripleSmallLaunches. Errors as the step's own launches.
 struct SmallLaunches {
   std::vector<KernelLaunch> launches;
   uint32_t rows = 0;
