@@ -754,6 +754,22 @@ TEST_CASE("prefill q, k, v beside a Hopper kF16 plane: their small-batch steps a
         CHECK((m.args[11].kind == fb::ArgKind::Null && m.args[12].kind == fb::ArgKind::Null));
       }
       CHECK(m.args[13].kind == fb::ArgKind::TokenCount);
+      // The first layer's launches compiled: the entry's PTX parameters are the 14 arguments (13 pointers, then the
+      // 32-bit n_tokens).
+      if (haveNvrtc() && triples == 0) {
+        auto compiled = compileKernel(m.spec, "sm_90a");
+        REQUIRE_MESSAGE(static_cast<bool>(compiled), llvm::toString(compiled.takeError()));
+        const size_t entry = compiled->ptx.find(".entry minfer_mmq_blocks3(");
+        REQUIRE(entry != std::string::npos);
+        const std::string signature = compiled->ptx.substr(entry, compiled->ptx.find(')', entry) - entry);
+        std::vector<std::string> params;
+        const std::regex param_re("\\.param \\.(u64|u32|b64|b32|s32)");
+        for (auto it = std::sregex_iterator(signature.begin(), signature.end(), param_re); it != std::sregex_iterator();
+             ++it)
+          params.push_back((*it)[1]);
+        REQUIRE(params.size() == m.args.size());
+        for (size_t a = 0; a < params.size(); ++a) CHECK((params[a].substr(1) == "32") == (a + 1 == params.size()));
+      }
     }
     // The step's own launches: q's, k's and v's in turn.
     auto fused = fusedLaunches(l.desc, l.layouts, PlanVariant::kPrefill, i, 2, std::nullopt);
