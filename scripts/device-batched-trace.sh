@@ -5,11 +5,7 @@
 # (minfer-bench-gemv --mmq-blocks, each row count of $MINFER_NCU_ROWS, default "32 64"; empty: none). Logs in $OUT.
 set -uo pipefail
 . "$(dirname "$0")/device-common.sh"
-if [ ! -f "$W/lib/libminfer-kernel-trace.so" ]; then
-  echo "device-batched-trace.sh: the pack has no libminfer-kernel-trace.so (built without CUPTI)" | tee -a "$OUT/trace.log"
-  exit 1
-fi
-[ -f /tmp/q7.gguf ] || timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf
+requireKernelTrace device-batched-trace.sh
 # This pack's own artifact (another script's /tmp/q7.mfb may come from another pack).
 timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7-trace.mfb
 for p in ${MINFER_TRACE_PARALLEL:-32 64}; do

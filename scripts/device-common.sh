@@ -16,3 +16,13 @@ t = time.time(); rc = subprocess.run(sys.argv[2:]).returncode
 print(f"{sys.argv[1]}: wall {time.time() - t:.3f} s, peak RSS {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} KiB, rc {rc}", file=sys.stderr)
 sys.exit(rc)' "$@"
 }
+# requireKernelTrace SCRIPT: exits 1 (saying so in $OUT/trace.log) where the pack has no CUPTI kernel trace
+# (bench/kernel_trace.cpp, built only where the toolkit has CUPTI); then makes /tmp/q7.gguf, the 7B-shaped model the
+# trace scripts run, if missing.
+requireKernelTrace() {
+  if [ ! -f "$W/lib/libminfer-kernel-trace.so" ]; then
+    echo "$1: the pack has no libminfer-kernel-trace.so (built without CUPTI)" | tee -a "$OUT/trace.log"
+    exit 1
+  fi
+  [ -f /tmp/q7.gguf ] || timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf
+}

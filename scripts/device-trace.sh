@@ -5,11 +5,7 @@
 # MINFER_TRACE_ARTIFACTS: the artifacts to trace (default /tmp/q7.mfb, compiled here if missing).
 set -uo pipefail
 . "$(dirname "$0")/device-common.sh"
-if [ ! -f "$W/lib/libminfer-kernel-trace.so" ]; then
-  echo "device-trace.sh: the pack has no libminfer-kernel-trace.so (built without CUPTI)" | tee -a "$OUT/trace.log"
-  exit 1
-fi
-[ -f /tmp/q7.gguf ] || timeout 60 "$B/minfer-synth" qwen2-7b --types q4_k_m -o /tmp/q7.gguf
+requireKernelTrace device-trace.sh
 [ -f /tmp/q7.mfb ] || timeout 120 "$B/minfer-compile" /tmp/q7.gguf -o /tmp/q7.mfb
 for a in ${MINFER_TRACE_ARTIFACTS:-/tmp/q7.mfb}; do
   n=$(basename "$a" .mfb)

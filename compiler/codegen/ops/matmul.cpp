@@ -364,11 +364,9 @@ void pushMmqbTiles(std::vector<KernelLaunch>& out, unsigned rows, unsigned most,
 // (kernels/mmq_blocks.cuh, f16 tensor cores) in tiles of 16 tokens, then 32; split over K (mmqbSplits) except in the
 // last-token tail. Models with experts: the batched GEMV alone (up to min(kGemvBatchMaxRows, max_batch) rows).
 Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
-  const StrideTable* blk = decodeBlocksPlane(*m.w);
-  auto qin = c.input(1, "quantized input");
-  if (!qin) return qin.takeError();
-  const bool q8 = (*qin)->type == fb::BufferType::I8 && (*qin)->width == m.k;
-  if (!blk || !q8 || m.n > (uint64_t{1} << 30) || m.k > (uint64_t{1} << 30)) return std::vector<KernelLaunch>{};
+  if (auto qin = c.input(1, "quantized input"); !qin) return qin.takeError();
+  const StrideTable* blk = smallBatchBlocks(c, m);
+  if (!blk) return std::vector<KernelLaunch>{};
   const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k), rows = c.maxBatch();
   std::vector<KernelLaunch> out{batchedGemvLaunch(c, m, *blk)};
   // Not in models with experts: mmq_blocks's f16 rounding moved a near-tie router row to another expert
