@@ -1,6 +1,6 @@
 // Small-batch matmul straight from GGUF blocks on f16 tensor cores (OpKind MatMul, 1 … MMQB_TN q8 rows; the codegen
-// gives it the batched steps of kMmqbFromRows … kMmqbMaxRows rows, and the fused q, k, v form below those up to
-// kMmqb3MaxRows): out = x · Wᵀ for a kBlocks plane of Q4_K or Q6_K (the plane the decode GEMV,
+// gives it the batched steps of kMmqbFromRows … kMmqbMaxRows rows, and the fused forms (q, k, v; gate and up) from
+// kMmqbFromRows up to kMmqbFusedMaxRows): out = x · Wᵀ for a kBlocks plane of Q4_K or Q6_K (the plane the decode GEMV,
 // gemv_blocks.cuh, reads), so a step of many sequences streams the GGUF's weight bytes once instead of the f16
 // plane of the Hopper prefill GEMM (3.6× the bytes at Q4_K), and its dot products run on tensor cores instead of
 // the batched GEMV's dp4a (compute-bound past 4 rows).
@@ -34,10 +34,10 @@
 //   MMQB_PITCH            the kBlocks plane's row pitch (bytes, multiple of 16)
 //   MMQB_GROUP_PITCH      its group pitch: bytes from one block to the next (multiple of 16, ≥ the block)
 //   MMQB_TN               tokens per tile, 16, 32 or 64: the most rows a launch takes (more trap)
-//   MMQB_SPLITS           splits of K (1 … K/256): mmqbSplits(N, K) (the fused form: mmqbSplits(128 · its row
+//   MMQB_SPLITS           splits of K (1 … K/256): mmqbSplits(N, K) (the fused forms: mmqbSplits(128 · their row
 //                         tiles, K))
 //   MMQB_HAS_BIAS         bias vector (N f32)
-//   MMQB_SEGMENTS         1 (default: minfer_mmq_blocks) or 3 (minfer_mmq_blocks3, below)
+//   MMQB_SEGMENTS         1 (default: minfer_mmq_blocks), 2 or 3 (minfer_mmq_blocks2, minfer_mmq_blocks3, below)
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, float* partial, unsigned* counters, int n_tokens)
 //   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K); out: n_tokens × N f32 (row stride N);
@@ -45,13 +45,16 @@
 //   entry and again on exit (ArgKind Counters; unused with one split).
 // Launch shape: mmqbLaunchRule(): grid (⌈N/128⌉, S), 256 threads, mmqbSmemBytes() of dynamic shared memory.
 //
-// The fused form over three matrices of one input (q, k, v of a layer; MMQB_SEGMENTS 3, entry minfer_mmq_blocks3):
-// segment 0 takes the constants above, segments 1 and 2 MMQB_N1, MMQB_TYPE1, MMQB_PITCH1, MMQB_GROUP_PITCH1,
-// MMQB_HAS_BIAS1 and likewise …2 (K, TN and the splits are shared). Each tile runs as the plain kernel's with the same
-// splits, so every output equals what minfer_mmq_blocks with that matrix's constants and the same MMQB_SPLITS writes;
-// one launch instead of three fills the GPU where k and v alone take a few row tiles (the 7B's 512 rows: 4).
+// The fused forms over two or three matrices of one input (gate and up, or q, k, v of a layer; MMQB_SEGMENTS 2 or 3,
+// entries minfer_mmq_blocks2 and minfer_mmq_blocks3): segment 0 takes the constants above, segment 1 MMQB_N1,
+// MMQB_TYPE1, MMQB_PITCH1, MMQB_GROUP_PITCH1, MMQB_HAS_BIAS1 and segment 2 likewise …2 (K, TN and the splits are
+// shared). Each tile runs as the plain kernel's with the same splits, so every output equals what minfer_mmq_blocks
+// with that matrix's constants and the same MMQB_SPLITS writes; one launch instead of three fills the GPU where k and
+// v alone take a few row tiles (the 7B's 512 rows: 4), and gate and up share one split count and one wave tail.
+//   minfer_mmq_blocks2(w0, bias0, w1, bias1, xq, xmeta, out0, out1, partial, counters, n_tokens)
 //   minfer_mmq_blocks3(w0, bias0, w1, bias1, w2, bias2, xq, xmeta, out0, out1, out2, partial, counters, n_tokens)
-//   partial: mmqb3PartialBytes(), counters: mmqb3CounterBytes() (zero on entry and exit); mmqb3LaunchRule().
+//   partial: mmqbFusedPartialBytes(), counters: mmqbFusedCounterBytes() (zero on entry and exit);
+//   mmqbFusedLaunchRule().
 #pragma once
 
 #include "kernels/common.cuh"
@@ -66,9 +69,11 @@ constexpr unsigned kMmqbTM = 128;  // weight rows per thread block: 16 per warp
 // f16 rounding here moved a near-tie MoE router row of tiny-qwen3moe to another expert (batched vs alone 0.11).
 constexpr unsigned kMmqbFromRows = 5;
 constexpr unsigned kMmqbMaxRows = 32;
-// The same bound for minfer_mmq_blocks3 (q, k and v in one launch, below): its tiles of 64 tokens serve 33 … 64 rows,
-// where three Hopper f16 GEMMs launched one after another measured slower (BENCHMARKS.md, issue 14).
-constexpr unsigned kMmqb3MaxRows = 64;
+// The same bound for the fused forms (minfer_mmq_blocks3: q, k and v in one launch; minfer_mmq_blocks2: gate and up,
+// below): their tiles of 64 tokens serve 33 … 64 rows, where the Hopper f16 GEMMs launched one after another measured
+// slower (BENCHMARKS.md, issue 14).
+constexpr unsigned kMmqbFusedMaxRows = 64;
+constexpr unsigned kMmqbMaxSegments = 3;  // matrices of one fused launch (MMQB_SEGMENTS)
 constexpr unsigned kMmqbLD = 256 + 16;  // q8 activation row of a stage (bytes)
 constexpr unsigned kMmqbLDH = 256 + 8;  // f16 tile row (halves): 132 words, so ldmatrix's 8 rows hit distinct banks
 constexpr unsigned kMmqbSmemMax = 227 * 1024;  // dynamic shared memory of one block on sm_90 (opt-in)
@@ -133,23 +138,28 @@ MINFER_HD LaunchRule mmqbLaunchRule(unsigned n, unsigned type, unsigned tn, unsi
   return r;
 }
 
-// minfer_mmq_blocks3 (MMQB_SEGMENTS 3): three matrices of one input in one launch, n[i] rows of type[i] each. Its
-// row tiles are the three matrices' side by side; its scratch S × TN × (n[0] + n[1] + n[2]) f32, its counters one
-// word per row tile, its shared memory the largest segment's (each segment keeps its own stages).
-MINFER_HD unsigned mmqb3Tiles(const unsigned (&n)[3]) {
-  return ceilDiv(n[0], kMmqbTM) + ceilDiv(n[1], kMmqbTM) + ceilDiv(n[2], kMmqbTM);
+// The fused forms (MMQB_SEGMENTS = segs, 2 or 3): segs matrices of one input in one launch, n[i] rows of type[i]
+// each (i < segs). Their row tiles are the matrices' side by side; the scratch S × TN × (n[0] + … ) f32, the counters
+// one word per row tile, the shared memory the largest segment's (each segment keeps its own stages).
+MINFER_HD unsigned mmqbFusedTiles(const unsigned* n, unsigned segs) {
+  unsigned tiles = 0;
+  for (unsigned i = 0; i < segs; ++i) tiles += ceilDiv(n[i], kMmqbTM);
+  return tiles;
 }
-MINFER_HD unsigned long long mmqb3PartialBytes(const unsigned (&n)[3], unsigned tn, unsigned splits) {
-  return mmqbPartialBytes(n[0] + n[1] + n[2], tn, splits);
+MINFER_HD unsigned long long mmqbFusedPartialBytes(const unsigned* n, unsigned segs, unsigned tn, unsigned splits) {
+  unsigned rows = 0;
+  for (unsigned i = 0; i < segs; ++i) rows += n[i];
+  return mmqbPartialBytes(rows, tn, splits);
 }
-MINFER_HD unsigned mmqb3CounterBytes(const unsigned (&n)[3]) { return 4 * mmqb3Tiles(n); }
-MINFER_HD LaunchRule mmqb3LaunchRule(const unsigned (&n)[3], const unsigned (&type)[3], unsigned tn, unsigned splits) {
+MINFER_HD unsigned mmqbFusedCounterBytes(const unsigned* n, unsigned segs) { return 4 * mmqbFusedTiles(n, segs); }
+MINFER_HD LaunchRule mmqbFusedLaunchRule(const unsigned* n, const unsigned* type, unsigned segs, unsigned tn,
+                                         unsigned splits) {
   LaunchRule r;
-  r.grid[0] = fixedExtent(mmqb3Tiles(n));
+  r.grid[0] = fixedExtent(mmqbFusedTiles(n, segs));
   r.grid[1] = fixedExtent(splits);
   r.block.x = kMmqbThreads;
   unsigned smem = 0;
-  for (unsigned i = 0; i < 3; ++i) smem = mmqbSmemBytes(type[i], tn) > smem ? mmqbSmemBytes(type[i], tn) : smem;
+  for (unsigned i = 0; i < segs; ++i) smem = mmqbSmemBytes(type[i], tn) > smem ? mmqbSmemBytes(type[i], tn) : smem;
   r.smem = smem;
   return r;
 }
@@ -173,7 +183,7 @@ static_assert(kTM == 16 * kThreads / 32, "a warp per 16 rows");
 static_assert(kS >= 1 && kS <= kKB, "MMQB_SPLITS: 1 … K/256");
 static_assert(static_cast<unsigned long long>(kTN) * kK < (1ull << 31), "loadStage's 32-bit offsets inside a tile");
 
-// One weight matrix of the launch (a segment: the plain kernel has one, minfer_mmq_blocks3 three): its rows, its
+// One weight matrix of the launch (a segment: the plain kernel has one, minfer_mmq_blocks2 two, minfer_mmq_blocks3 three): its rows, its
 // kBlocks plane's type, row pitch and group pitch, whether it has a bias; the stage layout that follows from its type.
 template <int kN_, int kType_, unsigned long long kPitch_, unsigned kGroupPitch_, bool kBias_>
 struct Segment {
@@ -550,8 +560,10 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
 }
 
 using Segment0 = Segment<MMQB_N, MMQB_TYPE, MMQB_PITCH, MMQB_GROUP_PITCH, MMQB_HAS_BIAS != 0>;
-#if MMQB_SEGMENTS == 3
+#if MMQB_SEGMENTS >= 2
 using Segment1 = Segment<MMQB_N1, MMQB_TYPE1, MMQB_PITCH1, MMQB_GROUP_PITCH1, MMQB_HAS_BIAS1 != 0>;
+#endif
+#if MMQB_SEGMENTS == 3
 using Segment2 = Segment<MMQB_N2, MMQB_TYPE2, MMQB_PITCH2, MMQB_GROUP_PITCH2, MMQB_HAS_BIAS2 != 0>;
 #endif
 
@@ -568,6 +580,28 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   extern __shared__ __align__(16) uint8_t smem[];
   mmqbTile<Segment0>(smem, blockIdx.x * kTM, blockIdx.y, w, bias, xq, xmeta, out, partial, 0, Segment0::kN,
                  counters + blockIdx.x, n_tokens);
+}
+#elif MMQB_SEGMENTS == 2
+// Two matrices of one input (gate and up): the row tiles of segment 0, then 1 along grid.x, each as the plain kernel
+// runs it with the same splits; the split-K scratch holds the two side by side (N0 + N1 rows).
+extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
+    minfer_mmq_blocks2(const uint8_t* __restrict__ w0, const float* __restrict__ bias0, const uint8_t* __restrict__ w1,
+                       const float* __restrict__ bias1, const int8_t* __restrict__ xq,
+                       const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out0,
+                       float* __restrict__ out1, float* __restrict__ partial, unsigned* __restrict__ counters,
+                       int n_tokens) {
+  using namespace minfer::kern::mmqb;
+  if (n_tokens > kTN) __trap();  // more rows than a tile holds (the launch's max_rows is MMQB_TN)
+  minfer::kern::overlapPrologue();
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int kRows = Segment0::kN + Segment1::kN;
+  const int tile = blockIdx.x, split = blockIdx.y;
+  unsigned* const counter = counters + tile;
+  if (tile < Segment0::kTiles)
+    mmqbTile<Segment0>(smem, tile * kTM, split, w0, bias0, xq, xmeta, out0, partial, 0, kRows, counter, n_tokens);
+  else
+    mmqbTile<Segment1>(smem, (tile - Segment0::kTiles) * kTM, split, w1, bias1, xq, xmeta, out1, partial, Segment0::kN,
+                       kRows, counter, n_tokens);
 }
 #elif MMQB_SEGMENTS == 3
 // Three matrices of one input (q, k and v): the row tiles of segment 0, then 1, then 2 along grid.x, each as the
@@ -595,6 +629,6 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
                    Segment0::kN + Segment1::kN, kRows, counter, n_tokens);
 }
 #else
-#error "MMQB_SEGMENTS must be 1 or 3"
+#error "MMQB_SEGMENTS must be 1, 2 or 3"
 #endif
 #endif

@@ -69,7 +69,8 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
     auto& out = v == PlanVariant::kPrefill ? set.prefill : v == PlanVariant::kDecode ? set.decode : set.load;
     // Fused steps stay on one side of the last-token tail (the tail runs whole launches on one row).
     const size_t tail = v == PlanVariant::kPrefill ? lastTokenTailBegin(steps, desc.plan.logits) : n;
-    const GemvFusions gemv{options.fuse_qkv, options.fuse_glu, options.fuse_pair, options.fuse_norm};
+    const GemvFusions gemv{options.fuse_qkv, options.fuse_glu, options.fuse_pair, options.fuse_norm,
+                           options.fuse_prefill_pair};
     auto fusion = planFusion(desc, layouts, v, tail, gemv, options.fuse_launches);
     if (!fusion) return fusion.takeError();
     auto* paged = v == PlanVariant::kPrefill  ? &set.prefill_paged

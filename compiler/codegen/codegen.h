@@ -36,10 +36,10 @@ struct CodegenOptions {
   // with fuse_glu the decode gate|up GEMVs with their GLU (off by default: slower on the H200,
   // BENCHMARKS.md), with fuse_pair (the default) two decode GEMVs of one input (gate and up) in one launch.
   // fuse_qkv also gives the prefill q, k, v one small-batch launch (minfer_mmq_blocks3, ops/op_family.h
-  // fusesMmqbTriple) for calls of kMmqbFromRows … kMmqb3MaxRows rows on sm_90a images: each output as
+  // fusesMmqbSegments) for calls of kMmqbFromRows … kMmqbFusedMaxRows rows on sm_90a images: each output as
   // minfer_mmq_blocks writes it with the fused launch's split count (the 7B's: each matrix's own), and for 33 … 64 rows
   // in place of the Hopper f16 GEMM (both within the f16 GEMM's rounding of weights and activations).
-  // Off: every step launches its own kernels (the same results, bit for bit, where fuse_norm and that prefill fusion
+  // Off: every step launches its own kernels (the same results, bit for bit, where fuse_norm and the prefill fusions
   // do not apply).
   bool fuse_launches = true;
   bool fuse_qkv = true;
@@ -50,6 +50,11 @@ struct CodegenOptions {
   // the norm (gemv_blocks.cuh GEMVB_NORM and GEMVB_RMS_EPS; ops/op_family.h planFusion): equal to the unfused steps
   // up to rounding, not bit for bit.
   bool fuse_norm = true;
+  // With fuse_prefill_pair the prefill gate and up of a GLU (two matmuls of one input) as one small-batch launch too
+  // (minfer_mmq_blocks2, as fuse_qkv's q, k, v): +4% aggregate decode at 32 and 64 sequences on the H200's 7B
+  // (BENCHMARKS.md, issue 14). Off by default until its GPU tests (the kernel against one mmq_blocks launch per
+  // matrix, the batched e2e sessions) have run on a GPU.
+  bool fuse_prefill_pair = false;
 };
 
 struct KernelImageData {

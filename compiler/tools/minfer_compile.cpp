@@ -81,6 +81,11 @@ llvm::cl::opt<GemvFusion> kFuseGemv(
                      clEnumValN(GemvFusion::kAll, "all", "and gate|up GEMVs with their GLU"),
                      clEnumValN(GemvFusion::kAll, "", "")),
     llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kFusePrefillPair(
+    "fuse-prefill-pair",
+    llvm::cl::desc("Also run the prefill gate and up of calls of 5 … 64 rows on sm_90a as one mmq_blocks launch (as "
+                   "--fuse-gemv's q, k, v; off by default until its GPU tests have run, BENCHMARKS.md)"),
+    llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kSwaFull("swa-full",
                              llvm::cl::desc("Give sliding-window layers a full-size KV cache of n_ctx positions (as "
                                             "llama.cpp's --swa-full) instead of a ring of window + max batch - 1"),
@@ -142,6 +147,7 @@ int main(int argc, char** argv) {
   options.fuse_glu = kFuseGemv == GemvFusion::kAll;
   options.fuse_pair = kFuseGemv == GemvFusion::kPair || kFuseGemv == GemvFusion::kNorm;
   options.fuse_norm = kFuseGemv == GemvFusion::kNorm || kFuseGemv == GemvFusion::kAll;
+  options.fuse_prefill_pair = kFusePrefillPair;
   options.swa_full = kSwaFull;
   std::string target_list = kTarget, target_why;
   if (target_list == "auto") target_list = autoTargets(&target_why);

@@ -16,6 +16,7 @@
 #include "compiler/codegen/nvrtc_compiler.h"
 #include "compiler/codegen/ops/op_family.h"
 #include "compiler/codegen/plan_rewrite.h"
+#include "compiler/compile_model.h"
 #include "compiler/gguf/gguf_reader.h"
 #include "kernels/attention.cuh"
 #include "kernels/gemm_small.cuh"
@@ -648,13 +649,151 @@ TEST_CASE("small-batch launches of Q4_K and Q6_K matmuls read the GGUF blocks be
   }
 }
 
+// `launch` compiled for sm_90a with NVRTC (where built with it): its entry's PTX parameters are the record's
+// arguments, pointers but for the last, the 32-bit n_tokens.
+void checkEntryParams(const KernelLaunch& launch) {
+  if (!haveNvrtc()) return;
+  auto compiled = compileKernel(launch.spec, "sm_90a");
+  REQUIRE_MESSAGE(static_cast<bool>(compiled), llvm::toString(compiled.takeError()));
+  const size_t at = compiled->ptx.find(".entry " + launch.spec.entry + "(");
+  REQUIRE(at != std::string::npos);
+  const std::string signature = compiled->ptx.substr(at, compiled->ptx.find(')', at) - at);
+  std::vector<std::string> params;
+  const std::regex param_re("\\.param \\.(u64|u32|b64|b32|s32)");
+  for (auto it = std::sregex_iterator(signature.begin(), signature.end(), param_re); it != std::sregex_iterator(); ++it)
+    params.push_back((*it)[1]);
+  REQUIRE(params.size() == launch.args.size());
+  for (size_t a = 0; a < params.size(); ++a) CHECK((params[a].substr(1) == "32") == (a + 1 == params.size()));
+}
+
+// One fused segment's constants and arguments in minfer_mmq_blocks<segs> launch `m`: segment g's weight, bias and
+// output are step s's, its constants its kBlocks plane's (w0, bias0, …, xq, xmeta, out0 …: the output at out_at + g).
+void checkMmqbSegment(const Loaded& l, const KernelLaunch& m, const model::StepDesc& s, size_t g, size_t out_at) {
+  CAPTURE(g);
+  const std::string x = g == 0 ? "" : std::to_string(g);
+  const KernelArgDesc &w = m.args[2 * g], &b = m.args[2 * g + 1], &o = m.args[out_at + g];
+  const planes::TensorLayout& wl = l.layouts[s.weights[0]];
+  const StrideTable& plane = wl.planes[static_cast<size_t>(wl.find(PlaneKind::kBlocks))];
+  CHECK(m.spec.define("MMQB_N" + x) == std::to_string(wl.desc.rows));
+  CHECK(m.spec.define("MMQB_TYPE" + x) == std::to_string(plane.ggml_type));
+  CHECK(w.name == "w" + std::to_string(g));
+  CHECK((w.kind == fb::ArgKind::Weight && w.tensor == s.weights[0]));
+  CHECK(w.plane.row_pitch == plane.row_pitch);
+  CHECK(m.spec.define("MMQB_PITCH" + x) == std::to_string(w.plane.row_pitch));
+  CHECK(m.spec.define("MMQB_GROUP_PITCH" + x) == std::to_string(w.plane.group_pitch));
+  const bool has_bias = s.weights.size() > 1;
+  CHECK(m.spec.define("MMQB_HAS_BIAS" + x) == (has_bias ? "1" : "0"));
+  CHECK(b.name == "bias" + std::to_string(g));
+  if (has_bias)
+    CHECK((b.kind == fb::ArgKind::Weight && b.tensor == s.weights[1]));
+  else
+    CHECK(b.kind == fb::ArgKind::Null);
+  CHECK((o.kind == fb::ArgKind::Activation && o.access == fb::Access::Write && o.buffer == s.outputs[0]));
+  CHECK(o.name == "out" + std::to_string(g));
+}
+
+// The small-batch and own launches of prefill step i that planFusion fused with the `segs` − 1 MatMuls after it (q, k,
+// v: 3; gate and up: 2): the batched GEMVs of each (below kMmqbFromRows rows, with its own weight and output), then
+// minfer_mmq_blocks<segs> in tiles of 16, 32 and 64 tokens, each segment with its weight's kBlocks constants, split as
+// mmqbSplits gives for the segments' row tiles together, grid over those tiles, the arguments in the kernel's order;
+// its launches the steps' own in turn. With `compile`, the launches are compiled with NVRTC (where built with it)
+// and the entry's PTX parameters checked against the record's arguments. Returns the segments' types.
+std::vector<unsigned> checkMmqbSegmentsStep(const Loaded& l, size_t i, size_t segs, bool compile) {
+  const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
+  const unsigned max_batch = l.desc.plan.max_batch;
+  auto small = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1);
+  REQUIRE_MESSAGE(static_cast<bool>(small), llvm::toString(small.takeError()));
+  REQUIRE(max_batch >= 33);  // all three tiles
+  REQUIRE(small->launches.size() == segs + 3);
+  CHECK(small->rows == std::min(kern::kMmqbFusedMaxRows, max_batch));
+  std::vector<unsigned> n(segs), type(segs);
+  unsigned tiles = 0;
+  uint64_t k = 0;
+  for (size_t j = 0; j < segs; ++j) {
+    const model::StepDesc& s = steps[i + j];
+    const planes::TensorLayout& w = l.layouts[s.weights[0]];
+    const StrideTable& b = w.planes[static_cast<size_t>(w.find(PlaneKind::kBlocks))];
+    n[j] = static_cast<unsigned>(w.desc.rows);
+    type[j] = b.ggml_type;
+    k = w.desc.cols;
+    tiles += (n[j] + kern::kMmqbTM - 1) / kern::kMmqbTM;
+    const KernelLaunch& g = small->launches[j];
+    CHECK(g.spec.entry == "minfer_gemv_batch");
+    CHECK(g.spec.define("GEMVB_TYPE") == std::to_string(b.ggml_type));
+    CHECK((g.min_rows == 0 && g.max_rows == kern::kMmqbFromRows - 1));
+    const KernelArgDesc* out = nullptr;
+    for (const KernelArgDesc& a : g.args)
+      if (a.kind == fb::ArgKind::Activation && a.access == fb::Access::Write) out = &a;
+    REQUIRE(out != nullptr);
+    CHECK(out->buffer == s.outputs[0]);
+  }
+  const unsigned splits = kern::mmqbSplits(tiles * kern::kMmqbTM, static_cast<unsigned>(k));
+  const std::string entry = "minfer_mmq_blocks" + std::to_string(segs);  // minfer_mmq_blocks2 or 3
+  // w0, bias0, …, xq, xmeta, out0 …, partial, counters, n_tokens
+  const size_t xq_at = 2 * segs, out_at = xq_at + 2, partial_at = out_at + segs;
+  unsigned next = kern::kMmqbFromRows;
+  for (size_t j = segs; j < segs + 3; ++j) {
+    const KernelLaunch& m = small->launches[j];
+    const unsigned tn = 16u << (j - segs);
+    CAPTURE(tn);
+    CHECK(m.spec.entry == entry);
+    CHECK(m.spec.define("MMQB_SEGMENTS") == std::to_string(segs));
+    CHECK(m.spec.define("MMQB_TN") == std::to_string(tn));
+    CHECK(m.spec.define("MMQB_SPLITS") == std::to_string(splits));
+    CHECK(m.spec.define("MMQB_N" + std::to_string(segs)).empty());  // no segment past the last
+    CHECK(m.min_rows == next);
+    CHECK(m.max_rows == std::min({tn, max_batch, kern::kMmqbFusedMaxRows}));
+    next = m.max_rows + 1;
+    CHECK(m.rule.at(1).grid.x == tiles);
+    CHECK(m.rule.at(1).grid.y == splits);
+    unsigned smem = 0;
+    for (size_t g = 0; g < segs; ++g) smem = std::max(smem, kern::mmqbSmemBytes(type[g], tn));
+    CHECK(m.rule.at(1).smem == smem);
+    REQUIRE(m.args.size() == partial_at + 3);
+    for (size_t g = 0; g < segs; ++g) checkMmqbSegment(l, m, steps[i + g], g, out_at);
+    CHECK((m.args[xq_at].kind == fb::ArgKind::Q8Values && m.args[xq_at].buffer == steps[i].inputs[1]));
+    CHECK((m.args[xq_at + 1].kind == fb::ArgKind::Q8Meta && m.args[xq_at + 1].buffer == steps[i].inputs[1]));
+    const unsigned segs_u = static_cast<unsigned>(segs);
+    if (splits > 1) {
+      CHECK((m.args[partial_at].kind == fb::ArgKind::Scratch &&
+             m.args[partial_at].bytes == kern::mmqbFusedPartialBytes(n.data(), segs_u, tn, splits)));
+      CHECK((m.args[partial_at + 1].kind == fb::ArgKind::Counters &&
+             m.args[partial_at + 1].bytes == kern::mmqbFusedCounterBytes(n.data(), segs_u)));
+    } else {
+      CHECK((m.args[partial_at].kind == fb::ArgKind::Null && m.args[partial_at + 1].kind == fb::ArgKind::Null));
+    }
+    CHECK(m.args[partial_at + 2].kind == fb::ArgKind::TokenCount);
+    if (compile) checkEntryParams(m);
+  }
+  // The step's own launches: each fused step's in turn.
+  auto fused = fusedLaunches(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1, std::nullopt);
+  REQUIRE_MESSAGE(static_cast<bool>(fused), llvm::toString(fused.takeError()));
+  std::vector<std::string> want;
+  for (size_t j = 0; j < segs; ++j) {
+    auto own = launchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i + j);
+    REQUIRE_MESSAGE(static_cast<bool>(own), llvm::toString(own.takeError()));
+    for (const KernelLaunch& x : *own) want.push_back(x.spec.key);
+  }
+  std::vector<std::string> got;
+  for (const KernelLaunch& x : *fused) got.push_back(x.spec.key);
+  CHECK(got == want);
+  return type;
+}
+
+// The prefill steps of `loaded`'s MatMuls that planFusion with `fusions` gives followers (none expected).
+void checkNoPrefillMatmulFusion(const Loaded& loaded, GemvFusions fusions) {
+  const std::vector<model::StepDesc>& ps = loaded.desc.plan.prefill;
+  auto f = planFusion(loaded.desc, loaded.layouts, PlanVariant::kPrefill, lastTokenTailBegin(ps, loaded.desc.plan.logits),
+                      fusions, true);
+  REQUIRE_MESSAGE(static_cast<bool>(f), llvm::toString(f.takeError()));
+  for (size_t i = 0; i < ps.size(); ++i)
+    if (ps[i].op == fb::OpKind::MatMul) CHECK_MESSAGE(f->followers[i] == 0, ps[i].name);
+}
+
 // q, k and v of each layer beside a Hopper kF16 plane: the prefill plan fuses them (planFusion: the q step with 2
-// followers) so that a batched step of kMmqbFromRows … kMmqb3MaxRows rows takes one minfer_mmq_blocks3 launch instead
-// of three matmul launches: the q step's small-batch launches are the three batched GEMVs (each below
-// kMmqbFromRows rows, with its own weight and output) and minfer_mmq_blocks3 in tiles of 16, 32 and 64 tokens, each
-// segment with its weight's kBlocks constants, split as mmqbSplits gives for the three's row tiles, grid over those
-// tiles; its launches are the three steps' own in turn. Not with max_batch below kMmqbFromRows, nor with fusion off,
-// nor in a model with experts; specs only, no NVRTC.
+// followers) so that a batched step of kMmqbFromRows … kMmqbFusedMaxRows rows takes one minfer_mmq_blocks3 launch
+// instead of three matmul launches (checkMmqbSegmentsStep; the first layer's compiled with NVRTC). Not with max_batch
+// below kMmqbFromRows, nor with fusion off, nor in a model with experts.
 TEST_CASE("prefill q, k, v beside a Hopper kF16 plane: their small-batch steps as one minfer_mmq_blocks3 launch") {
   if (!test::haveFixtures()) return;
   const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true};
@@ -663,132 +802,21 @@ TEST_CASE("prefill q, k, v beside a Hopper kF16 plane: their small-batch steps a
   const size_t tail = lastTokenTailBegin(steps, l.desc.plan.logits);
   auto fusion = planFusion(l.desc, l.layouts, PlanVariant::kPrefill, tail, gemv, true);
   REQUIRE_MESSAGE(static_cast<bool>(fusion), llvm::toString(fusion.takeError()));
-  const unsigned max_batch = l.desc.plan.max_batch;
   size_t triples = 0;
-  std::set<std::string> v_types;
+  std::set<unsigned> v_types;
   for (size_t i = 0; i < steps.size(); ++i) {
-    if (steps[i].op != fb::OpKind::MatMul || steps[i].name.find("attn_q") == std::string::npos) continue;
+    if (steps[i].op != fb::OpKind::MatMul) continue;
     CAPTURE(steps[i].name);
+    if (steps[i].name.find("ffn_gate") != std::string::npos) CHECK(fusion->followers[i] == 0);  // fuse_prefill_pair off
+    if (steps[i].name.find("attn_q") == std::string::npos) continue;
     REQUIRE(fusion->followers[i] == 2);
     CHECK((fusion->fused[i + 1] == 1 && fusion->fused[i + 2] == 1));
-    auto small = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, 2);
-    REQUIRE_MESSAGE(static_cast<bool>(small), llvm::toString(small.takeError()));
-    REQUIRE(max_batch >= 33);  // all three tiles
-    REQUIRE(small->launches.size() == 6);
-    CHECK(small->rows == std::min(kern::kMmqb3MaxRows, max_batch));
-    unsigned n[3], type[3], tiles = 0;
-    uint64_t k = 0;
-    for (size_t j = 0; j < 3; ++j) {
-      const model::StepDesc& s = steps[i + j];
-      const planes::TensorLayout& w = l.layouts[s.weights[0]];
-      const StrideTable& b = w.planes[static_cast<size_t>(w.find(PlaneKind::kBlocks))];
-      n[j] = static_cast<unsigned>(w.desc.rows);
-      type[j] = b.ggml_type;
-      k = w.desc.cols;
-      tiles += (n[j] + kern::kMmqbTM - 1) / kern::kMmqbTM;
-      const KernelLaunch& g = small->launches[j];
-      CHECK(g.spec.entry == "minfer_gemv_batch");
-      CHECK(g.spec.define("GEMVB_TYPE") == std::to_string(b.ggml_type));
-      CHECK((g.min_rows == 0 && g.max_rows == kern::kMmqbFromRows - 1));
-      const KernelArgDesc* out = nullptr;
-      for (const KernelArgDesc& a : g.args)
-        if (a.kind == fb::ArgKind::Activation && a.access == fb::Access::Write) out = &a;
-      REQUIRE(out != nullptr);
-      CHECK(out->buffer == s.outputs[0]);
-    }
-    v_types.insert(std::to_string(type[2]));
-    const unsigned splits = kern::mmqbSplits(tiles * kern::kMmqbTM, static_cast<unsigned>(k));
-    unsigned next = kern::kMmqbFromRows;
-    for (size_t j = 3; j < 6; ++j) {
-      const KernelLaunch& m = small->launches[j];
-      const unsigned tn = 16u << (j - 3);
-      CHECK(m.spec.entry == "minfer_mmq_blocks3");
-      CHECK(m.spec.define("MMQB_SEGMENTS") == "3");
-      CHECK(m.spec.define("MMQB_TN") == std::to_string(tn));
-      CHECK(m.spec.define("MMQB_SPLITS") == std::to_string(splits));
-      const char* n_names[3] = {"MMQB_N", "MMQB_N1", "MMQB_N2"};
-      const char* t_names[3] = {"MMQB_TYPE", "MMQB_TYPE1", "MMQB_TYPE2"};
-      for (size_t s = 0; s < 3; ++s) {
-        CHECK(m.spec.define(n_names[s]) == std::to_string(n[s]));
-        CHECK(m.spec.define(t_names[s]) == std::to_string(type[s]));
-      }
-      CHECK(m.min_rows == next);
-      CHECK(m.max_rows == std::min({tn, max_batch, kern::kMmqb3MaxRows}));
-      next = m.max_rows + 1;
-      CHECK(m.rule.at(1).grid.x == tiles);
-      CHECK(m.rule.at(1).grid.y == splits);
-      CHECK(m.rule.at(1).smem == std::max({kern::mmqbSmemBytes(type[0], tn), kern::mmqbSmemBytes(type[1], tn),
-                                           kern::mmqbSmemBytes(type[2], tn)}));
-      // The arguments in the kernel's order (w0, bias0, w1, bias1, w2, bias2, xq, xmeta, out0 … out2, partial,
-      // counters, n_tokens), each segment's weight, bias and output its own step's, and its constants its plane's.
-      REQUIRE(m.args.size() == 14);
-      const char* pitch_names[3] = {"MMQB_PITCH", "MMQB_PITCH1", "MMQB_PITCH2"};
-      const char* group_names[3] = {"MMQB_GROUP_PITCH", "MMQB_GROUP_PITCH1", "MMQB_GROUP_PITCH2"};
-      const char* bias_names[3] = {"MMQB_HAS_BIAS", "MMQB_HAS_BIAS1", "MMQB_HAS_BIAS2"};
-      for (size_t g = 0; g < 3; ++g) {
-        const model::StepDesc& s = steps[i + g];
-        const KernelArgDesc &w = m.args[2 * g], &b = m.args[2 * g + 1], &o = m.args[8 + g];
-        CHECK(w.name == "w" + std::to_string(g));
-        CHECK((w.kind == fb::ArgKind::Weight && w.tensor == s.weights[0]));
-        const planes::TensorLayout& wl = l.layouts[s.weights[0]];
-        CHECK(w.plane.row_pitch == wl.planes[static_cast<size_t>(wl.find(PlaneKind::kBlocks))].row_pitch);
-        CHECK(m.spec.define(pitch_names[g]) == std::to_string(w.plane.row_pitch));
-        CHECK(m.spec.define(group_names[g]) == std::to_string(w.plane.group_pitch));
-        const bool has_bias = s.weights.size() > 1;
-        CHECK(m.spec.define(bias_names[g]) == (has_bias ? "1" : "0"));
-        CHECK(b.name == "bias" + std::to_string(g));
-        if (has_bias)
-          CHECK((b.kind == fb::ArgKind::Weight && b.tensor == s.weights[1]));
-        else
-          CHECK(b.kind == fb::ArgKind::Null);
-        CHECK((o.kind == fb::ArgKind::Activation && o.access == fb::Access::Write && o.buffer == s.outputs[0]));
-        CHECK(o.name == "out" + std::to_string(g));
-      }
-      CHECK((m.args[6].kind == fb::ArgKind::Q8Values && m.args[6].buffer == steps[i].inputs[1]));
-      CHECK((m.args[7].kind == fb::ArgKind::Q8Meta && m.args[7].buffer == steps[i].inputs[1]));
-      const unsigned nn[3] = {n[0], n[1], n[2]};
-      if (splits > 1) {
-        CHECK((m.args[11].kind == fb::ArgKind::Scratch && m.args[11].bytes == kern::mmqb3PartialBytes(nn, tn, splits)));
-        CHECK((m.args[12].kind == fb::ArgKind::Counters && m.args[12].bytes == kern::mmqb3CounterBytes(nn)));
-      } else {
-        CHECK((m.args[11].kind == fb::ArgKind::Null && m.args[12].kind == fb::ArgKind::Null));
-      }
-      CHECK(m.args[13].kind == fb::ArgKind::TokenCount);
-      // The first layer's launches compiled: the entry's PTX parameters are the 14 arguments (13 pointers, then the
-      // 32-bit n_tokens).
-      if (haveNvrtc() && triples == 0) {
-        auto compiled = compileKernel(m.spec, "sm_90a");
-        REQUIRE_MESSAGE(static_cast<bool>(compiled), llvm::toString(compiled.takeError()));
-        const size_t entry = compiled->ptx.find(".entry minfer_mmq_blocks3(");
-        REQUIRE(entry != std::string::npos);
-        const std::string signature = compiled->ptx.substr(entry, compiled->ptx.find(')', entry) - entry);
-        std::vector<std::string> params;
-        const std::regex param_re("\\.param \\.(u64|u32|b64|b32|s32)");
-        for (auto it = std::sregex_iterator(signature.begin(), signature.end(), param_re); it != std::sregex_iterator();
-             ++it)
-          params.push_back((*it)[1]);
-        REQUIRE(params.size() == m.args.size());
-        for (size_t a = 0; a < params.size(); ++a) CHECK((params[a].substr(1) == "32") == (a + 1 == params.size()));
-      }
-    }
-    // The step's own launches: q's, k's and v's in turn.
-    auto fused = fusedLaunches(l.desc, l.layouts, PlanVariant::kPrefill, i, 2, std::nullopt);
-    REQUIRE_MESSAGE(static_cast<bool>(fused), llvm::toString(fused.takeError()));
-    std::vector<std::string> want;
-    for (size_t j = 0; j < 3; ++j) {
-      auto own = launchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i + j);
-      REQUIRE_MESSAGE(static_cast<bool>(own), llvm::toString(own.takeError()));
-      for (const KernelLaunch& x : *own) want.push_back(x.spec.key);
-    }
-    std::vector<std::string> got;
-    for (const KernelLaunch& x : *fused) got.push_back(x.spec.key);
-    CHECK(got == want);
+    v_types.insert(checkMmqbSegmentsStep(l, i, 3, triples == 0)[2]);
     ++triples;
   }
   CHECK(triples == l.desc.config.n_layer);
   // The Q4_K_M mix gives some layers a Q6_K v: the segments differ in type there.
-  CHECK(v_types == std::set<std::string>{std::to_string(static_cast<unsigned>(GgmlType::Q4_K)),
-                                         std::to_string(static_cast<unsigned>(GgmlType::Q6_K))});
+  CHECK(v_types == std::set<unsigned>{static_cast<unsigned>(GgmlType::Q4_K), static_cast<unsigned>(GgmlType::Q6_K)});
   // No fusion where the triple would not run: max_batch 4, fuse_qkv off, experts (a MoE model whose q, k, v are all
   // Q4_K blocks: each alone would take mmq_blocks but for the experts).
   const Loaded small = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true, 4);
@@ -809,13 +837,66 @@ TEST_CASE("prefill q, k, v beside a Hopper kF16 plane: their small-batch steps a
   for (const auto& [what, loaded, fusions] : {std::tuple{"max_batch 4", &small, gemv}, std::tuple{"fuse_qkv off", &l, no_qkv},
                                              std::tuple{"experts", &moe, gemv}}) {
     CAPTURE(what);
-    const std::vector<model::StepDesc>& ps = loaded->desc.plan.prefill;
-    auto f = planFusion(loaded->desc, loaded->layouts, PlanVariant::kPrefill,
-                        lastTokenTailBegin(ps, loaded->desc.plan.logits), fusions, true);
-    REQUIRE_MESSAGE(static_cast<bool>(f), llvm::toString(f.takeError()));
-    for (size_t i = 0; i < ps.size(); ++i)
-      if (ps[i].op == fb::OpKind::MatMul) CHECK_MESSAGE(f->followers[i] == 0, ps[i].name);
+    checkNoPrefillMatmulFusion(*loaded, fusions);
   }
+}
+
+// With fuse_prefill_pair, gate and up of each layer beside a Hopper kF16 plane likewise: the gate step with 1 follower,
+// its small-batch launches minfer_mmq_blocks2 (checkMmqbSegmentsStep; the first layer's compiled with NVRTC), q, k and
+// v still the triple; the last layer's gate and up stay apart (the last-token tail, which runs one row, fuses none).
+// Not with max_batch below kMmqbFromRows, nor in a model with experts (whose FFN is no MatMul pair), nor for q and k
+// when fuse_qkv is off (the pair rule takes the gate and up of a GLU only); off in the default options.
+TEST_CASE("prefill gate and up beside a Hopper kF16 plane: with fuse_prefill_pair one minfer_mmq_blocks2 launch") {
+  if (!test::haveFixtures()) return;
+  const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true, .prefill_pair = true};
+  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
+  const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
+  const size_t tail = lastTokenTailBegin(steps, l.desc.plan.logits);
+  auto fusion = planFusion(l.desc, l.layouts, PlanVariant::kPrefill, tail, gemv, true);
+  REQUIRE_MESSAGE(static_cast<bool>(fusion), llvm::toString(fusion.takeError()));
+  size_t pairs = 0, triples = 0, tail_pairs = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].op != fb::OpKind::MatMul || fusion->fused[i]) continue;
+    CAPTURE(steps[i].name);
+    if (steps[i].name.find("attn_q") != std::string::npos) {
+      CHECK(fusion->followers[i] == 2);
+      ++triples;
+    } else if (steps[i].name.find("ffn_gate") != std::string::npos && i >= tail) {
+      CHECK(fusion->followers[i] == 0);
+      ++tail_pairs;
+    } else if (steps[i].name.find("ffn_gate") != std::string::npos) {
+      REQUIRE(fusion->followers[i] == 1);
+      REQUIRE(steps[i + 1].name.find("ffn_up") != std::string::npos);
+      CHECK(fusion->fused[i + 1] == 1);
+      checkMmqbSegmentsStep(l, i, 2, pairs == 0);
+      ++pairs;
+    } else {
+      CHECK(fusion->followers[i] == 0);  // o, down, the output head
+    }
+  }
+  CHECK(pairs == l.desc.config.n_layer - 1);
+  CHECK(tail_pairs == 1);
+  CHECK(triples == l.desc.config.n_layer);
+  const Loaded small = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true, 4);
+  checkNoPrefillMatmulFusion(small, gemv);
+  const Loaded moe = load(synthQwen3MoeQ4KM(), true, true);
+  checkNoPrefillMatmulFusion(moe, gemv);
+  // fuse_qkv off: q, k and v stay apart (two of them are MatMuls of one input, but no GLU's gate and up).
+  GemvFusions no_qkv = gemv;
+  no_qkv.qkv = false;
+  auto f = planFusion(l.desc, l.layouts, PlanVariant::kPrefill, tail, no_qkv, true);
+  REQUIRE_MESSAGE(static_cast<bool>(f), llvm::toString(f.takeError()));
+  size_t gate_pairs = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].op != fb::OpKind::MatMul || f->fused[i]) continue;
+    CAPTURE(steps[i].name);
+    const bool gate = steps[i].name.find("ffn_gate") != std::string::npos && i < tail;
+    CHECK(f->followers[i] == (gate ? 1u : 0u));
+    gate_pairs += gate;
+  }
+  CHECK(gate_pairs == l.desc.config.n_layer - 1);
+  CHECK(!CodegenOptions{}.fuse_prefill_pair);
+  CHECK(!minfer::CompileOptions{}.fuse_prefill_pair);
 }
 
 TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches equal to their buffers") {

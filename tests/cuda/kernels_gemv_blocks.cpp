@@ -971,13 +971,14 @@ TEST_CASE("mmq_blocks: Q4_K and Q6_K blocks on f16 tensor cores, 1 … 64 rows, 
   }
 }
 
-// minfer_mmq_blocks3 (mmq_blocks.cuh MMQB_SEGMENTS 3: q, k and v of one q8 input in one launch) against three
-// minfer_mmq_blocks launches with the same constants and splits: every output bit for bit theirs (the same tiles, the
-// same split order), and each within its f16 bound of the CPU (f16MatmulBound). Segments of mixed types (the Q4_K_M
-// mix gives some layers a Q6_K v), row counts not multiples of the 128-row tile, biases on some, padded pitches; one
-// split and several (the counters zero again after each launch: each runs twice); tiles of 16, 32 and 64 tokens at 1, 9,
-// past half a tile and a full tile; nothing written past the call's rows.
-TEST_CASE("mmq_blocks3: q, k and v in one launch, bit for bit three mmq_blocks launches, mixed types, split-K") {
+// minfer_mmq_blocks2 and minfer_mmq_blocks3 (mmq_blocks.cuh MMQB_SEGMENTS 2 and 3: gate and up, or q, k and v of one
+// q8 input in one launch) against one minfer_mmq_blocks launch per matrix with the same constants and splits: every
+// output bit for bit theirs (the same tiles, the same split order), and each within its f16 bound of the CPU
+// (f16MatmulBound). Segments of mixed types (the Q4_K_M mix gives some layers a Q6_K v), row counts not multiples of
+// the 128-row tile, biases on some, padded pitches; one split and several (the counters zero again after each launch:
+// each runs twice); tiles of 16, 32 and 64 tokens at 1, 9, past half a tile and a full tile; nothing written past the
+// call's rows.
+TEST_CASE("mmq_blocks2 and mmq_blocks3: two or three matrices in one launch, bit for bit one mmq_blocks launch each") {
   MINFER_REQUIRE_GPU(G);
   struct Seg {
     GgmlType type;
@@ -985,7 +986,7 @@ TEST_CASE("mmq_blocks3: q, k and v in one launch, bit for bit three mmq_blocks l
     bool bias, padded;
   };
   struct Case {
-    Seg seg[3];
+    std::vector<Seg> seg;
     uint64_t cols;
     unsigned tn, splits;
   };
@@ -995,18 +996,25 @@ TEST_CASE("mmq_blocks3: q, k and v in one launch, bit for bit three mmq_blocks l
       {{{GgmlType::Q6_K, 7, false, true}, {GgmlType::Q6_K, 200, false, false}, {GgmlType::Q4_K, 129, true, false}}, 512, 32, 1},
       {{{GgmlType::Q4_K, 1000, false, false}, {GgmlType::Q4_K, 256, false, true}, {GgmlType::Q4_K, 256, false, false}}, 2048, 16, 8},
       {{{GgmlType::Q4_K, 3584, true, false}, {GgmlType::Q4_K, 512, true, false}, {GgmlType::Q6_K, 512, true, false}}, 3584, 64, 7},
-      {{{GgmlType::Q6_K, 50, false, false}, {GgmlType::Q4_K, 333, true, true}, {GgmlType::Q6_K, 64, true, false}}, 1024, 64, 2}};
-  const char* suffix[3] = {"", "1", "2"};
+      {{{GgmlType::Q6_K, 50, false, false}, {GgmlType::Q4_K, 333, true, true}, {GgmlType::Q6_K, 64, true, false}}, 1024, 64, 2},
+      // gate and up: equal rows and types as in a model, and odd ones
+      {{{GgmlType::Q4_K, 1300, false, false}, {GgmlType::Q4_K, 1300, false, true}}, 1536, 32, 2},
+      {{{GgmlType::Q4_K, 2000, false, false}, {GgmlType::Q6_K, 2000, false, false}}, 1024, 64, 2},
+      {{{GgmlType::Q6_K, 77, true, true}, {GgmlType::Q4_K, 260, false, false}}, 768, 16, 3},
+      {{{GgmlType::Q4_K, 640, false, false}, {GgmlType::Q4_K, 640, false, false}}, 512, 64, 1}};
   std::vector<codegen::KernelSpec> specs;
+  std::vector<size_t> first;  // per case: its index in specs (the alone kernels, then the fused one)
   for (const Case& c : cases) {
+    const std::string segs = str(c.seg.size());
     std::vector<std::pair<std::string, std::string>> defs = {
-        {"MMQB_SEGMENTS", "3"}, {"MMQB_K", str(c.cols)}, {"MMQB_TN", str(c.tn)}, {"MMQB_SPLITS", str(c.splits)}};
-    std::string key = "mmq_blocks3_test_k" + str(c.cols) + "_tn" + str(c.tn) + "_s" + str(c.splits);
-    for (int j = 0; j < 3; ++j) {
+        {"MMQB_SEGMENTS", segs}, {"MMQB_K", str(c.cols)}, {"MMQB_TN", str(c.tn)}, {"MMQB_SPLITS", str(c.splits)}};
+    std::string key = "mmq_blocks" + segs + "_test_k" + str(c.cols) + "_tn" + str(c.tn) + "_s" + str(c.splits);
+    first.push_back(specs.size());
+    for (size_t j = 0; j < c.seg.size(); ++j) {
       const Seg& g = c.seg[j];
       const uint32_t gp = static_cast<uint32_t>(alignUp(ggmlTypeTraits(g.type).type_size, 16));
       const uint64_t pitch = c.cols / 256 * gp + (g.padded ? 32 : 0);
-      const std::string x = suffix[j];
+      const std::string x = j == 0 ? "" : str(j);
       for (const auto& d : std::vector<std::pair<std::string, std::string>>{
                {"MMQB_N" + x, str(g.rows)}, {"MMQB_TYPE" + x, str(static_cast<unsigned>(g.type))},
                {"MMQB_PITCH" + x, str(pitch)}, {"MMQB_GROUP_PITCH" + x, str(gp)}, {"MMQB_HAS_BIAS" + x, g.bias ? "1" : "0"}})
@@ -1018,22 +1026,25 @@ TEST_CASE("mmq_blocks3: q, k and v in one launch, bit for bit three mmq_blocks l
                             {"MMQB_PITCH", str(pitch)}, {"MMQB_GROUP_PITCH", str(gp)}, {"MMQB_TN", str(c.tn)},
                             {"MMQB_SPLITS", str(c.splits)}, {"MMQB_HAS_BIAS", g.bias ? "1" : "0"}}));
     }
-    specs.push_back(spec(key, "kernels/mmq_blocks.cuh", "minfer_mmq_blocks3", defs));
+    const char* entry = c.seg.size() == 2 ? "minfer_mmq_blocks2" : "minfer_mmq_blocks3";
+    specs.push_back(spec(key, "kernels/mmq_blocks.cuh", entry, defs));
   }
   std::vector<Kernel> k = compile(specs);
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
-    const Kernel& fused = k[4 * i + 3];
+    const size_t segs = c.seg.size();
+    const unsigned nseg = static_cast<unsigned>(segs);
+    const Kernel& fused = k[first[i] + segs];
     CAPTURE(fused.key);
     const int max_rows = static_cast<int>(c.tn);
     const HostQ8 hq = quantizeHost(activations(max_rows, static_cast<int>(c.cols)), max_rows, static_cast<int>(c.cols));
     DeviceArray xq = DeviceArray::of(hq.qs), xm = DeviceArray::of(hq.meta);
-    unsigned n[3], type[3];
+    std::vector<unsigned> n(segs), type(segs);
     std::vector<RandomWeight> rw;
     std::vector<DeviceArray> w, bias, got, alone;
     std::vector<std::vector<float>> want;
     std::vector<std::vector<double>> bound;
-    for (int j = 0; j < 3; ++j) {
+    for (size_t j = 0; j < segs; ++j) {
       const Seg& g = c.seg[j];
       n[j] = static_cast<unsigned>(g.rows);
       type[j] = static_cast<unsigned>(g.type);
@@ -1046,21 +1057,21 @@ TEST_CASE("mmq_blocks3: q, k and v in one launch, bit for bit three mmq_blocks l
       want.push_back(cpuBlocksMatmul(rw.back(), g.bias ? bias_v.data() : nullptr, hq.deq, max_rows));
       bound.push_back(f16MatmulBound(rw.back(), hq.deq, max_rows));
     }
-    DeviceArray partial(std::max<uint64_t>(16, kern::mmqb3PartialBytes(n, c.tn, c.splits))),
-        counters = DeviceArray::of(std::vector<uint32_t>(kern::mmqb3CounterBytes(n) / 4, 0));
+    DeviceArray partial(std::max<uint64_t>(16, kern::mmqbFusedPartialBytes(n.data(), nseg, c.tn, c.splits))),
+        counters = DeviceArray::of(std::vector<uint32_t>(kern::mmqbFusedCounterBytes(n.data(), nseg) / 4, 0));
     std::vector<DeviceArray> alone_partial, alone_counters;
-    for (int j = 0; j < 3; ++j) {
+    for (size_t j = 0; j < segs; ++j) {
       alone_partial.emplace_back(std::max<uint64_t>(16, kern::mmqbPartialBytes(n[j], c.tn, c.splits)));
       alone_counters.push_back(DeviceArray::of(std::vector<uint32_t>(kern::mmqbCounterBytes(n[j]) / 4, 0)));
     }
-    const kern::LaunchShape sh = kern::mmqb3LaunchRule(n, type, c.tn, c.splits).at(1);
-    CHECK(sh.grid.x == kern::mmqb3Tiles(n));
+    const kern::LaunchShape sh = kern::mmqbFusedLaunchRule(n.data(), type.data(), nseg, c.tn, c.splits).at(1);
+    CHECK(sh.grid.x == kern::mmqbFusedTiles(n.data(), nseg));
     for (int tokens : {1, 9, max_rows / 2 + 3, max_rows}) {
       for (int rep = 0; rep < 2; ++rep) {  // the counters must be zero again for the second launch's sums
         CAPTURE(tokens);
         CAPTURE(rep);
-        CUdeviceptr pw[3], pb[3], po[3];
-        for (int j = 0; j < 3; ++j) {
+        std::vector<CUdeviceptr> pw(segs), pb(segs), po(segs);
+        for (size_t j = 0; j < segs; ++j) {
           got[j].poison();
           alone[j].poison();
           pw[j] = w[j].ptr();
@@ -1068,21 +1079,26 @@ TEST_CASE("mmq_blocks3: q, k and v in one launch, bit for bit three mmq_blocks l
           po[j] = got[j].ptr();
         }
         CUdeviceptr a = xq.ptr(), b = xm.ptr(), pp = c.splits > 1 ? partial.ptr() : 0, pc = counters.ptr();
-        launch(fused, sh, {&pw[0], &pb[0], &pw[1], &pb[1], &pw[2], &pb[2], &a, &b, &po[0], &po[1], &po[2], &pp, &pc, &tokens});
-        for (int j = 0; j < 3; ++j) {
+        std::vector<void*> args;  // the kernel's order: w0, bias0, …, xq, xmeta, out0 …, partial, counters, n_tokens
+        for (size_t j = 0; j < segs; ++j) args.insert(args.end(), {&pw[j], &pb[j]});
+        args.insert(args.end(), {&a, &b});
+        for (size_t j = 0; j < segs; ++j) args.push_back(&po[j]);
+        args.insert(args.end(), {&pp, &pc, &tokens});
+        launch(fused, sh, args);
+        for (size_t j = 0; j < segs; ++j) {
           CAPTURE(j);
           CUdeviceptr o = alone[j].ptr(), ap = c.splits > 1 ? alone_partial[j].ptr() : 0, ac = alone_counters[j].ptr();
-          launch(k[4 * i + j], kern::mmqbLaunchRule(n[j], type[j], c.tn, c.splits).at(1),
+          launch(k[first[i] + j], kern::mmqbLaunchRule(n[j], type[j], c.tn, c.splits).at(1),
                  {&pw[j], &pb[j], &a, &b, &o, &ap, &ac, &tokens});
           const std::vector<float> all = got[j].download<float>(static_cast<size_t>(max_rows) * n[j]);
           const std::vector<float> ref = alone[j].download<float>(static_cast<size_t>(max_rows) * n[j]);
           const size_t used = static_cast<size_t>(tokens) * n[j];
           CHECK(std::memcmp(all.data(), ref.data(), used * 4) == 0);
-          checkWithinF16Bound("mmq_blocks3 (fraction of the f16 bound)", all, want[j], bound[j], used);
+          checkWithinF16Bound("mmq_blocks2/3 (fraction of the f16 bound)", all, want[j], bound[j], used);
         }
       }
     }
-    const size_t words = kern::mmqb3CounterBytes(n) / 4;
+    const size_t words = kern::mmqbFusedCounterBytes(n.data(), nseg) / 4;
     CHECK(counters.download<uint32_t>(words) == std::vector<uint32_t>(words, 0));
   }
 }

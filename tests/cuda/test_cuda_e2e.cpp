@@ -97,7 +97,8 @@ std::vector<std::string> goldenArchs() {
 // `fuse`: launch fusion (CompileOptions::fuse_launches, with the default fused QKV GEMV, gate|up pair and GEMV +
 // Add + deferred RMSNorm), `gemv`: minfer-compile's --fuse-gemv: "" the default (norm), "pair" without the
 // deferred RMSNorm (fuse_norm off: every result the unfused steps', bit for bit), "all" with the gate|up GLU GEMV
-// (fuse_glu). `arch`: the kernel target ("" = the GPU's arch;
+// (fuse_glu), "prefill-pair" the default with the prefill gate and up as one small-batch launch (fuse_prefill_pair:
+// minfer_mmq_blocks2 on sm_90a). `arch`: the kernel target ("" = the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 // compiledFile: the same for a GGUF at `input` (named `model` in the artifact's file name).
 std::string compiledFile(const std::string& input, const std::string& model, bool fuse = true,
@@ -110,8 +111,10 @@ std::string compiledFile(const std::string& input, const std::string& model, boo
   o.input = input;
   o.output = scratchDir() + "/" + key + ".gpu.mfb";
   o.fuse_launches = fuse;
-  REQUIRE_MESSAGE((gemv.empty() || gemv == "pair" || gemv == "all"), "compiledFile: gemv " << gemv);
+  REQUIRE_MESSAGE((gemv.empty() || gemv == "pair" || gemv == "all" || gemv == "prefill-pair"),
+                  "compiledFile: gemv " << gemv);
   o.fuse_glu = gemv == "all";
+  o.fuse_prefill_pair = gemv == "prefill-pair";
   o.fuse_norm = gemv != "pair";
   o.max_batch = 64;
   o.targets = {arch.empty() ? get()->arch : arch};
@@ -951,6 +954,8 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
       {"tiny-llama-Q4_K_M.gguf", "models"},         // quantized MMQ rows
       {"tiny-qwen2-Q4_K_M.gguf", "models"},         // q/k/v biases, NeoX RoPE
       {"tiny-qwen2-Q4_K_M.gguf", "models", "pair"}, // one-row steps without the default's deferred RMSNorm
+      {"tiny-qwen2-Q4_K_M.gguf", "models", "prefill-pair"},  // gate and up in one mmq_blocks launch (sm_90a)
+      {"tiny-llama-Q4_K_M.gguf", "models", "prefill-pair"},
       {"tiny-gemma2-F32.gguf", "arch/models"},      // sliding window, query scale, soft-cap
       {"tiny-gemma3-Q8_0.gguf", "arch/models"},     // sliding window layers, QK norm, per-layer RoPE bases
       {"tiny-phi3-Q8_0.gguf", "arch/models"},       // q|k|v column views (PA_/ATT_ pitches)
@@ -960,7 +965,9 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
   for (const std::string& arch : goldenArchs())
     for (const Fixture& f : models) {
       const std::string model = f.model, gemv = f.gemv;
-      const std::string name = model + (gemv.empty() ? "" : " (--fuse-gemv=" + gemv + ")");
+      if (gemv == "prefill-pair" && arch != "sm_90a") continue;  // the option changes sm_90a plans only
+      const std::string name =
+          model + (gemv.empty() ? "" : gemv == "prefill-pair" ? " (--fuse-prefill-pair)" : " (--fuse-gemv=" + gemv + ")");
       CAPTURE(arch);
       CAPTURE(name);
       const std::string path = compiled(model, f.dir, true, arch, f.gemv);
@@ -974,13 +981,18 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
         REQUIRE(file.isOk());
         uint32_t small_rows = 0;
         bool blocks = false;  // a small launch on the GGUF blocks (the batched GEMV)
+        bool pair = false;    // gate and up in one launch (minfer_mmq_blocks2)
         const auto* kernels = (*file)->manifest()->kernels();
         for (const fb::Step* s : *(*file)->manifest()->prefill()->steps())
           if (s->small_launches() && s->small_launches()->size() > 0) {
             small_rows = std::max(small_rows, s->small_rows());
-            for (const fb::Launch* l : *s->small_launches())
-              blocks |= kernels->Get(l->images()->Get(0))->entry()->str() == "minfer_gemv_batch";
+            for (const fb::Launch* l : *s->small_launches()) {
+              const std::string entry = kernels->Get(l->images()->Get(0))->entry()->str();
+              blocks |= entry == "minfer_gemv_batch";
+              pair |= entry == "minfer_mmq_blocks2";
+            }
           }
+        CHECK(pair == (arch == "sm_90a" && gemv == "prefill-pair"));
         // Every quantized model gets small launches on both targets (sm_90a: the K-quants on their blocks, up to
         // kGemvBatchMaxRows rows, the other types on kI8 beside their kF16 planes; sm_90: kI8); the K-quant
         // models' on sm_90a are minfer_gemv_batch.

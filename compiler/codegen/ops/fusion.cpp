@@ -230,8 +230,12 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
   // q, k, v of one q8 input in the prefill plan: calls of a few rows (batched steps, short prompt chunks) run them as
   // one mmq_blocks launch (their small-batch launches), longer ones as their own launches.
   if (gemv.qkv && variant == PlanVariant::kPrefill && fitsAll(i + 2) && gemvTripleChain(steps, i) &&
-      fusesMmqbTriple(ctx(i), ctx(i + 1), ctx(i + 2)))
+      fusesMmqbSegments({ctx(i), ctx(i + 1), ctx(i + 2)}))
     return 2;
+  // The gate and up of a GLU (two matmuls of one q8 input) likewise, with `gemv.prefill_pair`.
+  if (gemv.prefill_pair && variant == PlanVariant::kPrefill && fits(i + 1) && i + 3 < steps.size() &&
+      gemvPairChain(steps, i) && gateUpGluChain(steps, i) && fusesMmqbSegments({ctx(i), ctx(i + 1)}))
+    return 1;
   if (gemv.glu && variant == PlanVariant::kDecode && fitsAll(i + 3) && gateUpGluChain(steps, i) &&
       fusesGateUp(ctx(i), ctx(i + 1)))
     return 3;
@@ -284,11 +288,13 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
     const StepContext quant = ctx(i + 5);
     return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), &quant, input_norm);
   }
-  if (variant == PlanVariant::kPrefill && followers == 2 && gemvTripleChain(steps, i)) {
-    // The prefill q, k, v (their small-batch launches fused: smallLaunchesForStep): each step's own launches in turn.
-    if (input_norm) return producer.error("the prefill q, k, v launches take no deferred RMSNorm");
+  if (variant == PlanVariant::kPrefill && ((followers == 2 && gemvTripleChain(steps, i)) ||
+                                            (followers == 1 && gemvPairChain(steps, i) && gateUpGluChain(steps, i)))) {
+    // The prefill q, k, v or gate and up (their small-batch launches fused: smallLaunchesForStep): each step's own
+    // launches in turn.
+    if (input_norm) return producer.error("the prefill matmuls fused for small batches take no deferred RMSNorm");
     std::vector<KernelLaunch> all;
-    for (size_t k = 0; k < 3; ++k) {
+    for (size_t k = 0; k <= followers; ++k) {
       auto own = launchesForStep(desc, layouts, variant, i + k);
       if (!own) return own.takeError();
       for (KernelLaunch& l : *own) all.push_back(std::move(l));

@@ -9,8 +9,9 @@
 //   and with fuse_glu (off by default) the gate and up matmuls of a GLU with it and its quantization
 //   (gateUpGluLaunches); batched decode steps of a few rows (Step.small_launches) the batched GEMV
 //   (gemv_blocks.cuh GEMVB_BATCH) on the kBlocks plane of Q4_K / Q6_K and from kMmqbFromRows rows
-//   kernels/mmq_blocks.cuh on f16 tensor cores (the prefill q, k, v of one input as one minfer_mmq_blocks3 launch:
-//   fusesMmqbTriple), else kernels/gemm_small.cuh on the plane the decode GEMV reads;
+//   kernels/mmq_blocks.cuh on f16 tensor cores (the prefill q, k, v of one input as one minfer_mmq_blocks3 launch, gate
+//   and up as one minfer_mmq_blocks2: fusesMmqbSegments), else kernels/gemm_small.cuh on the plane the decode GEMV
+//   reads;
 //   float weights (dense F32 / F16 / BF16 plane), f32 activations: kernels/dense_matmul.cuh
 //   (dense_mm in prefill, dense_gemv in decode).
 // Every plane constant the kernel is compiled with (-D…_PITCH) is taken from the stride table that the
@@ -343,7 +344,8 @@ KernelLaunch batchedGemvLaunch(const StepContext& c, const MatMulOperands& m, co
 }
 
 // The mmq_blocks tiles of a small-batch step and the rows each serves: 16 tokens from kMmqbFromRows, then 32, then
-// 64, up to min(most, max_batch) rows (`most`: kMmqbMaxRows, or kMmqb3MaxRows for minfer_mmq_blocks3); `make(tn)`
+// 64, up to min(most, max_batch) rows (`most`: kMmqbMaxRows, or kMmqbFusedMaxRows for the fused forms,
+// minfer_mmq_blocks2 and minfer_mmq_blocks3); `make(tn)`
 // builds the launch of one tile.
 template <class Make>
 void pushMmqbTiles(std::vector<KernelLaunch>& out, unsigned rows, unsigned most, Make make) {
@@ -724,66 +726,71 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
   return launches;
 }
 
-bool fusesMmqbTriple(const StepContext& a, const StepContext& b, const StepContext& c) {
-  const StepContext* mm[3] = {&a, &b, &c};
-  std::optional<MatMulOperands> m[3];
-  for (int i = 0; i < 3; ++i) {
-    m[i] = fusibleOperands(*mm[i]);
-    if (!mm[i]->prefill() || mm[i]->inTail() || !m[i] || !smallBatchBlocks(*mm[i], *m[i]) || m[i]->k != m[0]->k ||
-        mm[i]->step().inputs != a.step().inputs)
+bool fusesMmqbSegments(llvm::ArrayRef<StepContext> mm) {
+  if (mm.size() < 2 || mm.size() > kern::kMmqbMaxSegments) return false;
+  for (const StepContext& c : mm) {
+    const std::optional<MatMulOperands> m = fusibleOperands(c);
+    if (!c.prefill() || c.inTail() || !m || !smallBatchBlocks(c, *m) || m->k != fusibleOperands(mm[0])->k ||
+        c.step().inputs != mm[0].step().inputs)
       return false;
   }
-  return a.maxBatch() >= kern::kMmqbFromRows && !a.hasExperts() && a.outputId(0) != b.outputId(0) &&
-         a.outputId(0) != c.outputId(0) && b.outputId(0) != c.outputId(0);
+  for (size_t i = 0; i < mm.size(); ++i)
+    for (size_t j = i + 1; j < mm.size(); ++j)
+      if (mm[i].outputId(0) == mm[j].outputId(0)) return false;
+  return mm[0].maxBatch() >= kern::kMmqbFromRows && !mm[0].hasExperts();
 }
 
-llvm::Expected<SmallLaunches> mmqbTripleSmallLaunches(const StepContext& a, const StepContext& b, const StepContext& c) {
-  if (!fusesMmqbTriple(a, b, c)) return a.error("the three matmuls cannot run as one small-batch mmq_blocks launch");
-  const StepContext* mm[3] = {&a, &b, &c};
-  MatMulOperands m[3];
-  const StrideTable* blk[3];
-  unsigned n[3], type[3];
+llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepContext> mm) {
+  if (mm.empty()) return llvm::createStringError(llvm::inconvertibleErrorCode(), "mmq_blocks fusion of no matmuls");
+  if (!fusesMmqbSegments(mm))
+    return mm[0].error(llvm::formatv("the {0} matmuls cannot run as one small-batch mmq_blocks launch", mm.size()));
+  constexpr size_t kMost = kern::kMmqbMaxSegments;
+  const size_t segs = mm.size();
+  MatMulOperands m[kMost];
+  const StrideTable* blk[kMost];
+  unsigned n[kMost] = {}, type[kMost] = {};
   SmallLaunches out;
-  for (int i = 0; i < 3; ++i) {
-    m[i] = *fusibleOperands(*mm[i]);
-    blk[i] = smallBatchBlocks(*mm[i], m[i]);
+  for (size_t i = 0; i < segs; ++i) {
+    m[i] = *fusibleOperands(mm[i]);
+    blk[i] = smallBatchBlocks(mm[i], m[i]);
     n[i] = static_cast<unsigned>(m[i].n);
     type[i] = blk[i]->ggml_type;
-    out.launches.push_back(batchedGemvLaunch(*mm[i], m[i], *blk[i]));
+    out.launches.push_back(batchedGemvLaunch(mm[i], m[i], *blk[i]));
     out.launches.back().max_rows = kern::kMmqbFromRows - 1;
   }
-  const unsigned k = static_cast<unsigned>(m[0].k), tiles = kern::mmqb3Tiles(n);
-  const unsigned splits = kern::mmqbSplits(tiles * kern::kMmqbTM, k);
-  std::string segs;
-  for (int i = 0; i < 3; ++i)
-    segs += llvm::formatv("_{0}g{1}n{2}{3}", typeTag(type[i]), blk[i]->group_pitch, n[i], m[i].bias_tag).str();
-  pushMmqbTiles(out.launches, a.maxBatch(), kern::kMmqb3MaxRows, [&](unsigned tn) {
-    SpecBuilder sb(llvm::formatv("mmq_blocks3{0}_k{1}_t{2}_s{3}", segs, k, tn, splits), "kernels/mmq_blocks.cuh",
-                   "minfer_mmq_blocks3");
-    sb.define("MMQB_SEGMENTS", uint64_t{3}).define("MMQB_K", m[0].k).define("MMQB_TN", uint64_t{tn});
+  const unsigned k = static_cast<unsigned>(m[0].k), nseg = static_cast<unsigned>(segs);
+  const unsigned splits = kern::mmqbSplits(kern::mmqbFusedTiles(n, nseg) * kern::kMmqbTM, k);
+  std::string tag;
+  for (size_t i = 0; i < segs; ++i)
+    tag += llvm::formatv("_{0}g{1}n{2}{3}", typeTag(type[i]), blk[i]->group_pitch, n[i], m[i].bias_tag).str();
+  const char* entry = segs == 2 ? "minfer_mmq_blocks2" : "minfer_mmq_blocks3";
+  // Each segment's constants: its -D names (segment 0 the plain kernel's) and its arguments' names.
+  static constexpr const char* kNames[kMost][8] = {
+      {"MMQB_N", "MMQB_TYPE", "MMQB_PITCH", "MMQB_GROUP_PITCH", "MMQB_HAS_BIAS", "w0", "bias0", "out0"},
+      {"MMQB_N1", "MMQB_TYPE1", "MMQB_PITCH1", "MMQB_GROUP_PITCH1", "MMQB_HAS_BIAS1", "w1", "bias1", "out1"},
+      {"MMQB_N2", "MMQB_TYPE2", "MMQB_PITCH2", "MMQB_GROUP_PITCH2", "MMQB_HAS_BIAS2", "w2", "bias2", "out2"}};
+  pushMmqbTiles(out.launches, mm[0].maxBatch(), kern::kMmqbFusedMaxRows, [&](unsigned tn) {
+    SpecBuilder sb(llvm::formatv("mmq_blocks{0}{1}_k{2}_t{3}_s{4}", segs, tag, k, tn, splits), "kernels/mmq_blocks.cuh",
+                   entry);
+    sb.define("MMQB_SEGMENTS", uint64_t{segs}).define("MMQB_K", m[0].k).define("MMQB_TN", uint64_t{tn});
     sb.define("MMQB_SPLITS", uint64_t{splits});
-    const char* names[3][5] = {{"MMQB_N", "MMQB_TYPE", "MMQB_PITCH", "MMQB_GROUP_PITCH", "MMQB_HAS_BIAS"},
-                               {"MMQB_N1", "MMQB_TYPE1", "MMQB_PITCH1", "MMQB_GROUP_PITCH1", "MMQB_HAS_BIAS1"},
-                               {"MMQB_N2", "MMQB_TYPE2", "MMQB_PITCH2", "MMQB_GROUP_PITCH2", "MMQB_HAS_BIAS2"}};
-    for (int i = 0; i < 3; ++i)
-      sb.define(names[i][0], m[i].n)
-          .define(names[i][1], uint64_t{type[i]})
-          .define(names[i][2], blk[i]->row_pitch)
-          .define(names[i][3], uint64_t{blk[i]->group_pitch})
-          .define(names[i][4], uint64_t{m[i].bias ? 1u : 0u});
-    const char* w_names[3] = {"w0", "w1", "w2"};
-    const char* b_names[3] = {"bias0", "bias1", "bias2"};
-    const char* out_names[3] = {"out0", "out1", "out2"};
     std::vector<KernelArgDesc> args;
-    for (int i = 0; i < 3; ++i) {
-      args.push_back(weightArg(w_names[i], mm[i]->weightId(0), *blk[i]));
-      args.push_back(biasArg(*mm[i], m[i], b_names[i]));
+    for (size_t i = 0; i < segs; ++i) {
+      sb.define(kNames[i][0], m[i].n)
+          .define(kNames[i][1], uint64_t{type[i]})
+          .define(kNames[i][2], blk[i]->row_pitch)
+          .define(kNames[i][3], uint64_t{blk[i]->group_pitch})
+          .define(kNames[i][4], uint64_t{m[i].bias ? 1u : 0u});
+      args.push_back(weightArg(kNames[i][5], mm[i].weightId(0), *blk[i]));
+      args.push_back(biasArg(mm[i], m[i], kNames[i][6]));
     }
-    pushQ8Args(args, "xq", "xmeta", a.inputId(1), k, fb::Access::Read);
-    for (int i = 0; i < 3; ++i) args.push_back(activationArg(out_names[i], mm[i]->outputId(0), n[i], fb::Access::Write));
-    pushSplitKArgs(args, kern::mmqb3PartialBytes(n, tn, splits), kern::mmqb3CounterBytes(n), splits);
+    pushQ8Args(args, "xq", "xmeta", mm[0].inputId(1), k, fb::Access::Read);
+    for (size_t i = 0; i < segs; ++i)
+      args.push_back(activationArg(kNames[i][7], mm[i].outputId(0), n[i], fb::Access::Write));
+    pushSplitKArgs(args, kern::mmqbFusedPartialBytes(n, nseg, tn, splits), kern::mmqbFusedCounterBytes(n, nseg),
+                   splits);
     args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-    return KernelLaunch{sb.spec, std::move(args), kern::mmqb3LaunchRule(n, type, tn, splits)};
+    return KernelLaunch{sb.spec, std::move(args), kern::mmqbFusedLaunchRule(n, type, nseg, tn, splits)};
   });
   out.rows = out.launches.back().max_rows;
   return out;
@@ -793,10 +800,13 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
                                                    size_t step_index, size_t followers) {
   const StepContext c(desc, layouts, variant, step_index);
-  // q, k, v fused for their small-batch steps (fusedFollowers): their batched GEMVs and one mmq_blocks launch.
-  if (variant == PlanVariant::kPrefill && followers == 2 && c.step().op == fb::OpKind::MatMul)
-    return mmqbTripleSmallLaunches(c, StepContext(desc, layouts, variant, step_index + 1),
-                                   StepContext(desc, layouts, variant, step_index + 2));
+  // q, k, v (or gate and up) fused for their small-batch steps (fusedFollowers): their batched GEMVs and one
+  // mmq_blocks launch.
+  if (variant == PlanVariant::kPrefill && (followers == 1 || followers == 2) && c.step().op == fb::OpKind::MatMul) {
+    std::vector<StepContext> mm{c};
+    for (size_t f = 1; f <= followers; ++f) mm.emplace_back(desc, layouts, variant, step_index + f);
+    return mmqbSegmentsSmallLaunches(mm);
+  }
   if (variant != PlanVariant::kPrefill || followers != 0 || c.step().op != fb::OpKind::MatMul) return SmallLaunches{};
   auto m = operands(c);
   if (!m) return m.takeError();

@@ -121,8 +121,9 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // when the GLU fusion does not take them) as one GEMV pair launch (GEMVB_PAIR) where fusesGemvPair allows it;
 // with `gemv.norm` MatMul, Add, RmsNorm and QuantizeAct as one GEMV launch that leaves the 1/rms to the GEMV chain
 // after it (GEMVB_NORM; defersNorm in ops/fusion.cpp, planFusion below). In prefill, with `gemv.qkv`, MatMul q, k, v
-// where fusesMmqbTriple allows it: the step's launches are the three steps' own, its small-batch launches one
-// minfer_mmq_blocks3 (mmqbTripleSmallLaunches).
+// where fusesMmqbSegments allows it: the step's launches are the three steps' own, its small-batch launches one
+// minfer_mmq_blocks3 (mmqbSegmentsSmallLaunches); with `gemv.prefill_pair` likewise the gate and up MatMuls of a
+// GLU (gateUpGluChain, one input) as one minfer_mmq_blocks2.
 // In both plans, HeadRmsNorm q, HeadRmsNorm k and their Rope as one launch (rope.cuh minfer_head_norm_rope)
 // where fusesHeadNormRope allows it; in decode, where fusesHeadNormRopeStore allows it, with the Attention after
 // them (and its QuantizeAct) too: that launch also stores K and V (minfer_head_norm_rope_kv), then the
@@ -133,9 +134,10 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // deferred as the GEMV + Add + RMSNorm's (fusesMoeAddNorm, defersNorm).
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`; `gemv`: which decode GEMV fusions (CodegenOptions fuse_qkv,
-// fuse_glu, fuse_pair, fuse_norm). fusedLaunches: the launches of steps[i] and those followers.
+// fuse_glu, fuse_pair, fuse_norm) and prefill small-batch fusions (fuse_qkv, fuse_prefill_pair). fusedLaunches: the launches of steps[i] and those followers.
 struct GemvFusions {
   bool qkv = false, glu = false, pair = false, norm = false;
+  bool prefill_pair = false;  // CodegenOptions::fuse_prefill_pair
 };
 size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes::TensorLayout> layouts,
                       PlanVariant variant, size_t i, size_t tail, GemvFusions gemv);
@@ -196,12 +198,13 @@ Launches deferredNormMatmulLaunches(const StepContext& c, const StepContext& nor
 // distinct outputs, kBlocks planes the decode GEMV reads (any mix of Q4_K and Q6_K, pitches and biases), the same
 // k, and gemvBlocksShape giving the three the same warps and unroll.
 bool fusesGemvTriple(const StepContext& a, const StepContext& b, const StepContext& c);
-// Whether three prefill MatMul steps of one q8 input (q, k, v) can take one small-batch launch, minfer_mmq_blocks3
-// (kernels/mmq_blocks.cuh MMQB_SEGMENTS 3): not in the last-token tail, distinct outputs, the same k, each weight on a
-// kBlocks plane the decode GEMV reads and without a kI8 plane (as smallLaunchesForStep's mmq_blocks), max_batch ≥
-// kMmqbFromRows and no experts. fusedFollowers then fuses them (the step's launches: the three steps' own in turn;
-// its small-batch launches: mmqbTripleSmallLaunches).
-bool fusesMmqbTriple(const StepContext& a, const StepContext& b, const StepContext& c);
+// Whether two or three prefill MatMul steps of one q8 input (gate and up; q, k, v) can take one small-batch launch,
+// minfer_mmq_blocks2 or minfer_mmq_blocks3 (kernels/mmq_blocks.cuh MMQB_SEGMENTS): not in the last-token tail,
+// distinct outputs, the same k, each weight on a kBlocks plane the decode GEMV reads and without a kI8 plane (as
+// smallLaunchesForStep's mmq_blocks), max_batch ≥ kMmqbFromRows and no experts. fusedFollowers then fuses them (the
+// step's launches: the steps' own in turn; its small-batch launches: mmqbSegmentsSmallLaunches). False for fewer
+// than two or more than kMmqbMaxSegments steps.
+bool fusesMmqbSegments(llvm::ArrayRef<StepContext> mm);
 // Their launch: minfer_gemv_triple, writing the three outputs as their own minfer_gemv_blocks launches would. An
 // error naming step `a` unless fusesGemvTriple. `norm` (here and in the pair, GLU and QKV launches below): the
 // deferred RmsNorm whose q8 form the chain reads (planFusion's input_norm), or null.
@@ -306,7 +309,8 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // (kernels/gemm_small.cuh) on the plane the decode GEMV reads, for calls of 1 ≤ n_tokens ≤ min(kGemmSmallRowsVsMmq
 // or, for a weight with a kF16 plane (Hopper prefill), kGemmSmallRowsVsWgmma, max_batch). None (small_rows 0) for
 // other steps, plans or weights (float weights; other types whose only prefill plane is kF16). With 2 followers (the
-// prefill q, k, v fusesMmqbTriple fused) mmqbTripleSmallLaunches. Errors as the step's own launches.
+// prefill q, k, v fusesMmqbSegments fused) or 1 (gate and up, likewise) mmqbSegmentsSmallLaunches. Errors as the
+// step's own launches.
 struct SmallLaunches {
   std::vector<KernelLaunch> launches;
   uint32_t rows = 0;
@@ -314,11 +318,12 @@ struct SmallLaunches {
 llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
                                                    size_t step_index, size_t followers);
-// The small-batch launches of prefill q, k, v that fusesMmqbTriple allows (smallLaunchesForStep with 2 followers):
-// each step's batched GEMV below kMmqbFromRows rows, then minfer_mmq_blocks3 in tiles of 16, 32 and 64 tokens up to
-// min(kMmqb3MaxRows, max_batch), split over K as mmqbSplits gives for the three matrices' row tiles together; each
-// output as minfer_mmq_blocks would write it with those splits. An error naming step `a` unless fusesMmqbTriple.
-llvm::Expected<SmallLaunches> mmqbTripleSmallLaunches(const StepContext& a, const StepContext& b, const StepContext& c);
+// The small-batch launches of the prefill matmuls that fusesMmqbSegments allows (smallLaunchesForStep with 1 or 2
+// followers): each step's batched GEMV below kMmqbFromRows rows, then minfer_mmq_blocks2 or minfer_mmq_blocks3 in
+// tiles of 16, 32 and 64 tokens up to min(kMmqbFusedMaxRows, max_batch), split over K as mmqbSplits gives for the
+// matrices' row tiles together; each output as minfer_mmq_blocks would write it with those splits. An error naming
+// the first step unless fusesMmqbSegments.
+llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepContext> mm);
 // The check the q8 forms make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
 llvm::Error checkFusedQuantize(const StepContext& quant, uint32_t width);
 
