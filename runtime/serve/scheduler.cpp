@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 
+#include "runtime/cpu/thread_pool.h"
 #include "runtime/serve/stop_matcher.h"
 
 namespace minfer {
@@ -76,7 +77,11 @@ struct Scheduler::Running {
 };
 
 Scheduler::Scheduler(BatchSession& session, Tokenizer tokenizer, const SchedulerOptions& options)
-    : session_(session), tokenizer_(std::move(tokenizer)), options_(options), shared_(std::make_shared<Shared>()) {
+    : session_(session),
+      tokenizer_(std::move(tokenizer)),
+      options_(options),
+      sampling_pool_(std::make_unique<cpu::ThreadPool>(std::clamp(options.sampling_threads, 1, kMaxSamplingThreads))),
+      shared_(std::make_shared<Shared>()) {
   capacity_ = static_cast<int>(
       std::min<int64_t>(session_.contextLength(), int64_t{session_.totalBlocks()} * session_.blockSize()));
   shared_->metrics.kv_blocks_total = session_.totalBlocks();
@@ -361,14 +366,27 @@ void Scheduler::preempt(Running& r) {
 
 void Scheduler::afterStep(std::span<const float> logits) {
   const size_t n_vocab = static_cast<size_t>(options_.n_vocab);
+  sample_rows_.clear();
   for (size_t i = 0; i < owners_.size(); ++i) {
     Running& r = *owners_[i];
     if (r.done) continue;
     r.n_cached += static_cast<int>(chunks_[i].tokens.size());
-    if (static_cast<size_t>(r.n_cached) != r.tokens.size()) continue;  // a prompt chunk before the last
-    const int32_t token = r.sampler->sample(logits.subspan(i * n_vocab, n_vocab));
-    acceptToken(r, token);
+    if (static_cast<size_t>(r.n_cached) == r.tokens.size()) sample_rows_.push_back(i);  // else a prompt chunk before the last
   }
+  // Each row by one thread with its own request's Sampler (a request has one chunk per step), then accepted in row
+  // order here: the same tokens as one thread gives.
+  sampled_.resize(sample_rows_.size());
+  // Cost: one visit per logit (a small vocabulary's rows stay on the driving thread).
+  sampling_pool_->parallelFor(
+      static_cast<int64_t>(sample_rows_.size()),
+      [&](int64_t begin, int64_t end, int) {
+        for (int64_t j = begin; j < end; ++j) {
+          const size_t i = sample_rows_[static_cast<size_t>(j)];
+          sampled_[static_cast<size_t>(j)] = owners_[i]->sampler->sample(logits.subspan(i * n_vocab, n_vocab));
+        }
+      },
+      static_cast<int64_t>(n_vocab));
+  for (size_t j = 0; j < sample_rows_.size(); ++j) acceptToken(*owners_[sample_rows_[j]], sampled_[j]);
 }
 
 void Scheduler::acceptToken(Running& r, int32_t token) {

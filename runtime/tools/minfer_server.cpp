@@ -16,6 +16,7 @@
 #include "minfer/runtime.h"
 #include "minfer/scheduler.h"
 #include "minfer/version.h"
+#include "runtime/cpu/thread_pool.h"
 #include "runtime/tools/chat_template_file.h"
 #include "runtime/tools/model_argument.h"
 #include "runtime/tools/server/http_server.h"
@@ -70,7 +71,8 @@ llvm::cl::opt<int> kMaxQueue("max-queue", llvm::cl::desc("Requests waiting for a
                              llvm::cl::init(4096), llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kDevice("device", llvm::cl::desc("Backend: auto, cpu or cuda (default auto)"),
                                    llvm::cl::init("auto"), llvm::cl::cat(kCategory));
-llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads (default: the physical cores; also --threads)"),
+llvm::cl::opt<int> kThreads("t", llvm::cl::desc("CPU threads: the CPU backend's, and those sampling a step's rows (at most "
+                                                "-np; default: the physical cores; also --threads)"),
                             llvm::cl::init(0), llvm::cl::cat(kCategory));
 llvm::cl::alias kThreadsAlias("threads", llvm::cl::desc("Alias for -t"), llvm::cl::aliasopt(kThreads), llvm::cl::cat(kCategory));
 llvm::cl::opt<int> kDrainTimeout("drain-timeout",
@@ -199,6 +201,8 @@ int main(int argc, char** argv) {
   minfer::SchedulerOptions sched_options;
   sched_options.n_vocab = info.n_vocab;
   sched_options.max_queue = kMaxQueue;
+  sched_options.sampling_threads = std::min(kThreads > 0 ? kThreads.getValue() : minfer::cpu::defaultThreads(),
+                                            kParallel.getValue());
   minfer::Scheduler scheduler(**session, (*model)->tokenizer(), sched_options);
 
   minfer::server::ServerOptions options;

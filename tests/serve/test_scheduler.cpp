@@ -320,6 +320,76 @@ TEST_CASE("out of blocks: the youngest request is preempted (truncate to 0), rec
   CHECK(fake.freeBlocks() == fake.totalBlocks());
 }
 
+// Rows sampled on several threads (SchedulerOptions::sampling_threads): the same tokens as on one, and as each
+// request alone with its seed. A vocabulary of 131,072 (each row worth a thread of its own: cpu::ThreadPool's
+// kMinWorkPerThread) and seeded sampling at temperature 1 with top-k, top-p and min-p off over the fake's rows (the
+// scripted token at 10, the rest spread over −(v mod 7): about 40% of the draws take the scripted token, which differs
+// from row to row; ids past the tokenizer's 265 detokenize to nothing) and a repetition penalty, so each row's draw
+// depends on its own row, Sampler state and history; a wrong row, Sampler or order shows in the logged steps.
+TEST_CASE("sampling threads: a step's rows sampled in parallel give the tokens of one thread and of each request alone") {
+  auto params = [](int i) {
+    RequestParams p;
+    p.prompt = {1, int32_t(259 + i)};
+    p.max_tokens = 24;
+    p.stop_at_eog = false;
+    p.sampling.temperature = 1.0f;
+    p.sampling.top_k = 0;
+    p.sampling.top_p = 1.0f;
+    p.sampling.min_p = 0.0f;
+    p.sampling.repeat_penalty = 1.1f;
+    p.sampling.seed = 1000 + static_cast<uint64_t>(i);
+    return p;
+  };
+  // Each request's evaluated tokens, as the fake logged them (seq, position → token).
+  auto run = [&](int threads, int requests, int first) {
+    FakeBatchSession::Config cfg;
+    cfg.n_vocab = 131072;
+    cfg.n_seq_max = 6;
+    cfg.n_blocks = 128;
+    FakeBatchSession fake(cfg);
+    fake.default_next = 3;
+    for (int32_t t = 0; t < 300; ++t) fake.next[t] = 3 + (t * 37) % 290;
+    minfer::SchedulerOptions o = options();
+    o.n_vocab = cfg.n_vocab;
+    o.sampling_threads = threads;
+    Scheduler s(fake, makeTokenizer(), o);
+    std::vector<Collected> c(static_cast<size_t>(requests));
+    for (int i = 0; i < requests; ++i) REQUIRE(s.submit(params(first + i), collect(c[static_cast<size_t>(i)])));
+    drain(s);
+    CHECK(fake.step_errors == 0);
+    std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(requests));
+    std::vector<std::vector<int32_t>> by_seq(static_cast<size_t>(cfg.n_seq_max));
+    for (const auto& step : fake.steps)
+      for (const auto& chunk : step) {
+        auto& t = by_seq[static_cast<size_t>(chunk.seq)];
+        t.resize(static_cast<size_t>(chunk.pos));
+        t.insert(t.end(), chunk.tokens.begin(), chunk.tokens.end());
+      }
+    for (int i = 0; i < requests; ++i) {
+      CHECK(c[static_cast<size_t>(i)].completion_tokens == 24);
+      tokens[static_cast<size_t>(i)] = by_seq[static_cast<size_t>(i)];  // sequence ids in submission order here
+    }
+    return tokens;
+  };
+  const std::vector<std::vector<int32_t>> one = run(1, 6, 0);
+  CHECK(run(3, 6, 0) == one);
+  CHECK(run(6, 6, 0) == one);
+  for (int i = 0; i < 6; ++i) {
+    INFO("request " << i);
+    CHECK(run(4, 1, i)[0] == one[static_cast<size_t>(i)]);
+  }
+  // The draws are not the scripted (greedy) path: both kinds of token occur in every request.
+  for (const std::vector<int32_t>& t : one) {
+    size_t scripted = 0, other = 0;
+    for (size_t k = 2; k < t.size(); ++k) {
+      const int32_t want = t[k - 1] < 300 ? 3 + (t[k - 1] * 37) % 290 : 3;  // fake.next, else default_next
+      (t[k] == want ? scripted : other) += 1;
+    }
+    CHECK(scripted > 0);
+    CHECK(other > 0);
+  }
+}
+
 TEST_CASE("a request that alone fills the pool finishes with length, never a refused step") {
   FakeBatchSession::Config cfg;
   cfg.block_size = 4;

@@ -17,7 +17,9 @@
 //   5. for each sequence whose chunk reached its last token, the next token is sampled with the
 //      request's own Sampler (prompt tokens accepted first, as Session::generate does), checked for
 //      end of generation, detokenized (Detokenizer: valid UTF-8 only) and matched against the stop
-//      strings; the text so far is streamed to the request's callback.
+//      strings; the text so far is streamed to the request's callback. The rows are sampled on up to
+//      SchedulerOptions::sampling_threads threads, each row by one thread with its request's Sampler, then
+//      accepted in row order on the driving thread: the tokens do not depend on the thread count.
 // A step the BatchSession refuses (a backend failure) finishes the requests in it with "error"; the
 // scheduler keeps serving the others.
 //
@@ -47,6 +49,9 @@
 #include "minfer/tokenizer.h"
 
 namespace minfer {
+namespace cpu {
+class ThreadPool;
+}
 
 struct RequestParams {
   std::vector<int32_t> prompt;    // token ids (BOS included if wanted); 1 ≤ size < capacity (below)
@@ -72,11 +77,20 @@ struct RequestEvent {
 };
 using RequestCallback = std::function<void(const RequestEvent& event)>;
 
+// The most threads SchedulerOptions::sampling_threads takes (more would only wait: a step has at most
+// BatchSession::maxSequences() rows to sample).
+constexpr int kMaxSamplingThreads = 256;
+
 struct SchedulerOptions {
   int n_vocab = 0;              // logits row length (ModelInfo::n_vocab); ≥ 1
   int max_queue = 4096;         // waiting requests at most; submit() fails beyond
   int max_stop_strings = 16;    // stop strings per request at most
   int max_stop_length = 256;    // bytes per stop string at most
+  // Threads that sample a step's rows (the driving thread and sampling_threads − 1 workers, started with the
+  // Scheduler); clamped to 1 … kMaxSamplingThreads. 32 rows of a 152,064-token vocabulary took 2.8 ms greedy and
+  // 4.4 ms at top-k 40 on one thread of the build machine, against a 6.3 ms GPU step (BENCHMARKS.md, issue 14); a
+  // thread is woken for each row's worth of n_vocab logit visits (cpu::ThreadPool's kMinWorkPerThread).
+  int sampling_threads = 1;
 };
 
 // Counters for /metrics. Cumulative counters only grow; gauges are as of the last iteration.
@@ -181,6 +195,10 @@ class Scheduler {
   std::vector<Final> finals_;
   uint64_t finished_[4] = {}, prompt_tokens_ = 0, generated_tokens_ = 0, evaluated_tokens_ = 0, steps_ = 0,
            preemptions_ = 0;
+
+  std::unique_ptr<cpu::ThreadPool> sampling_pool_;  // options_.sampling_threads (afterStep)
+  std::vector<size_t> sample_rows_;                // the step's rows that sample a token (afterStep)
+  std::vector<int32_t> sampled_;                   // (sample_rows_.size()) their tokens
 
   std::shared_ptr<Shared> shared_;  // submissions, wake-ups and metrics, shared with other threads
   std::thread thread_;
