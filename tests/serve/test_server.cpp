@@ -18,9 +18,11 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <thread>
 
 #include "tests/e2e/golden_support.h"
+#include "runtime/tools/server/http_server.h"
 #include "tests/serve/server_process.h"
 #include "tests/test_support.h"
 
@@ -188,6 +190,19 @@ TEST_CASE("chat: rendered with --chat-template; streamed and not agree; without 
   REQUIRE(!s.events.empty());
   CHECK(json::parse(s.events[0])["object"] == "chat.completion.chunk");
   CHECK(json::parse(s.events[0])["choices"][0]["delta"]["role"] == "assistant");
+  // An assistant message may leave its content out or null (rendered empty), and max_completion_tokens wins over
+  // max_tokens.
+  const json turns = json::array({{{"role", "user"}, {"content", "Once"}}, {{"role", "assistant"}, {"content", nullptr}},
+                                  {{"role", "user"}, {"content", "upon"}}, {{"role", "assistant"}}});
+  const json nulls = {{"messages", turns}, {"max_tokens", 24}, {"max_completion_tokens", 5}, {"temperature", 0}};
+  const minfer::test::HttpResult n = post(server.port(), "/v1/chat/completions", nulls.dump());
+  INFO(n.body);
+  REQUIRE(n.status == 200);
+  const Reference nref = single(artifact(), "user: Once\nassistant: \nuser: upon\nassistant: \nassistant:", 5);
+  CHECK(nref.completion_tokens == 5);  // not ended by end of generation: the bound is what stopped it
+  CHECK(n.json["usage"]["completion_tokens"] == 5);
+  CHECK(n.json["usage"]["prompt_tokens"] == nref.prompt_tokens);
+  CHECK(n.json["choices"][0]["message"]["content"] == nref.text);
   server.stop();
 
   // stories260K carries no chat template: chat gets a 400 that says so; completions are served.
@@ -237,6 +252,16 @@ TEST_CASE("bad requests get a 4xx OpenAI-style error naming the field; the serve
       {"/v1/chat/completions", R"({"messages": "hi"})", 400, "messages", "non-empty array"},
       {"/v1/chat/completions", R"({"messages": [{"content": "hi"}]})", 400, "messages[0].role", "must be a string"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": 3}]})", 400, "messages[0].content", "must be"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user"}]})", 400, "messages[0].content", "missing"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": null}]})", 400, "messages[0].content", "missing"},
+      {"/v1/completions", "", 400, nullptr, "the request body is empty"},
+      {"/v1/completions", R"({"prompt": "x", "max_completion_tokens": "3"})", 400, "max_completion_tokens", "must be an integer"},
+      {"/v1/completions", R"({"prompt": "x", "max_completion_tokens": -3})", 400, "max_completion_tokens", "≥ 1"},
+      {"/v1/completions", R"({"prompt": "x", "logit_bias": {"5": 2}})", 400, "logit_bias", "not supported"},
+      {"/v1/completions", R"({"prompt": "x", "best_of": 2})", 400, "best_of", "not supported"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "tools": "bad"})", 400, "tools", "not supported"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"})", 400, "tool_choice", "not supported"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}})", 400, "response_format", "not supported"},
   };
   for (const Case& c : cases) {
     const minfer::test::HttpResult r = post(server.port(), c.path, c.body);
@@ -458,6 +483,60 @@ TEST_CASE("a client that half-closes (shutdown SHUT_WR) is taken as gone: reques
   checkTwoCancelledByDisconnect(server);
   // The server still answers.
   CHECK(post(server.port(), "/v1/completions", completion("Once", 4).dump()).status == 200);
+}
+
+// A POST with neither Content-Length nor Transfer-Encoding has no body (RFC 9112 §6.3): answered 400 at once, not after
+// cpp-httplib's read timeout.
+TEST_CASE("a POST without a body gets its 400 at once") {
+  if (!minfer::test::haveFixtures()) return;
+  ServerProcess server({artifact(), "--device", "cpu", "-c", "64", "-t", "1"});
+  const auto start = std::chrono::steady_clock::now();
+  const std::string got = halfCloseAfter(server.port(), "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+                                         [](const std::string& got) { return got.find("}}") != std::string::npos; });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(got.substr(0, 400));
+  CHECK(got.rfind("HTTP/1.1 400", 0) == 0);
+  CHECK(got.find("the request body is empty") != std::string::npos);
+  CHECK(seconds < 10);
+  CHECK(post(server.port(), "/v1/completions", completion("Once", 4).dump()).status == 200);
+}
+
+// HttpServer::stop() before run() (minfer-server's signal thread taking a SIGTERM that arrived during start-up, before
+// the main thread reached run()): run() then returns at once instead of serving on, unstoppable; and stop() right
+// after run() began, from another thread, is not lost (cpp-httplib's stop() acts only once it is listening).
+TEST_CASE("HttpServer: stop() before run() or as it starts ends run()") {
+  if (!minfer::test::haveFixtures()) return;
+  auto model = minfer::Model::open(artifact(), minfer::BackendKind::kCpu);
+  REQUIRE_MESSAGE(model.isOk(), model.status().message());
+  auto session = (*model)->createBatchSession({.n_ctx = 64, .n_seq_max = 2});
+  REQUIRE_MESSAGE(session.isOk(), session.status().message());
+  minfer::SchedulerOptions so;
+  so.n_vocab = (*model)->info().n_vocab;
+  minfer::Scheduler scheduler(**session, (*model)->tokenizer(), so);
+  // run() on a thread; whether it returned within 10 s.
+  auto runReturns = [](minfer::server::HttpServer& server, const std::function<void()>& meanwhile) {
+    std::promise<void> done;
+    std::future<void> returned = done.get_future();
+    std::thread t([&] {
+      server.run();
+      done.set_value();
+    });
+    meanwhile();
+    const bool ok = returned.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    if (!ok) server.stop();  // a second stop() (the lost one is what failed): the thread must still end
+    t.join();
+    return ok;
+  };
+  for (int i = 0; i < 20; ++i) {
+    CAPTURE(i);
+    minfer::server::HttpServer early(**model, scheduler, {.model_id = "m"});
+    REQUIRE(early.bind("127.0.0.1", 0).isOk());
+    early.stop();
+    CHECK(runReturns(early, [] {}));
+    minfer::server::HttpServer racing(**model, scheduler, {.model_id = "m"});
+    REQUIRE(racing.bind("127.0.0.1", 0).isOk());
+    CHECK(runReturns(racing, [&] { racing.stop(); }));
+  }
 }
 
 TEST_CASE("bad options: a clear message and exit status 1") {

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <httplib.h>
 #include <mutex>
+#include <thread>
 
 namespace minfer::server {
 
@@ -198,9 +199,31 @@ Result<int> HttpServer::bind(const std::string& host, int port) {
   return bound;
 }
 
-void HttpServer::run() { http_->listen_after_bind(); }
+void HttpServer::run() {
+  {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    if (stop_requested_) return;  // stopped before it ran (a signal during start-up)
+    running_ = true;
+  }
+  http_->listen_after_bind();
+  std::lock_guard<std::mutex> lock(run_mutex_);
+  running_ = false;
+}
 
-void HttpServer::stop() { http_->stop(); }
+// cpp-httplib's stop() acts only once listen_after_bind() has marked the server running: until then, wait for
+// that (or for run() to have returned), so that a stop() right after run() began is not lost.
+void HttpServer::stop() {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(run_mutex_);
+      stop_requested_ = true;
+      if (!running_) return;
+    }
+    if (http_->is_running()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  http_->stop();
+}
 
 bool HttpServer::authorized(const httplib::Request& req, httplib::Response& res) const {
   if (options_.api_key.empty() || req.get_header_value("Authorization") == "Bearer " + options_.api_key) return true;
@@ -296,6 +319,9 @@ bool HttpServer::readBody(const httplib::Request& req, httplib::Response& res, c
                          "(Content-Type: application/json)", "", "invalid_request_error", "unsupported_media_type"});
     return false;
   }
+  // HTTP/1.1 (RFC 9112 §6.3): a request with neither Content-Length nor Transfer-Encoding has no body. cpp-httplib
+  // would read one until the client closes or its read timeout (`curl -X POST` without -d waited 60 s).
+  if (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) return true;
   constexpr size_t kMaxDroppedBytes = size_t{16} << 20;
   bool too_large = false;
   size_t dropped = 0;
@@ -316,7 +342,8 @@ bool HttpServer::readBody(const httplib::Request& req, httplib::Response& res, c
   if (too_large || res.status == 413) {
     res.status = 413;  // the error handler writes the body, naming --body-limit
   } else {
-    sendError(res, {400, "the request body could not be read (truncated or malformed chunked encoding)"});
+    sendError(res, {400, "the request body could not be read (truncated, malformed chunked encoding, or not decodable "
+                         "as its Content-Encoding)"});
   }
   return false;
 }

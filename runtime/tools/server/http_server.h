@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -65,6 +66,8 @@ class HttpServer {
   Result<int> bind(const std::string& host, int port);
   // Serves until stop(). Call after bind().
   void run();
+  // Makes run() return: at once when it is serving, as soon as it starts when it has not yet (run() then
+  // returns without serving). Any thread; idempotent.
   void stop();
   // New generation requests get 503 from now on (see above). Idempotent.
   void beginDrain() { draining_ = true; }
@@ -89,6 +92,9 @@ class HttpServer {
   int listen_socket_ = -1;  // the listening socket (from cpp-httplib's socket-options hook)
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> draining_{false};
+  // run() and stop() in either order, from different threads (a signal during start-up: stop() before run()).
+  std::mutex run_mutex_;
+  bool stop_requested_ = false, running_ = false;
   std::atomic<int> active_{0};
   std::atomic<uint64_t> http_errors_4xx_{0}, http_errors_5xx_{0}, disconnects_{0};
 };

@@ -77,8 +77,30 @@ std::optional<ApiError> parseStop(const json& body, const ApiLimits& limits, std
   return std::nullopt;
 }
 
+// OpenAI fields minfer does not implement, refused rather than ignored when they would change the answer: a
+// non-empty logit_bias, best_of other than 1, tools / functions and a tool_choice other than "none", a
+// response_format other than text.
+std::optional<ApiError> unsupportedFields(const json& body) {
+  const auto given = [&](const char* field) -> const json* {
+    auto it = body.find(field);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (const json* v = given("logit_bias"); v && !(v->is_object() && v->empty()))
+    return badField("logit_bias", "not supported");
+  if (const json* v = given("best_of"); v && *v != 1) return badField("best_of", "not supported (only 1)");
+  for (const char* field : {"tools", "functions"})
+    if (const json* v = given(field); v && !(v->is_array() && v->empty()))
+      return badField(field, "not supported: tool and function calls are not implemented");
+  for (const char* field : {"tool_choice", "function_call"})
+    if (const json* v = given(field); v && *v != "none")
+      return badField(field, "not supported: tool and function calls are not implemented (only \"none\")");
+  if (const json* v = given("response_format"); v && !(v->is_object() && v->value("type", json()) == "text"))
+    return badField("response_format", "not supported (only {\"type\": \"text\"}): constrained output is not implemented");
+  return std::nullopt;
+}
+
 // Fields both endpoints share: sampling, max_tokens, stop, stream.
-std::optional<ApiError> parseCommon(const json& body, Endpoint endpoint, const ApiLimits& limits, ParsedRequest& out) {
+std::optional<ApiError> parseCommon(const json& body, const ApiLimits& limits, ParsedRequest& out) {
   SamplerParams& s = out.params.sampling;
   s = SamplerParams{};  // llama-server's defaults (sampler.h)
   s.seed = std::random_device{}();
@@ -106,8 +128,9 @@ std::optional<ApiError> parseCommon(const json& body, Endpoint endpoint, const A
     return badField("n", "is " + std::to_string(*v) + "; only n = 1 (one choice per request) is supported: n > 1 is not "
                          "implemented, send separate requests instead");
 
+  // max_completion_tokens (OpenAI's newer name) wins over max_tokens, on both endpoints.
   const char* max_field = "max_tokens";
-  if (endpoint == Endpoint::kChat && body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null())
+  if (body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null())
     max_field = "max_completion_tokens";
   v.reset();
   if (auto e = integer(body, max_field, INT64_MIN, INT64_MAX, v)) return e;
@@ -129,7 +152,7 @@ std::optional<ApiError> parseCommon(const json& body, Endpoint endpoint, const A
   }
   if (auto it = body.find("logprobs"); it != body.end() && !it->is_null() && *it != false)
     return badField("logprobs", "not supported");
-  return std::nullopt;
+  return unsupportedFields(body);
 }
 
 std::optional<ApiError> parsePrompt(const json& body, ParsedRequest& out) {
@@ -169,7 +192,11 @@ std::optional<ApiError> parseMessages(const json& body, ParsedRequest& out) {
     if (role == m.end() || !role->is_string()) return badField(where + ".role", "must be a string");
     json copy = m;
     auto content = m.find("content");
-    if (content != m.end() && content->is_array()) {  // content parts: the text ones, concatenated
+    const bool assistant = *role == "assistant";
+    if (content == m.end() || content->is_null()) {  // OpenAI: only an assistant message may leave it out
+      if (!assistant) return badField(where + ".content", "missing (only an assistant message may omit it)");
+      copy["content"] = "";
+    } else if (content->is_array()) {  // content parts: the text ones, concatenated
       std::string text;
       for (const json& part : *content) {
         if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
@@ -177,9 +204,9 @@ std::optional<ApiError> parseMessages(const json& body, ParsedRequest& out) {
         text += part["text"].get<std::string>();
       }
       copy["content"] = text;
-    } else if (content != m.end() && !content->is_string() && !content->is_null()) {
-      return badField(where + ".content", std::string("must be a string, an array of text parts or null, not ") +
-                                              typeName(*content));
+    } else if (!content->is_string()) {
+      return badField(where + ".content", std::string("must be a string or an array of text parts (or, in an assistant "
+                                                      "message, null), not ") + typeName(*content));
     }
     messages.push_back(std::move(copy));
   }
@@ -199,6 +226,8 @@ struct TooDeep {};
 
 std::optional<ApiError> parseRequest(std::string_view body, Endpoint endpoint, const std::string& model_id,
                                      const ApiLimits& limits, ParsedRequest& out) {
+  if (body.find_first_not_of(" \t\r\n") == std::string_view::npos)
+    return ApiError{400, "the request body is empty: send a JSON object (Content-Type: application/json)"};
   json j;
   try {
     // nlohmann's parser and destructor are iterative, but copying and dump() recurse once per level: a
@@ -229,7 +258,7 @@ std::optional<ApiError> parseRequest(std::string_view body, Endpoint endpoint, c
     if (echo) return badField("echo", "not supported");
     if (auto it = j.find("suffix"); it != j.end() && !it->is_null()) return badField("suffix", "not supported");
   }
-  return parseCommon(j, endpoint, limits, out);
+  return parseCommon(j, limits, out);
 }
 
 namespace {
