@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <new>
 #include <string>
@@ -29,6 +30,19 @@
 namespace minfer {
 namespace cpu {
 namespace {
+
+// Bytes of memory a new allocation may still take: /proc/meminfo's MemAvailable (Linux's estimate of what can be
+// had without swapping), 0 where it cannot be read.
+uint64_t memAvailable() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemAvailable:") return kb * 1024;
+    std::getline(in, unit);  // the rest of the line ("kB")
+  }
+  return 0;
+}
 
 // One sequence in a contiguous cache of n_ctx positions: the executor's special case of one block; the
 // layers with a ring (schema Step.kv_ring) keep theirs, which rings_ tracks.
@@ -138,11 +152,18 @@ Status CpuExecutor::allocate(int64_t kv_slots, int n_ctx, const std::string& wha
   for (const auto& [layer, shape] : p_.kv_layers) kv_floats += 2ull * uint64_t(slots(shape)) * shape.n_head_kv * shape.head_dim;
   floats += kv_floats + threads * p_.max_matmul_cols + threads * uint64_t(n_ctx);
   const uint64_t bytes = floats * sizeof(float) + uint64_t(p_.max_batch) * (2 * sizeof(int32_t) + sizeof(void*));
+  // Refused before allocating when it cannot fit: the zero-filled pool would otherwise grow the process until the
+  // machine swaps or the kernel kills it (minfer-server -np 4096 of a small model asked for 21 GB of 24).
   const uint64_t phys = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
+  const uint64_t available = memAvailable();
   if (phys > 0 && bytes > phys)
     return Status::error(p_.file.path() + ": " + what + " needs " + std::to_string(bytes) + " bytes (KV cache " +
                          std::to_string(kv_floats * 4) + "), more than the machine's " + std::to_string(phys) +
                          " bytes of memory");
+  if (available > 0 && bytes > available)
+    return Status::error(p_.file.path() + ": " + what + " needs " + std::to_string(bytes) + " bytes (KV cache " +
+                         std::to_string(kv_floats * 4) + "), more than the " + std::to_string(available) +
+                         " bytes of memory available now (MemAvailable; the machine has " + std::to_string(phys) + ")");
   try {
     rc_.weights = &p_.weights;
     rc_.max_batch = p_.max_batch;

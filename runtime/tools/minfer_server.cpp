@@ -92,9 +92,9 @@ int fail(const std::string& message) {
 std::string optionProblem() {
   if (kPort < 0 || kPort > 65535) return llvm::formatv("--port {0} is out of range 0..65535", kPort.getValue());
   if (kParallel < 1 || kParallel > 4096) return llvm::formatv("-np {0} is out of range 1..4096", kParallel.getValue());
-  if (kCtx < 0 || kCtx > minfer::Model::kMaxContext)
-    return llvm::formatv("-c {0} is out of range 0..{1} (0 = the model's context length)", kCtx.getValue(),
-                         minfer::Model::kMaxContext);
+  if (kCtx < 0 || kCtx == 1 || kCtx > minfer::Model::kMaxContext)
+    return llvm::formatv("-c {0} is out of range 2..{1}, or 0 for the model's context length (a request needs a "
+                         "prompt token and the token it generates)", kCtx.getValue(), minfer::Model::kMaxContext);
   if (kKvBlocks < 0) return llvm::formatv("--kv-blocks {0} must be ≥ 0", kKvBlocks.getValue());
   if (kBlockSize < 1 || kBlockSize > 1024 || (kBlockSize & (kBlockSize - 1)))
     return llvm::formatv("--kv-block-size {0} must be a power of two in 1..1024", kBlockSize.getValue());
@@ -196,7 +196,9 @@ int main(int argc, char** argv) {
     llvm::errs() << llvm::formatv("minfer-server: warning: -c {0} exceeds the {1} positions the model was trained with\n",
                                   batch.n_ctx, info.n_ctx_train);
   auto session = (*model)->createBatchSession(batch);
-  if (!session) return fail(session.status().message());
+  if (!session)
+    return fail(session.status().message() + " (-np " + std::to_string(batch.n_seq_max) + ", -c " +
+                std::to_string(batch.n_ctx) + "; fewer sequences, a shorter context or --kv-blocks need less)");
 
   minfer::SchedulerOptions sched_options;
   sched_options.n_vocab = info.n_vocab;
@@ -227,6 +229,10 @@ int main(int argc, char** argv) {
       (*model)->backendNote().empty() ? "" : " (" + (*model)->backendNote() + ")", batch.n_seq_max, batch.n_ctx,
       (*session)->totalBlocks(), (*session)->blockSize(), (*session)->maxTokensPerStep(),
       (*session)->batchedKernels() ? "" : " (no batched kernels on this backend: sequences run one after another)");
+  if (scheduler.capacity() < batch.n_ctx)
+    llvm::errs() << llvm::formatv("minfer-server: note: a request holds at most {0} positions, what the pool of {1} "
+                                  "KV blocks of {2} gives (--kv-blocks), not -c's {3}\n",
+                                  scheduler.capacity(), (*session)->totalBlocks(), (*session)->blockSize(), batch.n_ctx);
   if (!server.templateProblem().empty()) llvm::errs() << "minfer-server: note: /v1/chat/completions: " << server.templateProblem() << "\n";
   llvm::errs() << llvm::formatv("minfer-server: listening on http://{0}:{1}\n", kHost, *port);
   llvm::errs().flush();

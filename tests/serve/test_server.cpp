@@ -160,6 +160,9 @@ TEST_CASE("a KV pool too small for every sequence: preemption, and still the sin
   CHECK(m.at("minfer_preemptions_total") > 0);
   CHECK(m.at("minfer_kv_blocks_total") == 10);
   CHECK(m.at("minfer_kv_blocks_used") == 0);
+  // The start-up log says what a request can hold: the pool's 80 positions, not -c's 128.
+  CHECK(server.log().find("a request holds at most 80 positions, what the pool of 10 KV blocks of 8 gives") !=
+        std::string::npos);
 }
 
 TEST_CASE("chat: rendered with --chat-template; streamed and not agree; without a template only chat is refused") {
@@ -554,6 +557,7 @@ TEST_CASE("bad options: a clear message and exit status 1") {
       {"", "no model"},
       {mfb + " --port 70000", "--port 70000 is out of range"},
       {mfb + " -np 0", "-np 0 is out of range"},
+      {mfb + " -c 1", "-c 1 is out of range 2.."},
       {mfb + " --kv-block-size 3", "power of two"},
       {mfb + " --body-limit 10", "--body-limit 10"},
       {mfb + " --drain-timeout -1", "--drain-timeout -1 is out of range 0..86400 seconds"},
