@@ -32,16 +32,28 @@ namespace cpu {
 namespace {
 
 // Bytes of memory a new allocation may still take: /proc/meminfo's MemAvailable (Linux's estimate of what can be
-// had without swapping), 0 where it cannot be read.
+// had without swapping), less where the process's cgroup (v2: memory.max − memory.current) allows less; 0 where
+// neither can be read.
 uint64_t memAvailable() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  uint64_t kb = 0;
-  while (in >> key >> kb) {
-    if (key == "MemAvailable:") return kb * 1024;
-    std::getline(in, unit);  // the rest of the line ("kB")
+  uint64_t available = 0;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kb = 0;
+    while (in >> key >> kb) {
+      if (key == "MemAvailable:") {
+        available = kb * 1024;
+        break;
+      }
+      std::getline(in, unit);  // the rest of the line ("kB")
+    }
   }
-  return 0;
+  uint64_t max = 0, current = 0;
+  if ((std::ifstream("/sys/fs/cgroup/memory.max") >> max) && (std::ifstream("/sys/fs/cgroup/memory.current") >> current)) {
+    const uint64_t room = max > current ? max - current : 0;  // "max" (no limit) does not parse as a number
+    available = available > 0 ? std::min(available, room) : room;
+  }
+  return available;
 }
 
 // One sequence in a contiguous cache of n_ctx positions: the executor's special case of one block; the

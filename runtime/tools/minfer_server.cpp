@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
   auto session = (*model)->createBatchSession(batch);
   if (!session)
     return fail(session.status().message() + " (-np " + std::to_string(batch.n_seq_max) + ", -c " +
-                std::to_string(batch.n_ctx) + "; fewer sequences, a shorter context or --kv-blocks need less)");
+                std::to_string(batch.n_ctx) + ", --kv-blocks " + std::to_string(batch.n_blocks) + ")");
 
   minfer::SchedulerOptions sched_options;
   sched_options.n_vocab = info.n_vocab;
@@ -206,6 +206,10 @@ int main(int argc, char** argv) {
   sched_options.sampling_threads = std::min(kThreads > 0 ? kThreads.getValue() : minfer::cpu::defaultThreads(),
                                             kParallel.getValue());
   minfer::Scheduler scheduler(**session, (*model)->tokenizer(), sched_options);
+  if (scheduler.capacity() < 2)
+    return fail(llvm::formatv("a request could hold {0} position (--kv-blocks {1} of {2}): it needs two, a prompt "
+                              "token and the token it generates", scheduler.capacity(), (*session)->totalBlocks(),
+                              (*session)->blockSize()).str());
 
   minfer::server::ServerOptions options;
   options.model_id = kAlias.empty() ? std::filesystem::path(kModel.getValue()).filename().string() : kAlias.getValue();

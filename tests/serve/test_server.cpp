@@ -260,6 +260,8 @@ TEST_CASE("bad requests get a 4xx OpenAI-style error naming the field; the serve
       {"/v1/completions", "", 400, nullptr, "the request body is empty"},
       {"/v1/completions", R"({"prompt": "x", "max_completion_tokens": "3"})", 400, "max_completion_tokens", "must be an integer"},
       {"/v1/completions", R"({"prompt": "x", "max_completion_tokens": -3})", 400, "max_completion_tokens", "≥ 1"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": "a", "max_completion_tokens": 3})", 400, "max_tokens", "must be an integer"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]})", 400, "messages[0].content", "only parts of type"},
       {"/v1/completions", R"({"prompt": "x", "logit_bias": {"5": 2}})", 400, "logit_bias", "not supported"},
       {"/v1/completions", R"({"prompt": "x", "best_of": 2})", 400, "best_of", "not supported"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "tools": "bad"})", 400, "tools", "not supported"},
@@ -502,11 +504,20 @@ TEST_CASE("a POST without a body gets its 400 at once") {
   CHECK(got.find("the request body is empty") != std::string::npos);
   CHECK(seconds < 10);
   CHECK(post(server.port(), "/v1/completions", completion("Once", 4).dump()).status == 200);
+  // max_completion_tokens wins over max_tokens on /v1/completions too.
+  json bounded = completion("Once", 24);
+  bounded["max_completion_tokens"] = 3;
+  bounded["ignore_eos"] = true;
+  const minfer::test::HttpResult b = post(server.port(), "/v1/completions", bounded.dump());
+  INFO(b.body);
+  CHECK(b.status == 200);
+  CHECK(b.json["usage"]["completion_tokens"] == 3);
 }
 
 // HttpServer::stop() before run() (minfer-server's signal thread taking a SIGTERM that arrived during start-up, before
-// the main thread reached run()): run() then returns at once instead of serving on, unstoppable; and stop() right
-// after run() began, from another thread, is not lost (cpp-httplib's stop() acts only once it is listening).
+// the main thread reached run()): run() then returns at once instead of serving on, unstoppable (the unfixed run/stop
+// fail this); and stop() from another thread as run() begins, at delays that straddle the start of listening, is not
+// lost (cpp-httplib's stop() acts only once it listens; this window is hit only at some delays).
 TEST_CASE("HttpServer: stop() before run() or as it starts ends run()") {
   if (!minfer::test::haveFixtures()) return;
   auto model = minfer::Model::open(artifact(), minfer::BackendKind::kCpu);
@@ -536,9 +547,16 @@ TEST_CASE("HttpServer: stop() before run() or as it starts ends run()") {
     REQUIRE(early.bind("127.0.0.1", 0).isOk());
     early.stop();
     CHECK(runReturns(early, [] {}));
+    // From another thread, 0 … 1.9 ms after run()'s thread began: before, while and after it starts listening.
     minfer::server::HttpServer racing(**model, scheduler, {.model_id = "m"});
     REQUIRE(racing.bind("127.0.0.1", 0).isOk());
-    CHECK(runReturns(racing, [&] { racing.stop(); }));
+    CHECK(runReturns(racing, [&] {
+      std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::microseconds(100 * i));
+        racing.stop();
+        racing.stop();  // idempotent
+      }).join();
+    }));
   }
 }
 
@@ -558,6 +576,7 @@ TEST_CASE("bad options: a clear message and exit status 1") {
       {mfb + " --port 70000", "--port 70000 is out of range"},
       {mfb + " -np 0", "-np 0 is out of range"},
       {mfb + " -c 1", "-c 1 is out of range 2.."},
+      {mfb + " --device cpu --kv-blocks 1 --kv-block-size 1", "a request could hold 1 position (--kv-blocks 1 of 1)"},
       {mfb + " --kv-block-size 3", "power of two"},
       {mfb + " --body-limit 10", "--body-limit 10"},
       {mfb + " --drain-timeout -1", "--drain-timeout -1 is out of range 0..86400 seconds"},

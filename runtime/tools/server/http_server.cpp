@@ -202,7 +202,11 @@ Result<int> HttpServer::bind(const std::string& host, int port) {
 void HttpServer::run() {
   {
     std::lock_guard<std::mutex> lock(run_mutex_);
-    if (stop_requested_) return;  // stopped before it ran (a signal during start-up)
+    if (stop_requested_) {  // stopped before it ran (a signal during start-up): nobody will accept on the socket
+      if (listen_socket_ >= 0) ::close(listen_socket_);
+      listen_socket_ = -1;
+      return;
+    }
     running_ = true;
   }
   http_->listen_after_bind();
@@ -213,13 +217,17 @@ void HttpServer::run() {
 // cpp-httplib's stop() acts only once listen_after_bind() has marked the server running: until then, wait for
 // that (or for run() to have returned), so that a stop() right after run() began is not lost.
 void HttpServer::stop() {
-  for (;;) {
+  {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    if (stop_requested_) return;  // the first stop() does the work (cpp-httplib's stop() asserts an open socket)
+    stop_requested_ = true;
+    if (!running_) return;  // run() has not begun: it returns at once when it does
+  }
+  while (!http_->is_running()) {
     {
       std::lock_guard<std::mutex> lock(run_mutex_);
-      stop_requested_ = true;
-      if (!running_) return;
+      if (!running_) return;  // run() returned without listening
     }
-    if (http_->is_running()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   http_->stop();
@@ -321,7 +329,10 @@ bool HttpServer::readBody(const httplib::Request& req, httplib::Response& res, c
   }
   // HTTP/1.1 (RFC 9112 §6.3): a request with neither Content-Length nor Transfer-Encoding has no body. cpp-httplib
   // would read one until the client closes or its read timeout (`curl -X POST` without -d waited 60 s).
-  if (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) return true;
+  if (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
+    res.set_header("Connection", "close");  // a client that sent a body anyway: not read as its next request
+    return true;
+  }
   constexpr size_t kMaxDroppedBytes = size_t{16} << 20;
   bool too_large = false;
   size_t dropped = 0;

@@ -128,14 +128,13 @@ std::optional<ApiError> parseCommon(const json& body, const ApiLimits& limits, P
     return badField("n", "is " + std::to_string(*v) + "; only n = 1 (one choice per request) is supported: n > 1 is not "
                          "implemented, send separate requests instead");
 
-  // max_completion_tokens (OpenAI's newer name) wins over max_tokens, on both endpoints.
-  const char* max_field = "max_tokens";
-  if (body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null())
-    max_field = "max_completion_tokens";
-  v.reset();
-  if (auto e = integer(body, max_field, INT64_MIN, INT64_MAX, v)) return e;
-  if (v && *v <= 0) return badField(max_field, "must be ≥ 1, not " + std::to_string(*v));
-  if (v) out.max_tokens = static_cast<int>(std::min<int64_t>(*v, INT32_MAX));
+  // max_completion_tokens (OpenAI's newer name) wins over max_tokens, on both endpoints; each is checked.
+  for (const char* field : {"max_tokens", "max_completion_tokens"}) {
+    v.reset();
+    if (auto e = integer(body, field, INT64_MIN, INT64_MAX, v)) return e;
+    if (v && *v <= 0) return badField(field, "must be ≥ 1, not " + std::to_string(*v));
+    if (v) out.max_tokens = static_cast<int>(std::min<int64_t>(*v, INT32_MAX));
+  }
 
   bool ignore_eos = false;  // llama-server's: generate through end-of-generation tokens
   if (auto e = boolean(body, "ignore_eos", ignore_eos)) return e;
@@ -199,7 +198,8 @@ std::optional<ApiError> parseMessages(const json& body, ParsedRequest& out) {
     } else if (content->is_array()) {  // content parts: the text ones, concatenated
       std::string text;
       for (const json& part : *content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        if (!part.is_object() || part.find("type") == part.end() || part["type"] != "text" || !part.contains("text") ||
+            !part["text"].is_string())
           return badField(where + ".content", "only parts of type \"text\" with a string \"text\" are supported");
         text += part["text"].get<std::string>();
       }
