@@ -1,7 +1,7 @@
 // Small-batch matmul straight from GGUF blocks on f16 tensor cores (OpKind MatMul, 1 … MMQB_TN q8 rows; the codegen
 // gives it the batched steps of kMmqbFromRows … kMmqbMaxRows rows, and the fused forms (q, k, v; gate and up) from
-// kMmqbFromRows up to kMmqbFusedMaxRows): out = x · Wᵀ for a kBlocks plane of Q4_K or Q6_K (the plane the decode GEMV,
-// gemv_blocks.cuh, reads), so a step of many sequences streams the GGUF's weight bytes once instead of the f16
+// kMmqbFromRows up to kMmqbFusedMaxRows): out = x · Wᵀ for a kBlocks plane of Q4_K or Q6_K (the plane the decode
+// GEMV, gemv_blocks.cuh, reads), so a step of many sequences streams the GGUF's weight bytes once instead of the f16
 // plane of the Hopper prefill GEMM (3.6× the bytes at Q4_K), and its dot products run on tensor cores instead of
 // the batched GEMV's dp4a (compute-bound past 4 rows).
 //
@@ -183,8 +183,9 @@ static_assert(kTM == 16 * kThreads / 32, "a warp per 16 rows");
 static_assert(kS >= 1 && kS <= kKB, "MMQB_SPLITS: 1 … K/256");
 static_assert(static_cast<unsigned long long>(kTN) * kK < (1ull << 31), "loadStage's 32-bit offsets inside a tile");
 
-// One weight matrix of the launch (a segment: the plain kernel has one, minfer_mmq_blocks2 two, minfer_mmq_blocks3 three): its rows, its
-// kBlocks plane's type, row pitch and group pitch, whether it has a bias; the stage layout that follows from its type.
+// One weight matrix of the launch (a segment: the plain kernel has one, minfer_mmq_blocks2 two, minfer_mmq_blocks3
+// three): its rows, its kBlocks plane's type, row pitch and group pitch, whether it has a bias; the stage layout that
+// follows from its type.
 template <int kN_, int kType_, unsigned long long kPitch_, unsigned kGroupPitch_, bool kBias_>
 struct Segment {
   static constexpr int kN = kN_;

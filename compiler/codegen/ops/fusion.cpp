@@ -85,6 +85,12 @@ bool gemvPairChain(const std::vector<model::StepDesc>& steps, size_t i) {
          a.outputs.size() == 1 && b.outputs.size() == 1 && a.outputs[0] != b.outputs[0] && a.inputs == b.inputs;
 }
 
+// steps[i .. i+3]: the gate and up MatMuls of a GLU reading one input (gemvPairChain and gateUpGluChain), the prefill
+// pair fusesMmqbSegments may run as one small-batch launch.
+bool gluPairChain(const std::vector<model::StepDesc>& steps, size_t i) {
+  return i + 3 < steps.size() && gemvPairChain(steps, i) && gateUpGluChain(steps, i);
+}
+
 // steps[i .. i+2]: three MatMuls of one input into distinct whole buffers (q, k, v).
 bool gemvTripleChain(const std::vector<model::StepDesc>& steps, size_t i) {
   return gemvPairChain(steps, i) && gemvPairChain(steps, i + 1) && steps[i].outputs[0] != steps[i + 2].outputs[0];
@@ -233,8 +239,8 @@ size_t fusedFollowers(const model::ModelDescription& desc, llvm::ArrayRef<planes
       fusesMmqbSegments({ctx(i), ctx(i + 1), ctx(i + 2)}))
     return 2;
   // The gate and up of a GLU (two matmuls of one q8 input) likewise, with `gemv.prefill_pair`.
-  if (gemv.prefill_pair && variant == PlanVariant::kPrefill && fits(i + 1) && i + 3 < steps.size() &&
-      gemvPairChain(steps, i) && gateUpGluChain(steps, i) && fusesMmqbSegments({ctx(i), ctx(i + 1)}))
+  if (gemv.prefill_pair && variant == PlanVariant::kPrefill && fits(i + 1) && gluPairChain(steps, i) &&
+      fusesMmqbSegments({ctx(i), ctx(i + 1)}))
     return 1;
   if (gemv.glu && variant == PlanVariant::kDecode && fitsAll(i + 3) && gateUpGluChain(steps, i) &&
       fusesGateUp(ctx(i), ctx(i + 1)))
@@ -288,8 +294,8 @@ Launches fusedLaunches(const model::ModelDescription& desc, llvm::ArrayRef<plane
     const StepContext quant = ctx(i + 5);
     return qkvAttentionLaunches(producer, next, ctx(i + 2), ctx(i + 3), ctx(i + 4), &quant, input_norm);
   }
-  if (variant == PlanVariant::kPrefill && ((followers == 2 && gemvTripleChain(steps, i)) ||
-                                            (followers == 1 && gemvPairChain(steps, i) && gateUpGluChain(steps, i)))) {
+  if (variant == PlanVariant::kPrefill &&
+      ((followers == 2 && gemvTripleChain(steps, i)) || (followers == 1 && gluPairChain(steps, i)))) {
     // The prefill q, k, v or gate and up (their small-batch launches fused: smallLaunchesForStep): each step's own
     // launches in turn.
     if (input_norm) return producer.error("the prefill matmuls fused for small batches take no deferred RMSNorm");

@@ -728,9 +728,11 @@ Launches qkvAttentionLaunches(const StepContext& q, const StepContext& k, const 
 
 bool fusesMmqbSegments(llvm::ArrayRef<StepContext> mm) {
   if (mm.size() < 2 || mm.size() > kern::kMmqbMaxSegments) return false;
+  const std::optional<MatMulOperands> first = fusibleOperands(mm[0]);
+  if (!first) return false;
   for (const StepContext& c : mm) {
     const std::optional<MatMulOperands> m = fusibleOperands(c);
-    if (!c.prefill() || c.inTail() || !m || !smallBatchBlocks(c, *m) || m->k != fusibleOperands(mm[0])->k ||
+    if (!c.prefill() || c.inTail() || !m || !smallBatchBlocks(c, *m) || m->k != first->k ||
         c.step().inputs != mm[0].step().inputs)
       return false;
   }

@@ -134,7 +134,8 @@ MINFER_OPS(MINFER_DECLARE_FAMILY)
 // deferred as the GEMV + Add + RMSNorm's (fusesMoeAddNorm, defersNorm).
 // fusedFollowers: how many of the steps after steps[i] run in its launches (0 … 5), none across the
 // last-token tail's first step `tail`; `gemv`: which decode GEMV fusions (CodegenOptions fuse_qkv,
-// fuse_glu, fuse_pair, fuse_norm) and prefill small-batch fusions (fuse_qkv, fuse_prefill_pair). fusedLaunches: the launches of steps[i] and those followers.
+// fuse_glu, fuse_pair, fuse_norm) and prefill small-batch fusions (fuse_qkv, fuse_prefill_pair). fusedLaunches:
+// the launches of steps[i] and those followers.
 struct GemvFusions {
   bool qkv = false, glu = false, pair = false, norm = false;
   bool prefill_pair = false;  // CodegenOptions::fuse_prefill_pair
