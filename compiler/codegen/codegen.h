@@ -51,10 +51,9 @@ struct CodegenOptions {
   // up to rounding, not bit for bit.
   bool fuse_norm = true;
   // With fuse_prefill_pair the prefill gate and up of a GLU (two matmuls of one input) as one small-batch launch too
-  // (minfer_mmq_blocks2, as fuse_qkv's q, k, v): +4% aggregate decode at 32 and 64 sequences on the H200's 7B
-  // (BENCHMARKS.md, issue 14). Off by default until its GPU tests (the kernel against one mmq_blocks launch per
-  // matrix, the batched e2e sessions) have run on a GPU.
-  bool fuse_prefill_pair = false;
+  // (minfer_mmq_blocks2, as fuse_qkv's q, k, v): +5.6% / +4.3% / +4.7% aggregate decode at 8 / 32 / 64 sequences
+  // on the H200's 7B (BENCHMARKS.md, issue 14); each output as minfer_mmq_blocks writes it with the pair's splits.
+  bool fuse_prefill_pair = true;
 };
 
 struct KernelImageData {

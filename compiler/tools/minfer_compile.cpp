@@ -83,9 +83,9 @@ llvm::cl::opt<GemvFusion> kFuseGemv(
     llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kFusePrefillPair(
     "fuse-prefill-pair",
-    llvm::cl::desc("Also run the prefill gate and up of calls of 5 … 64 rows on sm_90a as one mmq_blocks launch (as "
-                   "--fuse-gemv's q, k, v; off by default until its GPU tests have run, BENCHMARKS.md)"),
-    llvm::cl::cat(kCategory));
+    llvm::cl::desc("Run the prefill gate and up of calls of 5 … 64 rows on sm_90a as one mmq_blocks launch, as "
+                   "--fuse-gemv's q, k, v (default on; --fuse-prefill-pair=false: each its own, BENCHMARKS.md)"),
+    llvm::cl::init(true), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kSwaFull("swa-full",
                              llvm::cl::desc("Give sliding-window layers a full-size KV cache of n_ctx positions (as "
                                             "llama.cpp's --swa-full) instead of a ring of window + max batch - 1"),

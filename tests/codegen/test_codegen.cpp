@@ -845,7 +845,7 @@ TEST_CASE("prefill q, k, v beside a Hopper kF16 plane: their small-batch steps a
 // its small-batch launches minfer_mmq_blocks2 (checkMmqbSegmentsStep; the first layer's compiled with NVRTC), q, k and
 // v still the triple; the last layer's gate and up stay apart (the last-token tail, which runs one row, fuses none).
 // Not with max_batch below kMmqbFromRows, nor in a model with experts (whose FFN is no MatMul pair), nor for q and k
-// when fuse_qkv is off (the pair rule takes the gate and up of a GLU only); off in the default options.
+// when fuse_qkv is off (the pair rule takes the gate and up of a GLU only); on in the default options.
 TEST_CASE("prefill gate and up beside a Hopper kF16 plane: with fuse_prefill_pair one minfer_mmq_blocks2 launch") {
   if (!test::haveFixtures()) return;
   const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true, .prefill_pair = true};
@@ -895,8 +895,8 @@ TEST_CASE("prefill gate and up beside a Hopper kF16 plane: with fuse_prefill_pai
     gate_pairs += gate;
   }
   CHECK(gate_pairs == l.desc.config.n_layer - 1);
-  CHECK(!CodegenOptions{}.fuse_prefill_pair);
-  CHECK(!minfer::CompileOptions{}.fuse_prefill_pair);
+  CHECK(CodegenOptions{}.fuse_prefill_pair);
+  CHECK(minfer::CompileOptions{}.fuse_prefill_pair);
 }
 
 TEST_CASE("phi3 fixtures: fused q|k|v and gate|up read through views, pitches equal to their buffers") {

@@ -98,7 +98,7 @@ std::vector<std::string> goldenArchs() {
 // Add + deferred RMSNorm), `gemv`: minfer-compile's --fuse-gemv: "" the default (norm), "pair" without the
 // deferred RMSNorm (fuse_norm off: every result the unfused steps', bit for bit), "all" with the gate|up GLU GEMV
 // (fuse_glu), "prefill-pair" the default with the prefill gate and up as one small-batch launch (fuse_prefill_pair:
-// minfer_mmq_blocks2 on sm_90a). `arch`: the kernel target ("" = the GPU's arch;
+// minfer_mmq_blocks2 on sm_90a; the other variants here compile without it, so both forms run). `arch`: the kernel target ("" = the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 // compiledFile: the same for a GGUF at `input` (named `model` in the artifact's file name).
 std::string compiledFile(const std::string& input, const std::string& model, bool fuse = true,
