@@ -47,6 +47,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/wgmma.cuh"
 
 namespace minfer::kern {
 
@@ -126,26 +127,6 @@ static_assert(kBM == 64 || kBM == 128, "WG_BM");
 static_assert(kBN == 64 || kBN == 128 || kBN == 256, "WG_BN");
 static_assert(kS >= 3 && kS <= 8 && (WG_ACT == 0 || kS >= 4), "WG_STAGES");
 static_assert(WG_W_PITCH % 16 == 0, "weight rows must be 16-byte aligned");
-
-// Byte offset of 16-byte chunk `c` (0..7) of row `r` inside a tile of 128-byte rows, 128-byte swizzle.
-__device__ __forceinline__ int swizzled(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
-
-// wgmma shared-memory descriptor of a K-major tile of 128-byte rows in the 128-byte swizzle whose first
-// row is `p` (1024-byte aligned): start address >> 4 (bits 0–13), leading byte offset 1 (unused by
-// swizzled K-major layouts), stride byte offset 1024 >> 4 (8 rows; bits 32–45), swizzle mode 1 = 128 B
-// (bits 62–63). Advancing K by 16 f16 adds 32 bytes to the start address (2 in the descriptor).
-__device__ __forceinline__ uint64_t tileDescriptor(const void* p) {
-  const uint64_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  return ((a & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
-
-__device__ __forceinline__ void wgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmmaWait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory"); }
-// Orders this thread's generic-proxy writes to shared memory (st.shared, cp.async) before reads by the
-// async proxy (wgmma operands) that follow a barrier.
-__device__ __forceinline__ void fenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // D(64 × N, f32) += A(64 × 16, f16, K-major, descriptor a) · B(16 × N, f16, K-major, descriptor b), for one
 // warpgroup; the accumulator fragment: thread l of warp w holds rows 16w + l/4 (+8) and columns
@@ -301,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 1)
   using namespace minfer::kern;
   using namespace minfer::kern::wg;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  uint8_t* smem = align1024(smem_raw);
   (void)xmeta;
 
   const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;
