@@ -69,6 +69,10 @@ llvm::cl::list<unsigned> kMmqBlocks("mmq-blocks", llvm::cl::CommaSeparated,
 llvm::cl::list<unsigned> kMmqbSplits("mmqb-splits", llvm::cl::CommaSeparated,
                                      llvm::cl::desc("with --mmq-blocks: splits of K to time besides the codegen's mmqbSplits"),
                                      llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kMmqbWgmma("mmqb-wgmma",
+                                llvm::cl::desc("with --mmq-blocks: also time its warpgroup form (MMQB_WGMMA, sm_90a images; "
+                                               "Hopper only) and compare its outputs with the mma.sync form's"),
+                                llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kShapes("shapes", llvm::cl::desc("comma-separated subset of q,k,gate,down,output (k: not "
                                                             "in the default set)"),
                                    llvm::cl::init("q,gate,down,output"), llvm::cl::cat(kCategory));
@@ -152,13 +156,13 @@ struct Kernel {
 };
 
 Kernel compile(const Gpu& g, const std::string& key, const char* source, const char* entry,
-               std::vector<std::pair<std::string, std::string>> defines) {
+               std::vector<std::pair<std::string, std::string>> defines, const std::string& arch = "") {
   codegen::KernelSpec spec;
   spec.key = key;
   spec.source = source;
   spec.entry = entry;
   spec.defines = std::move(defines);
-  auto compiled = codegen::compileKernel(spec, g.dev->info().arch());
+  auto compiled = codegen::compileKernel(spec, arch.empty() ? g.dev->info().arch() : arch);
   if (!compiled) die(llvm::toString(compiled.takeError()));
   Kernel k;
   k.module = take(g.dev->loadModule(compiled->cubin.data(), key));
@@ -479,43 +483,69 @@ int main(int argc, char** argv) {
       std::vector<unsigned> splits = {kern::mmqbSplits(n, k)};
       for (unsigned sp : kMmqbSplits)
         if (sp >= 1 && sp <= k / 256 && std::find(splits.begin(), splits.end(), sp) == splits.end()) splits.push_back(sp);
+      std::vector<bool> forms = {false};
+      if (kMmqbWgmma) {
+        if (g.dev->info().arch() != "sm_90") die("--mmqb-wgmma: the warpgroup form runs on sm_90 (Hopper) only");
+        forms.push_back(true);
+      }
       for (unsigned tn : {16u, 32u, 64u})
         for (unsigned sp : splits) {
-          const Kernel km = compile(g, "mmq_blocks_" + tag + "_n" + str(n) + "_k" + str(k) + "_tn" + str(tn) + "_s" + str(sp),
-                                    "kernels/mmq_blocks.cuh", "minfer_mmq_blocks",
-                                    {{"MMQB_N", str(n)}, {"MMQB_K", str(k)}, {"MMQB_TYPE", str(type)},
-                                     {"MMQB_PITCH", str(bt.row_pitch)}, {"MMQB_GROUP_PITCH", str(bt.group_pitch)},
-                                     {"MMQB_TN", str(tn)}, {"MMQB_SPLITS", str(sp)}, {"MMQB_HAS_BIAS", "0"}});
-          const kern::LaunchShape msh = kern::mmqbLaunchRule(n, type, tn, sp).at(1);
-          ok(g.dev->check(g.cu().cuFuncSetAttribute(km.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                    static_cast<int>(msh.smem)),
-                          "smem attribute"));
-          cuda::DeviceBuffer partial = take(g.dev->alloc(std::max<uint64_t>(16, kern::mmqbPartialBytes(n, tn, sp)), "partial"));
-          CUdeviceptr pp = partial.ptr(), pc = counters.ptr();
-          for (unsigned tokens : kMmqBlocks) {
-            if (tokens < 1 || tokens > kActRows) die("--mmq-blocks: token counts 1 … " + str(kActRows));
-            if (tokens > tn || (tn > 16 && tokens <= tn / 2)) continue;  // each count on the smallest tile that holds it
-            int nt = static_cast<int>(tokens);
-            const Timing tmg = timeGraph(g, km, msh, launchesFor(cb), cb.bytes, [&](unsigned i) {
-              return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &nt};
-            });
-            row("mmq_blocks " + str(tokens) + " rows tn" + str(tn) + " s" + str(sp) +
-                    (sp == splits[0] ? " (codegen)" : ""),
-                cb.bytes, tmg);
+          std::vector<float> full_sync;  // the mma.sync form's outputs of a full tile, for the warpgroup form's comparison
+          for (const bool wgmma : forms) {
+            const Kernel km = compile(g,
+                                      "mmq_blocks_" + tag + "_n" + str(n) + "_k" + str(k) + "_tn" + str(tn) + "_s" + str(sp) +
+                                          (wgmma ? "_wg" : ""),
+                                      "kernels/mmq_blocks.cuh", "minfer_mmq_blocks",
+                                      {{"MMQB_N", str(n)}, {"MMQB_K", str(k)}, {"MMQB_TYPE", str(type)},
+                                       {"MMQB_PITCH", str(bt.row_pitch)}, {"MMQB_GROUP_PITCH", str(bt.group_pitch)},
+                                       {"MMQB_TN", str(tn)}, {"MMQB_SPLITS", str(sp)}, {"MMQB_HAS_BIAS", "0"},
+                                       {"MMQB_WGMMA", wgmma ? "1" : "0"}},
+                                      wgmma ? "sm_90a" : "");
+            const kern::LaunchShape msh = kern::mmqbLaunchRule(n, type, tn, sp).at(1);
+            ok(g.dev->check(g.cu().cuFuncSetAttribute(km.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                      static_cast<int>(msh.smem)),
+                            "smem attribute"));
+            cuda::DeviceBuffer partial = take(g.dev->alloc(std::max<uint64_t>(16, kern::mmqbPartialBytes(n, tn, sp)), "partial"));
+            CUdeviceptr pp = partial.ptr(), pc = counters.ptr();
+            for (unsigned tokens : kMmqBlocks) {
+              if (tokens < 1 || tokens > kActRows) die("--mmq-blocks: token counts 1 … " + str(kActRows));
+              if (tokens > tn || (tn > 16 && tokens <= tn / 2)) continue;  // each count on the smallest tile that holds it
+              int nt = static_cast<int>(tokens);
+              const Timing tmg = timeGraph(g, km, msh, launchesFor(cb), cb.bytes, [&](unsigned i) {
+                return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &nt};
+              });
+              row("mmq_blocks" + std::string(wgmma ? " wgmma " : " ") + str(tokens) + " rows tn" + str(tn) + " s" + str(sp) +
+                      (sp == splits[0] ? " (codegen)" : ""),
+                  cb.bytes, tmg);
+            }
+            int one = 1;
+            std::vector<void*> a = {&bw[0], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &one};
+            ok(g.dev->check(g.cu().cuLaunchKernel(km.fn, msh.grid.x, msh.grid.y, 1, msh.block.x, 1, 1, msh.smem, g.stream.get(),
+                                                  a.data(), nullptr),
+                            "launch"));
+            const kern::LaunchShape sh1 = kern::gemvBlocksLaunch(n, configs[0].shape);
+            std::vector<void*> b = {&bw[0], &null_ptr, &xqp, &xmp, &outb};
+            ok(g.dev->check(g.cu().cuLaunchKernel(kernels[0].fn, sh1.grid.x, 1, 1, sh1.block.x, 1, 1, 0, g.stream.get(),
+                                                  b.data(), nullptr),
+                            "launch"));
+            const auto [ra, rb] = outputs();
+            std::printf("        mmq_blocks%s tn%u s%u token 0 vs gemv_blocks: max |a - b| / max |b| = %.2e\n",
+                        wgmma ? " wgmma" : "", tn, sp, maxRelDiff(ra, rb));
+            // A full tile of tokens: the warpgroup form against the mma.sync form (the same f16 products, summed in
+            // another order).
+            int full = static_cast<int>(tn);
+            std::vector<void*> fa = {&bw[0], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &full};
+            ok(g.dev->check(g.cu().cuLaunchKernel(km.fn, msh.grid.x, msh.grid.y, 1, msh.block.x, 1, 1, msh.smem, g.stream.get(),
+                                                  fa.data(), nullptr),
+                            "launch"));
+            std::vector<float> all(static_cast<size_t>(tn) * n);
+            ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(all.data(), outa, all.size() * 4, g.stream.get()), "download"));
+            g.sync();
+            if (!wgmma) full_sync = std::move(all);
+            else
+              std::printf("        mmq_blocks wgmma tn%u s%u, %u tokens vs mma.sync: max |a - b| / max |b| = %.2e\n", tn, sp,
+                          tn, maxRelDiff(all, full_sync));
           }
-          int one = 1;
-          std::vector<void*> a = {&bw[0], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &one};
-          ok(g.dev->check(g.cu().cuLaunchKernel(km.fn, msh.grid.x, msh.grid.y, 1, msh.block.x, 1, 1, msh.smem, g.stream.get(),
-                                                a.data(), nullptr),
-                          "launch"));
-          const kern::LaunchShape sh1 = kern::gemvBlocksLaunch(n, configs[0].shape);
-          std::vector<void*> b = {&bw[0], &null_ptr, &xqp, &xmp, &outb};
-          ok(g.dev->check(g.cu().cuLaunchKernel(kernels[0].fn, sh1.grid.x, 1, 1, sh1.block.x, 1, 1, 0, g.stream.get(),
-                                                b.data(), nullptr),
-                          "launch"));
-          const auto [ra, rb] = outputs();
-          std::printf("        mmq_blocks tn%u s%u token 0 vs gemv_blocks: max |a - b| / max |b| = %.2e\n", tn, sp,
-                      maxRelDiff(ra, rb));
         }
     }
   }

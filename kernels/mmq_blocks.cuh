@@ -38,12 +38,23 @@
 //                         tiles, K))
 //   MMQB_HAS_BIAS         bias vector (N f32)
 //   MMQB_SEGMENTS         1 (default: minfer_mmq_blocks), 2 or 3 (minfer_mmq_blocks2, minfer_mmq_blocks3, below)
+//   MMQB_WGMMA            1: the MMAs as Hopper warpgroup MMAs (sm_90a images only, below); 0 (default): mma.sync
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, float* partial, unsigned* counters, int n_tokens)
 //   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K); out: n_tokens × N f32 (row stride N);
 //   partial: mmqbPartialBytes() of scratch (null with one split); counters: mmqbCounterBytes() of words, zero on
 //   entry and again on exit (ArgKind Counters; unused with one split).
 // Launch shape: mmqbLaunchRule(): grid (⌈N/128⌉, S), 256 threads, mmqbSmemBytes() of dynamic shared memory.
+//
+// The warpgroup form (MMQB_WGMMA = 1, sm_90a): the same tiles, stages, dequantization and rounding, but each group of
+// 16 columns is one wgmma.m64n{TN}k16 per warpgroup (the block's two warpgroups take 64 rows each) with the A fragment
+// from the registers the lanes dequantized it into (wgmma's register fragment of a warp's 16 rows is mma.m16n8k16's)
+// and B, the f16 activations, read by the tensor cores straight from shared memory: the f16 tile is stored as four
+// K-major 64-column tiles of TN rows × 128 bytes in the 128-byte swizzle (wgmma.cuh) instead of padded rows for
+// ldmatrix, so no lane loads B and a warpgroup reads it once instead of each warp. The MMAs run asynchronously while
+// the lanes dequantize the next group; the accumulator layout is mma.sync's, so the epilogue is shared. The sums are
+// the same f16 products in f32 (on the H200 bit for bit mma.sync's: minfer-bench-gemv --mmqb-wgmma; the GPU test
+// holds both forms to the f16 bound).
 //
 // The fused forms over two or three matrices of one input (gate and up, or q, k, v of a layer; MMQB_SEGMENTS 2 or 3,
 // entries minfer_mmq_blocks2 and minfer_mmq_blocks3): segment 0 takes the constants above, segment 1 MMQB_N1,
@@ -58,6 +69,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/wgmma.cuh"
 
 namespace minfer::kern {
 
@@ -74,12 +86,18 @@ constexpr unsigned kMmqbMaxRows = 32;
 // slower (BENCHMARKS.md, issue 14).
 constexpr unsigned kMmqbFusedMaxRows = 64;
 constexpr unsigned kMmqbMaxSegments = 3;  // matrices of one fused launch (MMQB_SEGMENTS)
+// The tiles the warpgroup form (MMQB_WGMMA) takes where the codegen may use it: those of 64 tokens. Measured on an
+// H200 against mma.sync (minfer-bench-gemv --mmqb-wgmma, BENCHMARKS.md): 64 rows gate −12%, q −7%, down −3%; 32 rows
+// within ±3%; 16 rows 2 … 9% slower.
+MINFER_HD constexpr bool mmqbWarpgroupTile(unsigned tn) { return tn == 64; }
 constexpr unsigned kMmqbLD = 256 + 16;  // q8 activation row of a stage (bytes)
 constexpr unsigned kMmqbLDH = 256 + 8;  // f16 tile row (halves): 132 words, so ldmatrix's 8 rows hit distinct banks
 constexpr unsigned kMmqbSmemMax = 227 * 1024;  // dynamic shared memory of one block on sm_90 (opt-in)
 // Shared memory one block may take so that two fit on an SM (each block also takes 1 KiB of the SM's 228 KiB, and 16
 // bytes of static shared memory).
 constexpr unsigned kMmqbSmemBudget = 113 * 1024;
+// Dynamic shared memory reserved to align the f16 tile to 1024 bytes (the warpgroup form's 128-byte swizzle).
+constexpr unsigned kMmqbAlignSlack = 1024;
 
 // Shared-memory row of one raw block (bytes): Q4_K 144 (36 words: rows g = 0..7 of an A-fragment load fall on
 // banks 4g + t), Q6_K 224 B padded to 240 (60 words: likewise; at 56 words rows g and g + 4 would collide).
@@ -92,15 +110,15 @@ MINFER_HD constexpr unsigned mmqbStageBytes(unsigned type, unsigned tn) {
 }
 // The f16 activation tile the MMAs read: TN × kMmqbLDH halves.
 MINFER_HD constexpr unsigned mmqbTileBytes(unsigned tn) { return tn * kMmqbLDH * 2; }
-// Raw stages in the cp.async pipeline: as many as fit beside the f16 tile in kMmqbSmemBudget, 2 … 4 (Q4_K: 4, 3, 2 at
-// 16, 32, 64 tokens; Q6_K: 2; Q6_K at 64 tokens exceeds the budget: one block per SM).
+// Raw stages in the cp.async pipeline: as many as fit beside the f16 tile and the alignment slack in kMmqbSmemBudget,
+// 2 … 4 (Q4_K: 4, 3, 2 at 16, 32, 64 tokens; Q6_K: 2; Q6_K at 64 tokens exceeds the budget: one block per SM).
 MINFER_HD constexpr unsigned mmqbStages(unsigned type, unsigned tn) {
   unsigned s = 4;
-  while (s > 2 && s * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) > kMmqbSmemBudget) --s;
+  while (s > 2 && s * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack > kMmqbSmemBudget) --s;
   return s;
 }
 MINFER_HD constexpr unsigned mmqbSmemBytes(unsigned type, unsigned tn) {
-  return mmqbStages(type, tn) * mmqbStageBytes(type, tn) + mmqbTileBytes(tn);
+  return mmqbStages(type, tn) * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack;
 }
 // The split-K scratch: S × TN × N f32 (none with one split); the counters: one word per row tile.
 MINFER_HD unsigned long long mmqbPartialBytes(unsigned n, unsigned tn, unsigned splits) {
@@ -169,6 +187,9 @@ MINFER_HD LaunchRule mmqbFusedLaunchRule(const unsigned* n, const unsigned* type
 #if defined(MINFER_DEVICE_CODE) && defined(MMQB_N)
 #ifndef MMQB_SEGMENTS
 #define MMQB_SEGMENTS 1
+#endif
+#ifndef MMQB_WGMMA
+#define MMQB_WGMMA 0
 #endif
 namespace minfer::kern::mmqb {
 
@@ -316,10 +337,24 @@ __device__ __forceinline__ unsigned bitSelect(unsigned a, unsigned b, unsigned m
 // a0 / b0 (MMA k 2t, 2t + 1) holds k 4t and 4t + 2, a2 / b1 (MMA k 8 + 2t, 9 + 2t) holds k 4t + 1 and 4t + 3, so that
 // one 32-bit word of four consecutive quants, masked as 0x00FF00FF and shifted by 8, gives both registers.
 
-// The tokens' q8 values of the stage as f16 d·q (one f16 rounding of d and of the product) in b[TN][kLDH], each
-// group of 16 stored in the MMA's k order above (halves 2t, 2t + 1 = k 4t, 4t + 2; halves 8 + 2t, 9 + 2t = k 4t + 1,
-// 4t + 3), so ldmatrix gives the B fragments. Tokens past n_tokens are left as they are (their sums are not written).
-__device__ __forceinline__ void dequantActivations(const Stage& st, uint16_t* b, int n_tokens) {
+// The f16 tile's byte offset of the 8 halves `h` (0: the first 8 of the MMA's k order, 1: the last 8) of group of 16 `c`
+// of activation block `kb` of token `tok`: mma.sync form b[TN][kLDH] (padded rows, ldmatrix); warpgroup form four
+// 64-column tiles of TN rows × 128 bytes, 128-byte swizzle (group kg = 2kb + c: tile kg / 4, 16-byte chunks
+// 2 (kg % 4) + h of the row).
+__device__ __forceinline__ int tileOffset(int tok, int kb, int c, int h) {
+  if constexpr (MMQB_WGMMA) {
+    const int kg = 2 * kb + c;
+    return (kg / 4) * kTN * 128 + swizzled(tok, 2 * (kg % 4) + h);
+  } else {
+    return 2 * (tok * kLDH + 32 * kb + 16 * c + 8 * h);
+  }
+}
+
+// The tokens' q8 values of the stage as f16 d·q (one f16 rounding of d and of the product) in the f16 tile `b`
+// (tileOffset's layout), each group of 16 stored in the MMA's k order above (halves 2t, 2t + 1 = k 4t, 4t + 2; halves
+// 8 + 2t, 9 + 2t = k 4t + 1, 4t + 3), so ldmatrix gives the B fragments (the warpgroup MMA reads the same k order).
+// Tokens past n_tokens are left as they are (their sums are not written).
+__device__ __forceinline__ void dequantActivations(const Stage& st, uint8_t* b, int n_tokens) {
   constexpr unsigned k1152 = 0x64806480u;  // f16x2 (1152, 1152): 1024 + the byte bias 128
 #pragma unroll
   for (int i = 0; i < iters(8 * kTN); ++i) {
@@ -338,9 +373,8 @@ __device__ __forceinline__ void dequantActivations(const Stage& st, uint16_t* b,
         o[t] = hmul2(hsub2(signedBytesPlus1152(qw[t]), k1152), d2);
         o[4 + t] = hmul2(hsub2(signedBytesPlus1152(qw[t] >> 8), k1152), d2);
       }
-      uint4* out = reinterpret_cast<uint4*>(b + tok * kLDH + 32 * kb + 16 * c);
-      out[0] = {o[0], o[1], o[2], o[3]};
-      out[1] = {o[4], o[5], o[6], o[7]};
+      *reinterpret_cast<uint4*>(b + tileOffset(tok, kb, c, 0)) = {o[0], o[1], o[2], o[3]};
+      *reinterpret_cast<uint4*>(b + tileOffset(tok, kb, c, 1)) = {o[4], o[5], o[6], o[7]};
     }
   }
 }
@@ -441,9 +475,51 @@ __device__ __forceinline__ void groupScale(const RowScales<kQ4K>& r, int kb, int
   }
 }
 
+// D(64 × 8·NI, f32) += A(64 × 16, f16, from registers) · B(16 × 8·NI, f16, K-major in shared memory, descriptor b),
+// for one warpgroup (sm_90a; PTX ISA, "wgmma.mma_async" with A in registers): lane l of warp w holds A rows
+// 16w + l/4 (+8) as mma.m16n8k16's fragment (a0, a1: k 2(l%4) …, a2, a3: k 8 + 2(l%4) …) and the accumulators of
+// those rows, columns 8j + 2(l%4) (+1), as d[j][2h + e] (row +8h, column +e): mma.sync's acc[ni][e] for ni = j.
+template <int kNi>
+__device__ __forceinline__ void wgmmaRegA(float (&d)[kNi][4], const unsigned (&a)[4], uint64_t b);
+template <>
+__device__ __forceinline__ void wgmmaRegA<2>(float (&d)[2][4], const unsigned (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmmaRegA<4>(float (&d)[4][4], const unsigned (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmmaRegA<8>(float (&d)[8][4], const unsigned (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
 // One thread block's tile of segment S: rows [m0, m0 + TM) of its matrix, GGUF blocks of split `split`. Split-K
 // sums go to rows [prow0, prow0 + S::kN) of the launch's scratch of `pld` rows (partial[split][t][prow0 + r]) and
-// the tile counts itself in `*counter`.
+// the tile counts itself in `*counter`. `smem`: 1024-byte aligned, the f16 tile (mmqbTileBytes) then the stages.
 template <class S>
 __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const uint8_t* __restrict__ w,
                                          const float* __restrict__ bias, const int8_t* __restrict__ xq,
@@ -451,7 +527,8 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
                                          float* __restrict__ partial, int prow0, int pld, unsigned* counter,
                                          int n_tokens) {
   constexpr int kStages = S::kStages, kRawLd = S::kRawLd;
-  uint16_t* const bt = reinterpret_cast<uint16_t*>(smem + kStages * S::kStageBytes);  // [TN][kLDH] f16 activations
+  uint8_t* const bt = smem;  // the f16 activations (tileOffset's layout)
+  uint8_t* const stages = smem + mmqbTileBytes(kTN);
   const int b0 = split * kKB / kS, b1 = (split + 1) * kKB / kS;  // this split's GGUF blocks
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -462,7 +539,8 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
   const int mq = lane / 8, mr = lane % 8;
   const unsigned b_addr =
       static_cast<unsigned>(__cvta_generic_to_shared(bt)) + 2u * (((mq / 2) * 8 + mr) * kLDH + (mq % 2) * 8);
-  const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const unsigned smem_addr = static_cast<unsigned>(__cvta_generic_to_shared(stages));
+  const uint64_t b_desc = MMQB_WGMMA ? tileDescriptor(bt) : 0;  // the warpgroup form's B tiles
 
   float acc[kNI][4];
 #pragma unroll
@@ -481,13 +559,15 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
   }
   for (int it = 0; it < n_blk; ++it) {
     cpAsyncWait<kStages - 2>();
+    if constexpr (MMQB_WGMMA) wgmmaWait<0>();  // this warpgroup's MMAs have read the f16 tile
     __syncthreads();  // the stage is visible to all; everyone's MMAs on the previous f16 activations are done
     const int next = it + kStages - 1;
     if (next < n_blk)
       loadStage<S>(smem_addr + (next % kStages) * S::kStageBytes, b0 + next, m0, n_tokens, w, xq, xmeta);
     cpAsyncCommit();
-    const Stage st = stageAt<S>(smem, it % kStages);
+    const Stage st = stageAt<S>(stages, it % kStages);
     dequantActivations(st, bt, n_tokens);
+    if constexpr (MMQB_WGMMA) fenceProxyAsync();  // the tile's stores before the tensor cores read it
     __syncthreads();
     const uint8_t* r0 = st.raw + (wm0 + g) * kRawLd;
     const uint8_t* r8 = r0 + 8 * kRawLd;
@@ -499,17 +579,28 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
         unsigned s2[2], m2[2];  // of rows g, g + 8
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) groupScale<S::kQ4K>(rs[ri], kb, c, s2[ri], m2[ri]);
+        // The warpgroup form: at most the previous group's MMA still reads its A registers (so they can be reused).
+        if constexpr (MMQB_WGMMA) wgmmaWait<1>();
         unsigned a[4];
         weightFragment<S::kQ4K>(r0, r8, kb, c, t, s2, m2, a);
+        if constexpr (MMQB_WGMMA) {
+          // Group kg = 2kb + c: 64-column tile kg / 4 (TN · 128 bytes each), 32 bytes per group inside its rows.
+          const int kg = 2 * kb + c;
+          wgmmaFence();  // the A registers just written, before the MMA reads them
+          wgmmaRegA<kNI>(acc, a, b_desc + (((kg / 4) * kTN * 128) >> 4) + 2 * (kg % 4));
+          wgmmaCommit();
+        } else {
 #pragma unroll
-        for (int ni = 0; ni < kNI; ni += 2) {
-          int r[4];
-          ldmatrixX4Shared(r, b_addr + 2u * (ni * 8 * kLDH + kb * 32 + c * 16));
-          mmaF16(acc[ni], a, r[0], r[1]);
-          mmaF16(acc[ni + 1], a, r[2], r[3]);
+          for (int ni = 0; ni < kNI; ni += 2) {
+            int r[4];
+            ldmatrixX4Shared(r, b_addr + 2u * (ni * 8 * kLDH + kb * 32 + c * 16));
+            mmaF16(acc[ni], a, r[0], r[1]);
+            mmaF16(acc[ni + 1], a, r[2], r[3]);
+          }
         }
       }
   }
+  if constexpr (MMQB_WGMMA) wgmmaWait<0>();
 
   // Epilogue: element (ni, e) is row m0 + wm0 + g + 8·(e / 2), token 8·ni + 2t + e % 2.
   constexpr int kN = S::kN;
@@ -578,7 +669,8 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   using namespace minfer::kern::mmqb;
   if (n_tokens > kTN) __trap();  // more rows than a tile holds (the launch's max_rows is MMQB_TN)
   minfer::kern::overlapPrologue();
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* const smem = minfer::kern::align1024(smem_raw);
   mmqbTile<Segment0>(smem, blockIdx.x * kTM, blockIdx.y, w, bias, xq, xmeta, out, partial, 0, Segment0::kN,
                  counters + blockIdx.x, n_tokens);
 }
@@ -594,7 +686,8 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   using namespace minfer::kern::mmqb;
   if (n_tokens > kTN) __trap();  // more rows than a tile holds (the launch's max_rows is MMQB_TN)
   minfer::kern::overlapPrologue();
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* const smem = minfer::kern::align1024(smem_raw);
   constexpr int kRows = Segment0::kN + Segment1::kN;
   const int tile = blockIdx.x, split = blockIdx.y;
   unsigned* const counter = counters + tile;
@@ -616,7 +709,8 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbThreads, 2)
   using namespace minfer::kern::mmqb;
   if (n_tokens > kTN) __trap();  // more rows than a tile holds (the launch's max_rows is MMQB_TN)
   minfer::kern::overlapPrologue();
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* const smem = minfer::kern::align1024(smem_raw);
   constexpr int kRows = Segment0::kN + Segment1::kN + Segment2::kN;
   const int tile = blockIdx.x, split = blockIdx.y;
   unsigned* const counter = counters + tile;
