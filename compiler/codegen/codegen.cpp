@@ -1,6 +1,7 @@
 // Kernel codegen: dedupe, cache, parallel NVRTC (see codegen.h).
 #include "compiler/codegen/codegen.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -54,6 +55,10 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
   SpecTable table;
   // A launch's images: spec index × n_arch + arch index (filled in below, once the specs are numbered).
   const size_t n_arch = options.targets.size();
+  // The warpgroup form of mmq_blocks needs sm_90a images (wgmma), so every target must be one.
+  const bool mmqb_wgmma = options.mmqb_wgmma && n_arch > 0 &&
+                          std::all_of(options.targets.begin(), options.targets.end(),
+                                      [](const std::string& t) { return t == "sm_90a"; });
   auto record = [&](KernelLaunch&& launch) {
     const uint32_t spec = table.add(launch.spec);
     LaunchRecord r{std::move(launch.args), launch.rule, {}};
@@ -100,7 +105,7 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
         for (KernelLaunch& l : *launches) paged->back().push_back(record(std::move(l)));
       }
       if (v == PlanVariant::kPrefill) {
-        auto small = smallLaunchesForStep(desc, layouts, v, i, followers);
+        auto small = smallLaunchesForStep(desc, layouts, v, i, followers, mmqb_wgmma);
         if (!small) return small.takeError();
         set.prefill_small.emplace_back();
         for (KernelLaunch& l : small->launches) set.prefill_small.back().push_back(record(std::move(l)));

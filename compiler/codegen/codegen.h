@@ -54,6 +54,11 @@ struct CodegenOptions {
   // (minfer_mmq_blocks2, as fuse_qkv's q, k, v): +5.6% / +4.3% / +4.7% aggregate decode at 8 / 32 / 64 sequences
   // on the H200's 7B (BENCHMARKS.md, issue 14); each output as minfer_mmq_blocks writes it with the pair's splits.
   bool fuse_prefill_pair = true;
+  // With mmqb_wgmma (the default) and every target sm_90a, the small-batch mmq_blocks launches of 64-token tiles in
+  // their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA, mmqbWarpgroupTile: Hopper's wgmma with the dequantized
+  // weights in registers; its sums measured bit for bit mma.sync's on the H200); ignored for other targets (their plans
+  // have no mmq_blocks launches, or no wgmma).
+  bool mmqb_wgmma = true;
 };
 
 struct KernelImageData {

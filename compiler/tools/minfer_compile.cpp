@@ -86,6 +86,11 @@ llvm::cl::opt<bool> kFusePrefillPair(
     llvm::cl::desc("Run the prefill gate and up of calls of 5 … 64 rows on sm_90a as one mmq_blocks launch, as "
                    "--fuse-gemv's q, k, v (default on; --fuse-prefill-pair=false: each its own, BENCHMARKS.md)"),
     llvm::cl::init(true), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kMmqbWgmma(
+    "mmqb-wgmma",
+    llvm::cl::desc("Run the 64-token tiles of the small-batch mmq_blocks launches of sm_90a images on Hopper's "
+                   "warpgroup MMA (wgmma; default on; --mmqb-wgmma=false: mma.sync, kernels/mmq_blocks.cuh MMQB_WGMMA)"),
+    llvm::cl::init(true), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kSwaFull("swa-full",
                              llvm::cl::desc("Give sliding-window layers a full-size KV cache of n_ctx positions (as "
                                             "llama.cpp's --swa-full) instead of a ring of window + max batch - 1"),
@@ -148,6 +153,7 @@ int main(int argc, char** argv) {
   options.fuse_pair = kFuseGemv == GemvFusion::kPair || kFuseGemv == GemvFusion::kNorm;
   options.fuse_norm = kFuseGemv == GemvFusion::kNorm || kFuseGemv == GemvFusion::kAll;
   options.fuse_prefill_pair = kFusePrefillPair;
+  options.mmqb_wgmma = kMmqbWgmma;
   options.swa_full = kSwaFull;
   std::string target_list = kTarget, target_why;
   if (target_list == "auto") target_list = autoTargets(&target_why);

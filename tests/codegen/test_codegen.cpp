@@ -841,6 +841,50 @@ TEST_CASE("prefill q, k, v beside a Hopper kF16 plane: their small-batch steps a
   }
 }
 
+// With mmqb_wgmma (CodegenOptions; sm_90a images) the small-batch launches are the default's but for the mmq_blocks
+// tiles mmqbWarpgroupTile names (64 tokens: the fused q, k, v and gate and up launches, which serve 33 … 64 rows):
+// their specs define MMQB_WGMMA 1 and their keys end in _wg; every other spec, row range, rule and argument the same.
+// One such launch compiled with NVRTC for sm_90a (where built with it), its PTX parameters the record's arguments.
+TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, everything else the default's") {
+  if (!test::haveFixtures()) return;
+  const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true, .prefill_pair = true};
+  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
+  REQUIRE(l.desc.plan.max_batch >= 33);
+  const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
+  auto fusion = planFusion(l.desc, l.layouts, PlanVariant::kPrefill, lastTokenTailBegin(steps, l.desc.plan.logits), gemv,
+                           true);
+  REQUIRE_MESSAGE(static_cast<bool>(fusion), llvm::toString(fusion.takeError()));
+  size_t warpgroup = 0, mmqb = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].op != fb::OpKind::MatMul || fusion->fused[i]) continue;
+    CAPTURE(steps[i].name);
+    auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i]);
+    auto wg = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i], true);
+    REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));
+    REQUIRE_MESSAGE(static_cast<bool>(wg), llvm::toString(wg.takeError()));
+    CHECK(wg->rows == plain->rows);
+    REQUIRE(wg->launches.size() == plain->launches.size());
+    for (size_t j = 0; j < wg->launches.size(); ++j) {
+      const KernelLaunch &a = plain->launches[j], &b = wg->launches[j];
+      const bool tile64 = a.spec.entry.rfind("minfer_mmq_blocks", 0) == 0 && a.spec.define("MMQB_TN") == "64";
+      mmqb += a.spec.entry.rfind("minfer_mmq_blocks", 0) == 0;
+      CAPTURE(a.spec.key);
+      CHECK(b.spec.entry == a.spec.entry);
+      CHECK(b.spec.key == (tile64 ? a.spec.key + "_wg" : a.spec.key));
+      CHECK(b.spec.define("MMQB_WGMMA") == (tile64 ? "1" : ""));
+      CHECK(b.spec.defines.size() == a.spec.defines.size() + (tile64 ? 1 : 0));
+      CHECK((b.min_rows == a.min_rows && b.max_rows == a.max_rows));
+      CHECK(b.rule.at(b.max_rows ? b.max_rows : 1).smem == a.rule.at(a.max_rows ? a.max_rows : 1).smem);
+      CHECK(b.rule.at(1).grid.x == a.rule.at(1).grid.x);
+      REQUIRE(b.args.size() == a.args.size());
+      for (size_t x = 0; x < a.args.size(); ++x) CHECK((b.args[x].kind == a.args[x].kind && b.args[x].name == a.args[x].name));
+      if (tile64 && warpgroup++ == 0) checkEntryParams(b);
+    }
+  }
+  CHECK(mmqb > 0);
+  CHECK(warpgroup == 2 * l.desc.config.n_layer - 1);  // q, k, v of each layer; gate and up of all but the last
+}
+
 // With fuse_prefill_pair, gate and up of each layer beside a Hopper kF16 plane likewise: the gate step with 1 follower,
 // its small-batch launches minfer_mmq_blocks2 (checkMmqbSegmentsStep; the first layer's compiled with NVRTC), q, k and
 // v still the triple; the last layer's gate and up stay apart (the last-token tail, which runs one row, fuses none).

@@ -98,7 +98,9 @@ std::vector<std::string> goldenArchs() {
 // Add + deferred RMSNorm), `gemv`: minfer-compile's --fuse-gemv: "" the default (norm), "pair" without the
 // deferred RMSNorm (fuse_norm off: every result the unfused steps', bit for bit), "all" with the gate|up GLU GEMV
 // (fuse_glu), "prefill-pair" the default with the prefill gate and up as one small-batch launch (fuse_prefill_pair:
-// minfer_mmq_blocks2 on sm_90a; the other variants here compile without it, so both forms run). `arch`: the kernel target ("" = the GPU's arch;
+// minfer_mmq_blocks2 on sm_90a; the other variants here compile without it, so both forms run) and its 64-token
+// mmq_blocks tiles on mma.sync (mmqb_wgmma off), "wgmma" the same with those tiles in their warpgroup form (the
+// default mmqb_wgmma, which the other variants keep: MMQB_WGMMA on sm_90a). `arch`: the kernel target ("" = the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 // compiledFile: the same for a GGUF at `input` (named `model` in the artifact's file name).
 std::string compiledFile(const std::string& input, const std::string& model, bool fuse = true,
@@ -111,10 +113,11 @@ std::string compiledFile(const std::string& input, const std::string& model, boo
   o.input = input;
   o.output = scratchDir() + "/" + key + ".gpu.mfb";
   o.fuse_launches = fuse;
-  REQUIRE_MESSAGE((gemv.empty() || gemv == "pair" || gemv == "all" || gemv == "prefill-pair"),
+  REQUIRE_MESSAGE((gemv.empty() || gemv == "pair" || gemv == "all" || gemv == "prefill-pair" || gemv == "wgmma"),
                   "compiledFile: gemv " << gemv);
   o.fuse_glu = gemv == "all";
-  o.fuse_prefill_pair = gemv == "prefill-pair";
+  o.fuse_prefill_pair = gemv == "prefill-pair" || gemv == "wgmma";
+  o.mmqb_wgmma = gemv != "prefill-pair";
   o.fuse_norm = gemv != "pair";
   o.max_batch = 64;
   o.targets = {arch.empty() ? get()->arch : arch};
@@ -956,6 +959,8 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
       {"tiny-qwen2-Q4_K_M.gguf", "models", "pair"}, // one-row steps without the default's deferred RMSNorm
       {"tiny-qwen2-Q4_K_M.gguf", "models", "prefill-pair"},  // gate and up in one mmq_blocks launch (sm_90a)
       {"tiny-llama-Q4_K_M.gguf", "models", "prefill-pair"},
+      {"tiny-qwen2-Q4_K_M.gguf", "models", "wgmma"},  // the pair's 64-token tiles on wgmma (sm_90a)
+      {"tiny-llama-Q4_K_M.gguf", "models", "wgmma"},
       {"tiny-gemma2-F32.gguf", "arch/models"},      // sliding window, query scale, soft-cap
       {"tiny-gemma3-Q8_0.gguf", "arch/models"},     // sliding window layers, QK norm, per-layer RoPE bases
       {"tiny-phi3-Q8_0.gguf", "arch/models"},       // q|k|v column views (PA_/ATT_ pitches)
@@ -965,9 +970,12 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
   for (const std::string& arch : goldenArchs())
     for (const Fixture& f : models) {
       const std::string model = f.model, gemv = f.gemv;
-      if (gemv == "prefill-pair" && arch != "sm_90a") continue;  // the option changes sm_90a plans only
-      const std::string name =
-          model + (gemv.empty() ? "" : gemv == "prefill-pair" ? " (--fuse-prefill-pair)" : " (--fuse-gemv=" + gemv + ")");
+      const bool sm90a_only = gemv == "prefill-pair" || gemv == "wgmma";
+      if (sm90a_only && arch != "sm_90a") continue;  // the options change sm_90a plans only
+      const std::string name = model + (gemv.empty()              ? ""
+                                        : gemv == "prefill-pair" ? " (--fuse-prefill-pair --mmqb-wgmma=false)"
+                                        : gemv == "wgmma"        ? " (--fuse-prefill-pair)"
+                                                                 : " (--fuse-gemv=" + gemv + ")");
       CAPTURE(arch);
       CAPTURE(name);
       const std::string path = compiled(model, f.dir, true, arch, f.gemv);
@@ -982,6 +990,8 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
         uint32_t small_rows = 0;
         bool blocks = false;  // a small launch on the GGUF blocks (the batched GEMV)
         bool pair = false;    // gate and up in one launch (minfer_mmq_blocks2)
+        // mmq_blocks launches of 64-token tiles (min_rows past 32), and those in the warpgroup form (keys with _wg_)
+        size_t mmqb64 = 0, mmqb_wg = 0;
         const auto* kernels = (*file)->manifest()->kernels();
         for (const fb::Step* s : *(*file)->manifest()->prefill()->steps())
           if (s->small_launches() && s->small_launches()->size() > 0) {
@@ -990,9 +1000,16 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
               const std::string entry = kernels->Get(l->images()->Get(0))->entry()->str();
               blocks |= entry == "minfer_gemv_batch";
               pair |= entry == "minfer_mmq_blocks2";
+              if (entry.rfind("minfer_mmq_blocks", 0) == 0) {
+                mmqb64 += l->min_rows() > 32;
+                mmqb_wg += kernels->Get(l->images()->Get(0))->key()->str().find("_wg_") != std::string::npos;
+              }
             }
           }
-        CHECK(pair == (arch == "sm_90a" && gemv == "prefill-pair"));
+        CHECK(pair == (arch == "sm_90a" && sm90a_only));
+        // mmqb_wgmma (all but "prefill-pair"): the 64-token tiles on sm_90a (mmqbWarpgroupTile)
+        CHECK(mmqb_wg == (gemv != "prefill-pair" ? mmqb64 : 0));
+        if (sm90a_only) CHECK(mmqb64 > 0);
         // Every quantized model gets small launches on both targets (sm_90a: the K-quants on their blocks, up to
         // kGemvBatchMaxRows rows, the other types on kI8 beside their kF16 planes; sm_90: kI8); the K-quant
         // models' on sm_90a are minfer_gemv_batch.

@@ -365,7 +365,7 @@ void pushMmqbTiles(std::vector<KernelLaunch>& out, unsigned rows, unsigned most,
 // GEMV's sums for each row, one weight pass) below kMmqbFromRows rows; from there minfer_mmq_blocks
 // (kernels/mmq_blocks.cuh, f16 tensor cores) in tiles of 16 tokens, then 32; split over K (mmqbSplits) except in the
 // last-token tail. Models with experts: the batched GEMV alone (up to min(kGemvBatchMaxRows, max_batch) rows).
-Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
+Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m, bool mmqb_wgmma) {
   if (auto qin = c.input(1, "quantized input"); !qin) return qin.takeError();
   const StrideTable* blk = smallBatchBlocks(c, m);
   if (!blk) return std::vector<KernelLaunch>{};
@@ -379,9 +379,11 @@ Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
   const unsigned splits = c.inTail() ? 1u : kern::mmqbSplits(n, k);
   const std::vector<KernelArgDesc> args = out.back().args;  // a copy: out grows below
   pushMmqbTiles(out, rows, kern::kMmqbMaxRows, [&](unsigned tn) {
-    SpecBuilder mb(llvm::formatv("mmq_blocks_{0}_g{1}_n{2}_k{3}_t{4}_s{5}{6}", typeTag(blk->ggml_type), blk->group_pitch,
-                                 n, k, tn, splits, m.bias_tag),
+    const bool wg = mmqb_wgmma && kern::mmqbWarpgroupTile(tn);
+    SpecBuilder mb(llvm::formatv("mmq_blocks_{0}_g{1}_n{2}_k{3}_t{4}_s{5}{6}{7}", typeTag(blk->ggml_type), blk->group_pitch,
+                                 n, k, tn, splits, m.bias_tag, wg ? "_wg" : ""),
                    "kernels/mmq_blocks.cuh", "minfer_mmq_blocks");
+    if (wg) mb.define("MMQB_WGMMA", uint64_t{1});
     mb.define("MMQB_N", m.n)
         .define("MMQB_K", m.k)
         .define("MMQB_TYPE", uint64_t{blk->ggml_type})
@@ -742,7 +744,7 @@ bool fusesMmqbSegments(llvm::ArrayRef<StepContext> mm) {
   return mm[0].maxBatch() >= kern::kMmqbFromRows && !mm[0].hasExperts();
 }
 
-llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepContext> mm) {
+llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepContext> mm, bool mmqb_wgmma) {
   if (mm.empty()) return llvm::createStringError(llvm::inconvertibleErrorCode(), "mmq_blocks fusion of no matmuls");
   if (!fusesMmqbSegments(mm))
     return mm[0].error(llvm::formatv("the {0} matmuls cannot run as one small-batch mmq_blocks launch", mm.size()));
@@ -772,8 +774,10 @@ llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepConte
       {"MMQB_N1", "MMQB_TYPE1", "MMQB_PITCH1", "MMQB_GROUP_PITCH1", "MMQB_HAS_BIAS1", "w1", "bias1", "out1"},
       {"MMQB_N2", "MMQB_TYPE2", "MMQB_PITCH2", "MMQB_GROUP_PITCH2", "MMQB_HAS_BIAS2", "w2", "bias2", "out2"}};
   pushMmqbTiles(out.launches, mm[0].maxBatch(), kern::kMmqbFusedMaxRows, [&](unsigned tn) {
-    SpecBuilder sb(llvm::formatv("mmq_blocks{0}{1}_k{2}_t{3}_s{4}", segs, tag, k, tn, splits), "kernels/mmq_blocks.cuh",
-                   entry);
+    const bool wg = mmqb_wgmma && kern::mmqbWarpgroupTile(tn);
+    SpecBuilder sb(llvm::formatv("mmq_blocks{0}{1}_k{2}_t{3}_s{4}{5}", segs, tag, k, tn, splits, wg ? "_wg" : ""),
+                   "kernels/mmq_blocks.cuh", entry);
+    if (wg) sb.define("MMQB_WGMMA", uint64_t{1});
     sb.define("MMQB_SEGMENTS", uint64_t{segs}).define("MMQB_K", m[0].k).define("MMQB_TN", uint64_t{tn});
     sb.define("MMQB_SPLITS", uint64_t{splits});
     std::vector<KernelArgDesc> args;
@@ -800,14 +804,14 @@ llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepConte
 
 llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
-                                                   size_t step_index, size_t followers) {
+                                                   size_t step_index, size_t followers, bool mmqb_wgmma) {
   const StepContext c(desc, layouts, variant, step_index);
   // q, k, v (or gate and up) fused for their small-batch steps (fusedFollowers): their batched GEMVs and one
   // mmq_blocks launch.
   if (variant == PlanVariant::kPrefill && (followers == 1 || followers == 2) && c.step().op == fb::OpKind::MatMul) {
     std::vector<StepContext> mm{c};
     for (size_t f = 1; f <= followers; ++f) mm.emplace_back(desc, layouts, variant, step_index + f);
-    return mmqbSegmentsSmallLaunches(mm);
+    return mmqbSegmentsSmallLaunches(mm, mmqb_wgmma);
   }
   if (variant != PlanVariant::kPrefill || followers != 0 || c.step().op != fb::OpKind::MatMul) return SmallLaunches{};
   auto m = operands(c);
@@ -818,7 +822,7 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
   // (Q4_K, Q6_K beside a Hopper kF16 plane: the batched GEMV, then mmq_blocks). The kI8 kernel first: at 32 and 64
   // rows it measured faster than a kernel on the blocks (BENCHMARKS.md, issue 14).
   if (!findPlane(*m->w, PlaneKind::kI8) && decodeBlocksPlane(*m->w)) {
-    auto launches = smallBatchBlocksMatmul(c, *m);
+    auto launches = smallBatchBlocksMatmul(c, *m, mmqb_wgmma);
     if (!launches) return launches.takeError();
     if (!launches->empty()) {
       // The last launch's bound; 0: the batched GEMV alone, up to its GEMVB_BATCH rows.

@@ -311,20 +311,21 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // or, for a weight with a kF16 plane (Hopper prefill), kGemmSmallRowsVsWgmma, max_batch). None (small_rows 0) for
 // other steps, plans or weights (float weights; other types whose only prefill plane is kF16). With 2 followers (the
 // prefill q, k, v fusesMmqbSegments fused) or 1 (gate and up, likewise) mmqbSegmentsSmallLaunches. Errors as the
-// step's own launches.
+// step's own launches. With `mmqb_wgmma` (sm_90a images only: CodegenOptions::mmqb_wgmma) the mmq_blocks launches of
+// the tiles mmqbWarpgroupTile names in their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA).
 struct SmallLaunches {
   std::vector<KernelLaunch> launches;
   uint32_t rows = 0;
 };
 llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
-                                                   size_t step_index, size_t followers);
+                                                   size_t step_index, size_t followers, bool mmqb_wgmma = false);
 // The small-batch launches of the prefill matmuls that fusesMmqbSegments allows (smallLaunchesForStep with 1 or 2
 // followers): each step's batched GEMV below kMmqbFromRows rows, then minfer_mmq_blocks2 or minfer_mmq_blocks3 in
 // tiles of 16, 32 and 64 tokens up to min(kMmqbFusedMaxRows, max_batch), split over K as mmqbSplits gives for the
 // matrices' row tiles together; each output as minfer_mmq_blocks would write it with those splits. An error naming
 // the first step unless fusesMmqbSegments.
-llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepContext> mm);
+llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepContext> mm, bool mmqb_wgmma = false);
 // The check the q8 forms make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
 llvm::Error checkFusedQuantize(const StepContext& quant, uint32_t width);
 
