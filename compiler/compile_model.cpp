@@ -208,9 +208,7 @@ std::vector<uint8_t> buildManifest(const model::ModelDescription& desc, const st
 
 }  // namespace
 
-bool usesHopperPrefill(const std::vector<std::string>& targets) {
-  return !targets.empty() && std::all_of(targets.begin(), targets.end(), [](const std::string& t) { return t == "sm_90a"; });
-}
+bool usesHopperPrefill(const std::vector<std::string>& targets) { return codegen::sm90aTargetsOnly(targets); }
 
 llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
   auto file = gguf::GgufFile::open(options.input);

@@ -53,8 +53,8 @@
 // K-major 64-column tiles of TN rows × 128 bytes in the 128-byte swizzle (wgmma.cuh) instead of padded rows for
 // ldmatrix, so no lane loads B and a warpgroup reads it once instead of each warp. The MMAs run asynchronously while
 // the lanes dequantize the next group; the accumulator layout is mma.sync's, so the epilogue is shared. The sums are
-// the same f16 products in f32 (on the H200 bit for bit mma.sync's: minfer-bench-gemv --mmqb-wgmma; the GPU test
-// holds both forms to the f16 bound).
+// the same f16 products in f32 (measured bit for bit mma.sync's on the H200 by minfer-bench-gemv --mmqb-wgmma; the GPU
+// test holds both forms to the f16 bound).
 //
 // The fused forms over two or three matrices of one input (gate and up, or q, k, v of a layer; MMQB_SEGMENTS 2 or 3,
 // entries minfer_mmq_blocks2 and minfer_mmq_blocks3): segment 0 takes the constants above, segment 1 MMQB_N1,
@@ -86,9 +86,10 @@ constexpr unsigned kMmqbMaxRows = 32;
 // slower (BENCHMARKS.md, issue 14).
 constexpr unsigned kMmqbFusedMaxRows = 64;
 constexpr unsigned kMmqbMaxSegments = 3;  // matrices of one fused launch (MMQB_SEGMENTS)
-// The tiles the warpgroup form (MMQB_WGMMA) takes where the codegen may use it: those of 64 tokens. Measured on an
-// H200 against mma.sync (minfer-bench-gemv --mmqb-wgmma, BENCHMARKS.md): 64 rows gate −12%, q −7%, down −3%; 32 rows
-// within ±3%; 16 rows 2 … 9% slower.
+// The tiles the warpgroup form (MMQB_WGMMA) takes where the codegen may use it: those of 64 tokens (today the fused
+// forms' only: the plain kernel's tiles stop at kMmqbMaxRows). Measured on an H200 against mma.sync, µs per launch
+// (minfer-bench-gemv --mmqb-wgmma, BENCHMARKS.md 2026-12-05): 64 rows gate −12%, q −7%, k −3%, down −3%; 32 rows
+// −3 … +2.5%; 16 rows +1.5 … +8.8%.
 MINFER_HD constexpr bool mmqbWarpgroupTile(unsigned tn) { return tn == 64; }
 constexpr unsigned kMmqbLD = 256 + 16;  // q8 activation row of a stage (bytes)
 constexpr unsigned kMmqbLDH = 256 + 8;  // f16 tile row (halves): 132 words, so ldmatrix's 8 rows hit distinct banks
@@ -108,7 +109,8 @@ MINFER_HD constexpr unsigned mmqbRawChunks(unsigned type) { return type == 12 ? 
 MINFER_HD constexpr unsigned mmqbStageBytes(unsigned type, unsigned tn) {
   return kMmqbTM * mmqbRawLd(type) + tn * kMmqbLD + 8 * tn * 8;
 }
-// The f16 activation tile the MMAs read: TN × kMmqbLDH halves.
+// The f16 activation tile the MMAs read: TN × kMmqbLDH halves (the warpgroup form's four swizzled 64-column tiles,
+// 4 · TN · 128 bytes, fit inside it).
 MINFER_HD constexpr unsigned mmqbTileBytes(unsigned tn) { return tn * kMmqbLDH * 2; }
 // Raw stages in the cp.async pipeline: as many as fit beside the f16 tile and the alignment slack in kMmqbSmemBudget,
 // 2 … 4 (Q4_K: 4, 3, 2 at 16, 32, 64 tokens; Q6_K: 2; Q6_K at 64 tokens exceeds the budget: one block per SM).
@@ -191,6 +193,9 @@ MINFER_HD LaunchRule mmqbFusedLaunchRule(const unsigned* n, const unsigned* type
 #ifndef MMQB_WGMMA
 #define MMQB_WGMMA 0
 #endif
+#if MMQB_WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "MMQB_WGMMA needs an sm_90a image (wgmma): compile for sm_90a or leave MMQB_WGMMA 0"
+#endif
 namespace minfer::kern::mmqb {
 
 constexpr int kK = MMQB_K, kTN = MMQB_TN, kS = MMQB_SPLITS;
@@ -202,6 +207,9 @@ static_assert(kK % 256 == 0, "MMQB_K must be a multiple of 256");
 static_assert(kTN == 16 || kTN == 32 || kTN == 64, "MMQB_TN must be 16, 32 or 64");
 static_assert(kTM == 16 * kThreads / 32, "a warp per 16 rows");
 static_assert(kS >= 1 && kS <= kKB, "MMQB_SPLITS: 1 … K/256");
+static_assert(MMQB_WGMMA == 0 || MMQB_WGMMA == 1, "MMQB_WGMMA must be 0 or 1");
+static_assert(4 * kTN * 128 <= static_cast<int>(mmqbTileBytes(kTN)) && mmqbTileBytes(kTN) % 16 == 0,
+              "the warpgroup form's tiles fit in the f16 tile; the stages after it start 16-byte aligned");
 static_assert(static_cast<unsigned long long>(kTN) * kK < (1ull << 31), "loadStage's 32-bit offsets inside a tile");
 
 // One weight matrix of the launch (a segment: the plain kernel has one, minfer_mmq_blocks2 two, minfer_mmq_blocks3
@@ -475,48 +483,6 @@ __device__ __forceinline__ void groupScale(const RowScales<kQ4K>& r, int kb, int
   }
 }
 
-// D(64 × 8·NI, f32) += A(64 × 16, f16, from registers) · B(16 × 8·NI, f16, K-major in shared memory, descriptor b),
-// for one warpgroup (sm_90a; PTX ISA, "wgmma.mma_async" with A in registers): lane l of warp w holds A rows
-// 16w + l/4 (+8) as mma.m16n8k16's fragment (a0, a1: k 2(l%4) …, a2, a3: k 8 + 2(l%4) …) and the accumulators of
-// those rows, columns 8j + 2(l%4) (+1), as d[j][2h + e] (row +8h, column +e): mma.sync's acc[ni][e] for ni = j.
-template <int kNi>
-__device__ __forceinline__ void wgmmaRegA(float (&d)[kNi][4], const unsigned (&a)[4], uint64_t b);
-template <>
-__device__ __forceinline__ void wgmmaRegA<2>(float (&d)[2][4], const unsigned (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7"
-      "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-template <>
-__device__ __forceinline__ void wgmmaRegA<4>(float (&d)[4][4], const unsigned (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-template <>
-__device__ __forceinline__ void wgmmaRegA<8>(float (&d)[8][4], const unsigned (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
 // One thread block's tile of segment S: rows [m0, m0 + TM) of its matrix, GGUF blocks of split `split`. Split-K
 // sums go to rows [prow0, prow0 + S::kN) of the launch's scratch of `pld` rows (partial[split][t][prow0 + r]) and
 // the tile counts itself in `*counter`. `smem`: 1024-byte aligned, the f16 tile (mmqbTileBytes) then the stages.
@@ -584,10 +550,9 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
         unsigned a[4];
         weightFragment<S::kQ4K>(r0, r8, kb, c, t, s2, m2, a);
         if constexpr (MMQB_WGMMA) {
-          // Group kg = 2kb + c: 64-column tile kg / 4 (TN · 128 bytes each), 32 bytes per group inside its rows.
-          const int kg = 2 * kb + c;
+          // The group's B: its first 16 bytes' offset in the tile (row 0: no swizzle) in the descriptor's 16-byte units.
           wgmmaFence();  // the A registers just written, before the MMA reads them
-          wgmmaRegA<kNI>(acc, a, b_desc + (((kg / 4) * kTN * 128) >> 4) + 2 * (kg % 4));
+          wgmmaRegA<kNI>(acc, a, b_desc + (tileOffset(0, kb, c, 0) >> 4));
           wgmmaCommit();
         } else {
 #pragma unroll

@@ -43,6 +43,10 @@ class SpecTable {
 
 }  // namespace
 
+bool sm90aTargetsOnly(const std::vector<std::string>& targets) {
+  return !targets.empty() && std::all_of(targets.begin(), targets.end(), [](const std::string& t) { return t == "sm_90a"; });
+}
+
 llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
                                           llvm::ArrayRef<planes::TensorLayout> layouts, const CodegenOptions& options) {
   const auto start = std::chrono::steady_clock::now();
@@ -56,9 +60,7 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
   // A launch's images: spec index × n_arch + arch index (filled in below, once the specs are numbered).
   const size_t n_arch = options.targets.size();
   // The warpgroup form of mmq_blocks needs sm_90a images (wgmma), so every target must be one.
-  const bool mmqb_wgmma = options.mmqb_wgmma && n_arch > 0 &&
-                          std::all_of(options.targets.begin(), options.targets.end(),
-                                      [](const std::string& t) { return t == "sm_90a"; });
+  const bool mmqb_wgmma = options.mmqb_wgmma && sm90aTargetsOnly(options.targets);
   auto record = [&](KernelLaunch&& launch) {
     const uint32_t spec = table.add(launch.spec);
     LaunchRecord r{std::move(launch.args), launch.rule, {}};

@@ -114,6 +114,10 @@ struct KernelSet {
   CodegenStats stats;
 };
 
+// True when every target is sm_90a (and there is one): the only images that may issue wgmma (the Hopper prefill plan,
+// compile_model.h usesHopperPrefill; CodegenOptions::mmqb_wgmma).
+bool sm90aTargetsOnly(const std::vector<std::string>& targets);
+
 // Errors: an arch NVRTC cannot target (checkArch), a step the specializer rejects (kernel_spec.h),
 // an NVRTC failure (its key, arch, options and log; the first failure in image order is reported).
 llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,

@@ -926,7 +926,7 @@ void checkWithinF16Bound(const char* what, const std::vector<float>& got, const 
 // the 7B's down projection; one split and several (split-K with the last-split sum; counters zero again: each
 // launched twice); tiles of 16, 32 and 64 tokens at 1, 9, past half a tile and a full tile; bias and padding. Nothing
 // is written past the call's rows (poisoned rows stay poisoned). Both forms (mmqbForms: mma.sync, and on Hopper the
-// warpgroup MMAs), each within the bound.
+// warpgroup MMAs) on the same data, each within the bound, and the two (and a repeated launch) the same bits.
 TEST_CASE("mmq_blocks: Q4_K and Q6_K blocks on f16 tensor cores, 1 … 64 rows, split-K, vs the CPU within the f16 bound") {
   MINFER_REQUIRE_GPU(G);
   struct Case {
@@ -955,41 +955,47 @@ TEST_CASE("mmq_blocks: Q4_K and Q6_K blocks on f16 tensor cores, 1 … 64 rows, 
                           {"MMQB_SPLITS", str(c.splits)},
                           {"MMQB_HAS_BIAS", c.bias ? "1" : "0"}}));
   }
-  for (const bool wgmma : mmqbForms()) {
-    std::vector<Kernel> k = compileMmqbForm(specs, wgmma);
-    for (size_t i = 0; i < cases.size(); ++i) {
-      const Case& c = cases[i];
-      CAPTURE(k[i].key);
-      const unsigned n = static_cast<unsigned>(c.rows);
-      const RandomWeight rw = makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f);
-      const BuiltPlane pw = alignedBlocksPlane(rw, c.padded);
-      const int max_rows = static_cast<int>(c.tn);
-      const HostQ8 hq = quantizeHost(activations(max_rows, static_cast<int>(c.cols)), max_rows, static_cast<int>(c.cols));
-      const std::vector<float> bias_v = randomFloats(n, rng());
-      const std::vector<float> want = cpuBlocksMatmul(rw, c.bias ? bias_v.data() : nullptr, hq.deq, max_rows);
-      const std::vector<double> bound = f16MatmulBound(rw, hq.deq, max_rows);
-      DeviceArray w = DeviceArray::of(pw.bytes), bias = DeviceArray::of(bias_v), xq = DeviceArray::of(hq.qs),
-                  xm = DeviceArray::of(hq.meta), got(static_cast<uint64_t>(max_rows) * n * 4),
-                  partial(std::max<uint64_t>(16, kern::mmqbPartialBytes(n, c.tn, c.splits))),
-                  counters = DeviceArray::of(std::vector<uint32_t>(kern::mmqbCounterBytes(n) / 4, 0));
-      const kern::LaunchShape sh = kern::mmqbLaunchRule(n, static_cast<unsigned>(c.type), c.tn, c.splits).at(1);
-      for (int tokens : {1, 9, max_rows / 2 + 3, max_rows}) {
+  const std::vector<bool> forms = mmqbForms();
+  std::vector<std::vector<Kernel>> k;  // [form][case]
+  for (const bool wgmma : forms) k.push_back(compileMmqbForm(specs, wgmma));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    CAPTURE(k[0][i].key);
+    const unsigned n = static_cast<unsigned>(c.rows);
+    const RandomWeight rw = makeRandomWeight(c.type, c.rows, c.cols, rng(), 0.5f);
+    const BuiltPlane pw = alignedBlocksPlane(rw, c.padded);
+    const int max_rows = static_cast<int>(c.tn);
+    const HostQ8 hq = quantizeHost(activations(max_rows, static_cast<int>(c.cols)), max_rows, static_cast<int>(c.cols));
+    const std::vector<float> bias_v = randomFloats(n, rng());
+    const std::vector<float> want = cpuBlocksMatmul(rw, c.bias ? bias_v.data() : nullptr, hq.deq, max_rows);
+    const std::vector<double> bound = f16MatmulBound(rw, hq.deq, max_rows);
+    DeviceArray w = DeviceArray::of(pw.bytes), bias = DeviceArray::of(bias_v), xq = DeviceArray::of(hq.qs),
+                xm = DeviceArray::of(hq.meta), got(static_cast<uint64_t>(max_rows) * n * 4),
+                partial(std::max<uint64_t>(16, kern::mmqbPartialBytes(n, c.tn, c.splits))),
+                counters = DeviceArray::of(std::vector<uint32_t>(kern::mmqbCounterBytes(n) / 4, 0));
+    const kern::LaunchShape sh = kern::mmqbLaunchRule(n, static_cast<unsigned>(c.type), c.tn, c.splits).at(1);
+    for (int tokens : {1, 9, max_rows / 2 + 3, max_rows}) {
+      const size_t used = static_cast<size_t>(tokens) * n;
+      std::vector<float> first;  // the mma.sync form's outputs: the warpgroup form's must be the same bits
+      for (size_t f = 0; f < forms.size(); ++f)
         for (int rep = 0; rep < 2; ++rep) {  // the counters must be zero again for the second launch's sums
           CAPTURE(tokens);
           CAPTURE(rep);
+          CAPTURE(k[f][i].key);
           got.poison();
           CUdeviceptr pw_ = w.ptr(), pb = c.bias ? bias.ptr() : 0, a = xq.ptr(), b = xm.ptr(), o = got.ptr(),
                       pp = c.splits > 1 ? partial.ptr() : 0, pc = counters.ptr();
-          launch(k[i], sh, {&pw_, &pb, &a, &b, &o, &pp, &pc, &tokens});
+          launch(k[f][i], sh, {&pw_, &pb, &a, &b, &o, &pp, &pc, &tokens});
           const std::vector<float> all = got.download<float>(static_cast<size_t>(max_rows) * n);
-          checkWithinF16Bound(wgmma ? "mmq_blocks, warpgroup form (fraction of the f16 bound)"
-                                    : "mmq_blocks (fraction of the f16 bound)",
-                              all, want, bound, static_cast<size_t>(tokens) * n);
+          checkWithinF16Bound(forms[f] ? "mmq_blocks, warpgroup form (fraction of the f16 bound)"
+                                       : "mmq_blocks (fraction of the f16 bound)",
+                              all, want, bound, used);
+          if (f == 0 && rep == 0) first = all;
+          else CHECK(std::memcmp(all.data(), first.data(), used * 4) == 0);
         }
-      }
-      const size_t words = kern::mmqbCounterBytes(n) / 4;
-      CHECK(counters.download<uint32_t>(words) == std::vector<uint32_t>(words, 0));
     }
+    const size_t words = kern::mmqbCounterBytes(n) / 4;
+    CHECK(counters.download<uint32_t>(words) == std::vector<uint32_t>(words, 0));
   }
 }
 

@@ -379,6 +379,7 @@ Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m, b
   const unsigned splits = c.inTail() ? 1u : kern::mmqbSplits(n, k);
   const std::vector<KernelArgDesc> args = out.back().args;  // a copy: out grows below
   pushMmqbTiles(out, rows, kern::kMmqbMaxRows, [&](unsigned tn) {
+    // The warpgroup form where the tile is one it takes (none today: this kernel's tiles stop at kMmqbMaxRows = 32).
     const bool wg = mmqb_wgmma && kern::mmqbWarpgroupTile(tn);
     SpecBuilder mb(llvm::formatv("mmq_blocks_{0}_g{1}_n{2}_k{3}_t{4}_s{5}{6}{7}", typeTag(blk->ggml_type), blk->group_pitch,
                                  n, k, tn, splits, m.bias_tag, wg ? "_wg" : ""),

@@ -311,8 +311,9 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // or, for a weight with a kF16 plane (Hopper prefill), kGemmSmallRowsVsWgmma, max_batch). None (small_rows 0) for
 // other steps, plans or weights (float weights; other types whose only prefill plane is kF16). With 2 followers (the
 // prefill q, k, v fusesMmqbSegments fused) or 1 (gate and up, likewise) mmqbSegmentsSmallLaunches. Errors as the
-// step's own launches. With `mmqb_wgmma` (sm_90a images only: CodegenOptions::mmqb_wgmma) the mmq_blocks launches of
-// the tiles mmqbWarpgroupTile names in their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA).
+// step's own launches. With `mmqb_wgmma` (sm_90a images only: CodegenOptions::mmqb_wgmma, which generateKernels
+// passes; the default here, off, is the mma.sync form the unit tests check) the mmq_blocks launches of the tiles
+// mmqbWarpgroupTile names in their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA).
 struct SmallLaunches {
   std::vector<KernelLaunch> launches;
   uint32_t rows = 0;
