@@ -128,17 +128,21 @@ MINFER_HD unsigned long long mmqbPartialBytes(unsigned n, unsigned tn, unsigned 
 }
 MINFER_HD unsigned mmqbCounterBytes(unsigned n) { return 4 * ceilDiv(n, kMmqbTM); }
 
-// Splits of K: enough thread blocks for the 264 that a 132-SM Hopper runs at once (two per SM), each split at least
-// 2 GGUF blocks long, and of the split counts from there to twice that the one whose last wave is fullest (the
-// blocks run in waves of 264: 296 blocks take two).
+// Splits of K, each at least 2 GGUF blocks long: of the counts from half of `fill` (the fewest that give the 264
+// thread blocks a 132-SM Hopper runs at once, two per SM) to twice it, the one whose last wave is fullest (the blocks
+// run in waves of 264: 296 blocks take two), the fewest splits on a tie (longer blocks: fewer pipeline fills and
+// split-K sums). Measured on an H200 (minfer-bench-gemv --mmqb-splits, BENCHMARKS.md 2026-12-05): the 7B's down
+// projection at 32 rows 50.5 µs with 18 splits (504 blocks), 40.5 µs with 9 (252: one wave); its gate 39.9 µs with 3
+// (444 blocks), 41.9 with 2, 40.3 with 4.
 MINFER_HD unsigned mmqbSplits(unsigned n, unsigned k) {
   constexpr unsigned kSlots = 264;
   const unsigned tiles = ceilDiv(n, kMmqbTM), most = k / 256 / 2 < 1 ? 1 : k / 256 / 2;
-  unsigned first = ceilDiv(kSlots, tiles);
-  if (first > most) return most;
+  const unsigned fill = ceilDiv(kSlots, tiles);
+  if (fill > most) return most;
+  const unsigned first = fill / 2 < 1 ? 1 : fill / 2;
   unsigned best = first;
   double best_fill = 0;
-  for (unsigned s = first; s <= 2 * first && s <= most; ++s) {
+  for (unsigned s = first; s <= 2 * fill && s <= most; ++s) {
     const unsigned blocks = tiles * s;
     const double fill = static_cast<double>(blocks) / (kSlots * ceilDiv(blocks, kSlots));
     if (fill > best_fill + 1e-9) {
