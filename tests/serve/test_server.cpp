@@ -16,6 +16,7 @@
 #include <cerrno>
 
 #include <chrono>
+#include <tuple>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -294,11 +295,30 @@ TEST_CASE("bad requests get a 4xx OpenAI-style error naming the field; the serve
   const minfer::test::HttpResult none = get(server.port(), "/v1/nothing");
   CHECK(none.status == 404);
   CHECK(none.json["error"]["type"] == "not_found_error");
+  // A known endpoint asked with another method: 405, the method it takes in Allow and the message.
+  httplib::Client hc("127.0.0.1", server.port());
+  const auto wrong_methods = {std::tuple{"GET", "/v1/completions", "POST"}, std::tuple{"GET", "/chat/completions", "POST"},
+                              std::tuple{"POST", "/health", "GET"}, std::tuple{"DELETE", "/v1/models", "GET"}};
+  for (const auto& [method, path, allow] : wrong_methods) {
+    CAPTURE(method);
+    CAPTURE(path);
+    const std::string m = method;
+    const httplib::Result r = m == "GET"    ? hc.Get(path)
+                              : m == "POST" ? hc.Post(path, "{}", "application/json")
+                                            : hc.Delete(path);
+    REQUIRE(r);
+    CHECK(r->status == 405);
+    CHECK(r->get_header_value("Allow") == allow);
+    const json e = json::parse(r->body, nullptr, false);
+    REQUIRE(!e.is_discarded());
+    CHECK(e["error"]["code"] == "method_not_allowed");
+    CHECK(e["error"]["message"].get<std::string>().find(std::string("allowed: ") + allow) != std::string::npos);
+  }
   // Still serving, nothing leaked.
   CHECK(post(server.port(), "/v1/completions", completion("Once", 4).dump()).status == 200);
   const auto m = server.metrics();
   CHECK(m.at("minfer_requests_submitted_total") == 1);
-  CHECK(m.at("minfer_http_errors_total{class=\"4xx\"}") == cases.size() + 3);
+  CHECK(m.at("minfer_http_errors_total{class=\"4xx\"}") == cases.size() + 3 + wrong_methods.size());
   CHECK(server.stop() == 0);
 }
 

@@ -154,6 +154,15 @@ void sendError(httplib::Response& res, const ApiError& e) {
   res.set_content(errorBody(e), "application/json");
 }
 
+// The method an endpoint of this server takes (GET or POST; HEAD with GET is cpp-httplib's), null for other paths.
+const char* endpointMethod(const std::string& path) {
+  for (const char* p : {"/health", "/v1/models", "/models", "/metrics"})
+    if (path == p) return "GET";
+  for (const char* p : {"/v1/completions", "/completions", "/v1/chat/completions", "/chat/completions"})
+    if (path == p) return "POST";
+  return nullptr;
+}
+
 // New requests while draining, and requests the shutdown cancelled.
 ApiError shuttingDown() { return {503, "the server is shutting down", "", "server_error", "shutting_down"}; }
 
@@ -254,12 +263,19 @@ void HttpServer::routes() {
   http_->set_read_timeout(60);
   http_->set_write_timeout(60);
 
-  // Every 4xx/5xx without a body yet (cpp-httplib's own 404, 413, 400 …) gets an OpenAI-style one.
+  // Every 4xx/5xx without a body yet (cpp-httplib's own 404, 413, 400 …) gets an OpenAI-style one. cpp-httplib answers
+  // a known path asked with another method 404 too: that is a 405 with the methods it takes (RFC 9110 §15.5.6, Allow).
   http_->set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     (res.status >= 500 ? http_errors_5xx_ : http_errors_4xx_)++;
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e{res.status, "HTTP " + std::to_string(res.status)};
-    if (res.status == 404) {
+    const char* allowed = res.status == 404 ? endpointMethod(req.path) : nullptr;
+    if (allowed) {
+      e.status = 405;
+      e.message = "method " + req.method + " is not allowed on " + req.path + " (allowed: " + allowed + ")";
+      e.code = "method_not_allowed";
+      res.set_header("Allow", allowed);
+    } else if (res.status == 404) {
       e.message = "no such endpoint: " + req.method + " " + req.path;
       e.type = "not_found_error";
     } else if (res.status == 413) {
