@@ -86,8 +86,8 @@ constexpr unsigned kMmqbMaxRows = 32;
 // slower (BENCHMARKS.md, issue 14).
 constexpr unsigned kMmqbFusedMaxRows = 64;
 constexpr unsigned kMmqbMaxSegments = 3;  // matrices of one fused launch (MMQB_SEGMENTS)
-// The tiles the warpgroup form (MMQB_WGMMA) takes where the codegen may use it: those of 64 tokens (today the fused
-// forms' only: the plain kernel's tiles stop at kMmqbMaxRows). Measured on an H200 against mma.sync, µs per launch
+// The tiles the warpgroup form (MMQB_WGMMA) takes where the codegen may use it: those of 64 tokens (the fused forms'
+// only: the plain kernel's tiles stop at kMmqbMaxRows). Measured on an H200 against mma.sync, µs per launch
 // (minfer-bench-gemv --mmqb-wgmma, BENCHMARKS.md 2026-12-05): 64 rows gate −12%, q −7%, k −3%, down −3%; 32 rows
 // −3 … +2.5%; 16 rows +1.5 … +8.8%.
 MINFER_HD constexpr bool mmqbWarpgroupTile(unsigned tn) { return tn == 64; }
@@ -141,12 +141,12 @@ MINFER_HD unsigned mmqbSplits(unsigned n, unsigned k) {
   if (fill > most) return most;
   const unsigned first = fill / 2 < 1 ? 1 : fill / 2;
   unsigned best = first;
-  double best_fill = 0;
+  double best_last_wave = 0;
   for (unsigned s = first; s <= 2 * fill && s <= most; ++s) {
     const unsigned blocks = tiles * s;
-    const double fill = static_cast<double>(blocks) / (kSlots * ceilDiv(blocks, kSlots));
-    if (fill > best_fill + 1e-9) {
-      best_fill = fill;
+    const double last_wave = static_cast<double>(blocks) / (kSlots * ceilDiv(blocks, kSlots));
+    if (last_wave > best_last_wave + 1e-9) {
+      best_last_wave = last_wave;
       best = s;
     }
   }

@@ -1,7 +1,7 @@
 // Hopper warpgroup MMA (sm_90a `wgmma`) building blocks shared by the kernels that issue it (wgmma_matmul.cuh,
 // mmq_blocks.cuh's MMQB_WGMMA form): the fences and waits of the asynchronous MMA, the 128-byte swizzle of K-major
-// tiles and their shared-memory descriptors, the MMA with A in registers (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate",
-// "Matrix Descriptor Format", "Shared Memory Matrix Layout").
+// tiles and their shared-memory descriptors, the MMA with A in registers (PTX ISA, "Asynchronous Warpgroup Level
+// Matrix Multiply-Accumulate", "Matrix Descriptor Format", "Shared Memory Matrix Layout").
 #pragma once
 
 #include "kernels/common.cuh"

@@ -365,7 +365,9 @@ void pushMmqbTiles(std::vector<KernelLaunch>& out, unsigned rows, unsigned most,
 // GEMV's sums for each row, one weight pass) below kMmqbFromRows rows; from there minfer_mmq_blocks
 // (kernels/mmq_blocks.cuh, f16 tensor cores) in tiles of 16 tokens, then 32; split over K (mmqbSplits) except in the
 // last-token tail. Models with experts: the batched GEMV alone (up to min(kGemvBatchMaxRows, max_batch) rows).
-Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m, bool mmqb_wgmma) {
+// Always the mma.sync form: none of its tiles is one the warpgroup form takes (mmqb_wgmma is for the fused forms).
+static_assert(!kern::mmqbWarpgroupTile(kern::kMmqbMaxRows), "the plain mmq_blocks tiles would need mmqb_wgmma too");
+Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
   if (auto qin = c.input(1, "quantized input"); !qin) return qin.takeError();
   const StrideTable* blk = smallBatchBlocks(c, m);
   if (!blk) return std::vector<KernelLaunch>{};
@@ -379,12 +381,9 @@ Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m, b
   const unsigned splits = c.inTail() ? 1u : kern::mmqbSplits(n, k);
   const std::vector<KernelArgDesc> args = out.back().args;  // a copy: out grows below
   pushMmqbTiles(out, rows, kern::kMmqbMaxRows, [&](unsigned tn) {
-    // The warpgroup form where the tile is one it takes (none today: this kernel's tiles stop at kMmqbMaxRows = 32).
-    const bool wg = mmqb_wgmma && kern::mmqbWarpgroupTile(tn);
-    SpecBuilder mb(llvm::formatv("mmq_blocks_{0}_g{1}_n{2}_k{3}_t{4}_s{5}{6}{7}", typeTag(blk->ggml_type), blk->group_pitch,
-                                 n, k, tn, splits, m.bias_tag, wg ? "_wg" : ""),
+    SpecBuilder mb(llvm::formatv("mmq_blocks_{0}_g{1}_n{2}_k{3}_t{4}_s{5}{6}", typeTag(blk->ggml_type), blk->group_pitch,
+                                 n, k, tn, splits, m.bias_tag),
                    "kernels/mmq_blocks.cuh", "minfer_mmq_blocks");
-    if (wg) mb.define("MMQB_WGMMA", uint64_t{1});
     mb.define("MMQB_N", m.n)
         .define("MMQB_K", m.k)
         .define("MMQB_TYPE", uint64_t{blk->ggml_type})
@@ -823,7 +822,7 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
   // (Q4_K, Q6_K beside a Hopper kF16 plane: the batched GEMV, then mmq_blocks). The kI8 kernel first: at 32 and 64
   // rows it measured faster than a kernel on the blocks (BENCHMARKS.md, issue 14).
   if (!findPlane(*m->w, PlaneKind::kI8) && decodeBlocksPlane(*m->w)) {
-    auto launches = smallBatchBlocksMatmul(c, *m, mmqb_wgmma);
+    auto launches = smallBatchBlocksMatmul(c, *m);
     if (!launches) return launches.takeError();
     if (!launches->empty()) {
       // The last launch's bound; 0: the batched GEMV alone, up to its GEMVB_BATCH rows.

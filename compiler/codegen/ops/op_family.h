@@ -312,8 +312,9 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // other steps, plans or weights (float weights; other types whose only prefill plane is kF16). With 2 followers (the
 // prefill q, k, v fusesMmqbSegments fused) or 1 (gate and up, likewise) mmqbSegmentsSmallLaunches. Errors as the
 // step's own launches. With `mmqb_wgmma` (sm_90a images only: CodegenOptions::mmqb_wgmma, which generateKernels
-// passes; the default here, off, is the mma.sync form the unit tests check) the mmq_blocks launches of the tiles
-// mmqbWarpgroupTile names in their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA).
+// passes; the default here, off, is the mma.sync form the unit tests check) the fused mmq_blocks launches' tiles that
+// mmqbWarpgroupTile names in their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA; the plain kernel's tiles, up to
+// kMmqbMaxRows, are none of them).
 struct SmallLaunches {
   std::vector<KernelLaunch> launches;
   uint32_t rows = 0;
