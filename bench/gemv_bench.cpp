@@ -2,6 +2,7 @@
 // run it on a GPU machine (needs the NVIDIA driver and NVRTC); H200 numbers are in BENCHMARKS.md.
 //
 // Usage: minfer-bench-gemv [--reps R] [--variants] [--batch T,…] [--mmq-blocks T,… [--mmqb-splits S,…]]
+//                          [--wgmma-rows T,… [--wgmma-splits S,…]]
 //                          [--min-blocks N,…] [--l2-fetch 128,256] [--shapes …]
 // For each shape: random GGUF blocks (random bits, finite f16 d and dmin as in tests/runtime/weight_builder),
 // laid out
@@ -17,13 +18,15 @@
 // per row, unroll). The two
 // kernels' outputs on the same weights are compared (max |a − b| / max |b|) as a sanity check. --batch also times
 // the batched GEMV (gemv_blocks.cuh GEMVB_BATCH) and --mmq-blocks minfer_mmq_blocks (mmq_blocks.cuh, f16 tensor
-// cores) on that many q8 rows, the weights GB/s of each launch.
+// cores) on that many q8 rows, the weights GB/s of each launch; --wgmma-rows the Hopper f16 matmul, one split and split
+// over K (kernels/wgmma_matmul.cuh), on a random f16 plane of the shape.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -38,6 +41,7 @@
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_blocks.cuh"
 #include "kernels/mmq_blocks.cuh"
+#include "kernels/wgmma_matmul.cuh"
 #include "llvm/Support/CommandLine.h"
 #include "runtime/cuda/cuda_device.h"
 
@@ -73,6 +77,15 @@ llvm::cl::opt<bool> kMmqbWgmma("mmqb-wgmma",
                                 llvm::cl::desc("with --mmq-blocks: also time its warpgroup form (MMQB_WGMMA, sm_90a images; "
                                                "Hopper only) and compare its outputs with the mma.sync form's"),
                                 llvm::cl::cat(kCategory));
+llvm::cl::list<unsigned> kWgmmaRows("wgmma-rows", llvm::cl::CommaSeparated,
+                                    llvm::cl::desc("also time the Hopper f16 matmul (kernels/wgmma_matmul.cuh, sm_90a) on a random "
+                                                   "f16 plane of the shape, on this many f16 activation rows (≤ 64), for each "
+                                                   "count given: the prefill plan's tile, the split form's tile with one split and "
+                                                   "split over K (wgmmaSplits' count and --wgmma-splits')"),
+                                    llvm::cl::cat(kCategory));
+llvm::cl::list<unsigned> kWgmmaSplitCounts("wgmma-splits", llvm::cl::CommaSeparated,
+                                           llvm::cl::desc("with --wgmma-rows: splits of K to time besides wgmmaSplits' (2 … 16)"),
+                                           llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kShapes("shapes", llvm::cl::desc("comma-separated subset of q,k,gate,down,output (k: not "
                                                             "in the default set)"),
                                    llvm::cl::init("q,gate,down,output"), llvm::cl::cat(kCategory));
@@ -273,6 +286,101 @@ double maxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
 
 std::string str(uint64_t v) { return std::to_string(v); }
 
+// Launches per timed graph: a multiple of the copies, ≥ 2 GiB of weights read, at most 2,000.
+unsigned launchesFor(const Copies& c) {
+  const uint64_t want = std::max<uint64_t>(c.sets.size(), (uint64_t{2} << 30) / c.bytes);
+  return static_cast<unsigned>(std::min<uint64_t>(2000, (want + c.sets.size() - 1) / c.sets.size() * c.sets.size()));
+}
+
+using RowPrinter = std::function<void(const std::string& kernel, uint64_t bytes, const Timing& t)>;
+
+// --wgmma-rows: the Hopper f16 matmul on a random f16 plane of shape s (values of a Q4_K-like grid, rows 16-byte
+// aligned), f16 activations staged at the start of the split form's scratch as minfer_q8_to_f16 leaves them: the
+// prefill plan's tile (wgmmaMatmulTile), the split form's tile (kWgmmaSplitTile) with one split, and split over K
+// (minfer_wgmma_matmul_split) with wgmmaSplits' count and those of --wgmma-splits; each split's outputs compared with
+// the one split's (max |a − b| / max |b|: f32 sums in another order).
+void benchWgmma(const Gpu& g, const Shape& s, std::mt19937_64& rng, const RowPrinter& row) {
+  if (g.dev->info().arch() != "sm_90") die("--wgmma-rows: the Hopper matmul runs on sm_90 (Hopper) only");
+  const unsigned n = static_cast<unsigned>(s.n), k = static_cast<unsigned>(s.k);
+  const uint64_t pitch = alignUp(s.k * 2, 16);
+  std::vector<uint8_t> plane(s.n * pitch, 0);
+  for (uint64_t r = 0; r < s.n; ++r)
+    for (uint64_t c = 0; c < s.k; ++c) {
+      const uint16_t h = floatToHalf(0.002f * static_cast<float>(rng() % 16) - 0.01f);
+      std::memcpy(&plane[r * pitch + c * 2], &h, 2);
+    }
+  const Copies cw = upload(g, {&plane}, uint64_t{512} << 20);
+  const kern::WgmmaTile split_tile = kern::kWgmmaSplitTile;
+  std::vector<unsigned> splits = {kern::wgmmaSplits(n, k)};
+  for (unsigned sp : kWgmmaSplitCounts)
+    if (sp >= 2 && sp <= kern::kWgmmaSplitMaxSplits && sp <= kern::ceilDiv(k, kern::kWgmmaBK) &&
+        std::find(splits.begin(), splits.end(), sp) == splits.end())
+      splits.push_back(sp);
+  unsigned most = 1;
+  for (unsigned sp : splits) most = std::max(most, sp);
+  std::vector<uint16_t> x(split_tile.bm * s.k);
+  for (uint16_t& v : x) v = floatToHalf(static_cast<float>(static_cast<int>(rng() % 255) - 127) * 0.01f);
+  cuda::DeviceBuffer scratch = take(g.dev->alloc(kern::wgmmaSplitScratchBytes(n, k, most), "scratch"));
+  cuda::DeviceBuffer counters = take(g.dev->alloc(kern::wgmmaSplitCounterBytes(n), "counters"));
+  cuda::DeviceBuffer out = take(g.dev->alloc(uint64_t{split_tile.bm} * s.n * 4, "out"));
+  ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(scratch.ptr(), x.data(), x.size() * 2, g.stream.get()), "upload"));
+  ok(g.dev->check(g.cu().cuMemsetD8Async(counters.ptr(), 0, kern::wgmmaSplitCounterBytes(n), g.stream.get()), "memset"));
+  std::vector<CUdeviceptr> w(cw.sets.size());
+  for (size_t i = 0; i < cw.sets.size(); ++i) w[i] = cw.sets[i][0].ptr();
+  CUdeviceptr null_ptr = 0, ps = scratch.ptr(), pc = counters.ptr(), po = out.ptr();
+  auto defines = [&](kern::WgmmaTile t) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {"WG_N", str(n)}, {"WG_K", str(k)}, {"WG_W_PITCH", str(pitch)}, {"WG_BM", str(t.bm)}, {"WG_BN", str(t.bn)},
+        {"WG_STAGES", str(t.stages)}, {"WG_ACT", "0"}, {"WG_HAS_BIAS", "0"}};
+  };
+  auto download = [&](unsigned tokens) {
+    std::vector<float> v(static_cast<size_t>(tokens) * n);
+    ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(v.data(), po, v.size() * 4, g.stream.get()), "download"));
+    g.sync();
+    return v;
+  };
+  const std::string base = "wgmma_f16_n" + str(n) + "_k" + str(k);
+  std::vector<kern::WgmmaTile> tiles = {split_tile};
+  const kern::WgmmaTile plan_tile = kern::wgmmaMatmulTile(n);
+  if (plan_tile.bm != split_tile.bm || plan_tile.bn != split_tile.bn || plan_tile.stages != split_tile.stages)
+    tiles.push_back(plan_tile);
+  for (unsigned tokens : kWgmmaRows) {
+    if (tokens < 1 || tokens > split_tile.bm) die("--wgmma-rows: token counts 1 … " + str(split_tile.bm));
+    int nt = static_cast<int>(tokens);
+    std::vector<float> one;  // the split tile's one-split outputs
+    for (size_t ti = 0; ti < tiles.size(); ++ti) {
+      const kern::WgmmaTile t = tiles[ti];
+      const std::string tile = str(t.bm) + "x" + str(t.bn) + " s" + str(t.stages);
+      const Kernel km = compile(g, base + "_bm" + str(t.bm) + "_bn" + str(t.bn) + "_s" + str(t.stages),
+                                "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul", defines(t), "sm_90a");
+      const kern::LaunchShape sh = kern::wgmmaMatmulLaunch(n, tokens, t.bm, t.bn, t.stages);
+      ok(g.dev->check(g.cu().cuFuncSetAttribute(km.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(sh.smem)),
+                      "smem attribute"));
+      const Timing tm = timeGraph(g, km, sh, launchesFor(cw), cw.bytes, [&](unsigned i) {
+        return std::vector<void*>{&w[i % w.size()], &null_ptr, &ps, &null_ptr, &po, &nt};
+      });
+      row("wgmma " + tile + " " + str(tokens) + " rows" + (ti == 0 ? "" : " (prefill tile)"), cw.bytes, tm);
+      if (ti == 0) one = download(tokens);  // the last launch read the last copy: same values as every copy
+    }
+    for (unsigned sp : splits) {
+      if (sp == 1) continue;  // the split tile's one-split launch above
+      std::vector<std::pair<std::string, std::string>> defs = defines(split_tile);
+      defs.push_back({"WG_SPLITS", str(sp)});
+      const Kernel ks = compile(g, base + "_split" + str(sp), "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul_split",
+                                defs, "sm_90a");
+      const kern::LaunchShape sh = kern::wgmmaSplitLaunchRule(n, sp).at(tokens);
+      ok(g.dev->check(g.cu().cuFuncSetAttribute(ks.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(sh.smem)),
+                      "smem attribute"));
+      const Timing tm = timeGraph(g, ks, sh, launchesFor(cw), cw.bytes, [&](unsigned i) {
+        return std::vector<void*>{&w[i % w.size()], &null_ptr, &ps, &po, &pc, &nt};
+      });
+      row("wgmma split " + str(sp) + " " + str(tokens) + " rows" + (sp == splits[0] ? " (codegen)" : ""), cw.bytes, tm);
+      std::printf("        wgmma split %u, %u rows vs one split: max |a - b| / max |b| = %.2e\n", sp, tokens,
+                  maxRelDiff(download(tokens), one));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -334,10 +442,6 @@ int main(int argc, char** argv) {
     Copies cb = upload(g, {&blocks}, kMinTotal);
     Copies cg = upload(g, gemv_planes, kMinTotal);
     const double weights = static_cast<double>(s.n) * s.k;
-    auto launchesFor = [&](const Copies& c) {
-      const uint64_t want = std::max<uint64_t>(c.sets.size(), (uint64_t{2} << 30) / c.bytes);
-      return static_cast<unsigned>(std::min<uint64_t>(2000, (want + c.sets.size() - 1) / c.sets.size() * c.sets.size()));
-    };
     // Row 0 of the two output buffers (the kernel under test's, the reference's), after the stream's work.
     auto outputs = [&] {
       std::pair<std::vector<float>, std::vector<float>> r{std::vector<float>(s.n), std::vector<float>(s.n)};
@@ -551,6 +655,7 @@ int main(int argc, char** argv) {
           }
         }
     }
+    if (!kWgmmaRows.empty()) benchWgmma(g, s, rng, row);
   }
   return 0;
 }

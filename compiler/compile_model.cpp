@@ -275,6 +275,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     co.fuse_norm = options.fuse_norm;
     co.fuse_prefill_pair = options.fuse_prefill_pair;
     co.mmqb_wgmma = options.mmqb_wgmma;
+    co.wgmma_split = options.wgmma_split;
     auto set = codegen::generateKernels(*desc, layouts, co);
     if (!set) return set.takeError();
     kernels.set = std::move(*set);

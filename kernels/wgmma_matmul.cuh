@@ -31,6 +31,8 @@
 //   WG_STAGES           pipeline depth (4..8; WG_ACT = 1 needs ≥ 4)
 //   WG_ACT              0: f16 activations; 1: q8 activations
 //   WG_HAS_BIAS         1 when the step has a bias vector (N f32)
+//   WG_SPLITS           splits of K (absent or 1: minfer_wgmma_matmul; 2 … 16: minfer_wgmma_matmul_split alone,
+//                       with WG_ACT = 0, WG_BM = 64 and at least one stage of 64 per split)
 // Launch ABI:  minfer_wgmma_matmul(const uint16_t* w, const float* bias, const void* x,
 //                                  const Q8Meta* xmeta, float* out, int n_tokens)
 //   x: f16 (WG_ACT 0) or int8 (WG_ACT 1) activations; xmeta: their Q8Meta (WG_ACT 1; else unused);
@@ -44,6 +46,22 @@
 // Launch shape: wgmmaMatmulLaunch(): grid (⌈n_tokens/BM⌉, ⌈N/BN⌉) (the token tiles of one weight tile
 // run side by side, so each weight tile is read from HBM about once), BM/64 · 128 threads,
 // wgmmaMatmulSmemBytes() of dynamic shared memory (opt-in attribute above 48 KiB).
+//
+// Third entry, split over K for calls of at most one token tile (WG_SPLITS = S > 1; WG_ACT = 0, WG_BM = 64): the
+// small-batch form of a matmul whose weight tiles alone leave most SMs idle (the 7B's o and down projections at
+// 33 … 64 rows: 56 tiles of 64 rows for 132 SMs). grid.z = S; split s takes the stages [s·KT/S, (s+1)·KT/S) of K
+// (KT = ⌈K/64⌉), writes its f32 sums to partial[s][t][r] and counts itself in its weight tile's word of `counters`
+// (every thread's fence, a block barrier, then one acquire-release atomic, as mmq_blocks.cuh's split-K); the tile's
+// last split adds the S partials in split order (+ bias), so the result does not depend on which split finishes
+// last, and sets the word back to 0.
+//   minfer_wgmma_matmul_split(const uint16_t* w, const float* bias, uint8_t* scratch, float* out,
+//                             unsigned* counters, int n_tokens)
+//   scratch: the step's scratch, wgmmaSplitScratchBytes(N, K, S) bytes: the f16 activations (n_tokens × K, as
+//   minfer_q8_to_f16 writes them) at byte 0, the partials (S × 64 × N f32) at wgmmaSplitPartialOffset(K);
+//   counters: wgmmaSplitCounterBytes(N) (zero on entry and again on exit); n_tokens ≤ 64 (one token tile: the
+//   launch's row range keeps it so; later tokens are not computed). wgmmaSplitLaunchRule(): grid (1, ⌈N/64⌉, S),
+//   128 threads, two blocks per SM.
+
 #pragma once
 
 #include "kernels/common.cuh"
@@ -89,6 +107,40 @@ struct WgmmaTile {
   unsigned bm, bn, stages;
 };
 MINFER_HD WgmmaTile wgmmaMatmulTile(unsigned n) { return n >= 8192 ? WgmmaTile{128, 256, 4} : WgmmaTile{64, 64, 6}; }
+
+// The split-K form (minfer_wgmma_matmul_split): one token tile of 64, weight tiles of 64 rows, 6 stages (two blocks
+// per SM: 2 × 97 KiB of shared memory).
+constexpr WgmmaTile kWgmmaSplitTile{64, 64, 6};
+constexpr unsigned kWgmmaSplitSlots = 264;      // blocks a 132-SM Hopper runs at once, two per SM
+constexpr unsigned kWgmmaSplitMinStages = 8;    // stages of 64 per split at least (pipeline fill, partial sums)
+constexpr unsigned kWgmmaSplitMaxSplits = 16;
+// Splits of K for N weight rows and K columns: as many as fill the slots in one wave (⌊264 / weight tiles⌋), each at
+// least kWgmmaSplitMinStages stages long, 1 … kWgmmaSplitMaxSplits. The 7B's o (3584 × 3584) and down
+// (3584 × 18944): 56 tiles, 4 splits (224 blocks); its gate (18944 rows, 296 tiles): 1. Not yet measured against
+// other counts (minfer-bench-gemv --wgmma-rows … --wgmma-splits …).
+MINFER_HD unsigned wgmmaSplits(unsigned n, unsigned k) {
+  const unsigned tiles = ceilDiv(n, kWgmmaSplitTile.bn), stages = ceilDiv(k, kWgmmaBK);
+  unsigned s = kWgmmaSplitSlots / tiles;
+  if (s > stages / kWgmmaSplitMinStages) s = stages / kWgmmaSplitMinStages;
+  if (s > kWgmmaSplitMaxSplits) s = kWgmmaSplitMaxSplits;
+  return s < 1 ? 1 : s;
+}
+// The scratch of the split form: the f16 activations of one token tile, then (256-byte aligned) the partials.
+MINFER_HD constexpr unsigned long long wgmmaSplitPartialOffset(unsigned k) {
+  return (2ull * kWgmmaSplitTile.bm * k + 255) / 256 * 256;
+}
+MINFER_HD constexpr unsigned long long wgmmaSplitScratchBytes(unsigned n, unsigned k, unsigned splits) {
+  return wgmmaSplitPartialOffset(k) + 4ull * splits * kWgmmaSplitTile.bm * n;
+}
+MINFER_HD unsigned wgmmaSplitCounterBytes(unsigned n) { return 4 * ceilDiv(n, kWgmmaSplitTile.bn); }
+MINFER_HD LaunchRule wgmmaSplitLaunchRule(unsigned n, unsigned splits) {
+  LaunchRule r;
+  r.grid[1] = fixedExtent(ceilDiv(n, kWgmmaSplitTile.bn));
+  r.grid[2] = fixedExtent(splits);
+  r.block.x = wgmmaMatmulThreads(kWgmmaSplitTile.bm);
+  r.smem = wgmmaMatmulSmemBytes(kWgmmaSplitTile.bm, kWgmmaSplitTile.bn, kWgmmaSplitTile.stages);
+  return r;
+}
 
 }  // namespace minfer::kern
 
@@ -273,33 +325,24 @@ __device__ __forceinline__ void storeQ8(uint8_t* tile, const Q8Regs& r) {
 }
 #endif
 
-}  // namespace minfer::kern::wg
-
-extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 1)
-    minfer_wgmma_matmul(const uint16_t* __restrict__ w, const float* __restrict__ bias, const void* __restrict__ x,
-                        const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out, int n_tokens) {
-  minfer::kern::overlapPrologue();
-  using namespace minfer::kern;
-  using namespace minfer::kern::wg;
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = align1024(smem_raw);
-  (void)xmeta;
-
-  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;
-  const int wg = threadIdx.x / 128;
-  auto stage = [&](int kt) { return smem + (kt % kS) * kStageBytes; };
-
-  float d[kAcc];
+// The K loop of one thread block over the stages [kt0, kt1): tokens m0 … m0 + BM − 1, weight rows n0 … n0 + BN − 1,
+// sums into d (warpgroup g: tokens 64g …). `smem`: the 1024-byte aligned stages.
+__device__ __forceinline__ void mainLoop(float (&d)[kAcc], uint8_t* smem, int m0, int n0, int kt0, int kt1,
+                                         int n_tokens, const uint16_t* __restrict__ w, const void* __restrict__ x,
+                                         const Q8Meta* __restrict__ xmeta) {
+  const int wg = threadIdx.x / 128, nkt = kt1 - kt0;
+  auto stage = [&](int i) { return smem + (i % kS) * kStageBytes; };  // i: stage index from kt0
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) d[i] = 0.0f;
 
 #if WG_ACT == 0
+  (void)xmeta;
   const uint16_t* xh = static_cast<const uint16_t*>(x);
 #pragma unroll
-  for (int kt = 0; kt < kS - 2; ++kt) {
-    if (kt < kKT) {
-      loadActivations(stage(kt), kt, m0, n_tokens, xh);
-      loadWeights(stage(kt) + kATileBytes, kt, n0, w);
+  for (int i = 0; i < kS - 2; ++i) {
+    if (i < nkt) {
+      loadActivations(stage(i), kt0 + i, m0, n_tokens, xh);
+      loadWeights(stage(i) + kATileBytes, kt0 + i, n0, w);
     }
     cpAsyncCommit();
   }
@@ -307,35 +350,35 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 1)
   const int8_t* xq = static_cast<const int8_t*>(x);
   Q8Regs q8;
 #pragma unroll
-  for (int kt = 0; kt < kS - 2; ++kt) {
-    if (kt < kKT) {
-      loadQ8(q8, kt, m0, n_tokens, xq, xmeta);
-      storeQ8(stage(kt), q8);
-      loadWeights(stage(kt) + kATileBytes, kt, n0, w);
+  for (int i = 0; i < kS - 2; ++i) {
+    if (i < nkt) {
+      loadQ8(q8, kt0 + i, m0, n_tokens, xq, xmeta);
+      storeQ8(stage(i), q8);
+      loadWeights(stage(i) + kATileBytes, kt0 + i, n0, w);
     }
     cpAsyncCommit();
   }
-  if (kS - 2 < kKT) loadQ8(q8, kS - 2, m0, n_tokens, xq, xmeta);
+  if (kS - 2 < nkt) loadQ8(q8, kt0 + kS - 2, m0, n_tokens, xq, xmeta);
 #endif
 
-  for (int kt = 0; kt < kKT; ++kt) {
+  for (int i = 0; i < nkt; ++i) {
     cpAsyncWait<kS - 3>();
     fenceProxyAsync();
     __syncthreads();
-    const int next = kt + kS - 2;
-    if (next < kKT) {
+    const int next = i + kS - 2;
+    if (next < nkt) {
 #if WG_ACT == 0
-      loadActivations(stage(next), next, m0, n_tokens, xh);
+      loadActivations(stage(next), kt0 + next, m0, n_tokens, xh);
 #else
       storeQ8(stage(next), q8);
 #endif
-      loadWeights(stage(next) + kATileBytes, next, n0, w);
+      loadWeights(stage(next) + kATileBytes, kt0 + next, n0, w);
     }
     cpAsyncCommit();
 #if WG_ACT == 1
-    if (next + 1 < kKT) loadQ8(q8, next + 1, m0, n_tokens, xq, xmeta);
+    if (next + 1 < nkt) loadQ8(q8, kt0 + next + 1, m0, n_tokens, xq, xmeta);
 #endif
-    const uint8_t* st = stage(kt);
+    const uint8_t* st = stage(i);
     const uint64_t da = tileDescriptor(st + wg * 64 * 128), db = tileDescriptor(st + kATileBytes);
     wgmmaFence();
 #pragma unroll
@@ -344,31 +387,108 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 1)
     wgmmaWait<1>();
   }
   wgmmaWait<0>();
+}
 
-  // Epilogue: thread l of warp w (in its warpgroup) holds tokens 16w + l/4 (+8) and rows 8j + 2(l%4) (+1).
-  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+// Calls f(tok, r, h, j) for each pair of accumulators d[4j + 2h], d[4j + 2h + 1] this thread holds: token tok (of the
+// tile at m0) and weight rows r, r + 1 (of the tile at n0); thread l of warp w (in its warpgroup g) holds tokens
+// 64g + 16w + l/4 (+8) and rows 8j + 2(l%4) (+1). Tokens at or past n_tokens are skipped, rows past N are not.
+template <class F>
+__device__ __forceinline__ void forEachPair(int m0, int n0, int n_tokens, F f) {
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int tok = m0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
     if (tok >= n_tokens) continue;
-    float* row = out + static_cast<uint64_t>(tok) * kN;
 #pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int r = n0 + 8 * j + 2 * (lane % 4);
-      float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
-#if WG_HAS_BIAS
-      if (r < kN) v0 += bias[r];
-      if (r + 1 < kN) v1 += bias[r + 1];
-#endif
-      if (kN % 2 == 0 && r + 1 < kN) {
-        *reinterpret_cast<float2*>(row + r) = make_float2(v0, v1);
-      } else {
-        if (r < kN) row[r] = v0;
-        if (r + 1 < kN) row[r + 1] = v1;
-      }
-    }
+    for (int j = 0; j < kBN / 8; ++j) f(tok, n0 + 8 * j + 2 * (lane % 4), h, j);
   }
 }
+
+// Stores v0, v1 (+ bias) at rows r, r + 1 of one output row (those below N).
+__device__ __forceinline__ void storePair(float* __restrict__ row, const float* __restrict__ bias, int r, float v0,
+                                          float v1) {
+#if WG_HAS_BIAS
+  if (r < kN) v0 += bias[r];
+  if (r + 1 < kN) v1 += bias[r + 1];
+#else
+  (void)bias;
+#endif
+  if (kN % 2 == 0 && r + 1 < kN) {
+    *reinterpret_cast<float2*>(row + r) = make_float2(v0, v1);
+  } else {
+    if (r < kN) row[r] = v0;
+    if (r + 1 < kN) row[r + 1] = v1;
+  }
+}
+
+}  // namespace minfer::kern::wg
+
+#ifndef WG_SPLITS
+#define WG_SPLITS 1
+#endif
+#if WG_SPLITS == 1
+extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 1)
+    minfer_wgmma_matmul(const uint16_t* __restrict__ w, const float* __restrict__ bias, const void* __restrict__ x,
+                        const minfer::kern::Q8Meta* __restrict__ xmeta, float* __restrict__ out, int n_tokens) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::wg;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;
+  float d[kAcc];
+  mainLoop(d, align1024(smem_raw), m0, n0, 0, kKT, n_tokens, w, x, xmeta);
+  forEachPair(m0, n0, n_tokens, [&](int tok, int r, int h, int j) {
+    storePair(out + static_cast<uint64_t>(tok) * kN, bias, r, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+  });
+}
+#else
+namespace minfer::kern::wg {
+constexpr int kSplits = WG_SPLITS;
+static_assert(WG_ACT == 0 && kBM == 64, "the split form takes f16 activations and one token tile of 64");
+static_assert(kSplits >= 2 && kSplits <= static_cast<int>(kWgmmaSplitMaxSplits) && kSplits <= kKT,
+              "WG_SPLITS: 2 … 16, at most one per stage of 64");
+static_assert(static_cast<unsigned>(kBM) == kWgmmaSplitTile.bm, "the scratch layout assumes the split tile's 64 tokens");
+}  // namespace minfer::kern::wg
+
+extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 2)
+    minfer_wgmma_matmul_split(const uint16_t* __restrict__ w, const float* __restrict__ bias, uint8_t* __restrict__ scratch,
+                              float* __restrict__ out, unsigned* __restrict__ counters, int n_tokens) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern;
+  using namespace minfer::kern::wg;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const int n0 = blockIdx.y * kBN, split = blockIdx.z;
+  float* partial = reinterpret_cast<float*>(scratch + wgmmaSplitPartialOffset(kK));  // [split][token][row]
+  float d[kAcc];
+  mainLoop(d, align1024(smem_raw), 0, n0, split * kKT / kSplits, (split + 1) * kKT / kSplits, n_tokens, w, scratch,
+           nullptr);
+  auto at = [&](int s, int tok, int r) { return partial + (static_cast<uint64_t>(s) * kBM + tok) * kN + r; };
+  forEachPair(0, n0, n_tokens, [&](int tok, int r, int h, int j) {
+    if (r < kN) *at(split, tok, r) = d[4 * j + 2 * h];
+    if (r + 1 < kN) *at(split, tok, r + 1) = d[4 * j + 2 * h + 1];
+  });
+  __threadfence();
+  __shared__ bool last;
+  __syncthreads();
+  unsigned* const counter = counters + blockIdx.y;
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+    last = before == kSplits - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  if (threadIdx.x == 0) *counter = 0;
+  forEachPair(0, n0, n_tokens, [&](int tok, int r, int h, int j) {
+    float v0 = 0.0f, v1 = 0.0f;
+    for (int s = 0; s < kSplits; ++s) {
+      v0 += s == split ? d[4 * j + 2 * h] : (r < kN ? __ldcg(at(s, tok, r)) : 0.0f);
+      v1 += s == split ? d[4 * j + 2 * h + 1] : (r + 1 < kN ? __ldcg(at(s, tok, r + 1)) : 0.0f);
+    }
+    storePair(out + static_cast<uint64_t>(tok) * kN, bias, r, v0, v1);
+  });
+}
+#endif
 #endif
 
 #if defined(MINFER_DEVICE_CODE) && defined(Q8F16_K)

@@ -59,8 +59,9 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
   SpecTable table;
   // A launch's images: spec index × n_arch + arch index (filled in below, once the specs are numbered).
   const size_t n_arch = options.targets.size();
-  // The warpgroup form of mmq_blocks needs sm_90a images (wgmma), so every target must be one.
-  const bool mmqb_wgmma = options.mmqb_wgmma && sm90aTargetsOnly(options.targets);
+  // The warpgroup form of mmq_blocks and the split Hopper matmul need sm_90a images (wgmma), so every target must be one.
+  const bool sm90a = sm90aTargetsOnly(options.targets);
+  const SmallBatchForms forms{.mmqb_wgmma = options.mmqb_wgmma && sm90a, .wgmma_split = options.wgmma_split && sm90a};
   auto record = [&](KernelLaunch&& launch) {
     const uint32_t spec = table.add(launch.spec);
     LaunchRecord r{std::move(launch.args), launch.rule, {}};
@@ -107,7 +108,7 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
         for (KernelLaunch& l : *launches) paged->back().push_back(record(std::move(l)));
       }
       if (v == PlanVariant::kPrefill) {
-        auto small = smallLaunchesForStep(desc, layouts, v, i, followers, mmqb_wgmma);
+        auto small = smallLaunchesForStep(desc, layouts, v, i, followers, forms);
         if (!small) return small.takeError();
         set.prefill_small.emplace_back();
         for (KernelLaunch& l : small->launches) set.prefill_small.back().push_back(record(std::move(l)));

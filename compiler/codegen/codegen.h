@@ -59,6 +59,12 @@ struct CodegenOptions {
   // weights in registers; its sums measured bit for bit mma.sync's on the H200); ignored for other targets (their plans
   // have no mmq_blocks launches, or no wgmma).
   bool mmqb_wgmma = true;
+  // With wgmma_split and every target sm_90a, the plain (unfused) prefill matmuls that have small-batch launches on
+  // GGUF blocks and a kF16 plane (the 7B's o and down projections) take the Hopper f16 matmul split over K for the
+  // calls of 33 … 64 rows (kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split, ops/op_family.h smallLaunchesForStep),
+  // instead of the prefill launch whose 56 weight tiles leave most of the 132 SMs idle. Off by default until its GPU
+  // tests and A/B have run on a Hopper (BENCHMARKS.md, issue 14).
+  bool wgmma_split = false;
 };
 
 struct KernelImageData {

@@ -91,6 +91,12 @@ llvm::cl::opt<bool> kMmqbWgmma(
     llvm::cl::desc("Run the 64-token tiles of the small-batch mmq_blocks launches of sm_90a images on Hopper's "
                    "warpgroup MMA (wgmma; default on; --mmqb-wgmma=false: mma.sync, kernels/mmq_blocks.cuh MMQB_WGMMA)"),
     llvm::cl::init(true), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kWgmmaSplit(
+    "wgmma-split",
+    llvm::cl::desc("Run the plain prefill matmuls of 33 ... 64-row calls (batched decode of 33 ... 64 sequences: the o "
+                   "and down projections) of sm_90a images on the Hopper f16 matmul split over K (kernels/wgmma_matmul.cuh "
+                   "minfer_wgmma_matmul_split; off by default until measured, BENCHMARKS.md)"),
+    llvm::cl::init(false), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kSwaFull("swa-full",
                              llvm::cl::desc("Give sliding-window layers a full-size KV cache of n_ctx positions (as "
                                             "llama.cpp's --swa-full) instead of a ring of window + max batch - 1"),
@@ -154,6 +160,7 @@ int main(int argc, char** argv) {
   options.fuse_norm = kFuseGemv == GemvFusion::kNorm || kFuseGemv == GemvFusion::kAll;
   options.fuse_prefill_pair = kFusePrefillPair;
   options.mmqb_wgmma = kMmqbWgmma;
+  options.wgmma_split = kWgmmaSplit;
   options.swa_full = kSwaFull;
   std::string target_list = kTarget, target_why;
   if (target_list == "auto") target_list = autoTargets(&target_why);

@@ -24,6 +24,7 @@
 #include "kernels/mmq_blocks.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/topk.cuh"
+#include "kernels/wgmma_matmul.cuh"
 #include "tests/codegen/codegen_test_support.h"
 #include "tests/test_support.h"
 
@@ -859,7 +860,7 @@ TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, ev
     if (steps[i].op != fb::OpKind::MatMul || fusion->fused[i]) continue;
     CAPTURE(steps[i].name);
     auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i]);
-    auto wg = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i], true);
+    auto wg = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i], {.mmqb_wgmma = true});
     REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));
     REQUIRE_MESSAGE(static_cast<bool>(wg), llvm::toString(wg.takeError()));
     CHECK(wg->rows == plain->rows);
@@ -883,6 +884,109 @@ TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, ev
   }
   CHECK(mmqb > 0);
   CHECK(warpgroup == 2 * l.desc.config.n_layer - 1);  // q, k, v of each layer; gate and up of all but the last
+}
+
+// With wgmma_split (CodegenOptions; sm_90a images) the plain prefill matmuls with small-batch launches on GGUF blocks
+// beside a kF16 plane (o and down; q, k, v and gate and up are fused) keep the default's launches and add two for the
+// calls of kMmqbMaxRows + 1 … min(64, max_batch) rows: minfer_q8_to_f16 of the step's q8 input into the scratch, then
+// the Hopper matmul on the f16 tile of kWgmmaSplitTile, split over K as wgmmaSplits gives (minfer_wgmma_matmul_split:
+// the partials after the activations in the scratch, one counter word per weight tile, grid (1, weight tiles,
+// splits)) or, for one split, minfer_wgmma_matmul on that tile; none in the last-token tail or below 33 rows. A
+// cut-down qwen2 (down 256 × 1024: 16 stages, 2 splits; o 256 × 256: 1) has both forms; each form's first launch
+// compiled with NVRTC for sm_90a (where built with it), its PTX parameters the record's arguments.
+// Returns how many steps took the two launches.
+size_t checkWgmmaSplitLaunches(const Loaded& l, std::map<std::string, size_t>& forms) {
+  const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true, .prefill_pair = true};
+  const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
+  const size_t tail = lastTokenTailBegin(steps, l.desc.plan.logits);
+  auto fusion = planFusion(l.desc, l.layouts, PlanVariant::kPrefill, tail, gemv, true);
+  REQUIRE_MESSAGE(static_cast<bool>(fusion), llvm::toString(fusion.takeError()));
+  const unsigned max_batch = l.desc.plan.max_batch;
+  size_t split_steps = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].op != fb::OpKind::MatMul || fusion->fused[i]) continue;
+    CAPTURE(steps[i].name);
+    auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i]);
+    auto split = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i],
+                                      {.mmqb_wgmma = true, .wgmma_split = true});
+    REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));
+    REQUIRE_MESSAGE(static_cast<bool>(split), llvm::toString(split.takeError()));
+    const size_t np = plain->launches.size();
+    for (size_t j = 0; j < std::min(np, split->launches.size()); ++j) {
+      const KernelLaunch &a = plain->launches[j], &b = split->launches[j];
+      CHECK((b.spec.entry == a.spec.entry && b.min_rows == a.min_rows && b.max_rows == a.max_rows));
+    }
+    const planes::TensorLayout& w = l.layouts[steps[i].weights[0]];
+    const bool takes = fusion->followers[i] == 0 && i < tail && w.find(PlaneKind::kF16) >= 0 && np > 0 &&
+                       plain->launches.back().spec.entry == "minfer_mmq_blocks" && max_batch > kern::kMmqbMaxRows;
+    if (!takes) {
+      CHECK(split->launches.size() == np);
+      CHECK(split->rows == plain->rows);
+      continue;
+    }
+    ++split_steps;
+    REQUIRE(split->launches.size() == np + 2);
+    CHECK(plain->rows == kern::kMmqbMaxRows);
+    const unsigned last = std::min(64u, max_batch);
+    CHECK(split->rows == last);
+    const StrideTable& f16 = w.planes[static_cast<size_t>(w.find(PlaneKind::kF16))];
+    const unsigned n = static_cast<unsigned>(w.desc.rows), k = static_cast<unsigned>(w.desc.cols);
+    const KernelLaunch &deq = split->launches[np], &mm = split->launches[np + 1];
+    for (const KernelLaunch* x : {&deq, &mm}) CHECK((x->min_rows == kern::kMmqbMaxRows + 1 && x->max_rows == last));
+    CHECK(deq.spec.entry == "minfer_q8_to_f16");
+    CHECK(deq.spec.define("Q8F16_K") == std::to_string(k));
+    REQUIRE(deq.args.size() == 4);
+    CHECK((deq.args[0].kind == fb::ArgKind::Q8Values && deq.args[0].buffer == steps[i].inputs[1]));
+    CHECK((deq.args[2].kind == fb::ArgKind::Scratch && deq.args[2].bytes == kern::q8ToF16Bytes(64, k)));
+    const unsigned splits = kern::wgmmaSplits(n, k);
+    CHECK(mm.spec.define("WG_N") == std::to_string(n));
+    CHECK(mm.spec.define("WG_K") == std::to_string(k));
+    CHECK(mm.spec.define("WG_W_PITCH") == std::to_string(f16.row_pitch));
+    CHECK((mm.spec.define("WG_BM") == "64" && mm.spec.define("WG_BN") == "64" && mm.spec.define("WG_STAGES") == "6"));
+    CHECK(mm.spec.define("WG_ACT") == "0");
+    CHECK(mm.spec.define("WG_HAS_BIAS") == (steps[i].weights.size() > 1 ? "1" : "0"));
+    CHECK((mm.args[0].kind == fb::ArgKind::Weight && mm.args[0].plane.kind == PlaneKind::kF16));
+    const kern::LaunchShape sh = mm.rule.at(last);
+    CHECK(sh.smem == kern::wgmmaMatmulSmemBytes(64, 64, 6));
+    CHECK((sh.grid.x == 1 && sh.grid.y == (n + 63) / 64));
+    if (splits > 1) {
+      CHECK(mm.spec.entry == "minfer_wgmma_matmul_split");
+      CHECK(mm.spec.define("WG_SPLITS") == std::to_string(splits));
+      CHECK(sh.grid.z == splits);
+      REQUIRE(mm.args.size() == 6);
+      CHECK((mm.args[2].kind == fb::ArgKind::Scratch &&
+             mm.args[2].bytes == kern::wgmmaSplitPartialOffset(k) + 4ull * splits * 64 * n));
+      CHECK(kern::wgmmaSplitPartialOffset(k) >= deq.args[2].bytes);  // the partials after the staged activations
+      CHECK((mm.args[3].kind == fb::ArgKind::Activation && mm.args[3].buffer == steps[i].outputs[0]));
+      CHECK((mm.args[4].kind == fb::ArgKind::Counters && mm.args[4].bytes == 4 * ((n + 63) / 64)));
+    } else {
+      CHECK(mm.spec.entry == "minfer_wgmma_matmul");
+      CHECK(mm.spec.define("WG_SPLITS").empty());
+      CHECK(sh.grid.z == 1);
+      REQUIRE(mm.args.size() == 6);
+      CHECK((mm.args[2].kind == fb::ArgKind::Scratch && mm.args[2].bytes == deq.args[2].bytes));
+      CHECK(mm.args[3].kind == fb::ArgKind::Null);
+    }
+    CHECK(mm.args[5].kind == fb::ArgKind::TokenCount);
+    if (forms[mm.spec.entry]++ == 0) checkEntryParams(mm);
+  }
+  return split_steps;
+}
+
+TEST_CASE("wgmma_split: o and down of 33 … 64-row calls on the Hopper matmul split over K, nothing else changed") {
+  if (!test::haveFixtures()) return;
+  const std::string cut = test::writeSmallQwen2("qwen2-ffn1024.gguf", 2, 1024, 64);
+  std::map<std::string, size_t> forms;
+  for (const std::string& path : {test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", cut}) {
+    CAPTURE(path);
+    const Loaded l = load(path, true, true);
+    CHECK(checkWgmmaSplitLaunches(l, forms) == 2 * (l.desc.config.n_layer - 1));  // o and down before the tail
+    // Plans of at most 32 rows have no call for it; the kI8 planes of other targets no kF16 plane.
+    CHECK(checkWgmmaSplitLaunches(load(path, true, true, 32), forms) == 0);
+    CHECK(checkWgmmaSplitLaunches(load(path, true, false), forms) == 0);
+  }
+  CHECK(forms["minfer_wgmma_matmul_split"] > 0);
+  CHECK(forms["minfer_wgmma_matmul"] > 0);
 }
 
 // With fuse_prefill_pair, gate and up of each layer beside a Hopper kF16 plane likewise: the gate step with 1 follower,

@@ -7,7 +7,6 @@
 
 #include "compiler/codegen/codegen.h"
 #include "compiler/codegen/nvrtc_compiler.h"
-#include "compiler/tools/synth_model.h"
 #include "kernels/gemv_blocks.cuh"
 #include "tests/codegen/codegen_test_support.h"
 #include "tests/test_support.h"
@@ -160,13 +159,7 @@ TEST_CASE("decode GEMV pair and GEMV + Add + deferred RMSNorm launches: fused st
 // rows (1,152 thread blocks of 4 rows) gets the persistent form: GEMVB_PERSIST and a grid of kGemvPairPersistBlocks.
 TEST_CASE("decode GEMV pair: the persistent form's define and grid exactly where the block grid exceeds its blocks") {
   if (!test::haveFixtures()) return;
-  synth::SynthOptions so;
-  so.shape = llvm::cantFail(synth::modelShape("qwen2-7b"));
-  so.shape.n_layer = 1, so.shape.n_embd = 256, so.shape.n_head = 4, so.shape.n_head_kv = 2, so.shape.head_dim = 64;
-  so.shape.n_ff = 2304, so.shape.n_vocab = 512, so.shape.n_ctx = 64;
-  so.mix = synth::TypeMix::kQ4_K_M;
-  const std::string wide = test::scratchDir() + "/qwen2-ffn2304.gguf";
-  if (llvm::Error e = synth::writeSynthModel(so, wide, nullptr)) FAIL(llvm::toString(std::move(e)));
+  const std::string wide = test::writeSmallQwen2("qwen2-ffn2304.gguf", 1, 2304, 64);
   for (const auto& [path, persistent] :
        {std::pair{test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", false}, std::pair{wide, true}}) {
     CAPTURE(path);

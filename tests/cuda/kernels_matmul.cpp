@@ -2,6 +2,10 @@
 // matmuls and the Hopper f16 matmul (wgmma).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
 #include "kernels/dense_matmul.cuh"
 #include "kernels/gemm_small.cuh"
 #include "kernels/gemv.cuh"
@@ -332,6 +336,96 @@ TEST_CASE("wgmma_matmul (sm_90a): f16 and q8 activations vs float64 on the same 
       launch(k[2], kern::q8ToF16LaunchRule(static_cast<unsigned>(cs.cols)).at(static_cast<unsigned>(n)),
              {&pq, &pm, &p16, &n});
       CHECK(x16.download<uint16_t>(xq16.bits.size()) == xq16.bits);
+    }
+  }
+}
+
+// minfer_wgmma_matmul_split (the small-batch form of the Hopper matmul: one token tile of 64, split over K) against
+// float64 on the same f16 operands, as minfer_wgmma_matmul is: N not a multiple of the 64-row tile (and odd: the
+// scalar stores), K not a multiple of 64 (the last stage partly past K) and split unevenly (13 stages into 5; 17 into
+// 16, splits of one stage), padded weight rows (the offset gate), with and without a bias, 1 … 64 tokens. The staged
+// activations sit at the start of the scratch as minfer_q8_to_f16 leaves them, the rest of it poisoned (rows past
+// the call included: the kernel must not read them); the counters must be zero after every launch, nothing may be
+// written past the call's rows, two launches must give the same bits (the splits are added in split order whichever
+// finishes last), and the result must match minfer_wgmma_matmul's on the same tile (one split) within the bound.
+TEST_CASE("wgmma_matmul_split (sm_90a): split over K vs float64 and vs one split, odd shapes, counters reset") {
+  MINFER_REQUIRE_GPU(G);
+  if (G->arch != "sm_90") {
+    MESSAGE("skipped: wgmma_matmul_split needs an sm_90 GPU (sm_90a image); this one is " << G->arch);
+    return;
+  }
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+    unsigned splits;
+    bool bias;
+  };
+  const Case cases[] = {{GgmlType::Q4_K, 300, 1280, 4, false},  // 20 stages into 4
+                        {GgmlType::Q6_K, 333, 800, 5, true},    // 13 stages (the last half past K) into 5; odd N
+                        {GgmlType::Q8_0, 72, 1056, 16, true},   // 17 stages into 16
+                        {GgmlType::Q4_K, 256, 4096, 2, false}};
+  const kern::WgmmaTile t = kern::kWgmmaSplitTile;
+  for (const Case& cs : cases) {
+    CAPTURE(ggmlTypeTraits(cs.type).name);
+    CAPTURE(cs.rows);
+    CAPTURE(cs.cols);
+    CAPTURE(cs.splits);
+    const RandomWeight w = makeRandomWeight(cs.type, cs.rows, cs.cols, rng(), 0.5f);
+    const uint64_t pitch = alignUp(cs.cols * 2, 16) + 16;  // padded rows: the offset gate
+    const HostF16 wh = toF16(w.values, cs.rows, cs.cols, pitch / 2);
+    const std::string tag = codegen::typeTag(static_cast<uint32_t>(cs.type)) + "_n" + str(cs.rows) + "_k" + str(cs.cols);
+    const std::vector<std::pair<std::string, std::string>> defs = {
+        {"WG_N", str(cs.rows)},     {"WG_K", str(cs.cols)},         {"WG_W_PITCH", str(pitch)},
+        {"WG_BM", str(t.bm)},       {"WG_BN", str(t.bn)},           {"WG_STAGES", str(t.stages)},
+        {"WG_ACT", "0"},            {"WG_HAS_BIAS", cs.bias ? "1" : "0"}};
+    std::vector<std::pair<std::string, std::string>> split_defs = defs;
+    split_defs.push_back({"WG_SPLITS", str(cs.splits)});
+    std::vector<Kernel> k = compile({spec("wgmma_split_test_" + tag + "_x" + str(cs.splits), "kernels/wgmma_matmul.cuh",
+                                          "minfer_wgmma_matmul_split", split_defs),
+                                     spec("wgmma_split_test_" + tag + "_x1", "kernels/wgmma_matmul.cuh",
+                                          "minfer_wgmma_matmul", defs)},
+                                    "sm_90a");
+    const unsigned n_rows = static_cast<unsigned>(cs.rows), k_cols = static_cast<unsigned>(cs.cols);
+    const std::vector<float> bias_v = randomFloats(cs.rows, rng());
+    const float* bias = cs.bias ? bias_v.data() : nullptr;
+    const uint64_t scratch_bytes = kern::wgmmaSplitScratchBytes(n_rows, k_cols, cs.splits);
+    const uint64_t counter_words = kern::wgmmaSplitCounterBytes(n_rows) / 4;
+    const std::vector<uint32_t> zeros(counter_words, 0);
+    // One token row more than the kernel takes: the check that nothing is written past the call's rows reads it.
+    DeviceArray d_w = DeviceArray::of(wh.bits), d_bias = DeviceArray::of(bias_v), out((t.bm + 1) * cs.rows * 4),
+                scratch(scratch_bytes), counters(counter_words * 4), x16(kern::q8ToF16Bytes(t.bm, k_cols));
+    counters.upload(zeros.data(), zeros.size() * 4);
+    CUdeviceptr pw = d_w.ptr(), pb = cs.bias ? d_bias.ptr() : 0, ps = scratch.ptr(), pc = counters.ptr(), po = out.ptr(),
+                px = x16.ptr(), null_ptr = 0;
+    for (int n : {1, 7, 33, 64}) {
+      CAPTURE(n);
+      const std::vector<float> x = activations(n, static_cast<int>(cs.cols));
+      const HostF16 xh = toF16(x, static_cast<uint64_t>(n), cs.cols, cs.cols);
+      const std::vector<float> ref = referenceMatmul(wh.values, xh.values, bias, n, cs.rows, cs.cols);
+      const size_t outs = static_cast<size_t>(n) * cs.rows;
+      std::vector<float> first;
+      for (int run = 0; run < 2; ++run) {
+        CAPTURE(run);
+        scratch.poison();
+        scratch.upload(xh.bits.data(), xh.bits.size() * 2);
+        out.poison();
+        launch(k[0], kern::wgmmaSplitLaunchRule(n_rows, cs.splits).at(static_cast<unsigned>(n)),
+               {&pw, &pb, &ps, &po, &pc, &n});
+        std::vector<float> got = out.download<float>(outs);
+        CHECK(track("wgmma split", relError(got.data(), ref.data(), ref.size())) <= kWgmmaTol);
+        CHECK(counters.download<uint32_t>(counter_words) == zeros);
+        const std::vector<float> after = out.download<float>(cs.rows, outs * 4);
+        CHECK(std::all_of(after.begin(), after.end(), [](float v) { return std::isnan(v); }));
+        if (run == 0) first = std::move(got);
+        else CHECK(std::memcmp(first.data(), got.data(), outs * 4) == 0);
+      }
+      // One split on the same tile (the plain entry), its activations in a buffer of their own.
+      x16.upload(xh.bits.data(), xh.bits.size() * 2);
+      out.poison();
+      launch(k[1], kern::wgmmaMatmulLaunch(n_rows, static_cast<unsigned>(n), t.bm, t.bn, t.stages),
+             {&pw, &pb, &px, &null_ptr, &po, &n});
+      const std::vector<float> one = out.download<float>(outs);
+      CHECK(track("wgmma split vs one split", relError(first.data(), one.data(), outs)) <= kWgmmaTol);
     }
   }
 }

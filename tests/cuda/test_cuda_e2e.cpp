@@ -100,7 +100,8 @@ std::vector<std::string> goldenArchs() {
 // (fuse_glu), "prefill-pair" the default with the prefill gate and up as one small-batch launch (fuse_prefill_pair:
 // minfer_mmq_blocks2 on sm_90a; the other variants here compile without it, so both forms run) and its 64-token
 // mmq_blocks tiles on mma.sync (mmqb_wgmma off), "wgmma" the same with those tiles in their warpgroup form (the
-// default mmqb_wgmma, which the other variants keep: MMQB_WGMMA on sm_90a). `arch`: the kernel target ("" = the GPU's arch;
+// default mmqb_wgmma, which the other variants keep: MMQB_WGMMA on sm_90a), "wgmma-split" the default with the o and down
+// matmuls of 33 … 64-row calls on the Hopper matmul split over K (wgmma_split; the pair and its wgmma tiles as "wgmma"). `arch`: the kernel target ("" = the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 // compiledFile: the same for a GGUF at `input` (named `model` in the artifact's file name).
 std::string compiledFile(const std::string& input, const std::string& model, bool fuse = true,
@@ -113,10 +114,12 @@ std::string compiledFile(const std::string& input, const std::string& model, boo
   o.input = input;
   o.output = scratchDir() + "/" + key + ".gpu.mfb";
   o.fuse_launches = fuse;
-  REQUIRE_MESSAGE((gemv.empty() || gemv == "pair" || gemv == "all" || gemv == "prefill-pair" || gemv == "wgmma"),
+  REQUIRE_MESSAGE((gemv.empty() || gemv == "pair" || gemv == "all" || gemv == "prefill-pair" || gemv == "wgmma" ||
+                   gemv == "wgmma-split"),
                   "compiledFile: gemv " << gemv);
   o.fuse_glu = gemv == "all";
-  o.fuse_prefill_pair = gemv == "prefill-pair" || gemv == "wgmma";
+  o.wgmma_split = gemv == "wgmma-split";
+  o.fuse_prefill_pair = gemv == "prefill-pair" || gemv == "wgmma" || gemv == "wgmma-split";
   o.mmqb_wgmma = gemv != "prefill-pair";
   o.fuse_norm = gemv != "pair";
   o.max_batch = 64;
@@ -945,6 +948,14 @@ BatchCompare compareWithSessions(const Model& m, const std::vector<std::vector<B
   return c;
 }
 
+// A qwen2 whose down projection is long enough to split (minfer-synth's qwen2-7b shape at n_embd 256, 2 layers, 4 heads
+// of 64, n_ff 1024: down 256 × 1024, 16 stages of 64, wgmmaSplits 2; the fixtures' tiny models take one split), in
+// llama.cpp's Q4_K_M mix, written once per process.
+std::string splitQwen2Gguf() {
+  static const std::string path = writeSmallQwen2("synth-qwen2-ffn1024-Q4_K_M.gguf", 2, 1024, 256);
+  return path;
+}
+
 TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequence's own session logits") {
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;
@@ -961,6 +972,8 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
       {"tiny-llama-Q4_K_M.gguf", "models", "prefill-pair"},
       {"tiny-qwen2-Q4_K_M.gguf", "models", "wgmma"},  // the pair's 64-token tiles on wgmma (sm_90a)
       {"tiny-llama-Q4_K_M.gguf", "models", "wgmma"},
+      {"tiny-qwen2-Q4_K_M.gguf", "models", "wgmma-split"},  // o, down at 33 … 64 rows: the Hopper matmul, 1 split
+      {"synth-qwen2-ffn1024-Q4_K_M.gguf", "synth", "wgmma-split"},  // down split in 2 (splitQwen2Gguf)
       {"tiny-gemma2-F32.gguf", "arch/models"},      // sliding window, query scale, soft-cap
       {"tiny-gemma3-Q8_0.gguf", "arch/models"},     // sliding window layers, QK norm, per-layer RoPE bases
       {"tiny-phi3-Q8_0.gguf", "arch/models"},       // q|k|v column views (PA_/ATT_ pitches)
@@ -970,15 +983,18 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
   for (const std::string& arch : goldenArchs())
     for (const Fixture& f : models) {
       const std::string model = f.model, gemv = f.gemv;
-      const bool sm90a_only = gemv == "prefill-pair" || gemv == "wgmma";
+      const bool sm90a_only = gemv == "prefill-pair" || gemv == "wgmma" || gemv == "wgmma-split";
       if (sm90a_only && arch != "sm_90a") continue;  // the options change sm_90a plans only
       const std::string name = model + (gemv.empty()              ? ""
                                         : gemv == "prefill-pair" ? " (--fuse-prefill-pair --mmqb-wgmma=false)"
                                         : gemv == "wgmma"        ? " (--fuse-prefill-pair)"
+                                        : gemv == "wgmma-split"  ? " (--wgmma-split)"
                                                                  : " (--fuse-gemv=" + gemv + ")");
       CAPTURE(arch);
       CAPTURE(name);
-      const std::string path = compiled(model, f.dir, true, arch, f.gemv);
+      const bool synth_model = std::string(f.dir) == "synth";
+      const std::string path = synth_model ? compiledFile(splitQwen2Gguf(), model, true, arch, f.gemv)
+                                           : compiled(model, f.dir, true, arch, f.gemv);
       REQUIRE(!path.empty());
       auto m = Model::open(path, BackendKind::kCuda);
       REQUIRE_MESSAGE(m.isOk(), m.status().message());
@@ -992,6 +1008,7 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
         bool pair = false;    // gate and up in one launch (minfer_mmq_blocks2)
         // mmq_blocks launches of 64-token tiles (min_rows past 32), and those in the warpgroup form (keys with _wg_)
         size_t mmqb64 = 0, mmqb_wg = 0;
+        size_t wgmma_small = 0, wgmma_split = 0;  // Hopper matmul small launches (wgmma_split), those split over K
         const auto* kernels = (*file)->manifest()->kernels();
         for (const fb::Step* s : *(*file)->manifest()->prefill()->steps())
           if (s->small_launches() && s->small_launches()->size() > 0) {
@@ -1000,6 +1017,8 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
               const std::string entry = kernels->Get(l->images()->Get(0))->entry()->str();
               blocks |= entry == "minfer_gemv_batch";
               pair |= entry == "minfer_mmq_blocks2";
+              wgmma_small += entry.rfind("minfer_wgmma_matmul", 0) == 0;
+              wgmma_split += entry == "minfer_wgmma_matmul_split";
               if (entry.rfind("minfer_mmq_blocks", 0) == 0) {
                 mmqb64 += l->min_rows() > 32;
                 mmqb_wg += kernels->Get(l->images()->Get(0))->key()->str().find("_wg_") != std::string::npos;
@@ -1010,6 +1029,8 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
         // mmqb_wgmma (all but "prefill-pair"): the 64-token tiles on sm_90a (mmqbWarpgroupTile)
         CHECK(mmqb_wg == (gemv != "prefill-pair" ? mmqb64 : 0));
         if (sm90a_only) CHECK(mmqb64 > 0);
+        CHECK((wgmma_small > 0) == (gemv == "wgmma-split"));
+        CHECK((wgmma_split > 0) == synth_model);
         // Every quantized model gets small launches on both targets (sm_90a: the K-quants on their blocks, up to
         // kGemvBatchMaxRows rows, the other types on kI8 beside their kF16 planes; sm_90: kI8); the K-quant
         // models' on sm_90a are minfer_gemv_batch.

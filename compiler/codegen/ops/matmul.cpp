@@ -96,6 +96,30 @@ std::vector<KernelArgDesc> quantizedArgs(const StepContext& c, const MatMulOpera
   return args;
 }
 
+// The -D constants of a kernels/wgmma_matmul.cuh launch: the weight's shape and kF16 plane, tile `t`, activations
+// `act` (0: f16, 1: q8), the bias.
+void defineWgmma(SpecBuilder& b, const MatMulOperands& m, const StrideTable& f16, kern::WgmmaTile t, unsigned act) {
+  b.define("WG_N", m.n)
+      .define("WG_K", m.k)
+      .define("WG_W_PITCH", f16.row_pitch)
+      .define("WG_BM", static_cast<uint64_t>(t.bm))
+      .define("WG_BN", static_cast<uint64_t>(t.bn))
+      .define("WG_STAGES", static_cast<uint64_t>(t.stages))
+      .define("WG_ACT", uint64_t{act})
+      .define("WG_HAS_BIAS", static_cast<uint64_t>(m.bias != nullptr));
+}
+
+// minfer_q8_to_f16: the step's q8 input (k wide) as f16 into the scratch `x16` (a Scratch argument).
+KernelLaunch q8ToF16Launch(const StepContext& c, unsigned k, const KernelArgDesc& x16) {
+  SpecBuilder deq(llvm::formatv("q8_to_f16_k{0}", k), "kernels/wgmma_matmul.cuh", "minfer_q8_to_f16");
+  deq.define("Q8F16_K", uint64_t{k});
+  std::vector<KernelArgDesc> args;
+  pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
+  args.push_back(x16);
+  args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+  return {deq.spec, std::move(args), kern::q8ToF16LaunchRule(k)};
+}
+
 // Prefill on Hopper (kernels/wgmma_matmul.cuh) from the weight's kF16 plane: two launches, the q8 input
 // dequantized to f16 into the step's scratch (minfer_q8_to_f16), then the matmul on f16 activations
 // (WG_ACT = 0: 1.2–2.9× faster per launch than dequantizing inside the matmul, BENCHMARKS.md). A step of
@@ -113,14 +137,7 @@ Launches wgmmaMatmul(const StepContext& c, const MatMulOperands& m, const Stride
   SpecBuilder b(llvm::formatv("wgmma_{0}_n{1}_k{2}_bm{3}_bn{4}_s{5}{6}", staged ? "f16" : "q8", m.n, m.k, t.bm, t.bn,
                               t.stages, m.bias_tag),
                 "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul");
-  b.define("WG_N", m.n)
-      .define("WG_K", m.k)
-      .define("WG_W_PITCH", f16.row_pitch)
-      .define("WG_BM", static_cast<uint64_t>(t.bm))
-      .define("WG_BN", static_cast<uint64_t>(t.bn))
-      .define("WG_STAGES", static_cast<uint64_t>(t.stages))
-      .define("WG_ACT", uint64_t{staged ? 0u : 1u})
-      .define("WG_HAS_BIAS", static_cast<uint64_t>(m.bias != nullptr));
+  defineWgmma(b, m, f16, t, staged ? 0u : 1u);
   std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), f16), biasArg(c, m)};
   if (staged) {
     args.push_back(scratch);
@@ -132,13 +149,49 @@ Launches wgmmaMatmul(const StepContext& c, const MatMulOperands& m, const Stride
   args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
   KernelLaunch matmul{b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)};
   if (!staged) return std::vector<KernelLaunch>{std::move(matmul)};
-  SpecBuilder deq(llvm::formatv("q8_to_f16_k{0}", m.k), "kernels/wgmma_matmul.cuh", "minfer_q8_to_f16");
-  deq.define("Q8F16_K", m.k);
-  std::vector<KernelArgDesc> deq_args;
-  pushQ8Args(deq_args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
-  deq_args.push_back(scratch);
-  deq_args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-  return std::vector<KernelLaunch>{{deq.spec, std::move(deq_args), kern::q8ToF16LaunchRule(k)}, std::move(matmul)};
+  return std::vector<KernelLaunch>{q8ToF16Launch(c, k, scratch), std::move(matmul)};
+}
+
+// The Hopper matmul split over K for the calls of kMmqbMaxRows + 1 … min(64, max_batch) rows (one token tile;
+// kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split, wgmmaSplits): the q8 input staged to f16 into the scratch as
+// wgmmaMatmul stages it, then the split matmul with its partials after those activations in the same scratch. Nothing
+// in the last-token tail (no scratch there), for fewer rows, or for a kF16 plane wgmmaMatmul would refuse.
+std::vector<KernelLaunch> wgmmaSplitLaunches(const StepContext& c, const MatMulOperands& m, const StrideTable& f16) {
+  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k), rows = c.maxBatch();
+  const unsigned first = kern::kMmqbMaxRows + 1, last = std::min(kern::kWgmmaSplitTile.bm, rows);
+  if (c.inTail() || rows < first || m.k % 32 != 0 || f16.row_pitch % 16 != 0 || f16.elem != ElemType::kF16) return {};
+  const unsigned splits = kern::wgmmaSplits(n, k);
+  const kern::WgmmaTile t = kern::kWgmmaSplitTile;
+  std::vector<KernelLaunch> out;
+  const KernelArgDesc x16{.kind = fb::ArgKind::Scratch, .name = "x16", .bytes = kern::q8ToF16Bytes(t.bm, k)};
+  if (splits == 1) {  // one wave of weight tiles already: the plain kernel on the split form's tile
+    SpecBuilder b(llvm::formatv("wgmma_f16_n{0}_k{1}_bm{2}_bn{3}_s{4}{5}", m.n, m.k, t.bm, t.bn, t.stages, m.bias_tag),
+                  "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul");
+    defineWgmma(b, m, f16, t, 0);
+    std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), f16), biasArg(c, m), x16,
+                                    kindArg(fb::ArgKind::Null, "xmeta"),
+                                    activationArg("out", c.outputId(0), n, fb::Access::Write),
+                                    kindArg(fb::ArgKind::TokenCount, "n_tokens")};
+    out = {q8ToF16Launch(c, k, x16), {b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)}};
+  } else {
+    SpecBuilder b(llvm::formatv("wgmma_split_n{0}_k{1}_bm{2}_bn{3}_s{4}_x{5}{6}", m.n, m.k, t.bm, t.bn, t.stages, splits,
+                                m.bias_tag),
+                  "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul_split");
+    defineWgmma(b, m, f16, t, 0);
+    b.define("WG_SPLITS", uint64_t{splits});
+    std::vector<KernelArgDesc> args{
+        weightArg("w", c.weightId(0), f16), biasArg(c, m),
+        {.kind = fb::ArgKind::Scratch, .name = "scratch", .bytes = kern::wgmmaSplitScratchBytes(n, k, splits)},
+        activationArg("out", c.outputId(0), n, fb::Access::Write),
+        {.kind = fb::ArgKind::Counters, .name = "counters", .bytes = kern::wgmmaSplitCounterBytes(n)},
+        kindArg(fb::ArgKind::TokenCount, "n_tokens")};
+    out = {q8ToF16Launch(c, k, x16), {b.spec, std::move(args), kern::wgmmaSplitLaunchRule(n, splits)}};
+  }
+  for (KernelLaunch& l : out) {
+    l.min_rows = first;
+    l.max_rows = last;
+  }
+  return out;
 }
 
 // The kBlocks plane the decode GEMV can read directly: Q4_K or Q6_K blocks of 256 weights, each starting
@@ -804,14 +857,14 @@ llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepConte
 
 llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
-                                                   size_t step_index, size_t followers, bool mmqb_wgmma) {
+                                                   size_t step_index, size_t followers, SmallBatchForms forms) {
   const StepContext c(desc, layouts, variant, step_index);
   // q, k, v (or gate and up) fused for their small-batch steps (fusedFollowers): their batched GEMVs and one
   // mmq_blocks launch.
   if (variant == PlanVariant::kPrefill && (followers == 1 || followers == 2) && c.step().op == fb::OpKind::MatMul) {
     std::vector<StepContext> mm{c};
     for (size_t f = 1; f <= followers; ++f) mm.emplace_back(desc, layouts, variant, step_index + f);
-    return mmqbSegmentsSmallLaunches(mm, mmqb_wgmma);
+    return mmqbSegmentsSmallLaunches(mm, forms.mmqb_wgmma);
   }
   if (variant != PlanVariant::kPrefill || followers != 0 || c.step().op != fb::OpKind::MatMul) return SmallLaunches{};
   auto m = operands(c);
@@ -825,6 +878,10 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
     auto launches = smallBatchBlocksMatmul(c, *m);
     if (!launches) return launches.takeError();
     if (!launches->empty()) {
+      // With wgmma_split, the Hopper matmul split over K above the mmq_blocks tiles (from kMmqbMaxRows + 1 rows).
+      const StrideTable* f16 = findPlane(*m->w, PlaneKind::kF16);
+      if (forms.wgmma_split && f16 && launches->back().max_rows == kern::kMmqbMaxRows)
+        for (KernelLaunch& l : wgmmaSplitLaunches(c, *m, *f16)) launches->push_back(std::move(l));
       // The last launch's bound; 0: the batched GEMV alone, up to its GEMVB_BATCH rows.
       const uint32_t top = launches->back().max_rows;
       out.rows = top ? top : std::min<uint32_t>(kern::kGemvBatchMaxRows, c.maxBatch());

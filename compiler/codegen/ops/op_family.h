@@ -311,17 +311,24 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // or, for a weight with a kF16 plane (Hopper prefill), kGemmSmallRowsVsWgmma, max_batch). None (small_rows 0) for
 // other steps, plans or weights (float weights; other types whose only prefill plane is kF16). With 2 followers (the
 // prefill q, k, v fusesMmqbSegments fused) or 1 (gate and up, likewise) mmqbSegmentsSmallLaunches. Errors as the
-// step's own launches. With `mmqb_wgmma` (sm_90a images only: CodegenOptions::mmqb_wgmma, which generateKernels
-// passes; the default here, off, is the mma.sync form the unit tests check) the fused mmq_blocks launches' tiles that
-// mmqbWarpgroupTile names in their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA; the plain kernel's tiles, up to
-// kMmqbMaxRows, are none of them).
+// step's own launches. `forms` (sm_90a images only: CodegenOptions, which generateKernels passes; the default here,
+// all off, is what the unit tests check): with mmqb_wgmma the fused mmq_blocks launches' tiles that mmqbWarpgroupTile
+// names in their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA; the plain kernel's tiles, up to kMmqbMaxRows, are
+// none of them); with wgmma_split, on a weight that also has a kF16 plane (Hopper prefill), the plain matmuls' calls of
+// kMmqbMaxRows + 1 … min(64, max_batch) rows on the Hopper matmul split over K (minfer_q8_to_f16, then
+// minfer_wgmma_matmul_split with wgmmaSplits' count, or minfer_wgmma_matmul on its 64 × 64 tile where that is 1), not
+// in the last-token tail.
 struct SmallLaunches {
   std::vector<KernelLaunch> launches;
   uint32_t rows = 0;
 };
+struct SmallBatchForms {
+  bool mmqb_wgmma = false;   // CodegenOptions::mmqb_wgmma
+  bool wgmma_split = false;  // CodegenOptions::wgmma_split
+};
 llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
-                                                   size_t step_index, size_t followers, bool mmqb_wgmma = false);
+                                                   size_t step_index, size_t followers, SmallBatchForms forms = {});
 // The small-batch launches of the prefill matmuls that fusesMmqbSegments allows (smallLaunchesForStep with 1 or 2
 // followers): each step's batched GEMV below kMmqbFromRows rows, then minfer_mmq_blocks2 or minfer_mmq_blocks3 in
 // tiles of 16, 32 and 64 tokens up to min(kMmqbFusedMaxRows, max_batch), split over K as mmqbSplits gives for the
