@@ -322,6 +322,29 @@ TEST_CASE("bad requests get a 4xx OpenAI-style error naming the field; the serve
   CHECK(server.stop() == 0);
 }
 
+// The context bound is one rule whether or not max_tokens is given: a request generates until its next token would need
+// a position past the context's (the scheduler's "length"), so prompt + completion = capacity + 1 — the last token is
+// sampled, never evaluated. Before, a request without max_tokens stopped one token short of that (its default was the
+// room left, capacity − prompt).
+TEST_CASE("without max_tokens a request runs to the context's end, exactly as with a larger max_tokens") {
+  if (!minfer::test::haveFixtures()) return;
+  ServerProcess server({artifact(), "--device", "cpu", "-np", "1", "-c", "64", "-t", "1"});
+  json unbounded = {{"prompt", "Once upon a time"}, {"temperature", 0}, {"ignore_eos", true}};
+  json bounded = unbounded;
+  bounded["max_tokens"] = 10000;
+  const minfer::test::HttpResult a = post(server.port(), "/v1/completions", unbounded.dump());
+  const minfer::test::HttpResult b = post(server.port(), "/v1/completions", bounded.dump());
+  INFO(a.body.substr(0, 300));
+  INFO(b.body.substr(0, 300));
+  REQUIRE(a.status == 200);
+  REQUIRE(b.status == 200);
+  for (const minfer::test::HttpResult* r : {&a, &b}) {
+    CHECK(r->json["choices"][0]["finish_reason"] == "length");
+    CHECK(r->json["usage"]["total_tokens"] == 65);  // -c 64 positions, the last token not evaluated
+  }
+  CHECK(a.json["choices"][0]["text"] == b.json["choices"][0]["text"]);
+}
+
 TEST_CASE("bodies up to --body-limit are read as JSON whatever their Content-Type; over it 413 with or without one") {
   if (!minfer::test::haveFixtures()) return;
   ServerProcess server({artifact(), "--device", "cpu", "-c", "64", "--body-limit", "20000", "-t", "1"});

@@ -430,7 +430,9 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, E
   if (auto e = parseRequest(body, endpoint, options_.model_id, options_.limits, request)) return sendError(res, *e);
   RequestParams params = request.params;
   if (auto e = promptIds(request, params.prompt)) return sendError(res, *e);
-  const int room = scheduler_.capacity() - static_cast<int>(params.prompt.size());
+  // Without max_tokens, as many as the context takes: the scheduler stops a request once its next token would need a
+  // position past the capacity, so capacity − prompt + 1 tokens (the last one is sampled, never evaluated).
+  const int room = scheduler_.capacity() - static_cast<int>(params.prompt.size()) + 1;
   params.max_tokens = request.max_tokens ? *request.max_tokens : room;
 
   auto channel = std::make_shared<Channel>();
