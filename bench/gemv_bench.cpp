@@ -77,15 +77,15 @@ llvm::cl::opt<bool> kMmqbWgmma("mmqb-wgmma",
                                 llvm::cl::desc("with --mmq-blocks: also time its warpgroup form (MMQB_WGMMA, sm_90a images; "
                                                "Hopper only) and compare its outputs with the mma.sync form's"),
                                 llvm::cl::cat(kCategory));
-llvm::cl::list<unsigned> kWgmmaRows("wgmma-rows", llvm::cl::CommaSeparated,
-                                    llvm::cl::desc("also time the Hopper f16 matmul (kernels/wgmma_matmul.cuh, sm_90a) on a random "
-                                                   "f16 plane of the shape, on this many f16 activation rows (≤ 64), for each "
-                                                   "count given: the prefill plan's tile, the split form's tile with one split and "
-                                                   "split over K (wgmmaSplits' count and --wgmma-splits')"),
-                                    llvm::cl::cat(kCategory));
-llvm::cl::list<unsigned> kWgmmaSplitCounts("wgmma-splits", llvm::cl::CommaSeparated,
-                                           llvm::cl::desc("with --wgmma-rows: splits of K to time besides wgmmaSplits' (2 … 16)"),
-                                           llvm::cl::cat(kCategory));
+llvm::cl::list<unsigned> kWgmmaRows(
+    "wgmma-rows", llvm::cl::CommaSeparated,
+    llvm::cl::desc("also time the Hopper f16 matmul (kernels/wgmma_matmul.cuh, sm_90a) on a random f16 plane of the "
+                   "shape, on this many f16 activation rows (≤ 64), for each count given: the prefill plan's tile, the "
+                   "split form's tile with one split and split over K (wgmmaSplits' count and --wgmma-splits')"),
+    llvm::cl::cat(kCategory));
+llvm::cl::list<unsigned> kWgmmaSplitCounts(
+    "wgmma-splits", llvm::cl::CommaSeparated,
+    llvm::cl::desc("with --wgmma-rows: splits of K to time besides wgmmaSplits' (2 … 16)"), llvm::cl::cat(kCategory));
 llvm::cl::opt<std::string> kShapes("shapes", llvm::cl::desc("comma-separated subset of q,k,gate,down,output (k: not "
                                                             "in the default set)"),
                                    llvm::cl::init("q,gate,down,output"), llvm::cl::cat(kCategory));
@@ -324,7 +324,8 @@ void benchWgmma(const Gpu& g, const Shape& s, std::mt19937_64& rng, const RowPri
   cuda::DeviceBuffer counters = take(g.dev->alloc(kern::wgmmaSplitCounterBytes(n), "counters"));
   cuda::DeviceBuffer out = take(g.dev->alloc(uint64_t{split_tile.bm} * s.n * 4, "out"));
   ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(scratch.ptr(), x.data(), x.size() * 2, g.stream.get()), "upload"));
-  ok(g.dev->check(g.cu().cuMemsetD8Async(counters.ptr(), 0, kern::wgmmaSplitCounterBytes(n), g.stream.get()), "memset"));
+  ok(g.dev->check(g.cu().cuMemsetD8Async(counters.ptr(), 0, kern::wgmmaSplitCounterBytes(n), g.stream.get()),
+                  "memset"));
   std::vector<CUdeviceptr> w(cw.sets.size());
   for (size_t i = 0; i < cw.sets.size(); ++i) w[i] = cw.sets[i][0].ptr();
   CUdeviceptr null_ptr = 0, ps = scratch.ptr(), pc = counters.ptr(), po = out.ptr();
@@ -332,6 +333,10 @@ void benchWgmma(const Gpu& g, const Shape& s, std::mt19937_64& rng, const RowPri
     return std::vector<std::pair<std::string, std::string>>{
         {"WG_N", str(n)}, {"WG_K", str(k)}, {"WG_W_PITCH", str(pitch)}, {"WG_BM", str(t.bm)}, {"WG_BN", str(t.bn)},
         {"WG_STAGES", str(t.stages)}, {"WG_ACT", "0"}, {"WG_HAS_BIAS", "0"}};
+  };
+  auto allowSmem = [&](const Kernel& kf, unsigned bytes) {
+    ok(g.dev->check(g.cu().cuFuncSetAttribute(kf.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(bytes)),
+                    "smem attribute"));
   };
   auto download = [&](unsigned tokens) {
     std::vector<float> v(static_cast<size_t>(tokens) * n);
@@ -354,8 +359,7 @@ void benchWgmma(const Gpu& g, const Shape& s, std::mt19937_64& rng, const RowPri
       const Kernel km = compile(g, base + "_bm" + str(t.bm) + "_bn" + str(t.bn) + "_s" + str(t.stages),
                                 "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul", defines(t), "sm_90a");
       const kern::LaunchShape sh = kern::wgmmaMatmulLaunch(n, tokens, t.bm, t.bn, t.stages);
-      ok(g.dev->check(g.cu().cuFuncSetAttribute(km.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(sh.smem)),
-                      "smem attribute"));
+      allowSmem(km, sh.smem);
       const Timing tm = timeGraph(g, km, sh, launchesFor(cw), cw.bytes, [&](unsigned i) {
         return std::vector<void*>{&w[i % w.size()], &null_ptr, &ps, &null_ptr, &po, &nt};
       });
@@ -369,8 +373,7 @@ void benchWgmma(const Gpu& g, const Shape& s, std::mt19937_64& rng, const RowPri
       const Kernel ks = compile(g, base + "_split" + str(sp), "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul_split",
                                 defs, "sm_90a");
       const kern::LaunchShape sh = kern::wgmmaSplitLaunchRule(n, sp).at(tokens);
-      ok(g.dev->check(g.cu().cuFuncSetAttribute(ks.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(sh.smem)),
-                      "smem attribute"));
+      allowSmem(ks, sh.smem);
       const Timing tm = timeGraph(g, ks, sh, launchesFor(cw), cw.bytes, [&](unsigned i) {
         return std::vector<void*>{&w[i % w.size()], &null_ptr, &ps, &po, &pc, &nt};
       });

@@ -276,6 +276,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     co.fuse_prefill_pair = options.fuse_prefill_pair;
     co.mmqb_wgmma = options.mmqb_wgmma;
     co.wgmma_split = options.wgmma_split;
+    co.wgmma_split_fused = options.wgmma_split_fused;
     auto set = codegen::generateKernels(*desc, layouts, co);
     if (!set) return set.takeError();
     kernels.set = std::move(*set);

@@ -43,6 +43,7 @@ struct CompileOptions {
   bool fuse_prefill_pair = true;   // codegen::CodegenOptions::fuse_prefill_pair (with fuse_launches)
   bool mmqb_wgmma = true;          // codegen::CodegenOptions::mmqb_wgmma
   bool wgmma_split = false;        // codegen::CodegenOptions::wgmma_split
+  bool wgmma_split_fused = false;  // codegen::CodegenOptions::wgmma_split_fused
   // Sliding-window layers keep n_ctx KV positions like the others (llama.cpp's --swa-full) instead of a ring
   // of window + max_batch − 1 (model::ringLocalKvCaches, schema Step.kv_ring).
   bool swa_full = false;

@@ -109,7 +109,8 @@ struct WgmmaTile {
 MINFER_HD WgmmaTile wgmmaMatmulTile(unsigned n) { return n >= 8192 ? WgmmaTile{128, 256, 4} : WgmmaTile{64, 64, 6}; }
 
 // The split-K form (minfer_wgmma_matmul_split): one token tile of 64, weight tiles of 64 rows, 6 stages (two blocks
-// per SM: 2 × 97 KiB of shared memory).
+// per SM: each 97 KiB of stages, 1 KiB of alignment slack, 1 KiB of static shared memory and 1 KiB the driver
+// reserves, 198 KiB of the 228).
 constexpr WgmmaTile kWgmmaSplitTile{64, 64, 6};
 constexpr unsigned kWgmmaSplitSlots = 264;      // blocks a 132-SM Hopper runs at once, two per SM
 constexpr unsigned kWgmmaSplitMinStages = 8;    // stages of 64 per split at least (pipeline fill, partial sums)
@@ -444,15 +445,19 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 1)
 #else
 namespace minfer::kern::wg {
 constexpr int kSplits = WG_SPLITS;
-static_assert(WG_ACT == 0 && kBM == 64, "the split form takes f16 activations and one token tile of 64");
+static_assert(WG_ACT == 0, "the split form takes f16 activations");
 static_assert(kSplits >= 2 && kSplits <= static_cast<int>(kWgmmaSplitMaxSplits) && kSplits <= kKT,
               "WG_SPLITS: 2 … 16, at most one per stage of 64");
-static_assert(static_cast<unsigned>(kBM) == kWgmmaSplitTile.bm, "the scratch layout assumes the split tile's 64 tokens");
+// wgmmaSplitLaunchRule's grid, shared memory and counters and the scratch layout are the split tile's.
+static_assert(kBM == static_cast<int>(kWgmmaSplitTile.bm) && kBN == static_cast<int>(kWgmmaSplitTile.bn) &&
+                  kS == static_cast<int>(kWgmmaSplitTile.stages),
+              "the split form runs kWgmmaSplitTile (WG_BM 64, WG_BN 64, WG_STAGES 6)");
 }  // namespace minfer::kern::wg
 
 extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 2)
-    minfer_wgmma_matmul_split(const uint16_t* __restrict__ w, const float* __restrict__ bias, uint8_t* __restrict__ scratch,
-                              float* __restrict__ out, unsigned* __restrict__ counters, int n_tokens) {
+    minfer_wgmma_matmul_split(const uint16_t* __restrict__ w, const float* __restrict__ bias,
+                              uint8_t* __restrict__ scratch, float* __restrict__ out, unsigned* __restrict__ counters,
+                              int n_tokens) {
   minfer::kern::overlapPrologue();
   using namespace minfer::kern;
   using namespace minfer::kern::wg;
@@ -481,6 +486,7 @@ extern "C" __global__ void __launch_bounds__(minfer::kern::wg::kThreads, 2)
   if (threadIdx.x == 0) *counter = 0;
   forEachPair(0, n0, n_tokens, [&](int tok, int r, int h, int j) {
     float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll 1  // unrolled, ptxas hoists every split's loads: 255 registers and spills at 16 splits
     for (int s = 0; s < kSplits; ++s) {
       v0 += s == split ? d[4 * j + 2 * h] : (r < kN ? __ldcg(at(s, tok, r)) : 0.0f);
       v1 += s == split ? d[4 * j + 2 * h + 1] : (r + 1 < kN ? __ldcg(at(s, tok, r + 1)) : 0.0f);

@@ -61,7 +61,9 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
   const size_t n_arch = options.targets.size();
   // The warpgroup form of mmq_blocks and the split Hopper matmul need sm_90a images (wgmma), so every target must be one.
   const bool sm90a = sm90aTargetsOnly(options.targets);
-  const SmallBatchForms forms{.mmqb_wgmma = options.mmqb_wgmma && sm90a, .wgmma_split = options.wgmma_split && sm90a};
+  const SmallBatchForms forms{.mmqb_wgmma = options.mmqb_wgmma && sm90a,
+                              .wgmma_split = options.wgmma_split && sm90a,
+                              .wgmma_split_fused = options.wgmma_split_fused && sm90a};
   auto record = [&](KernelLaunch&& launch) {
     const uint32_t spec = table.add(launch.spec);
     LaunchRecord r{std::move(launch.args), launch.rule, {}};

@@ -65,6 +65,10 @@ struct CodegenOptions {
   // instead of the prefill launch whose 56 weight tiles leave most of the 132 SMs idle. Off by default until its GPU
   // tests and A/B have run on a Hopper (BENCHMARKS.md, issue 14).
   bool wgmma_split = false;
+  // With wgmma_split_fused (sm_90a) the fused prefill q, k, v and gate and up likewise (their mmq_blocks launches stop
+  // at 32 rows; past that one minfer_q8_to_f16 and each matmul's Hopper launch of the split form's tile). Off by
+  // default, to be measured against the 64-token mmq_blocks tiles (BENCHMARKS.md, issue 14).
+  bool wgmma_split_fused = false;
 };
 
 struct KernelImageData {

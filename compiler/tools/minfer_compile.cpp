@@ -91,12 +91,19 @@ llvm::cl::opt<bool> kMmqbWgmma(
     llvm::cl::desc("Run the 64-token tiles of the small-batch mmq_blocks launches of sm_90a images on Hopper's "
                    "warpgroup MMA (wgmma; default on; --mmqb-wgmma=false: mma.sync, kernels/mmq_blocks.cuh MMQB_WGMMA)"),
     llvm::cl::init(true), llvm::cl::cat(kCategory));
-llvm::cl::opt<bool> kWgmmaSplit(
-    "wgmma-split",
-    llvm::cl::desc("Run the plain prefill matmuls of 33 ... 64-row calls (batched decode of 33 ... 64 sequences: the o "
-                   "and down projections) of sm_90a images on the Hopper f16 matmul split over K (kernels/wgmma_matmul.cuh "
-                   "minfer_wgmma_matmul_split; off by default until measured, BENCHMARKS.md)"),
-    llvm::cl::init(false), llvm::cl::cat(kCategory));
+enum class WgmmaSplitForm { kOff, kPlain, kAll };
+llvm::cl::opt<WgmmaSplitForm> kWgmmaSplit(
+    "wgmma-split", llvm::cl::ValueOptional, llvm::cl::init(WgmmaSplitForm::kOff),
+    llvm::cl::desc("Run the prefill matmuls of 33 ... 64-row calls (batched decode of 33 ... 64 sequences) of sm_90a "
+                   "images on the Hopper f16 matmul, split over K where its weight tiles leave SMs idle "
+                   "(kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split; off by default until measured, BENCHMARKS.md): "
+                   "plain (a bare --wgmma-split) the o and down projections, all also the fused q, k, v and gate and up "
+                   "instead of their 64-token mmq_blocks tile"),
+    llvm::cl::values(clEnumValN(WgmmaSplitForm::kOff, "off", "the prefill launch and the mmq_blocks tiles (default)"),
+                     clEnumValN(WgmmaSplitForm::kPlain, "plain", "the o and down projections"),
+                     clEnumValN(WgmmaSplitForm::kAll, "all", "and the fused q, k, v and gate and up"),
+                     clEnumValN(WgmmaSplitForm::kPlain, "", "")),
+    llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kSwaFull("swa-full",
                              llvm::cl::desc("Give sliding-window layers a full-size KV cache of n_ctx positions (as "
                                             "llama.cpp's --swa-full) instead of a ring of window + max batch - 1"),
@@ -160,7 +167,8 @@ int main(int argc, char** argv) {
   options.fuse_norm = kFuseGemv == GemvFusion::kNorm || kFuseGemv == GemvFusion::kAll;
   options.fuse_prefill_pair = kFusePrefillPair;
   options.mmqb_wgmma = kMmqbWgmma;
-  options.wgmma_split = kWgmmaSplit;
+  options.wgmma_split = kWgmmaSplit != WgmmaSplitForm::kOff;
+  options.wgmma_split_fused = kWgmmaSplit == WgmmaSplitForm::kAll;
   options.swa_full = kSwaFull;
   std::string target_list = kTarget, target_why;
   if (target_list == "auto") target_list = autoTargets(&target_why);

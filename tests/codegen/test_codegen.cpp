@@ -860,7 +860,8 @@ TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, ev
     if (steps[i].op != fb::OpKind::MatMul || fusion->fused[i]) continue;
     CAPTURE(steps[i].name);
     auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i]);
-    auto wg = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i], {.mmqb_wgmma = true});
+    auto wg =
+        smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i], {.mmqb_wgmma = true});
     REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));
     REQUIRE_MESSAGE(static_cast<bool>(wg), llvm::toString(wg.takeError()));
     CHECK(wg->rows == plain->rows);
@@ -891,99 +892,126 @@ TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, ev
 // calls of kMmqbMaxRows + 1 … min(64, max_batch) rows: minfer_q8_to_f16 of the step's q8 input into the scratch, then
 // the Hopper matmul on the f16 tile of kWgmmaSplitTile, split over K as wgmmaSplits gives (minfer_wgmma_matmul_split:
 // the partials after the activations in the scratch, one counter word per weight tile, grid (1, weight tiles,
-// splits)) or, for one split, minfer_wgmma_matmul on that tile; none in the last-token tail or below 33 rows. A
-// cut-down qwen2 (down 256 × 1024: 16 stages, 2 splits; o 256 × 256: 1) has both forms; each form's first launch
-// compiled with NVRTC for sm_90a (where built with it), its PTX parameters the record's arguments.
-// Returns how many steps took the two launches.
-size_t checkWgmmaSplitLaunches(const Loaded& l, std::map<std::string, size_t>& forms) {
+// splits)) or, for one split, minfer_wgmma_matmul on that tile; none in the last-token tail or below 33 rows. With
+// wgmma_split_fused too, the fused q, k, v and gate and up lose their 64-token mmq_blocks tile for one
+// minfer_q8_to_f16 and each matmul's Hopper launch in turn. A cut-down qwen2 (down 256 × 1024: 16 stages, 2 splits;
+// o 256 × 256: 1) has both entries; each entry's first launch compiled with NVRTC for sm_90a (where built with it),
+// its PTX parameters the record's arguments.
+
+// One Hopper matmul launch of the split form for step s, after a minfer_q8_to_f16 into `x16` scratch bytes.
+void checkWgmmaSplitMatmul(const Loaded& l, const KernelLaunch& mm, const model::StepDesc& s, uint64_t x16,
+                           std::map<std::string, size_t>& forms) {
+  CAPTURE(s.name);
+  const planes::TensorLayout& w = l.layouts[s.weights[0]];
+  const StrideTable& f16 = w.planes[static_cast<size_t>(w.find(PlaneKind::kF16))];
+  const unsigned n = static_cast<unsigned>(w.desc.rows), k = static_cast<unsigned>(w.desc.cols);
+  const unsigned splits = kern::wgmmaSplits(n, k);
+  CHECK(mm.spec.define("WG_N") == std::to_string(n));
+  CHECK(mm.spec.define("WG_K") == std::to_string(k));
+  CHECK(mm.spec.define("WG_W_PITCH") == std::to_string(f16.row_pitch));
+  CHECK((mm.spec.define("WG_BM") == "64" && mm.spec.define("WG_BN") == "64" && mm.spec.define("WG_STAGES") == "6"));
+  CHECK(mm.spec.define("WG_ACT") == "0");
+  CHECK(mm.spec.define("WG_HAS_BIAS") == (s.weights.size() > 1 ? "1" : "0"));
+  REQUIRE(mm.args.size() == 6);
+  CHECK((mm.args[0].kind == fb::ArgKind::Weight && mm.args[0].tensor == s.weights[0] &&
+         mm.args[0].plane.kind == PlaneKind::kF16));
+  const kern::LaunchShape sh = mm.rule.at(mm.max_rows);
+  CHECK(sh.smem == kern::wgmmaMatmulSmemBytes(64, 64, 6));
+  CHECK((sh.grid.x == 1 && sh.grid.y == (n + 63) / 64));
+  if (splits > 1) {
+    CHECK(mm.spec.entry == "minfer_wgmma_matmul_split");
+    CHECK(mm.spec.define("WG_SPLITS") == std::to_string(splits));
+    CHECK(sh.grid.z == splits);
+    CHECK((mm.args[2].kind == fb::ArgKind::Scratch &&
+           mm.args[2].bytes == kern::wgmmaSplitPartialOffset(k) + 4ull * splits * 64 * n));
+    CHECK(kern::wgmmaSplitPartialOffset(k) >= x16);  // the partials after the staged activations
+    CHECK((mm.args[3].kind == fb::ArgKind::Activation && mm.args[3].buffer == s.outputs[0]));
+    CHECK((mm.args[4].kind == fb::ArgKind::Counters && mm.args[4].bytes == 4 * ((n + 63) / 64)));
+  } else {
+    CHECK(mm.spec.entry == "minfer_wgmma_matmul");
+    CHECK(mm.spec.define("WG_SPLITS").empty());
+    CHECK(sh.grid.z == 1);
+    CHECK((mm.args[2].kind == fb::ArgKind::Scratch && mm.args[2].bytes == x16));
+    CHECK(mm.args[3].kind == fb::ArgKind::Null);
+    CHECK((mm.args[4].kind == fb::ArgKind::Activation && mm.args[4].buffer == s.outputs[0]));
+  }
+  CHECK(mm.args[5].kind == fb::ArgKind::TokenCount);
+  if (forms[mm.spec.entry]++ == 0) checkEntryParams(mm);
+}
+
+// Every prefill MatMul step of `l` with and without the split form (`fused`: wgmma_split_fused too); returns how many
+// steps took it.
+size_t checkWgmmaSplitLaunches(const Loaded& l, bool fused, std::map<std::string, size_t>& forms) {
   const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true, .prefill_pair = true};
   const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
   const size_t tail = lastTokenTailBegin(steps, l.desc.plan.logits);
   auto fusion = planFusion(l.desc, l.layouts, PlanVariant::kPrefill, tail, gemv, true);
   REQUIRE_MESSAGE(static_cast<bool>(fusion), llvm::toString(fusion.takeError()));
-  const unsigned max_batch = l.desc.plan.max_batch;
+  const unsigned max_batch = l.desc.plan.max_batch, last = std::min(64u, max_batch);
   size_t split_steps = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     if (steps[i].op != fb::OpKind::MatMul || fusion->fused[i]) continue;
     CAPTURE(steps[i].name);
-    auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i]);
-    auto split = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i],
-                                      {.mmqb_wgmma = true, .wgmma_split = true});
+    const size_t segs = fusion->followers[i] + 1;
+    auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1, {.mmqb_wgmma = true});
+    auto split = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1,
+                                      {.mmqb_wgmma = true, .wgmma_split = true, .wgmma_split_fused = fused});
     REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));
     REQUIRE_MESSAGE(static_cast<bool>(split), llvm::toString(split.takeError()));
     const size_t np = plain->launches.size();
-    for (size_t j = 0; j < std::min(np, split->launches.size()); ++j) {
+    bool f16 = np > 0;
+    for (size_t g = 0; g < segs; ++g) f16 = f16 && l.layouts[steps[i + g].weights[0]].find(PlaneKind::kF16) >= 0;
+    const bool blocks = np > 0 && plain->launches.back().spec.entry.rfind("minfer_mmq_blocks", 0) == 0;
+    const bool takes = (segs == 1 || fused) && i < tail && f16 && blocks && max_batch > kern::kMmqbMaxRows;
+    // The default's launches kept: all of a plain step's; a fused step's but its 64-token tile (its last).
+    const size_t kept = takes && segs > 1 ? np - 1 : np;
+    for (size_t j = 0; j < std::min(kept, split->launches.size()); ++j) {
       const KernelLaunch &a = plain->launches[j], &b = split->launches[j];
-      CHECK((b.spec.entry == a.spec.entry && b.min_rows == a.min_rows && b.max_rows == a.max_rows));
+      CHECK((b.spec.key == a.spec.key && b.min_rows == a.min_rows && b.max_rows == a.max_rows));
     }
-    const planes::TensorLayout& w = l.layouts[steps[i].weights[0]];
-    const bool takes = fusion->followers[i] == 0 && i < tail && w.find(PlaneKind::kF16) >= 0 && np > 0 &&
-                       plain->launches.back().spec.entry == "minfer_mmq_blocks" && max_batch > kern::kMmqbMaxRows;
     if (!takes) {
       CHECK(split->launches.size() == np);
       CHECK(split->rows == plain->rows);
       continue;
     }
     ++split_steps;
-    REQUIRE(split->launches.size() == np + 2);
-    CHECK(plain->rows == kern::kMmqbMaxRows);
-    const unsigned last = std::min(64u, max_batch);
+    const KernelLaunch& tile = plain->launches.back();
+    if (segs > 1) CHECK((tile.spec.define("MMQB_TN") == "64" && tile.min_rows == 33));
+    CHECK(plain->rows == (segs > 1 ? last : kern::kMmqbMaxRows));
     CHECK(split->rows == last);
-    const StrideTable& f16 = w.planes[static_cast<size_t>(w.find(PlaneKind::kF16))];
-    const unsigned n = static_cast<unsigned>(w.desc.rows), k = static_cast<unsigned>(w.desc.cols);
-    const KernelLaunch &deq = split->launches[np], &mm = split->launches[np + 1];
-    for (const KernelLaunch* x : {&deq, &mm}) CHECK((x->min_rows == kern::kMmqbMaxRows + 1 && x->max_rows == last));
+    REQUIRE(split->launches.size() == kept + 1 + segs);
+    for (size_t j = kept; j < split->launches.size(); ++j)
+      CHECK((split->launches[j].min_rows == kern::kMmqbMaxRows + 1 && split->launches[j].max_rows == last));
+    const KernelLaunch& deq = split->launches[kept];
+    const uint64_t k = l.layouts[steps[i].weights[0]].desc.cols;
     CHECK(deq.spec.entry == "minfer_q8_to_f16");
     CHECK(deq.spec.define("Q8F16_K") == std::to_string(k));
     REQUIRE(deq.args.size() == 4);
     CHECK((deq.args[0].kind == fb::ArgKind::Q8Values && deq.args[0].buffer == steps[i].inputs[1]));
-    CHECK((deq.args[2].kind == fb::ArgKind::Scratch && deq.args[2].bytes == kern::q8ToF16Bytes(64, k)));
-    const unsigned splits = kern::wgmmaSplits(n, k);
-    CHECK(mm.spec.define("WG_N") == std::to_string(n));
-    CHECK(mm.spec.define("WG_K") == std::to_string(k));
-    CHECK(mm.spec.define("WG_W_PITCH") == std::to_string(f16.row_pitch));
-    CHECK((mm.spec.define("WG_BM") == "64" && mm.spec.define("WG_BN") == "64" && mm.spec.define("WG_STAGES") == "6"));
-    CHECK(mm.spec.define("WG_ACT") == "0");
-    CHECK(mm.spec.define("WG_HAS_BIAS") == (steps[i].weights.size() > 1 ? "1" : "0"));
-    CHECK((mm.args[0].kind == fb::ArgKind::Weight && mm.args[0].plane.kind == PlaneKind::kF16));
-    const kern::LaunchShape sh = mm.rule.at(last);
-    CHECK(sh.smem == kern::wgmmaMatmulSmemBytes(64, 64, 6));
-    CHECK((sh.grid.x == 1 && sh.grid.y == (n + 63) / 64));
-    if (splits > 1) {
-      CHECK(mm.spec.entry == "minfer_wgmma_matmul_split");
-      CHECK(mm.spec.define("WG_SPLITS") == std::to_string(splits));
-      CHECK(sh.grid.z == splits);
-      REQUIRE(mm.args.size() == 6);
-      CHECK((mm.args[2].kind == fb::ArgKind::Scratch &&
-             mm.args[2].bytes == kern::wgmmaSplitPartialOffset(k) + 4ull * splits * 64 * n));
-      CHECK(kern::wgmmaSplitPartialOffset(k) >= deq.args[2].bytes);  // the partials after the staged activations
-      CHECK((mm.args[3].kind == fb::ArgKind::Activation && mm.args[3].buffer == steps[i].outputs[0]));
-      CHECK((mm.args[4].kind == fb::ArgKind::Counters && mm.args[4].bytes == 4 * ((n + 63) / 64)));
-    } else {
-      CHECK(mm.spec.entry == "minfer_wgmma_matmul");
-      CHECK(mm.spec.define("WG_SPLITS").empty());
-      CHECK(sh.grid.z == 1);
-      REQUIRE(mm.args.size() == 6);
-      CHECK((mm.args[2].kind == fb::ArgKind::Scratch && mm.args[2].bytes == deq.args[2].bytes));
-      CHECK(mm.args[3].kind == fb::ArgKind::Null);
-    }
-    CHECK(mm.args[5].kind == fb::ArgKind::TokenCount);
-    if (forms[mm.spec.entry]++ == 0) checkEntryParams(mm);
+    CHECK(deq.args[2].kind == fb::ArgKind::Scratch);
+    CHECK(deq.args[2].bytes == kern::q8ToF16Bytes(64, static_cast<unsigned>(k)));
+    for (size_t g = 0; g < segs; ++g)
+      checkWgmmaSplitMatmul(l, split->launches[kept + 1 + g], steps[i + g], deq.args[2].bytes, forms);
   }
   return split_steps;
 }
 
-TEST_CASE("wgmma_split: o and down of 33 … 64-row calls on the Hopper matmul split over K, nothing else changed") {
+TEST_CASE("wgmma_split: 33 … 64-row calls on the Hopper matmul split over K, o and down or every matmul") {
   if (!test::haveFixtures()) return;
   const std::string cut = test::writeSmallQwen2("qwen2-ffn1024.gguf", 2, 1024, 64);
   std::map<std::string, size_t> forms;
   for (const std::string& path : {test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", cut}) {
     CAPTURE(path);
     const Loaded l = load(path, true, true);
-    CHECK(checkWgmmaSplitLaunches(l, forms) == 2 * (l.desc.config.n_layer - 1));  // o and down before the tail
+    const size_t layers = l.desc.config.n_layer;
+    CHECK(checkWgmmaSplitLaunches(l, false, forms) == 2 * (layers - 1));  // o and down before the tail
+    // And the q, k, v of every layer, the gate and up of all but the last (the tail's are apart).
+    CHECK(checkWgmmaSplitLaunches(l, true, forms) == 2 * (layers - 1) + layers + layers - 1);
     // Plans of at most 32 rows have no call for it; the kI8 planes of other targets no kF16 plane.
-    CHECK(checkWgmmaSplitLaunches(load(path, true, true, 32), forms) == 0);
-    CHECK(checkWgmmaSplitLaunches(load(path, true, false), forms) == 0);
+    for (const bool fused : {false, true}) {
+      CHECK(checkWgmmaSplitLaunches(load(path, true, true, 32), fused, forms) == 0);
+      CHECK(checkWgmmaSplitLaunches(load(path, true, false), fused, forms) == 0);
+    }
   }
   CHECK(forms["minfer_wgmma_matmul_split"] > 0);
   CHECK(forms["minfer_wgmma_matmul"] > 0);

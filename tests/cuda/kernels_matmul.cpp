@@ -361,7 +361,7 @@ TEST_CASE("wgmma_matmul_split (sm_90a): split over K vs float64 and vs one split
     bool bias;
   };
   const Case cases[] = {{GgmlType::Q4_K, 300, 1280, 4, false},  // 20 stages into 4
-                        {GgmlType::Q6_K, 333, 800, 5, true},    // 13 stages (the last half past K) into 5; odd N
+                        {GgmlType::Q5_0, 333, 800, 5, true},    // 13 stages (the last half past K) into 5; odd N
                         {GgmlType::Q8_0, 72, 1056, 16, true},   // 17 stages into 16
                         {GgmlType::Q4_K, 256, 4096, 2, false}};
   const kern::WgmmaTile t = kern::kWgmmaSplitTile;
@@ -373,7 +373,8 @@ TEST_CASE("wgmma_matmul_split (sm_90a): split over K vs float64 and vs one split
     const RandomWeight w = makeRandomWeight(cs.type, cs.rows, cs.cols, rng(), 0.5f);
     const uint64_t pitch = alignUp(cs.cols * 2, 16) + 16;  // padded rows: the offset gate
     const HostF16 wh = toF16(w.values, cs.rows, cs.cols, pitch / 2);
-    const std::string tag = codegen::typeTag(static_cast<uint32_t>(cs.type)) + "_n" + str(cs.rows) + "_k" + str(cs.cols);
+    const std::string tag =
+        codegen::typeTag(static_cast<uint32_t>(cs.type)) + "_n" + str(cs.rows) + "_k" + str(cs.cols);
     const std::vector<std::pair<std::string, std::string>> defs = {
         {"WG_N", str(cs.rows)},     {"WG_K", str(cs.cols)},         {"WG_W_PITCH", str(pitch)},
         {"WG_BM", str(t.bm)},       {"WG_BN", str(t.bn)},           {"WG_STAGES", str(t.stages)},
@@ -395,8 +396,8 @@ TEST_CASE("wgmma_matmul_split (sm_90a): split over K vs float64 and vs one split
     DeviceArray d_w = DeviceArray::of(wh.bits), d_bias = DeviceArray::of(bias_v), out((t.bm + 1) * cs.rows * 4),
                 scratch(scratch_bytes), counters(counter_words * 4), x16(kern::q8ToF16Bytes(t.bm, k_cols));
     counters.upload(zeros.data(), zeros.size() * 4);
-    CUdeviceptr pw = d_w.ptr(), pb = cs.bias ? d_bias.ptr() : 0, ps = scratch.ptr(), pc = counters.ptr(), po = out.ptr(),
-                px = x16.ptr(), null_ptr = 0;
+    CUdeviceptr pw = d_w.ptr(), pb = cs.bias ? d_bias.ptr() : 0, ps = scratch.ptr(), pc = counters.ptr(),
+                po = out.ptr(), px = x16.ptr(), null_ptr = 0;
     for (int n : {1, 7, 33, 64}) {
       CAPTURE(n);
       const std::vector<float> x = activations(n, static_cast<int>(cs.cols));

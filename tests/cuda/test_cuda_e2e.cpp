@@ -100,8 +100,10 @@ std::vector<std::string> goldenArchs() {
 // (fuse_glu), "prefill-pair" the default with the prefill gate and up as one small-batch launch (fuse_prefill_pair:
 // minfer_mmq_blocks2 on sm_90a; the other variants here compile without it, so both forms run) and its 64-token
 // mmq_blocks tiles on mma.sync (mmqb_wgmma off), "wgmma" the same with those tiles in their warpgroup form (the
-// default mmqb_wgmma, which the other variants keep: MMQB_WGMMA on sm_90a), "wgmma-split" the default with the o and down
-// matmuls of 33 … 64-row calls on the Hopper matmul split over K (wgmma_split; the pair and its wgmma tiles as "wgmma"). `arch`: the kernel target ("" = the GPU's arch;
+// default mmqb_wgmma, which the other variants keep: MMQB_WGMMA on sm_90a), "wgmma-split" the default with the o and
+// down matmuls of 33 … 64-row calls on the Hopper matmul split over K (wgmma_split; the pair and its wgmma tiles as
+// "wgmma"), "wgmma-split-all" every matmul of those calls so (wgmma_split_fused too). `arch`: the kernel target ("" =
+// the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 // compiledFile: the same for a GGUF at `input` (named `model` in the artifact's file name).
 std::string compiledFile(const std::string& input, const std::string& model, bool fuse = true,
@@ -115,11 +117,13 @@ std::string compiledFile(const std::string& input, const std::string& model, boo
   o.output = scratchDir() + "/" + key + ".gpu.mfb";
   o.fuse_launches = fuse;
   REQUIRE_MESSAGE((gemv.empty() || gemv == "pair" || gemv == "all" || gemv == "prefill-pair" || gemv == "wgmma" ||
-                   gemv == "wgmma-split"),
+                   gemv == "wgmma-split" || gemv == "wgmma-split-all"),
                   "compiledFile: gemv " << gemv);
   o.fuse_glu = gemv == "all";
-  o.wgmma_split = gemv == "wgmma-split";
-  o.fuse_prefill_pair = gemv == "prefill-pair" || gemv == "wgmma" || gemv == "wgmma-split";
+  const bool split = gemv == "wgmma-split" || gemv == "wgmma-split-all";
+  o.wgmma_split = split;
+  o.wgmma_split_fused = gemv == "wgmma-split-all";
+  o.fuse_prefill_pair = gemv == "prefill-pair" || gemv == "wgmma" || split;
   o.mmqb_wgmma = gemv != "prefill-pair";
   o.fuse_norm = gemv != "pair";
   o.max_batch = 64;
@@ -974,6 +978,7 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
       {"tiny-llama-Q4_K_M.gguf", "models", "wgmma"},
       {"tiny-qwen2-Q4_K_M.gguf", "models", "wgmma-split"},  // o, down at 33 … 64 rows: the Hopper matmul, 1 split
       {"synth-qwen2-ffn1024-Q4_K_M.gguf", "synth", "wgmma-split"},  // down split in 2 (splitQwen2Gguf)
+      {"synth-qwen2-ffn1024-Q4_K_M.gguf", "synth", "wgmma-split-all"},  // and q, k, v, gate, up likewise
       {"tiny-gemma2-F32.gguf", "arch/models"},      // sliding window, query scale, soft-cap
       {"tiny-gemma3-Q8_0.gguf", "arch/models"},     // sliding window layers, QK norm, per-layer RoPE bases
       {"tiny-phi3-Q8_0.gguf", "arch/models"},       // q|k|v column views (PA_/ATT_ pitches)
@@ -983,12 +988,14 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
   for (const std::string& arch : goldenArchs())
     for (const Fixture& f : models) {
       const std::string model = f.model, gemv = f.gemv;
-      const bool sm90a_only = gemv == "prefill-pair" || gemv == "wgmma" || gemv == "wgmma-split";
+      const bool split = gemv == "wgmma-split" || gemv == "wgmma-split-all";
+      const bool sm90a_only = gemv == "prefill-pair" || gemv == "wgmma" || split;
       if (sm90a_only && arch != "sm_90a") continue;  // the options change sm_90a plans only
       const std::string name = model + (gemv.empty()              ? ""
                                         : gemv == "prefill-pair" ? " (--fuse-prefill-pair --mmqb-wgmma=false)"
                                         : gemv == "wgmma"        ? " (--fuse-prefill-pair)"
                                         : gemv == "wgmma-split"  ? " (--wgmma-split)"
+                                        : gemv == "wgmma-split-all" ? " (--wgmma-split=all)"
                                                                  : " (--fuse-gemv=" + gemv + ")");
       CAPTURE(arch);
       CAPTURE(name);
@@ -1028,8 +1035,9 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
         CHECK(pair == (arch == "sm_90a" && sm90a_only));
         // mmqb_wgmma (all but "prefill-pair"): the 64-token tiles on sm_90a (mmqbWarpgroupTile)
         CHECK(mmqb_wg == (gemv != "prefill-pair" ? mmqb64 : 0));
-        if (sm90a_only) CHECK(mmqb64 > 0);
-        CHECK((wgmma_small > 0) == (gemv == "wgmma-split"));
+        // (with wgmma_split_fused the Hopper matmul takes their rows: no 64-token tile is left)
+        if (sm90a_only) CHECK((mmqb64 > 0) == (gemv != "wgmma-split-all"));
+        CHECK((wgmma_small > 0) == split);
         CHECK((wgmma_split > 0) == synth_model);
         // Every quantized model gets small launches on both targets (sm_90a: the K-quants on their blocks, up to
         // kGemvBatchMaxRows rows, the other types on kI8 beside their kF16 planes; sm_90: kI8); the K-quant

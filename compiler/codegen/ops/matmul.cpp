@@ -152,44 +152,61 @@ Launches wgmmaMatmul(const StepContext& c, const MatMulOperands& m, const Stride
   return std::vector<KernelLaunch>{q8ToF16Launch(c, k, scratch), std::move(matmul)};
 }
 
-// The Hopper matmul split over K for the calls of kMmqbMaxRows + 1 … min(64, max_batch) rows (one token tile;
-// kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split, wgmmaSplits): the q8 input staged to f16 into the scratch as
-// wgmmaMatmul stages it, then the split matmul with its partials after those activations in the same scratch. Nothing
-// in the last-token tail (no scratch there), for fewer rows, or for a kF16 plane wgmmaMatmul would refuse.
-std::vector<KernelLaunch> wgmmaSplitLaunches(const StepContext& c, const MatMulOperands& m, const StrideTable& f16) {
-  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k), rows = c.maxBatch();
-  const unsigned first = kern::kMmqbMaxRows + 1, last = std::min(kern::kWgmmaSplitTile.bm, rows);
-  if (c.inTail() || rows < first || m.k % 32 != 0 || f16.row_pitch % 16 != 0 || f16.elem != ElemType::kF16) return {};
-  const unsigned splits = kern::wgmmaSplits(n, k);
+// Whether a MatMul can take the small-batch Hopper matmul of the split form's tile (wgmmaSplitMatmul) for the calls of
+// kMmqbMaxRows + 1 … min(64, max_batch) rows: a kF16 plane that wgmmaMatmul would take, a plan of more than
+// kMmqbMaxRows rows, not in the last-token tail (no scratch there).
+bool takesWgmmaSplit(const StepContext& c, const MatMulOperands& m, const StrideTable* f16) {
+  return f16 && !c.inTail() && c.maxBatch() > kern::kMmqbMaxRows && m.k % 32 == 0 && f16->row_pitch % 16 == 0 &&
+         f16->elem == ElemType::kF16;
+}
+
+// The scratch the q8 input of a split-form call is staged into (minfer_q8_to_f16): one token tile of f16.
+KernelArgDesc splitActivations(unsigned k) {
+  return {.kind = fb::ArgKind::Scratch, .name = "x16", .bytes = kern::q8ToF16Bytes(kern::kWgmmaSplitTile.bm, k)};
+}
+
+// The Hopper matmul on the split form's tile (kern::kWgmmaSplitTile) from the f16 activations staged in the scratch:
+// split over K as wgmmaSplits gives (minfer_wgmma_matmul_split, its partials after the activations), or, where that
+// is one split (one wave of weight tiles already), minfer_wgmma_matmul on that tile. The caller checked
+// takesWgmmaSplit and stages the activations.
+KernelLaunch wgmmaSplitMatmul(const StepContext& c, const MatMulOperands& m, const StrideTable& f16) {
+  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k), splits = kern::wgmmaSplits(n, k);
   const kern::WgmmaTile t = kern::kWgmmaSplitTile;
-  std::vector<KernelLaunch> out;
-  const KernelArgDesc x16{.kind = fb::ArgKind::Scratch, .name = "x16", .bytes = kern::q8ToF16Bytes(t.bm, k)};
-  if (splits == 1) {  // one wave of weight tiles already: the plain kernel on the split form's tile
+  if (splits == 1) {
     SpecBuilder b(llvm::formatv("wgmma_f16_n{0}_k{1}_bm{2}_bn{3}_s{4}{5}", m.n, m.k, t.bm, t.bn, t.stages, m.bias_tag),
                   "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul");
     defineWgmma(b, m, f16, t, 0);
-    std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), f16), biasArg(c, m), x16,
+    std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), f16), biasArg(c, m), splitActivations(k),
                                     kindArg(fb::ArgKind::Null, "xmeta"),
                                     activationArg("out", c.outputId(0), n, fb::Access::Write),
                                     kindArg(fb::ArgKind::TokenCount, "n_tokens")};
-    out = {q8ToF16Launch(c, k, x16), {b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)}};
-  } else {
-    SpecBuilder b(llvm::formatv("wgmma_split_n{0}_k{1}_bm{2}_bn{3}_s{4}_x{5}{6}", m.n, m.k, t.bm, t.bn, t.stages, splits,
-                                m.bias_tag),
-                  "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul_split");
-    defineWgmma(b, m, f16, t, 0);
-    b.define("WG_SPLITS", uint64_t{splits});
-    std::vector<KernelArgDesc> args{
-        weightArg("w", c.weightId(0), f16), biasArg(c, m),
-        {.kind = fb::ArgKind::Scratch, .name = "scratch", .bytes = kern::wgmmaSplitScratchBytes(n, k, splits)},
-        activationArg("out", c.outputId(0), n, fb::Access::Write),
-        {.kind = fb::ArgKind::Counters, .name = "counters", .bytes = kern::wgmmaSplitCounterBytes(n)},
-        kindArg(fb::ArgKind::TokenCount, "n_tokens")};
-    out = {q8ToF16Launch(c, k, x16), {b.spec, std::move(args), kern::wgmmaSplitLaunchRule(n, splits)}};
+    return {b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)};
   }
+  SpecBuilder b(llvm::formatv("wgmma_split_n{0}_k{1}_bm{2}_bn{3}_s{4}_x{5}{6}", m.n, m.k, t.bm, t.bn, t.stages, splits,
+                              m.bias_tag),
+                "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul_split");
+  defineWgmma(b, m, f16, t, 0);
+  b.define("WG_SPLITS", uint64_t{splits});
+  std::vector<KernelArgDesc> args{
+      weightArg("w", c.weightId(0), f16), biasArg(c, m),
+      {.kind = fb::ArgKind::Scratch, .name = "scratch", .bytes = kern::wgmmaSplitScratchBytes(n, k, splits)},
+      activationArg("out", c.outputId(0), n, fb::Access::Write),
+      {.kind = fb::ArgKind::Counters, .name = "counters", .bytes = kern::wgmmaSplitCounterBytes(n)},
+      kindArg(fb::ArgKind::TokenCount, "n_tokens")};
+  return {b.spec, std::move(args), kern::wgmmaSplitLaunchRule(n, splits)};
+}
+
+// The split form's launches of one q8 input (the step `c` reads it, `k` wide) and the matmuls `mm` of it, for the
+// calls of kMmqbMaxRows + 1 … min(64, max_batch) rows: minfer_q8_to_f16 into the scratch, then each matmul's
+// wgmmaSplitMatmul in turn (they share the staged activations; each split launch's partials and counters are its own
+// until it ends).
+std::vector<KernelLaunch> wgmmaSplitLaunches(const StepContext& c, unsigned k,
+                                             llvm::ArrayRef<std::pair<const StepContext*, const MatMulOperands*>> mm) {
+  std::vector<KernelLaunch> out{q8ToF16Launch(c, k, splitActivations(k))};
+  for (const auto& [step, m] : mm) out.push_back(wgmmaSplitMatmul(*step, *m, *findPlane(*m->w, PlaneKind::kF16)));
   for (KernelLaunch& l : out) {
-    l.min_rows = first;
-    l.max_rows = last;
+    l.min_rows = kern::kMmqbMaxRows + 1;
+    l.max_rows = std::min(kern::kWgmmaSplitTile.bm, c.maxBatch());
   }
   return out;
 }
@@ -797,7 +814,7 @@ bool fusesMmqbSegments(llvm::ArrayRef<StepContext> mm) {
   return mm[0].maxBatch() >= kern::kMmqbFromRows && !mm[0].hasExperts();
 }
 
-llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepContext> mm, bool mmqb_wgmma) {
+llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepContext> mm, SmallBatchForms forms) {
   if (mm.empty()) return llvm::createStringError(llvm::inconvertibleErrorCode(), "mmq_blocks fusion of no matmuls");
   if (!fusesMmqbSegments(mm))
     return mm[0].error(llvm::formatv("the {0} matmuls cannot run as one small-batch mmq_blocks launch", mm.size()));
@@ -826,8 +843,14 @@ llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepConte
       {"MMQB_N", "MMQB_TYPE", "MMQB_PITCH", "MMQB_GROUP_PITCH", "MMQB_HAS_BIAS", "w0", "bias0", "out0"},
       {"MMQB_N1", "MMQB_TYPE1", "MMQB_PITCH1", "MMQB_GROUP_PITCH1", "MMQB_HAS_BIAS1", "w1", "bias1", "out1"},
       {"MMQB_N2", "MMQB_TYPE2", "MMQB_PITCH2", "MMQB_GROUP_PITCH2", "MMQB_HAS_BIAS2", "w2", "bias2", "out2"}};
-  pushMmqbTiles(out.launches, mm[0].maxBatch(), kern::kMmqbFusedMaxRows, [&](unsigned tn) {
-    const bool wg = mmqb_wgmma && kern::mmqbWarpgroupTile(tn);
+  // With wgmma_split_fused, the calls past kMmqbMaxRows rows on the Hopper matmul of each weight's kF16 plane instead
+  // of the 64-token tile.
+  bool hopper = forms.wgmma_split_fused;
+  for (size_t i = 0; i < segs; ++i)
+    hopper = hopper && takesWgmmaSplit(mm[i], m[i], findPlane(*m[i].w, PlaneKind::kF16));
+  const unsigned most = hopper ? kern::kMmqbMaxRows : kern::kMmqbFusedMaxRows;
+  pushMmqbTiles(out.launches, mm[0].maxBatch(), most, [&](unsigned tn) {
+    const bool wg = forms.mmqb_wgmma && kern::mmqbWarpgroupTile(tn);
     SpecBuilder sb(llvm::formatv("mmq_blocks{0}{1}_k{2}_t{3}_s{4}{5}", segs, tag, k, tn, splits, wg ? "_wg" : ""),
                    "kernels/mmq_blocks.cuh", entry);
     if (wg) sb.define("MMQB_WGMMA", uint64_t{1});
@@ -851,6 +874,11 @@ llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepConte
     args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
     return KernelLaunch{sb.spec, std::move(args), kern::mmqbFusedLaunchRule(n, type, nseg, tn, splits)};
   });
+  if (hopper) {
+    std::vector<std::pair<const StepContext*, const MatMulOperands*>> matmuls;
+    for (size_t i = 0; i < segs; ++i) matmuls.emplace_back(&mm[i], &m[i]);
+    for (KernelLaunch& l : wgmmaSplitLaunches(mm[0], k, matmuls)) out.launches.push_back(std::move(l));
+  }
   out.rows = out.launches.back().max_rows;
   return out;
 }
@@ -864,7 +892,7 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
   if (variant == PlanVariant::kPrefill && (followers == 1 || followers == 2) && c.step().op == fb::OpKind::MatMul) {
     std::vector<StepContext> mm{c};
     for (size_t f = 1; f <= followers; ++f) mm.emplace_back(desc, layouts, variant, step_index + f);
-    return mmqbSegmentsSmallLaunches(mm, forms.mmqb_wgmma);
+    return mmqbSegmentsSmallLaunches(mm, forms);
   }
   if (variant != PlanVariant::kPrefill || followers != 0 || c.step().op != fb::OpKind::MatMul) return SmallLaunches{};
   auto m = operands(c);
@@ -879,9 +907,10 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
     if (!launches) return launches.takeError();
     if (!launches->empty()) {
       // With wgmma_split, the Hopper matmul split over K above the mmq_blocks tiles (from kMmqbMaxRows + 1 rows).
-      const StrideTable* f16 = findPlane(*m->w, PlaneKind::kF16);
-      if (forms.wgmma_split && f16 && launches->back().max_rows == kern::kMmqbMaxRows)
-        for (KernelLaunch& l : wgmmaSplitLaunches(c, *m, *f16)) launches->push_back(std::move(l));
+      if (forms.wgmma_split && takesWgmmaSplit(c, *m, findPlane(*m->w, PlaneKind::kF16)) &&
+          launches->back().max_rows == kern::kMmqbMaxRows)
+        for (KernelLaunch& l : wgmmaSplitLaunches(c, static_cast<unsigned>(m->k), {{&c, &*m}}))
+          launches->push_back(std::move(l));
       // The last launch's bound; 0: the batched GEMV alone, up to its GEMVB_BATCH rows.
       const uint32_t top = launches->back().max_rows;
       out.rows = top ? top : std::min<uint32_t>(kern::kGemvBatchMaxRows, c.maxBatch());

@@ -317,14 +317,16 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // none of them); with wgmma_split, on a weight that also has a kF16 plane (Hopper prefill), the plain matmuls' calls of
 // kMmqbMaxRows + 1 … min(64, max_batch) rows on the Hopper matmul split over K (minfer_q8_to_f16, then
 // minfer_wgmma_matmul_split with wgmmaSplits' count, or minfer_wgmma_matmul on its 64 × 64 tile where that is 1), not
-// in the last-token tail.
+// in the last-token tail; with wgmma_split_fused likewise the fused q, k, v and gate and up (their mmq_blocks tiles
+// then stop at kMmqbMaxRows: one minfer_q8_to_f16 and each matmul's Hopper launch in turn past it).
 struct SmallLaunches {
   std::vector<KernelLaunch> launches;
   uint32_t rows = 0;
 };
 struct SmallBatchForms {
-  bool mmqb_wgmma = false;   // CodegenOptions::mmqb_wgmma
-  bool wgmma_split = false;  // CodegenOptions::wgmma_split
+  bool mmqb_wgmma = false;         // CodegenOptions::mmqb_wgmma
+  bool wgmma_split = false;        // CodegenOptions::wgmma_split
+  bool wgmma_split_fused = false;  // CodegenOptions::wgmma_split_fused
 };
 llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
@@ -332,9 +334,11 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
 // The small-batch launches of the prefill matmuls that fusesMmqbSegments allows (smallLaunchesForStep with 1 or 2
 // followers): each step's batched GEMV below kMmqbFromRows rows, then minfer_mmq_blocks2 or minfer_mmq_blocks3 in
 // tiles of 16, 32 and 64 tokens up to min(kMmqbFusedMaxRows, max_batch), split over K as mmqbSplits gives for the
-// matrices' row tiles together; each output as minfer_mmq_blocks would write it with those splits. An error naming
-// the first step unless fusesMmqbSegments.
-llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepContext> mm, bool mmqb_wgmma = false);
+// matrices' row tiles together; each output as minfer_mmq_blocks would write it with those splits (with
+// forms.wgmma_split_fused and a kF16 plane for every matrix, the tiles stop at kMmqbMaxRows and the calls past it
+// take minfer_q8_to_f16 and each matmul's Hopper matmul of the split form's tile). An error naming the first step
+// unless fusesMmqbSegments.
+llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepContext> mm, SmallBatchForms forms = {});
 // The check the q8 forms make of `quant`: its output is an I8 buffer of the producer's width, a multiple of 32.
 llvm::Error checkFusedQuantize(const StepContext& quant, uint32_t width);
 
