@@ -32,7 +32,8 @@
 //   WG_ACT              0: f16 activations; 1: q8 activations
 //   WG_HAS_BIAS         1 when the step has a bias vector (N f32)
 //   WG_SPLITS           splits of K (absent or 1: minfer_wgmma_matmul; 2 … 16: minfer_wgmma_matmul_split alone,
-//                       with WG_ACT = 0, WG_BM = 64 and at least one stage of 64 per split)
+//                       with WG_ACT = 0, the tile kWgmmaSplitTile (WG_BM 64, WG_BN 64, WG_STAGES 6) and at least
+//                       one stage of 64 per split)
 // Launch ABI:  minfer_wgmma_matmul(const uint16_t* w, const float* bias, const void* x,
 //                                  const Q8Meta* xmeta, float* out, int n_tokens)
 //   x: f16 (WG_ACT 0) or int8 (WG_ACT 1) activations; xmeta: their Q8Meta (WG_ACT 1; else unused);
@@ -109,7 +110,7 @@ struct WgmmaTile {
 MINFER_HD WgmmaTile wgmmaMatmulTile(unsigned n) { return n >= 8192 ? WgmmaTile{128, 256, 4} : WgmmaTile{64, 64, 6}; }
 
 // The split-K form (minfer_wgmma_matmul_split): one token tile of 64, weight tiles of 64 rows, 6 stages (two blocks
-// per SM: each 97 KiB of stages, 1 KiB of alignment slack, 1 KiB of static shared memory and 1 KiB the driver
+// per SM: each 96 KiB of stages, 1 KiB of alignment slack, 1 KiB of static shared memory and 1 KiB the driver
 // reserves, 198 KiB of the 228).
 constexpr WgmmaTile kWgmmaSplitTile{64, 64, 6};
 constexpr unsigned kWgmmaSplitSlots = 264;      // blocks a 132-SM Hopper runs at once, two per SM

@@ -28,12 +28,14 @@ inline std::string writeSmallQwen3Moe(const std::string& file, const SmallMoeSha
   return p;
 }
 
-// minfer-synth's qwen2-7b shape cut down to n_layer layers at n_embd 256 (4 heads of 64, 2 KV heads), FFN width n_ff,
+// minfer-synth's qwen2-7b shape cut down to n_layer layers of width n_embd (heads of 64, 2 KV heads), FFN width n_ff,
 // vocabulary 512, context n_ctx, in llama.cpp's Q4_K_M mix; written to scratchDir()/`file`, whose path it returns.
-inline std::string writeSmallQwen2(const std::string& file, uint32_t n_layer, uint32_t n_ff, uint32_t n_ctx) {
+inline std::string writeSmallQwen2(const std::string& file, uint32_t n_layer, uint32_t n_embd, uint32_t n_ff,
+                                   uint32_t n_ctx) {
   synth::SynthOptions so;
   so.shape = llvm::cantFail(synth::modelShape("qwen2-7b"));
-  so.shape.n_layer = n_layer, so.shape.n_embd = 256, so.shape.n_head = 4, so.shape.n_head_kv = 2, so.shape.head_dim = 64;
+  so.shape.n_layer = n_layer, so.shape.n_embd = n_embd, so.shape.n_head = n_embd / 64, so.shape.n_head_kv = 2;
+  so.shape.head_dim = 64;
   so.shape.n_ff = n_ff, so.shape.n_vocab = 512, so.shape.n_ctx = n_ctx;
   so.mix = synth::TypeMix::kQ4_K_M;
   const std::string p = scratchDir() + "/" + file;

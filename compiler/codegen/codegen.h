@@ -36,9 +36,10 @@ struct CodegenOptions {
   // with fuse_glu the decode gate|up GEMVs with their GLU (off by default: slower on the H200,
   // BENCHMARKS.md), with fuse_pair (the default) two decode GEMVs of one input (gate and up) in one launch.
   // fuse_qkv also gives the prefill q, k, v one small-batch launch (minfer_mmq_blocks3, ops/op_family.h
-  // fusesMmqbSegments) for calls of kMmqbFromRows … kMmqbFusedMaxRows rows on sm_90a images: each output as
-  // minfer_mmq_blocks writes it with the fused launch's split count (the 7B's: each matrix's own), and for 33 … 64 rows
-  // in place of the Hopper f16 GEMM (both within the f16 GEMM's rounding of weights and activations).
+  // fusesMmqbSegments) for calls of kMmqbFromRows … kMmqbFusedMaxRows rows on sm_90a images (… kMmqbMaxRows with
+  // wgmma_split_fused): each output as minfer_mmq_blocks writes it with the fused launch's split count (the 7B's: each
+  // matrix's own), and for 33 … 64 rows in place of the Hopper f16 GEMM (both within the f16 GEMM's rounding of
+  // weights and activations).
   // Off: every step launches its own kernels (the same results, bit for bit, where fuse_norm and the prefill fusions
   // do not apply).
   bool fuse_launches = true;
@@ -65,9 +66,9 @@ struct CodegenOptions {
   // instead of the prefill launch whose 56 weight tiles leave most of the 132 SMs idle. Off by default until its GPU
   // tests and A/B have run on a Hopper (BENCHMARKS.md, issue 14).
   bool wgmma_split = false;
-  // With wgmma_split_fused (sm_90a) the fused prefill q, k, v and gate and up likewise (their mmq_blocks launches stop
-  // at 32 rows; past that one minfer_q8_to_f16 and each matmul's Hopper launch of the split form's tile). Off by
-  // default, to be measured against the 64-token mmq_blocks tiles (BENCHMARKS.md, issue 14).
+  // With wgmma_split_fused (sm_90a; with or without wgmma_split) the fused prefill q, k, v and gate and up likewise
+  // (their mmq_blocks launches stop at 32 rows; past that one minfer_q8_to_f16 and each matmul's Hopper launch of the
+  // split form's tile). Off by default, to be measured against the 64-token mmq_blocks tiles (BENCHMARKS.md, issue 14).
   bool wgmma_split_fused = false;
 };
 

@@ -893,28 +893,33 @@ TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, ev
 // the Hopper matmul on the f16 tile of kWgmmaSplitTile, split over K as wgmmaSplits gives (minfer_wgmma_matmul_split:
 // the partials after the activations in the scratch, one counter word per weight tile, grid (1, weight tiles,
 // splits)) or, for one split, minfer_wgmma_matmul on that tile; none in the last-token tail or below 33 rows. With
-// wgmma_split_fused too, the fused q, k, v and gate and up lose their 64-token mmq_blocks tile for one
-// minfer_q8_to_f16 and each matmul's Hopper launch in turn. A cut-down qwen2 (down 256 × 1024: 16 stages, 2 splits;
-// o 256 × 256: 1) has both entries; each entry's first launch compiled with NVRTC for sm_90a (where built with it),
-// its PTX parameters the record's arguments.
+// wgmma_split_fused (with or without wgmma_split) the fused q, k, v and gate and up lose their 64-token mmq_blocks
+// tile for one minfer_q8_to_f16 and each matmul's Hopper launch in turn. tiny-qwen2 takes one split everywhere; a
+// cut-down qwen2 of width 1024 (every K 1024: 16 stages, 2 splits) splits every matmul. Every distinct Hopper launch
+// is compiled with NVRTC for sm_90a (where built with it), its PTX parameters the record's arguments.
 
 // One Hopper matmul launch of the split form for step s, after a minfer_q8_to_f16 into `x16` scratch bytes.
 void checkWgmmaSplitMatmul(const Loaded& l, const KernelLaunch& mm, const model::StepDesc& s, uint64_t x16,
-                           std::map<std::string, size_t>& forms) {
+                           std::map<std::string, size_t>& keys) {
   CAPTURE(s.name);
   const planes::TensorLayout& w = l.layouts[s.weights[0]];
   const StrideTable& f16 = w.planes[static_cast<size_t>(w.find(PlaneKind::kF16))];
   const unsigned n = static_cast<unsigned>(w.desc.rows), k = static_cast<unsigned>(w.desc.cols);
   const unsigned splits = kern::wgmmaSplits(n, k);
+  const bool bias = s.weights.size() > 1;
   CHECK(mm.spec.define("WG_N") == std::to_string(n));
   CHECK(mm.spec.define("WG_K") == std::to_string(k));
   CHECK(mm.spec.define("WG_W_PITCH") == std::to_string(f16.row_pitch));
   CHECK((mm.spec.define("WG_BM") == "64" && mm.spec.define("WG_BN") == "64" && mm.spec.define("WG_STAGES") == "6"));
   CHECK(mm.spec.define("WG_ACT") == "0");
-  CHECK(mm.spec.define("WG_HAS_BIAS") == (s.weights.size() > 1 ? "1" : "0"));
+  CHECK(mm.spec.define("WG_HAS_BIAS") == (bias ? "1" : "0"));
   REQUIRE(mm.args.size() == 6);
   CHECK((mm.args[0].kind == fb::ArgKind::Weight && mm.args[0].tensor == s.weights[0] &&
          mm.args[0].plane.kind == PlaneKind::kF16));
+  if (bias)
+    CHECK((mm.args[1].kind == fb::ArgKind::Weight && mm.args[1].tensor == s.weights[1]));
+  else
+    CHECK(mm.args[1].kind == fb::ArgKind::Null);
   const kern::LaunchShape sh = mm.rule.at(mm.max_rows);
   CHECK(sh.smem == kern::wgmmaMatmulSmemBytes(64, 64, 6));
   CHECK((sh.grid.x == 1 && sh.grid.y == (n + 63) / 64));
@@ -924,7 +929,6 @@ void checkWgmmaSplitMatmul(const Loaded& l, const KernelLaunch& mm, const model:
     CHECK(sh.grid.z == splits);
     CHECK((mm.args[2].kind == fb::ArgKind::Scratch &&
            mm.args[2].bytes == kern::wgmmaSplitPartialOffset(k) + 4ull * splits * 64 * n));
-    CHECK(kern::wgmmaSplitPartialOffset(k) >= x16);  // the partials after the staged activations
     CHECK((mm.args[3].kind == fb::ArgKind::Activation && mm.args[3].buffer == s.outputs[0]));
     CHECK((mm.args[4].kind == fb::ArgKind::Counters && mm.args[4].bytes == 4 * ((n + 63) / 64)));
   } else {
@@ -936,33 +940,34 @@ void checkWgmmaSplitMatmul(const Loaded& l, const KernelLaunch& mm, const model:
     CHECK((mm.args[4].kind == fb::ArgKind::Activation && mm.args[4].buffer == s.outputs[0]));
   }
   CHECK(mm.args[5].kind == fb::ArgKind::TokenCount);
-  if (forms[mm.spec.entry]++ == 0) checkEntryParams(mm);
+  if (keys[mm.spec.key]++ == 0) checkEntryParams(mm);
 }
 
-// Every prefill MatMul step of `l` with and without the split form (`fused`: wgmma_split_fused too); returns how many
-// steps took it.
-size_t checkWgmmaSplitLaunches(const Loaded& l, bool fused, std::map<std::string, size_t>& forms) {
+// Every prefill MatMul step of `l` with the default forms and with `on` (wgmma_split, wgmma_split_fused or both);
+// returns how many steps took the Hopper launches. `keys` counts the Hopper launches' specs.
+size_t checkWgmmaSplitLaunches(const Loaded& l, SmallBatchForms on, std::map<std::string, size_t>& keys) {
   const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true, .prefill_pair = true};
   const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
   const size_t tail = lastTokenTailBegin(steps, l.desc.plan.logits);
   auto fusion = planFusion(l.desc, l.layouts, PlanVariant::kPrefill, tail, gemv, true);
   REQUIRE_MESSAGE(static_cast<bool>(fusion), llvm::toString(fusion.takeError()));
   const unsigned max_batch = l.desc.plan.max_batch, last = std::min(64u, max_batch);
+  on.mmqb_wgmma = true;
   size_t split_steps = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     if (steps[i].op != fb::OpKind::MatMul || fusion->fused[i]) continue;
     CAPTURE(steps[i].name);
     const size_t segs = fusion->followers[i] + 1;
     auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1, {.mmqb_wgmma = true});
-    auto split = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1,
-                                      {.mmqb_wgmma = true, .wgmma_split = true, .wgmma_split_fused = fused});
+    auto split = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1, on);
     REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));
     REQUIRE_MESSAGE(static_cast<bool>(split), llvm::toString(split.takeError()));
     const size_t np = plain->launches.size();
     bool f16 = np > 0;
     for (size_t g = 0; g < segs; ++g) f16 = f16 && l.layouts[steps[i + g].weights[0]].find(PlaneKind::kF16) >= 0;
     const bool blocks = np > 0 && plain->launches.back().spec.entry.rfind("minfer_mmq_blocks", 0) == 0;
-    const bool takes = (segs == 1 || fused) && i < tail && f16 && blocks && max_batch > kern::kMmqbMaxRows;
+    const bool form = segs == 1 ? on.wgmma_split : on.wgmma_split_fused;
+    const bool takes = form && i < tail && f16 && blocks && max_batch > kern::kMmqbMaxRows;
     // The default's launches kept: all of a plain step's; a fused step's but its 64-token tile (its last).
     const size_t kept = takes && segs > 1 ? np - 1 : np;
     for (size_t j = 0; j < std::min(kept, split->launches.size()); ++j) {
@@ -988,33 +993,44 @@ size_t checkWgmmaSplitLaunches(const Loaded& l, bool fused, std::map<std::string
     CHECK(deq.spec.define("Q8F16_K") == std::to_string(k));
     REQUIRE(deq.args.size() == 4);
     CHECK((deq.args[0].kind == fb::ArgKind::Q8Values && deq.args[0].buffer == steps[i].inputs[1]));
+    CHECK((deq.args[1].kind == fb::ArgKind::Q8Meta && deq.args[1].buffer == steps[i].inputs[1]));
     CHECK(deq.args[2].kind == fb::ArgKind::Scratch);
     CHECK(deq.args[2].bytes == kern::q8ToF16Bytes(64, static_cast<unsigned>(k)));
+    CHECK(deq.args[3].kind == fb::ArgKind::TokenCount);
     for (size_t g = 0; g < segs; ++g)
-      checkWgmmaSplitMatmul(l, split->launches[kept + 1 + g], steps[i + g], deq.args[2].bytes, forms);
+      checkWgmmaSplitMatmul(l, split->launches[kept + 1 + g], steps[i + g], deq.args[2].bytes, keys);
   }
   return split_steps;
 }
 
 TEST_CASE("wgmma_split: 33 … 64-row calls on the Hopper matmul split over K, o and down or every matmul") {
   if (!test::haveFixtures()) return;
-  const std::string cut = test::writeSmallQwen2("qwen2-ffn1024.gguf", 2, 1024, 64);
-  std::map<std::string, size_t> forms;
-  for (const std::string& path : {test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", cut}) {
+  const std::string wide = test::writeSmallQwen2("qwen2-1024.gguf", 2, 1024, 1024, 64);
+  std::map<std::string, size_t> keys;
+  const SmallBatchForms plain{.wgmma_split = true}, fused{.wgmma_split_fused = true},
+      both{.wgmma_split = true, .wgmma_split_fused = true};
+  for (const std::string& path : {test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", wide}) {
     CAPTURE(path);
-    const Loaded l = load(path, true, true);
-    const size_t layers = l.desc.config.n_layer;
-    CHECK(checkWgmmaSplitLaunches(l, false, forms) == 2 * (layers - 1));  // o and down before the tail
-    // And the q, k, v of every layer, the gate and up of all but the last (the tail's are apart).
-    CHECK(checkWgmmaSplitLaunches(l, true, forms) == 2 * (layers - 1) + layers + layers - 1);
+    for (const uint32_t max_batch : {512u, 40u}) {  // 40: the Hopper launches serve 33 … 40 rows
+      CAPTURE(max_batch);
+      const Loaded l = load(path, true, true, max_batch);
+      const size_t layers = l.desc.config.n_layer;
+      const size_t od = 2 * (layers - 1);                // o and down before the tail
+      const size_t qkv_gu = layers + (layers - 1);       // q, k, v of every layer; gate and up of all but the last
+      CHECK(checkWgmmaSplitLaunches(l, plain, keys) == od);
+      CHECK(checkWgmmaSplitLaunches(l, fused, keys) == qkv_gu);
+      CHECK(checkWgmmaSplitLaunches(l, both, keys) == od + qkv_gu);
+    }
     // Plans of at most 32 rows have no call for it; the kI8 planes of other targets no kF16 plane.
-    for (const bool fused : {false, true}) {
-      CHECK(checkWgmmaSplitLaunches(load(path, true, true, 32), fused, forms) == 0);
-      CHECK(checkWgmmaSplitLaunches(load(path, true, false), fused, forms) == 0);
+    for (const SmallBatchForms& on : {plain, fused, both}) {
+      CHECK(checkWgmmaSplitLaunches(load(path, true, true, 32), on, keys) == 0);
+      CHECK(checkWgmmaSplitLaunches(load(path, true, false), on, keys) == 0);
     }
   }
-  CHECK(forms["minfer_wgmma_matmul_split"] > 0);
-  CHECK(forms["minfer_wgmma_matmul"] > 0);
+  size_t split = 0, one = 0;
+  for (const auto& [key, uses] : keys) (key.rfind("wgmma_split_", 0) == 0 ? split : one) += 1;
+  CHECK(split > 0);
+  CHECK(one > 0);
 }
 
 // With fuse_prefill_pair, gate and up of each layer beside a Hopper kF16 plane likewise: the gate step with 1 follower,

@@ -159,7 +159,7 @@ TEST_CASE("decode GEMV pair and GEMV + Add + deferred RMSNorm launches: fused st
 // rows (1,152 thread blocks of 4 rows) gets the persistent form: GEMVB_PERSIST and a grid of kGemvPairPersistBlocks.
 TEST_CASE("decode GEMV pair: the persistent form's define and grid exactly where the block grid exceeds its blocks") {
   if (!test::haveFixtures()) return;
-  const std::string wide = test::writeSmallQwen2("qwen2-ffn2304.gguf", 1, 2304, 64);
+  const std::string wide = test::writeSmallQwen2("qwen2-ffn2304.gguf", 1, 256, 2304, 64);
   for (const auto& [path, persistent] :
        {std::pair{test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", false}, std::pair{wide, true}}) {
     CAPTURE(path);

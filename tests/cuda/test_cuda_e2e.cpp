@@ -952,11 +952,12 @@ BatchCompare compareWithSessions(const Model& m, const std::vector<std::vector<B
   return c;
 }
 
-// A qwen2 whose down projection is long enough to split (minfer-synth's qwen2-7b shape at n_embd 256, 2 layers, 4 heads
-// of 64, n_ff 1024: down 256 × 1024, 16 stages of 64, wgmmaSplits 2; the fixtures' tiny models take one split), in
-// llama.cpp's Q4_K_M mix, written once per process.
+// A qwen2 whose matmuls are long enough to split (minfer-synth's qwen2-7b shape at n_embd 1024, 2 layers, 16 heads of
+// 64, n_ff 1024: every K 1024, 16 stages of 64, so wgmmaSplits gives every matmul 2 splits; the fixtures' tiny models
+// take one), so that with --wgmma-split=all q, k and v run as three split launches in turn on one scratch and one
+// counters region; llama.cpp's Q4_K_M mix, written once per process.
 std::string splitQwen2Gguf() {
-  static const std::string path = writeSmallQwen2("synth-qwen2-ffn1024-Q4_K_M.gguf", 2, 1024, 256);
+  static const std::string path = writeSmallQwen2("synth-qwen2-1024-Q4_K_M.gguf", 2, 1024, 1024, 256);
   return path;
 }
 
@@ -977,8 +978,8 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
       {"tiny-qwen2-Q4_K_M.gguf", "models", "wgmma"},  // the pair's 64-token tiles on wgmma (sm_90a)
       {"tiny-llama-Q4_K_M.gguf", "models", "wgmma"},
       {"tiny-qwen2-Q4_K_M.gguf", "models", "wgmma-split"},  // o, down at 33 … 64 rows: the Hopper matmul, 1 split
-      {"synth-qwen2-ffn1024-Q4_K_M.gguf", "synth", "wgmma-split"},  // down split in 2 (splitQwen2Gguf)
-      {"synth-qwen2-ffn1024-Q4_K_M.gguf", "synth", "wgmma-split-all"},  // and q, k, v, gate, up likewise
+      {"synth-qwen2-1024-Q4_K_M.gguf", "synth", "wgmma-split"},      // o, down split in 2 (splitQwen2Gguf)
+      {"synth-qwen2-1024-Q4_K_M.gguf", "synth", "wgmma-split-all"},  // and q, k, v, gate, up likewise
       {"tiny-gemma2-F32.gguf", "arch/models"},      // sliding window, query scale, soft-cap
       {"tiny-gemma3-Q8_0.gguf", "arch/models"},     // sliding window layers, QK norm, per-layer RoPE bases
       {"tiny-phi3-Q8_0.gguf", "arch/models"},       // q|k|v column views (PA_/ATT_ pitches)
@@ -1037,8 +1038,11 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
         CHECK(mmqb_wg == (gemv != "prefill-pair" ? mmqb64 : 0));
         // (with wgmma_split_fused the Hopper matmul takes their rows: no 64-token tile is left)
         if (sm90a_only) CHECK((mmqb64 > 0) == (gemv != "wgmma-split-all"));
-        CHECK((wgmma_small > 0) == split);
-        CHECK((wgmma_split > 0) == synth_model);
+        // Hopper matmul small launches (both models have 2 layers): o and down of layer 0 (layer 1's are in the tail);
+        // with "all" also q, k, v of both layers and gate and up of layer 0. Only the synthetic model's split.
+        const size_t want = !split ? 0 : gemv == "wgmma-split-all" ? 10 : 2;
+        CHECK(wgmma_small == want);
+        CHECK(wgmma_split == (synth_model ? want : 0));
         // Every quantized model gets small launches on both targets (sm_90a: the K-quants on their blocks, up to
         // kGemvBatchMaxRows rows, the other types on kI8 beside their kF16 planes; sm_90: kI8); the K-quant
         // models' on sm_90a are minfer_gemv_batch.
