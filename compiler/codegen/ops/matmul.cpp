@@ -120,6 +120,27 @@ KernelLaunch q8ToF16Launch(const StepContext& c, unsigned k, const KernelArgDesc
   return {deq.spec, std::move(args), kern::q8ToF16LaunchRule(k)};
 }
 
+// minfer_wgmma_matmul on tile `t` of the weight's kF16 plane: from the f16 activations in the scratch `x16` (WG_ACT = 0),
+// or, where x16 is null, from the step's q8 input, dequantized as it is staged (WG_ACT = 1).
+KernelLaunch wgmmaLaunch(const StepContext& c, const MatMulOperands& m, const StrideTable& f16, kern::WgmmaTile t,
+                         const KernelArgDesc* x16) {
+  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
+  SpecBuilder b(llvm::formatv("wgmma_{0}_n{1}_k{2}_bm{3}_bn{4}_s{5}{6}", x16 ? "f16" : "q8", m.n, m.k, t.bm, t.bn,
+                              t.stages, m.bias_tag),
+                "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul");
+  defineWgmma(b, m, f16, t, x16 ? 0u : 1u);
+  std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), f16), biasArg(c, m)};
+  if (x16) {
+    args.push_back(*x16);
+    args.push_back(kindArg(fb::ArgKind::Null, "xmeta"));
+  } else {
+    pushQ8Args(args, "x", "xmeta", c.inputId(1), k, fb::Access::Read);
+  }
+  args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
+  args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
+  return {b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)};
+}
+
 // Prefill on Hopper (kernels/wgmma_matmul.cuh) from the weight's kF16 plane: two launches, the q8 input
 // dequantized to f16 into the step's scratch (minfer_q8_to_f16), then the matmul on f16 activations
 // (WG_ACT = 0: 1.2–2.9× faster per launch than dequantizing inside the matmul, BENCHMARKS.md). A step of
@@ -132,24 +153,9 @@ Launches wgmmaMatmul(const StepContext& c, const MatMulOperands& m, const Stride
     return c.error(llvm::formatv("'{0}': unsupported kF16 plane for the Hopper matmul (cols {1}, pitch {2})",
                                  m.w->desc.name, m.k, f16.row_pitch));
   const kern::WgmmaTile t = kern::wgmmaMatmulTile(n);
-  const bool staged = !c.inTail();
+  if (c.inTail()) return std::vector<KernelLaunch>{wgmmaLaunch(c, m, f16, t, nullptr)};
   const KernelArgDesc scratch{.kind = fb::ArgKind::Scratch, .name = "x16", .bytes = kern::q8ToF16Bytes(c.maxBatch(), k)};
-  SpecBuilder b(llvm::formatv("wgmma_{0}_n{1}_k{2}_bm{3}_bn{4}_s{5}{6}", staged ? "f16" : "q8", m.n, m.k, t.bm, t.bn,
-                              t.stages, m.bias_tag),
-                "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul");
-  defineWgmma(b, m, f16, t, staged ? 0u : 1u);
-  std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), f16), biasArg(c, m)};
-  if (staged) {
-    args.push_back(scratch);
-    args.push_back(kindArg(fb::ArgKind::Null, "xmeta"));
-  } else {
-    pushQ8Args(args, "x", "xmeta", c.inputId(1), k, fb::Access::Read);
-  }
-  args.push_back(activationArg("out", c.outputId(0), n, fb::Access::Write));
-  args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-  KernelLaunch matmul{b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)};
-  if (!staged) return std::vector<KernelLaunch>{std::move(matmul)};
-  return std::vector<KernelLaunch>{q8ToF16Launch(c, k, scratch), std::move(matmul)};
+  return std::vector<KernelLaunch>{q8ToF16Launch(c, k, scratch), wgmmaLaunch(c, m, f16, t, &scratch)};
 }
 
 // Whether a MatMul can take the small-batch Hopper matmul of the split form's tile (wgmmaSplitMatmul) for the calls of
@@ -173,14 +179,8 @@ KernelLaunch wgmmaSplitMatmul(const StepContext& c, const MatMulOperands& m, con
   const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k), splits = kern::wgmmaSplits(n, k);
   const kern::WgmmaTile t = kern::kWgmmaSplitTile;
   if (splits == 1) {
-    SpecBuilder b(llvm::formatv("wgmma_f16_n{0}_k{1}_bm{2}_bn{3}_s{4}{5}", m.n, m.k, t.bm, t.bn, t.stages, m.bias_tag),
-                  "kernels/wgmma_matmul.cuh", "minfer_wgmma_matmul");
-    defineWgmma(b, m, f16, t, 0);
-    std::vector<KernelArgDesc> args{weightArg("w", c.weightId(0), f16), biasArg(c, m), splitActivations(k),
-                                    kindArg(fb::ArgKind::Null, "xmeta"),
-                                    activationArg("out", c.outputId(0), n, fb::Access::Write),
-                                    kindArg(fb::ArgKind::TokenCount, "n_tokens")};
-    return {b.spec, std::move(args), kern::wgmmaMatmulLaunchRule(n, t.bm, t.bn, t.stages)};
+    const KernelArgDesc x16 = splitActivations(k);
+    return wgmmaLaunch(c, m, f16, t, &x16);
   }
   SpecBuilder b(llvm::formatv("wgmma_split_n{0}_k{1}_bm{2}_bn{3}_s{4}_x{5}{6}", m.n, m.k, t.bm, t.bn, t.stages, splits,
                               m.bias_tag),
