@@ -96,7 +96,7 @@ llvm::cl::opt<WgmmaSplitForm> kWgmmaSplit(
     "wgmma-split", llvm::cl::ValueOptional, llvm::cl::init(WgmmaSplitForm::kOff),
     llvm::cl::desc("Run the prefill matmuls of 33 ... 64-row calls (batched decode of 33 ... 64 sequences) of sm_90a "
                    "images on the Hopper f16 matmul, split over K where its weight tiles leave SMs idle "
-                   "(kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split; off by default until measured, BENCHMARKS.md): "
+                   "(kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split; off by default: slower for o on an H100, BENCHMARKS.md): "
                    "plain (a bare --wgmma-split) the o and down projections, all also the fused q, k, v and gate and up "
                    "instead of their 64-token mmq_blocks tile"),
     llvm::cl::values(clEnumValN(WgmmaSplitForm::kOff, "off", "the prefill launch and the mmq_blocks tiles (default)"),
