@@ -277,6 +277,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     co.mmqb_wgmma = options.mmqb_wgmma;
     co.wgmma_split = options.wgmma_split;
     co.wgmma_split_fused = options.wgmma_split_fused;
+    co.wgmma_split_min_stages = options.wgmma_split_min_stages;
     auto set = codegen::generateKernels(*desc, layouts, co);
     if (!set) return set.takeError();
     kernels.set = std::move(*set);

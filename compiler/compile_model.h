@@ -44,6 +44,7 @@ struct CompileOptions {
   bool mmqb_wgmma = true;          // codegen::CodegenOptions::mmqb_wgmma
   bool wgmma_split = false;        // codegen::CodegenOptions::wgmma_split
   bool wgmma_split_fused = false;  // codegen::CodegenOptions::wgmma_split_fused
+  unsigned wgmma_split_min_stages = 0;  // codegen::CodegenOptions::wgmma_split_min_stages
   // Sliding-window layers keep n_ctx KV positions like the others (llama.cpp's --swa-full) instead of a ring
   // of window + max_batch − 1 (model::ringLocalKvCaches, schema Step.kv_ring).
   bool swa_full = false;

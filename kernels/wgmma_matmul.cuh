@@ -49,8 +49,8 @@
 // wgmmaMatmulSmemBytes() of dynamic shared memory (opt-in attribute above 48 KiB).
 //
 // Third entry, split over K for calls of at most one token tile (WG_SPLITS = S > 1; WG_ACT = 0, WG_BM = 64): the
-// small-batch form of a matmul whose weight tiles alone leave most SMs idle (the 7B's o and down projections at
-// 33 … 64 rows: 56 tiles of 64 rows for 132 SMs). grid.z = S; split s takes the stages [s·KT/S, (s+1)·KT/S) of K
+// small-batch form of a matmul whose weight tiles alone leave most SMs idle and whose K is long (the 7B's down
+// projection at 33 … 64 rows: 56 tiles of 64 rows for 132 SMs, 296 stages; wgmmaSplits). grid.z = S; split s takes the stages [s·KT/S, (s+1)·KT/S) of K
 // (KT = ⌈K/64⌉), writes its f32 sums to partial[s][t][r] and counts itself in its weight tile's word of `counters`
 // (every thread's fence, a block barrier, then one acquire-release atomic, as mmq_blocks.cuh's split-K); the tile's
 // last split adds the S partials in split order (+ bias), so the result does not depend on which split finishes
@@ -114,16 +114,21 @@ MINFER_HD WgmmaTile wgmmaMatmulTile(unsigned n) { return n >= 8192 ? WgmmaTile{1
 // reserves, 198 KiB of the 228).
 constexpr WgmmaTile kWgmmaSplitTile{64, 64, 6};
 constexpr unsigned kWgmmaSplitSlots = 264;      // blocks a 132-SM Hopper runs at once, two per SM
-constexpr unsigned kWgmmaSplitMinStages = 8;    // stages of 64 per split at least (pipeline fill, partial sums)
+// Stages of 64 per split at least (each split pays a pipeline fill and its share of the partial sums). Measured on an
+// H100 at 64 rows (minfer-bench-gemv --wgmma-rows 64 --wgmma-splits, BENCHMARKS.md 2026-12-05): the 7B's o and k
+// (K = 3584, 56 stages) slower at every split count (o 18.8 µs alone, 20.9 at 2 splits of 28 stages), its down
+// (K = 18944, 296 stages) 75.8 µs alone, 68.4 / 66.6 / 68.0 at 2 / 3 / 4 splits (148 / 99 / 74 stages each), 99.9 at
+// 6 (a second wave). 96: down 3 splits, o, q, k, v, gate and up none.
+constexpr unsigned kWgmmaSplitMinStages = 96;
 constexpr unsigned kWgmmaSplitMaxSplits = 16;
 // Splits of K for N weight rows and K columns: as many as fill the slots in one wave (⌊264 / weight tiles⌋), each at
-// least kWgmmaSplitMinStages stages long, 1 … kWgmmaSplitMaxSplits. The 7B's o (3584 × 3584) and down
-// (3584 × 18944): 56 tiles, 4 splits (224 blocks); its gate (18944 rows, 296 tiles): 1. Not yet measured against
-// other counts (minfer-bench-gemv --wgmma-rows … --wgmma-splits …).
-MINFER_HD unsigned wgmmaSplits(unsigned n, unsigned k) {
+// least `min_stages` stages long, 1 … kWgmmaSplitMaxSplits. The 7B's down (3584 × 18944): 56 tiles, 3 splits (168
+// blocks); its o (3584 × 3584) and gate (18944 rows, 296 tiles): 1. The tests pass a smaller min_stages to split the
+// matmuls of small models.
+MINFER_HD unsigned wgmmaSplits(unsigned n, unsigned k, unsigned min_stages = kWgmmaSplitMinStages) {
   const unsigned tiles = ceilDiv(n, kWgmmaSplitTile.bn), stages = ceilDiv(k, kWgmmaBK);
   unsigned s = kWgmmaSplitSlots / tiles;
-  if (s > stages / kWgmmaSplitMinStages) s = stages / kWgmmaSplitMinStages;
+  if (min_stages > 0 && s > stages / min_stages) s = stages / min_stages;
   if (s > kWgmmaSplitMaxSplits) s = kWgmmaSplitMaxSplits;
   return s < 1 ? 1 : s;
 }

@@ -104,6 +104,11 @@ llvm::cl::opt<WgmmaSplitForm> kWgmmaSplit(
                      clEnumValN(WgmmaSplitForm::kAll, "all", "and the fused q, k, v and gate and up"),
                      clEnumValN(WgmmaSplitForm::kPlain, "", "")),
     llvm::cl::cat(kCategory));
+llvm::cl::opt<unsigned> kWgmmaSplitMinStages(
+    "wgmma-split-min-stages", llvm::cl::Hidden,
+    llvm::cl::desc("With --wgmma-split: stages of 64 columns per split of K at least (default 0: the kernel's "
+                   "kWgmmaSplitMinStages, 96), for measuring the split rule"),
+    llvm::cl::init(0), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kSwaFull("swa-full",
                              llvm::cl::desc("Give sliding-window layers a full-size KV cache of n_ctx positions (as "
                                             "llama.cpp's --swa-full) instead of a ring of window + max batch - 1"),
@@ -169,6 +174,7 @@ int main(int argc, char** argv) {
   options.mmqb_wgmma = kMmqbWgmma;
   options.wgmma_split = kWgmmaSplit != WgmmaSplitForm::kOff;
   options.wgmma_split_fused = kWgmmaSplit == WgmmaSplitForm::kAll;
+  options.wgmma_split_min_stages = kWgmmaSplitMinStages;
   options.swa_full = kSwaFull;
   std::string target_list = kTarget, target_why;
   if (target_list == "auto") target_list = autoTargets(&target_why);

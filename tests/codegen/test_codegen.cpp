@@ -898,14 +898,15 @@ TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, ev
 // cut-down qwen2 of width 1024 (every K 1024: 16 stages, 2 splits) splits every matmul. Every distinct Hopper launch
 // is compiled with NVRTC for sm_90a (where built with it), its PTX parameters the record's arguments.
 
-// One Hopper matmul launch of the split form for step s, after a minfer_q8_to_f16 into `x16` scratch bytes.
+// One Hopper matmul launch of the split form for step s, after a minfer_q8_to_f16 into `x16` scratch bytes, split as
+// wgmmaSplits gives with `min_stages` stages of 64 per split.
 void checkWgmmaSplitMatmul(const Loaded& l, const KernelLaunch& mm, const model::StepDesc& s, uint64_t x16,
-                           std::map<std::string, size_t>& keys) {
+                           unsigned min_stages, std::map<std::string, size_t>& keys) {
   CAPTURE(s.name);
   const planes::TensorLayout& w = l.layouts[s.weights[0]];
   const StrideTable& f16 = w.planes[static_cast<size_t>(w.find(PlaneKind::kF16))];
   const unsigned n = static_cast<unsigned>(w.desc.rows), k = static_cast<unsigned>(w.desc.cols);
-  const unsigned splits = kern::wgmmaSplits(n, k);
+  const unsigned splits = kern::wgmmaSplits(n, k, min_stages);
   const bool bias = s.weights.size() > 1;
   CHECK(mm.spec.define("WG_N") == std::to_string(n));
   CHECK(mm.spec.define("WG_K") == std::to_string(k));
@@ -998,7 +999,8 @@ size_t checkWgmmaSplitLaunches(const Loaded& l, SmallBatchForms on, std::map<std
     CHECK(deq.args[2].bytes == kern::q8ToF16Bytes(64, static_cast<unsigned>(k)));
     CHECK(deq.args[3].kind == fb::ArgKind::TokenCount);
     for (size_t g = 0; g < segs; ++g)
-      checkWgmmaSplitMatmul(l, split->launches[kept + 1 + g], steps[i + g], deq.args[2].bytes, keys);
+      checkWgmmaSplitMatmul(l, split->launches[kept + 1 + g], steps[i + g], deq.args[2].bytes,
+                            on.wgmma_split_min_stages, keys);
   }
   return split_steps;
 }
@@ -1007,8 +1009,11 @@ TEST_CASE("wgmma_split: 33 … 64-row calls on the Hopper matmul split over K, o
   if (!test::haveFixtures()) return;
   const std::string wide = test::writeSmallQwen2("qwen2-1024.gguf", 2, 1024, 1024, 64);
   std::map<std::string, size_t> keys;
-  const SmallBatchForms plain{.wgmma_split = true}, fused{.wgmma_split_fused = true},
-      both{.wgmma_split = true, .wgmma_split_fused = true};
+  // Splits of at least 8 stages, so that the 1024-wide model's matmuls (16 stages) split in 2; the default rule's
+  // 96 splits only a K of 192 stages or more (below).
+  const SmallBatchForms plain{.wgmma_split = true, .wgmma_split_min_stages = 8},
+      fused{.wgmma_split_fused = true, .wgmma_split_min_stages = 8},
+      both{.wgmma_split = true, .wgmma_split_fused = true, .wgmma_split_min_stages = 8};
   for (const std::string& path : {test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", wide}) {
     CAPTURE(path);
     for (const uint32_t max_batch : {512u, 40u}) {  // 40: the Hopper launches serve 33 … 40 rows
@@ -1031,6 +1036,15 @@ TEST_CASE("wgmma_split: 33 … 64-row calls on the Hopper matmul split over K, o
   for (const auto& [key, uses] : keys) (key.rfind("wgmma_split_", 0) == 0 ? split : one) += 1;
   CHECK(split > 0);
   CHECK(one > 0);
+  // The default rule on the 7B's shapes (kWgmmaSplitMinStages, measured on an H100): down (K 18944, 296 stages) in 3,
+  // o, q, k and gate (K 3584, 56 stages) not at all; at 8 stages o would take 4 (264 slots over 56 weight tiles).
+  CHECK(kern::wgmmaSplits(3584, 18944) == 3);
+  CHECK(kern::wgmmaSplits(3584, 3584) == 1);
+  CHECK(kern::wgmmaSplits(512, 3584) == 1);
+  CHECK(kern::wgmmaSplits(18944, 3584) == 1);
+  CHECK(kern::wgmmaSplits(3584, 3584, 8) == 4);
+  CHECK(kern::wgmmaSplits(1024, 1024, 8) == 2);
+  CHECK(kern::wgmmaSplits(1024, 1024) == 1);
 }
 
 // With fuse_prefill_pair, gate and up of each layer beside a Hopper kF16 plane likewise: the gate step with 1 follower,

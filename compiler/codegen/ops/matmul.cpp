@@ -172,11 +172,13 @@ KernelArgDesc splitActivations(unsigned k) {
 }
 
 // The Hopper matmul on the split form's tile (kern::kWgmmaSplitTile) from the f16 activations staged in the scratch:
-// split over K as wgmmaSplits gives (minfer_wgmma_matmul_split, its partials after the activations), or, where that
-// is one split (one wave of weight tiles already), minfer_wgmma_matmul on that tile. The caller checked
-// takesWgmmaSplit and stages the activations.
-KernelLaunch wgmmaSplitMatmul(const StepContext& c, const MatMulOperands& m, const StrideTable& f16) {
-  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k), splits = kern::wgmmaSplits(n, k);
+// split over K as wgmmaSplits gives with `min_stages` (0: its default) (minfer_wgmma_matmul_split, its partials after
+// the activations), or, where that is one split (one wave of weight tiles already, or K too short),
+// minfer_wgmma_matmul on that tile. The caller checked takesWgmmaSplit and stages the activations.
+KernelLaunch wgmmaSplitMatmul(const StepContext& c, const MatMulOperands& m, const StrideTable& f16,
+                              unsigned min_stages) {
+  const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
+  const unsigned splits = kern::wgmmaSplits(n, k, min_stages ? min_stages : kern::kWgmmaSplitMinStages);
   const kern::WgmmaTile t = kern::kWgmmaSplitTile;
   if (splits == 1) {
     const KernelArgDesc x16 = splitActivations(k);
@@ -198,12 +200,14 @@ KernelLaunch wgmmaSplitMatmul(const StepContext& c, const MatMulOperands& m, con
 
 // The split form's launches of one q8 input (the step `c` reads it, `k` wide) and the matmuls `mm` of it, for the
 // calls of kMmqbMaxRows + 1 … min(64, max_batch) rows: minfer_q8_to_f16 into the scratch, then each matmul's
-// wgmmaSplitMatmul in turn (they share the staged activations; each split launch's partials and counters are its own
+// wgmmaSplitMatmul with `min_stages` in turn (they share the staged activations; each split launch's partials and counters are its own
 // until it ends).
 std::vector<KernelLaunch> wgmmaSplitLaunches(const StepContext& c, unsigned k,
-                                             llvm::ArrayRef<std::pair<const StepContext*, const MatMulOperands*>> mm) {
+                                             llvm::ArrayRef<std::pair<const StepContext*, const MatMulOperands*>> mm,
+                                             unsigned min_stages) {
   std::vector<KernelLaunch> out{q8ToF16Launch(c, k, splitActivations(k))};
-  for (const auto& [step, m] : mm) out.push_back(wgmmaSplitMatmul(*step, *m, *findPlane(*m->w, PlaneKind::kF16)));
+  for (const auto& [step, m] : mm)
+    out.push_back(wgmmaSplitMatmul(*step, *m, *findPlane(*m->w, PlaneKind::kF16), min_stages));
   for (KernelLaunch& l : out) {
     l.min_rows = kern::kMmqbMaxRows + 1;
     l.max_rows = std::min(kern::kWgmmaSplitTile.bm, c.maxBatch());
@@ -877,7 +881,8 @@ llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepConte
   if (hopper) {
     std::vector<std::pair<const StepContext*, const MatMulOperands*>> matmuls;
     for (size_t i = 0; i < segs; ++i) matmuls.emplace_back(&mm[i], &m[i]);
-    for (KernelLaunch& l : wgmmaSplitLaunches(mm[0], k, matmuls)) out.launches.push_back(std::move(l));
+    for (KernelLaunch& l : wgmmaSplitLaunches(mm[0], k, matmuls, forms.wgmma_split_min_stages))
+      out.launches.push_back(std::move(l));
   }
   out.rows = out.launches.back().max_rows;
   return out;
@@ -909,7 +914,8 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
       // With wgmma_split, the Hopper matmul split over K above the mmq_blocks tiles (from kMmqbMaxRows + 1 rows).
       if (forms.wgmma_split && takesWgmmaSplit(c, *m, findPlane(*m->w, PlaneKind::kF16)) &&
           launches->back().max_rows == kern::kMmqbMaxRows)
-        for (KernelLaunch& l : wgmmaSplitLaunches(c, static_cast<unsigned>(m->k), {{&c, &*m}}))
+        for (KernelLaunch& l :
+             wgmmaSplitLaunches(c, static_cast<unsigned>(m->k), {{&c, &*m}}, forms.wgmma_split_min_stages))
           launches->push_back(std::move(l));
       // The last launch's bound; 0: the batched GEMV alone, up to its GEMVB_BATCH rows.
       const uint32_t top = launches->back().max_rows;

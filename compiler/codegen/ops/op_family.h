@@ -327,6 +327,7 @@ struct SmallBatchForms {
   bool mmqb_wgmma = false;         // CodegenOptions::mmqb_wgmma
   bool wgmma_split = false;        // CodegenOptions::wgmma_split
   bool wgmma_split_fused = false;  // CodegenOptions::wgmma_split_fused
+  unsigned wgmma_split_min_stages = 0;  // CodegenOptions::wgmma_split_min_stages (0: kern::kWgmmaSplitMinStages)
 };
 llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
