@@ -1,7 +1,8 @@
 // minfer-bench-gemv: memory bandwidth of the decode GEMVs on a 7B's (Qwen2-7B) matmul shapes. Not a test:
 // run it on a GPU machine (needs the NVIDIA driver and NVRTC); H200 numbers are in BENCHMARKS.md.
 //
-// Usage: minfer-bench-gemv [--reps R] [--variants] [--batch T,…] [--mmq-blocks T,… [--mmqb-splits S,…]]
+// Usage: minfer-bench-gemv [--reps R] [--variants] [--batch T,…]
+//                          [--mmq-blocks T,… [--mmqb-splits S,…] [--mmqb-wgmma [--mmqb-stages S,…] [--mmqb-prefetch]]]
 //                          [--wgmma-rows T,… [--wgmma-splits S,…]]
 //                          [--min-blocks N,…] [--l2-fetch 128,256] [--shapes …]
 // For each shape: random GGUF blocks (random bits, finite f16 d and dmin as in tests/runtime/weight_builder),
@@ -18,7 +19,8 @@
 // per row, unroll). The two
 // kernels' outputs on the same weights are compared (max |a − b| / max |b|) as a sanity check. --batch also times
 // the batched GEMV (gemv_blocks.cuh GEMVB_BATCH) and --mmq-blocks minfer_mmq_blocks (mmq_blocks.cuh, f16 tensor
-// cores) on that many q8 rows, the weights GB/s of each launch; --wgmma-rows the Hopper f16 matmul, one split and split
+// cores) on that many q8 rows, the weights GB/s of each launch (--mmqb-wgmma its warpgroup form too, --mmqb-stages and
+// --mmqb-prefetch that form's experiments: mmq_blocks.cuh MMQB_STAGES, MMQB_PREFETCH); --wgmma-rows the Hopper f16 matmul, one split and split
 // over K (kernels/wgmma_matmul.cuh), on a random f16 plane of the shape.
 #include <algorithm>
 #include <atomic>
@@ -77,6 +79,16 @@ llvm::cl::opt<bool> kMmqbWgmma("mmqb-wgmma",
                                 llvm::cl::desc("with --mmq-blocks: also time its warpgroup form (MMQB_WGMMA, sm_90a images; "
                                                "Hopper only) and compare its outputs with the mma.sync form's"),
                                 llvm::cl::cat(kCategory));
+llvm::cl::list<unsigned> kMmqbStages(
+    "mmqb-stages", llvm::cl::CommaSeparated,
+    llvm::cl::desc("with --mmqb-wgmma: also time the warpgroup form with this many raw stages (MMQB_STAGES, 2 … 8; "
+                   "past the two-blocks-per-SM budget one block per SM), for each count given"),
+    llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kMmqbPrefetch("mmqb-prefetch",
+                                  llvm::cl::desc("with --mmqb-wgmma: also time the warpgroup form with each group's raw "
+                                                 "words loaded before the previous MMA's wait (MMQB_PREFETCH), with the "
+                                                 "rule's stages and each of --mmqb-stages'"),
+                                  llvm::cl::cat(kCategory));
 llvm::cl::list<unsigned> kWgmmaRows(
     "wgmma-rows", llvm::cl::CommaSeparated,
     llvm::cl::desc("also time the Hopper f16 matmul (kernels/wgmma_matmul.cuh, sm_90a) on a random f16 plane of the "
@@ -590,10 +602,26 @@ int main(int argc, char** argv) {
       std::vector<unsigned> splits = {kern::mmqbSplits(n, k)};
       for (unsigned sp : kMmqbSplits)
         if (sp >= 1 && sp <= k / 256 && std::find(splits.begin(), splits.end(), sp) == splits.end()) splits.push_back(sp);
-      std::vector<bool> forms = {false};
+      // The forms timed: mma.sync, then (--mmqb-wgmma) the warpgroup form with the rule's stages, each of --mmqb-stages'
+      // and, with --mmqb-prefetch, each of those with MMQB_PREFETCH.
+      struct Form {
+        bool wgmma = false;
+        unsigned stages = 0;  // 0: mmqbStages'
+        bool prefetch = false;
+      };
+      std::vector<Form> forms = {{}};
       if (kMmqbWgmma) {
         if (g.dev->info().arch() != "sm_90") die("--mmqb-wgmma: the warpgroup form runs on sm_90 (Hopper) only");
-        forms.push_back(true);
+        std::vector<unsigned> stage_counts = {0};
+        for (unsigned st : kMmqbStages) {
+          if (st < 2 || st > 8) die("--mmqb-stages: 2 … 8");
+          stage_counts.push_back(st);
+        }
+        for (const bool prefetch : {false, true})
+          for (unsigned st : stage_counts)
+            if (!prefetch || kMmqbPrefetch) forms.push_back({true, st, prefetch});
+      } else if (!kMmqbStages.empty() || kMmqbPrefetch) {
+        die("--mmqb-stages and --mmqb-prefetch need --mmqb-wgmma");
       }
       // The tile of a token count: the smallest that holds it.
       auto tileOf = [](unsigned tokens) { return tokens <= 16 ? 16u : tokens <= 32 ? 32u : 64u; };
@@ -601,17 +629,25 @@ int main(int argc, char** argv) {
         for (unsigned sp : splits) {
           if (std::none_of(kMmqBlocks.begin(), kMmqBlocks.end(), [&](unsigned t) { return tileOf(t) == tn; })) continue;
           std::vector<float> full_sync;  // the mma.sync form's outputs of a full tile, for the warpgroup form's comparison
-          for (const bool wgmma : forms) {
+          for (const Form& form : forms) {
+            const bool wgmma = form.wgmma;
+            const unsigned stages = form.stages ? form.stages : kern::mmqbStages(type, tn);
+            const std::string variant = (form.stages ? " stages " + str(form.stages) : std::string()) +
+                                        (form.prefetch ? " prefetch" : "");
+            std::vector<std::pair<std::string, std::string>> defines = {
+                {"MMQB_N", str(n)}, {"MMQB_K", str(k)}, {"MMQB_TYPE", str(type)}, {"MMQB_PITCH", str(bt.row_pitch)},
+                {"MMQB_GROUP_PITCH", str(bt.group_pitch)}, {"MMQB_TN", str(tn)}, {"MMQB_SPLITS", str(sp)},
+                {"MMQB_HAS_BIAS", "0"}, {"MMQB_WGMMA", wgmma ? "1" : "0"}};
+            if (form.stages) defines.emplace_back("MMQB_STAGES", str(form.stages));
+            if (form.prefetch) defines.emplace_back("MMQB_PREFETCH", "1");
             const Kernel km = compile(g,
                                       "mmq_blocks_" + tag + "_n" + str(n) + "_k" + str(k) + "_tn" + str(tn) + "_s" + str(sp) +
-                                          (wgmma ? "_wg" : ""),
-                                      "kernels/mmq_blocks.cuh", "minfer_mmq_blocks",
-                                      {{"MMQB_N", str(n)}, {"MMQB_K", str(k)}, {"MMQB_TYPE", str(type)},
-                                       {"MMQB_PITCH", str(bt.row_pitch)}, {"MMQB_GROUP_PITCH", str(bt.group_pitch)},
-                                       {"MMQB_TN", str(tn)}, {"MMQB_SPLITS", str(sp)}, {"MMQB_HAS_BIAS", "0"},
-                                       {"MMQB_WGMMA", wgmma ? "1" : "0"}},
+                                          (wgmma ? "_wg" : "") + (form.stages ? "_st" + str(form.stages) : "") +
+                                          (form.prefetch ? "_pf" : ""),
+                                      "kernels/mmq_blocks.cuh", "minfer_mmq_blocks", std::move(defines),
                                       wgmma ? "sm_90a" : "");
-            const kern::LaunchShape msh = kern::mmqbLaunchRule(n, type, tn, sp).at(1);
+            kern::LaunchShape msh = kern::mmqbLaunchRule(n, type, tn, sp).at(1);
+            msh.smem = kern::mmqbSmemBytesFor(type, tn, stages);
             ok(g.dev->check(g.cu().cuFuncSetAttribute(km.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       static_cast<int>(msh.smem)),
                             "smem attribute"));
@@ -624,8 +660,8 @@ int main(int argc, char** argv) {
               const Timing tmg = timeGraph(g, km, msh, launchesFor(cb), cb.bytes, [&](unsigned i) {
                 return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &nt};
               });
-              row("mmq_blocks" + std::string(wgmma ? " wgmma " : " ") + str(tokens) + " rows tn" + str(tn) + " s" + str(sp) +
-                      (sp == splits[0] ? " (codegen)" : ""),
+              row("mmq_blocks" + std::string(wgmma ? " wgmma" : "") + variant + " " + str(tokens) + " rows tn" + str(tn) +
+                      " s" + str(sp) + (sp == splits[0] ? " (codegen)" : ""),
                   cb.bytes, tmg);
             }
             int one = 1;
@@ -639,8 +675,8 @@ int main(int argc, char** argv) {
                                                   b.data(), nullptr),
                             "launch"));
             const auto [ra, rb] = outputs();
-            std::printf("        mmq_blocks%s tn%u s%u token 0 vs gemv_blocks: max |a - b| / max |b| = %.2e\n",
-                        wgmma ? " wgmma" : "", tn, sp, maxRelDiff(ra, rb));
+            std::printf("        mmq_blocks%s%s tn%u s%u token 0 vs gemv_blocks: max |a - b| / max |b| = %.2e\n",
+                        wgmma ? " wgmma" : "", variant.c_str(), tn, sp, maxRelDiff(ra, rb));
             // A full tile of tokens: the warpgroup form against the mma.sync form (the same f16 products in f32; the
             // difference printed, 0 where the tensor cores add them in the same order).
             int full = static_cast<int>(tn);
@@ -653,8 +689,8 @@ int main(int argc, char** argv) {
             g.sync();
             if (!wgmma) full_sync = std::move(all);
             else
-              std::printf("        mmq_blocks wgmma tn%u s%u, %u tokens vs mma.sync: max |a - b| / max |b| = %.2e\n", tn, sp,
-                          tn, maxRelDiff(all, full_sync));
+              std::printf("        mmq_blocks wgmma%s tn%u s%u, %u tokens vs mma.sync: max |a - b| / max |b| = %.2e\n",
+                          variant.c_str(), tn, sp, tn, maxRelDiff(all, full_sync));
           }
         }
     }

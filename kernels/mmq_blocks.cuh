@@ -39,6 +39,10 @@
 //   MMQB_HAS_BIAS         bias vector (N f32)
 //   MMQB_SEGMENTS         1 (default: minfer_mmq_blocks), 2 or 3 (minfer_mmq_blocks2, minfer_mmq_blocks3, below)
 //   MMQB_WGMMA            1: the MMAs as Hopper warpgroup MMAs (sm_90a images only, below); 0 (default): mma.sync
+// Experiments (minfer-bench-gemv --mmqb-stages, --mmqb-prefetch; the codegen sets neither):
+//   MMQB_STAGES           raw stages of the pipeline instead of mmqbStages' (2 … 8; shared memory mmqbSmemBytesFor:
+//                         past kMmqbSmemBudget one block per SM)
+//   MMQB_PREFETCH         1: each lane loads the raw words of its next group of 16 before the MMA wait of this one
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, float* partial, unsigned* counters, int n_tokens)
 //   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K); out: n_tokens × N f32 (row stride N);
@@ -119,8 +123,12 @@ MINFER_HD constexpr unsigned mmqbStages(unsigned type, unsigned tn) {
   while (s > 2 && s * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack > kMmqbSmemBudget) --s;
   return s;
 }
+// Dynamic shared memory of a block with `stages` raw stages (MMQB_STAGES), and with mmqbStages' count.
+MINFER_HD constexpr unsigned mmqbSmemBytesFor(unsigned type, unsigned tn, unsigned stages) {
+  return stages * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack;
+}
 MINFER_HD constexpr unsigned mmqbSmemBytes(unsigned type, unsigned tn) {
-  return mmqbStages(type, tn) * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack;
+  return mmqbSmemBytesFor(type, tn, mmqbStages(type, tn));
 }
 // The split-K scratch: S × TN × N f32 (none with one split); the counters: one word per row tile.
 MINFER_HD unsigned long long mmqbPartialBytes(unsigned n, unsigned tn, unsigned splits) {
@@ -212,6 +220,11 @@ static_assert(kTN == 16 || kTN == 32 || kTN == 64, "MMQB_TN must be 16, 32 or 64
 static_assert(kTM == 16 * kThreads / 32, "a warp per 16 rows");
 static_assert(kS >= 1 && kS <= kKB, "MMQB_SPLITS: 1 … K/256");
 static_assert(MMQB_WGMMA == 0 || MMQB_WGMMA == 1, "MMQB_WGMMA must be 0 or 1");
+#ifdef MMQB_PREFETCH
+constexpr bool kPrefetch = MMQB_PREFETCH != 0;
+#else
+constexpr bool kPrefetch = false;
+#endif
 static_assert(4 * kTN * 128 <= static_cast<int>(mmqbTileBytes(kTN)) && mmqbTileBytes(kTN) % 16 == 0,
               "the warpgroup form's tiles fit in the f16 tile; the stages after it start 16-byte aligned");
 static_assert(static_cast<unsigned long long>(kTN) * kK < (1ull << 31), "loadStage's 32-bit offsets inside a tile");
@@ -227,13 +240,19 @@ struct Segment {
   static constexpr unsigned kGroupPitch = kGroupPitch_;
   static constexpr bool kBias = kBias_;
   static constexpr int kRawLd = static_cast<int>(mmqbRawLd(kType_)), kChunks = static_cast<int>(mmqbRawChunks(kType_));
+#ifdef MMQB_STAGES
+  static constexpr int kStages = MMQB_STAGES;
+  static_assert(MMQB_STAGES >= 2 && MMQB_STAGES <= 8, "MMQB_STAGES: 2 … 8");
+#else
   static constexpr int kStages = static_cast<int>(mmqbStages(kType_, kTN));
+#endif
   static constexpr int kStageBytes = static_cast<int>(mmqbStageBytes(kType_, kTN));
   static constexpr int kActAt = kTM * kRawLd, kMetaAt = kActAt + kTN * kLD;  // byte offsets inside a stage
   static constexpr int kTiles = (kN_ + kTM - 1) / kTM;
   static_assert(kType_ == 12 || kType_ == 14, "MMQB_TYPE must be Q4_K (12) or Q6_K (14)");
   static_assert(kN_ >= 1, "a segment has rows");
-  static_assert(mmqbSmemBytes(kType_, kTN) <= kMmqbSmemMax, "dynamic shared memory above the sm_90 opt-in limit");
+  static_assert(mmqbSmemBytesFor(kType_, kTN, kStages) <= kMmqbSmemMax,
+                "dynamic shared memory above the sm_90 opt-in limit");
   static_assert(kPitch_ % 16 == 0 && kGroupPitch_ % 16 == 0, "blocks must start 16-byte aligned");
   static_assert(kGroupPitch_ >= 16 * mmqbRawChunks(kType_), "group pitch smaller than the copied chunks");
   static_assert(kPitch_ >= static_cast<unsigned long long>(kKB) * kGroupPitch_, "row pitch smaller than a row");
@@ -391,30 +410,50 @@ __device__ __forceinline__ void dequantActivations(const Stage& st, uint8_t* b, 
   }
 }
 
-// One lane's A fragment (rows g and g + 8 of its warp's 16, MMA k order above) of group c (16 weights) of activation
-// block kb of the raw blocks `r0`, `r8`, as f16 weights: Q4_K w = s·q + m (one f16 fma), Q6_K w = s·(q − 32).
-// s2, m2: the f16x2 scale and min of rows g (index 0) and g + 8 (index 1) for this group.
+// The raw words a lane's A fragment of group c (16 weights) of activation block kb is made of, for rows g (index 0) and
+// g + 8 (index 1) of the raw blocks r0, r8: Q4_K one 32-bit word of qs (sub-block kb = 2p + h: qs bytes [32p, 32p + 32)
+// at block byte 16, nibble h); Q6_K a word of ql and one of qh (activation block kb = 4n + k: ql bytes
+// [64n + 32(k & 1), +32) nibble k >> 1, qh bytes [128 + 32n, +32) bit pair k: ggml's dequantize_row_q6_K).
+struct RawWords {
+  unsigned lo[2], hi[2];  // [row]; hi: Q6_K only
+};
 template <bool kQ4K>
-__device__ __forceinline__ void weightFragment(const uint8_t* r0, const uint8_t* r8, int kb, int c, int t,
-                                              const unsigned (&s2)[2], const unsigned (&m2)[2], unsigned (&a)[4]) {
+__device__ __forceinline__ RawWords rawWords(const uint8_t* r0, const uint8_t* r8, int kb, int c, int t) {
   const uint8_t* rows[2] = {r0, r8};
+  RawWords w;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    if constexpr (kQ4K) {
+      w.lo[ri] = *reinterpret_cast<const unsigned*>(rows[ri] + 16 + 32 * (kb / 2) + 16 * c + 4 * t);
+      w.hi[ri] = 0;
+    } else {
+      const int n = kb / 4, k = kb % 4;
+      w.lo[ri] = *reinterpret_cast<const unsigned*>(rows[ri] + 64 * n + 32 * (k & 1) + 16 * c + 4 * t);
+      w.hi[ri] = *reinterpret_cast<const unsigned*>(rows[ri] + 128 + 32 * n + 16 * c + 4 * t);
+    }
+  }
+  return w;
+}
+
+// One lane's A fragment (rows g and g + 8 of its warp's 16, MMA k order above) of group c of activation block kb from
+// its raw words (rawWords), as f16 weights: Q4_K w = s·q + m (one f16 fma), Q6_K w = s·(q − 32). s2, m2: the f16x2
+// scale and min of rows g (index 0) and g + 8 (index 1) for this group.
+template <bool kQ4K>
+__device__ __forceinline__ void fragmentOf(const RawWords& w, int kb, const unsigned (&s2)[2], const unsigned (&m2)[2],
+                                           unsigned (&a)[4]) {
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     unsigned e, o;  // the f16x2 1024 + q of MMA k (4t, 4t + 2) and (4t + 1, 4t + 3)
     if constexpr (kQ4K) {
-      // Sub-block kb = 2p + h: qs bytes [32p, 32p + 32) at block byte 16, nibble h.
-      const int p = kb / 2, h = kb % 2;
-      const unsigned v = *reinterpret_cast<const unsigned*>(rows[ri] + 16 + 32 * p + 16 * c + 4 * t);
-      e = bitsPlus1024<0x000F000Fu>(v >> (4 * h));
-      o = bitsPlus1024<0x000F000Fu>(v >> (4 * h + 8));
+      const int h = kb % 2;
+      e = bitsPlus1024<0x000F000Fu>(w.lo[ri] >> (4 * h));
+      o = bitsPlus1024<0x000F000Fu>(w.lo[ri] >> (4 * h + 8));
     } else {
-      // Activation block kb = 4n + k: ql bytes [64n + 32(k & 1), +32) nibble k >> 1, qh bytes [128 + 32n, +32) bit
-      // pair k (ggml's dequantize_row_q6_K), the pair moved to bits 4..5 of each byte; bits 6..7 of q hold other
-      // pairs, which the 6-bit masks below drop.
-      const int n = kb / 4, k = kb % 4;
-      const unsigned lo = *reinterpret_cast<const unsigned*>(rows[ri] + 64 * n + 32 * (k & 1) + 16 * c + 4 * t);
-      const unsigned hi = *reinterpret_cast<const unsigned*>(rows[ri] + 128 + 32 * n + 16 * c + 4 * t);
-      const unsigned q = bitSelect(lo >> (4 * (k >> 1)), k < 2 ? hi << (4 - 2 * k) : hi >> (2 * k - 4), 0x0F0F0F0Fu);
+      // The qh bit pair moved to bits 4..5 of each byte; bits 6..7 of q hold other pairs, which the 6-bit masks
+      // below drop.
+      const int k = kb % 4;
+      const unsigned hi = w.hi[ri];
+      const unsigned q = bitSelect(w.lo[ri] >> (4 * (k >> 1)), k < 2 ? hi << (4 - 2 * k) : hi >> (2 * k - 4), 0x0F0F0F0Fu);
       e = bitsPlus1024<0x003F003Fu>(q);
       o = bitsPlus1024<0x003F003Fu>(q >> 8);
     }
@@ -542,6 +581,9 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
     const uint8_t* r0 = st.raw + (wm0 + g) * kRawLd;
     const uint8_t* r8 = r0 + 8 * kRawLd;
     const RowScales<S::kQ4K> rs[2] = {rowScales<S::kQ4K>(r0), rowScales<S::kQ4K>(r8)};
+    // MMQB_PREFETCH: the raw words of group j + 1 loaded before the MMA wait of group j (the wait's memory clobber
+    // keeps later loads after it).
+    RawWords ahead = rawWords<S::kQ4K>(r0, r8, 0, 0, t);
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb)
 #pragma unroll
@@ -549,10 +591,13 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
         unsigned s2[2], m2[2];  // of rows g, g + 8
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) groupScale<S::kQ4K>(rs[ri], kb, c, s2[ri], m2[ri]);
+        RawWords words = ahead;
+        if (kPrefetch && 2 * kb + c + 1 < 16) ahead = rawWords<S::kQ4K>(r0, r8, kb + c, 1 - c, t);
         // The warpgroup form: at most the previous group's MMA still reads its A registers (so they can be reused).
         if constexpr (MMQB_WGMMA) wgmmaWait<1>();
+        if (!kPrefetch) words = rawWords<S::kQ4K>(r0, r8, kb, c, t);
         unsigned a[4];
-        weightFragment<S::kQ4K>(r0, r8, kb, c, t, s2, m2, a);
+        fragmentOf<S::kQ4K>(words, kb, s2, m2, a);
         if constexpr (MMQB_WGMMA) {
           // The group's B: its first 16 bytes' offset in the tile (row 0: no swizzle) in the descriptor's 16-byte units.
           wgmmaFence();  // the A registers just written, before the MMA reads them
