@@ -632,6 +632,11 @@ int main(int argc, char** argv) {
           for (const Form& form : forms) {
             const bool wgmma = form.wgmma;
             const unsigned stages = form.stages ? form.stages : kern::mmqbStages(type, tn);
+            if (kern::mmqbSmemBytesFor(type, tn, stages) > kern::kMmqbSmemMax) {
+              std::printf("        mmq_blocks tn%u: %u stages need %u bytes of shared memory, above %u: not timed\n", tn,
+                          stages, kern::mmqbSmemBytesFor(type, tn, stages), kern::kMmqbSmemMax);
+              continue;
+            }
             const std::string variant = (form.stages ? " stages " + str(form.stages) : std::string()) +
                                         (form.prefetch ? " prefetch" : "");
             std::vector<std::pair<std::string, std::string>> defines = {
