@@ -19,9 +19,9 @@
 // per row, unroll). The two
 // kernels' outputs on the same weights are compared (max |a − b| / max |b|) as a sanity check. --batch also times
 // the batched GEMV (gemv_blocks.cuh GEMVB_BATCH) and --mmq-blocks minfer_mmq_blocks (mmq_blocks.cuh, f16 tensor
-// cores) on that many q8 rows, the weights GB/s of each launch (--mmqb-wgmma its warpgroup form too, --mmqb-stages and
-// --mmqb-prefetch that form's experiments: mmq_blocks.cuh MMQB_STAGES, MMQB_PREFETCH); --wgmma-rows the Hopper f16 matmul, one split and split
-// over K (kernels/wgmma_matmul.cuh), on a random f16 plane of the shape.
+// cores) on that many q8 rows, the weights GB/s of each launch (--mmqb-wgmma its warpgroup form too, --mmqb-stages
+// and --mmqb-prefetch that form's experiments: mmq_blocks.cuh MMQB_STAGES, MMQB_PREFETCH); --wgmma-rows the Hopper
+// f16 matmul, one split and split over K (kernels/wgmma_matmul.cuh), on a random f16 plane of the shape.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -401,6 +401,11 @@ void benchWgmma(const Gpu& g, const Shape& s, std::mt19937_64& rng, const RowPri
 int main(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(kCategory);
   llvm::cl::ParseCommandLineOptions(argc, argv, "decode GEMV bandwidth on 7B shapes\n");
+  if ((!kMmqbStages.empty() || kMmqbPrefetch) && (!kMmqbWgmma || kMmqBlocks.empty()))
+    die("--mmqb-stages and --mmqb-prefetch need --mmq-blocks and --mmqb-wgmma");
+  for (unsigned st : kMmqbStages)
+    if (st < 2 || st > kern::kMmqbMaxStages)
+      die("--mmqb-stages " + str(st) + " is out of range 2 … " + str(kern::kMmqbMaxStages));
   Gpu g;
   g.dev = take(cuda::CudaDevice::open());
   g.stream = take(g.dev->createStream());
@@ -612,16 +617,12 @@ int main(int argc, char** argv) {
       std::vector<Form> forms = {{}};
       if (kMmqbWgmma) {
         if (g.dev->info().arch() != "sm_90") die("--mmqb-wgmma: the warpgroup form runs on sm_90 (Hopper) only");
-        std::vector<unsigned> stage_counts = {0};
-        for (unsigned st : kMmqbStages) {
-          if (st < 2 || st > 8) die("--mmqb-stages: 2 … 8");
-          stage_counts.push_back(st);
-        }
+        std::vector<unsigned> stage_counts = {0};  // once each (checked after the options were parsed)
+        for (unsigned st : kMmqbStages)
+          if (std::find(stage_counts.begin(), stage_counts.end(), st) == stage_counts.end()) stage_counts.push_back(st);
         for (const bool prefetch : {false, true})
           for (unsigned st : stage_counts)
             if (!prefetch || kMmqbPrefetch) forms.push_back({true, st, prefetch});
-      } else if (!kMmqbStages.empty() || kMmqbPrefetch) {
-        die("--mmqb-stages and --mmqb-prefetch need --mmqb-wgmma");
       }
       // The tile of a token count: the smallest that holds it.
       auto tileOf = [](unsigned tokens) { return tokens <= 16 ? 16u : tokens <= 32 ? 32u : 64u; };
@@ -632,13 +633,13 @@ int main(int argc, char** argv) {
           for (const Form& form : forms) {
             const bool wgmma = form.wgmma;
             const unsigned stages = form.stages ? form.stages : kern::mmqbStages(type, tn);
-            if (kern::mmqbSmemBytesFor(type, tn, stages) > kern::kMmqbSmemMax) {
-              std::printf("        mmq_blocks tn%u: %u stages need %u bytes of shared memory, above %u: not timed\n", tn,
-                          stages, kern::mmqbSmemBytesFor(type, tn, stages), kern::kMmqbSmemMax);
-              continue;
-            }
             const std::string variant = (form.stages ? " stages " + str(form.stages) : std::string()) +
                                         (form.prefetch ? " prefetch" : "");
+            if (kern::mmqbSmemBytesFor(type, tn, stages) > kern::kMmqbSmemMax) {
+              std::printf("        mmq_blocks wgmma%s tn%u: %u stages need %u bytes of shared memory, above %u: not timed\n",
+                          variant.c_str(), tn, stages, kern::mmqbSmemBytesFor(type, tn, stages), kern::kMmqbSmemMax);
+              continue;
+            }
             std::vector<std::pair<std::string, std::string>> defines = {
                 {"MMQB_N", str(n)}, {"MMQB_K", str(k)}, {"MMQB_TYPE", str(type)}, {"MMQB_PITCH", str(bt.row_pitch)},
                 {"MMQB_GROUP_PITCH", str(bt.group_pitch)}, {"MMQB_TN", str(tn)}, {"MMQB_SPLITS", str(sp)},
@@ -666,7 +667,7 @@ int main(int argc, char** argv) {
                 return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &nt};
               });
               row("mmq_blocks" + std::string(wgmma ? " wgmma" : "") + variant + " " + str(tokens) + " rows tn" + str(tn) +
-                      " s" + str(sp) + (sp == splits[0] ? " (codegen)" : ""),
+                      " s" + str(sp) + (sp == splits[0] && variant.empty() ? " (codegen)" : ""),
                   cb.bytes, tmg);
             }
             int one = 1;

@@ -42,7 +42,10 @@
 // Experiments (minfer-bench-gemv --mmqb-stages, --mmqb-prefetch; the codegen sets neither):
 //   MMQB_STAGES           raw stages of the pipeline instead of mmqbStages' (2 … 8; shared memory mmqbSmemBytesFor:
 //                         past kMmqbSmemBudget one block per SM)
-//   MMQB_PREFETCH         1: each lane loads the raw words of its next group of 16 before the MMA wait of this one
+//   MMQB_PREFETCH         1 (with MMQB_WGMMA): each lane loads the raw words of its next group of 16 before the MMA
+//                         wait of this one
+// Both apply to every segment of the fused forms; the launch rules (mmqbLaunchRule, mmqbFusedLaunchRule) give
+// mmqbStages' shared memory, so the bench sets mmqbSmemBytesFor's with MMQB_STAGES.
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, float* partial, unsigned* counters, int n_tokens)
 //   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K); out: n_tokens × N f32 (row stride N);
@@ -123,6 +126,7 @@ MINFER_HD constexpr unsigned mmqbStages(unsigned type, unsigned tn) {
   while (s > 2 && s * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack > kMmqbSmemBudget) --s;
   return s;
 }
+constexpr unsigned kMmqbMaxStages = 8;  // MMQB_STAGES at most
 // Dynamic shared memory of a block with `stages` raw stages (MMQB_STAGES), and with mmqbStages' count.
 MINFER_HD constexpr unsigned mmqbSmemBytesFor(unsigned type, unsigned tn, unsigned stages) {
   return stages * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack;
@@ -221,6 +225,8 @@ static_assert(kTM == 16 * kThreads / 32, "a warp per 16 rows");
 static_assert(kS >= 1 && kS <= kKB, "MMQB_SPLITS: 1 … K/256");
 static_assert(MMQB_WGMMA == 0 || MMQB_WGMMA == 1, "MMQB_WGMMA must be 0 or 1");
 #ifdef MMQB_PREFETCH
+static_assert(MMQB_PREFETCH == 0 || MMQB_PREFETCH == 1, "MMQB_PREFETCH must be 0 or 1");
+static_assert(MMQB_PREFETCH == 0 || MMQB_WGMMA == 1, "MMQB_PREFETCH is for the warpgroup form (mma.sync has no wait)");
 constexpr bool kPrefetch = MMQB_PREFETCH != 0;
 #else
 constexpr bool kPrefetch = false;
@@ -242,7 +248,7 @@ struct Segment {
   static constexpr int kRawLd = static_cast<int>(mmqbRawLd(kType_)), kChunks = static_cast<int>(mmqbRawChunks(kType_));
 #ifdef MMQB_STAGES
   static constexpr int kStages = MMQB_STAGES;
-  static_assert(MMQB_STAGES >= 2 && MMQB_STAGES <= 8, "MMQB_STAGES: 2 … 8");
+  static_assert(MMQB_STAGES >= 2 && MMQB_STAGES <= static_cast<int>(kMmqbMaxStages), "MMQB_STAGES: 2 … kMmqbMaxStages");
 #else
   static constexpr int kStages = static_cast<int>(mmqbStages(kType_, kTN));
 #endif
@@ -583,7 +589,8 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
     const RowScales<S::kQ4K> rs[2] = {rowScales<S::kQ4K>(r0), rowScales<S::kQ4K>(r8)};
     // MMQB_PREFETCH: the raw words of group j + 1 loaded before the MMA wait of group j (the wait's memory clobber
     // keeps later loads after it).
-    RawWords ahead = rawWords<S::kQ4K>(r0, r8, 0, 0, t);
+    RawWords ahead{};
+    if constexpr (kPrefetch) ahead = rawWords<S::kQ4K>(r0, r8, 0, 0, t);
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb)
 #pragma unroll
@@ -592,10 +599,11 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) groupScale<S::kQ4K>(rs[ri], kb, c, s2[ri], m2[ri]);
         RawWords words = ahead;
-        if (kPrefetch && 2 * kb + c + 1 < 16) ahead = rawWords<S::kQ4K>(r0, r8, kb + c, 1 - c, t);
+        if constexpr (kPrefetch)
+          if (2 * kb + c + 1 < 16) ahead = rawWords<S::kQ4K>(r0, r8, kb + c, 1 - c, t);
         // The warpgroup form: at most the previous group's MMA still reads its A registers (so they can be reused).
         if constexpr (MMQB_WGMMA) wgmmaWait<1>();
-        if (!kPrefetch) words = rawWords<S::kQ4K>(r0, r8, kb, c, t);
+        if constexpr (!kPrefetch) words = rawWords<S::kQ4K>(r0, r8, kb, c, t);
         unsigned a[4];
         fragmentOf<S::kQ4K>(words, kb, s2, m2, a);
         if constexpr (MMQB_WGMMA) {

@@ -49,12 +49,12 @@
 // wgmmaMatmulSmemBytes() of dynamic shared memory (opt-in attribute above 48 KiB).
 //
 // Third entry, split over K for calls of at most one token tile (WG_SPLITS = S > 1; WG_ACT = 0, WG_BM = 64): the
-// small-batch form of a matmul whose weight tiles alone leave most SMs idle and whose K is long (the 7B's down
-// projection at 33 … 64 rows: 56 tiles of 64 rows for 132 SMs, 296 stages; wgmmaSplits). grid.z = S; split s takes the stages [s·KT/S, (s+1)·KT/S) of K
-// (KT = ⌈K/64⌉), writes its f32 sums to partial[s][t][r] and counts itself in its weight tile's word of `counters`
-// (every thread's fence, a block barrier, then one acquire-release atomic, as mmq_blocks.cuh's split-K); the tile's
-// last split adds the S partials in split order (+ bias), so the result does not depend on which split finishes
-// last, and sets the word back to 0.
+// small-batch form of a matmul whose weight tiles alone leave most SMs idle and whose K is long (the 7B's
+// down projection at 33 … 64 rows: 56 tiles of 64 rows for 132 SMs, 296 stages; wgmmaSplits). grid.z = S; split s
+// takes the stages [s·KT/S, (s+1)·KT/S) of K (KT = ⌈K/64⌉), writes its f32 sums to partial[s][t][r] and counts
+// itself in its weight tile's word of `counters` (every thread's fence, a block barrier, then one acquire-release
+// atomic, as mmq_blocks.cuh's split-K); the tile's last split adds the S partials in split order (+ bias), so the
+// result does not depend on which split finishes last, and sets the word back to 0.
 //   minfer_wgmma_matmul_split(const uint16_t* w, const float* bias, uint8_t* scratch, float* out,
 //                             unsigned* counters, int n_tokens)
 //   scratch: the step's scratch, wgmmaSplitScratchBytes(N, K, S) bytes: the f16 activations (n_tokens × K, as
@@ -122,13 +122,13 @@ constexpr unsigned kWgmmaSplitSlots = 264;      // blocks a 132-SM Hopper runs a
 constexpr unsigned kWgmmaSplitMinStages = 96;
 constexpr unsigned kWgmmaSplitMaxSplits = 16;
 // Splits of K for N weight rows and K columns: as many as fill the slots in one wave (⌊264 / weight tiles⌋), each at
-// least `min_stages` stages long, 1 … kWgmmaSplitMaxSplits. The 7B's down (3584 × 18944): 56 tiles, 3 splits (168
-// blocks); its o (3584 × 3584) and gate (18944 rows, 296 tiles): 1. The tests pass a smaller min_stages to split the
-// matmuls of small models.
+// least `min_stages` stages long (0 counts as 1), 1 … kWgmmaSplitMaxSplits. The 7B's down (3584 × 18944): 56 tiles,
+// 3 splits (168 blocks); its o (3584 × 3584) and gate (18944 rows, 296 tiles): 1. The tests pass a smaller min_stages
+// to split the matmuls of small models.
 MINFER_HD unsigned wgmmaSplits(unsigned n, unsigned k, unsigned min_stages = kWgmmaSplitMinStages) {
   const unsigned tiles = ceilDiv(n, kWgmmaSplitTile.bn), stages = ceilDiv(k, kWgmmaBK);
   unsigned s = kWgmmaSplitSlots / tiles;
-  if (min_stages > 0 && s > stages / min_stages) s = stages / min_stages;
+  if (s > stages / (min_stages < 1 ? 1 : min_stages)) s = stages / (min_stages < 1 ? 1 : min_stages);
   if (s > kWgmmaSplitMaxSplits) s = kWgmmaSplitMaxSplits;
   return s < 1 ? 1 : s;
 }

@@ -64,7 +64,9 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
   const SmallBatchForms forms{.mmqb_wgmma = options.mmqb_wgmma && sm90a,
                               .wgmma_split = options.wgmma_split && sm90a,
                               .wgmma_split_fused = options.wgmma_split_fused && sm90a,
-                              .wgmma_split_min_stages = options.wgmma_split_min_stages};
+                              .wgmma_split_min_stages = options.wgmma_split_min_stages
+                                                            ? options.wgmma_split_min_stages
+                                                            : kern::kWgmmaSplitMinStages};
   auto record = [&](KernelLaunch&& launch) {
     const uint32_t spec = table.add(launch.spec);
     LaunchRecord r{std::move(launch.args), launch.rule, {}};

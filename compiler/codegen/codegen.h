@@ -64,9 +64,10 @@ struct CodegenOptions {
   // GGUF blocks and a kF16 plane (the 7B's o and down projections) take the Hopper f16 matmul split over K for the
   // calls of 33 … 64 rows (kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split, ops/op_family.h smallLaunchesForStep),
   // instead of the prefill launch whose 56 weight tiles leave most of the 132 SMs idle: as many splits as
-  // kern::wgmmaSplits gives with wgmma_split_min_stages (0: kern::kWgmmaSplitMinStages, 96 stages of 64 per split:
-  // the 7B's down 3 splits, its o none). On an H100 the split made o (3584 × 3584) slower at every count and down 10%
-  // faster at 3–4 splits (BENCHMARKS.md, issue 14).
+  // kern::wgmmaSplits gives with wgmma_split_min_stages stages of 64 per split at least (0: kern::kWgmmaSplitMinStages,
+  // which splits the 7B's down in 3 and leaves its o one split). On an H100 the split made o (3584 × 3584) slower at
+  // every count and down 10% faster at 3–4 splits, kernel alone (BENCHMARKS.md, issue 14); off until measured end to
+  // end.
   bool wgmma_split = false;
   unsigned wgmma_split_min_stages = 0;
   // With wgmma_split_fused (sm_90a; with or without wgmma_split) the fused prefill q, k, v and gate and up likewise

@@ -95,10 +95,10 @@ enum class WgmmaSplitForm { kOff, kPlain, kAll };
 llvm::cl::opt<WgmmaSplitForm> kWgmmaSplit(
     "wgmma-split", llvm::cl::ValueOptional, llvm::cl::init(WgmmaSplitForm::kOff),
     llvm::cl::desc("Run the prefill matmuls of 33 ... 64-row calls (batched decode of 33 ... 64 sequences) of sm_90a "
-                   "images on the Hopper f16 matmul, split over K where its weight tiles leave SMs idle "
-                   "(kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split; off by default: slower for o on an H100, BENCHMARKS.md): "
-                   "plain (a bare --wgmma-split) the o and down projections, all also the fused q, k, v and gate and up "
-                   "instead of their 64-token mmq_blocks tile"),
+                   "images on the Hopper f16 matmul, split over K where its weight tiles leave SMs idle and K is long "
+                   "(kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split: a 7B's down in 3, its o unsplit; off by "
+                   "default until measured end to end, BENCHMARKS.md): plain (a bare --wgmma-split) the o and down "
+                   "projections, all also the fused q, k, v and gate and up instead of their 64-token mmq_blocks tile"),
     llvm::cl::values(clEnumValN(WgmmaSplitForm::kOff, "off", "the prefill launch and the mmq_blocks tiles (default)"),
                      clEnumValN(WgmmaSplitForm::kPlain, "plain", "the o and down projections"),
                      clEnumValN(WgmmaSplitForm::kAll, "all", "and the fused q, k, v and gate and up"),
@@ -107,7 +107,7 @@ llvm::cl::opt<WgmmaSplitForm> kWgmmaSplit(
 llvm::cl::opt<unsigned> kWgmmaSplitMinStages(
     "wgmma-split-min-stages", llvm::cl::Hidden,
     llvm::cl::desc("With --wgmma-split: stages of 64 columns per split of K at least (default 0: the kernel's "
-                   "kWgmmaSplitMinStages, 96), for measuring the split rule"),
+                   "kWgmmaSplitMinStages), for measuring the split rule"),
     llvm::cl::init(0), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kSwaFull("swa-full",
                              llvm::cl::desc("Give sliding-window layers a full-size KV cache of n_ctx positions (as "
@@ -190,6 +190,11 @@ int main(int argc, char** argv) {
   if (options.max_batch == 0 || options.max_batch > minfer::kArtifactMaxBatch) {
     llvm::errs() << "minfer-compile: --max-batch " << options.max_batch << " is out of range 1.."
                  << minfer::kArtifactMaxBatch << "\n";
+    return 1;
+  }
+  if (kWgmmaSplitMinStages.getNumOccurrences() > 0 && kWgmmaSplit == WgmmaSplitForm::kOff) {
+    llvm::errs() << "minfer-compile: --wgmma-split-min-stages " << kWgmmaSplitMinStages
+                 << " needs --wgmma-split (without it no matmul is split)\n";
     return 1;
   }
 

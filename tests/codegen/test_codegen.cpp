@@ -895,7 +895,8 @@ TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, ev
 // splits)) or, for one split, minfer_wgmma_matmul on that tile; none in the last-token tail or below 33 rows. With
 // wgmma_split_fused (with or without wgmma_split) the fused q, k, v and gate and up lose their 64-token mmq_blocks
 // tile for one minfer_q8_to_f16 and each matmul's Hopper launch in turn. tiny-qwen2 takes one split everywhere; a
-// cut-down qwen2 of width 1024 (every K 1024: 16 stages, 2 splits) splits every matmul. Every distinct Hopper launch
+// cut-down qwen2 of width 1024 (every K 1024: 16 stages, 2 splits at the test's 8 stages a split) splits every matmul;
+// at the default min_stages none. Every distinct Hopper launch
 // is compiled with NVRTC for sm_90a (where built with it), its PTX parameters the record's arguments.
 
 // One Hopper matmul launch of the split form for step s, after a minfer_q8_to_f16 into `x16` scratch bytes, split as
@@ -1036,6 +1037,12 @@ TEST_CASE("wgmma_split: 33 … 64-row calls on the Hopper matmul split over K, o
   for (const auto& [key, uses] : keys) (key.rfind("wgmma_split_", 0) == 0 ? split : one) += 1;
   CHECK(split > 0);
   CHECK(one > 0);
+  // At the default min_stages (kWgmmaSplitMinStages) the 1024-wide model's o and down take the Hopper launches
+  // unsplit: minfer_wgmma_matmul on the 64 × 64 tile.
+  std::map<std::string, size_t> unsplit;
+  CHECK(checkWgmmaSplitLaunches(load(wide, true, true, 512), {.wgmma_split = true}, unsplit) == 2);
+  CHECK(!unsplit.empty());
+  for (const auto& [key, uses] : unsplit) CHECK(key.rfind("wgmma_split_", 0) != 0);
   // The default rule on the 7B's shapes (kWgmmaSplitMinStages, measured on an H100): down (K 18944, 296 stages) in 3,
   // o, q, k and gate (K 3584, 56 stages) not at all; at 8 stages o would take 4 (264 slots over 56 weight tiles).
   CHECK(kern::wgmmaSplits(3584, 18944) == 3);

@@ -102,7 +102,8 @@ std::vector<std::string> goldenArchs() {
 // mmq_blocks tiles on mma.sync (mmqb_wgmma off), "wgmma" the same with those tiles in their warpgroup form (the
 // default mmqb_wgmma, which the other variants keep: MMQB_WGMMA on sm_90a), "wgmma-split" the default with the o and
 // down matmuls of 33 … 64-row calls on the Hopper matmul split over K (wgmma_split, with splits of 8 stages of 64 at
-// least so that the synthetic model's split; the pair and its wgmma tiles as "wgmma"), "wgmma-split-all" every matmul of those calls so (wgmma_split_fused too). `arch`: the kernel target ("" =
+// least so that the synthetic model's matmuls split in 2; the pair and its wgmma tiles as "wgmma"), "wgmma-split-all"
+// every matmul of those calls so (wgmma_split_fused too). `arch`: the kernel target ("" =
 // the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 // compiledFile: the same for a GGUF at `input` (named `model` in the artifact's file name).
@@ -954,7 +955,8 @@ BatchCompare compareWithSessions(const Model& m, const std::vector<std::vector<B
 }
 
 // A qwen2 whose matmuls are long enough to split (minfer-synth's qwen2-7b shape at n_embd 1024, 2 layers, 16 heads of
-// 64, n_ff 1024: every K 1024, 16 stages of 64, so wgmmaSplits gives every matmul 2 splits; the fixtures' tiny models
+// 64, n_ff 1024: every K 1024, 16 stages of 64, so wgmmaSplits at compiledFile's 8 stages a split gives every matmul 2
+// splits; the fixtures' tiny models
 // take one), so that with --wgmma-split=all q, k and v run as three split launches in turn on one scratch and one
 // counters region; llama.cpp's Q4_K_M mix, written once per process.
 std::string splitQwen2Gguf() {

@@ -172,13 +172,13 @@ KernelArgDesc splitActivations(unsigned k) {
 }
 
 // The Hopper matmul on the split form's tile (kern::kWgmmaSplitTile) from the f16 activations staged in the scratch:
-// split over K as wgmmaSplits gives with `min_stages` (0: its default) (minfer_wgmma_matmul_split, its partials after
-// the activations), or, where that is one split (one wave of weight tiles already, or K too short),
-// minfer_wgmma_matmul on that tile. The caller checked takesWgmmaSplit and stages the activations.
+// split over K as wgmmaSplits gives with `min_stages` (minfer_wgmma_matmul_split, its partials after the activations),
+// or, where that is one split (one wave of weight tiles already, or K too short), minfer_wgmma_matmul on that tile.
+// The caller checked takesWgmmaSplit and stages the activations.
 KernelLaunch wgmmaSplitMatmul(const StepContext& c, const MatMulOperands& m, const StrideTable& f16,
                               unsigned min_stages) {
   const unsigned n = static_cast<unsigned>(m.n), k = static_cast<unsigned>(m.k);
-  const unsigned splits = kern::wgmmaSplits(n, k, min_stages ? min_stages : kern::kWgmmaSplitMinStages);
+  const unsigned splits = kern::wgmmaSplits(n, k, min_stages);
   const kern::WgmmaTile t = kern::kWgmmaSplitTile;
   if (splits == 1) {
     const KernelArgDesc x16 = splitActivations(k);
@@ -200,8 +200,8 @@ KernelLaunch wgmmaSplitMatmul(const StepContext& c, const MatMulOperands& m, con
 
 // The split form's launches of one q8 input (the step `c` reads it, `k` wide) and the matmuls `mm` of it, for the
 // calls of kMmqbMaxRows + 1 … min(64, max_batch) rows: minfer_q8_to_f16 into the scratch, then each matmul's
-// wgmmaSplitMatmul with `min_stages` in turn (they share the staged activations; each split launch's partials and counters are its own
-// until it ends).
+// wgmmaSplitMatmul with `min_stages` in turn (they share the staged activations; each split launch's partials and
+// counters are its own until it ends).
 std::vector<KernelLaunch> wgmmaSplitLaunches(const StepContext& c, unsigned k,
                                              llvm::ArrayRef<std::pair<const StepContext*, const MatMulOperands*>> mm,
                                              unsigned min_stages) {

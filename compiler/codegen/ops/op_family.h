@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compiler/codegen/kernel_spec.h"
+#include "kernels/wgmma_matmul.cuh"
 #include "llvm/Support/FormatVariadic.h"
 #include "schema/op_traits.h"
 
@@ -316,7 +317,8 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // names in their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA; the plain kernel's tiles, up to kMmqbMaxRows, are
 // none of them); with wgmma_split, on a weight that also has a kF16 plane (Hopper prefill), the plain matmuls' calls of
 // kMmqbMaxRows + 1 … min(64, max_batch) rows on the Hopper matmul split over K (minfer_q8_to_f16, then
-// minfer_wgmma_matmul_split with wgmmaSplits' count, or minfer_wgmma_matmul on its 64 × 64 tile where that is 1), not
+// minfer_wgmma_matmul_split with wgmmaSplits' count at wgmma_split_min_stages, or minfer_wgmma_matmul on its 64 × 64
+// tile where that is 1), not
 // in the last-token tail; with wgmma_split_fused likewise the fused q, k, v and gate and up (their mmq_blocks tiles
 // then stop at kMmqbMaxRows: one minfer_q8_to_f16 and each matmul's Hopper launch in turn past it).
 struct SmallLaunches {
@@ -327,7 +329,7 @@ struct SmallBatchForms {
   bool mmqb_wgmma = false;         // CodegenOptions::mmqb_wgmma
   bool wgmma_split = false;        // CodegenOptions::wgmma_split
   bool wgmma_split_fused = false;  // CodegenOptions::wgmma_split_fused
-  unsigned wgmma_split_min_stages = 0;  // CodegenOptions::wgmma_split_min_stages (0: kern::kWgmmaSplitMinStages)
+  unsigned wgmma_split_min_stages = kern::kWgmmaSplitMinStages;  // wgmmaSplits' min_stages
 };
 llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription& desc,
                                                    llvm::ArrayRef<planes::TensorLayout> layouts, PlanVariant variant,
