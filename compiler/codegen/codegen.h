@@ -60,15 +60,15 @@ struct CodegenOptions {
   // weights in registers; its sums measured bit for bit mma.sync's on the H200); ignored for other targets (their plans
   // have no mmq_blocks launches, or no wgmma).
   bool mmqb_wgmma = true;
-  // With wgmma_split and every target sm_90a, the plain (unfused) prefill matmuls that have small-batch launches on
-  // GGUF blocks and a kF16 plane (the 7B's o and down projections) take the Hopper f16 matmul split over K for the
-  // calls of 33 … 64 rows (kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split, ops/op_family.h smallLaunchesForStep),
-  // instead of the prefill launch whose 56 weight tiles leave most of the 132 SMs idle: as many splits as
-  // kern::wgmmaSplits gives with wgmma_split_min_stages stages of 64 per split at least (0: kern::kWgmmaSplitMinStages,
-  // which splits the 7B's down in 3 and leaves its o one split). On an H100 the split made o (3584 × 3584) slower at
-  // every count and down 10% faster at 3–4 splits, kernel alone (BENCHMARKS.md, issue 14); off until measured end to
-  // end.
-  bool wgmma_split = false;
+  // With wgmma_split (the default) and every target sm_90a, the plain (unfused) prefill matmuls that have small-batch
+  // launches on GGUF blocks and a kF16 plane (the 7B's o and down projections) take the Hopper f16 matmul for the
+  // calls of 33 … 64 rows (kernels/wgmma_matmul.cuh, ops/op_family.h smallLaunchesForStep) on the 64 × 64 tile, split
+  // over K (minfer_wgmma_matmul_split) where kern::wgmmaSplits gives more than one split with wgmma_split_min_stages
+  // stages of 64 per split at least (0: kern::kWgmmaSplitMinStages, which splits the 7B's down in 3 and leaves its o
+  // one split), instead of the prefill launch whose 56 weight tiles leave most of the 132 SMs idle. On an H100 the
+  // split made o (3584 × 3584) slower at every count and down 10% faster at 3–4 splits, kernel alone; with that rule
+  // the 7B's aggregate decode at 64 sequences +3.7% (BENCHMARKS.md, issue 14).
+  bool wgmma_split = true;
   unsigned wgmma_split_min_stages = 0;
   // With wgmma_split_fused (sm_90a; with or without wgmma_split) the fused prefill q, k, v and gate and up likewise
   // (their mmq_blocks launches stop at 32 rows; past that one minfer_q8_to_f16 and each matmul's Hopper launch of the

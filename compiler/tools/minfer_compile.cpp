@@ -93,20 +93,21 @@ llvm::cl::opt<bool> kMmqbWgmma(
     llvm::cl::init(true), llvm::cl::cat(kCategory));
 enum class WgmmaSplitForm { kOff, kPlain, kAll };
 llvm::cl::opt<WgmmaSplitForm> kWgmmaSplit(
-    "wgmma-split", llvm::cl::ValueOptional, llvm::cl::init(WgmmaSplitForm::kOff),
+    "wgmma-split", llvm::cl::ValueOptional, llvm::cl::init(WgmmaSplitForm::kPlain),
     llvm::cl::desc("Run the prefill matmuls of 33 ... 64-row calls (batched decode of 33 ... 64 sequences) of sm_90a "
                    "images on the Hopper f16 matmul, split over K where its weight tiles leave SMs idle and K is long "
-                   "(kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split: a 7B's down in 3, its o unsplit; off by "
-                   "default until measured end to end, BENCHMARKS.md): plain (a bare --wgmma-split) the o and down "
-                   "projections, all also the fused q, k, v and gate and up instead of their 64-token mmq_blocks tile"),
-    llvm::cl::values(clEnumValN(WgmmaSplitForm::kOff, "off", "the prefill launch and the mmq_blocks tiles (default)"),
-                     clEnumValN(WgmmaSplitForm::kPlain, "plain", "the o and down projections"),
+                   "(kernels/wgmma_matmul.cuh minfer_wgmma_matmul_split: a 7B's down in 3, its o unsplit; +3.7% "
+                   "aggregate decode at 64 sequences on an H100, BENCHMARKS.md): plain (the default, or a bare "
+                   "--wgmma-split) the o and down projections, all also the fused q, k, v and gate and up instead of "
+                   "their 64-token mmq_blocks tile"),
+    llvm::cl::values(clEnumValN(WgmmaSplitForm::kOff, "off", "the prefill launch and the mmq_blocks tiles"),
+                     clEnumValN(WgmmaSplitForm::kPlain, "plain", "the o and down projections (default)"),
                      clEnumValN(WgmmaSplitForm::kAll, "all", "and the fused q, k, v and gate and up"),
                      clEnumValN(WgmmaSplitForm::kPlain, "", "")),
     llvm::cl::cat(kCategory));
 llvm::cl::opt<unsigned> kWgmmaSplitMinStages(
     "wgmma-split-min-stages", llvm::cl::Hidden,
-    llvm::cl::desc("With --wgmma-split: stages of 64 columns per split of K at least (default 0: the kernel's "
+    llvm::cl::desc("With --wgmma-split (plain or all): stages of 64 columns per split of K at least (default 0: the kernel's "
                    "kWgmmaSplitMinStages), for measuring the split rule"),
     llvm::cl::init(0), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kSwaFull("swa-full",
@@ -194,7 +195,7 @@ int main(int argc, char** argv) {
   }
   if (kWgmmaSplitMinStages.getNumOccurrences() > 0 && kWgmmaSplit == WgmmaSplitForm::kOff) {
     llvm::errs() << "minfer-compile: --wgmma-split-min-stages " << kWgmmaSplitMinStages
-                 << " needs --wgmma-split (without it no matmul is split)\n";
+                 << " needs --wgmma-split (--wgmma-split=off splits no matmul)\n";
     return 1;
   }
 

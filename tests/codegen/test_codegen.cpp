@@ -1052,6 +1052,10 @@ TEST_CASE("wgmma_split: 33 … 64-row calls on the Hopper matmul split over K, o
   CHECK(kern::wgmmaSplits(3584, 3584, 8) == 4);
   CHECK(kern::wgmmaSplits(1024, 1024, 8) == 2);
   CHECK(kern::wgmmaSplits(1024, 1024) == 1);
+  // On by default for the plain matmuls (BENCHMARKS.md, issue 14: +3.7% at 64 sequences), off for the fused ones.
+  CHECK(CodegenOptions{}.wgmma_split);
+  CHECK(minfer::CompileOptions{}.wgmma_split);
+  CHECK_FALSE(CodegenOptions{}.wgmma_split_fused);
 }
 
 // With fuse_prefill_pair, gate and up of each layer beside a Hopper kF16 plane likewise: the gate step with 1 follower,

@@ -101,9 +101,10 @@ std::vector<std::string> goldenArchs() {
 // minfer_mmq_blocks2 on sm_90a; the other variants here compile without it, so both forms run) and its 64-token
 // mmq_blocks tiles on mma.sync (mmqb_wgmma off), "wgmma" the same with those tiles in their warpgroup form (the
 // default mmqb_wgmma, which the other variants keep: MMQB_WGMMA on sm_90a), "wgmma-split" the default with the o and
-// down matmuls of 33 … 64-row calls on the Hopper matmul split over K (wgmma_split, with splits of 8 stages of 64 at
-// least so that the synthetic model's matmuls split in 2; the pair and its wgmma tiles as "wgmma"), "wgmma-split-all"
-// every matmul of those calls so (wgmma_split_fused too). `arch`: the kernel target ("" =
+// down matmuls of 33 … 64-row calls on the Hopper matmul split over K (wgmma_split, on by default: the other variants
+// here compile without it, so both forms run; with splits of 8 stages of 64 at least so that the synthetic model's
+// matmuls split in 2; the pair and its wgmma tiles as "wgmma"), "wgmma-split-all" every matmul of those calls so
+// (wgmma_split_fused too). `arch`: the kernel target ("" =
 // the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).
 // compiledFile: the same for a GGUF at `input` (named `model` in the artifact's file name).
