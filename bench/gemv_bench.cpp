@@ -2,7 +2,8 @@
 // run it on a GPU machine (needs the NVIDIA driver and NVRTC); H200 numbers are in BENCHMARKS.md.
 //
 // Usage: minfer-bench-gemv [--reps R] [--variants] [--batch T,…]
-//                          [--mmq-blocks T,… [--mmqb-splits S,…] [--mmqb-wgmma [--mmqb-stages S,…] [--mmqb-prefetch]]]
+//                          [--mmq-blocks T,… [--mmqb-splits S,…]
+//                           [--mmqb-wgmma [--mmqb-stages S,…] [--mmqb-prefetch] [--mmqb-f16act]]]
 //                          [--wgmma-rows T,… [--wgmma-splits S,…]]
 //                          [--min-blocks N,…] [--l2-fetch 128,256] [--shapes …]
 // For each shape: random GGUF blocks (random bits, finite f16 d and dmin as in tests/runtime/weight_builder),
@@ -19,9 +20,10 @@
 // per row, unroll). The two
 // kernels' outputs on the same weights are compared (max |a − b| / max |b|) as a sanity check. --batch also times
 // the batched GEMV (gemv_blocks.cuh GEMVB_BATCH) and --mmq-blocks minfer_mmq_blocks (mmq_blocks.cuh, f16 tensor
-// cores) on that many q8 rows, the weights GB/s of each launch (--mmqb-wgmma its warpgroup form too, --mmqb-stages
-// and --mmqb-prefetch that form's experiments: mmq_blocks.cuh MMQB_STAGES, MMQB_PREFETCH); --wgmma-rows the Hopper
-// f16 matmul, one split and split over K (kernels/wgmma_matmul.cuh), on a random f16 plane of the shape.
+// cores) on that many q8 rows, the weights GB/s of each launch (--mmqb-wgmma its warpgroup form too, --mmqb-stages,
+// --mmqb-prefetch and --mmqb-f16act that form's experiments: mmq_blocks.cuh MMQB_STAGES, MMQB_PREFETCH, MMQB_F16ACT);
+// --wgmma-rows the Hopper f16 matmul, one split and split over K (kernels/wgmma_matmul.cuh), on a random f16 plane of
+// the shape.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -89,6 +91,11 @@ llvm::cl::opt<bool> kMmqbPrefetch("mmqb-prefetch",
                                                  "words loaded before the previous MMA's wait (MMQB_PREFETCH), with the "
                                                  "rule's stages and each of --mmqb-stages'"),
                                   llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kMmqbF16Act("mmqb-f16act",
+                                 llvm::cl::desc("with --mmqb-wgmma: also time the warpgroup form on f16 activations staged "
+                                                "once (MMQB_F16ACT; the host converts the same q8 rows), with each of the "
+                                                "other forms' stage counts and prefetch settings"),
+                                 llvm::cl::cat(kCategory));
 llvm::cl::list<unsigned> kWgmmaRows(
     "wgmma-rows", llvm::cl::CommaSeparated,
     llvm::cl::desc("also time the Hopper f16 matmul (kernels/wgmma_matmul.cuh, sm_90a) on a random f16 plane of the "
@@ -401,8 +408,8 @@ void benchWgmma(const Gpu& g, const Shape& s, std::mt19937_64& rng, const RowPri
 int main(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(kCategory);
   llvm::cl::ParseCommandLineOptions(argc, argv, "decode GEMV bandwidth on 7B shapes\n");
-  if ((!kMmqbStages.empty() || kMmqbPrefetch) && (!kMmqbWgmma || kMmqBlocks.empty()))
-    die("--mmqb-stages and --mmqb-prefetch need --mmq-blocks and --mmqb-wgmma");
+  if ((!kMmqbStages.empty() || kMmqbPrefetch || kMmqbF16Act) && (!kMmqbWgmma || kMmqBlocks.empty()))
+    die("--mmqb-stages, --mmqb-prefetch and --mmqb-f16act need --mmq-blocks and --mmqb-wgmma");
   for (unsigned st : kMmqbStages)
     if (st < 2 || st > kern::kMmqbMaxStages)
       die("--mmqb-stages " + str(st) + " is out of range 2 … " + str(kern::kMmqbMaxStages));
@@ -453,6 +460,15 @@ int main(int argc, char** argv) {
       }
       xm[b] = {0.01f + static_cast<float>(rng() % 100) * 1e-4f, static_cast<short>(lo), static_cast<short>(hi)};
     }
+    // The same rows as f16 d·q, each group of 16 in the MMA's k order (mmq_blocks.cuh MMQB_F16ACT, mmqbF16ActOrder): d
+    // rounded to f16, the exact product rounded once, as the q8 form converts them per stage.
+    std::vector<uint16_t> x16(kActRows * s.k);
+    for (uint64_t i = 0; i < x16.size(); ++i) {
+      const uint64_t k = i / 16 * 16 + kern::mmqbF16ActOrder(static_cast<unsigned>(i % 16));
+      x16[i] = minfer::floatToHalf(static_cast<float>(xq[k]) * minfer::halfToFloat(minfer::floatToHalf(xm[k / 32].d)));
+    }
+    cuda::DeviceBuffer d_x16 = take(g.dev->alloc(x16.size() * 2, "x16"));
+    ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(d_x16.ptr(), x16.data(), x16.size() * 2, g.stream.get()), "upload"));
     cuda::DeviceBuffer d_xq = take(g.dev->alloc(xq.size(), "xq")), d_xm = take(g.dev->alloc(xm.size() * 8, "xmeta"));
     cuda::DeviceBuffer d_out_a = take(g.dev->alloc(kActRows * s.n * 4, "out")), d_out_b = take(g.dev->alloc(s.n * 4, "out"));
     ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(d_xq.ptr(), xq.data(), xq.size(), g.stream.get()), "upload"));
@@ -487,7 +503,7 @@ int main(int argc, char** argv) {
                                {"GEMV_HAS_MIN", mi >= 0 ? "1" : "0"},
                                {"GEMV_M_PITCH", mi >= 0 ? str(layout->planes[mi].row_pitch) : "0"},
                                {"GEMV_HAS_BIAS", "0"}});
-    CUdeviceptr null_ptr = 0, xqp = d_xq.ptr(), xmp = d_xm.ptr(), outb = d_out_b.ptr();
+    CUdeviceptr null_ptr = 0, xqp = d_xq.ptr(), xmp = d_xm.ptr(), outb = d_out_b.ptr(), x16p = d_x16.ptr();
     std::vector<CUdeviceptr> gw(cg.sets.size()), gs(cg.sets.size()), gm(cg.sets.size());
     for (size_t i = 0; i < cg.sets.size(); ++i) {
       gw[i] = cg.sets[i][0].ptr();
@@ -611,8 +627,9 @@ int main(int argc, char** argv) {
       // and, with --mmqb-prefetch, each of those with MMQB_PREFETCH.
       struct Form {
         bool wgmma = false;
-        unsigned stages = 0;  // 0: mmqbStages'
+        unsigned stages = 0;  // 0: mmqbStages' (mmqbF16Stages' with f16act)
         bool prefetch = false;
+        bool f16act = false;  // MMQB_F16ACT: the activations as f16 from x16p
       };
       std::vector<Form> forms = {{}};
       if (kMmqbWgmma) {
@@ -620,9 +637,10 @@ int main(int argc, char** argv) {
         std::vector<unsigned> stage_counts = {0};  // once each (checked after the options were parsed)
         for (unsigned st : kMmqbStages)
           if (std::find(stage_counts.begin(), stage_counts.end(), st) == stage_counts.end()) stage_counts.push_back(st);
-        for (const bool prefetch : {false, true})
-          for (unsigned st : stage_counts)
-            if (!prefetch || kMmqbPrefetch) forms.push_back({true, st, prefetch});
+        for (const bool f16act : {false, true})
+          for (const bool prefetch : {false, true})
+            for (unsigned st : stage_counts)
+              if ((!prefetch || kMmqbPrefetch) && (!f16act || kMmqbF16Act)) forms.push_back({true, st, prefetch, f16act});
       }
       // The tile of a token count: the smallest that holds it.
       auto tileOf = [](unsigned tokens) { return tokens <= 16 ? 16u : tokens <= 32 ? 32u : 64u; };
@@ -632,28 +650,34 @@ int main(int argc, char** argv) {
           std::vector<float> full_sync;  // the mma.sync form's outputs of a full tile, for the warpgroup form's comparison
           for (const Form& form : forms) {
             const bool wgmma = form.wgmma;
-            const unsigned stages = form.stages ? form.stages : kern::mmqbStages(type, tn);
-            const std::string variant = (form.stages ? " stages " + str(form.stages) : std::string()) +
+            const unsigned stages =
+                form.stages ? form.stages : form.f16act ? kern::mmqbF16Stages(type, tn) : kern::mmqbStages(type, tn);
+            const unsigned smem =
+                form.f16act ? kern::mmqbF16SmemBytesFor(type, tn, stages) : kern::mmqbSmemBytesFor(type, tn, stages);
+            const std::string variant = std::string(form.f16act ? " f16act" : "") +
+                                        (form.stages ? " stages " + str(form.stages) : std::string()) +
                                         (form.prefetch ? " prefetch" : "");
-            if (kern::mmqbSmemBytesFor(type, tn, stages) > kern::kMmqbSmemMax) {
+            if (smem > kern::kMmqbSmemMax) {
               std::printf("        mmq_blocks wgmma%s tn%u: %u stages need %u bytes of shared memory, above %u: not timed\n",
-                          variant.c_str(), tn, stages, kern::mmqbSmemBytesFor(type, tn, stages), kern::kMmqbSmemMax);
+                          variant.c_str(), tn, stages, smem, kern::kMmqbSmemMax);
               continue;
             }
+            CUdeviceptr xin = form.f16act ? x16p : xqp;  // the kernel's xq argument
             std::vector<std::pair<std::string, std::string>> defines = {
                 {"MMQB_N", str(n)}, {"MMQB_K", str(k)}, {"MMQB_TYPE", str(type)}, {"MMQB_PITCH", str(bt.row_pitch)},
                 {"MMQB_GROUP_PITCH", str(bt.group_pitch)}, {"MMQB_TN", str(tn)}, {"MMQB_SPLITS", str(sp)},
                 {"MMQB_HAS_BIAS", "0"}, {"MMQB_WGMMA", wgmma ? "1" : "0"}};
             if (form.stages) defines.emplace_back("MMQB_STAGES", str(form.stages));
             if (form.prefetch) defines.emplace_back("MMQB_PREFETCH", "1");
+            if (form.f16act) defines.emplace_back("MMQB_F16ACT", "1");
             const Kernel km = compile(g,
                                       "mmq_blocks_" + tag + "_n" + str(n) + "_k" + str(k) + "_tn" + str(tn) + "_s" + str(sp) +
                                           (wgmma ? "_wg" : "") + (form.stages ? "_st" + str(form.stages) : "") +
-                                          (form.prefetch ? "_pf" : ""),
+                                          (form.prefetch ? "_pf" : "") + (form.f16act ? "_f16" : ""),
                                       "kernels/mmq_blocks.cuh", "minfer_mmq_blocks", std::move(defines),
                                       wgmma ? "sm_90a" : "");
             kern::LaunchShape msh = kern::mmqbLaunchRule(n, type, tn, sp).at(1);
-            msh.smem = kern::mmqbSmemBytesFor(type, tn, stages);
+            msh.smem = smem;
             ok(g.dev->check(g.cu().cuFuncSetAttribute(km.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       static_cast<int>(msh.smem)),
                             "smem attribute"));
@@ -664,14 +688,14 @@ int main(int argc, char** argv) {
               if (tileOf(tokens) != tn) continue;  // each count on the smallest tile that holds it
               int nt = static_cast<int>(tokens);
               const Timing tmg = timeGraph(g, km, msh, launchesFor(cb), cb.bytes, [&](unsigned i) {
-                return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &nt};
+                return std::vector<void*>{&bw[i % cb.sets.size()], &null_ptr, &xin, &xmp, &outa, &pp, &pc, &nt};
               });
               row("mmq_blocks" + std::string(wgmma ? " wgmma" : "") + variant + " " + str(tokens) + " rows tn" + str(tn) +
                       " s" + str(sp) + (sp == splits[0] && variant.empty() ? " (codegen)" : ""),
                   cb.bytes, tmg);
             }
             int one = 1;
-            std::vector<void*> a = {&bw[0], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &one};
+            std::vector<void*> a = {&bw[0], &null_ptr, &xin, &xmp, &outa, &pp, &pc, &one};
             ok(g.dev->check(g.cu().cuLaunchKernel(km.fn, msh.grid.x, msh.grid.y, 1, msh.block.x, 1, 1, msh.smem, g.stream.get(),
                                                   a.data(), nullptr),
                             "launch"));
@@ -686,7 +710,7 @@ int main(int argc, char** argv) {
             // A full tile of tokens: the warpgroup form against the mma.sync form (the same f16 products in f32; the
             // difference printed, 0 where the tensor cores add them in the same order).
             int full = static_cast<int>(tn);
-            std::vector<void*> fa = {&bw[0], &null_ptr, &xqp, &xmp, &outa, &pp, &pc, &full};
+            std::vector<void*> fa = {&bw[0], &null_ptr, &xin, &xmp, &outa, &pp, &pc, &full};
             ok(g.dev->check(g.cu().cuLaunchKernel(km.fn, msh.grid.x, msh.grid.y, 1, msh.block.x, 1, 1, msh.smem, g.stream.get(),
                                                   fa.data(), nullptr),
                             "launch"));

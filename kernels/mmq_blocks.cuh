@@ -44,8 +44,13 @@
 //                         past kMmqbSmemBudget one block per SM)
 //   MMQB_PREFETCH         1 (with MMQB_WGMMA): each lane loads the raw words of its next group of 16 before the MMA
 //                         wait of this one
-// Both apply to every segment of the fused forms; the launch rules (mmqbLaunchRule, mmqbFusedLaunchRule) give
-// mmqbStages' shared memory, so the bench sets mmqbSmemBytesFor's with MMQB_STAGES.
+//   MMQB_F16ACT           1 (with MMQB_WGMMA): `xq` points at the tokens' f16 activations (n_tokens × K halves, each
+//                         group of 16 in the MMA's k order below, mmqbF16ActOrder), staged once per step instead of
+//                         converted from q8 by every block at every stage: each stage copies them straight into the
+//                         warpgroup MMA's swizzled tiles (mmqbF16StageBytes), `xmeta` is unused and there is no f16
+//                         tile, dequantization of the activations or second barrier per stage
+// They apply to every segment of the fused forms; the launch rules (mmqbLaunchRule, mmqbFusedLaunchRule) give
+// mmqbStages' shared memory, so the bench sets mmqbSmemBytesFor's (mmqbF16SmemBytesFor's) itself.
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, float* partial, unsigned* counters, int n_tokens)
 //   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K); out: n_tokens × N f32 (row stride N);
@@ -134,6 +139,20 @@ MINFER_HD constexpr unsigned mmqbSmemBytesFor(unsigned type, unsigned tn, unsign
 MINFER_HD constexpr unsigned mmqbSmemBytes(unsigned type, unsigned tn) {
   return mmqbSmemBytesFor(type, tn, mmqbStages(type, tn));
 }
+// MMQB_F16ACT: a stage is the raw blocks and the f16 activations of the block column as four 64-column tiles of TN
+// rows × 128 bytes (TN · 512 bytes; every part 1024-byte aligned); no f16 tile. Stages as mmqbStages picks them.
+MINFER_HD constexpr unsigned mmqbF16StageBytes(unsigned type, unsigned tn) { return kMmqbTM * mmqbRawLd(type) + tn * 512; }
+MINFER_HD constexpr unsigned mmqbF16SmemBytesFor(unsigned type, unsigned tn, unsigned stages) {
+  return stages * mmqbF16StageBytes(type, tn) + kMmqbAlignSlack;
+}
+MINFER_HD constexpr unsigned mmqbF16Stages(unsigned type, unsigned tn) {
+  unsigned s = 4;
+  while (s > 2 && mmqbF16SmemBytesFor(type, tn, s) > kMmqbSmemBudget) --s;
+  return s;
+}
+// The k (0 … 15) of a group of 16 that f16 activation p of the group holds for MMQB_F16ACT: the MMA's k order of the
+// q8 form's f16 tile (halves 2t, 2t + 1 = k 4t, 4t + 2; halves 8 + 2t, 9 + 2t = k 4t + 1, 4t + 3).
+MINFER_HD constexpr unsigned mmqbF16ActOrder(unsigned p) { return p < 8 ? 4 * (p / 2) + 2 * (p % 2) : 4 * ((p - 8) / 2) + 1 + 2 * (p % 2); }
 // The split-K scratch: S × TN × N f32 (none with one split); the counters: one word per row tile.
 MINFER_HD unsigned long long mmqbPartialBytes(unsigned n, unsigned tn, unsigned splits) {
   return splits > 1 ? 4ull * splits * tn * n : 0;
@@ -224,6 +243,13 @@ static_assert(kTN == 16 || kTN == 32 || kTN == 64, "MMQB_TN must be 16, 32 or 64
 static_assert(kTM == 16 * kThreads / 32, "a warp per 16 rows");
 static_assert(kS >= 1 && kS <= kKB, "MMQB_SPLITS: 1 … K/256");
 static_assert(MMQB_WGMMA == 0 || MMQB_WGMMA == 1, "MMQB_WGMMA must be 0 or 1");
+#ifdef MMQB_F16ACT
+static_assert(MMQB_F16ACT == 0 || MMQB_F16ACT == 1, "MMQB_F16ACT must be 0 or 1");
+static_assert(MMQB_F16ACT == 0 || MMQB_WGMMA == 1, "MMQB_F16ACT is for the warpgroup form");
+constexpr bool kF16Act = MMQB_F16ACT != 0;
+#else
+constexpr bool kF16Act = false;
+#endif
 #ifdef MMQB_PREFETCH
 static_assert(MMQB_PREFETCH == 0 || MMQB_PREFETCH == 1, "MMQB_PREFETCH must be 0 or 1");
 static_assert(MMQB_PREFETCH == 0 || MMQB_WGMMA == 1, "MMQB_PREFETCH is for the warpgroup form (mma.sync has no wait)");
@@ -250,14 +276,18 @@ struct Segment {
   static constexpr int kStages = MMQB_STAGES;
   static_assert(MMQB_STAGES >= 2 && MMQB_STAGES <= static_cast<int>(kMmqbMaxStages), "MMQB_STAGES: 2 … kMmqbMaxStages");
 #else
-  static constexpr int kStages = static_cast<int>(mmqbStages(kType_, kTN));
+  static constexpr int kStages = static_cast<int>(kF16Act ? mmqbF16Stages(kType_, kTN) : mmqbStages(kType_, kTN));
 #endif
-  static constexpr int kStageBytes = static_cast<int>(mmqbStageBytes(kType_, kTN));
+  static constexpr int kStageBytes =
+      static_cast<int>(kF16Act ? mmqbF16StageBytes(kType_, kTN) : mmqbStageBytes(kType_, kTN));
   static constexpr int kActAt = kTM * kRawLd, kMetaAt = kActAt + kTN * kLD;  // byte offsets inside a stage
+  static_assert(!kF16Act || (kActAt % 1024 == 0 && kStageBytes % 1024 == 0),
+                "MMQB_F16ACT: each stage's activation tiles 1024-byte aligned (the 128-byte swizzle)");
   static constexpr int kTiles = (kN_ + kTM - 1) / kTM;
   static_assert(kType_ == 12 || kType_ == 14, "MMQB_TYPE must be Q4_K (12) or Q6_K (14)");
   static_assert(kN_ >= 1, "a segment has rows");
-  static_assert(mmqbSmemBytesFor(kType_, kTN, kStages) <= kMmqbSmemMax,
+  static_assert((kF16Act ? mmqbF16SmemBytesFor(kType_, kTN, kStages) : mmqbSmemBytesFor(kType_, kTN, kStages)) <=
+                    kMmqbSmemMax,
                 "dynamic shared memory above the sm_90 opt-in limit");
   static_assert(kPitch_ % 16 == 0 && kGroupPitch_ % 16 == 0, "blocks must start 16-byte aligned");
   static_assert(kGroupPitch_ >= 16 * mmqbRawChunks(kType_), "group pitch smaller than the copied chunks");
@@ -293,6 +323,21 @@ __device__ __forceinline__ void loadStage(unsigned st, int blk, int m0, int n_to
     const bool ok = S::kN % kTM == 0 || m0 + row < S::kN;
     cpAsyncShared<16>(st + row * S::kRawLd + 16 * ch,
                       ok ? wb + static_cast<unsigned>(row * static_cast<int>(S::kPitch) + 16 * ch) : w, ok);
+  }
+  if constexpr (kF16Act) {
+    // The tokens' f16 activations of the block column (512 bytes a token) into the four swizzled 64-column tiles:
+    // 16-byte chunk ch of token tok to tile ch / 8, chunk ch % 8 of row tok.
+    const uint16_t* x16 = reinterpret_cast<const uint16_t*>(xq);
+#pragma unroll
+    for (int i = 0; i < iters(kTN * 32); ++i) {
+      const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+      if ((kTN * 32) % kThreads != 0 && c >= kTN * 32) break;
+      const int tok = c / 32, ch = c % 32;
+      const bool ok = tok < n_tokens;
+      cpAsyncShared<16>(st + S::kActAt + (ch / 8) * kTN * 128 + swizzled(tok, ch % 8),
+                        ok ? x16 + static_cast<uint64_t>(tok) * kK + 256 * blk + 8 * ch : x16, ok);
+    }
+    return;
   }
   const int8_t* xb = xq + 256 * blk;
 #pragma unroll
@@ -542,8 +587,8 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
                                          float* __restrict__ partial, int prow0, int pld, unsigned* counter,
                                          int n_tokens) {
   constexpr int kStages = S::kStages, kRawLd = S::kRawLd;
-  uint8_t* const bt = smem;  // the f16 activations (tileOffset's layout)
-  uint8_t* const stages = smem + mmqbTileBytes(kTN);
+  uint8_t* const bt = smem;  // the f16 activations (tileOffset's layout; none with MMQB_F16ACT)
+  uint8_t* const stages = smem + (kF16Act ? 0 : mmqbTileBytes(kTN));
   const int b0 = split * kKB / kS, b1 = (split + 1) * kKB / kS;  // this split's GGUF blocks
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -574,16 +619,22 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
   }
   for (int it = 0; it < n_blk; ++it) {
     cpAsyncWait<kStages - 2>();
-    if constexpr (MMQB_WGMMA) wgmmaWait<0>();  // this warpgroup's MMAs have read the f16 tile
+    if constexpr (kF16Act) fenceProxyAsync();  // this thread's copies of the stage before the tensor cores read them
+    if constexpr (MMQB_WGMMA) wgmmaWait<0>();  // this warpgroup's MMAs have read the f16 tile (MMQB_F16ACT: the stage)
     __syncthreads();  // the stage is visible to all; everyone's MMAs on the previous f16 activations are done
     const int next = it + kStages - 1;
     if (next < n_blk)
       loadStage<S>(smem_addr + (next % kStages) * S::kStageBytes, b0 + next, m0, n_tokens, w, xq, xmeta);
     cpAsyncCommit();
     const Stage st = stageAt<S>(stages, it % kStages);
-    dequantActivations(st, bt, n_tokens);
-    if constexpr (MMQB_WGMMA) fenceProxyAsync();  // the tile's stores before the tensor cores read it
-    __syncthreads();
+    uint64_t desc = b_desc;  // the warpgroup form's B tiles of this stage
+    if constexpr (kF16Act) {
+      desc = tileDescriptor(st.act);
+    } else {
+      dequantActivations(st, bt, n_tokens);
+      if constexpr (MMQB_WGMMA) fenceProxyAsync();  // the tile's stores before the tensor cores read it
+      __syncthreads();
+    }
     const uint8_t* r0 = st.raw + (wm0 + g) * kRawLd;
     const uint8_t* r8 = r0 + 8 * kRawLd;
     const RowScales<S::kQ4K> rs[2] = {rowScales<S::kQ4K>(r0), rowScales<S::kQ4K>(r8)};
@@ -609,7 +660,7 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
         if constexpr (MMQB_WGMMA) {
           // The group's B: its first 16 bytes' offset in the tile (row 0: no swizzle) in the descriptor's 16-byte units.
           wgmmaFence();  // the A registers just written, before the MMA reads them
-          wgmmaRegA<kNI>(acc, a, b_desc + (tileOffset(0, kb, c, 0) >> 4));
+          wgmmaRegA<kNI>(acc, a, desc + (tileOffset(0, kb, c, 0) >> 4));
           wgmmaCommit();
         } else {
 #pragma unroll
