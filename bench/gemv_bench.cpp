@@ -293,10 +293,11 @@ double copyCeiling(const Gpu& g) {
   return best;
 }
 
-// max |a − b| / max |b|.
+// max |a − b| / max |b|; infinity where an element of a or b is not finite (a NaN would drop out of std::max).
 double maxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, ref = 0;
   for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
     diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
     ref = std::max(ref, std::fabs(static_cast<double>(b[i])));
   }
@@ -624,7 +625,8 @@ int main(int argc, char** argv) {
       for (unsigned sp : kMmqbSplits)
         if (sp >= 1 && sp <= k / 256 && std::find(splits.begin(), splits.end(), sp) == splits.end()) splits.push_back(sp);
       // The forms timed: mma.sync, then (--mmqb-wgmma) the warpgroup form with the rule's stages, each of --mmqb-stages'
-      // and, with --mmqb-prefetch, each of those with MMQB_PREFETCH.
+      // and, with --mmqb-prefetch, each of those with MMQB_PREFETCH; with --mmqb-f16act all of those again with
+      // MMQB_F16ACT (the activations from x16p).
       struct Form {
         bool wgmma = false;
         unsigned stages = 0;  // 0: mmqbStages' (mmqbF16Stages' with f16act)
@@ -708,8 +710,10 @@ int main(int argc, char** argv) {
             std::printf("        mmq_blocks%s%s tn%u s%u token 0 vs gemv_blocks: max |a - b| / max |b| = %.2e\n",
                         wgmma ? " wgmma" : "", variant.c_str(), tn, sp, maxRelDiff(ra, rb));
             // A full tile of tokens: the warpgroup form against the mma.sync form (the same f16 products in f32; the
-            // difference printed, 0 where the tensor cores add them in the same order).
+            // difference printed, 0 where the tensor cores add them in the same order, and the words that differ). The
+            // output is filled with NaN first, so an element the launch does not write cannot match.
             int full = static_cast<int>(tn);
+            ok(g.dev->check(g.cu().cuMemsetD8Async(outa, 0xFF, static_cast<size_t>(tn) * n * 4, g.stream.get()), "memset"));
             std::vector<void*> fa = {&bw[0], &null_ptr, &xin, &xmp, &outa, &pp, &pc, &full};
             ok(g.dev->check(g.cu().cuLaunchKernel(km.fn, msh.grid.x, msh.grid.y, 1, msh.block.x, 1, 1, msh.smem, g.stream.get(),
                                                   fa.data(), nullptr),
@@ -717,10 +721,15 @@ int main(int argc, char** argv) {
             std::vector<float> all(static_cast<size_t>(tn) * n);
             ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(all.data(), outa, all.size() * 4, g.stream.get()), "download"));
             g.sync();
-            if (!wgmma) full_sync = std::move(all);
-            else
-              std::printf("        mmq_blocks wgmma%s tn%u s%u, %u tokens vs mma.sync: max |a - b| / max |b| = %.2e\n",
-                          variant.c_str(), tn, sp, tn, maxRelDiff(all, full_sync));
+            if (!wgmma) {
+              full_sync = std::move(all);
+            } else {
+              size_t differ = 0;
+              for (size_t i = 0; i < all.size(); ++i) differ += std::memcmp(&all[i], &full_sync[i], 4) != 0;
+              std::printf("        mmq_blocks wgmma%s tn%u s%u, %u tokens vs mma.sync: max |a - b| / max |b| = %.2e, "
+                          "%zu of %zu words differ\n",
+                          variant.c_str(), tn, sp, tn, maxRelDiff(all, full_sync), differ, all.size());
+            }
           }
         }
     }

@@ -39,9 +39,9 @@
 //   MMQB_HAS_BIAS         bias vector (N f32)
 //   MMQB_SEGMENTS         1 (default: minfer_mmq_blocks), 2 or 3 (minfer_mmq_blocks2, minfer_mmq_blocks3, below)
 //   MMQB_WGMMA            1: the MMAs as Hopper warpgroup MMAs (sm_90a images only, below); 0 (default): mma.sync
-// Experiments (minfer-bench-gemv --mmqb-stages, --mmqb-prefetch; the codegen sets neither):
-//   MMQB_STAGES           raw stages of the pipeline instead of mmqbStages' (2 … 8; shared memory mmqbSmemBytesFor:
-//                         past kMmqbSmemBudget one block per SM)
+// Experiments (minfer-bench-gemv --mmqb-stages, --mmqb-prefetch, --mmqb-f16act; the codegen sets none of them):
+//   MMQB_STAGES           raw stages of the pipeline instead of mmqbStages' (2 … 8; shared memory mmqbSmemBytesFor,
+//                         with MMQB_F16ACT mmqbF16SmemBytesFor: past kMmqbSmemBudget one block per SM)
 //   MMQB_PREFETCH         1 (with MMQB_WGMMA): each lane loads the raw words of its next group of 16 before the MMA
 //                         wait of this one
 //   MMQB_F16ACT           1 (with MMQB_WGMMA): `xq` points at the tokens' f16 activations (n_tokens × K halves, each
@@ -53,7 +53,8 @@
 // mmqbStages' shared memory, so the bench sets mmqbSmemBytesFor's (mmqbF16SmemBytesFor's) itself.
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, float* partial, unsigned* counters, int n_tokens)
-//   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K); out: n_tokens × N f32 (row stride N);
+//   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K; MMQB_F16ACT: xq the f16 activations, xmeta
+//   unused); out: n_tokens × N f32 (row stride N);
 //   partial: mmqbPartialBytes() of scratch (null with one split); counters: mmqbCounterBytes() of words, zero on
 //   entry and again on exit (ArgKind Counters; unused with one split).
 // Launch shape: mmqbLaunchRule(): grid (⌈N/128⌉, S), 256 threads, mmqbSmemBytes() of dynamic shared memory.
@@ -109,7 +110,8 @@ constexpr unsigned kMmqbSmemMax = 227 * 1024;  // dynamic shared memory of one b
 // Shared memory one block may take so that two fit on an SM (each block also takes 1 KiB of the SM's 228 KiB, and 16
 // bytes of static shared memory).
 constexpr unsigned kMmqbSmemBudget = 113 * 1024;
-// Dynamic shared memory reserved to align the f16 tile to 1024 bytes (the warpgroup form's 128-byte swizzle).
+// Dynamic shared memory reserved to align the f16 tile (MMQB_F16ACT: the stages) to 1024 bytes (the warpgroup form's
+// 128-byte swizzle).
 constexpr unsigned kMmqbAlignSlack = 1024;
 
 // Shared-memory row of one raw block (bytes): Q4_K 144 (36 words: rows g = 0..7 of an A-fragment load fall on
@@ -140,7 +142,8 @@ MINFER_HD constexpr unsigned mmqbSmemBytes(unsigned type, unsigned tn) {
   return mmqbSmemBytesFor(type, tn, mmqbStages(type, tn));
 }
 // MMQB_F16ACT: a stage is the raw blocks and the f16 activations of the block column as four 64-column tiles of TN
-// rows × 128 bytes (TN · 512 bytes; every part 1024-byte aligned); no f16 tile. Stages as mmqbStages picks them.
+// rows × 128 bytes (TN · 512 bytes; every part 1024-byte aligned); no f16 tile. mmqbF16Stages picks the stages by
+// mmqbStages' budget. The launch rules give mmqbSmemBytes: a launch of this form sets mmqbF16SmemBytesFor's itself.
 MINFER_HD constexpr unsigned mmqbF16StageBytes(unsigned type, unsigned tn) { return kMmqbTM * mmqbRawLd(type) + tn * 512; }
 MINFER_HD constexpr unsigned mmqbF16SmemBytesFor(unsigned type, unsigned tn, unsigned stages) {
   return stages * mmqbF16StageBytes(type, tn) + kMmqbAlignSlack;
@@ -299,7 +302,7 @@ MINFER_HD constexpr int iters(int items) { return (items + kThreads - 1) / kThre
 
 struct Stage {
   uint8_t* raw;  // [TM][S::kRawLd]
-  int8_t* act;   // [TN][kLD]
+  int8_t* act;   // [TN][kLD] (MMQB_F16ACT: the four swizzled f16 tiles)
   Q8Meta* x;     // [8][TN]
 };
 template <class S>
@@ -310,7 +313,7 @@ __device__ __forceinline__ Stage stageAt(uint8_t* smem, int i) {
 
 // Issues the cp.async copies of GGUF block column `blk` into the stage at shared address `st` (stageAt's layout; rows
 // past N and tokens past n_tokens zero-filled). Each copy's source is the block column's (uniform) base plus a 32-bit
-// offset, so a copy costs a few integer instructions.
+// offset, so a copy costs a few integer instructions (MMQB_F16ACT's activations: 64-bit offsets).
 template <class S>
 __device__ __forceinline__ void loadStage(unsigned st, int blk, int m0, int n_tokens, const uint8_t* w, const int8_t* xq,
                                           const Q8Meta* xmeta) {
@@ -579,7 +582,8 @@ __device__ __forceinline__ void groupScale(const RowScales<kQ4K>& r, int kb, int
 
 // One thread block's tile of segment S: rows [m0, m0 + TM) of its matrix, GGUF blocks of split `split`. Split-K
 // sums go to rows [prow0, prow0 + S::kN) of the launch's scratch of `pld` rows (partial[split][t][prow0 + r]) and
-// the tile counts itself in `*counter`. `smem`: 1024-byte aligned, the f16 tile (mmqbTileBytes) then the stages.
+// the tile counts itself in `*counter`. `smem`: 1024-byte aligned, the f16 tile (mmqbTileBytes; none with
+// MMQB_F16ACT) then the stages.
 template <class S>
 __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const uint8_t* __restrict__ w,
                                          const float* __restrict__ bias, const int8_t* __restrict__ xq,
@@ -609,8 +613,8 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
     for (int e = 0; e < 4; ++e) acc[ni][e] = 0.0f;
 
   // Pipeline: stages 0 … S − 2 in flight before the loop; iteration `it` waits for its raw stage, refills the
-  // buffer of stage it − 1 with stage it + S − 1, converts the activations to f16, and runs the MMAs with the
-  // weights dequantized in registers.
+  // buffer of stage it − 1 with stage it + S − 1, converts the activations to f16 (MMQB_F16ACT: they came as f16),
+  // and runs the MMAs with the weights dequantized in registers.
   const int n_blk = b1 - b0;
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
