@@ -3,7 +3,7 @@
 //
 // Usage: minfer-bench-gemv [--reps R] [--variants] [--batch T,…]
 //                          [--mmq-blocks T,… [--mmqb-splits S,…]
-//                           [--mmqb-wgmma [--mmqb-stages S,…] [--mmqb-prefetch] [--mmqb-f16act]]]
+//                           [--mmqb-wgmma [--mmqb-f16act]]]
 //                          [--wgmma-rows T,… [--wgmma-splits S,…]]
 //                          [--min-blocks N,…] [--l2-fetch 128,256] [--shapes …]
 // For each shape: random GGUF blocks (random bits, finite f16 d and dmin as in tests/runtime/weight_builder),
@@ -20,8 +20,8 @@
 // per row, unroll). The two
 // kernels' outputs on the same weights are compared (max |a − b| / max |b|) as a sanity check. --batch also times
 // the batched GEMV (gemv_blocks.cuh GEMVB_BATCH) and --mmq-blocks minfer_mmq_blocks (mmq_blocks.cuh, f16 tensor
-// cores) on that many q8 rows, the weights GB/s of each launch (--mmqb-wgmma its warpgroup form too, --mmqb-stages,
-// --mmqb-prefetch and --mmqb-f16act that form's experiments: mmq_blocks.cuh MMQB_STAGES, MMQB_PREFETCH, MMQB_F16ACT);
+// cores) on that many q8 rows, the weights GB/s of each launch (--mmqb-wgmma its warpgroup form too, --mmqb-f16act
+// that form on f16 activations: mmq_blocks.cuh MMQB_F16ACT);
 // --wgmma-rows the Hopper f16 matmul, one split and split over K (kernels/wgmma_matmul.cuh), on a random f16 plane of
 // the shape.
 #include <algorithm>
@@ -81,16 +81,6 @@ llvm::cl::opt<bool> kMmqbWgmma("mmqb-wgmma",
                                 llvm::cl::desc("with --mmq-blocks: also time its warpgroup form (MMQB_WGMMA, sm_90a images; "
                                                "Hopper only) and compare its outputs with the mma.sync form's"),
                                 llvm::cl::cat(kCategory));
-llvm::cl::list<unsigned> kMmqbStages(
-    "mmqb-stages", llvm::cl::CommaSeparated,
-    llvm::cl::desc("with --mmqb-wgmma: also time the warpgroup form with this many raw stages (MMQB_STAGES, 2 … 8; "
-                   "past the two-blocks-per-SM budget one block per SM), for each count given"),
-    llvm::cl::cat(kCategory));
-llvm::cl::opt<bool> kMmqbPrefetch("mmqb-prefetch",
-                                  llvm::cl::desc("with --mmqb-wgmma: also time the warpgroup form with each group's raw "
-                                                 "words loaded before the previous MMA's wait (MMQB_PREFETCH), with the "
-                                                 "rule's stages and each of --mmqb-stages'"),
-                                  llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kMmqbF16Act("mmqb-f16act",
                                  llvm::cl::desc("with --mmqb-wgmma: also time the warpgroup form on f16 activations staged "
                                                 "once (MMQB_F16ACT; the host converts the same q8 rows), with each of the "
@@ -409,11 +399,7 @@ void benchWgmma(const Gpu& g, const Shape& s, std::mt19937_64& rng, const RowPri
 int main(int argc, char** argv) {
   llvm::cl::HideUnrelatedOptions(kCategory);
   llvm::cl::ParseCommandLineOptions(argc, argv, "decode GEMV bandwidth on 7B shapes\n");
-  if ((!kMmqbStages.empty() || kMmqbPrefetch || kMmqbF16Act) && (!kMmqbWgmma || kMmqBlocks.empty()))
-    die("--mmqb-stages, --mmqb-prefetch and --mmqb-f16act need --mmq-blocks and --mmqb-wgmma");
-  for (unsigned st : kMmqbStages)
-    if (st < 2 || st > kern::kMmqbMaxStages)
-      die("--mmqb-stages " + str(st) + " is out of range 2 … " + str(kern::kMmqbMaxStages));
+  if (kMmqbF16Act && (!kMmqbWgmma || kMmqBlocks.empty())) die("--mmqb-f16act needs --mmq-blocks and --mmqb-wgmma");
   Gpu g;
   g.dev = take(cuda::CudaDevice::open());
   g.stream = take(g.dev->createStream());
@@ -624,25 +610,17 @@ int main(int argc, char** argv) {
       std::vector<unsigned> splits = {kern::mmqbSplits(n, k)};
       for (unsigned sp : kMmqbSplits)
         if (sp >= 1 && sp <= k / 256 && std::find(splits.begin(), splits.end(), sp) == splits.end()) splits.push_back(sp);
-      // The forms timed: mma.sync, then (--mmqb-wgmma) the warpgroup form with the rule's stages, each of --mmqb-stages'
-      // and, with --mmqb-prefetch, each of those with MMQB_PREFETCH; with --mmqb-f16act all of those again with
+      // The forms timed: mma.sync, then (--mmqb-wgmma) the warpgroup form and (--mmqb-f16act) that form with
       // MMQB_F16ACT (the activations from x16p).
       struct Form {
         bool wgmma = false;
-        unsigned stages = 0;  // 0: mmqbStages' (mmqbF16Stages' with f16act)
-        bool prefetch = false;
-        bool f16act = false;  // MMQB_F16ACT: the activations as f16 from x16p
+        bool f16act = false;
       };
       std::vector<Form> forms = {{}};
       if (kMmqbWgmma) {
         if (g.dev->info().arch() != "sm_90") die("--mmqb-wgmma: the warpgroup form runs on sm_90 (Hopper) only");
-        std::vector<unsigned> stage_counts = {0};  // once each (checked after the options were parsed)
-        for (unsigned st : kMmqbStages)
-          if (std::find(stage_counts.begin(), stage_counts.end(), st) == stage_counts.end()) stage_counts.push_back(st);
-        for (const bool f16act : {false, true})
-          for (const bool prefetch : {false, true})
-            for (unsigned st : stage_counts)
-              if ((!prefetch || kMmqbPrefetch) && (!f16act || kMmqbF16Act)) forms.push_back({true, st, prefetch, f16act});
+        forms.push_back({true, false});
+        if (kMmqbF16Act) forms.push_back({true, true});
       }
       // The tile of a token count: the smallest that holds it.
       auto tileOf = [](unsigned tokens) { return tokens <= 16 ? 16u : tokens <= 32 ? 32u : 64u; };
@@ -652,34 +630,20 @@ int main(int argc, char** argv) {
           std::vector<float> full_sync;  // the mma.sync form's outputs of a full tile, for the warpgroup form's comparison
           for (const Form& form : forms) {
             const bool wgmma = form.wgmma;
-            const unsigned stages =
-                form.stages ? form.stages : form.f16act ? kern::mmqbF16Stages(type, tn) : kern::mmqbStages(type, tn);
-            const unsigned smem =
-                form.f16act ? kern::mmqbF16SmemBytesFor(type, tn, stages) : kern::mmqbSmemBytesFor(type, tn, stages);
-            const std::string variant = std::string(form.f16act ? " f16act" : "") +
-                                        (form.stages ? " stages " + str(form.stages) : std::string()) +
-                                        (form.prefetch ? " prefetch" : "");
-            if (smem > kern::kMmqbSmemMax) {
-              std::printf("        mmq_blocks wgmma%s tn%u: %u stages need %u bytes of shared memory, above %u: not timed\n",
-                          variant.c_str(), tn, stages, smem, kern::kMmqbSmemMax);
-              continue;
-            }
+            const std::string variant = form.f16act ? " f16act" : "";
             CUdeviceptr xin = form.f16act ? x16p : xqp;  // the kernel's xq argument
             std::vector<std::pair<std::string, std::string>> defines = {
                 {"MMQB_N", str(n)}, {"MMQB_K", str(k)}, {"MMQB_TYPE", str(type)}, {"MMQB_PITCH", str(bt.row_pitch)},
                 {"MMQB_GROUP_PITCH", str(bt.group_pitch)}, {"MMQB_TN", str(tn)}, {"MMQB_SPLITS", str(sp)},
                 {"MMQB_HAS_BIAS", "0"}, {"MMQB_WGMMA", wgmma ? "1" : "0"}};
-            if (form.stages) defines.emplace_back("MMQB_STAGES", str(form.stages));
-            if (form.prefetch) defines.emplace_back("MMQB_PREFETCH", "1");
             if (form.f16act) defines.emplace_back("MMQB_F16ACT", "1");
             const Kernel km = compile(g,
                                       "mmq_blocks_" + tag + "_n" + str(n) + "_k" + str(k) + "_tn" + str(tn) + "_s" + str(sp) +
-                                          (wgmma ? "_wg" : "") + (form.stages ? "_st" + str(form.stages) : "") +
-                                          (form.prefetch ? "_pf" : "") + (form.f16act ? "_f16" : ""),
+                                          (wgmma ? "_wg" : "") + (form.f16act ? "_f16" : ""),
                                       "kernels/mmq_blocks.cuh", "minfer_mmq_blocks", std::move(defines),
                                       wgmma ? "sm_90a" : "");
             kern::LaunchShape msh = kern::mmqbLaunchRule(n, type, tn, sp).at(1);
-            msh.smem = smem;
+            if (form.f16act) msh.smem = kern::mmqbF16SmemBytes(type, tn);  // the launch rule gives the q8 form's
             ok(g.dev->check(g.cu().cuFuncSetAttribute(km.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       static_cast<int>(msh.smem)),
                             "smem attribute"));

@@ -39,18 +39,14 @@
 //   MMQB_HAS_BIAS         bias vector (N f32)
 //   MMQB_SEGMENTS         1 (default: minfer_mmq_blocks), 2 or 3 (minfer_mmq_blocks2, minfer_mmq_blocks3, below)
 //   MMQB_WGMMA            1: the MMAs as Hopper warpgroup MMAs (sm_90a images only, below); 0 (default): mma.sync
-// Experiments (minfer-bench-gemv --mmqb-stages, --mmqb-prefetch, --mmqb-f16act; the codegen sets none of them):
-//   MMQB_STAGES           raw stages of the pipeline instead of mmqbStages' (2 … 8; shared memory mmqbSmemBytesFor,
-//                         with MMQB_F16ACT mmqbF16SmemBytesFor: past kMmqbSmemBudget one block per SM)
-//   MMQB_PREFETCH         1 (with MMQB_WGMMA): each lane loads the raw words of its next group of 16 before the MMA
-//                         wait of this one
+// Experiment (minfer-bench-gemv --mmqb-f16act; the codegen does not set it):
 //   MMQB_F16ACT           1 (with MMQB_WGMMA): `xq` points at the tokens' f16 activations (n_tokens × K halves, each
 //                         group of 16 in the MMA's k order below, mmqbF16ActOrder), staged once per step instead of
 //                         converted from q8 by every block at every stage: each stage copies them straight into the
 //                         warpgroup MMA's swizzled tiles (mmqbF16StageBytes), `xmeta` is unused and there is no f16
-//                         tile, dequantization of the activations or second barrier per stage
-// They apply to every segment of the fused forms; the launch rules (mmqbLaunchRule, mmqbFusedLaunchRule) give
-// mmqbStages' shared memory, so the bench sets mmqbSmemBytesFor's (mmqbF16SmemBytesFor's) itself.
+//                         tile, dequantization of the activations or second barrier per stage. It applies to every
+//                         segment of the fused forms; the launch rules give mmqbSmemBytes, so the bench sets
+//                         mmqbF16SmemBytes itself.
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, float* partial, unsigned* counters, int n_tokens)
 //   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K; MMQB_F16ACT: xq the f16 activations, xmeta
@@ -133,29 +129,26 @@ MINFER_HD constexpr unsigned mmqbStages(unsigned type, unsigned tn) {
   while (s > 2 && s * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack > kMmqbSmemBudget) --s;
   return s;
 }
-constexpr unsigned kMmqbMaxStages = 8;  // MMQB_STAGES at most
-// Dynamic shared memory of a block with `stages` raw stages (MMQB_STAGES), and with mmqbStages' count.
-MINFER_HD constexpr unsigned mmqbSmemBytesFor(unsigned type, unsigned tn, unsigned stages) {
-  return stages * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack;
-}
 MINFER_HD constexpr unsigned mmqbSmemBytes(unsigned type, unsigned tn) {
-  return mmqbSmemBytesFor(type, tn, mmqbStages(type, tn));
+  return mmqbStages(type, tn) * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack;
 }
 // MMQB_F16ACT: a stage is the raw blocks and the f16 activations of the block column as four 64-column tiles of TN
-// rows × 128 bytes (TN · 512 bytes; every part 1024-byte aligned); no f16 tile. mmqbF16Stages picks the stages by
-// mmqbStages' budget. The launch rules give mmqbSmemBytes: a launch of this form sets mmqbF16SmemBytesFor's itself.
+// rows × 128 bytes (TN · 512 bytes; every part 1024-byte aligned); no f16 tile; stages as many as fit in
+// kMmqbSmemBudget, 2 … 4 (the same counts as mmqbStages').
 MINFER_HD constexpr unsigned mmqbF16StageBytes(unsigned type, unsigned tn) { return kMmqbTM * mmqbRawLd(type) + tn * 512; }
-MINFER_HD constexpr unsigned mmqbF16SmemBytesFor(unsigned type, unsigned tn, unsigned stages) {
-  return stages * mmqbF16StageBytes(type, tn) + kMmqbAlignSlack;
-}
 MINFER_HD constexpr unsigned mmqbF16Stages(unsigned type, unsigned tn) {
   unsigned s = 4;
-  while (s > 2 && mmqbF16SmemBytesFor(type, tn, s) > kMmqbSmemBudget) --s;
+  while (s > 2 && s * mmqbF16StageBytes(type, tn) + kMmqbAlignSlack > kMmqbSmemBudget) --s;
   return s;
+}
+MINFER_HD constexpr unsigned mmqbF16SmemBytes(unsigned type, unsigned tn) {
+  return mmqbF16Stages(type, tn) * mmqbF16StageBytes(type, tn) + kMmqbAlignSlack;
 }
 // The k (0 … 15) of a group of 16 that f16 activation p of the group holds for MMQB_F16ACT: the MMA's k order of the
 // q8 form's f16 tile (halves 2t, 2t + 1 = k 4t, 4t + 2; halves 8 + 2t, 9 + 2t = k 4t + 1, 4t + 3).
-MINFER_HD constexpr unsigned mmqbF16ActOrder(unsigned p) { return p < 8 ? 4 * (p / 2) + 2 * (p % 2) : 4 * ((p - 8) / 2) + 1 + 2 * (p % 2); }
+MINFER_HD constexpr unsigned mmqbF16ActOrder(unsigned p) {
+  return p < 8 ? 4 * (p / 2) + 2 * (p % 2) : 4 * ((p - 8) / 2) + 1 + 2 * (p % 2);
+}
 // The split-K scratch: S × TN × N f32 (none with one split); the counters: one word per row tile.
 MINFER_HD unsigned long long mmqbPartialBytes(unsigned n, unsigned tn, unsigned splits) {
   return splits > 1 ? 4ull * splits * tn * n : 0;
@@ -246,20 +239,12 @@ static_assert(kTN == 16 || kTN == 32 || kTN == 64, "MMQB_TN must be 16, 32 or 64
 static_assert(kTM == 16 * kThreads / 32, "a warp per 16 rows");
 static_assert(kS >= 1 && kS <= kKB, "MMQB_SPLITS: 1 … K/256");
 static_assert(MMQB_WGMMA == 0 || MMQB_WGMMA == 1, "MMQB_WGMMA must be 0 or 1");
-#ifdef MMQB_F16ACT
+#ifndef MMQB_F16ACT
+#define MMQB_F16ACT 0
+#endif
 static_assert(MMQB_F16ACT == 0 || MMQB_F16ACT == 1, "MMQB_F16ACT must be 0 or 1");
 static_assert(MMQB_F16ACT == 0 || MMQB_WGMMA == 1, "MMQB_F16ACT is for the warpgroup form");
 constexpr bool kF16Act = MMQB_F16ACT != 0;
-#else
-constexpr bool kF16Act = false;
-#endif
-#ifdef MMQB_PREFETCH
-static_assert(MMQB_PREFETCH == 0 || MMQB_PREFETCH == 1, "MMQB_PREFETCH must be 0 or 1");
-static_assert(MMQB_PREFETCH == 0 || MMQB_WGMMA == 1, "MMQB_PREFETCH is for the warpgroup form (mma.sync has no wait)");
-constexpr bool kPrefetch = MMQB_PREFETCH != 0;
-#else
-constexpr bool kPrefetch = false;
-#endif
 static_assert(4 * kTN * 128 <= static_cast<int>(mmqbTileBytes(kTN)) && mmqbTileBytes(kTN) % 16 == 0,
               "the warpgroup form's tiles fit in the f16 tile; the stages after it start 16-byte aligned");
 static_assert(static_cast<unsigned long long>(kTN) * kK < (1ull << 31), "loadStage's 32-bit offsets inside a tile");
@@ -275,12 +260,7 @@ struct Segment {
   static constexpr unsigned kGroupPitch = kGroupPitch_;
   static constexpr bool kBias = kBias_;
   static constexpr int kRawLd = static_cast<int>(mmqbRawLd(kType_)), kChunks = static_cast<int>(mmqbRawChunks(kType_));
-#ifdef MMQB_STAGES
-  static constexpr int kStages = MMQB_STAGES;
-  static_assert(MMQB_STAGES >= 2 && MMQB_STAGES <= static_cast<int>(kMmqbMaxStages), "MMQB_STAGES: 2 … kMmqbMaxStages");
-#else
   static constexpr int kStages = static_cast<int>(kF16Act ? mmqbF16Stages(kType_, kTN) : mmqbStages(kType_, kTN));
-#endif
   static constexpr int kStageBytes =
       static_cast<int>(kF16Act ? mmqbF16StageBytes(kType_, kTN) : mmqbStageBytes(kType_, kTN));
   static constexpr int kActAt = kTM * kRawLd, kMetaAt = kActAt + kTN * kLD;  // byte offsets inside a stage
@@ -289,8 +269,7 @@ struct Segment {
   static constexpr int kTiles = (kN_ + kTM - 1) / kTM;
   static_assert(kType_ == 12 || kType_ == 14, "MMQB_TYPE must be Q4_K (12) or Q6_K (14)");
   static_assert(kN_ >= 1, "a segment has rows");
-  static_assert((kF16Act ? mmqbF16SmemBytesFor(kType_, kTN, kStages) : mmqbSmemBytesFor(kType_, kTN, kStages)) <=
-                    kMmqbSmemMax,
+  static_assert((kF16Act ? mmqbF16SmemBytes(kType_, kTN) : mmqbSmemBytes(kType_, kTN)) <= kMmqbSmemMax,
                 "dynamic shared memory above the sm_90 opt-in limit");
   static_assert(kPitch_ % 16 == 0 && kGroupPitch_ % 16 == 0, "blocks must start 16-byte aligned");
   static_assert(kGroupPitch_ >= 16 * mmqbRawChunks(kType_), "group pitch smaller than the copied chunks");
@@ -464,50 +443,30 @@ __device__ __forceinline__ void dequantActivations(const Stage& st, uint8_t* b, 
   }
 }
 
-// The raw words a lane's A fragment of group c (16 weights) of activation block kb is made of, for rows g (index 0) and
-// g + 8 (index 1) of the raw blocks r0, r8: Q4_K one 32-bit word of qs (sub-block kb = 2p + h: qs bytes [32p, 32p + 32)
-// at block byte 16, nibble h); Q6_K a word of ql and one of qh (activation block kb = 4n + k: ql bytes
-// [64n + 32(k & 1), +32) nibble k >> 1, qh bytes [128 + 32n, +32) bit pair k: ggml's dequantize_row_q6_K).
-struct RawWords {
-  unsigned lo[2], hi[2];  // [row]; hi: Q6_K only
-};
+// One lane's A fragment (rows g and g + 8 of its warp's 16, MMA k order above) of group c (16 weights) of activation
+// block kb of the raw blocks `r0`, `r8`, as f16 weights: Q4_K w = s·q + m (one f16 fma), Q6_K w = s·(q − 32).
+// s2, m2: the f16x2 scale and min of rows g (index 0) and g + 8 (index 1) for this group.
 template <bool kQ4K>
-__device__ __forceinline__ RawWords rawWords(const uint8_t* r0, const uint8_t* r8, int kb, int c, int t) {
+__device__ __forceinline__ void weightFragment(const uint8_t* r0, const uint8_t* r8, int kb, int c, int t,
+                                              const unsigned (&s2)[2], const unsigned (&m2)[2], unsigned (&a)[4]) {
   const uint8_t* rows[2] = {r0, r8};
-  RawWords w;
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    if constexpr (kQ4K) {
-      w.lo[ri] = *reinterpret_cast<const unsigned*>(rows[ri] + 16 + 32 * (kb / 2) + 16 * c + 4 * t);
-      w.hi[ri] = 0;
-    } else {
-      const int n = kb / 4, k = kb % 4;
-      w.lo[ri] = *reinterpret_cast<const unsigned*>(rows[ri] + 64 * n + 32 * (k & 1) + 16 * c + 4 * t);
-      w.hi[ri] = *reinterpret_cast<const unsigned*>(rows[ri] + 128 + 32 * n + 16 * c + 4 * t);
-    }
-  }
-  return w;
-}
-
-// One lane's A fragment (rows g and g + 8 of its warp's 16, MMA k order above) of group c of activation block kb from
-// its raw words (rawWords), as f16 weights: Q4_K w = s·q + m (one f16 fma), Q6_K w = s·(q − 32). s2, m2: the f16x2
-// scale and min of rows g (index 0) and g + 8 (index 1) for this group.
-template <bool kQ4K>
-__device__ __forceinline__ void fragmentOf(const RawWords& w, int kb, const unsigned (&s2)[2], const unsigned (&m2)[2],
-                                           unsigned (&a)[4]) {
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     unsigned e, o;  // the f16x2 1024 + q of MMA k (4t, 4t + 2) and (4t + 1, 4t + 3)
     if constexpr (kQ4K) {
-      const int h = kb % 2;
-      e = bitsPlus1024<0x000F000Fu>(w.lo[ri] >> (4 * h));
-      o = bitsPlus1024<0x000F000Fu>(w.lo[ri] >> (4 * h + 8));
+      // Sub-block kb = 2p + h: qs bytes [32p, 32p + 32) at block byte 16, nibble h.
+      const int p = kb / 2, h = kb % 2;
+      const unsigned v = *reinterpret_cast<const unsigned*>(rows[ri] + 16 + 32 * p + 16 * c + 4 * t);
+      e = bitsPlus1024<0x000F000Fu>(v >> (4 * h));
+      o = bitsPlus1024<0x000F000Fu>(v >> (4 * h + 8));
     } else {
-      // The qh bit pair moved to bits 4..5 of each byte; bits 6..7 of q hold other pairs, which the 6-bit masks
-      // below drop.
-      const int k = kb % 4;
-      const unsigned hi = w.hi[ri];
-      const unsigned q = bitSelect(w.lo[ri] >> (4 * (k >> 1)), k < 2 ? hi << (4 - 2 * k) : hi >> (2 * k - 4), 0x0F0F0F0Fu);
+      // Activation block kb = 4n + k: ql bytes [64n + 32(k & 1), +32) nibble k >> 1, qh bytes [128 + 32n, +32) bit
+      // pair k (ggml's dequantize_row_q6_K), the pair moved to bits 4..5 of each byte; bits 6..7 of q hold other
+      // pairs, which the 6-bit masks below drop.
+      const int n = kb / 4, k = kb % 4;
+      const unsigned lo = *reinterpret_cast<const unsigned*>(rows[ri] + 64 * n + 32 * (k & 1) + 16 * c + 4 * t);
+      const unsigned hi = *reinterpret_cast<const unsigned*>(rows[ri] + 128 + 32 * n + 16 * c + 4 * t);
+      const unsigned q = bitSelect(lo >> (4 * (k >> 1)), k < 2 ? hi << (4 - 2 * k) : hi >> (2 * k - 4), 0x0F0F0F0Fu);
       e = bitsPlus1024<0x003F003Fu>(q);
       o = bitsPlus1024<0x003F003Fu>(q >> 8);
     }
@@ -642,10 +601,6 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
     const uint8_t* r0 = st.raw + (wm0 + g) * kRawLd;
     const uint8_t* r8 = r0 + 8 * kRawLd;
     const RowScales<S::kQ4K> rs[2] = {rowScales<S::kQ4K>(r0), rowScales<S::kQ4K>(r8)};
-    // MMQB_PREFETCH: the raw words of group j + 1 loaded before the MMA wait of group j (the wait's memory clobber
-    // keeps later loads after it).
-    RawWords ahead{};
-    if constexpr (kPrefetch) ahead = rawWords<S::kQ4K>(r0, r8, 0, 0, t);
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb)
 #pragma unroll
@@ -653,14 +608,10 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
         unsigned s2[2], m2[2];  // of rows g, g + 8
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) groupScale<S::kQ4K>(rs[ri], kb, c, s2[ri], m2[ri]);
-        RawWords words = ahead;
-        if constexpr (kPrefetch)
-          if (2 * kb + c + 1 < 16) ahead = rawWords<S::kQ4K>(r0, r8, kb + c, 1 - c, t);
         // The warpgroup form: at most the previous group's MMA still reads its A registers (so they can be reused).
         if constexpr (MMQB_WGMMA) wgmmaWait<1>();
-        if constexpr (!kPrefetch) words = rawWords<S::kQ4K>(r0, r8, kb, c, t);
         unsigned a[4];
-        fragmentOf<S::kQ4K>(words, kb, s2, m2, a);
+        weightFragment<S::kQ4K>(r0, r8, kb, c, t, s2, m2, a);
         if constexpr (MMQB_WGMMA) {
           // The group's B: its first 16 bytes' offset in the tile (row 0: no swizzle) in the descriptor's 16-byte units.
           wgmmaFence();  // the A registers just written, before the MMA reads them

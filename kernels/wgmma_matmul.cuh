@@ -127,8 +127,9 @@ constexpr unsigned kWgmmaSplitMaxSplits = 16;
 // to split the matmuls of small models.
 MINFER_HD unsigned wgmmaSplits(unsigned n, unsigned k, unsigned min_stages = kWgmmaSplitMinStages) {
   const unsigned tiles = ceilDiv(n, kWgmmaSplitTile.bn), stages = ceilDiv(k, kWgmmaBK);
+  const unsigned most = stages / (min_stages < 1 ? 1 : min_stages);  // splits of at least min_stages stages
   unsigned s = kWgmmaSplitSlots / tiles;
-  if (s > stages / (min_stages < 1 ? 1 : min_stages)) s = stages / (min_stages < 1 ? 1 : min_stages);
+  if (s > most) s = most;
   if (s > kWgmmaSplitMaxSplits) s = kWgmmaSplitMaxSplits;
   return s < 1 ? 1 : s;
 }
