@@ -83,8 +83,8 @@ llvm::cl::opt<bool> kMmqbWgmma("mmqb-wgmma",
                                 llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kMmqbF16Act("mmqb-f16act",
                                  llvm::cl::desc("with --mmqb-wgmma: also time the warpgroup form on f16 activations staged "
-                                                "once (MMQB_F16ACT; the host converts the same q8 rows), with each of the "
-                                                "other forms' stage counts and prefetch settings"),
+                                                "once (MMQB_F16ACT; minfer_mmqb_f16_act stages the same q8 rows into the "
+                                                "scratch, checked against the host's conversion)"),
                                  llvm::cl::cat(kCategory));
 llvm::cl::list<unsigned> kWgmmaRows(
     "wgmma-rows", llvm::cl::CommaSeparated,
@@ -448,14 +448,13 @@ int main(int argc, char** argv) {
       xm[b] = {0.01f + static_cast<float>(rng() % 100) * 1e-4f, static_cast<short>(lo), static_cast<short>(hi)};
     }
     // The same rows as f16 d·q, each group of 16 in the MMA's k order (mmq_blocks.cuh MMQB_F16ACT, mmqbF16ActOrder): d
-    // rounded to f16, the exact product rounded once, as the q8 form converts them per stage.
+    // rounded to f16, the exact product rounded once, as the q8 form converts them per stage: what minfer_mmqb_f16_act
+    // must stage.
     std::vector<uint16_t> x16(kActRows * s.k);
     for (uint64_t i = 0; i < x16.size(); ++i) {
       const uint64_t k = i / 16 * 16 + kern::mmqbF16ActOrder(static_cast<unsigned>(i % 16));
       x16[i] = minfer::floatToHalf(static_cast<float>(xq[k]) * minfer::halfToFloat(minfer::floatToHalf(xm[k / 32].d)));
     }
-    cuda::DeviceBuffer d_x16 = take(g.dev->alloc(x16.size() * 2, "x16"));
-    ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(d_x16.ptr(), x16.data(), x16.size() * 2, g.stream.get()), "upload"));
     cuda::DeviceBuffer d_xq = take(g.dev->alloc(xq.size(), "xq")), d_xm = take(g.dev->alloc(xm.size() * 8, "xmeta"));
     cuda::DeviceBuffer d_out_a = take(g.dev->alloc(kActRows * s.n * 4, "out")), d_out_b = take(g.dev->alloc(s.n * 4, "out"));
     ok(g.dev->check(g.cu().cuMemcpyHtoDAsync(d_xq.ptr(), xq.data(), xq.size(), g.stream.get()), "upload"));
@@ -490,7 +489,7 @@ int main(int argc, char** argv) {
                                {"GEMV_HAS_MIN", mi >= 0 ? "1" : "0"},
                                {"GEMV_M_PITCH", mi >= 0 ? str(layout->planes[mi].row_pitch) : "0"},
                                {"GEMV_HAS_BIAS", "0"}});
-    CUdeviceptr null_ptr = 0, xqp = d_xq.ptr(), xmp = d_xm.ptr(), outb = d_out_b.ptr(), x16p = d_x16.ptr();
+    CUdeviceptr null_ptr = 0, xqp = d_xq.ptr(), xmp = d_xm.ptr(), outb = d_out_b.ptr();
     std::vector<CUdeviceptr> gw(cg.sets.size()), gs(cg.sets.size()), gm(cg.sets.size());
     for (size_t i = 0; i < cg.sets.size(); ++i) {
       gw[i] = cg.sets[i][0].ptr();
@@ -611,7 +610,7 @@ int main(int argc, char** argv) {
       for (unsigned sp : kMmqbSplits)
         if (sp >= 1 && sp <= k / 256 && std::find(splits.begin(), splits.end(), sp) == splits.end()) splits.push_back(sp);
       // The forms timed: mma.sync, then (--mmqb-wgmma) the warpgroup form and (--mmqb-f16act) that form with
-      // MMQB_F16ACT (the activations from x16p).
+      // MMQB_F16ACT (the activations staged on the device, checked against x16).
       struct Form {
         bool wgmma = false;
         bool f16act = false;
@@ -631,7 +630,7 @@ int main(int argc, char** argv) {
           for (const Form& form : forms) {
             const bool wgmma = form.wgmma;
             const std::string variant = form.f16act ? " f16act" : "";
-            CUdeviceptr xin = form.f16act ? x16p : xqp;  // the kernel's xq argument
+            CUdeviceptr xin = xqp;  // the kernel's xq argument (MMQB_F16ACT: the scratch, below)
             std::vector<std::pair<std::string, std::string>> defines = {
                 {"MMQB_N", str(n)}, {"MMQB_K", str(k)}, {"MMQB_TYPE", str(type)}, {"MMQB_PITCH", str(bt.row_pitch)},
                 {"MMQB_GROUP_PITCH", str(bt.group_pitch)}, {"MMQB_TN", str(tn)}, {"MMQB_SPLITS", str(sp)},
@@ -642,13 +641,34 @@ int main(int argc, char** argv) {
                                           (wgmma ? "_wg" : "") + (form.f16act ? "_f16" : ""),
                                       "kernels/mmq_blocks.cuh", "minfer_mmq_blocks", std::move(defines),
                                       wgmma ? "sm_90a" : "");
-            kern::LaunchShape msh = kern::mmqbLaunchRule(n, type, tn, sp).at(1);
-            if (form.f16act) msh.smem = kern::mmqbF16SmemBytes(type, tn);  // the launch rule gives the q8 form's
+            const kern::LaunchShape msh = kern::mmqbLaunchRule(n, type, tn, sp, form.f16act).at(1);
             ok(g.dev->check(g.cu().cuFuncSetAttribute(km.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                       static_cast<int>(msh.smem)),
                             "smem attribute"));
-            cuda::DeviceBuffer partial = take(g.dev->alloc(std::max<uint64_t>(16, kern::mmqbPartialBytes(n, tn, sp)), "partial"));
+            // MMQB_F16ACT: the scratch holds the activations (staged by minfer_mmqb_f16_act, as in a step, and checked
+            // against the host's x16) and then the partials.
+            const uint64_t partial_bytes = kern::mmqbPartialBytes(n, tn, sp);
+            cuda::DeviceBuffer partial = take(g.dev->alloc(
+                std::max<uint64_t>(16, form.f16act ? kern::mmqbF16ScratchBytes(tn, k, partial_bytes) : partial_bytes),
+                "partial"));
             CUdeviceptr pp = partial.ptr(), pc = counters.ptr();
+            if (form.f16act) {
+              const Kernel kc = compile(g, "mmqb_f16_act_k" + str(k), "kernels/mmq_blocks.cuh", "minfer_mmqb_f16_act",
+                                        {{"MMQB_ACT_K", str(k)}}, "");
+              int rows = static_cast<int>(tn);
+              const kern::LaunchShape csh = kern::mmqbF16ActLaunchRule(k).at(tn);
+              std::vector<void*> ca = {&xqp, &xmp, &pp, &rows};
+              ok(g.dev->check(g.cu().cuLaunchKernel(kc.fn, csh.grid.x, 1, 1, csh.block.x, 1, 1, 0, g.stream.get(),
+                                                    ca.data(), nullptr),
+                              "launch"));
+              std::vector<uint16_t> staged(static_cast<size_t>(tn) * k);
+              ok(g.dev->check(g.cu().cuMemcpyDtoHAsync(staged.data(), pp, staged.size() * 2, g.stream.get()), "download"));
+              g.sync();
+              std::printf("        mmqb_f16_act, %u tokens vs the host's f16 activations: %s\n", tn,
+                          std::memcmp(staged.data(), x16.data(), staged.size() * 2) == 0 ? "bit-identical"
+                                                                                          : "DIFFERENT");
+              xin = pp;
+            }
             for (unsigned tokens : kMmqBlocks) {
               if (tokens < 1 || tokens > kActRows) die("--mmq-blocks: token counts 1 … " + str(kActRows));
               if (tileOf(tokens) != tn) continue;  // each count on the smallest tile that holds it

@@ -275,6 +275,7 @@ llvm::Expected<CompileSummary> compileModel(const CompileOptions& options) {
     co.fuse_norm = options.fuse_norm;
     co.fuse_prefill_pair = options.fuse_prefill_pair;
     co.mmqb_wgmma = options.mmqb_wgmma;
+    co.mmqb_f16act = options.mmqb_f16act;
     co.wgmma_split = options.wgmma_split;
     co.wgmma_split_fused = options.wgmma_split_fused;
     co.wgmma_split_min_stages = options.wgmma_split_min_stages;

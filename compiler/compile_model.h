@@ -42,6 +42,7 @@ struct CompileOptions {
   bool fuse_norm = true;   // codegen::CodegenOptions::fuse_norm (with fuse_launches)
   bool fuse_prefill_pair = true;   // codegen::CodegenOptions::fuse_prefill_pair (with fuse_launches)
   bool mmqb_wgmma = true;          // codegen::CodegenOptions::mmqb_wgmma
+  bool mmqb_f16act = true;         // codegen::CodegenOptions::mmqb_f16act
   bool wgmma_split = true;         // codegen::CodegenOptions::wgmma_split
   bool wgmma_split_fused = false;  // codegen::CodegenOptions::wgmma_split_fused
   unsigned wgmma_split_min_stages = 0;  // codegen::CodegenOptions::wgmma_split_min_stages

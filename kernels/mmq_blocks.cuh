@@ -39,21 +39,24 @@
 //   MMQB_HAS_BIAS         bias vector (N f32)
 //   MMQB_SEGMENTS         1 (default: minfer_mmq_blocks), 2 or 3 (minfer_mmq_blocks2, minfer_mmq_blocks3, below)
 //   MMQB_WGMMA            1: the MMAs as Hopper warpgroup MMAs (sm_90a images only, below); 0 (default): mma.sync
-// Experiment (minfer-bench-gemv --mmqb-f16act; the codegen does not set it):
-//   MMQB_F16ACT           1 (with MMQB_WGMMA): `xq` points at the tokens' f16 activations (n_tokens × K halves, each
-//                         group of 16 in the MMA's k order below, mmqbF16ActOrder), staged once per step instead of
-//                         converted from q8 by every block at every stage: each stage copies them straight into the
-//                         warpgroup MMA's swizzled tiles (mmqbF16StageBytes), `xmeta` is unused and there is no f16
-//                         tile, dequantization of the activations or second barrier per stage. It applies to every
-//                         segment of the fused forms; the launch rules give mmqbSmemBytes, so the bench sets
-//                         mmqbF16SmemBytes itself.
+//   MMQB_F16ACT           1 (with MMQB_WGMMA; CodegenOptions::mmqb_f16act): the activations come as f16, staged once
+//                         per step by minfer_mmqb_f16_act (below) instead of converted from q8 by every block at every
+//                         stage: `xq` points at the tokens' f16 activations (n_tokens × K halves, each group of 16 in
+//                         the MMA's k order, mmqbF16ActOrder) and `xmeta` is unused. Each stage copies them straight
+//                         into the warpgroup MMA's swizzled tiles (mmqbF16StageBytes): no f16 tile, no dequantization
+//                         of the activations and no second barrier per stage. `partial` is then the step's scratch
+//                         that also holds the activations: the partials start at mmqbF16PartialOffset(TN, K). It
+//                         applies to every segment of the fused forms; the launch rules' smem with f16act true.
+//                         Measured on an H100 (minfer-bench-gemv --mmqb-f16act, 64 rows, BENCHMARKS.md): gate −12%,
+//                         down −15% against the q8 warpgroup form, every output bit for bit equal.
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, float* partial, unsigned* counters, int n_tokens)
 //   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K; MMQB_F16ACT: xq the f16 activations, xmeta
 //   unused); out: n_tokens × N f32 (row stride N);
 //   partial: mmqbPartialBytes() of scratch (null with one split); counters: mmqbCounterBytes() of words, zero on
 //   entry and again on exit (ArgKind Counters; unused with one split).
-// Launch shape: mmqbLaunchRule(): grid (⌈N/128⌉, S), 256 threads, mmqbSmemBytes() of dynamic shared memory.
+// Launch shape: mmqbLaunchRule(): grid (⌈N/128⌉, S), 256 threads, mmqbSmemBytes() of dynamic shared memory
+// (MMQB_F16ACT: mmqbF16SmemBytes()).
 //
 // The warpgroup form (MMQB_WGMMA = 1, sm_90a): the same tiles, stages, dequantization and rounding, but each group of
 // 16 columns is one wgmma.m64n{TN}k16 per warpgroup (the block's two warpgroups take 64 rows each) with the A fragment
@@ -75,6 +78,12 @@
 //   minfer_mmq_blocks3(w0, bias0, w1, bias1, w2, bias2, xq, xmeta, out0, out1, out2, partial, counters, n_tokens)
 //   partial: mmqbFusedPartialBytes(), counters: mmqbFusedCounterBytes() (zero on entry and exit);
 //   mmqbFusedLaunchRule().
+//
+// The activations of the MMQB_F16ACT form (MMQB_ACT_K = K, a multiple of 256; no other constant):
+//   minfer_mmqb_f16_act(const int8_t* xq, const Q8Meta* xmeta, uint16_t* x16, int n_tokens)
+//   x16[t][16g + p] = round_to_f16(xq[t][16g + k] · round_to_f16(d(t, (16g + k) / 32))), k = mmqbF16ActOrder(p):
+//   the values and rounding the q8 form's per-stage conversion gives, in the order it stores them. x16: n_tokens × K
+//   halves (mmqbF16ActBytes of the step's scratch). mmqbF16ActLaunchRule(K): one thread per group of 16.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -149,6 +158,26 @@ MINFER_HD constexpr unsigned mmqbF16SmemBytes(unsigned type, unsigned tn) {
 MINFER_HD constexpr unsigned mmqbF16ActOrder(unsigned p) {
   return p < 8 ? 4 * (p / 2) + 2 * (p % 2) : 4 * ((p - 8) / 2) + 1 + 2 * (p % 2);
 }
+// MMQB_F16ACT's scratch: the f16 activations of up to `tn` tokens (K wide) at byte 0, then, from the next 256-byte
+// boundary, the split-K partials (mmqbPartialBytes or mmqbFusedPartialBytes: `partial_bytes`).
+MINFER_HD constexpr unsigned long long mmqbF16ActBytes(unsigned tn, unsigned k) { return 2ull * tn * k; }
+MINFER_HD constexpr unsigned long long mmqbF16PartialOffset(unsigned tn, unsigned k) {
+  return (mmqbF16ActBytes(tn, k) + 255) / 256 * 256;
+}
+MINFER_HD constexpr unsigned long long mmqbF16ScratchBytes(unsigned tn, unsigned k, unsigned long long partial_bytes) {
+  return mmqbF16PartialOffset(tn, k) + partial_bytes;
+}
+// Dynamic shared memory of a block of either form.
+MINFER_HD constexpr unsigned mmqbFormSmemBytes(unsigned type, unsigned tn, bool f16act) {
+  return f16act ? mmqbF16SmemBytes(type, tn) : mmqbSmemBytes(type, tn);
+}
+constexpr unsigned kMmqbActThreads = 256;
+MINFER_HD LaunchRule mmqbF16ActLaunchRule(unsigned k) {
+  LaunchRule r;
+  r.grid[0] = perToken(k / 16, kMmqbActThreads);
+  r.block.x = kMmqbActThreads;
+  return r;
+}
 // The split-K scratch: S × TN × N f32 (none with one split); the counters: one word per row tile.
 MINFER_HD unsigned long long mmqbPartialBytes(unsigned n, unsigned tn, unsigned splits) {
   return splits > 1 ? 4ull * splits * tn * n : 0;
@@ -180,12 +209,13 @@ MINFER_HD unsigned mmqbSplits(unsigned n, unsigned k) {
   return best;
 }
 
-MINFER_HD LaunchRule mmqbLaunchRule(unsigned n, unsigned type, unsigned tn, unsigned splits) {
+// f16act: the MMQB_F16ACT form's shared memory.
+MINFER_HD LaunchRule mmqbLaunchRule(unsigned n, unsigned type, unsigned tn, unsigned splits, bool f16act) {
   LaunchRule r;
   r.grid[0] = fixedExtent(ceilDiv(n, kMmqbTM));
   r.grid[1] = fixedExtent(splits);
   r.block.x = kMmqbThreads;
-  r.smem = mmqbSmemBytes(type, tn);
+  r.smem = mmqbFormSmemBytes(type, tn, f16act);
   return r;
 }
 
@@ -204,18 +234,119 @@ MINFER_HD unsigned long long mmqbFusedPartialBytes(const unsigned* n, unsigned s
 }
 MINFER_HD unsigned mmqbFusedCounterBytes(const unsigned* n, unsigned segs) { return 4 * mmqbFusedTiles(n, segs); }
 MINFER_HD LaunchRule mmqbFusedLaunchRule(const unsigned* n, const unsigned* type, unsigned segs, unsigned tn,
-                                         unsigned splits) {
+                                         unsigned splits, bool f16act) {
   LaunchRule r;
   r.grid[0] = fixedExtent(mmqbFusedTiles(n, segs));
   r.grid[1] = fixedExtent(splits);
   r.block.x = kMmqbThreads;
   unsigned smem = 0;
-  for (unsigned i = 0; i < segs; ++i) smem = mmqbSmemBytes(type[i], tn) > smem ? mmqbSmemBytes(type[i], tn) : smem;
+  for (unsigned i = 0; i < segs; ++i) {
+    const unsigned b = mmqbFormSmemBytes(type[i], tn, f16act);
+    smem = b > smem ? b : smem;
+  }
   r.smem = smem;
   return r;
 }
 
 }  // namespace minfer::kern
+
+#if defined(MINFER_DEVICE_CODE)
+namespace minfer::kern::mmqb {
+
+// f16x2 arithmetic (PTX sub/mul/fma .f16x2, round to nearest even).
+__device__ __forceinline__ unsigned hsub2(unsigned a, unsigned b) {
+  unsigned d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
+  unsigned d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
+  unsigned d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ unsigned half2Of(float v) {
+  const unsigned h = f2h(v);
+  return h | (h << 16);
+}
+// prmt with an immediate selector: output byte i = byte kSel[4i..4i+3] of {b (bytes 4..7), a (bytes 0..3)}.
+template <unsigned kSel>
+__device__ __forceinline__ unsigned prmtImm(unsigned a, unsigned b) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "n"(kSel));
+  return d;
+}
+// The low or the high half of an f16x2 in both halves.
+__device__ __forceinline__ unsigned lowTwice(unsigned v) { return prmtImm<0x1010u>(v, v); }
+__device__ __forceinline__ unsigned highTwice(unsigned v) { return prmtImm<0x3232u>(v, v); }
+// Bytes 0 and 2 of q, biased by 128 (signed → unsigned), as the f16x2 (1024 + 128 + byte): one lop3 (b ? a ^ c : c
+// with b = 0x00FF00FF, c = 0x64806480, the PTX ISA's truth table F(0xF0, 0xCC, 0xAA) = 0x6A).
+__device__ __forceinline__ unsigned signedBytesPlus1152(unsigned q) {
+  unsigned d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(q), "r"(0x00FF00FFu), "r"(0x64806480u));
+  return d;
+}
+// Small integers as f16 by their bits: 0x6400 | b is the f16 1024 + b for 0 ≤ b < 1024, so (v & mask) | 0x64006400
+// holds 1024 + the two masked fields; subtracting 1024 + an offset is exact.
+constexpr unsigned kF16Of1024 = 0x64006400u;
+// (v & kMask) | kF16Of1024 with the constant in a register: one lop3 ((a & b) | c, truth table 0xEA), where the compiler
+// would spend two (a SASS lop3 takes one immediate).
+template <unsigned kMask>
+__device__ __forceinline__ unsigned bitsPlus1024(unsigned v) {
+  unsigned d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(v), "r"(kMask), "r"(kF16Of1024));
+  return d;
+}
+// The bits of a where mask is set, of b elsewhere: one lop3 ((a & c) | (b & ~c), truth table 0xE4).
+__device__ __forceinline__ unsigned bitSelect(unsigned a, unsigned b, unsigned mask) {
+  unsigned d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(d) : "r"(a), "r"(b), "r"(mask));
+  return d;
+}
+
+// The 16 q8 values `q` (lowest byte first) times the f16x2 `d2` (d rounded to f16, twice) as 16 f16 in the MMA's k
+// order (mmqbF16ActOrder): `first` the halves 0 … 7 (k 4t, 4t + 2 for t = 0 … 3), `last` 8 … 15 (k 4t + 1, 4t + 3);
+// q + 1152 − 1152 is exact in f16, so each value is round_to_f16(q · d) once.
+__device__ __forceinline__ void q8GroupToF16(uint4 q, unsigned d2, uint4& first, uint4& last) {
+  constexpr unsigned k1152 = 0x64806480u;  // f16x2 (1152, 1152): 1024 + the byte bias 128
+  const unsigned qw[4] = {q.x, q.y, q.z, q.w};
+  unsigned o[8];
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    o[t] = hmul2(hsub2(signedBytesPlus1152(qw[t]), k1152), d2);
+    o[4 + t] = hmul2(hsub2(signedBytesPlus1152(qw[t] >> 8), k1152), d2);
+  }
+  first = {o[0], o[1], o[2], o[3]};
+  last = {o[4], o[5], o[6], o[7]};
+}
+
+}  // namespace minfer::kern::mmqb
+#endif
+
+#if defined(MINFER_DEVICE_CODE) && defined(MMQB_ACT_K)
+// The MMQB_F16ACT form's activations (see the top of this file): thread i converts group of 16 i % (K/16) of token
+// i / (K/16).
+extern "C" __global__ void __launch_bounds__(minfer::kern::kMmqbActThreads)
+    minfer_mmqb_f16_act(const int8_t* __restrict__ xq, const minfer::kern::Q8Meta* __restrict__ xmeta,
+                        uint16_t* __restrict__ x16, int n_tokens) {
+  minfer::kern::overlapPrologue();
+  using namespace minfer::kern::mmqb;
+  constexpr int kK = MMQB_ACT_K;
+  static_assert(kK % 256 == 0, "MMQB_ACT_K must be a multiple of 256 (mmq_blocks' K)");
+  const uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<uint64_t>(n_tokens) * (kK / 16)) return;
+  const uint64_t t = i / (kK / 16), c = (i % (kK / 16)) * 16;
+  uint4 first, last;
+  q8GroupToF16(*reinterpret_cast<const uint4*>(xq + t * kK + c), half2Of(xmeta[t * (kK / 32) + c / 32].d), first, last);
+  uint4* dst = reinterpret_cast<uint4*>(x16 + t * kK + c);
+  dst[0] = first;
+  dst[1] = last;
+}
+#endif
 
 #if defined(MINFER_DEVICE_CODE) && defined(MMQB_N)
 #ifndef MMQB_SEGMENTS
@@ -342,61 +473,6 @@ __device__ __forceinline__ void loadStage(unsigned st, int blk, int m0, int n_to
   }
 }
 
-// f16x2 arithmetic (PTX sub/mul/fma .f16x2, round to nearest even).
-__device__ __forceinline__ unsigned hsub2(unsigned a, unsigned b) {
-  unsigned d;
-  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ unsigned hmul2(unsigned a, unsigned b) {
-  unsigned d;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
-  unsigned d;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-__device__ __forceinline__ unsigned half2Of(float v) {
-  const unsigned h = f2h(v);
-  return h | (h << 16);
-}
-// prmt with an immediate selector: output byte i = byte kSel[4i..4i+3] of {b (bytes 4..7), a (bytes 0..3)}.
-template <unsigned kSel>
-__device__ __forceinline__ unsigned prmtImm(unsigned a, unsigned b) {
-  unsigned d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "n"(kSel));
-  return d;
-}
-// The low or the high half of an f16x2 in both halves.
-__device__ __forceinline__ unsigned lowTwice(unsigned v) { return prmtImm<0x1010u>(v, v); }
-__device__ __forceinline__ unsigned highTwice(unsigned v) { return prmtImm<0x3232u>(v, v); }
-// Bytes 0 and 2 of q, biased by 128 (signed → unsigned), as the f16x2 (1024 + 128 + byte): one lop3 (b ? a ^ c : c
-// with b = 0x00FF00FF, c = 0x64806480, the PTX ISA's truth table F(0xF0, 0xCC, 0xAA) = 0x6A).
-__device__ __forceinline__ unsigned signedBytesPlus1152(unsigned q) {
-  unsigned d;
-  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(q), "r"(0x00FF00FFu), "r"(0x64806480u));
-  return d;
-}
-// Small integers as f16 by their bits: 0x6400 | b is the f16 1024 + b for 0 ≤ b < 1024, so (v & mask) | 0x64006400
-// holds 1024 + the two masked fields; subtracting 1024 + an offset is exact.
-constexpr unsigned kF16Of1024 = 0x64006400u;
-// (v & kMask) | kF16Of1024 with the constant in a register: one lop3 ((a & b) | c, truth table 0xEA), where the compiler
-// would spend two (a SASS lop3 takes one immediate).
-template <unsigned kMask>
-__device__ __forceinline__ unsigned bitsPlus1024(unsigned v) {
-  unsigned d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(v), "r"(kMask), "r"(kF16Of1024));
-  return d;
-}
-// The bits of a where mask is set, of b elsewhere: one lop3 ((a & c) | (b & ~c), truth table 0xE4).
-__device__ __forceinline__ unsigned bitSelect(unsigned a, unsigned b, unsigned mask) {
-  unsigned d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(d) : "r"(a), "r"(b), "r"(mask));
-  return d;
-}
-
 // The k order inside each group of 16 that the MMA sees (any order works when A and B agree): fragment register
 // a0 / b0 (MMA k 2t, 2t + 1) holds k 4t and 4t + 2, a2 / b1 (MMA k 8 + 2t, 9 + 2t) holds k 4t + 1 and 4t + 3, so that
 // one 32-bit word of four consecutive quants, masked as 0x00FF00FF and shifted by 8, gives both registers.
@@ -419,7 +495,6 @@ __device__ __forceinline__ int tileOffset(int tok, int kb, int c, int h) {
 // 8 + 2t, 9 + 2t = k 4t + 1, 4t + 3), so ldmatrix gives the B fragments (the warpgroup MMA reads the same k order).
 // Tokens past n_tokens are left as they are (their sums are not written).
 __device__ __forceinline__ void dequantActivations(const Stage& st, uint8_t* b, int n_tokens) {
-  constexpr unsigned k1152 = 0x64806480u;  // f16x2 (1152, 1152): 1024 + the byte bias 128
 #pragma unroll
   for (int i = 0; i < iters(8 * kTN); ++i) {
     const int item = static_cast<int>(threadIdx.x) + i * kThreads;
@@ -429,16 +504,10 @@ __device__ __forceinline__ void dequantActivations(const Stage& st, uint8_t* b, 
     const unsigned d2 = half2Of(st.x[kb * kTN + tok].d);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {  // the two groups of 16 of the activation block
-      const uint4 q = *reinterpret_cast<const uint4*>(st.act + tok * kLD + 32 * kb + 16 * c);
-      const unsigned qw[4] = {q.x, q.y, q.z, q.w};
-      unsigned o[8];
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        o[t] = hmul2(hsub2(signedBytesPlus1152(qw[t]), k1152), d2);
-        o[4 + t] = hmul2(hsub2(signedBytesPlus1152(qw[t] >> 8), k1152), d2);
-      }
-      *reinterpret_cast<uint4*>(b + tileOffset(tok, kb, c, 0)) = {o[0], o[1], o[2], o[3]};
-      *reinterpret_cast<uint4*>(b + tileOffset(tok, kb, c, 1)) = {o[4], o[5], o[6], o[7]};
+      uint4 first, last;
+      q8GroupToF16(*reinterpret_cast<const uint4*>(st.act + tok * kLD + 32 * kb + 16 * c), d2, first, last);
+      *reinterpret_cast<uint4*>(b + tileOffset(tok, kb, c, 0)) = first;
+      *reinterpret_cast<uint4*>(b + tileOffset(tok, kb, c, 1)) = last;
     }
   }
 }
@@ -540,9 +609,9 @@ __device__ __forceinline__ void groupScale(const RowScales<kQ4K>& r, int kb, int
 }
 
 // One thread block's tile of segment S: rows [m0, m0 + TM) of its matrix, GGUF blocks of split `split`. Split-K
-// sums go to rows [prow0, prow0 + S::kN) of the launch's scratch of `pld` rows (partial[split][t][prow0 + r]) and
-// the tile counts itself in `*counter`. `smem`: 1024-byte aligned, the f16 tile (mmqbTileBytes; none with
-// MMQB_F16ACT) then the stages.
+// sums go to rows [prow0, prow0 + S::kN) of the launch's scratch of `pld` rows (partial[split][t][prow0 + r]; with
+// MMQB_F16ACT from byte mmqbF16PartialOffset of it) and the tile counts itself in `*counter`. `smem`: 1024-byte
+// aligned, the f16 tile (mmqbTileBytes; none with MMQB_F16ACT) then the stages.
 template <class S>
 __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const uint8_t* __restrict__ w,
                                          const float* __restrict__ bias, const int8_t* __restrict__ xq,
@@ -550,6 +619,9 @@ __device__ __forceinline__ void mmqbTile(uint8_t* smem, int m0, int split, const
                                          float* __restrict__ partial, int prow0, int pld, unsigned* counter,
                                          int n_tokens) {
   constexpr int kStages = S::kStages, kRawLd = S::kRawLd;
+  // MMQB_F16ACT: `partial` is the scratch that starts with the activations; the partials follow them.
+  if constexpr (kF16Act && kS > 1)
+    partial = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(partial) + mmqbF16PartialOffset(kTN, kK));
   uint8_t* const bt = smem;  // the f16 activations (tileOffset's layout; none with MMQB_F16ACT)
   uint8_t* const stages = smem + (kF16Act ? 0 : mmqbTileBytes(kTN));
   const int b0 = split * kKB / kS, b1 = (split + 1) * kKB / kS;  // this split's GGUF blocks

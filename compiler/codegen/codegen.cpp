@@ -62,6 +62,7 @@ llvm::Expected<KernelSet> generateKernels(const model::ModelDescription& desc,
   // The warpgroup form of mmq_blocks and the split Hopper matmul need sm_90a images (wgmma), so every target must be one.
   const bool sm90a = sm90aTargetsOnly(options.targets);
   const SmallBatchForms forms{.mmqb_wgmma = options.mmqb_wgmma && sm90a,
+                              .mmqb_f16act = options.mmqb_wgmma && options.mmqb_f16act && sm90a,
                               .wgmma_split = options.wgmma_split && sm90a,
                               .wgmma_split_fused = options.wgmma_split_fused && sm90a,
                               .wgmma_split_min_stages = options.wgmma_split_min_stages

@@ -60,6 +60,11 @@ struct CodegenOptions {
   // weights in registers; its sums measured bit for bit mma.sync's on the H200); ignored for other targets (their plans
   // have no mmq_blocks launches, or no wgmma).
   bool mmqb_wgmma = true;
+  // With mmqb_f16act (the default; with mmqb_wgmma, sm_90a) those warpgroup tiles take their activations as f16,
+  // staged once per step by minfer_mmqb_f16_act in the MMA's k order, instead of converting the q8 values in every
+  // thread block at every stage (kernels/mmq_blocks.cuh MMQB_F16ACT; the same values, so the same bits). 64-row
+  // kernel alone on an H100: gate −12%, down −15% (BENCHMARKS.md, issue 14).
+  bool mmqb_f16act = true;
   // With wgmma_split (the default) and every target sm_90a, the plain (unfused) prefill matmuls that have small-batch
   // launches on GGUF blocks and a kF16 plane (the 7B's o and down projections) take the Hopper f16 matmul for the
   // calls of 33 … 64 rows (kernels/wgmma_matmul.cuh, ops/op_family.h smallLaunchesForStep) on the 64 × 64 tile, split

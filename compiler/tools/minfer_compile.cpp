@@ -91,6 +91,12 @@ llvm::cl::opt<bool> kMmqbWgmma(
     llvm::cl::desc("Run the 64-token tiles of the small-batch mmq_blocks launches of sm_90a images on Hopper's "
                    "warpgroup MMA (wgmma; default on; --mmqb-wgmma=false: mma.sync, kernels/mmq_blocks.cuh MMQB_WGMMA)"),
     llvm::cl::init(true), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kMmqbF16Act(
+    "mmqb-f16act",
+    llvm::cl::desc("Give those warpgroup tiles their activations as f16, staged once per step (default on; "
+                   "--mmqb-f16act=false: each thread block converts the q8 input at every stage, kernels/mmq_blocks.cuh "
+                   "MMQB_F16ACT)"),
+    llvm::cl::init(true), llvm::cl::cat(kCategory));
 enum class WgmmaSplitForm { kOff, kPlain, kAll };
 llvm::cl::opt<WgmmaSplitForm> kWgmmaSplit(
     "wgmma-split", llvm::cl::ValueOptional, llvm::cl::init(WgmmaSplitForm::kPlain),
@@ -173,6 +179,7 @@ int main(int argc, char** argv) {
   options.fuse_norm = kFuseGemv == GemvFusion::kNorm || kFuseGemv == GemvFusion::kAll;
   options.fuse_prefill_pair = kFusePrefillPair;
   options.mmqb_wgmma = kMmqbWgmma;
+  options.mmqb_f16act = kMmqbF16Act;
   options.wgmma_split = kWgmmaSplit != WgmmaSplitForm::kOff;
   options.wgmma_split_fused = kWgmmaSplit == WgmmaSplitForm::kAll;
   options.wgmma_split_min_stages = kWgmmaSplitMinStages;
@@ -191,6 +198,11 @@ int main(int argc, char** argv) {
   if (options.max_batch == 0 || options.max_batch > minfer::kArtifactMaxBatch) {
     llvm::errs() << "minfer-compile: --max-batch " << options.max_batch << " is out of range 1.."
                  << minfer::kArtifactMaxBatch << "\n";
+    return 1;
+  }
+  if (kMmqbF16Act.getNumOccurrences() > 0 && kMmqbF16Act && !kMmqbWgmma) {
+    llvm::errs() << "minfer-compile: --mmqb-f16act needs --mmqb-wgmma (its f16 activations feed the warpgroup MMA; "
+                    "--mmqb-wgmma=false runs mma.sync)\n";
     return 1;
   }
   if (kWgmmaSplitMinStages.getNumOccurrences() > 0 && kWgmmaSplit == WgmmaSplitForm::kOff) {

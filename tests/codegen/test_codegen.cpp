@@ -791,6 +791,17 @@ void checkNoPrefillMatmulFusion(const Loaded& loaded, GemvFusions fusions) {
     if (ps[i].op == fb::OpKind::MatMul) CHECK_MESSAGE(f->followers[i] == 0, ps[i].name);
 }
 
+// The prefill plan's fusion of `l` under minfer-compile's default GEMV fusions (q, k, v and gate and up fused where
+// their small-batch launches can be one).
+PlanFusion defaultPrefillFusion(const Loaded& l) {
+  const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true, .prefill_pair = true};
+  const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
+  auto fusion =
+      planFusion(l.desc, l.layouts, PlanVariant::kPrefill, lastTokenTailBegin(steps, l.desc.plan.logits), gemv, true);
+  REQUIRE_MESSAGE(static_cast<bool>(fusion), llvm::toString(fusion.takeError()));
+  return std::move(*fusion);
+}
+
 // q, k and v of each layer beside a Hopper kF16 plane: the prefill plan fuses them (planFusion: the q step with 2
 // followers) so that a batched step of kMmqbFromRows … kMmqbFusedMaxRows rows takes one minfer_mmq_blocks3 launch
 // instead of three matmul launches (checkMmqbSegmentsStep; the first layer's compiled with NVRTC). Not with max_batch
@@ -848,20 +859,17 @@ TEST_CASE("prefill q, k, v beside a Hopper kF16 plane: their small-batch steps a
 // One such launch compiled with NVRTC for sm_90a (where built with it), its PTX parameters the record's arguments.
 TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, everything else the default's") {
   if (!test::haveFixtures()) return;
-  const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true, .prefill_pair = true};
   const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
   REQUIRE(l.desc.plan.max_batch >= 33);
   const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
-  auto fusion = planFusion(l.desc, l.layouts, PlanVariant::kPrefill, lastTokenTailBegin(steps, l.desc.plan.logits), gemv,
-                           true);
-  REQUIRE_MESSAGE(static_cast<bool>(fusion), llvm::toString(fusion.takeError()));
+  const PlanFusion fusion = defaultPrefillFusion(l);
   size_t warpgroup = 0, mmqb = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
-    if (steps[i].op != fb::OpKind::MatMul || fusion->fused[i]) continue;
+    if (steps[i].op != fb::OpKind::MatMul || fusion.fused[i]) continue;
     CAPTURE(steps[i].name);
-    auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i]);
+    auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion.followers[i]);
     auto wg =
-        smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion->followers[i], {.mmqb_wgmma = true});
+        smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, fusion.followers[i], {.mmqb_wgmma = true});
     REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));
     REQUIRE_MESSAGE(static_cast<bool>(wg), llvm::toString(wg.takeError()));
     CHECK(wg->rows == plain->rows);
@@ -885,6 +893,95 @@ TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, ev
   }
   CHECK(mmqb > 0);
   CHECK(warpgroup == 2 * l.desc.config.n_layer - 1);  // q, k, v of each layer; gate and up of all but the last
+}
+
+// With mmqb_f16act too (CodegenOptions, the default; sm_90a images) each warpgroup tile (the fused q, k, v and gate and
+// up launches' 64-token tiles) takes f16 activations: one minfer_mmqb_f16_act launch of the step's q8 input into the
+// scratch serving the same rows, then the tile with MMQB_F16ACT 1 (key _wgf16), its xq the scratch (the activations at
+// byte 0, mmqbF16ScratchBytes in all), its xmeta null, its partial the same scratch (split-K), its shared memory
+// mmqbF16SmemBytes'; every other launch as mmqb_wgmma's alone. mmqb_f16act without mmqb_wgmma changes nothing. Each
+// distinct new launch compiled with NVRTC for sm_90a (where built with it), its PTX parameters the record's arguments.
+TEST_CASE("mmqb_f16act: the warpgroup tiles on f16 activations staged once per step, everything else mmqb_wgmma's") {
+  if (!test::haveFixtures()) return;
+  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
+  REQUIRE(l.desc.plan.max_batch >= 33);
+  const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
+  const PlanFusion fusion = defaultPrefillFusion(l);
+  size_t staged = 0;
+  std::set<std::string> compiled;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].op != fb::OpKind::MatMul || fusion.fused[i]) continue;
+    CAPTURE(steps[i].name);
+    const size_t segs = fusion.followers[i] + 1;
+    auto wg = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1, {.mmqb_wgmma = true});
+    auto f16 = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1,
+                                    {.mmqb_wgmma = true, .mmqb_f16act = true});
+    auto alone = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1, {.mmqb_f16act = true});
+    auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1);
+    REQUIRE_MESSAGE(static_cast<bool>(wg), llvm::toString(wg.takeError()));
+    REQUIRE_MESSAGE(static_cast<bool>(f16), llvm::toString(f16.takeError()));
+    REQUIRE_MESSAGE(static_cast<bool>(alone), llvm::toString(alone.takeError()));
+    REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));
+    REQUIRE(alone->launches.size() == plain->launches.size());
+    for (size_t j = 0; j < plain->launches.size(); ++j) CHECK(alone->launches[j].spec.key == plain->launches[j].spec.key);
+    CHECK(f16->rows == wg->rows);
+    size_t j = 0;  // f16's launch matching wg's launch x
+    for (const KernelLaunch& a : wg->launches) {
+      REQUIRE(j < f16->launches.size());
+      CAPTURE(a.spec.key);
+      const bool tile = a.spec.define("MMQB_WGMMA") == "1";
+      if (!tile) {
+        const KernelLaunch& b = f16->launches[j++];
+        CHECK((b.spec.key == a.spec.key && b.min_rows == a.min_rows && b.max_rows == a.max_rows));
+        continue;
+      }
+      ++staged;
+      REQUIRE(j + 1 < f16->launches.size());
+      const KernelLaunch &act = f16->launches[j], &b = f16->launches[j + 1];
+      j += 2;
+      const unsigned k = static_cast<unsigned>(std::stoul(a.spec.define("MMQB_K")));
+      const size_t xq = 2 * segs, partial = 3 * segs + 2;  // w, bias per segment; xq, xmeta; the outputs; partial
+      REQUIRE(a.args.size() == 3 * segs + 5);
+      const uint64_t scratch =
+          kern::mmqbF16ScratchBytes(64, k, a.args[partial].kind == fb::ArgKind::Scratch ? a.args[partial].bytes : 0);
+      // The staging launch: the tile's q8 input into the scratch, for the tile's rows.
+      CHECK(act.spec.entry == "minfer_mmqb_f16_act");
+      CHECK(act.spec.define("MMQB_ACT_K") == std::to_string(k));
+      CHECK((act.min_rows == a.min_rows && act.max_rows == a.max_rows && a.max_rows > 32));
+      REQUIRE(act.args.size() == 4);
+      for (size_t x = 0; x < 2; ++x)
+        CHECK((act.args[x].kind == a.args[xq + x].kind && act.args[x].buffer == a.args[xq + x].buffer));
+      CHECK((act.args[2].kind == fb::ArgKind::Scratch && act.args[2].bytes == scratch));
+      CHECK(act.args[3].kind == fb::ArgKind::TokenCount);
+      CHECK(act.rule.at(64).grid.x == 64 * k / 16 / kern::kMmqbActThreads);
+      // The tile: MMQB_F16ACT, its activations from the scratch, its partials after them.
+      CHECK(b.spec.entry == a.spec.entry);
+      CHECK(b.spec.key == a.spec.key + "f16");
+      CHECK(b.spec.define("MMQB_F16ACT") == "1");
+      CHECK(b.spec.defines.size() == a.spec.defines.size() + 1);
+      CHECK((b.min_rows == a.min_rows && b.max_rows == a.max_rows));
+      unsigned smem = 0;
+      for (const char* t : {"MMQB_TYPE", "MMQB_TYPE1", "MMQB_TYPE2"})
+        if (!a.spec.define(t).empty())
+          smem = std::max(smem, kern::mmqbF16SmemBytes(static_cast<unsigned>(std::stoul(a.spec.define(t))), 64));
+      CHECK(b.rule.at(64).smem == smem);
+      CHECK(b.rule.at(64).grid.x == a.rule.at(64).grid.x);
+      CHECK(b.rule.at(64).grid.y == a.rule.at(64).grid.y);
+      REQUIRE(b.args.size() == a.args.size());
+      for (size_t x = 0; x < a.args.size(); ++x) {
+        CAPTURE(x);
+        CHECK(b.args[x].name == a.args[x].name);
+        if (x == xq) CHECK((b.args[x].kind == fb::ArgKind::Scratch && b.args[x].bytes == scratch));
+        else if (x == xq + 1) CHECK(b.args[x].kind == fb::ArgKind::Null);
+        else if (x == partial && a.args[x].kind == fb::ArgKind::Scratch) CHECK(b.args[x].bytes == scratch);
+        if (x != xq && x != xq + 1) CHECK((b.args[x].kind == a.args[x].kind && b.args[x].buffer == a.args[x].buffer));
+      }
+      for (const KernelLaunch* c : {&act, &b})
+        if (compiled.insert(c->spec.key).second) checkEntryParams(*c);
+    }
+    CHECK(j == f16->launches.size());
+  }
+  CHECK(staged == 2 * l.desc.config.n_layer - 1);  // q, k, v of each layer; gate and up of all but the last
 }
 
 // With wgmma_split (CodegenOptions; sm_90a images) the plain prefill matmuls with small-batch launches on GGUF blocks
@@ -948,18 +1045,16 @@ void checkWgmmaSplitMatmul(const Loaded& l, const KernelLaunch& mm, const model:
 // Every prefill MatMul step of `l` with the default forms and with `on` (wgmma_split, wgmma_split_fused or both);
 // returns how many steps took the Hopper launches. `keys` counts the Hopper launches' specs.
 size_t checkWgmmaSplitLaunches(const Loaded& l, SmallBatchForms on, std::map<std::string, size_t>& keys) {
-  const GemvFusions gemv{.qkv = true, .glu = false, .pair = true, .norm = true, .prefill_pair = true};
   const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
   const size_t tail = lastTokenTailBegin(steps, l.desc.plan.logits);
-  auto fusion = planFusion(l.desc, l.layouts, PlanVariant::kPrefill, tail, gemv, true);
-  REQUIRE_MESSAGE(static_cast<bool>(fusion), llvm::toString(fusion.takeError()));
+  const PlanFusion fusion = defaultPrefillFusion(l);
   const unsigned max_batch = l.desc.plan.max_batch, last = std::min(64u, max_batch);
   on.mmqb_wgmma = true;
   size_t split_steps = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
-    if (steps[i].op != fb::OpKind::MatMul || fusion->fused[i]) continue;
+    if (steps[i].op != fb::OpKind::MatMul || fusion.fused[i]) continue;
     CAPTURE(steps[i].name);
-    const size_t segs = fusion->followers[i] + 1;
+    const size_t segs = fusion.followers[i] + 1;
     auto plain = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1, {.mmqb_wgmma = true});
     auto split = smallLaunchesForStep(l.desc, l.layouts, PlanVariant::kPrefill, i, segs - 1, on);
     REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));

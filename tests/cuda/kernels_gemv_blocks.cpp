@@ -973,7 +973,7 @@ TEST_CASE("mmq_blocks: Q4_K and Q6_K blocks on f16 tensor cores, 1 … 64 rows, 
                 xm = DeviceArray::of(hq.meta), got(static_cast<uint64_t>(max_rows) * n * 4),
                 partial(std::max<uint64_t>(16, kern::mmqbPartialBytes(n, c.tn, c.splits))),
                 counters = DeviceArray::of(std::vector<uint32_t>(kern::mmqbCounterBytes(n) / 4, 0));
-    const kern::LaunchShape sh = kern::mmqbLaunchRule(n, static_cast<unsigned>(c.type), c.tn, c.splits).at(1);
+    const kern::LaunchShape sh = kern::mmqbLaunchRule(n, static_cast<unsigned>(c.type), c.tn, c.splits, false).at(1);
     for (int tokens : {1, 9, max_rows / 2 + 3, max_rows}) {
       const size_t used = static_cast<size_t>(tokens) * n;
       std::vector<float> first;  // the mma.sync form's outputs: the warpgroup form's must be the same bits
@@ -1005,7 +1005,9 @@ TEST_CASE("mmq_blocks: Q4_K and Q6_K blocks on f16 tensor cores, 1 … 64 rows, 
 // (f16MatmulBound). Segments of mixed types (the Q4_K_M mix gives some layers a Q6_K v), row counts not multiples of
 // the 128-row tile, biases on some, padded pitches; one split and several (the counters zero again after each launch:
 // each runs twice); tiles of 16, 32 and 64 tokens at 1, 9, past half a tile and a full tile; nothing written past the
-// call's rows. Both forms (mmqbForms), the fused launch against the alone launches of its own form.
+// call's rows. Both forms (mmqbForms), the fused launch against the alone launches of its own form; on Hopper the
+// 64-token cases also with MMQB_F16ACT (the activations staged once by minfer_mmqb_f16_act, equal to the host's
+// rounding, into the scratch that also holds the partials): every output bit for bit the q8 warpgroup form's.
 TEST_CASE("mmq_blocks2 and mmq_blocks3: two or three matrices in one launch, bit for bit one mmq_blocks launch each") {
   MINFER_REQUIRE_GPU(G);
   struct Seg {
@@ -1059,6 +1061,22 @@ TEST_CASE("mmq_blocks2 and mmq_blocks3: two or three matrices in one launch, bit
   }
   for (const bool wgmma : mmqbForms()) {
     std::vector<Kernel> k = compileMmqbForm(specs, wgmma);
+    // The warpgroup form's 64-token cases also run MMQB_F16ACT (the codegen's form for them): each fused kernel with
+    // its activations staged by minfer_mmqb_f16_act into the scratch that holds its partials (kernels f16[i]).
+    std::vector<codegen::KernelSpec> f16_specs;
+    std::vector<size_t> f16_at(cases.size(), SIZE_MAX);  // case → its fused kernel's index in f16_specs
+    for (size_t i = 0; wgmma && i < cases.size(); ++i) {
+      if (!kern::mmqbWarpgroupTile(cases[i].tn)) continue;
+      const std::string k_cols = str(cases[i].cols);
+      f16_specs.push_back(spec("mmqb_f16_act_test_k" + k_cols, "kernels/mmq_blocks.cuh", "minfer_mmqb_f16_act",
+                               {{"MMQB_ACT_K", k_cols}}));
+      codegen::KernelSpec f = specs[first[i] + cases[i].seg.size()];
+      f.key += "_f16";
+      f.defines.emplace_back("MMQB_F16ACT", "1");
+      f16_at[i] = f16_specs.size();
+      f16_specs.push_back(std::move(f));
+    }
+    const std::vector<Kernel> f16 = f16_specs.empty() ? std::vector<Kernel>{} : compileMmqbForm(f16_specs, true);
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
       const size_t segs = c.seg.size();
@@ -1093,8 +1111,17 @@ TEST_CASE("mmq_blocks2 and mmq_blocks3: two or three matrices in one launch, bit
         alone_partial.emplace_back(std::max<uint64_t>(16, kern::mmqbPartialBytes(n[j], c.tn, c.splits)));
         alone_counters.push_back(DeviceArray::of(std::vector<uint32_t>(kern::mmqbCounterBytes(n[j]) / 4, 0)));
       }
-      const kern::LaunchShape sh = kern::mmqbFusedLaunchRule(n.data(), type.data(), nseg, c.tn, c.splits).at(1);
+      const kern::LaunchShape sh = kern::mmqbFusedLaunchRule(n.data(), type.data(), nseg, c.tn, c.splits, false).at(1);
       CHECK(sh.grid.x == kern::mmqbFusedTiles(n.data(), nseg));
+      // MMQB_F16ACT: the activations at byte 0 of the scratch, the partials after them; the activations as the host
+      // rounds them (the q8 form's per-stage conversion: round_to_f16(q · round_to_f16(d)), mmqbF16ActOrder).
+      DeviceArray scratch(kern::mmqbF16ScratchBytes(c.tn, static_cast<unsigned>(c.cols),
+                                                    kern::mmqbFusedPartialBytes(n.data(), nseg, c.tn, c.splits)));
+      std::vector<uint16_t> x16(hq.qs.size());
+      for (size_t e = 0; e < x16.size(); ++e) {
+        const size_t q = e / 16 * 16 + kern::mmqbF16ActOrder(static_cast<unsigned>(e % 16));
+        x16[e] = floatToHalf(static_cast<float>(hq.qs[q]) * roundHalf(hq.meta[q / 32].d));
+      }
       for (int tokens : {1, 9, max_rows / 2 + 3, max_rows}) {
         for (int rep = 0; rep < 2; ++rep) {  // the counters must be zero again for the second launch's sums
           CAPTURE(tokens);
@@ -1117,13 +1144,36 @@ TEST_CASE("mmq_blocks2 and mmq_blocks3: two or three matrices in one launch, bit
           for (size_t j = 0; j < segs; ++j) {
             CAPTURE(j);
             CUdeviceptr o = alone[j].ptr(), ap = c.splits > 1 ? alone_partial[j].ptr() : 0, ac = alone_counters[j].ptr();
-            launch(k[first[i] + j], kern::mmqbLaunchRule(n[j], type[j], c.tn, c.splits).at(1),
+            launch(k[first[i] + j], kern::mmqbLaunchRule(n[j], type[j], c.tn, c.splits, false).at(1),
                    {&pw[j], &pb[j], &a, &b, &o, &ap, &ac, &tokens});
             const std::vector<float> all = got[j].download<float>(static_cast<size_t>(max_rows) * n[j]);
             const std::vector<float> ref = alone[j].download<float>(static_cast<size_t>(max_rows) * n[j]);
             const size_t used = static_cast<size_t>(tokens) * n[j];
             CHECK(std::memcmp(all.data(), ref.data(), used * 4) == 0);
             checkWithinF16Bound("mmq_blocks2/3 (fraction of the f16 bound)", all, want[j], bound[j], used);
+          }
+          if (f16_at[i] == SIZE_MAX) continue;
+          // MMQB_F16ACT: the staged activations equal the host's, and every output the q8 form's (alone[j]) bit for bit.
+          scratch.poison();
+          for (size_t j = 0; j < segs; ++j) got[j].poison();
+          CUdeviceptr ps = scratch.ptr(), pnull = 0, psplit = c.splits > 1 ? scratch.ptr() : 0;
+          launch(f16[f16_at[i] - 1], kern::mmqbF16ActLaunchRule(static_cast<unsigned>(c.cols)).at(tokens),
+                 {&a, &b, &ps, &tokens});
+          const size_t halves = static_cast<size_t>(tokens) * c.cols;
+          CHECK(scratch.download<uint16_t>(halves) == std::vector<uint16_t>(x16.begin(), x16.begin() + halves));
+          std::vector<void*> args16;  // as above, with xq the scratch, xmeta null and partial the scratch
+          for (size_t j = 0; j < segs; ++j) args16.insert(args16.end(), {&pw[j], &pb[j]});
+          args16.insert(args16.end(), {&ps, &pnull});
+          for (size_t j = 0; j < segs; ++j) args16.push_back(&po[j]);
+          args16.insert(args16.end(), {&psplit, &pc, &tokens});
+          launch(f16[f16_at[i]], kern::mmqbFusedLaunchRule(n.data(), type.data(), nseg, c.tn, c.splits, true).at(1),
+                 args16);
+          for (size_t j = 0; j < segs; ++j) {
+            CAPTURE(j);
+            const size_t all_rows = static_cast<size_t>(max_rows) * n[j];
+            const std::vector<float> all = got[j].download<float>(all_rows);
+            const std::vector<float> ref = alone[j].download<float>(all_rows);
+            CHECK(std::memcmp(all.data(), ref.data(), all_rows * 4) == 0);  // poison past the rows in both
           }
         }
       }

@@ -99,8 +99,9 @@ std::vector<std::string> goldenArchs() {
 // deferred RMSNorm (fuse_norm off: every result the unfused steps', bit for bit), "all" with the gate|up GLU GEMV
 // (fuse_glu), "prefill-pair" the default with the prefill gate and up as one small-batch launch (fuse_prefill_pair:
 // minfer_mmq_blocks2 on sm_90a; the other variants here compile without it, so both forms run) and its 64-token
-// mmq_blocks tiles on mma.sync (mmqb_wgmma off), "wgmma" the same with those tiles in their warpgroup form (the
-// default mmqb_wgmma, which the other variants keep: MMQB_WGMMA on sm_90a), "wgmma-split" the default with the o and
+// mmq_blocks tiles on mma.sync (mmqb_wgmma off), "wgmma" the same with those tiles in their warpgroup form on q8
+// activations (mmqb_wgmma with mmqb_f16act off), while the other variants keep the defaults (MMQB_WGMMA with
+// MMQB_F16ACT on sm_90a: the tiles' activations staged as f16 by minfer_mmqb_f16_act), "wgmma-split" the default with the o and
 // down matmuls of 33 … 64-row calls on the Hopper matmul split over K (wgmma_split, on by default: the other variants
 // here compile without it, so both forms run; with splits of 8 stages of 64 at least so that the synthetic model's
 // matmuls split in 2; the pair and its wgmma tiles as "wgmma"), "wgmma-split-all" every matmul of those calls so
@@ -128,6 +129,7 @@ std::string compiledFile(const std::string& input, const std::string& model, boo
   o.wgmma_split_min_stages = 8;  // the synthetic 1024-wide qwen2's matmuls (16 stages of 64) split in 2
   o.fuse_prefill_pair = gemv == "prefill-pair" || gemv == "wgmma" || split;
   o.mmqb_wgmma = gemv != "prefill-pair";
+  o.mmqb_f16act = gemv != "prefill-pair" && gemv != "wgmma";
   o.fuse_norm = gemv != "pair";
   o.max_batch = 64;
   o.targets = {arch.empty() ? get()->arch : arch};
@@ -998,7 +1000,7 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
       if (sm90a_only && arch != "sm_90a") continue;  // the options change sm_90a plans only
       const std::string name = model + (gemv.empty()              ? ""
                                         : gemv == "prefill-pair" ? " (--fuse-prefill-pair --mmqb-wgmma=false)"
-                                        : gemv == "wgmma"        ? " (--fuse-prefill-pair)"
+                                        : gemv == "wgmma"        ? " (--fuse-prefill-pair --mmqb-f16act=false)"
                                         : gemv == "wgmma-split"  ? " (--wgmma-split)"
                                         : gemv == "wgmma-split-all" ? " (--wgmma-split=all)"
                                                                  : " (--fuse-gemv=" + gemv + ")");
@@ -1018,8 +1020,9 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
         uint32_t small_rows = 0;
         bool blocks = false;  // a small launch on the GGUF blocks (the batched GEMV)
         bool pair = false;    // gate and up in one launch (minfer_mmq_blocks2)
-        // mmq_blocks launches of 64-token tiles (min_rows past 32), and those in the warpgroup form (keys with _wg_)
-        size_t mmqb64 = 0, mmqb_wg = 0;
+        // mmq_blocks launches of 64-token tiles (min_rows past 32), those in the warpgroup form (keys with _wg_ or, on
+        // f16 activations, _wgf16_) and those on f16 activations; the launches staging them (minfer_mmqb_f16_act)
+        size_t mmqb64 = 0, mmqb_wg = 0, mmqb_f16 = 0, staging = 0;
         size_t wgmma_small = 0, wgmma_split = 0;  // Hopper matmul small launches (wgmma_split), those split over K
         const auto* kernels = (*file)->manifest()->kernels();
         for (const fb::Step* s : *(*file)->manifest()->prefill()->steps())
@@ -1031,15 +1034,22 @@ TEST_CASE("batched session: mixed prompt chunks and decode rows give each sequen
               pair |= entry == "minfer_mmq_blocks2";
               wgmma_small += entry.rfind("minfer_wgmma_matmul", 0) == 0;
               wgmma_split += entry == "minfer_wgmma_matmul_split";
+              staging += entry == "minfer_mmqb_f16_act";
               if (entry.rfind("minfer_mmq_blocks", 0) == 0) {
+                const std::string key = kernels->Get(l->images()->Get(0))->key()->str();
+                const bool f16 = key.find("_wgf16_") != std::string::npos;
                 mmqb64 += l->min_rows() > 32;
-                mmqb_wg += kernels->Get(l->images()->Get(0))->key()->str().find("_wg_") != std::string::npos;
+                mmqb_wg += f16 || key.find("_wg_") != std::string::npos;
+                mmqb_f16 += f16;
               }
             }
           }
         CHECK(pair == (arch == "sm_90a" && sm90a_only));
         // mmqb_wgmma (all but "prefill-pair"): the 64-token tiles on sm_90a (mmqbWarpgroupTile)
         CHECK(mmqb_wg == (gemv != "prefill-pair" ? mmqb64 : 0));
+        // mmqb_f16act (all but "prefill-pair" and "wgmma"): each of those tiles after the launch staging its input
+        CHECK(mmqb_f16 == (gemv != "prefill-pair" && gemv != "wgmma" ? mmqb_wg : 0));
+        CHECK(staging == mmqb_f16);
         // (with wgmma_split_fused the Hopper matmul takes their rows: no 64-token tile is left)
         if (sm90a_only) CHECK((mmqb64 > 0) == (gemv != "wgmma-split-all"));
         // Hopper matmul small launches (both models have 2 layers): o and down of layer 0 (layer 1's are in the tail);

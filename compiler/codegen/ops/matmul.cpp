@@ -109,15 +109,23 @@ void defineWgmma(SpecBuilder& b, const MatMulOperands& m, const StrideTable& f16
       .define("WG_HAS_BIAS", static_cast<uint64_t>(m.bias != nullptr));
 }
 
-// minfer_q8_to_f16: the step's q8 input (k wide) as f16 into the scratch `x16` (a Scratch argument).
-KernelLaunch q8ToF16Launch(const StepContext& c, unsigned k, const KernelArgDesc& x16) {
-  SpecBuilder deq(llvm::formatv("q8_to_f16_k{0}", k), "kernels/wgmma_matmul.cuh", "minfer_q8_to_f16");
-  deq.define("Q8F16_K", uint64_t{k});
+// A launch that stages the step's q8 input (k wide) as f16 into the scratch `x16` (a Scratch argument): `entry` of
+// `source`, with `k_define` = k its one constant; its parameters xq, xmeta, x16, n_tokens.
+KernelLaunch q8StagingLaunch(const StepContext& c, unsigned k, const KernelArgDesc& x16, const std::string& key,
+                             const char* source, const char* entry, const char* k_define, kern::LaunchRule rule) {
+  SpecBuilder b(key, source, entry);
+  b.define(k_define, uint64_t{k});
   std::vector<KernelArgDesc> args;
   pushQ8Args(args, "xq", "xmeta", c.inputId(1), k, fb::Access::Read);
   args.push_back(x16);
   args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-  return {deq.spec, std::move(args), kern::q8ToF16LaunchRule(k)};
+  return {b.spec, std::move(args), rule};
+}
+
+// minfer_q8_to_f16: the step's q8 input as f16 (row order) for the Hopper matmul.
+KernelLaunch q8ToF16Launch(const StepContext& c, unsigned k, const KernelArgDesc& x16) {
+  return q8StagingLaunch(c, k, x16, llvm::formatv("q8_to_f16_k{0}", k), "kernels/wgmma_matmul.cuh", "minfer_q8_to_f16",
+                         "Q8F16_K", kern::q8ToF16LaunchRule(k));
 }
 
 // minfer_wgmma_matmul on tile `t` of the weight's kF16 plane: from the f16 activations in the scratch `x16` (WG_ACT = 0),
@@ -350,6 +358,13 @@ void pushSplitKArgs(std::vector<KernelArgDesc>& args, uint64_t scratch_bytes, ui
   }
 }
 
+// minfer_mmqb_f16_act: the step's q8 input as f16 in the MMA's k order, the activations of an MMQB_F16ACT mmq_blocks
+// launch.
+KernelLaunch mmqbF16ActLaunch(const StepContext& c, unsigned k, const KernelArgDesc& x16) {
+  return q8StagingLaunch(c, k, x16, llvm::formatv("mmqb_f16_act_k{0}", k), "kernels/mmq_blocks.cuh",
+                         "minfer_mmqb_f16_act", "MMQB_ACT_K", kern::mmqbF16ActLaunchRule(k));
+}
+
 // The small-batch form of a prefill MatMul (kernels/gemm_small.cuh) on the plane the decode GEMV reads (the 4-bit
 // kPacked plane where there is one, else kI8), split over K (gemmSmallSplits) except in the last-token tail;
 // nothing for weights without a kI8 plane or a geometry that quantized() would refuse (its launches report those).
@@ -419,17 +434,18 @@ KernelLaunch batchedGemvLaunch(const StepContext& c, const MatMulOperands& m, co
 
 // The mmq_blocks tiles of a small-batch step and the rows each serves: 16 tokens from kMmqbFromRows, then 32, then
 // 64, up to min(most, max_batch) rows (`most`: kMmqbMaxRows, or kMmqbFusedMaxRows for the fused forms,
-// minfer_mmq_blocks2 and minfer_mmq_blocks3); `make(tn)`
-// builds the launch of one tile.
+// minfer_mmq_blocks2 and minfer_mmq_blocks3); `make(tn)` builds the launches of one tile (the mmq_blocks launch,
+// after the one that stages its activations where it takes MMQB_F16ACT), each serving the tile's rows.
 template <class Make>
 void pushMmqbTiles(std::vector<KernelLaunch>& out, unsigned rows, unsigned most, Make make) {
   for (const unsigned tn : {16u, 32u, 64u}) {
     const unsigned first = tn == 16 ? kern::kMmqbFromRows : tn / 2 + 1;
     if (first > rows || first > most) break;
-    KernelLaunch l = make(tn);
-    l.min_rows = first;
-    l.max_rows = std::min({tn, rows, most});
-    out.push_back(std::move(l));
+    for (KernelLaunch& l : make(tn)) {
+      l.min_rows = first;
+      l.max_rows = std::min({tn, rows, most});
+      out.push_back(std::move(l));
+    }
   }
 }
 
@@ -469,7 +485,7 @@ Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
     std::vector<KernelArgDesc> margs(args.begin(), args.end() - 1);  // w, bias, xq, xmeta, out
     pushSplitKArgs(margs, kern::mmqbPartialBytes(n, tn, splits), kern::mmqbCounterBytes(n), splits);
     margs.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-    return KernelLaunch{mb.spec, std::move(margs), kern::mmqbLaunchRule(n, blk->ggml_type, tn, splits)};
+    return std::vector<KernelLaunch>{{mb.spec, std::move(margs), kern::mmqbLaunchRule(n, blk->ggml_type, tn, splits, false)}};
   });
   return out;
 }
@@ -855,9 +871,12 @@ llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepConte
   const unsigned most = hopper ? kern::kMmqbMaxRows : kern::kMmqbFusedMaxRows;
   pushMmqbTiles(out.launches, mm[0].maxBatch(), most, [&](unsigned tn) {
     const bool wg = forms.mmqb_wgmma && kern::mmqbWarpgroupTile(tn);
-    SpecBuilder sb(llvm::formatv("mmq_blocks{0}{1}_k{2}_t{3}_s{4}{5}", segs, tag, k, tn, splits, wg ? "_wg" : ""),
+    const bool f16act = wg && forms.mmqb_f16act;
+    SpecBuilder sb(llvm::formatv("mmq_blocks{0}{1}_k{2}_t{3}_s{4}{5}", segs, tag, k, tn, splits,
+                                 f16act ? "_wgf16" : wg ? "_wg" : ""),
                    "kernels/mmq_blocks.cuh", entry);
     if (wg) sb.define("MMQB_WGMMA", uint64_t{1});
+    if (f16act) sb.define("MMQB_F16ACT", uint64_t{1});
     sb.define("MMQB_SEGMENTS", uint64_t{segs}).define("MMQB_K", m[0].k).define("MMQB_TN", uint64_t{tn});
     sb.define("MMQB_SPLITS", uint64_t{splits});
     std::vector<KernelArgDesc> args;
@@ -870,13 +889,26 @@ llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepConte
       args.push_back(weightArg(kNames[i][5], mm[i].weightId(0), *blk[i]));
       args.push_back(biasArg(mm[i], m[i], kNames[i][6]));
     }
-    pushQ8Args(args, "xq", "xmeta", mm[0].inputId(1), k, fb::Access::Read);
+    const uint64_t partial_bytes = kern::mmqbFusedPartialBytes(n, nseg, tn, splits);
+    std::vector<KernelLaunch> launches;
+    if (f16act) {
+      // The activations as f16 at byte 0 of the step's scratch, the partials after them (mmqbF16ScratchBytes).
+      KernelArgDesc x16{.kind = fb::ArgKind::Scratch, .name = "x16",
+                        .bytes = kern::mmqbF16ScratchBytes(tn, k, partial_bytes)};
+      launches.push_back(mmqbF16ActLaunch(mm[0], k, x16));
+      x16.name = "xq";  // the mmq_blocks kernel's parameter
+      args.push_back(x16);
+      args.push_back(kindArg(fb::ArgKind::Null, "xmeta"));
+    } else {
+      pushQ8Args(args, "xq", "xmeta", mm[0].inputId(1), k, fb::Access::Read);
+    }
     for (size_t i = 0; i < segs; ++i)
       args.push_back(activationArg(kNames[i][7], mm[i].outputId(0), n[i], fb::Access::Write));
-    pushSplitKArgs(args, kern::mmqbFusedPartialBytes(n, nseg, tn, splits), kern::mmqbFusedCounterBytes(n, nseg),
-                   splits);
+    pushSplitKArgs(args, f16act ? kern::mmqbF16ScratchBytes(tn, k, partial_bytes) : partial_bytes,
+                   kern::mmqbFusedCounterBytes(n, nseg), splits);
     args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-    return KernelLaunch{sb.spec, std::move(args), kern::mmqbFusedLaunchRule(n, type, nseg, tn, splits)};
+    launches.push_back({sb.spec, std::move(args), kern::mmqbFusedLaunchRule(n, type, nseg, tn, splits, f16act)});
+    return launches;
   });
   if (hopper) {
     std::vector<std::pair<const StepContext*, const MatMulOperands*>> matmuls;

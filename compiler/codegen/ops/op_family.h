@@ -315,7 +315,8 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // step's own launches. `forms` (sm_90a images only: CodegenOptions, which generateKernels passes; the default here,
 // all off, is what the unit tests check): with mmqb_wgmma the fused mmq_blocks launches' tiles that mmqbWarpgroupTile
 // names in their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA; the plain kernel's tiles, up to kMmqbMaxRows, are
-// none of them); with wgmma_split, on a weight that also has a kF16 plane (Hopper prefill), the plain matmuls' calls of
+// none of them), and with mmqb_f16act too those tiles on f16 activations (MMQB_F16ACT: minfer_mmqb_f16_act stages the
+// q8 input as f16 at byte 0 of the step's scratch, then the mmq_blocks launch, its partials after them); with wgmma_split, on a weight that also has a kF16 plane (Hopper prefill), the plain matmuls' calls of
 // kMmqbMaxRows + 1 … min(64, max_batch) rows on the Hopper matmul split over K (minfer_q8_to_f16, then
 // minfer_wgmma_matmul_split with wgmmaSplits' count at wgmma_split_min_stages, or minfer_wgmma_matmul on its 64 × 64
 // tile where that is 1), not
@@ -327,6 +328,7 @@ struct SmallLaunches {
 };
 struct SmallBatchForms {
   bool mmqb_wgmma = false;         // CodegenOptions::mmqb_wgmma
+  bool mmqb_f16act = false;        // CodegenOptions::mmqb_f16act (with mmqb_wgmma)
   bool wgmma_split = false;        // CodegenOptions::wgmma_split
   bool wgmma_split_fused = false;  // CodegenOptions::wgmma_split_fused
   unsigned wgmma_split_min_stages = kern::kWgmmaSplitMinStages;  // wgmmaSplits' min_stages
