@@ -47,14 +47,18 @@
 //                         of the activations and no second barrier per stage. `partial` is then the step's scratch
 //                         that also holds the activations: the partials start at mmqbF16PartialOffset(TN, K). It
 //                         applies to every segment of the fused forms; the launch rules' smem with f16act true.
-//                         Measured on an H100 (minfer-bench-gemv --mmqb-f16act, 64 rows, BENCHMARKS.md): gate −12%,
-//                         down −15% against the q8 warpgroup form, every output bit for bit equal.
+//                         Measured on an H100 (BENCHMARKS.md, issue 14): the plain kernel alone at 64 rows
+//                         (minfer-bench-gemv --mmqb-f16act, the staging launch not counted) gate −12%, down −15%
+//                         against the q8 warpgroup form, every output bit for bit equal; the 7B's aggregate decode at
+//                         64 sequences with the fused launches +3.4%.
 // Launch ABI:  minfer_mmq_blocks(const uint8_t* w, const float* bias, const int8_t* xq, const Q8Meta* xmeta,
 //                                float* out, float* partial, unsigned* counters, int n_tokens)
 //   w: the kBlocks plane; xq, xmeta: the q8 input buffer (width K; MMQB_F16ACT: xq the f16 activations, xmeta
 //   unused); out: n_tokens × N f32 (row stride N);
-//   partial: mmqbPartialBytes() of scratch (null with one split); counters: mmqbCounterBytes() of words, zero on
-//   entry and again on exit (ArgKind Counters; unused with one split).
+//   partial: mmqbPartialBytes() of scratch (null with one split; MMQB_F16ACT: the scratch `xq` points at, of
+//   mmqbF16ScratchBytes(TN, K, mmqbPartialBytes()) bytes, whose first mmqbF16PartialOffset(TN, K) bytes the kernel
+//   skips: xq and partial alias one allocation on purpose, their ranges disjoint); counters: mmqbCounterBytes() of
+//   words, zero on entry and again on exit (ArgKind Counters; unused with one split).
 // Launch shape: mmqbLaunchRule(): grid (⌈N/128⌉, S), 256 threads, mmqbSmemBytes() of dynamic shared memory
 // (MMQB_F16ACT: mmqbF16SmemBytes()).
 //
@@ -83,7 +87,8 @@
 //   minfer_mmqb_f16_act(const int8_t* xq, const Q8Meta* xmeta, uint16_t* x16, int n_tokens)
 //   x16[t][16g + p] = round_to_f16(xq[t][16g + k] · round_to_f16(d(t, (16g + k) / 32))), k = mmqbF16ActOrder(p):
 //   the values and rounding the q8 form's per-stage conversion gives, in the order it stores them. x16: n_tokens × K
-//   halves (mmqbF16ActBytes of the step's scratch). mmqbF16ActLaunchRule(K): one thread per group of 16.
+//   halves (mmqbF16ActBytes of the step's scratch). mmqbF16ActLaunchRule(K): one thread per group of 16 (a 16-byte
+//   load of q8, two 16-byte stores of f16): one pass over the input.
 #pragma once
 
 #include "kernels/common.cuh"

@@ -62,8 +62,8 @@ struct CodegenOptions {
   bool mmqb_wgmma = true;
   // With mmqb_f16act (the default; with mmqb_wgmma, sm_90a) those warpgroup tiles take their activations as f16,
   // staged once per step by minfer_mmqb_f16_act in the MMA's k order, instead of converting the q8 values in every
-  // thread block at every stage (kernels/mmq_blocks.cuh MMQB_F16ACT; the same values, so the same bits). 64-row
-  // kernel alone on an H100: gate −12%, down −15% (BENCHMARKS.md, issue 14).
+  // thread block at every stage (kernels/mmq_blocks.cuh MMQB_F16ACT; the same values, so the same bits): the 7B's
+  // aggregate decode at 64 sequences +3.4% on an H100, the staging launch included (BENCHMARKS.md, issue 14).
   bool mmqb_f16act = true;
   // With wgmma_split (the default) and every target sm_90a, the plain (unfused) prefill matmuls that have small-batch
   // launches on GGUF blocks and a kF16 plane (the 7B's o and down projections) take the Hopper f16 matmul for the

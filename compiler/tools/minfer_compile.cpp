@@ -93,7 +93,8 @@ llvm::cl::opt<bool> kMmqbWgmma(
     llvm::cl::init(true), llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kMmqbF16Act(
     "mmqb-f16act",
-    llvm::cl::desc("Give those warpgroup tiles their activations as f16, staged once per step (default on; "
+    llvm::cl::desc("Give the 64-token warpgroup mmq_blocks tiles (--mmqb-wgmma, sm_90a) their activations as f16, "
+                   "staged once per step (default on; +3.4% aggregate decode at 64 sequences on an H100; "
                    "--mmqb-f16act=false: each thread block converts the q8 input at every stage, kernels/mmq_blocks.cuh "
                    "MMQB_F16ACT)"),
     llvm::cl::init(true), llvm::cl::cat(kCategory));

@@ -895,20 +895,13 @@ TEST_CASE("mmqb_wgmma: the 64-token mmq_blocks tiles in their warpgroup form, ev
   CHECK(warpgroup == 2 * l.desc.config.n_layer - 1);  // q, k, v of each layer; gate and up of all but the last
 }
 
-// With mmqb_f16act too (CodegenOptions, the default; sm_90a images) each warpgroup tile (the fused q, k, v and gate and
-// up launches' 64-token tiles) takes f16 activations: one minfer_mmqb_f16_act launch of the step's q8 input into the
-// scratch serving the same rows, then the tile with MMQB_F16ACT 1 (key _wgf16), its xq the scratch (the activations at
-// byte 0, mmqbF16ScratchBytes in all), its xmeta null, its partial the same scratch (split-K), its shared memory
-// mmqbF16SmemBytes'; every other launch as mmqb_wgmma's alone. mmqb_f16act without mmqb_wgmma changes nothing. Each
-// distinct new launch compiled with NVRTC for sm_90a (where built with it), its PTX parameters the record's arguments.
-TEST_CASE("mmqb_f16act: the warpgroup tiles on f16 activations staged once per step, everything else mmqb_wgmma's") {
-  if (!test::haveFixtures()) return;
-  const Loaded l = load(test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", true, true);
+// Every prefill MatMul step of `l` with mmqb_wgmma alone and with mmqb_f16act too (checks: the test case below);
+// returns the warpgroup tiles, and counts in `split_tiles` those split over K. `compiled`: the specs compiled so far.
+size_t checkMmqbF16ActLaunches(const Loaded& l, std::set<std::string>& compiled, size_t& split_tiles) {
   REQUIRE(l.desc.plan.max_batch >= 33);
   const std::vector<model::StepDesc>& steps = l.desc.plan.prefill;
   const PlanFusion fusion = defaultPrefillFusion(l);
   size_t staged = 0;
-  std::set<std::string> compiled;
   for (size_t i = 0; i < steps.size(); ++i) {
     if (steps[i].op != fb::OpKind::MatMul || fusion.fused[i]) continue;
     CAPTURE(steps[i].name);
@@ -923,9 +916,10 @@ TEST_CASE("mmqb_f16act: the warpgroup tiles on f16 activations staged once per s
     REQUIRE_MESSAGE(static_cast<bool>(alone), llvm::toString(alone.takeError()));
     REQUIRE_MESSAGE(static_cast<bool>(plain), llvm::toString(plain.takeError()));
     REQUIRE(alone->launches.size() == plain->launches.size());
-    for (size_t j = 0; j < plain->launches.size(); ++j) CHECK(alone->launches[j].spec.key == plain->launches[j].spec.key);
+    for (size_t j = 0; j < plain->launches.size(); ++j)
+      CHECK(alone->launches[j].spec.key == plain->launches[j].spec.key);
     CHECK(f16->rows == wg->rows);
-    size_t j = 0;  // f16's launch matching wg's launch x
+    size_t j = 0;  // f16's launch matching wg's launch `a`
     for (const KernelLaunch& a : wg->launches) {
       REQUIRE(j < f16->launches.size());
       CAPTURE(a.spec.key);
@@ -942,8 +936,9 @@ TEST_CASE("mmqb_f16act: the warpgroup tiles on f16 activations staged once per s
       const unsigned k = static_cast<unsigned>(std::stoul(a.spec.define("MMQB_K")));
       const size_t xq = 2 * segs, partial = 3 * segs + 2;  // w, bias per segment; xq, xmeta; the outputs; partial
       REQUIRE(a.args.size() == 3 * segs + 5);
-      const uint64_t scratch =
-          kern::mmqbF16ScratchBytes(64, k, a.args[partial].kind == fb::ArgKind::Scratch ? a.args[partial].bytes : 0);
+      const bool split = a.args[partial].kind == fb::ArgKind::Scratch;
+      split_tiles += split;
+      const uint64_t scratch = kern::mmqbF16ScratchBytes(64, k, split ? a.args[partial].bytes : 0);
       // The staging launch: the tile's q8 input into the scratch, for the tile's rows.
       CHECK(act.spec.entry == "minfer_mmqb_f16_act");
       CHECK(act.spec.define("MMQB_ACT_K") == std::to_string(k));
@@ -973,7 +968,7 @@ TEST_CASE("mmqb_f16act: the warpgroup tiles on f16 activations staged once per s
         CHECK(b.args[x].name == a.args[x].name);
         if (x == xq) CHECK((b.args[x].kind == fb::ArgKind::Scratch && b.args[x].bytes == scratch));
         else if (x == xq + 1) CHECK(b.args[x].kind == fb::ArgKind::Null);
-        else if (x == partial && a.args[x].kind == fb::ArgKind::Scratch) CHECK(b.args[x].bytes == scratch);
+        else if (x == partial && split) CHECK(b.args[x].bytes == scratch);
         if (x != xq && x != xq + 1) CHECK((b.args[x].kind == a.args[x].kind && b.args[x].buffer == a.args[x].buffer));
       }
       for (const KernelLaunch* c : {&act, &b})
@@ -981,7 +976,28 @@ TEST_CASE("mmqb_f16act: the warpgroup tiles on f16 activations staged once per s
     }
     CHECK(j == f16->launches.size());
   }
-  CHECK(staged == 2 * l.desc.config.n_layer - 1);  // q, k, v of each layer; gate and up of all but the last
+  return staged;
+}
+
+// With mmqb_f16act too (CodegenOptions, the default; sm_90a images) each warpgroup tile (the fused q, k, v and gate and
+// up launches' 64-token tiles) takes f16 activations: one minfer_mmqb_f16_act launch of the step's q8 input into the
+// scratch serving the same rows, then the tile with MMQB_F16ACT 1 (key _wgf16), its xq the scratch (the activations at
+// byte 0, mmqbF16ScratchBytes in all), its xmeta null, its partial the same scratch where it splits over K, its shared
+// memory mmqbF16SmemBytes'; every other launch as mmqb_wgmma's alone. mmqb_f16act without mmqb_wgmma changes nothing.
+// tiny-qwen2 (K 256: one split) and a cut-down qwen2 of width 1024 (its tiles split in 2). Each distinct new launch
+// compiled with NVRTC for sm_90a (where built with it), its PTX parameters the record's arguments.
+TEST_CASE("mmqb_f16act: the warpgroup tiles on f16 activations staged once per step, everything else mmqb_wgmma's") {
+  if (!test::haveFixtures()) return;
+  const std::string wide = test::writeSmallQwen2("qwen2-1024.gguf", 2, 1024, 1024, 64);
+  std::set<std::string> compiled;
+  for (const std::string& path : {test::fixturesDir() + "/models/tiny-qwen2-Q4_K_M.gguf", wide}) {
+    CAPTURE(path);
+    const Loaded l = load(path, true, true);
+    size_t split_tiles = 0;
+    // q, k, v of each layer; gate and up of all but the last (in the tail)
+    CHECK(checkMmqbF16ActLaunches(l, compiled, split_tiles) == 2 * l.desc.config.n_layer - 1);
+    CHECK((split_tiles > 0) == (path == wide));
+  }
 }
 
 // With wgmma_split (CodegenOptions; sm_90a images) the plain prefill matmuls with small-batch launches on GGUF blocks

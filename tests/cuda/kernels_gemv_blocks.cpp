@@ -1061,21 +1061,22 @@ TEST_CASE("mmq_blocks2 and mmq_blocks3: two or three matrices in one launch, bit
   }
   for (const bool wgmma : mmqbForms()) {
     std::vector<Kernel> k = compileMmqbForm(specs, wgmma);
-    // The warpgroup form's 64-token cases also run MMQB_F16ACT (the codegen's form for them): each fused kernel with
-    // its activations staged by minfer_mmqb_f16_act into the scratch that holds its partials (kernels f16[i]).
-    std::vector<codegen::KernelSpec> f16_specs;
-    std::vector<size_t> f16_at(cases.size(), SIZE_MAX);  // case → its fused kernel's index in f16_specs
+    // The warpgroup form's 64-token cases also run MMQB_F16ACT (the codegen's form for them): each fused kernel
+    // (f16) with its activations staged by minfer_mmqb_f16_act (act) into the scratch that holds its partials.
+    std::vector<codegen::KernelSpec> act_specs, f16_specs;
+    std::vector<size_t> f16_at(cases.size(), SIZE_MAX);  // case → its kernels' index in act and f16
     for (size_t i = 0; wgmma && i < cases.size(); ++i) {
       if (!kern::mmqbWarpgroupTile(cases[i].tn)) continue;
       const std::string k_cols = str(cases[i].cols);
-      f16_specs.push_back(spec("mmqb_f16_act_test_k" + k_cols, "kernels/mmq_blocks.cuh", "minfer_mmqb_f16_act",
+      f16_at[i] = f16_specs.size();
+      act_specs.push_back(spec("mmqb_f16_act_test_k" + k_cols, "kernels/mmq_blocks.cuh", "minfer_mmqb_f16_act",
                                {{"MMQB_ACT_K", k_cols}}));
       codegen::KernelSpec f = specs[first[i] + cases[i].seg.size()];
       f.key += "_f16";
       f.defines.emplace_back("MMQB_F16ACT", "1");
-      f16_at[i] = f16_specs.size();
       f16_specs.push_back(std::move(f));
     }
+    const std::vector<Kernel> act = act_specs.empty() ? std::vector<Kernel>{} : compile(act_specs);
     const std::vector<Kernel> f16 = f16_specs.empty() ? std::vector<Kernel>{} : compileMmqbForm(f16_specs, true);
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
@@ -1153,14 +1154,19 @@ TEST_CASE("mmq_blocks2 and mmq_blocks3: two or three matrices in one launch, bit
             checkWithinF16Bound("mmq_blocks2/3 (fraction of the f16 bound)", all, want[j], bound[j], used);
           }
           if (f16_at[i] == SIZE_MAX) continue;
-          // MMQB_F16ACT: the staged activations equal the host's, and every output the q8 form's (alone[j]) bit for bit.
+          // MMQB_F16ACT: the staged activations equal the host's (and nothing is staged past the call's rows), and
+          // every output the q8 form's (alone[j]) bit for bit.
           scratch.poison();
           for (size_t j = 0; j < segs; ++j) got[j].poison();
           CUdeviceptr ps = scratch.ptr(), pnull = 0, psplit = c.splits > 1 ? scratch.ptr() : 0;
-          launch(f16[f16_at[i] - 1], kern::mmqbF16ActLaunchRule(static_cast<unsigned>(c.cols)).at(tokens),
+          launch(act[f16_at[i]], kern::mmqbF16ActLaunchRule(static_cast<unsigned>(c.cols)).at(tokens),
                  {&a, &b, &ps, &tokens});
           const size_t halves = static_cast<size_t>(tokens) * c.cols;
           CHECK(scratch.download<uint16_t>(halves) == std::vector<uint16_t>(x16.begin(), x16.begin() + halves));
+          const size_t words = kern::mmqbF16PartialOffset(c.tn, static_cast<unsigned>(c.cols)) / 4;
+          const std::vector<uint32_t> staged = scratch.download<uint32_t>(words);
+          CHECK(std::count(staged.begin() + halves / 2, staged.end(), 0x7FC00000u) ==
+                static_cast<std::ptrdiff_t>(words - halves / 2));
           std::vector<void*> args16;  // as above, with xq the scratch, xmeta null and partial the scratch
           for (size_t j = 0; j < segs; ++j) args16.insert(args16.end(), {&pw[j], &pb[j]});
           args16.insert(args16.end(), {&ps, &pnull});

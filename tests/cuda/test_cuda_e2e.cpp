@@ -101,10 +101,10 @@ std::vector<std::string> goldenArchs() {
 // minfer_mmq_blocks2 on sm_90a; the other variants here compile without it, so both forms run) and its 64-token
 // mmq_blocks tiles on mma.sync (mmqb_wgmma off), "wgmma" the same with those tiles in their warpgroup form on q8
 // activations (mmqb_wgmma with mmqb_f16act off), while the other variants keep the defaults (MMQB_WGMMA with
-// MMQB_F16ACT on sm_90a: the tiles' activations staged as f16 by minfer_mmqb_f16_act), "wgmma-split" the default with the o and
-// down matmuls of 33 … 64-row calls on the Hopper matmul split over K (wgmma_split, on by default: the other variants
-// here compile without it, so both forms run; with splits of 8 stages of 64 at least so that the synthetic model's
-// matmuls split in 2; the pair and its wgmma tiles as "wgmma"), "wgmma-split-all" every matmul of those calls so
+// MMQB_F16ACT on sm_90a: the tiles' activations staged as f16 by minfer_mmqb_f16_act), "wgmma-split" the default with
+// the o and down matmuls of 33 … 64-row calls on the Hopper matmul split over K (wgmma_split, on by default: the other
+// variants here compile without it, so both forms run; with splits of 8 stages of 64 at least so that the synthetic
+// model's matmuls split in 2; the pair and its tiles as the default's), "wgmma-split-all" every matmul of those calls so
 // (wgmma_split_fused too). `arch`: the kernel target ("" =
 // the GPU's arch;
 // "sm_90a" on an sm_90 GPU = the Hopper prefill plan, compile_model.h usesHopperPrefill).

@@ -485,7 +485,8 @@ Launches smallBatchBlocksMatmul(const StepContext& c, const MatMulOperands& m) {
     std::vector<KernelArgDesc> margs(args.begin(), args.end() - 1);  // w, bias, xq, xmeta, out
     pushSplitKArgs(margs, kern::mmqbPartialBytes(n, tn, splits), kern::mmqbCounterBytes(n), splits);
     margs.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
-    return std::vector<KernelLaunch>{{mb.spec, std::move(margs), kern::mmqbLaunchRule(n, blk->ggml_type, tn, splits, false)}};
+    return std::vector<KernelLaunch>{
+        {mb.spec, std::move(margs), kern::mmqbLaunchRule(n, blk->ggml_type, tn, splits, false)}};
   });
   return out;
 }

@@ -316,7 +316,8 @@ Launches pagedLaunchesForStep(const model::ModelDescription& desc, llvm::ArrayRe
 // all off, is what the unit tests check): with mmqb_wgmma the fused mmq_blocks launches' tiles that mmqbWarpgroupTile
 // names in their warpgroup form (kernels/mmq_blocks.cuh MMQB_WGMMA; the plain kernel's tiles, up to kMmqbMaxRows, are
 // none of them), and with mmqb_f16act too those tiles on f16 activations (MMQB_F16ACT: minfer_mmqb_f16_act stages the
-// q8 input as f16 at byte 0 of the step's scratch, then the mmq_blocks launch, its partials after them); with wgmma_split, on a weight that also has a kF16 plane (Hopper prefill), the plain matmuls' calls of
+// q8 input as f16 at byte 0 of the step's scratch, then the mmq_blocks launch, its partials after them); with
+// wgmma_split, on a weight that also has a kF16 plane (Hopper prefill), the plain matmuls' calls of
 // kMmqbMaxRows + 1 … min(64, max_batch) rows on the Hopper matmul split over K (minfer_q8_to_f16, then
 // minfer_wgmma_matmul_split with wgmmaSplits' count at wgmma_split_min_stages, or minfer_wgmma_matmul on its 64 × 64
 // tile where that is 1), not
@@ -340,6 +341,7 @@ llvm::Expected<SmallLaunches> smallLaunchesForStep(const model::ModelDescription
 // followers): each step's batched GEMV below kMmqbFromRows rows, then minfer_mmq_blocks2 or minfer_mmq_blocks3 in
 // tiles of 16, 32 and 64 tokens up to min(kMmqbFusedMaxRows, max_batch), split over K as mmqbSplits gives for the
 // matrices' row tiles together; each output as minfer_mmq_blocks would write it with those splits (with
+// forms.mmqb_wgmma and forms.mmqb_f16act each warpgroup tile after a minfer_mmqb_f16_act launch of the same rows; with
 // forms.wgmma_split_fused and a kF16 plane for every matrix, the tiles stop at kMmqbMaxRows and the calls past it
 // take minfer_q8_to_f16 and each matmul's Hopper matmul of the split form's tile). An error naming the first step
 // unless fusesMmqbSegments.
