@@ -136,24 +136,27 @@ MINFER_HD constexpr unsigned mmqbStageBytes(unsigned type, unsigned tn) {
 // The f16 activation tile the MMAs read: TN × kMmqbLDH halves (the warpgroup form's four swizzled 64-column tiles,
 // 4 · TN · 128 bytes, fit inside it).
 MINFER_HD constexpr unsigned mmqbTileBytes(unsigned tn) { return tn * kMmqbLDH * 2; }
-// Raw stages in the cp.async pipeline: as many as fit beside the f16 tile and the alignment slack in kMmqbSmemBudget,
-// 2 … 4 (Q4_K: 4, 3, 2 at 16, 32, 64 tokens; Q6_K: 2; Q6_K at 64 tokens exceeds the budget: one block per SM).
-MINFER_HD constexpr unsigned mmqbStages(unsigned type, unsigned tn) {
+// Stages of `stage_bytes` in the cp.async pipeline beside `fixed_bytes` of other shared memory: as many as fit in
+// kMmqbSmemBudget, 2 … 4 (2 where even those exceed it: one block per SM).
+MINFER_HD constexpr unsigned mmqbStagesFitting(unsigned stage_bytes, unsigned fixed_bytes) {
   unsigned s = 4;
-  while (s > 2 && s * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack > kMmqbSmemBudget) --s;
+  while (s > 2 && s * stage_bytes + fixed_bytes > kMmqbSmemBudget) --s;
   return s;
+}
+// Raw stages of the q8 form: beside the f16 tile and the alignment slack (Q4_K: 4, 3, 2 at 16, 32, 64 tokens; Q6_K: 2;
+// Q6_K at 64 tokens exceeds the budget: one block per SM).
+MINFER_HD constexpr unsigned mmqbStages(unsigned type, unsigned tn) {
+  return mmqbStagesFitting(mmqbStageBytes(type, tn), mmqbTileBytes(tn) + kMmqbAlignSlack);
 }
 MINFER_HD constexpr unsigned mmqbSmemBytes(unsigned type, unsigned tn) {
   return mmqbStages(type, tn) * mmqbStageBytes(type, tn) + mmqbTileBytes(tn) + kMmqbAlignSlack;
 }
 // MMQB_F16ACT: a stage is the raw blocks and the f16 activations of the block column as four 64-column tiles of TN
-// rows × 128 bytes (TN · 512 bytes; every part 1024-byte aligned); no f16 tile; stages as many as fit in
-// kMmqbSmemBudget, 2 … 4 (the same counts as mmqbStages').
+// rows × 128 bytes (TN · 512 bytes; every part 1024-byte aligned); no f16 tile; stages beside the alignment slack
+// alone (the same counts as mmqbStages').
 MINFER_HD constexpr unsigned mmqbF16StageBytes(unsigned type, unsigned tn) { return kMmqbTM * mmqbRawLd(type) + tn * 512; }
 MINFER_HD constexpr unsigned mmqbF16Stages(unsigned type, unsigned tn) {
-  unsigned s = 4;
-  while (s > 2 && s * mmqbF16StageBytes(type, tn) + kMmqbAlignSlack > kMmqbSmemBudget) --s;
-  return s;
+  return mmqbStagesFitting(mmqbF16StageBytes(type, tn), kMmqbAlignSlack);
 }
 MINFER_HD constexpr unsigned mmqbF16SmemBytes(unsigned type, unsigned tn) {
   return mmqbF16Stages(type, tn) * mmqbF16StageBytes(type, tn) + kMmqbAlignSlack;

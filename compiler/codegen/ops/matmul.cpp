@@ -890,12 +890,12 @@ llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepConte
       args.push_back(weightArg(kNames[i][5], mm[i].weightId(0), *blk[i]));
       args.push_back(biasArg(mm[i], m[i], kNames[i][6]));
     }
+    // The split-K scratch; with f16 activations they come first in it, the partials after them.
     const uint64_t partial_bytes = kern::mmqbFusedPartialBytes(n, nseg, tn, splits);
+    const uint64_t scratch_bytes = f16act ? kern::mmqbF16ScratchBytes(tn, k, partial_bytes) : partial_bytes;
     std::vector<KernelLaunch> launches;
     if (f16act) {
-      // The activations as f16 at byte 0 of the step's scratch, the partials after them (mmqbF16ScratchBytes).
-      KernelArgDesc x16{.kind = fb::ArgKind::Scratch, .name = "x16",
-                        .bytes = kern::mmqbF16ScratchBytes(tn, k, partial_bytes)};
+      KernelArgDesc x16{.kind = fb::ArgKind::Scratch, .name = "x16", .bytes = scratch_bytes};
       launches.push_back(mmqbF16ActLaunch(mm[0], k, x16));
       x16.name = "xq";  // the mmq_blocks kernel's parameter
       args.push_back(x16);
@@ -905,8 +905,7 @@ llvm::Expected<SmallLaunches> mmqbSegmentsSmallLaunches(llvm::ArrayRef<StepConte
     }
     for (size_t i = 0; i < segs; ++i)
       args.push_back(activationArg(kNames[i][7], mm[i].outputId(0), n[i], fb::Access::Write));
-    pushSplitKArgs(args, f16act ? kern::mmqbF16ScratchBytes(tn, k, partial_bytes) : partial_bytes,
-                   kern::mmqbFusedCounterBytes(n, nseg), splits);
+    pushSplitKArgs(args, scratch_bytes, kern::mmqbFusedCounterBytes(n, nseg), splits);
     args.push_back(kindArg(fb::ArgKind::TokenCount, "n_tokens"));
     launches.push_back({sb.spec, std::move(args), kern::mmqbFusedLaunchRule(n, type, nseg, tn, splits, f16act)});
     return launches;
