@@ -3,6 +3,7 @@
 #include "runtime/batch_session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "runtime/backend.h"
@@ -14,7 +15,16 @@ BatchSessionBase::BatchSessionBase(const BatchConfig& config)
       blocks_(config.n_seq_max, config.n_ctx, config.block_size, config.n_blocks),
       lengths_(static_cast<size_t>(config.n_seq_max), 0),
       open_(static_cast<size_t>(config.n_seq_max), 0),
-      seen_(static_cast<size_t>(config.n_seq_max), 0) {}
+      seen_(static_cast<size_t>(config.n_seq_max), 0),
+      own_argmax_(static_cast<size_t>(std::min(config.n_seq_max, config.max_tokens))) {}
+
+int32_t greedyToken(std::span<const float> row) {
+  int32_t best = 0;
+  float best_value = -INFINITY;
+  for (size_t i = 0; i < row.size(); ++i)
+    if (row[i] > best_value) best = static_cast<int32_t>(i), best_value = row[i];  // NaN compares false: never wins
+  return best;
+}
 
 Status BatchSessionBase::badSequence(const char* what, int seq) const {
   return Status::error(std::string(what) + ": sequence " + std::to_string(seq) + " is not open (ids 0.." +
@@ -174,6 +184,32 @@ Result<std::span<const float>> BatchSessionBase::step(std::span<const Chunk> chu
     return Status::ok();
   }));
   return rows;
+}
+
+Result<BatchSession::StepOutputs> BatchSessionBase::step(std::span<const Chunk> chunks,
+                                                         std::span<const Output> outputs) {
+  MINFER_RETURN_IF_ERROR(check(chunks));
+  if (outputs.size() != chunks.size())
+    return Status::error("step: " + std::to_string(outputs.size()) + " outputs for " + std::to_string(chunks.size()) +
+                         " chunks (one per chunk)");
+  StepOutputs out;
+  MINFER_RETURN_IF_ERROR(execute(chunks, [&] {
+    Result<StepOutputs> r = runOutputs(chunks, outputs);
+    if (!r) return r.takeStatus();
+    out = *r;
+    return Status::ok();
+  }));
+  return out;
+}
+
+Result<BatchSession::StepOutputs> BatchSessionBase::runOutputs(std::span<const Chunk> chunks,
+                                                               std::span<const Output> outputs) {
+  Result<std::span<const float>> rows = runInPlace(chunks);
+  if (!rows) return rows.takeStatus();
+  const size_t n_vocab = static_cast<size_t>(config_.n_vocab);
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (outputs[i].argmax) own_argmax_[i] = greedyToken(rows->subspan(i * n_vocab, n_vocab));
+  return StepOutputs{*rows, std::span<const int32_t>(own_argmax_.data(), chunks.size())};
 }
 
 Result<std::span<const float>> BatchSessionBase::runInPlace(std::span<const Chunk> chunks) {

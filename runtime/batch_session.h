@@ -60,6 +60,7 @@ class BatchSessionBase : public BatchSession {
   Status truncate(int seq, int pos) override;
   Status step(std::span<const Chunk> chunks, std::span<float> logits) override;
   Result<std::span<const float>> step(std::span<const Chunk> chunks) override;
+  Result<StepOutputs> step(std::span<const Chunk> chunks, std::span<const Output> outputs) override;
 
   int length(int seq) const override { return isOpen(seq) ? lengths_[static_cast<size_t>(seq)] : 0; }
   bool isOpen(int seq) const override {
@@ -83,6 +84,9 @@ class BatchSessionBase : public BatchSession {
   // the next step of either form). By default run() into a buffer of the base's, grown to the rows of the largest
   // such step.
   virtual Result<std::span<const float>> runInPlace(std::span<const Chunk> chunks);
+  // The same for step(chunks, outputs) (outputs.size() == chunks.size()). By default runInPlace(), then greedyToken of
+  // each row whose chunk asks for the argmax, into an array of the base's (allocated with the session).
+  virtual Result<StepOutputs> runOutputs(std::span<const Chunk> chunks, std::span<const Output> outputs);
   const KvBlockAllocator& blocks() const { return blocks_; }
   const BatchConfig& config() const { return config_; }
   // Fills `out` (allocated for this session's config) for checked chunks inside run(). Allocates nothing.
@@ -104,7 +108,13 @@ class BatchSessionBase : public BatchSession {
   std::vector<uint8_t> seen_;   // (n_seq_max) step()'s duplicate check, all 0 between steps
   int n_open_ = 0;
   std::vector<float> own_logits_;  // runInPlace's rows by default (grown, never shrunk)
+  std::vector<int32_t> own_argmax_;  // (min(n_seq_max, max_tokens): the most chunks of a step) runOutputs' argmax
 };
+
+// BatchSession::Output::argmax on the host: the index of the highest value of `row` (n_vocab logits), the lowest on
+// ties; NaN never wins; 0 when every value is −∞ or NaN. The same token as Sampler::sample with temperature ≤ 0 and
+// no penalty, and as kernels/argmax.cuh.
+int32_t greedyToken(std::span<const float> row);
 
 // The sequential fallback for backends without batched kernels: one BackendSession of n_ctx positions per
 // sequence id (created at the id's first step, kept and reused by the sequences that get the id later);

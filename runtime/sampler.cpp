@@ -51,6 +51,10 @@ uint64_t Xoshiro256::next() {
 
 double Xoshiro256::nextDouble() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
+bool samplesArgmax(const SamplerParams& params) {
+  return params.temperature <= 0.0f && (params.repeat_penalty == 1.0f || params.repeat_last_n <= 0);
+}
+
 Sampler::Sampler(const SamplerParams& params, int32_t n_vocab)
     : params_(params),
       n_vocab_(n_vocab < 1 ? 1 : n_vocab),

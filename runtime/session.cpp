@@ -164,7 +164,7 @@ Result<GenerateResult> Session::generate(std::string_view prompt, const Generate
   const SamplerParams& sp = params.sampling;
   const DeviceSampling dev = params.device_sampling && !params.on_logits ? backend_->deviceSampling() : DeviceSampling{};
   const bool penalty = sp.repeat_penalty != 1.0f && sp.repeat_last_n > 0;
-  const bool device_argmax = sp.temperature <= 0.0f && !penalty && dev.argmax;
+  const bool device_argmax = samplesArgmax(sp) && dev.argmax;
   int device_k = device_argmax ? 0 : sp.temperature <= 0.0f ? 1 : sp.top_k > 0 && sp.top_k < n_vocab ? sp.top_k : 0;
   if (device_k > dev.top_k_max || (penalty && (!(sp.repeat_penalty > 0.0f) || sp.repeat_last_n > dev.penalized_max)))
     device_k = 0;

@@ -108,22 +108,35 @@ class CudaSession final : public BackendSession {
   // token tokens[t] at position positions[t] of its sequence, whose block table starts at word tables[t] of
   // `tables` (schema ArgKind BlockTables: tables[0 .. rows) are those indices, the tables follow); each row's
   // K and V land in its slot of the pool and it attends to its own sequence's positions 0..positions[t].
-  // logits: out_rows.size() × n_vocab floats, row i = the logits of row out_rows[i] (out_rows increasing;
-  // when they are not every row, the plan's last-token tail runs on those rows alone, gathered to the first
-  // rows of its input buffers: a prompt chunk's other rows skip the output head). Requires 1 ≤ rows ≤
-  // maxBatch(), positions.size() == rows, rows ≤ tables.size() ≤ the session's table_words, and tables that
-  // cover every row's position with blocks inside the pool; each is checked before anything is uploaded and
-  // a violation is an error naming the row, the value and the bound. logits null: the rows go to the session's
-  // pinned buffer instead (pinnedLogits; at most the PagedSessionConfig's pinned_rows rows, else an error).
+  // out_rows: the rows whose outputs come back (increasing; when they are not every row, the plan's last-token
+  // tail runs on those rows alone, gathered to the first rows of its input buffers: a prompt chunk's other rows skip
+  // the output head). Requires 1 ≤ rows ≤ maxBatch(), positions.size() == rows, rows ≤ tables.size() ≤ the session's
+  // table_words, and tables that cover every row's position with blocks inside the pool; each is checked before
+  // anything is uploaded and a violation is an error naming the row, the value and the bound. What comes back of
+  // the output rows is `out`'s: their logits (all or some of them; into the caller's memory or the pinned buffer)
+  // and their argmax.
+  struct RowsOutput {
+    // out_rows.size() × n_vocab floats, row i the logits of row out_rows[i]; null: the rows go to the session's pinned
+    // buffer instead (pinnedLogits; at most the PagedSessionConfig's pinned_rows rows, else an error).
+    float* logits = nullptr;
+    std::span<const uint8_t> download;   // per output row, nonzero: its logits row is copied; empty: every row
+    // Every output row's argmax (kernels/argmax.cuh, the artifact's argmax launch record) into pinnedArgmax(),
+    // 4 bytes back per row. Error when the artifact has no argmax kernel image (deviceSampling().argmax false).
+    bool argmax = false;
+  };
   Status forwardRows(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                     std::span<const int32_t> tables, std::span<const int> out_rows, float* logits);
-  // The pinned host rows forwardRows(…, nullptr) left: (out_rows.size(), n_vocab) f32, row i the logits of row
-  // out_rows[i]; valid until the next forward of this session.
+                     std::span<const int32_t> tables, std::span<const int> out_rows, const RowsOutput& out);
+  // The pinned host rows forwardRows with null RowsOutput::logits left: (out_rows.size(), n_vocab) f32, row i the
+  // logits of row out_rows[i] (where downloaded); valid until the next forward of this session.
   const float* pinnedLogits() const;
+  // The pinned argmax forwardRows(…, {.argmax = true}) left: out_rows.size() int32, entry i row out_rows[i]'s; valid
+  // until the next forward of this session.
+  const int32_t* pinnedArgmax() const;
 
-  // Device sampling (runtime/backend.h): the artifact's argmax (1.1) and top-k (1.9, kernels/topk.cuh)
-  // launch records, in sessions that are not paged. forwardArgmax copies 4 bytes back instead of the logits
-  // row, forwardTopK k (id, logit) pairs (the request, 16 + 4·penalized bytes, goes up first).
+  // Device sampling (runtime/backend.h): the artifact's argmax (1.1) and top-k (1.9, kernels/topk.cuh) launch
+  // records (top-k in sessions that are not paged; a paged session's argmax is forwardRows'). forwardArgmax copies 4
+  // bytes back instead of the logits row, forwardTopK k (id, logit) pairs (the request, 16 + 4·penalized bytes, goes
+  // up first).
   DeviceSampling deviceSampling() const override;
   Result<int32_t> forwardArgmax(std::span<const int32_t> tokens, int pos0) override;
   Status forwardTopK(std::span<const int32_t> tokens, int pos0, float repeat_penalty,

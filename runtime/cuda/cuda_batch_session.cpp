@@ -14,6 +14,9 @@
 // GEMMs above that (a step
 // of one row: the decode plan's GEMVs); only RoPE, the KV store and attention (Step.paged_launches) read per-row
 // positions and tables.
+#include <algorithm>
+#include <vector>
+
 #include "runtime/batch_session.h"
 #include "runtime/cuda/cuda_backend.h"
 
@@ -23,32 +26,53 @@ namespace {
 class CudaBatchSession final : public BatchSessionBase {
  public:
   CudaBatchSession(const BatchConfig& config, std::unique_ptr<CudaSession> session)
-      : BatchSessionBase(config), session_(std::move(session)), rows_(config) {}
+      : BatchSessionBase(config),
+        session_(std::move(session)),
+        rows_(config),
+        download_(static_cast<size_t>(std::min(config.n_seq_max, config.max_tokens))) {}
 
   uint64_t allocatedBytes() const override { return session_->allocatedBytes(); }
   bool batchedKernels() const override { return true; }
 
  protected:
-  Status run(std::span<const Chunk> chunks, std::span<float> logits) override { return forward(chunks, logits.data()); }
+  Status run(std::span<const Chunk> chunks, std::span<float> logits) override {
+    return forward(chunks, {.logits = logits.data()});
+  }
   // The rows left in the session's pinned buffer (forwardRows with null logits; it holds min(n_seq_max,
   // max_tokens) rows, the most chunks a step can have).
   Result<std::span<const float>> runInPlace(std::span<const Chunk> chunks) override {
-    MINFER_RETURN_IF_ERROR(forward(chunks, nullptr));
+    MINFER_RETURN_IF_ERROR(forward(chunks, {}));
     return std::span<const float>(session_->pinnedLogits(), chunks.size() * static_cast<size_t>(config().n_vocab));
+  }
+  // The argmax on the device, and only the rows asked for downloaded into the pinned buffer (an artifact without an
+  // argmax kernel image: the base's, on the host after downloading every row).
+  Result<StepOutputs> runOutputs(std::span<const Chunk> chunks, std::span<const Output> outputs) override {
+    bool argmax = false;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      download_[i] = outputs[i].logits ? 1 : 0;
+      argmax = argmax || outputs[i].argmax;
+    }
+    if (argmax && !session_->deviceSampling().argmax) return BatchSessionBase::runOutputs(chunks, outputs);
+    MINFER_RETURN_IF_ERROR(forward(
+        chunks, {.download = std::span<const uint8_t>(download_.data(), chunks.size()), .argmax = argmax}));
+    return StepOutputs{
+        std::span<const float>(session_->pinnedLogits(), chunks.size() * static_cast<size_t>(config().n_vocab)),
+        std::span<const int32_t>(session_->pinnedArgmax(), chunks.size())};
   }
 
  private:
-  // The chunks as rows, one forward pass; logits as forwardRows takes them (null: the pinned buffer).
-  Status forward(std::span<const Chunk> chunks, float* logits) {
+  // The chunks as rows, one forward pass bringing back what `out` asks for (CudaSession::RowsOutput).
+  Status forward(std::span<const Chunk> chunks, const CudaSession::RowsOutput& out) {
     layoutRows(chunks, rows_);
     const size_t n = static_cast<size_t>(rows_.rows);
     return session_->forwardRows(std::span<const int32_t>(rows_.ids.data(), n),
                                  std::span<const int32_t>(rows_.pos.data(), n),
-                                 std::span<const int32_t>(rows_.tables.data(), rows_.words), rows_.out_rows, logits);
+                                 std::span<const int32_t>(rows_.tables.data(), rows_.words), rows_.out_rows, out);
   }
 
   std::unique_ptr<CudaSession> session_;
   BatchRows rows_;  // the step's rows, refilled by every run()
+  std::vector<uint8_t> download_;  // (the most chunks of a step) runOutputs' per-chunk download flags
 };
 
 }  // namespace

@@ -25,11 +25,11 @@ struct CudaSession::State {
   std::vector<CUdeviceptr> buf;      // buffer id → device address
   std::vector<uint32_t> buf_width;   // buffer id → width
   std::vector<fb::BufferType> buf_type;
-  DeviceBuffer arena;                // activations | KV cache | attention partials | pos | argmax | top-k slot
-                                     // [| rows]
+  DeviceBuffer arena;                // activations | KV cache | attention partials | pos | argmax (max_batch)
+                                     // | top-k slot [| rows]
   CUdeviceptr pos = 0, argmax_out = 0;
   CUdeviceptr topk_slot = 0;         // kern::TopKSlot (0 when the artifact has no top-k, or paged)
-  PinnedBuffer pinned;               // ids (max_batch int32) | pos | argmax [| row positions | block tables]
+  PinnedBuffer pinned;               // ids (max_batch int32) | pos [| row positions | block tables] | argmax (max_batch)
                                      // | one logits row (n_vocab f32) | top-k slot
   int32_t* h_ids = nullptr;
   int32_t* h_pos = nullptr;
@@ -184,6 +184,14 @@ struct CudaSession::State {
     }
     if (profiling && current >= 0) record(ev[2 * current + 1]);
     return Status::ok();
+  }
+
+  // The argmax of logits rows 0 … n−1 (the artifact's argmax launch, one block per row) to h_argmax[0 … n), queued on
+  // the stream: the caller synchronizes. Requires have_argmax and n ≤ max_batch.
+  Status argmaxRows(unsigned n) {
+    MINFER_RETURN_IF_ERROR(launch(argmax, n));
+    return dev->check(cu().cuMemcpyDtoHAsync(h_argmax, argmax_out, n * sizeof(int32_t), stream.get()),
+                      "CUDA argmax download");
   }
 
   // A paged session's step of n rows without a gathered tail: its graph (rows_graphs), captured first where there is
@@ -376,8 +384,9 @@ struct CudaSession::State {
 };
 
 Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                                std::span<const int32_t> tables, std::span<const int> out_rows, float* logits) {
+                                std::span<const int32_t> tables, std::span<const int> out_rows, const RowsOutput& out) {
   State& st = *s_;
+  float* logits = out.logits;
   const int n = static_cast<int>(tokens.size());
   if (!st.paged) return Status::error("CUDA forwardRows: not a paged session (CudaBackend::createPagedSession)");
   if (n < 1 || n > st.max_batch || positions.size() != tokens.size())
@@ -414,6 +423,11 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
       return Status::error("CUDA forwardRows: output row " + std::to_string(out_rows[i]) + " (index " + std::to_string(i) +
                            ") of " + std::to_string(n) + " rows: need increasing rows < the row count");
   if (out_rows.empty()) return Status::error("CUDA forwardRows: no output rows");
+  if (!out.download.empty() && out.download.size() != out_rows.size())
+    return Status::error("CUDA forwardRows: " + std::to_string(out.download.size()) + " download flags for " +
+                         std::to_string(out_rows.size()) + " output rows");
+  if (out.argmax && !st.have_argmax) return Status::error("CUDA forwardRows: the artifact has no argmax kernel image");
+  auto wanted = [&](size_t i) { return out.download.empty() || out.download[i] != 0; };
   if (!logits && out_rows.size() > static_cast<size_t>(st.pinned_rows))
     return Status::error("CUDA forwardRows: " + std::to_string(out_rows.size()) + " output rows into the pinned buffer of " +
                          std::to_string(st.pinned_rows) + " rows (PagedSessionConfig::pinned_rows)");
@@ -439,11 +453,13 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
       MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuGraphLaunch(st.graph_exec, s), "CUDA forwardRows: decode graph launch"));
     else
       MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/false, 1));
+    if (out.argmax) MINFER_RETURN_IF_ERROR(st.argmaxRows(1));
     // Through the pinned row buffer, as CudaSession::forward.
-    MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyDtoHAsync(st.h_logits, st.buf[st.logits_buffer], row, s),
-                                         "CUDA forwardRows: logits download"));
+    if (wanted(0))
+      MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyDtoHAsync(st.h_logits, st.buf[st.logits_buffer], row, s),
+                                           "CUDA forwardRows: logits download"));
     MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows"));
-    if (!pinned) std::memcpy(logits, st.h_logits, row);
+    if (!pinned && wanted(0)) std::memcpy(logits, st.h_logits, row);
     return Status::ok();
   }
   // When some rows' logits are not wanted (prompt chunks) and the plan has a last-token tail, the tail runs
@@ -457,20 +473,35 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
   } else {
     MINFER_RETURN_IF_ERROR(st.runRows(static_cast<unsigned>(n)));
   }
+  // Output row i's logits are in row gather ? i : out_rows[i] of the logits buffer (rows 0 … k−1 when every row is
+  // wanted, out_rows being increasing). The argmax runs on rows 0 … that of the last output row, and its results are
+  // picked out of the pinned copy: only a plan without a tail leaves unwanted rows among them.
+  auto at = [&](size_t i) { return gather ? i : static_cast<size_t>(out_rows[i]); };
+  if (out.argmax) {
+    const size_t rows = at(k - 1) + 1;
+    MINFER_RETURN_IF_ERROR(st.argmaxRows(static_cast<unsigned>(rows)));
+  }
   // The wanted rows, runs of consecutive rows in one copy each (a step of decode rows is one copy).
   for (size_t i = 0; i < k;) {
+    if (!wanted(i)) {
+      ++i;
+      continue;
+    }
     size_t j = i + 1;
-    while (j < k && out_rows[j] == out_rows[j - 1] + 1) ++j;
-    const uint64_t first = gather ? i : static_cast<uint64_t>(out_rows[i]);
+    while (j < k && wanted(j) && at(j) == at(j - 1) + 1) ++j;
     MINFER_RETURN_IF_ERROR(st.dev->check(
-        cu.cuMemcpyDtoHAsync(logits + i * st.n_vocab, st.buf[st.logits_buffer] + first * row, (j - i) * row, s),
+        cu.cuMemcpyDtoHAsync(logits + i * st.n_vocab, st.buf[st.logits_buffer] + at(i) * row, (j - i) * row, s),
         "CUDA forwardRows: logits download"));
     i = j;
   }
-  return st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows");
+  MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows"));
+  if (out.argmax && at(k - 1) != k - 1)
+    for (size_t i = 0; i < k; ++i) st.h_argmax[i] = st.h_argmax[at(i)];  // at(i) ≥ i: increasing, read before written
+  return Status::ok();
 }
 
 const float* CudaSession::pinnedLogits() const { return s_->h_logits; }
+const int32_t* CudaSession::pinnedArgmax() const { return s_->h_argmax; }
 
 CudaSession::CudaSession(std::unique_ptr<State> state) : s_(std::move(state)) {}
 CudaSession::~CudaSession() = default;
@@ -700,7 +731,7 @@ class SessionBuilder {
     scratch_offset_ = reserve(scratch_bytes_);
     counter_offset_ = reserve(counter_bytes_);
     pos_offset_ = reserve(4);
-    argmax_offset_ = reserve(4);
+    argmax_offset_ = reserve(4ull * st_.max_batch);
     if (topk()) topk_offset_ = reserve(sizeof(kern::TopKSlot));
     if (st_.paged) {
       row_pos_offset_ = reserve(4ull * st_.max_batch);
@@ -727,7 +758,7 @@ class SessionBuilder {
     st_.pos = base_ + pos_offset_;
     st_.argmax_out = base_ + argmax_offset_;
     const uint64_t paged_words = st_.paged ? static_cast<uint64_t>(st_.max_batch) + st_.table_words : 0;
-    const uint64_t small = alignUp((static_cast<uint64_t>(st_.max_batch) + paged_words) * 4 + 64, 16);
+    const uint64_t small = alignUp((2ull * st_.max_batch + paged_words) * 4 + 64, 16);
     const uint64_t logits_bytes = alignUp(static_cast<uint64_t>(st_.n_vocab) * sizeof(float), 16) * st_.pinned_rows;
     Result<PinnedBuffer> pinned =
         be_.dev->allocPinned(small + logits_bytes + (topk() ? sizeof(kern::TopKSlot) : 0), "CUDA session",
@@ -736,7 +767,7 @@ class SessionBuilder {
     st_.pinned = std::move(*pinned);
     st_.h_ids = static_cast<int32_t*>(st_.pinned.data());
     st_.h_pos = st_.h_ids + st_.max_batch;
-    st_.h_argmax = st_.h_pos + 4;
+    st_.h_argmax = st_.h_pos + 16 + paged_words;  // after the paged arrays: max_batch words
     st_.h_logits = reinterpret_cast<float*>(static_cast<uint8_t*>(st_.pinned.data()) + small);
     if (topk()) {
       st_.topk_slot = base_ + topk_offset_;
@@ -798,7 +829,7 @@ class SessionBuilder {
     if (st_.tail == SIZE_MAX) st_.tail = st_.prefill.size();
     st_.fresh.assign(st_.buf.size(), false);
     st_.findTailInputs();
-    if (be_.argmax.record && !st_.paged) {
+    if (be_.argmax.record) {
       st_.argmax = bindLaunch(be_.argmax, -1);
       st_.argmax.overlap = false;  // launched after a graph or a download, not after a kernel of the plan
       st_.have_argmax = true;

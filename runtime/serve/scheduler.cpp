@@ -215,17 +215,18 @@ bool Scheduler::runOnce() {
   if (!chunks_.empty()) {
     progressed = true;
     // The rows stay where the session keeps them (its pinned buffer on the GPU) until the next step.
-    Result<std::span<const float>> rows = session_.step(chunks_);
+    Result<BatchSession::StepOutputs> out = session_.step(chunks_, outputs_);
     const size_t want = chunks_.size() * static_cast<size_t>(options_.n_vocab);
-    if (rows && rows->size() != want)
-      rows = Status::error("the step gave " + std::to_string(rows->size()) + " logits, expected " +
-                           std::to_string(chunks_.size()) + " chunks x n_vocab " + std::to_string(options_.n_vocab));
-    if (!rows) {
-      for (Running* r : owners_) finish(*r, FinishReason::kError, "batch step failed: " + rows.status().message());
+    if (out && (out->logits.size() != want || out->argmax.size() != chunks_.size()))
+      out = Status::error("the step gave " + std::to_string(out->logits.size()) + " logits and " +
+                          std::to_string(out->argmax.size()) + " argmax, expected " + std::to_string(chunks_.size()) +
+                          " chunks x n_vocab " + std::to_string(options_.n_vocab) + " and one per chunk");
+    if (!out) {
+      for (Running* r : owners_) finish(*r, FinishReason::kError, "batch step failed: " + out.status().message());
     } else {
       ++steps_;
       for (const BatchSession::Chunk& c : chunks_) evaluated_tokens_ += c.tokens.size();
-      afterStep(*rows);
+      afterStep(*out);
     }
   }
   std::erase_if(running_, [](const std::unique_ptr<Running>& r) { return r->done; });
@@ -286,6 +287,7 @@ void Scheduler::admit() {
 void Scheduler::packStep() {
   chunks_.clear();
   owners_.clear();
+  outputs_.clear();
   ++packs_;
   int budget = session_.maxTokensPerStep();
   int reserved = 0;  // blocks the chunks packed so far will take
@@ -294,6 +296,9 @@ void Scheduler::packStep() {
   auto add = [&](Running& r, int n, int blocks) {
     chunks_.push_back({r.seq, std::span<const int32_t>(r.tokens.data() + r.n_cached, static_cast<size_t>(n))});
     owners_.push_back(&r);
+    const bool samples = static_cast<size_t>(r.n_cached + n) == r.tokens.size();  // else a prompt chunk before the last
+    const bool argmax = samples && samplesArgmax(r.params.sampling);
+    outputs_.push_back({.logits = samples && !argmax, .argmax = argmax});
     reserved += blocks;
     free -= blocks;
     budget -= n;
@@ -364,29 +369,31 @@ void Scheduler::preempt(Running& r) {
   ++preemptions_;
 }
 
-void Scheduler::afterStep(std::span<const float> logits) {
+void Scheduler::afterStep(const BatchSession::StepOutputs& out) {
   const size_t n_vocab = static_cast<size_t>(options_.n_vocab);
   sample_rows_.clear();
+  sampled_.assign(owners_.size(), -1);  // per chunk: its token (−1: a prompt chunk before the last, or finished)
   for (size_t i = 0; i < owners_.size(); ++i) {
     Running& r = *owners_[i];
     if (r.done) continue;
     r.n_cached += static_cast<int>(chunks_[i].tokens.size());
-    if (static_cast<size_t>(r.n_cached) == r.tokens.size()) sample_rows_.push_back(i);  // else a prompt chunk before the last
+    if (outputs_[i].argmax) sampled_[i] = out.argmax[i];      // the greedy token, sampled on the device
+    else if (outputs_[i].logits) sample_rows_.push_back(i);   // sampled from its row below
   }
   // Each row by one thread with its own request's Sampler (a request has one chunk per step), then accepted in row
   // order here: the same tokens as one thread gives.
-  sampled_.resize(sample_rows_.size());
   // Cost: one visit per logit (a small vocabulary's rows stay on the driving thread).
   sampling_pool_->parallelFor(
       static_cast<int64_t>(sample_rows_.size()),
       [&](int64_t begin, int64_t end, int) {
         for (int64_t j = begin; j < end; ++j) {
           const size_t i = sample_rows_[static_cast<size_t>(j)];
-          sampled_[static_cast<size_t>(j)] = owners_[i]->sampler->sample(logits.subspan(i * n_vocab, n_vocab));
+          sampled_[i] = owners_[i]->sampler->sample(out.logits.subspan(i * n_vocab, n_vocab));
         }
       },
       static_cast<int64_t>(n_vocab));
-  for (size_t j = 0; j < sample_rows_.size(); ++j) acceptToken(*owners_[sample_rows_[j]], sampled_[j]);
+  for (size_t i = 0; i < owners_.size(); ++i)
+    if (sampled_[i] >= 0) acceptToken(*owners_[i], sampled_[i]);
 }
 
 void Scheduler::acceptToken(Running& r, int32_t token) {

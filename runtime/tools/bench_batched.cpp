@@ -67,9 +67,10 @@ struct RunTokens {
 
 class BatchedRunner {
  public:
-  BatchedRunner(BatchSession& session, int n_parallel)
-      : session_(session), rows_(std::min(n_parallel, session.maxTokensPerStep())) {
+  BatchedRunner(BatchSession& session, int n_parallel, bool argmax)
+      : session_(session), rows_(std::min(n_parallel, session.maxTokensPerStep())), argmax_(argmax) {
     chunks_.reserve(rows_);
+    outputs_.reserve(rows_);
   }
 
   // One run of B sequences: the prompt phase, then TG decode steps; the sequences are closed afterwards.
@@ -99,9 +100,11 @@ class BatchedRunner {
     for (int first = 0; first < n_parallel;) {
       chunks_.clear();
       int budget = session_.maxTokensPerStep();
+      outputs_.clear();
       for (int b = first; b < n_parallel && budget > 0; ++b) {
         const int n = std::min(n_prompt - done[b], budget);
         chunks_.push_back({seqs[b], std::span<const int32_t>(ids.data() + size_t(b) * n_prompt + done[b], size_t(n))});
+        outputs_.push_back(output(done[b] + n == n_prompt));
         budget -= n;
       }
       MINFER_RETURN_IF_ERROR(step());
@@ -125,24 +128,35 @@ class BatchedRunner {
     for (int g = 0; g < n_gen; ++g)
       for (int first = 0; first < n_parallel; first += rows_) {
         chunks_.clear();
-        for (int b = first; b < std::min(n_parallel, first + rows_); ++b)
+        outputs_.clear();
+        for (int b = first; b < std::min(n_parallel, first + rows_); ++b) {
           chunks_.push_back({seqs[b], std::span<const int32_t>(ids.data() + size_t(g) * n_parallel + b, 1)});
+          outputs_.push_back(output(true));
+        }
         MINFER_RETURN_IF_ERROR(step());
       }
     t.decode_s = now() - start;
     return Status::ok();
   }
 
-  // One step, its logits left where the session keeps them (llama-batched-bench's llama_decode leaves them in
+  // What a chunk's step brings back (BatchedBenchOptions::argmax): its logits row (every chunk: llama-batched-bench
+  // asks for the logits of every token it adds), or the argmax alone where the chunk ends its prompt or decodes.
+  BatchSession::Output output(bool last) const {
+    return argmax_ ? BatchSession::Output{.logits = false, .argmax = last} : BatchSession::Output{};
+  }
+
+  // One step, its outputs left where the session keeps them (llama-batched-bench's llama_decode leaves the logits in
   // its pinned output buffer too; neither reads them).
   Status step() {
-    Result<std::span<const float>> logits = session_.step(chunks_);
-    return logits ? Status::ok() : logits.takeStatus();
+    Result<BatchSession::StepOutputs> out = session_.step(chunks_, outputs_);
+    return out ? Status::ok() : out.takeStatus();
   }
 
   BatchSession& session_;
   int rows_;  // chunks per step at most
+  bool argmax_;
   std::vector<BatchSession::Chunk> chunks_;
+  std::vector<BatchSession::Output> outputs_;  // (chunks_.size())
 };
 
 RunTokens drawTokens(std::mt19937& rng, int n_vocab, int n_parallel, int n_prompt, int n_gen) {
@@ -175,7 +189,7 @@ Result<std::vector<BatchedResult>> runBatchedBench(const Model& model, const Bat
                            std::to_string(max_gen) + " = " + std::to_string(batch.n_ctx) +
                            " positions per sequence): " + session.status().message());
     batched_kernels = (*session)->batchedKernels();
-    BatchedRunner runner(**session, n_parallel);
+    BatchedRunner runner(**session, n_parallel, options.argmax);
     for (int n_prompt : options.prompts)
       for (int n_gen : options.gens) {
         BatchedResult r{.n_prompt = n_prompt, .n_gen = n_gen, .n_parallel = n_parallel};

@@ -4,8 +4,10 @@
 // For each (PP, TG, B): B sequences are opened in an empty BatchSession; each gets a prompt of PP random
 // tokens, all evaluated together (BatchSession::step, chunks packed within maxTokensPerStep(): the prompt
 // phase); then TG decode steps, each feeding one random token to every sequence (B tokens per step, split
-// into several steps where B > maxTokensPerStep()). Logits rows are copied back every step; nothing is
-// sampled. Per repetition:
+// into several steps where B > maxTokensPerStep()). Logits rows are copied back every step, as llama-batched-bench
+// does; nothing is sampled. BatchedBenchOptions::argmax brings back each sequence's argmax instead (BatchSession::
+// Output::argmax: computed on the GPU by the CUDA backend), what minfer-server does for greedy requests: the
+// last prompt chunk's and every decode step's, and nothing for the chunks before a prompt's last. Per repetition:
 //   prompt t/s  = B·PP / T_PP                (llama-batched-bench's S_PP)
 //   decode t/s  = B·TG / T_TG                (S_TG: the aggregate decode rate)
 //   total t/s   = B·(PP+TG) / (T_PP + T_TG)  (S)
@@ -51,6 +53,7 @@ struct BatchedBenchOptions {
   int reps = 5;
   int n_threads = 0;
   unsigned seed = 1;
+  bool argmax = false;  // each step brings back the argmax instead of the logits rows (see above)
 };
 
 constexpr int kMaxParallel = 4096;  // BatchOptions::n_seq_max's bound

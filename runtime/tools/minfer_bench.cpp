@@ -22,7 +22,8 @@
 // --parallel B1,B2,… runs llama-batched-bench's test instead (bench_batched.h): per B, B sequences of a
 // -p token prompt each (default 128) evaluated together, then -n decode steps of one token per sequence,
 // through the public BatchSession API; prompt, aggregate decode and total t/s, time to first token and
-// inter-token latency.
+// inter-token latency. --parallel-argmax brings back each sequence's argmax instead of its logits row (what
+// minfer-server does for greedy requests; the backend column then says "argmax").
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -84,6 +85,11 @@ llvm::cl::opt<std::string> kParallel(
     llvm::cl::desc("Batched test (llama-batched-bench): numbers of sequences B, comma-separated, each in 1..4096; "
                    "per B, B prompts of -p tokens (default 128) then -n decode steps of one token per sequence"),
     llvm::cl::value_desc("B,B,..."), llvm::cl::cat(kCategory));
+llvm::cl::opt<bool> kParallelArgmax(
+    "parallel-argmax",
+    llvm::cl::desc("With --parallel: each step brings back every sequence's argmax (on the GPU with cuda) instead of its "
+                   "logits row, as minfer-server does for greedy requests (llama-batched-bench copies the rows)"),
+    llvm::cl::cat(kCategory));
 llvm::cl::opt<bool> kSample("sample",
                             llvm::cl::desc("Also time tg with sampling: on the host (logits row copied back) and with "
                                            "the device top-k (40 pairs copied back; cuda)"),
@@ -257,7 +263,8 @@ int batchedMain(const std::vector<int>& parallel, const std::vector<int>& prompt
   auto kind = minfer::parseBackendKind(kDevice.getValue());
   if (!kind) die("--device: " + kind.status().message());
   minfer::tools::BatchedBenchOptions options{
-      .parallel = parallel, .prompts = prompts, .gens = gens, .reps = kReps, .n_threads = kThreads, .seed = kSeed};
+      .parallel = parallel, .prompts = prompts, .gens = gens, .reps = kReps, .n_threads = kThreads, .seed = kSeed,
+      .argmax = kParallelArgmax};
   std::vector<BatchedRow> rows;
   for (const std::string& path : kModels) {
     const double t0 = now();
@@ -280,7 +287,7 @@ int batchedMain(const std::vector<int>& parallel, const std::vector<int>& prompt
     if (m.source() && m.source()->name()) name = m.source()->name()->str();
     for (minfer::tools::BatchedResult& r : *results)
       rows.push_back({.model = name,
-                      .backend = backend == "cuda" ? "CUDA" : "CPU",
+                      .backend = std::string(backend == "cuda" ? "CUDA" : "CPU") + (kParallelArgmax ? " argmax" : ""),
                       .size_bytes = static_cast<double>((*model)->artifact().fileSize()),
                       .params = paramCount(m),
                       .load_s = load_s,
@@ -313,6 +320,7 @@ int main(int argc, char** argv) {
     if (kDevice != "auto" && kDevice != "cuda" && kDevice != "cpu") die("--device must be auto, cuda or cpu");
     return batchedMain(*parallel, prompts, gens);
   }
+  if (kParallelArgmax) die("--parallel-argmax needs --parallel");
   if (prompts.empty()) prompts = {512};
   if (gens.empty()) gens = {128};
   std::vector<int> depths(kDepth.begin(), kDepth.end());

@@ -1,8 +1,10 @@
 // BatchSession on the fixture models, compiled at test time: several sequences of different lengths in
 // one step, then decode steps with sequences joining, leaving and being truncated, against each sequence
 // run alone through Session; block accounting, out-of-blocks, every error of batch.h, and the sequential
-// fallback (the path of backends without batched kernels) giving the same logits; every other step of a scenario
-// takes the in-place form (step(chunks): the logits where the session keeps them), with the same logits.
+// fallback (the path of backends without batched kernels) giving the same logits; the steps of a scenario take the
+// three forms in turn (step(chunks, logits); step(chunks): the logits where the session keeps them; step(chunks,
+// outputs): per chunk its logits, its argmax, both or neither), with the same logits, and each argmax the greedy token
+// of Session's row.
 //
 // Tolerance: 0 (bit-identical). Every CPU op is row-wise or per (row, head) and sums in an order that does
 // not depend on the other rows of the batch (matmul splits its work over output features, attention over
@@ -19,6 +21,7 @@
 
 #include "compiler/gguf/gguf_writer.h"
 #include "minfer/runtime.h"
+#include "runtime/batch_session.h"
 #include "tests/e2e/golden_support.h"
 #include "tests/runtime/tiny_artifact.h"
 #include "tests/test_support.h"
@@ -46,12 +49,13 @@ std::vector<int32_t> randomTokens(int n, int n_vocab, std::mt19937& rng) {
   return t;
 }
 
-// What happened to one sequence, in order: a chunk (its tokens and the logits the batch gave), or a
-// truncation to `pos` (tokens empty).
+// What happened to one sequence, in order: a chunk (its tokens, the logits the batch gave unless the step asked for
+// none, the argmax it gave or −1), or a truncation to `pos` (tokens empty).
 struct Event {
   std::vector<int32_t> tokens;
   std::vector<float> logits;
   int pos = 0;
+  int32_t argmax = -1;
 };
 
 // Drives a BatchSession and records every sequence's history (sequence = the order it was opened in,
@@ -81,23 +85,42 @@ class Script {
     std::vector<BatchSession::Chunk> chunks;
     for (const auto& [id, n] : plan) tokens.push_back(randomTokens(n, n_vocab_, rng_));
     for (size_t i = 0; i < plan.size(); ++i) chunks.push_back({plan[i].first, tokens[i]});
-    // Every other step takes the in-place form (the logits where the session keeps them): both must give each
-    // sequence's Session logits.
+    // The three forms in turn: each must give each sequence's Session logits (and argmax where asked for).
     std::vector<float> logits(plan.size() * static_cast<size_t>(n_vocab_), NAN);
-    in_place_ = !in_place_;
-    if (in_place_) {
+    std::vector<BatchSession::Output> outputs(plan.size());
+    std::vector<int32_t> argmax(plan.size(), -1);
+    form_ = (form_ + 1) % 3;
+    if (form_ == 1) {
       Result<std::span<const float>> rows = b_.step(chunks);
       REQUIRE_MESSAGE(rows.isOk(), rows.status().message());
       REQUIRE(rows->size() == logits.size());
       std::copy(rows->begin(), rows->end(), logits.begin());
+    } else if (form_ == 2) {
+      // Chunk i asks for: argmax alone, both, neither, logits alone (shifted by three each such step: the scenario's
+      // second such step asks for a prompt chunk's argmax alone).
+      for (size_t i = 0; i < plan.size(); ++i) {
+        const size_t k = (i + 3 * static_cast<size_t>(outputs_steps_)) % 4;
+        outputs[i] = {.logits = k == 1 || k == 3, .argmax = k <= 1};
+      }
+      ++outputs_steps_;
+      Result<BatchSession::StepOutputs> out = b_.step(chunks, outputs);
+      REQUIRE_MESSAGE(out.isOk(), out.status().message());
+      REQUIRE(out->logits.size() == logits.size());
+      REQUIRE(out->argmax.size() == plan.size());
+      for (size_t i = 0; i < plan.size(); ++i) {
+        if (outputs[i].logits)
+          std::copy_n(out->logits.begin() + i * n_vocab_, n_vocab_, logits.begin() + i * n_vocab_);
+        if (outputs[i].argmax) argmax[i] = out->argmax[i];
+      }
     } else {
       Status st = b_.step(chunks, logits);
       REQUIRE_MESSAGE(st.isOk(), st.message());
     }
     for (size_t i = 0; i < plan.size(); ++i) {
       const float* row = logits.data() + i * n_vocab_;
-      history_[static_cast<size_t>(live_.at(plan[i].first))].push_back(
-          Event{tokens[i], std::vector<float>(row, row + n_vocab_), 0});
+      std::vector<float> kept;
+      if (form_ != 2 || outputs[i].logits) kept.assign(row, row + n_vocab_);
+      history_[static_cast<size_t>(live_.at(plan[i].first))].push_back(Event{tokens[i], std::move(kept), 0, argmax[i]});
     }
   }
   const std::vector<std::vector<Event>>& history() const { return history_; }
@@ -108,12 +131,15 @@ class Script {
   std::mt19937 rng_;
   std::map<int, int> live_;  // id → index into history_
   std::vector<std::vector<Event>> history_;
-  bool in_place_ = false;  // the last step took step(chunks)
+  int form_ = 0;            // the last step's form: 0 step(chunks, logits), 1 step(chunks), 2 step(chunks, outputs)
+  int outputs_steps_ = 0;   // steps of form 2 so far
 };
 
 // Replays each sequence's history alone through a Session (the same chunks, rewinds for truncations) and
-// returns max |Δ| over every logits row against what the batch gave; counts the rows compared.
-double maxDiffAgainstSessions(const Model& m, const std::vector<std::vector<Event>>& history, int n_ctx, int* rows) {
+// returns max |Δ| over every logits row against what the batch gave; counts the rows compared, and the argmax
+// compared and those that differ from greedyToken of Session's row.
+double maxDiffAgainstSessions(const Model& m, const std::vector<std::vector<Event>>& history, int n_ctx, int* rows,
+                              int* argmax = nullptr, int* argmax_wrong = nullptr) {
   double worst = 0;
   for (const std::vector<Event>& seq : history) {
     Result<std::unique_ptr<Session>> s = m.createSession({.n_ctx = n_ctx, .n_threads = 2});
@@ -126,6 +152,11 @@ double maxDiffAgainstSessions(const Model& m, const std::vector<std::vector<Even
       Status st = (*s)->prefill(e.tokens);
       REQUIRE_MESSAGE(st.isOk(), st.message());
       const std::span<const float> want = (*s)->logits();
+      if (e.argmax >= 0 && argmax) {
+        ++*argmax;
+        if (e.argmax != greedyToken(want)) ++*argmax_wrong;
+      }
+      if (e.logits.empty()) continue;  // the step asked for no logits for this chunk
       REQUIRE(want.size() == e.logits.size());
       for (size_t t = 0; t < want.size(); ++t) {
         const double d = std::isfinite(e.logits[t]) ? std::fabs(double(e.logits[t]) - want[t]) : INFINITY;
@@ -161,12 +192,14 @@ void runScenario(const Model& m, bool sequential, const std::string& what) {
   s.step({{d, 1}, {e, 6}});
   s.close(a);
   for (int i = 0; i < 2; ++i) s.step({{e, 1}, {c, 1}, {d, 1}});
-  int rows = 0;
-  const double diff = maxDiffAgainstSessions(m, s.history(), options.n_ctx, &rows);
+  int rows = 0, argmax = 0, argmax_wrong = 0;
+  const double diff = maxDiffAgainstSessions(m, s.history(), options.n_ctx, &rows, &argmax, &argmax_wrong);
   const std::string path = sequential ? " (sequential fallback)" : " (batched)";
-  MESSAGE(what << path << ": max |Δ| vs Session alone = " << diff
-                << " over " << rows << " logits rows");
+  MESSAGE(what << path << ": max |Δ| vs Session alone = " << diff << " over " << rows << " logits rows; "
+               << argmax_wrong << " of " << argmax << " argmax differ from Session's greedy token");
   CHECK(diff == 0);
+  CHECK(argmax > 0);
+  CHECK(argmax_wrong == 0);
 }
 
 // Every family the compiler supports, batched and through the sequential fallback.
@@ -258,6 +291,11 @@ void expectStepError(BatchSession& b, const std::vector<BatchSession::Chunk>& ch
   Result<std::span<const float>> rows = b.step(chunks);  // the in-place form: the same error, nothing changed
   REQUIRE_FALSE(rows.isOk());
   CHECK(rows.status().message() == st.message());
+  CHECK(snapshot(b) == before);
+  const std::vector<BatchSession::Output> outputs(chunks.size(), {.logits = false, .argmax = true});
+  Result<BatchSession::StepOutputs> out = b.step(chunks, outputs);  // and the outputs form
+  REQUIRE_FALSE(out.isOk());
+  CHECK(out.status().message() == st.message());
   CHECK(snapshot(b) == before);
 }
 
@@ -363,6 +401,14 @@ TEST_CASE("every error of batch.h: the message names the numbers and a failed ca
                     "16 tokens at position 5 do not fit the context: 5 + 16 > n_ctx 20");
     expectStepError(*b, {{a, five}}, n_vocab + 1, "logits has 513 floats, expected 1 chunks x 512");
     expectStepError(*b, {{a, five}, {c, five}}, n_vocab, "logits has 512 floats, expected 2 chunks x 512");
+    {  // the outputs form's own error: one output per chunk
+      const Snapshot before = snapshot(*b);
+      const std::vector<BatchSession::Output> one(1);
+      Result<BatchSession::StepOutputs> out = b->step(std::vector<BatchSession::Chunk>{{a, five}, {c, five}}, one);
+      REQUIRE_FALSE(out.isOk());
+      CHECK(out.status().message().find("step: 1 outputs for 2 chunks (one per chunk)") != std::string::npos);
+      CHECK(snapshot(*b) == before);
+    }
 
     CHECK(b->closeSequence(2).message().find("closeSequence: sequence 2 is not open") != std::string::npos);
     CHECK(b->closeSequence(-5).message().find("sequence -5 is not open") != std::string::npos);

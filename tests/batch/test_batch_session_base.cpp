@@ -3,9 +3,12 @@
 // run() leaves lengths, tables and the free stack exactly as before the step.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "minfer/sampler.h"
 #include "runtime/batch_session.h"
 
 namespace minfer {
@@ -164,6 +167,46 @@ TEST_CASE("layoutRows: consecutive rows per chunk, positions from each length, b
   }
   CHECK(b.rows.words == 9u + 2u + 2u + 1u);
   CHECK(b.rows.out_rows == std::vector<int>{0, 6, 8});
+}
+
+// greedyToken is the argmax BatchSession::Output asks for: Sampler::sample's greedy token (temperature 0, no penalty)
+// on rows with ties, NaN and infinities, and the documented special cases.
+TEST_CASE("greedyToken: the first highest value, NaN never wins, 0 when nothing is finite; Sampler's greedy token") {
+  const float inf = INFINITY, nan = NAN;
+  CHECK(greedyToken(std::vector<float>{1, 3, 3, 2}) == 1);               // ties: the lowest id
+  CHECK(greedyToken(std::vector<float>{nan, -2, nan, -1}) == 3);         // NaN never wins
+  CHECK(greedyToken(std::vector<float>{nan, nan}) == 0);                 // nothing to pick: token 0
+  CHECK(greedyToken(std::vector<float>{-inf, -inf, -inf}) == 0);
+  CHECK(greedyToken(std::vector<float>{-inf, -5, inf, inf}) == 2);
+  CHECK(greedyToken(std::vector<float>{-0.0f, 0.0f}) == 0);              // −0 == +0: a tie
+  SamplerParams greedy;
+  greedy.temperature = 0;
+  REQUIRE(samplesArgmax(greedy));
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> value(-4, 4), special(0, 9);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> row(37 + trial % 11);
+    for (float& v : row) {  // few distinct values: many ties; some NaN and infinities
+      const int k = special(rng);
+      v = k == 0 ? nan : k == 1 ? -inf : static_cast<float>(value(rng));
+    }
+    Sampler sampler(greedy, static_cast<int32_t>(row.size()));
+    CAPTURE(trial);
+    CHECK(greedyToken(row) == sampler.sample(row));
+  }
+}
+
+TEST_CASE("samplesArgmax: greedy without a repetition penalty, and nothing else") {
+  SamplerParams p;
+  CHECK_FALSE(samplesArgmax(p));  // temperature 0.8
+  p.temperature = 0;
+  CHECK(samplesArgmax(p));  // penalty 1: off
+  p.repeat_penalty = 1.1f;
+  CHECK_FALSE(samplesArgmax(p));
+  p.repeat_last_n = 0;  // no history: off again
+  CHECK(samplesArgmax(p));
+  p.temperature = -1;
+  CHECK(samplesArgmax(p));
 }
 
 }  // namespace

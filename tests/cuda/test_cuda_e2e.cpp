@@ -819,18 +819,24 @@ constexpr double kBatchQuantRel = 3e-2;
 // a truncation to `pos` (tokens empty).
 struct BatchEvent {
   std::vector<int32_t> tokens;
-  std::vector<float> logits;
+  std::vector<float> logits;  // empty where the step asked for none (StepForm::kOutputsMixed)
   int pos = 0;
+  int32_t argmax = -1;        // the step's argmax where it asked for one (StepForm::kOutputs…)
 };
+
+// How runBatchScript steps: step(chunks) on odd steps and step(chunks, logits) on even ones; or step(chunks, outputs)
+// asking every chunk for its logits and argmax; or asking chunk i of step s for its argmax alone, both, neither or its
+// logits alone by (i + s) mod 4.
+enum class StepForm { kAlternate, kOutputsAll, kOutputsMixed };
 
 // One entry of a step: slot → n > 0 new (random) tokens; n == 0 closes the slot's sequence and n < 0
 // truncates it to position −n, both before the step's chunks (a closed slot is not used again; a later slot
 // may get its sequence id and, through the free stack, its blocks).
 using BatchPlan = std::vector<std::vector<std::pair<int, int>>>;
 
-// Steps `b` through `plan`; returns each slot's events. A slot opens at its first chunk. Odd steps take
-// step(chunks), the logits where the session keeps them, even steps step(chunks, logits).
-std::vector<std::vector<BatchEvent>> runBatchScript(BatchSession& b, int n_vocab, const BatchPlan& plan, int slots) {
+// Steps `b` through `plan` in `form`; returns each slot's events. A slot opens at its first chunk.
+std::vector<std::vector<BatchEvent>> runBatchScript(BatchSession& b, int n_vocab, const BatchPlan& plan, int slots,
+                                                    StepForm form = StepForm::kAlternate) {
   std::mt19937 rng(20261130);
   std::vector<int> id(static_cast<size_t>(slots), -1);
   std::vector<std::vector<BatchEvent>> events(static_cast<size_t>(slots));
@@ -865,7 +871,23 @@ std::vector<std::vector<BatchEvent>> runBatchScript(BatchSession& b, int n_vocab
     for (size_t i = 0; i < tokens.size(); ++i) chunks.push_back({id[static_cast<size_t>(slot_of[i])], tokens[i]});
     // Odd steps take the in-place form (the rows in the session's pinned buffer, step(chunks)), even steps copy.
     std::vector<float> logits(chunks.size() * static_cast<size_t>(n_vocab), NAN);
-    if (si % 2 == 1) {
+    std::vector<BatchSession::Output> outputs(chunks.size(), {.logits = true, .argmax = true});
+    std::vector<int32_t> argmax(chunks.size(), -1);
+    if (form != StepForm::kAlternate) {
+      if (form == StepForm::kOutputsMixed)
+        for (size_t i = 0; i < chunks.size(); ++i) {
+          const size_t k = (i + si) % 4;
+          outputs[i] = {.logits = k == 1 || k == 3, .argmax = k <= 1};
+        }
+      Result<BatchSession::StepOutputs> out = b.step(chunks, outputs);
+      REQUIRE_MESSAGE(out.isOk(), out.status().message());
+      REQUIRE(out->logits.size() == logits.size());
+      REQUIRE(out->argmax.size() == chunks.size());
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        if (outputs[i].logits) std::copy_n(out->logits.begin() + i * n_vocab, n_vocab, logits.begin() + i * n_vocab);
+        if (outputs[i].argmax) argmax[i] = out->argmax[i];
+      }
+    } else if (si % 2 == 1) {
       Result<std::span<const float>> rows = b.step(chunks);
       REQUIRE_MESSAGE(rows.isOk(), rows.status().message());
       REQUIRE(rows->size() == logits.size());
@@ -876,7 +898,9 @@ std::vector<std::vector<BatchEvent>> runBatchScript(BatchSession& b, int n_vocab
     }
     for (size_t i = 0; i < chunks.size(); ++i) {
       const float* row = logits.data() + i * n_vocab;
-      events[static_cast<size_t>(slot_of[i])].push_back({tokens[i], std::vector<float>(row, row + n_vocab), 0});
+      std::vector<float> kept;
+      if (outputs[i].logits) kept.assign(row, row + n_vocab);
+      events[static_cast<size_t>(slot_of[i])].push_back({tokens[i], std::move(kept), 0, argmax[i]});
     }
   }
   return events;
@@ -1211,6 +1235,55 @@ TEST_CASE("batched session: steps replayed as CUDA graphs give the direct launch
   }
   CHECK(rows > 0);
   CHECK_MESSAGE(differ == 0, differ << " of " << rows << " rows differ between graph replay and direct launches");
+}
+
+// BatchSession::Output on the device (kernels/argmax.cuh over the step's logits rows; runtime/cuda/cuda_batch_session.cpp):
+// asked for every chunk, each argmax is greedyToken of the row downloaded with it (the same bits: tolerance 0); asked
+// for per chunk (argmax alone, both, neither, logits alone), a second session over the same script gives the same
+// argmax and the same rows bit for bit (the kernels are deterministic: see the graph replay case above). The scripts
+// cover one-row steps (the decode plan), decode-only steps and prompt chunks beside decode rows (the gathered tail).
+TEST_CASE("batched session: the device argmax is the greedy token of each row; rows and argmax come back as asked") {
+  MINFER_REQUIRE_GPU(G);
+  if (!haveFixtures()) return;
+  for (const char* model : {"stories260K.gguf", "tiny-qwen2-Q4_K_M.gguf"})
+    for (const BatchPlan* plan : {&batchPlan(), &recyclePlan()}) {
+      CAPTURE(model);
+      auto m = Model::open(compiled(model), BackendKind::kCuda);
+      REQUIRE_MESSAGE(m.isOk(), m.status().message());
+      const int n_vocab = (*m)->info().n_vocab;
+      const BatchOptions options{.n_ctx = 64, .n_seq_max = 5, .n_blocks = 5 * 16, .block_size = 4};
+      std::vector<std::vector<BatchEvent>> ev[2];
+      for (int mixed = 0; mixed < 2; ++mixed) {
+        auto b = (*m)->createBatchSession(options);
+        REQUIRE_MESSAGE(b.isOk(), b.status().message());
+        REQUIRE((*b)->batchedKernels());
+        ev[mixed] = runBatchScript(**b, n_vocab, *plan, 5, mixed ? StepForm::kOutputsMixed : StepForm::kOutputsAll);
+      }
+      size_t rows = 0, wrong = 0, argmax_asked = 0, logits_asked = 0, differ = 0;
+      REQUIRE(ev[0].size() == ev[1].size());
+      for (size_t sl = 0; sl < ev[0].size(); ++sl) {
+        REQUIRE(ev[0][sl].size() == ev[1][sl].size());
+        for (size_t e = 0; e < ev[0][sl].size(); ++e) {
+          const BatchEvent &all = ev[0][sl][e], &some = ev[1][sl][e];
+          if (all.tokens.empty()) continue;  // a truncation
+          ++rows;
+          REQUIRE(all.logits.size() == static_cast<size_t>(n_vocab));
+          wrong += all.argmax != greedyToken(all.logits);
+          argmax_asked += some.argmax >= 0;
+          logits_asked += !some.logits.empty();
+          differ += (some.argmax >= 0 && some.argmax != all.argmax) || (!some.logits.empty() && some.logits != all.logits);
+        }
+      }
+      MESSAGE(std::string(model) << ": " << rows << " rows; device argmax ≠ host argmax of the same row: " << wrong
+                    << "; the per-chunk session asked for " << argmax_asked << " argmax and " << logits_asked
+                    << " rows, " << differ << " differ");
+      CHECK(rows > 0);
+      CHECK(argmax_asked > 0);
+      CHECK(logits_asked > 0);
+      CHECK(argmax_asked + logits_asked < 2 * rows);  // some chunks asked for less than both
+      CHECK(wrong == 0);
+      CHECK(differ == 0);
+    }
 }
 
 TEST_CASE("batched session: the sequential fallback on request, and its logits equal the batched ones within the bound") {

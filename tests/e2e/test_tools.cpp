@@ -173,6 +173,16 @@ TEST_CASE("minfer-bench --parallel: llama-batched-bench's rows per B through the
   INFO(split.output);
   REQUIRE(split.status == 0);
   CHECK(nlohmann::json::parse(split.output)[0]["n_kv"] == 5 * 8);
+  // --parallel-argmax: the argmax instead of the rows (prompts split across steps: the chunks before a prompt's last
+  // ask for nothing); the backend column says so.
+  const RunResult greedy =
+      run(tool("minfer-bench") + " " + small + " --device cpu -t 1 -p 6 -n 2 -r 1 --parallel 5 --parallel-argmax --json", true);
+  INFO(greedy.output);
+  REQUIRE(greedy.status == 0);
+  const nlohmann::json g = nlohmann::json::parse(greedy.output);
+  CHECK(g[0]["backend"] == "CPU argmax");
+  CHECK(g[0]["n_kv"] == 5 * 8);
+  CHECK(g[0]["tg_avg_ts"].get<double>() > 0);
 
   // Bad values: the option, the value and what is wrong; exit status 1.
   const std::pair<const char*, const char*> bad[] = {
@@ -185,6 +195,7 @@ TEST_CASE("minfer-bench --parallel: llama-batched-bench's rows per B through the
       {"--parallel 1 -p 0", "-p 0: with --parallel every prompt needs at least 1 token"},
       {"--parallel 1 -n 0", "-n 0: with --parallel every sequence needs at least 1 decode step"},
       {"--parallel 1 -d 8", "-d is not supported with --parallel"},
+      {"--parallel-argmax", "--parallel-argmax needs --parallel"},
   };
   for (const auto& [args, says] : bad) {
     const RunResult e = run(tool("minfer-bench") + " " + mfb + " --device cpu -r 1 " + args);

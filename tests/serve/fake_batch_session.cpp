@@ -2,6 +2,7 @@
 #include "tests/serve/fake_batch_session.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 namespace minfer::test {
@@ -74,6 +75,22 @@ Status FakeBatchSession::step(std::span<const Chunk> chunks, std::span<float> lo
   free_ -= blocks;
   steps.push_back(std::move(log));
   return Status::ok();
+}
+
+Result<BatchSession::StepOutputs> FakeBatchSession::step(std::span<const Chunk> chunks,
+                                                         std::span<const Output> wanted) {
+  if (wanted.size() != chunks.size()) return refuse("step: outputs size");
+  Result<std::span<const float>> rows = step(chunks);
+  if (!rows) return rows.takeStatus();
+  const size_t n_vocab = static_cast<size_t>(config_.n_vocab);
+  argmax_.assign(chunks.size(), -1);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    float* row = rows_.data() + i * n_vocab;
+    if (wanted[i].argmax) argmax_[i] = static_cast<int32_t>(std::max_element(row, row + n_vocab) - row);
+    if (!wanted[i].logits) std::fill(row, row + n_vocab, std::numeric_limits<float>::quiet_NaN());
+  }
+  outputs.emplace_back(wanted.begin(), wanted.end());
+  return StepOutputs{rows_, argmax_};
 }
 
 int FakeBatchSession::length(int seq) const { return isOpen(seq) ? static_cast<int>(seqs_[seq].tokens.size()) : 0; }

@@ -49,6 +49,10 @@ class FakeBatchSession final : public BatchSession {
     MINFER_RETURN_IF_ERROR(step(chunks, std::span<float>(rows_)));
     return std::span<const float>(rows_);
   }
+  // The step with outputs: the rows not asked for are NaN (a scheduler that reads one samples garbage), the argmax
+  // is the scripted token. Logs the outputs asked for.
+  Result<StepOutputs> step(std::span<const Chunk> chunks, std::span<const Output> outputs) override;
+  std::vector<std::vector<Output>> outputs;  // per step(chunks, outputs) call that ran: what it asked for
   int length(int seq) const override;
   bool isOpen(int seq) const override;
   int openSequences() const override;
@@ -73,6 +77,7 @@ class FakeBatchSession final : public BatchSession {
   std::vector<Seq> seqs_;
   int free_ = 0;
   std::vector<float> rows_;  // step(chunks)'s logits
+  std::vector<int32_t> argmax_;  // step(chunks, outputs)'s
 };
 
 }  // namespace minfer::test

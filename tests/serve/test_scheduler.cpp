@@ -232,6 +232,46 @@ TEST_CASE("budget packing: decode tokens first, then prompt chunks in arrival or
   }
 }
 
+TEST_CASE("step outputs: nothing before a prompt's last chunk, the argmax alone for greedy requests, else the row") {
+  FakeBatchSession::Config cfg;
+  cfg.max_tokens_per_step = 8;
+  FakeBatchSession fake(cfg);
+  fake.default_next = kA;
+  Scheduler s(fake, makeTokenizer(), options());
+  Collected a, b, c;
+  RequestParams penalized = greedy({6, 7, 8, 9, 10}, 3);
+  penalized.sampling.repeat_penalty = 1.1f;  // greedy, but the penalty changes the row first: the row comes back
+  RequestParams sampled = greedy({11, 12, 13, 14, 15}, 3);
+  sampled.sampling.temperature = 0.8f;
+  REQUIRE(s.submit(greedy({1, 2, 3, 4, 5}, 3), collect(a)));
+  REQUIRE(s.submit(penalized, collect(b)));
+  REQUIRE(s.submit(sampled, collect(c)));
+  drain(s);
+  CHECK(fake.step_errors == 0);
+  using Output = minfer::BatchSession::Output;
+  const Output none{.logits = false, .argmax = false}, argmax{.logits = false, .argmax = true}, row{};
+  auto same = [](const std::vector<Output>& got, const std::vector<Output>& want) {
+    if (got.size() != want.size()) return false;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i].logits != want[i].logits || got[i].argmax != want[i].argmax) return false;
+    return true;
+  };
+  REQUIRE(fake.outputs.size() == fake.steps.size());
+  REQUIRE(fake.outputs.size() >= 2);
+  CHECK(same(fake.outputs[0], {argmax, none}));      // a's whole prompt; the first 3 of b's
+  CHECK(same(fake.outputs[1], {argmax, row, row}));  // a decodes; b's last 2 (penalized); c's whole prompt (sampled)
+  for (size_t i = 2; i < fake.outputs.size(); ++i)
+    for (size_t k = 0; k < fake.steps[i].size(); ++k) {
+      const Output& o = fake.outputs[i][k];
+      CHECK(o.logits != o.argmax);  // every later chunk is a decode token: one of the two
+    }
+  // The fake's rows not asked for are NaN: the texts show nobody sampled one.
+  for (Collected* r : {&a, &b, &c}) {
+    CHECK(r->text == "aaa");
+    CHECK(r->reason == FinishReason::kLength);
+  }
+}
+
 TEST_CASE("admission: at most maxSequences() run; the rest wait in FIFO order and are admitted as others finish") {
   FakeBatchSession::Config cfg;
   cfg.n_seq_max = 2;

@@ -81,6 +81,27 @@ class BatchSession {
   // step(chunks, logits), less the logits' size.
   virtual Result<std::span<const float>> step(std::span<const Chunk> chunks) = 0;
 
+  // What a step brings back for one chunk (step(chunks, outputs)); both, one or neither.
+  struct Output {
+    bool logits = true;   // the logits row after the chunk's last token
+    // That row's argmax, the greedy token: the highest logit, the lowest id on ties, NaN never wins, 0 when every
+    // logit is −∞ or NaN (Sampler's steps 1–2 with temperature ≤ 0 and no repetition penalty). The CUDA backend
+    // computes it on the device (kernels/argmax.cuh) and copies 4 bytes back instead of the row (n_vocab · 4 bytes:
+    // 39 MB for a step of 64 rows of a 152,064-token vocabulary, ~0.8 ms over PCIe).
+    bool argmax = false;
+  };
+  // step(chunks, outputs)'s results, in memory the session keeps, valid until the next call of any step form on this
+  // session (a failed one included).
+  struct StepOutputs {
+    std::span<const float> logits;    // chunks.size() × n_vocab; row i: chunk i's where outputs[i].logits
+    std::span<const int32_t> argmax;  // chunks.size(); entry i: chunk i's where outputs[i].argmax
+    // (the other rows and entries are unspecified: whatever an earlier step left there)
+  };
+  // The same step bringing back per chunk only what `outputs` (one per chunk) asks for: a scheduler asks for the argmax
+  // alone for greedy requests and for nothing for a prompt chunk before the prompt's last. Errors: as step(chunks),
+  // and outputs.size() ≠ chunks.size().
+  virtual Result<StepOutputs> step(std::span<const Chunk> chunks, std::span<const Output> outputs) = 0;
+
   virtual int length(int seq) const = 0;                  // positions held by an open sequence (0 if not open)
   virtual bool isOpen(int seq) const = 0;
   virtual int openSequences() const = 0;

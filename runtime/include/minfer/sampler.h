@@ -49,6 +49,11 @@ struct TokenLogit {
   float logit;
 };
 
+// True when Sampler::sample gives the row's argmax (highest logit, lowest id on ties, NaN never wins) whatever the
+// history: temperature ≤ 0 and the repetition penalty off (repeat_penalty 1 or repeat_last_n ≤ 0). Greedy sampling on
+// the device (Session's forwardArgmax, BatchSession::Output::argmax) stands in for sample() exactly then.
+bool samplesArgmax(const SamplerParams& params);
+
 // xoshiro256** with splitmix64 seeding.
 class Xoshiro256 {
  public:

@@ -17,7 +17,9 @@
 //   5. for each sequence whose chunk reached its last token, the next token is sampled with the
 //      request's own Sampler (prompt tokens accepted first, as Session::generate does), checked for
 //      end of generation, detokenized (Detokenizer: valid UTF-8 only) and matched against the stop
-//      strings; the text so far is streamed to the request's callback. The rows are sampled on up to
+//      strings; the text so far is streamed to the request's callback. A request whose sampler takes the
+//      argmax (samplesArgmax: greedy, no penalty) gets it from the step (BatchSession::Output::argmax: on the
+//      GPU, 4 bytes back instead of its logits row); the others' rows are sampled on up to
 //      SchedulerOptions::sampling_threads threads, each row by one thread with its request's Sampler, then
 //      accepted in row order on the driving thread: the tokens do not depend on the thread count.
 // A step the BatchSession refuses (a backend failure) finishes the requests in it with "error"; the
@@ -167,7 +169,7 @@ class Scheduler {
   void packStep();
   void preempt(Running& r);
   void finish(Running& r, FinishReason reason, std::string_view error = {});
-  void afterStep(std::span<const float> logits);  // the step's rows (chunks, n_vocab)
+  void afterStep(const BatchSession::StepOutputs& out);  // the step's rows (chunks, n_vocab) and argmax
   void acceptToken(Running& r, int32_t token);
   void publishMetrics();
   void deliverFinals();
@@ -186,6 +188,9 @@ class Scheduler {
   std::vector<std::unique_ptr<Running>> running_;  // arrival order
   std::vector<BatchSession::Chunk> chunks_;        // the step being packed
   std::vector<Running*> owners_;                   // (chunks_.size()) the request of each chunk
+  // (chunks_.size()) what each chunk's step brings back: nothing for a prompt chunk before the prompt's last, the
+  // argmax alone where the request's sampler would take it (samplesArgmax), else the logits row.
+  std::vector<BatchSession::Output> outputs_;
   struct Final {                                   // a final event held until the metrics are published
     RequestCallback callback;
     std::string text, error;
@@ -198,7 +203,7 @@ class Scheduler {
 
   std::unique_ptr<cpu::ThreadPool> sampling_pool_;  // options_.sampling_threads (afterStep)
   std::vector<size_t> sample_rows_;                // the step's rows that sample a token (afterStep)
-  std::vector<int32_t> sampled_;                   // (sample_rows_.size()) their tokens
+  std::vector<int32_t> sampled_;                   // (chunks_.size()) each chunk's token, −1 for none (afterStep)
 
   std::shared_ptr<Shared> shared_;  // submissions, wake-ups and metrics, shared with other threads
   std::thread thread_;
