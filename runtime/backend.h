@@ -25,7 +25,7 @@ struct BatchConfig;
 
 // What a session can sample on its device instead of copying the logits row back (Session::generate).
 struct DeviceSampling {
-  bool argmax = false;      // forwardArgmax: the greedy token
+  bool argmax = false;      // the artifact's argmax kernel: forwardArgmax (a paged CUDA session: forwardRows' argmax)
   int top_k_max = 0;        // forwardTopK: k up to this (0: none)
   int penalized_max = 0;    // forwardTopK: at most this many penalized (distinct history) tokens
 };

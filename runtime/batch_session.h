@@ -81,7 +81,7 @@ class BatchSessionBase : public BatchSession {
   // error the base rolls the blocks back and the lengths stay.
   virtual Status run(std::span<const Chunk> chunks, std::span<float> logits) = 0;
   // The same for step(chunks): the logits rows where this session keeps them (chunks.size() × n_vocab, valid until
-  // the next step of either form). By default run() into a buffer of the base's, grown to the rows of the largest
+  // the next step of any form). By default run() into a buffer of the base's, grown to the rows of the largest
   // such step.
   virtual Result<std::span<const float>> runInPlace(std::span<const Chunk> chunks);
   // The same for step(chunks, outputs) (outputs.size() == chunks.size()). By default runInPlace(), then greedyToken of

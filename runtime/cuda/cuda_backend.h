@@ -48,6 +48,10 @@ struct CudaBackendOptions {
   // one launch of the decode plan touches the logits row and it is a GEMV that only stores it; else (and off) the
   // row is written to device memory and downloaded after the graph.
   bool logits_to_host = true;
+  // A paged session's step whose output rows are not all its rows (prompt chunks) runs the plan's last-token tail on
+  // the output rows alone, gathered to the first rows. Off: the whole plan on every row and the outputs read from
+  // their own rows, as with a plan that has no tail (for tests of that path; the head then costs every row).
+  bool last_token_tail = true;
   // Check every data segment's XXH64: planes while they are staged for upload, kernel images before
   // cuModuleLoadData, the images not loaded at the end. Error names segment, tensor/kernel, hashes.
   bool verify_checksums = true;
@@ -113,8 +117,10 @@ class CudaSession final : public BackendSession {
   // the output head). Requires 1 ≤ rows ≤ maxBatch(), positions.size() == rows, rows ≤ tables.size() ≤ the session's
   // table_words, and tables that cover every row's position with blocks inside the pool; each is checked before
   // anything is uploaded and a violation is an error naming the row, the value and the bound. What comes back of
-  // the output rows is `out`'s: their logits (all or some of them; into the caller's memory or the pinned buffer)
-  // and their argmax.
+  // the output rows is `out`'s: their logits (all or some of them; into the caller's memory or the pinned buffer;
+  // the rows not asked for are left as they were) and their argmax. Errors too: out_rows empty, not increasing or
+  // not below the row count; download neither empty nor one flag per output row; argmax asked for without the
+  // kernel; more output rows than the pinned buffer holds; a CUDA call that fails (named).
   struct RowsOutput {
     // out_rows.size() × n_vocab floats, row i the logits of row out_rows[i]; null: the rows go to the session's pinned
     // buffer instead (pinnedLogits; at most the PagedSessionConfig's pinned_rows rows, else an error).
@@ -129,8 +135,8 @@ class CudaSession final : public BackendSession {
   // The pinned host rows forwardRows with null RowsOutput::logits left: (out_rows.size(), n_vocab) f32, row i the
   // logits of row out_rows[i] (where downloaded); valid until the next forward of this session.
   const float* pinnedLogits() const;
-  // The pinned argmax forwardRows(…, {.argmax = true}) left: out_rows.size() int32, entry i row out_rows[i]'s; valid
-  // until the next forward of this session.
+  // The pinned argmax forwardRows(…, {.argmax = true}) left: out_rows.size() token ids in [0, n_vocab), entry i row
+  // out_rows[i]'s; valid until the next forward of this session.
   const int32_t* pinnedArgmax() const;
 
   // Device sampling (runtime/backend.h): the artifact's argmax (1.1) and top-k (1.9, kernels/topk.cuh) launch

@@ -7,7 +7,10 @@
 // tables) and host arrays of the same sizes (BatchRows). step() lays the chunks out as rows with their
 // positions and block tables (BatchSessionBase::layoutRows; BatchSessionBase grew the tables before run())
 // and asks forwardRows for the logits of each chunk's last row, into the caller's memory (step(chunks, logits)) or
-// left in the session's pinned buffer of min(n_seq_max, max_tokens) rows (step(chunks)); it allocates nothing. The matmuls are the
+// left in the session's pinned buffer of min(n_seq_max, max_tokens) rows (step(chunks)), or for what
+// step(chunks, outputs) asks per chunk: the rows asked for into that buffer, and the argmax of the others computed on
+// the device (kernels/argmax.cuh), 4 bytes a row back (an artifact without an argmax kernel image: the rows
+// downloaded and the argmax taken on the host, BatchSessionBase's); it allocates nothing. The matmuls are the
 // prefill plan's: its small-batch kernels for a step of 2 … Step.small_rows rows (format 1.7,
 // the batched GEMV on the GGUF blocks of Q4_K / Q6_K weights (kernels/gemv_blocks.cuh GEMVB_BATCH): up to 8 rows;
 // kernels/gemm_small.cuh for the other quantized types: up to 64 rows, 16 beside Hopper f16 planes), its batched

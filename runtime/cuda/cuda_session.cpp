@@ -29,8 +29,9 @@ struct CudaSession::State {
                                      // | top-k slot [| rows]
   CUdeviceptr pos = 0, argmax_out = 0;
   CUdeviceptr topk_slot = 0;         // kern::TopKSlot (0 when the artifact has no top-k, or paged)
-  PinnedBuffer pinned;               // ids (max_batch int32) | pos [| row positions | block tables] | argmax (max_batch)
-                                     // | one logits row (n_vocab f32) | top-k slot
+  PinnedBuffer pinned;               // ids (max_batch int32) | pos (16 words) [| row positions | block tables]
+                                     // | argmax (max_batch) | pinned_rows logits rows (n_vocab f32, 16-byte pitch)
+                                     // | top-k slot (SessionBuilder::allocate)
   int32_t* h_ids = nullptr;
   int32_t* h_pos = nullptr;
   int32_t* h_argmax = nullptr;
@@ -186,12 +187,85 @@ struct CudaSession::State {
     return Status::ok();
   }
 
-  // The argmax of logits rows 0 … n−1 (the artifact's argmax launch, one block per row) to h_argmax[0 … n), queued on
-  // the stream: the caller synchronizes. Requires have_argmax and n ≤ max_batch.
-  Status argmaxRows(unsigned n) {
-    MINFER_RETURN_IF_ERROR(launch(argmax, n));
-    return dev->check(cu().cuMemcpyDtoHAsync(h_argmax, argmax_out, n * sizeof(int32_t), stream.get()),
-                      "CUDA argmax download");
+  // forwardRows' arguments, each bounded before anything is uploaded (the paged KV store writes where they point):
+  // the row count, each row's position inside the context, its table inside `tables` after the row offsets and every
+  // block it covers inside the pool; the output rows; what `out` asks for.
+  Status checkRows(std::span<const int32_t> tokens, std::span<const int32_t> positions, std::span<const int32_t> tables,
+                   std::span<const int> out_rows, const CudaSession::RowsOutput& out) const {
+    const int n = static_cast<int>(tokens.size());
+    if (!paged) return Status::error("CUDA forwardRows: not a paged session (CudaBackend::createPagedSession)");
+    if (n < 1 || n > max_batch || positions.size() != tokens.size())
+      return Status::error("CUDA forwardRows: " + std::to_string(n) + " rows (" + std::to_string(positions.size()) +
+                           " positions); the artifact's max batch is " + std::to_string(max_batch));
+    if (tables.size() < tokens.size() || tables.size() > static_cast<size_t>(table_words))
+      return Status::error("CUDA forwardRows: block tables of " + std::to_string(tables.size()) + " words for " +
+                           std::to_string(n) + " rows (at least one per row, at most " + std::to_string(table_words) + ")");
+    const int64_t n_blocks = kv_slots / block_size;
+    for (int t = 0; t < n; ++t) {
+      const int64_t p = positions[static_cast<size_t>(t)], at = tables[static_cast<size_t>(t)];
+      if (p < 0 || p >= n_ctx)
+        return Status::error("CUDA forwardRows: row " + std::to_string(t) + ": position " + std::to_string(p) +
+                             " outside the context of " + std::to_string(n_ctx));
+      const int64_t last = at + p / block_size;  // the word of the block that holds position p
+      if (at < n || last >= static_cast<int64_t>(tables.size()))
+        return Status::error("CUDA forwardRows: row " + std::to_string(t) + ": its block table at word " +
+                             std::to_string(at) + " needs words up to " + std::to_string(last) + " of " +
+                             std::to_string(tables.size()) + " (after the " + std::to_string(n) + " row offsets)");
+      for (int64_t w = at; w <= last; ++w)
+        if (tables[static_cast<size_t>(w)] < 0 || tables[static_cast<size_t>(w)] >= n_blocks)
+          return Status::error("CUDA forwardRows: row " + std::to_string(t) + ": block " +
+                               std::to_string(tables[static_cast<size_t>(w)]) + " (table word " + std::to_string(w) +
+                               ") outside the pool of " + std::to_string(n_blocks) + " blocks");
+    }
+    if (n == 1 && !decode.empty() && (out_rows.size() != 1 || out_rows[0] != 0))
+      return Status::error("CUDA forwardRows: one row, " + std::to_string(out_rows.size()) + " output rows");
+    for (size_t i = 0; i < out_rows.size(); ++i)
+      if (out_rows[i] < 0 || out_rows[i] >= n || (i > 0 && out_rows[i] <= out_rows[i - 1]))
+        return Status::error("CUDA forwardRows: output row " + std::to_string(out_rows[i]) + " (index " +
+                             std::to_string(i) + ") of " + std::to_string(n) + " rows: need increasing rows < the row count");
+    if (out_rows.empty()) return Status::error("CUDA forwardRows: no output rows");
+    if (!out.download.empty() && out.download.size() != out_rows.size())
+      return Status::error("CUDA forwardRows: " + std::to_string(out.download.size()) + " download flags for " +
+                           std::to_string(out_rows.size()) + " output rows");
+    if (out.argmax && !have_argmax) return Status::error("CUDA forwardRows: the artifact has no argmax kernel image");
+    if (!out.logits && out_rows.size() > static_cast<size_t>(pinned_rows))
+      return Status::error("CUDA forwardRows: " + std::to_string(out_rows.size()) +
+                           " output rows into the pinned buffer of " + std::to_string(pinned_rows) +
+                           " rows (PagedSessionConfig::pinned_rows)");
+    return Status::ok();
+  }
+
+  // After a forwardRows pass whose k output rows' logits are in rows rowOf(0) < … < rowOf(k−1) of the logits buffer:
+  // the argmax of rows 0 … rowOf(k−1) when `out` asks (the artifact's argmax launch, one block per row), then the rows
+  // `out` asks for to dst (row i at dst + i·n_vocab; consecutive rows in one copy: a step of decode rows is one), a
+  // synchronization, and each output row's argmax moved to h_argmax[i] (rowOf(i) ≥ i: read before it is written).
+  template <class RowOf>
+  Status downloadOutputs(size_t k, RowOf rowOf, const CudaSession::RowsOutput& out, float* dst) {
+    CUstream s = stream.get();
+    if (out.argmax) {
+      const size_t n = rowOf(k - 1) + 1;
+      MINFER_RETURN_IF_ERROR(launch(argmax, static_cast<unsigned>(n)));
+      MINFER_RETURN_IF_ERROR(
+          dev->check(cu().cuMemcpyDtoHAsync(h_argmax, argmax_out, n * sizeof(int32_t), s), "CUDA argmax download"));
+    }
+    const uint64_t row = static_cast<uint64_t>(n_vocab) * sizeof(float);
+    auto wanted = [&](size_t i) { return out.download.empty() || out.download[i] != 0; };
+    for (size_t i = 0; i < k;) {
+      if (!wanted(i)) {
+        ++i;
+        continue;
+      }
+      size_t j = i + 1;
+      while (j < k && wanted(j) && rowOf(j) == rowOf(j - 1) + 1) ++j;
+      MINFER_RETURN_IF_ERROR(dev->check(
+          cu().cuMemcpyDtoHAsync(dst + i * n_vocab, buf[logits_buffer] + rowOf(i) * row, (j - i) * row, s),
+          "CUDA forwardRows: logits download"));
+      i = j;
+    }
+    MINFER_RETURN_IF_ERROR(dev->check(cu().cuStreamSynchronize(s), "CUDA forwardRows"));
+    if (out.argmax)
+      for (size_t i = 0; i < k; ++i) h_argmax[i] = h_argmax[rowOf(i)];
+    return Status::ok();
   }
 
   // A paged session's step of n rows without a gathered tail: its graph (rows_graphs), captured first where there is
@@ -386,53 +460,10 @@ struct CudaSession::State {
 Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                                 std::span<const int32_t> tables, std::span<const int> out_rows, const RowsOutput& out) {
   State& st = *s_;
-  float* logits = out.logits;
+  MINFER_RETURN_IF_ERROR(st.checkRows(tokens, positions, tables, out_rows, out));
   const int n = static_cast<int>(tokens.size());
-  if (!st.paged) return Status::error("CUDA forwardRows: not a paged session (CudaBackend::createPagedSession)");
-  if (n < 1 || n > st.max_batch || positions.size() != tokens.size())
-    return Status::error("CUDA forwardRows: " + std::to_string(n) + " rows (" + std::to_string(positions.size()) +
-                         " positions); the artifact's max batch is " + std::to_string(st.max_batch));
-  if (tables.size() < tokens.size() || tables.size() > static_cast<size_t>(st.table_words))
-    return Status::error("CUDA forwardRows: block tables of " + std::to_string(tables.size()) + " words for " +
-                         std::to_string(n) + " rows (at least one per row, at most " + std::to_string(st.table_words) + ")");
-  // Every index the kernels take from these arrays, bounded before anything is uploaded (the paged KV store
-  // writes where they point): each row's position inside the context, its table inside `tables` after the
-  // row offsets, and every block it covers inside the pool.
-  const int64_t n_blocks = st.kv_slots / st.block_size;
-  for (int t = 0; t < n; ++t) {
-    const int64_t p = positions[static_cast<size_t>(t)], at = tables[static_cast<size_t>(t)];
-    if (p < 0 || p >= st.n_ctx)
-      return Status::error("CUDA forwardRows: row " + std::to_string(t) + ": position " + std::to_string(p) +
-                           " outside the context of " + std::to_string(st.n_ctx));
-    const int64_t last = at + p / st.block_size;  // the word of the block that holds position p
-    if (at < n || last >= static_cast<int64_t>(tables.size()))
-      return Status::error("CUDA forwardRows: row " + std::to_string(t) + ": its block table at word " +
-                           std::to_string(at) + " needs words up to " + std::to_string(last) + " of " +
-                           std::to_string(tables.size()) + " (after the " + std::to_string(n) + " row offsets)");
-    for (int64_t w = at; w <= last; ++w)
-      if (tables[static_cast<size_t>(w)] < 0 || tables[static_cast<size_t>(w)] >= n_blocks)
-        return Status::error("CUDA forwardRows: row " + std::to_string(t) + ": block " +
-                             std::to_string(tables[static_cast<size_t>(w)]) + " (table word " + std::to_string(w) +
-                             ") outside the pool of " + std::to_string(n_blocks) + " blocks");
-  }
   const bool one = n == 1 && !st.decode.empty();  // one row: the decode plan (GEMVs), as its graph when there is one
-  if (one && (out_rows.size() != 1 || out_rows[0] != 0))
-    return Status::error("CUDA forwardRows: one row, " + std::to_string(out_rows.size()) + " output rows");
-  for (size_t i = 0; i < out_rows.size(); ++i)
-    if (out_rows[i] < 0 || out_rows[i] >= n || (i > 0 && out_rows[i] <= out_rows[i - 1]))
-      return Status::error("CUDA forwardRows: output row " + std::to_string(out_rows[i]) + " (index " + std::to_string(i) +
-                           ") of " + std::to_string(n) + " rows: need increasing rows < the row count");
-  if (out_rows.empty()) return Status::error("CUDA forwardRows: no output rows");
-  if (!out.download.empty() && out.download.size() != out_rows.size())
-    return Status::error("CUDA forwardRows: " + std::to_string(out.download.size()) + " download flags for " +
-                         std::to_string(out_rows.size()) + " output rows");
-  if (out.argmax && !st.have_argmax) return Status::error("CUDA forwardRows: the artifact has no argmax kernel image");
-  auto wanted = [&](size_t i) { return out.download.empty() || out.download[i] != 0; };
-  if (!logits && out_rows.size() > static_cast<size_t>(st.pinned_rows))
-    return Status::error("CUDA forwardRows: " + std::to_string(out_rows.size()) + " output rows into the pinned buffer of " +
-                         std::to_string(st.pinned_rows) + " rows (PagedSessionConfig::pinned_rows)");
-  const bool pinned = logits == nullptr;  // the rows stay in the pinned buffer (pinnedLogits)
-  if (pinned) logits = st.h_logits;
+  const bool pinned = out.logits == nullptr;      // the rows stay in the pinned buffer (pinnedLogits)
   MINFER_RETURN_IF_ERROR(st.dev->makeCurrent());
   st.sampled_row.reset();  // the logits buffer is about to be rewritten
   const size_t rows_bytes = tokens.size() * sizeof(int32_t);
@@ -447,25 +478,21 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
                                        "CUDA forwardRows: position upload"));
   MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyHtoDAsync(st.tables, st.h_tables, tables.size() * sizeof(int32_t), s),
                                        "CUDA forwardRows: block table upload"));
-  const uint64_t row = static_cast<uint64_t>(st.n_vocab) * sizeof(float);
   if (one) {
     if (st.graph_exec)
       MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuGraphLaunch(st.graph_exec, s), "CUDA forwardRows: decode graph launch"));
     else
       MINFER_RETURN_IF_ERROR(st.runPlan(/*prefill=*/false, 1));
-    if (out.argmax) MINFER_RETURN_IF_ERROR(st.argmaxRows(1));
-    // Through the pinned row buffer, as CudaSession::forward.
-    if (wanted(0))
-      MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuMemcpyDtoHAsync(st.h_logits, st.buf[st.logits_buffer], row, s),
-                                           "CUDA forwardRows: logits download"));
-    MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows"));
-    if (!pinned && wanted(0)) std::memcpy(logits, st.h_logits, row);
+    // The row through the pinned row buffer, as CudaSession::forward, then on to the caller's memory.
+    MINFER_RETURN_IF_ERROR(st.downloadOutputs(1, [](size_t) { return size_t{0}; }, out, st.h_logits));
+    if (!pinned && (out.download.empty() || out.download[0]))
+      std::memcpy(out.logits, st.h_logits, static_cast<size_t>(st.n_vocab) * sizeof(float));
     return Status::ok();
   }
   // When some rows' logits are not wanted (prompt chunks) and the plan has a last-token tail, the tail runs
   // on the wanted rows only, gathered to rows 0 … k−1; their logits are then rows 0 … k−1.
   const size_t k = out_rows.size();
-  const bool gather = k < tokens.size() && st.tail < st.prefill.size();
+  const bool gather = k < tokens.size() && st.tail < st.prefill.size() && st.be->options.last_token_tail;
   if (gather) {
     MINFER_RETURN_IF_ERROR(st.launchRange(0, st.tail, static_cast<unsigned>(n)));
     MINFER_RETURN_IF_ERROR(st.gatherTailRows(out_rows));
@@ -473,31 +500,9 @@ Status CudaSession::forwardRows(std::span<const int32_t> tokens, std::span<const
   } else {
     MINFER_RETURN_IF_ERROR(st.runRows(static_cast<unsigned>(n)));
   }
-  // Output row i's logits are in row gather ? i : out_rows[i] of the logits buffer (rows 0 … k−1 when every row is
-  // wanted, out_rows being increasing). The argmax runs on rows 0 … that of the last output row, and its results are
-  // picked out of the pinned copy: only a plan without a tail leaves unwanted rows among them.
-  auto at = [&](size_t i) { return gather ? i : static_cast<size_t>(out_rows[i]); };
-  if (out.argmax) {
-    const size_t rows = at(k - 1) + 1;
-    MINFER_RETURN_IF_ERROR(st.argmaxRows(static_cast<unsigned>(rows)));
-  }
-  // The wanted rows, runs of consecutive rows in one copy each (a step of decode rows is one copy).
-  for (size_t i = 0; i < k;) {
-    if (!wanted(i)) {
-      ++i;
-      continue;
-    }
-    size_t j = i + 1;
-    while (j < k && wanted(j) && at(j) == at(j - 1) + 1) ++j;
-    MINFER_RETURN_IF_ERROR(st.dev->check(
-        cu.cuMemcpyDtoHAsync(logits + i * st.n_vocab, st.buf[st.logits_buffer] + at(i) * row, (j - i) * row, s),
-        "CUDA forwardRows: logits download"));
-    i = j;
-  }
-  MINFER_RETURN_IF_ERROR(st.dev->check(cu.cuStreamSynchronize(s), "CUDA forwardRows"));
-  if (out.argmax && at(k - 1) != k - 1)
-    for (size_t i = 0; i < k; ++i) st.h_argmax[i] = st.h_argmax[at(i)];  // at(i) ≥ i: increasing, read before written
-  return Status::ok();
+  // Output row i's logits are in row gather ? i : out_rows[i] of the logits buffer (i when every row is wanted).
+  return st.downloadOutputs(
+      k, [&](size_t i) { return gather ? i : static_cast<size_t>(out_rows[i]); }, out, pinned ? st.h_logits : out.logits);
 }
 
 const float* CudaSession::pinnedLogits() const { return s_->h_logits; }
@@ -757,8 +762,11 @@ class SessionBuilder {
     for (uint64_t off : buf_offset_) st_.buf.push_back(base_ + off);
     st_.pos = base_ + pos_offset_;
     st_.argmax_out = base_ + argmax_offset_;
+    // Pinned int32 words: ids (max_batch) | pos (kPosWords) [| row positions (max_batch) | block tables] | argmax
+    // (max_batch); then, 16-byte aligned, the logits rows and the top-k slot.
+    constexpr uint64_t kPosWords = 16;
     const uint64_t paged_words = st_.paged ? static_cast<uint64_t>(st_.max_batch) + st_.table_words : 0;
-    const uint64_t small = alignUp((2ull * st_.max_batch + paged_words) * 4 + 64, 16);
+    const uint64_t small = alignUp((2ull * st_.max_batch + kPosWords + paged_words) * 4, 16);
     const uint64_t logits_bytes = alignUp(static_cast<uint64_t>(st_.n_vocab) * sizeof(float), 16) * st_.pinned_rows;
     Result<PinnedBuffer> pinned =
         be_.dev->allocPinned(small + logits_bytes + (topk() ? sizeof(kern::TopKSlot) : 0), "CUDA session",
@@ -767,7 +775,7 @@ class SessionBuilder {
     st_.pinned = std::move(*pinned);
     st_.h_ids = static_cast<int32_t*>(st_.pinned.data());
     st_.h_pos = st_.h_ids + st_.max_batch;
-    st_.h_argmax = st_.h_pos + 16 + paged_words;  // after the paged arrays: max_batch words
+    st_.h_argmax = st_.h_pos + kPosWords + paged_words;
     st_.h_logits = reinterpret_cast<float*>(static_cast<uint8_t*>(st_.pinned.data()) + small);
     if (topk()) {
       st_.topk_slot = base_ + topk_offset_;
@@ -776,7 +784,7 @@ class SessionBuilder {
     if (st_.paged) {
       st_.row_pos = base_ + row_pos_offset_;
       st_.tables = base_ + tables_offset_;
-      st_.h_row_pos = st_.h_pos + 16;
+      st_.h_row_pos = st_.h_pos + kPosWords;
       st_.h_tables = st_.h_row_pos + st_.max_batch;
     }
     Result<Stream> stream = be_.dev->createStream();

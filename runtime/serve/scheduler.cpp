@@ -221,6 +221,10 @@ bool Scheduler::runOnce() {
       out = Status::error("the step gave " + std::to_string(out->logits.size()) + " logits and " +
                           std::to_string(out->argmax.size()) + " argmax, expected " + std::to_string(chunks_.size()) +
                           " chunks x n_vocab " + std::to_string(options_.n_vocab) + " and one per chunk");
+    for (size_t i = 0; out && i < chunks_.size(); ++i)  // a token outside the vocabulary would stall or fail later
+      if (outputs_[i].argmax && (out->argmax[i] < 0 || out->argmax[i] >= options_.n_vocab))
+        out = Status::error("the step gave chunk " + std::to_string(i) + " the argmax " +
+                            std::to_string(out->argmax[i]) + ", outside [0, " + std::to_string(options_.n_vocab) + ")");
     if (!out) {
       for (Running* r : owners_) finish(*r, FinishReason::kError, "batch step failed: " + out.status().message());
     } else {

@@ -186,9 +186,9 @@ TEST_CASE("greedyToken: the first highest value, NaN never wins, 0 when nothing 
   std::uniform_int_distribution<int> value(-4, 4), special(0, 9);
   for (int trial = 0; trial < 200; ++trial) {
     std::vector<float> row(37 + trial % 11);
-    for (float& v : row) {  // few distinct values: many ties; some NaN and infinities
+    for (float& v : row) {  // few distinct values: many ties; some NaN, infinities and signed zeros
       const int k = special(rng);
-      v = k == 0 ? nan : k == 1 ? -inf : static_cast<float>(value(rng));
+      v = k == 0 ? nan : k == 1 ? -inf : k == 2 ? (trial % 3 == 0 ? inf : -0.0f) : static_cast<float>(value(rng));
     }
     Sampler sampler(greedy, static_cast<int32_t>(row.size()));
     CAPTURE(trial);

@@ -1,8 +1,12 @@
 // GPU parity (test_cuda_kernels): the device sampling kernels, argmax and top-k.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <random>
+
 #include "kernels/argmax.cuh"
 #include "kernels/topk.cuh"
+#include "runtime/batch_session.h"
 #include "tests/cuda/kernel_test_support.h"
 
 namespace minfer::test::gpu {
@@ -33,6 +37,62 @@ TEST_CASE("argmax: lowest index among ties") {
       const float* row = x.data() + static_cast<size_t>(r) * vocab;
       CHECK(got[r] == std::max_element(row, row + vocab) - row);  // max_element returns the first maximum
     }
+  }
+}
+
+// The rows BatchSession::Output::argmax promises the host's greedyToken for (runtime/batch_session.h): NaN that never
+// wins, +∞ tied at two places, −∞ everywhere, NaN everywhere, −0 before +0, a maximum past NaN, one finite value among
+// −∞; each row also with the special values scattered over random values. The kernel must give greedyToken's index.
+TEST_CASE("argmax: NaN, infinities and signed zeros give greedyToken's index") {
+  MINFER_REQUIRE_GPU(G);
+  const float inf = INFINITY, nan = NAN;
+  for (int vocab : {777, 152064}) {
+    CAPTURE(vocab);
+    std::vector<Kernel> k = compile({spec("argmax_special_n" + str(vocab), "kernels/argmax.cuh", "minfer_argmax",
+                                          {{"AM_N", str(vocab)}})});
+    std::vector<std::vector<float>> rows;
+    auto filled = [&](float v) { return std::vector<float>(static_cast<size_t>(vocab), v); };
+    rows.push_back(filled(-inf));                               // nothing finite: 0
+    rows.push_back(filled(nan));                                // likewise
+    rows.push_back(filled(0.0f));                               // all ties: 0
+    std::vector<float> r = filled(-inf);
+    r[static_cast<size_t>(vocab) - 2] = -3.0f;                  // one finite value among −∞
+    rows.push_back(r);
+    r = filled(nan);
+    r[static_cast<size_t>(vocab) / 2] = -1e30f;                 // a maximum past NaN
+    rows.push_back(r);
+    r = filled(-1.0f);
+    r[5] = -0.0f, r[9] = 0.0f;                                  // −0 and +0 tie: the lower index
+    rows.push_back(r);
+    std::mt19937_64& g = rng();
+    std::uniform_int_distribution<int> pick(0, vocab - 1), kind(0, 9);
+    for (int t = 0; t < 4; ++t) {  // random values with NaN, ±∞ and signed zeros scattered, +∞ at two places
+      r = randomFloats(static_cast<size_t>(vocab), g);
+      for (int j = 0; j < vocab / 50 + 4; ++j) {
+        const int c = kind(g);
+        r[static_cast<size_t>(pick(g))] = c < 4 ? nan : c < 6 ? -inf : c < 8 ? -0.0f : 0.0f;
+      }
+      if (t % 2) r[static_cast<size_t>(pick(g))] = inf, r[static_cast<size_t>(pick(g))] = inf;
+      rows.push_back(r);
+    }
+    std::vector<float> x;
+    for (const auto& row : rows) x.insert(x.end(), row.begin(), row.end());
+    const int n = static_cast<int>(rows.size());
+    DeviceArray dx = DeviceArray::of(x), out(static_cast<size_t>(n) * 4);
+    out.poison();
+    CUdeviceptr a = dx.ptr(), o = out.ptr();
+    int n_rows = n;
+    launch(k[0], kern::argmaxLaunch(static_cast<unsigned>(n)), {&a, &o, &n_rows});
+    const std::vector<int32_t> got = out.download<int32_t>(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      CAPTURE(i);
+      CHECK(got[static_cast<size_t>(i)] == greedyToken(rows[static_cast<size_t>(i)]));
+    }
+    CHECK(got[0] == 0);
+    CHECK(got[1] == 0);
+    CHECK(got[3] == vocab - 2);
+    CHECK(got[4] == vocab / 2);
+    CHECK(got[5] == 5);
   }
 }
 

@@ -1241,49 +1241,61 @@ TEST_CASE("batched session: steps replayed as CUDA graphs give the direct launch
 // asked for every chunk, each argmax is greedyToken of the row downloaded with it (the same bits: tolerance 0); asked
 // for per chunk (argmax alone, both, neither, logits alone), a second session over the same script gives the same
 // argmax and the same rows bit for bit (the kernels are deterministic: see the graph replay case above). The scripts
-// cover one-row steps (the decode plan), decode-only steps and prompt chunks beside decode rows (the gathered tail).
+// cover one-row steps (the decode plan), decode-only steps and prompt chunks beside decode rows: with the last-token
+// tail gathered to the output rows, and without (CudaBackendOptions::last_token_tail off: the outputs read from their
+// own rows among the others, as in a plan without a tail).
 TEST_CASE("batched session: the device argmax is the greedy token of each row; rows and argmax come back as asked") {
   MINFER_REQUIRE_GPU(G);
   if (!haveFixtures()) return;
-  for (const char* model : {"stories260K.gguf", "tiny-qwen2-Q4_K_M.gguf"})
-    for (const BatchPlan* plan : {&batchPlan(), &recyclePlan()}) {
-      CAPTURE(model);
-      auto m = Model::open(compiled(model), BackendKind::kCuda);
-      REQUIRE_MESSAGE(m.isOk(), m.status().message());
-      const int n_vocab = (*m)->info().n_vocab;
-      const BatchOptions options{.n_ctx = 64, .n_seq_max = 5, .n_blocks = 5 * 16, .block_size = 4};
-      std::vector<std::vector<BatchEvent>> ev[2];
-      for (int mixed = 0; mixed < 2; ++mixed) {
-        auto b = (*m)->createBatchSession(options);
-        REQUIRE_MESSAGE(b.isOk(), b.status().message());
-        REQUIRE((*b)->batchedKernels());
-        ev[mixed] = runBatchScript(**b, n_vocab, *plan, 5, mixed ? StepForm::kOutputsMixed : StepForm::kOutputsAll);
-      }
-      size_t rows = 0, wrong = 0, argmax_asked = 0, logits_asked = 0, differ = 0;
-      REQUIRE(ev[0].size() == ev[1].size());
-      for (size_t sl = 0; sl < ev[0].size(); ++sl) {
-        REQUIRE(ev[0][sl].size() == ev[1][sl].size());
-        for (size_t e = 0; e < ev[0][sl].size(); ++e) {
-          const BatchEvent &all = ev[0][sl][e], &some = ev[1][sl][e];
-          if (all.tokens.empty()) continue;  // a truncation
-          ++rows;
-          REQUIRE(all.logits.size() == static_cast<size_t>(n_vocab));
-          wrong += all.argmax != greedyToken(all.logits);
-          argmax_asked += some.argmax >= 0;
-          logits_asked += !some.logits.empty();
-          differ += (some.argmax >= 0 && some.argmax != all.argmax) || (!some.logits.empty() && some.logits != all.logits);
+  for (const char* model : {"stories260K.gguf", "tiny-qwen2-Q4_K_M.gguf"}) {
+    const std::string path = compiled(model);
+    auto file = ArtifactFile::open(path);
+    REQUIRE_MESSAGE(file.isOk(), file.status().message());
+    const int n_vocab = static_cast<int>((*file)->manifest()->config()->n_vocab());
+    const BatchConfig config{.n_ctx = 64, .n_seq_max = 5, .n_blocks = 5 * 16, .block_size = 4, .n_threads = 1,
+                             .max_tokens = static_cast<int>((*file)->manifest()->memory()->max_batch()),
+                             .n_vocab = n_vocab};
+    for (bool tail : {true, false})
+      for (const BatchPlan* plan : {&batchPlan(), &recyclePlan()}) {
+        CAPTURE(model);
+        CAPTURE(tail);
+        auto backend = cuda::CudaBackend::create(**file, {.device = -1, .last_token_tail = tail});
+        REQUIRE_MESSAGE(backend.isOk(), backend.status().message());
+        std::vector<std::vector<BatchEvent>> ev[2];
+        for (int mixed = 0; mixed < 2; ++mixed) {
+          auto b = (*backend)->createBatchSession(config);
+          REQUIRE_MESSAGE(b.isOk(), b.status().message());
+          REQUIRE((*b)->batchedKernels());
+          ev[mixed] = runBatchScript(**b, n_vocab, *plan, 5, mixed ? StepForm::kOutputsMixed : StepForm::kOutputsAll);
         }
+        size_t rows = 0, wrong = 0, argmax_asked = 0, logits_asked = 0, differ = 0;
+        REQUIRE(ev[0].size() == ev[1].size());
+        for (size_t sl = 0; sl < ev[0].size(); ++sl) {
+          REQUIRE(ev[0][sl].size() == ev[1][sl].size());
+          for (size_t e = 0; e < ev[0][sl].size(); ++e) {
+            const BatchEvent &all = ev[0][sl][e], &some = ev[1][sl][e];
+            if (all.tokens.empty()) continue;  // a truncation
+            ++rows;
+            REQUIRE(all.logits.size() == static_cast<size_t>(n_vocab));
+            wrong += all.argmax != greedyToken(all.logits);
+            argmax_asked += some.argmax >= 0;
+            logits_asked += !some.logits.empty();
+            differ += (some.argmax >= 0 && some.argmax != all.argmax) || (!some.logits.empty() && some.logits != all.logits);
+          }
+        }
+        const std::string what = std::string(model) + (tail ? " (tail gathered)" : " (no tail)");
+        MESSAGE(what << ": " << rows
+                                   << " rows; device argmax ≠ host argmax of the same row: " << wrong
+                                   << "; the per-chunk session asked for " << argmax_asked << " argmax and "
+                                   << logits_asked << " rows, " << differ << " differ");
+        CHECK(rows > 0);
+        CHECK(argmax_asked > 0);
+        CHECK(logits_asked > 0);
+        CHECK(argmax_asked + logits_asked < 2 * rows);  // some chunks asked for less than both
+        CHECK(wrong == 0);
+        CHECK(differ == 0);
       }
-      MESSAGE(std::string(model) << ": " << rows << " rows; device argmax ≠ host argmax of the same row: " << wrong
-                    << "; the per-chunk session asked for " << argmax_asked << " argmax and " << logits_asked
-                    << " rows, " << differ << " differ");
-      CHECK(rows > 0);
-      CHECK(argmax_asked > 0);
-      CHECK(logits_asked > 0);
-      CHECK(argmax_asked + logits_asked < 2 * rows);  // some chunks asked for less than both
-      CHECK(wrong == 0);
-      CHECK(differ == 0);
-    }
+  }
 }
 
 TEST_CASE("batched session: the sequential fallback on request, and its logits equal the batched ones within the bound") {

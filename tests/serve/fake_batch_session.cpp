@@ -86,9 +86,11 @@ Result<BatchSession::StepOutputs> FakeBatchSession::step(std::span<const Chunk> 
   argmax_.assign(chunks.size(), -1);
   for (size_t i = 0; i < chunks.size(); ++i) {
     float* row = rows_.data() + i * n_vocab;
-    if (wanted[i].argmax) argmax_[i] = static_cast<int32_t>(std::max_element(row, row + n_vocab) - row);
+    if (wanted[i].argmax)
+      argmax_[i] = bad_argmax_steps > 0 ? config_.n_vocab : static_cast<int32_t>(std::max_element(row, row + n_vocab) - row);
     if (!wanted[i].logits) std::fill(row, row + n_vocab, std::numeric_limits<float>::quiet_NaN());
   }
+  if (bad_argmax_steps > 0) --bad_argmax_steps;
   outputs.emplace_back(wanted.begin(), wanted.end());
   return StepOutputs{rows_, argmax_};
 }

@@ -27,6 +27,8 @@ class FakeBatchSession final : public BatchSession {
   int32_t default_next = 2;
   // Makes the next step() calls fail (a backend failure), count down.
   int fail_steps = 0;
+  // Makes the next step(chunks, outputs) calls give an argmax of n_vocab (outside the vocabulary), count down.
+  int bad_argmax_steps = 0;
 
   // What step() saw: each step's chunks as (seq, first position, tokens).
   struct LoggedChunk {

@@ -548,6 +548,23 @@ TEST_CASE("a failing step finishes its requests with error; the scheduler keeps 
   CHECK(b.text == "aaa");
 }
 
+TEST_CASE("an argmax outside the vocabulary fails the step's requests with error; the scheduler keeps serving") {
+  FakeBatchSession fake({});
+  fake.default_next = kA;
+  Scheduler s(fake, makeTokenizer(), options());
+  Collected a, b;
+  REQUIRE(s.submit(greedy({1, 2}, 3), collect(a)));
+  fake.bad_argmax_steps = 1;
+  s.runOnce();
+  CHECK(a.reason == FinishReason::kError);
+  CHECK(a.error.find("the step gave chunk 0 the argmax 300, outside [0, 300)") != std::string::npos);
+  CHECK(fake.openSequences() == 0);
+  REQUIRE(s.submit(greedy({1, 2}, 3), collect(b)));
+  drain(s);
+  CHECK(b.reason == FinishReason::kLength);
+  CHECK(b.text == "aaa");
+}
+
 TEST_CASE("a failing step right after a preemption: the preempted request still resumes and finishes") {
   // 3 blocks of 2 positions: both prompts (2 tokens each) take one block; the next decode step needs a
   // block for each, one is free, so the younger request is preempted for the older one's decode token.

@@ -10,8 +10,8 @@
 //
 // Phases (STYLE.md): Model::createBatchSession allocates everything (activations for the token budget,
 // the block pool, block tables, scratch); openSequence/closeSequence/truncate only move block ids
-// between lists; step() executes and allocates nothing, except that step(chunks) on a backend without a logits
-// buffer of its own (the CPU) grows the session's copy at the first step that needs more rows.
+// between lists; step() executes and allocates nothing, except that step(chunks) and step(chunks, outputs) on a
+// backend without a logits buffer of its own (the CPU) grow the session's copy at the first step that needs more rows.
 //
 // Units: token ids int32 in [0, n_vocab); positions count a sequence's tokens from 0; logits float32
 // rows of n_vocab. Errors are Status/Result with messages naming the sequence, the field and the
@@ -76,7 +76,7 @@ class BatchSession {
   // The same step with the logits left where the backend put them instead of copied into the caller's memory (the
   // CUDA backend: its pinned host buffer, as llama.cpp's llama_get_logits; a step of 32 rows of a 152,064-token
   // vocabulary is 19.5 MB): chunks.size() × n_vocab floats, row i = the logits after the last token of chunk i,
-  // valid until the next call of either step form on this session (a failed one included). Backends without such a
+  // valid until the next call of any step form on this session (a failed one included). Backends without such a
   // buffer copy into one the session keeps (grown at the first step that needs more rows). Errors: as
   // step(chunks, logits), less the logits' size.
   virtual Result<std::span<const float>> step(std::span<const Chunk> chunks) = 0;
@@ -94,7 +94,7 @@ class BatchSession {
   // session (a failed one included).
   struct StepOutputs {
     std::span<const float> logits;    // chunks.size() × n_vocab; row i: chunk i's where outputs[i].logits
-    std::span<const int32_t> argmax;  // chunks.size(); entry i: chunk i's where outputs[i].argmax
+    std::span<const int32_t> argmax;  // chunks.size() token ids; entry i: chunk i's where outputs[i].argmax
     // (the other rows and entries are unspecified: whatever an earlier step left there)
   };
   // The same step bringing back per chunk only what `outputs` (one per chunk) asks for: a scheduler asks for the argmax
