@@ -174,16 +174,21 @@ Status BatchSessionBase::step(std::span<const Chunk> chunks, std::span<float> lo
   return execute(chunks, [&] { return run(chunks, logits); });
 }
 
-Result<std::span<const float>> BatchSessionBase::step(std::span<const Chunk> chunks) {
-  MINFER_RETURN_IF_ERROR(check(chunks));
-  std::span<const float> rows;
+template <class T, class Evaluate>
+Result<T> BatchSessionBase::executeFor(std::span<const Chunk> chunks, const Evaluate& evaluate) {
+  T value{};
   MINFER_RETURN_IF_ERROR(execute(chunks, [&] {
-    Result<std::span<const float>> r = runInPlace(chunks);
+    Result<T> r = evaluate();
     if (!r) return r.takeStatus();
-    rows = *r;
+    value = *r;
     return Status::ok();
   }));
-  return rows;
+  return value;
+}
+
+Result<std::span<const float>> BatchSessionBase::step(std::span<const Chunk> chunks) {
+  MINFER_RETURN_IF_ERROR(check(chunks));
+  return executeFor<std::span<const float>>(chunks, [&] { return runInPlace(chunks); });
 }
 
 Result<BatchSession::StepOutputs> BatchSessionBase::step(std::span<const Chunk> chunks,
@@ -192,14 +197,7 @@ Result<BatchSession::StepOutputs> BatchSessionBase::step(std::span<const Chunk> 
   if (outputs.size() != chunks.size())
     return Status::error("step: " + std::to_string(outputs.size()) + " outputs for " + std::to_string(chunks.size()) +
                          " chunks (one per chunk)");
-  StepOutputs out;
-  MINFER_RETURN_IF_ERROR(execute(chunks, [&] {
-    Result<StepOutputs> r = runOutputs(chunks, outputs);
-    if (!r) return r.takeStatus();
-    out = *r;
-    return Status::ok();
-  }));
-  return out;
+  return executeFor<StepOutputs>(chunks, [&] { return runOutputs(chunks, outputs); });
 }
 
 Result<BatchSession::StepOutputs> BatchSessionBase::runOutputs(std::span<const Chunk> chunks,

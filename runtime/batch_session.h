@@ -99,6 +99,9 @@ class BatchSessionBase : public BatchSession {
   // its error the blocks go back. A template, so that a step allocates nothing.
   template <class Evaluate>
   Status execute(std::span<const Chunk> chunks, const Evaluate& evaluate);
+  // execute() of a callable returning Result<T>, whose value it returns.
+  template <class T, class Evaluate>
+  Result<T> executeFor(std::span<const Chunk> chunks, const Evaluate& evaluate);
   Status badSequence(const char* what, int seq) const;
 
   BatchConfig config_;

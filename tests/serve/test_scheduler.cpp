@@ -531,38 +531,28 @@ TEST_CASE("repeat_last_n beyond the capacity is the whole history (not an alloca
   CHECK(fake.step_errors == 0);
 }
 
-TEST_CASE("a failing step finishes its requests with error; the scheduler keeps serving") {
-  FakeBatchSession fake({});
-  fake.default_next = kA;
-  Scheduler s(fake, makeTokenizer(), options());
-  Collected a, b;
-  REQUIRE(s.submit(greedy({1, 2}, 3), collect(a)));
-  fake.fail_steps = 1;
-  s.runOnce();
-  CHECK(a.reason == FinishReason::kError);
-  CHECK(a.error.find("injected backend failure") != std::string::npos);
-  CHECK(fake.openSequences() == 0);
-  REQUIRE(s.submit(greedy({1, 2}, 3), collect(b)));
-  drain(s);
-  CHECK(b.reason == FinishReason::kLength);
-  CHECK(b.text == "aaa");
-}
-
-TEST_CASE("an argmax outside the vocabulary fails the step's requests with error; the scheduler keeps serving") {
-  FakeBatchSession fake({});
-  fake.default_next = kA;
-  Scheduler s(fake, makeTokenizer(), options());
-  Collected a, b;
-  REQUIRE(s.submit(greedy({1, 2}, 3), collect(a)));
-  fake.bad_argmax_steps = 1;
-  s.runOnce();
-  CHECK(a.reason == FinishReason::kError);
-  CHECK(a.error.find("the step gave chunk 0 the argmax 300, outside [0, 300)") != std::string::npos);
-  CHECK(fake.openSequences() == 0);
-  REQUIRE(s.submit(greedy({1, 2}, 3), collect(b)));
-  drain(s);
-  CHECK(b.reason == FinishReason::kLength);
-  CHECK(b.text == "aaa");
+TEST_CASE("a failing step, or one giving an argmax outside the vocabulary, finishes its requests with error; the "
+          "scheduler keeps serving") {
+  const std::pair<int FakeBatchSession::*, const char*> faults[] = {
+      {&FakeBatchSession::fail_steps, "injected backend failure"},
+      {&FakeBatchSession::bad_argmax_steps, "the step gave chunk 0 the argmax 300, outside [0, 300)"}};
+  for (const auto& [fault, says] : faults) {
+    CAPTURE(says);
+    FakeBatchSession fake({});
+    fake.default_next = kA;
+    Scheduler s(fake, makeTokenizer(), options());
+    Collected a, b;
+    REQUIRE(s.submit(greedy({1, 2}, 3), collect(a)));
+    fake.*fault = 1;
+    s.runOnce();
+    CHECK(a.reason == FinishReason::kError);
+    CHECK(a.error.find(says) != std::string::npos);
+    CHECK(fake.openSequences() == 0);
+    REQUIRE(s.submit(greedy({1, 2}, 3), collect(b)));
+    drain(s);
+    CHECK(b.reason == FinishReason::kLength);
+    CHECK(b.text == "aaa");
+  }
 }
 
 TEST_CASE("a failing step right after a preemption: the preempted request still resumes and finishes") {
