@@ -3,9 +3,9 @@
 #include "runtime/batch_session.h"
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 
+#include "minfer/sampler.h"
 #include "runtime/backend.h"
 
 namespace minfer {
@@ -17,14 +17,6 @@ BatchSessionBase::BatchSessionBase(const BatchConfig& config)
       open_(static_cast<size_t>(config.n_seq_max), 0),
       seen_(static_cast<size_t>(config.n_seq_max), 0),
       own_argmax_(static_cast<size_t>(std::min(config.n_seq_max, config.max_tokens))) {}
-
-int32_t greedyToken(std::span<const float> row) {
-  int32_t best = 0;
-  float best_value = -INFINITY;
-  for (size_t i = 0; i < row.size(); ++i)
-    if (row[i] > best_value) best = static_cast<int32_t>(i), best_value = row[i];  // NaN compares false: never wins
-  return best;
-}
 
 Status BatchSessionBase::badSequence(const char* what, int seq) const {
   return Status::error(std::string(what) + ": sequence " + std::to_string(seq) + " is not open (ids 0.." +

@@ -114,11 +114,6 @@ class BatchSessionBase : public BatchSession {
   std::vector<int32_t> own_argmax_;  // (min(n_seq_max, max_tokens): the most chunks of a step) runOutputs' argmax
 };
 
-// BatchSession::Output::argmax on the host: the index of the highest value of `row` (n_vocab logits), the lowest on
-// ties; NaN never wins; 0 when every value is −∞ or NaN. The same token as Sampler::sample with temperature ≤ 0 and
-// no penalty, and as kernels/argmax.cuh.
-int32_t greedyToken(std::span<const float> row);
-
 // The sequential fallback for backends without batched kernels: one BackendSession of n_ctx positions per
 // sequence id (created at the id's first step, kept and reused by the sequences that get the id later);
 // step() runs the chunks one after another, each through its own session (n == 1: the decode plan, as

@@ -126,6 +126,8 @@ void Sampler::forEachValue(std::span<const float> logits, Visit visit) {
 // Steps 1 and 2 for temperature ≤ 0: the same token as the list would give, the first index of the highest value
 // (0 when every value is −∞).
 int32_t Sampler::greedy(std::span<const float> logits) {
+  // No penalty (penalizedTokens() would be empty): the values are the logits, and NaN never wins either way.
+  if (params_.repeat_penalty == 1.0f || history_size_ == 0) return greedyToken(logits);
   int32_t best = 0;
   float best_value = -INFINITY;
   forEachValue(logits, [&](int32_t i, float v) {

@@ -45,7 +45,7 @@ class CudaBatchSession final : public BatchSessionBase {
   // max_tokens) rows, the most chunks a step can have).
   Result<std::span<const float>> runInPlace(std::span<const Chunk> chunks) override {
     MINFER_RETURN_IF_ERROR(forward(chunks, {}));
-    return std::span<const float>(session_->pinnedLogits(), chunks.size() * static_cast<size_t>(config().n_vocab));
+    return pinnedRows(chunks.size());
   }
   // The argmax on the device, and only the rows asked for downloaded into the pinned buffer (an artifact without an
   // argmax kernel image: the base's, on the host after downloading every row).
@@ -58,12 +58,14 @@ class CudaBatchSession final : public BatchSessionBase {
     if (argmax && !session_->deviceSampling().argmax) return BatchSessionBase::runOutputs(chunks, outputs);
     MINFER_RETURN_IF_ERROR(forward(
         chunks, {.download = std::span<const uint8_t>(download_.data(), chunks.size()), .argmax = argmax}));
-    return StepOutputs{
-        std::span<const float>(session_->pinnedLogits(), chunks.size() * static_cast<size_t>(config().n_vocab)),
-        std::span<const int32_t>(session_->pinnedArgmax(), chunks.size())};
+    return StepOutputs{pinnedRows(chunks.size()), std::span<const int32_t>(session_->pinnedArgmax(), chunks.size())};
   }
 
  private:
+  // The session's pinned logits rows for a step of n chunks.
+  std::span<const float> pinnedRows(size_t n) const {
+    return std::span<const float>(session_->pinnedLogits(), n * static_cast<size_t>(config().n_vocab));
+  }
   // The chunks as rows, one forward pass bringing back what `out` asks for (CudaSession::RowsOutput).
   Status forward(std::span<const Chunk> chunks, const CudaSession::RowsOutput& out) {
     layoutRows(chunks, rows_);

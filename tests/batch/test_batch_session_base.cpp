@@ -190,9 +190,18 @@ TEST_CASE("greedyToken: the first highest value, NaN never wins, 0 when nothing 
       const int k = special(rng);
       v = k == 0 ? nan : k == 1 ? -inf : k == 2 ? (trial % 3 == 0 ? inf : -0.0f) : static_cast<float>(value(rng));
     }
+    // The rule spelled out: the first index of the highest value that is neither NaN nor −∞, else 0.
+    int32_t want = 0;
+    bool found = false;
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (std::isnan(row[i]) || row[i] == -inf) continue;
+      if (!found || row[i] > row[static_cast<size_t>(want)]) want = static_cast<int32_t>(i);
+      found = true;
+    }
     Sampler sampler(greedy, static_cast<int32_t>(row.size()));
     CAPTURE(trial);
-    CHECK(greedyToken(row) == sampler.sample(row));
+    CHECK(greedyToken(row) == want);
+    CHECK(sampler.sample(row) == want);
   }
 }
 

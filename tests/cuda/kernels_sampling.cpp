@@ -6,7 +6,7 @@
 
 #include "kernels/argmax.cuh"
 #include "kernels/topk.cuh"
-#include "runtime/batch_session.h"
+#include "minfer/sampler.h"
 #include "tests/cuda/kernel_test_support.h"
 
 namespace minfer::test::gpu {

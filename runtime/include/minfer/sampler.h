@@ -27,7 +27,9 @@
 // sampleTopK(), penalizedTokens() and accept() never allocate. Thread-safety: a Sampler is mutable state; one per generation stream.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -53,6 +55,16 @@ struct TokenLogit {
 // history: temperature ≤ 0 and the repetition penalty off (repeat_penalty 1 or repeat_last_n ≤ 0). Greedy sampling on
 // the device (Session's forwardArgmax, BatchSession::Output::argmax) stands in for sample() exactly then.
 bool samplesArgmax(const SamplerParams& params);
+// That argmax of `row` (logits): the index of its highest value, the lowest on ties; NaN never wins; 0 when every
+// value is −∞ or NaN (and for an empty row). BatchSession::Output::argmax on the host; kernels/argmax.cuh on the GPU.
+// Inline: the batch sessions (minfer_batch) take it without the runtime library.
+inline int32_t greedyToken(std::span<const float> row) {
+  int32_t best = 0;
+  float best_value = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < row.size(); ++i)
+    if (row[i] > best_value) best = static_cast<int32_t>(i), best_value = row[i];  // NaN compares false: never wins
+  return best;
+}
 
 // xoshiro256** with splitmix64 seeding.
 class Xoshiro256 {
